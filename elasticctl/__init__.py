@@ -1,0 +1,1 @@
+"""elasticctl: the command-line client of the local elasticd."""

@@ -1,0 +1,3 @@
+from elasticctl.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,218 @@
+"""``elasticctl``: submit, status, kill, logs, nodes, ping.
+
+Exit codes: 0 success; 1 the daemon cannot be reached; 2 usage error; 3 the daemon reported an
+error; 4 a followed job ended FAILED or KILLED.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from elasticctl import render
+from elasticctl.client import Client, DaemonError, Unreachable
+from elasticctl.follow import follow
+from elasticd.control.address import default_socket_path
+
+EXIT_UNREACHABLE = 1
+EXIT_USAGE = 2
+EXIT_DAEMON_ERROR = 3
+EXIT_JOB_FAILED = 4
+
+
+class UsageError(Exception):
+    pass
+
+
+def _env_pairs(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--env takes KEY=VALUE, got {pair!r}")
+        out[key] = value
+    return out
+
+
+def submit_args(ns: argparse.Namespace) -> dict[str, Any]:
+    """Turn the CLI's view of a job into the submit command's arguments (sbatch-like defaults)."""
+    cwd = os.path.abspath(ns.cwd or os.getcwd())
+    env = {} if ns.env_clear else dict(os.environ)
+    env |= _env_pairs(ns.env)
+    script_args = list(ns.script_args)
+    if script_args and script_args[0] == "--":
+        script_args = script_args[1:]
+    if ns.module and ns.no_python:
+        raise UsageError("-m and --no-python are mutually exclusive")
+    if ns.module:
+        kind, entry = "module", ns.target
+    elif ns.no_python:
+        kind, entry = "exec", ns.target
+    else:
+        kind, entry = "script", os.path.join(cwd, ns.target)
+        if not os.path.isfile(entry):
+            raise UsageError(f"script not found: {entry}")
+    python = ns.python or shutil.which("python", path=env.get("PATH") or os.environ.get("PATH"))
+    python = python or shutil.which("python3") or sys.executable
+    args: dict[str, Any] = {
+        "entry_kind": kind,
+        "entry": entry,
+        "args": script_args,
+        "cwd": cwd,
+        "python": os.path.abspath(python) if kind != "exec" else "",
+        "env": env,
+        "nnodes": ns.nnodes,
+        "nproc_per_node": ns.nproc_per_node,
+        "max_restarts": ns.max_restarts,
+    }
+    if ns.name:
+        args["name"] = ns.name
+    if ns.stop_grace is not None:
+        args["stop_grace_s"] = ns.stop_grace
+    return args
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, sort_keys=True))
+
+
+def cmd_submit(client: Client, ns: argparse.Namespace) -> int:
+    job = client.call("submit", **submit_args(ns))
+    print(job["id"], flush=True)
+    if job["state"] == "PENDING" and job.get("reason"):
+        print(f"elasticctl: {job['id']} is PENDING: {job['reason']}", file=sys.stderr)
+    if not ns.follow:
+        return 0
+    return _follow_to_end(client, job["id"], None)
+
+
+def _follow_to_end(client: Client, job_id: str, rank: int | None) -> int:
+    try:
+        follow(client, job_id, rank)
+    except KeyboardInterrupt:
+        print(f"\nelasticctl: stopped following; {job_id} keeps running", file=sys.stderr)
+        return 130
+    final = client.call("status", job=job_id)["job"]
+    print(
+        f"elasticctl: {job_id} {final['state']} after {final.get('restarts', 0)} restart(s)", file=sys.stderr
+    )
+    if final["state"] != "SUCCEEDED":
+        detail = render.failure(final) or final.get("error") or final.get("reason", "")
+        if detail:
+            print(detail, file=sys.stderr)
+        return EXIT_JOB_FAILED
+    return 0
+
+
+def cmd_status(client: Client, ns: argparse.Namespace) -> int:
+    result = client.call("status", job=ns.job)
+    if ns.json:
+        _print_json(result["job"] if ns.job else result["jobs"])
+    elif ns.job:
+        print(render.job_detail(result["job"]))
+    else:
+        print(render.jobs_table(result["jobs"]))
+    return 0
+
+
+def cmd_kill(client: Client, ns: argparse.Namespace) -> int:
+    job = client.call("kill", job=ns.job, timeout_s=max(60.0, client.timeout_s))["job"]
+    print(f"{job['id']} {job['state']}")
+    return 0
+
+
+def cmd_logs(client: Client, ns: argparse.Namespace) -> int:
+    if ns.follow:
+        try:
+            follow(client, ns.job, ns.rank)
+        except KeyboardInterrupt:
+            return 130
+        return 0
+    follow(client, ns.job, ns.rank, until_end=False)
+    return 0
+
+
+def cmd_nodes(client: Client, ns: argparse.Namespace) -> int:
+    nodes = client.call("nodes")["nodes"]
+    if ns.json:
+        _print_json(nodes)
+    else:
+        print(render.nodes_table(nodes))
+    return 0
+
+
+def cmd_ping(client: Client, ns: argparse.Namespace) -> int:
+    result = client.call("ping", timeout_s=ns.timeout)
+    _print_json(result) if ns.json else print(f"elasticd {result['version']} on node {result['node']}: ok")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="elasticctl", description="Control the local elasticd.")
+    p.add_argument("--socket", type=Path, help="control socket (default: $ELASTICD_SOCKET or the system one)")
+    p.add_argument("--timeout", type=float, default=15.0, help="seconds to wait for the daemon (default 15)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("submit", help="submit a job (torchrun-style entry point)")
+    s.add_argument("--nnodes", default="1", help="N or MIN:MAX nodes (default 1)")
+    s.add_argument("--nproc-per-node", type=int, default=1, help="workers per node (default 1)")
+    s.add_argument("--max-restarts", type=int, default=3, help="job-wide restart budget (default 3)")
+    s.add_argument("--name", help="job name (default: the script's name)")
+    s.add_argument("--env", action="append", default=[], metavar="K=V", help="set a variable (repeatable)")
+    s.add_argument("--env-clear", action="store_true", help="start from an empty environment")
+    s.add_argument("--cwd", help="working directory (default: the current one)")
+    s.add_argument("--python", help="interpreter (default: `python` on your PATH, so your venv)")
+    s.add_argument("--stop-grace", type=float, help="seconds between SIGTERM and SIGKILL for workers")
+    s.add_argument("--follow", "-f", action="store_true", help="stream output; exit with the job's result")
+    s.add_argument("-m", "--module", action="store_true", help="TARGET is a module (python -m)")
+    s.add_argument("--no-python", action="store_true", help="TARGET is an executable, run without python")
+    s.add_argument("target", metavar="SCRIPT.py|MODULE|EXE")
+    s.add_argument("script_args", nargs=argparse.REMAINDER, metavar="-- ARGS")
+    s.set_defaults(func=cmd_submit)
+
+    st = sub.add_parser("status", help="show one job, or all jobs")
+    st.add_argument("job", nargs="?")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=cmd_status)
+
+    k = sub.add_parser("kill", help="kill a job and every process it started")
+    k.add_argument("job")
+    k.set_defaults(func=cmd_kill)
+
+    lg = sub.add_parser("logs", help="print a job's output")
+    lg.add_argument("job")
+    lg.add_argument("--rank", type=int, help="only this global rank")
+    lg.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    lg.set_defaults(func=cmd_logs)
+
+    n = sub.add_parser("nodes", help="list the cluster's live nodes")
+    n.add_argument("--json", action="store_true")
+    n.set_defaults(func=cmd_nodes)
+
+    pg = sub.add_parser("ping", help="check that the daemon answers")
+    pg.add_argument("--json", action="store_true")
+    pg.set_defaults(func=cmd_ping)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    client = Client(ns.socket or default_socket_path(), timeout_s=ns.timeout)
+    try:
+        return int(ns.func(client, ns))
+    except UsageError as exc:
+        print(f"elasticctl: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except Unreachable as exc:
+        print(f"elasticctl: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except DaemonError as exc:
+        print(f"elasticctl: error [{exc.code}]: {exc.message}", file=sys.stderr)
+        return EXIT_DAEMON_ERROR
+    finally:
+        client.close()

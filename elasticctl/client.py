@@ -1,0 +1,83 @@
+"""A synchronous client for the control socket: one DEALER, request ids, bounded waits."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from elasticd.control.address import endpoint
+from elasticd.control.envelope import encode_request
+
+
+class Unreachable(Exception):
+    """The daemon did not answer; the message says why and what to try."""
+
+
+class DaemonError(Exception):
+    def __init__(self, code: str, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.details = details or {}
+
+
+def _hint(path: Path) -> str:
+    return (
+        f"is elasticd running? Start it with `systemctl start elasticd` (or run `elasticd`), "
+        f"or point ELASTICD_SOCKET at its socket (tried {path})"
+    )
+
+
+class Client:
+    def __init__(self, path: Path, timeout_s: float = 15.0) -> None:
+        self.path = path
+        self.timeout_s = timeout_s
+        self._ctx: Any = zmq.Context.instance()
+        self._sock: Any = None
+
+    def _socket(self) -> Any:
+        if self._sock is None:
+            if not self.path.exists():
+                raise Unreachable(f"cannot reach elasticd: no socket at {self.path}; {_hint(self.path)}")
+            if not os.access(self.path, os.R_OK | os.W_OK):
+                raise Unreachable(
+                    f"cannot reach elasticd: permission denied on {self.path}; "
+                    "ask an administrator to add you to the 'elastic' group"
+                )
+            sock = self._ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(endpoint(self.path))
+            self._sock = sock
+        return self._sock
+
+    def call(self, cmd: str, timeout_s: float | None = None, **args: Any) -> Any:
+        sock = self._socket()
+        rid = uuid.uuid4().hex
+        sock.send(encode_request(rid, cmd, args))
+        deadline_ms = int((timeout_s or self.timeout_s) * 1000)
+        while True:
+            if not sock.poll(deadline_ms):
+                self.close()
+                raise Unreachable(
+                    f"cannot reach elasticd: no answer within {timeout_s or self.timeout_s:.0f}s; "
+                    f"{_hint(self.path)}"
+                )
+            reply = json.loads(sock.recv())
+            if reply.get("id") != rid:
+                continue  # a late reply to an earlier request: not ours
+            if reply.get("ok"):
+                return reply.get("result")
+            err = reply.get("error") or {}
+            raise DaemonError(
+                err.get("code", "internal"), err.get("message", "unknown error"), err.get("details")
+            )
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None

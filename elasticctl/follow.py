@@ -1,0 +1,38 @@
+"""Following a job: stream its ranks' output and return when it ends."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from elasticctl.client import Client
+
+TERMINAL = ("SUCCEEDED", "FAILED", "KILLED")
+POLL_S = 0.2
+
+
+def follow(client: Client, job: str, rank: int | None, until_end: bool = True) -> dict[str, Any]:
+    """Print new output with ``[rankK]:`` prefixes until the job ends; returns its last logs reply."""
+    cursor: dict[str, int] = {}
+    attempt_seen = -1
+    while True:
+        reply: dict[str, Any] = client.call("logs", job=job, rank=rank, cursor=cursor)
+        cursor = reply["cursor"]
+        for chunk in reply["chunks"]:
+            if chunk["attempt"] > attempt_seen:
+                if attempt_seen >= 0 or chunk["attempt"] > 0:
+                    print(
+                        f"elasticctl: attempt {chunk['attempt']} (restart {chunk['attempt']})",
+                        file=sys.stderr,
+                    )
+                attempt_seen = chunk["attempt"]
+            prefix = f"[rank{chunk['rank']}]: "
+            sys.stdout.write("".join(prefix + line + "\n" for line in chunk["text"].splitlines()))
+        sys.stdout.flush()
+        if reply["state"] in TERMINAL and not reply["chunks"]:
+            return reply
+        if not until_end and not reply["chunks"]:
+            return reply
+        if not reply["chunks"]:
+            time.sleep(POLL_S)

@@ -1,0 +1,102 @@
+"""Human-readable output for status, nodes and failures."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+
+def _age(ts: float | None) -> str:
+    if not ts:
+        return "-"
+    secs = max(0, int(time.time() - ts))
+    if secs < 120:
+        return f"{secs}s"
+    if secs < 7200:
+        return f"{secs // 60}m"
+    return f"{secs // 3600}h"
+
+
+def table(rows: list[list[str]]) -> str:
+    if not rows:
+        return ""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+
+
+def jobs_table(jobs: list[dict[str, Any]]) -> str:
+    rows = [["JOB", "STATE", "USER", "NODES", "WORLD", "RESTARTS", "AGE", "REASON"]]
+    for j in jobs:
+        rows.append(
+            [
+                j.get("id", "?"),
+                j.get("state", "?"),
+                j.get("user", "?"),
+                ",".join(j.get("nodes") or []) or "-",
+                str(j.get("world_size", 0)),
+                f"{j.get('restarts', 0)}/{j.get('max_restarts', 0)}",
+                _age(j.get("submitted_at")),
+                (j.get("error") or j.get("reason") or "")[:60],
+            ]
+        )
+    return table(rows)
+
+
+def failure(job: dict[str, Any]) -> str:
+    f = job.get("failure")
+    if not f:
+        return ""
+    how = f"signal {f['signal']}" if f.get("signal") else f"exit code {f.get('exit_code')}"
+    lines = [
+        f"first failure: rank {f['rank']} (local rank {f['local_rank']} on {f['node']}), "
+        f"attempt {f['attempt']}, {how}",
+        f"  {f.get('message', '')}",
+    ]
+    if f.get("output_tail"):
+        lines.append("  last output of that rank:")
+        lines.extend(f"    | {line}" for line in f["output_tail"].splitlines())
+    return "\n".join(lines)
+
+
+def job_detail(job: dict[str, Any]) -> str:
+    keys = [
+        "id",
+        "state",
+        "reason",
+        "user",
+        "node",
+        "nnodes",
+        "nproc_per_node",
+        "world_size",
+        "restarts",
+        "max_restarts",
+        "attempt",
+        "devices",
+        "pids",
+    ]
+    lines = [f"{k + ':':16}{job.get(k)}" for k in keys if job.get(k) not in (None, "", [])]
+    lines.append(f"{'command:':16}{' '.join(job.get('argv') or [])}")
+    if job.get("error"):
+        lines.append(f"{'error:':16}{job['error']}")
+    detail = failure(job)
+    if detail:
+        lines.append(detail)
+    return "\n".join(lines)
+
+
+def nodes_table(nodes: list[dict[str, Any]]) -> str:
+    rows = [["NODE", "HOST", "ADDRESS", "DEVICES", "SLOTS", "FREE", "VERSION"]]
+    for n in nodes:
+        inv = n.get("inventory", {})
+        rows.append(
+            [
+                n.get("node", "?"),
+                n.get("host", "?"),
+                n.get("address", "?"),
+                inv.get("kind", "?"),
+                str(n.get("slots", inv.get("slots", "?"))),
+                str(n.get("free_slots", "?")),
+                n.get("version", "?"),
+            ]
+        )
+    return table(rows)

@@ -1,0 +1,3 @@
+from elasticd.daemon.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""The local control plane: the ZeroMQ socket, its envelope, and one module per command."""

@@ -1,0 +1,13 @@
+"""The control commands, one module each, in an explicit registry (no registration by import)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from elasticd.control.commands import kill, logs, nodes, ping, status, submit
+from elasticd.control.commands.base import Command
+
+REGISTRY: dict[str, Command[Any]] = {
+    c.name: c
+    for c in (ping.COMMAND, submit.COMMAND, status.COMMAND, kill.COMMAND, logs.COMMAND, nodes.COMMAND)
+}

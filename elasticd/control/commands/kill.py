@@ -1,0 +1,22 @@
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from elasticd.control.commands.base import Caller, Command
+
+if TYPE_CHECKING:
+    from elasticd.daemon.app import Daemon
+
+
+@dataclass(frozen=True)
+class KillArgs:
+    job: str
+
+
+async def kill(daemon: Daemon, args: KillArgs, caller: Caller) -> dict[str, Any]:
+    """Kill a job: every process of it, grandchildren included; returns when they are gone."""
+    return {"job": await daemon.manager.kill(args.job, caller.uid, caller.user)}
+
+
+COMMAND = Command("kill", KillArgs, kill)

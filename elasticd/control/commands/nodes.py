@@ -1,0 +1,18 @@
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from elasticd.control.commands.base import Caller, Command, NoArgs
+
+if TYPE_CHECKING:
+    from elasticd.daemon.app import Daemon
+
+
+async def nodes(daemon: Daemon, args: NoArgs, caller: Caller) -> dict[str, Any]:
+    """List the live nodes of the cluster with their devices and free capacity."""
+    kvs = await asyncio.to_thread(daemon.etcd.get_prefix, daemon.keys.nodes())
+    return {"nodes": [kv.json() for kv in kvs]}
+
+
+COMMAND = Command("nodes", NoArgs, nodes)

@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from elasticd.control.commands.base import Caller, Command
+
+if TYPE_CHECKING:
+    from elasticd.daemon.app import Daemon
+
+
+@dataclass(frozen=True)
+class StatusArgs:
+    job: str | None = None
+
+
+async def status(daemon: Daemon, args: StatusArgs, caller: Caller) -> dict[str, Any]:
+    """Show one job, or every job the cluster knows."""
+    if args.job:
+        return {"job": await daemon.manager.view(args.job)}
+    return {"jobs": await daemon.manager.views()}
+
+
+COMMAND = Command("status", StatusArgs, status)

@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from elasticd.control.commands.base import Caller, Command
+from elasticd.errors import InvalidSpec, PermissionDenied, ScriptNotFound
+from elasticd.jobs.spec import EntryKind, JobSpec, NodeRange, new_job_id
+
+if TYPE_CHECKING:
+    from elasticd.daemon.app import Daemon
+
+
+@dataclass(frozen=True)
+class SubmitArgs:
+    entry_kind: str
+    entry: str
+    cwd: str
+    args: list[str] = field(default_factory=list)
+    python: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    nnodes: str = "1"
+    nproc_per_node: int = 1
+    max_restarts: int = 3
+    name: str | None = None
+    stop_grace_s: float | None = None
+
+
+def _check_runnable(spec: JobSpec) -> None:
+    """Refuse at submit what could never start, instead of failing every attempt later."""
+    if not os.path.isdir(spec.cwd):
+        raise InvalidSpec(f"working directory does not exist: {spec.cwd}")
+    if spec.entry_kind is EntryKind.SCRIPT and not os.path.isfile(spec.entry):
+        raise ScriptNotFound(f"script not found: {spec.entry}")
+    if spec.entry_kind is not EntryKind.EXEC:
+        if not (os.path.isfile(spec.python) and os.access(spec.python, os.X_OK)):
+            raise InvalidSpec(f"python interpreter not found or not executable: {spec.python}")
+        return
+    path = spec.env.get("PATH", os.defpath)
+    if shutil.which(spec.entry, path=path) is None:
+        raise ScriptNotFound(f"executable not found: {spec.entry}")
+
+
+async def submit(daemon: Daemon, args: SubmitArgs, caller: Caller) -> dict[str, Any]:
+    """Submit a job; it runs as the caller, with the environment and directory it was sent with."""
+    if os.geteuid() not in (0, caller.uid):
+        raise PermissionDenied(
+            f"this elasticd runs as uid {os.geteuid()} and cannot start jobs for uid {caller.uid}"
+        )
+    try:
+        kind = EntryKind(args.entry_kind)
+    except ValueError as exc:
+        raise InvalidSpec(f"entry_kind must be one of {[k.value for k in EntryKind]}") from exc
+    name = args.name or (
+        os.path.splitext(os.path.basename(args.entry))[0]
+        if kind is not EntryKind.MODULE
+        else args.entry.rsplit(".", 1)[-1]
+    )
+    name = "".join(c if c.isalnum() or c in "_.-" else "-" for c in name).lstrip("-_.")[:48] or "job"
+    spec = JobSpec(
+        id=new_job_id(name),
+        name=name,
+        entry_kind=kind,
+        entry=args.entry,
+        args=tuple(args.args),
+        python=args.python,
+        cwd=args.cwd,
+        env=args.env,
+        uid=caller.uid,
+        gid=caller.gid,
+        user=caller.user,
+        nnodes=NodeRange.parse(args.nnodes),
+        nproc_per_node=args.nproc_per_node,
+        max_restarts=args.max_restarts,
+        stop_grace_s=args.stop_grace_s if args.stop_grace_s is not None else daemon.settings.stop_grace,
+        submitted_at=time.time(),
+    )
+    _check_runnable(spec)
+    sup = await daemon.manager.submit(spec)
+    return sup.view()
+
+
+COMMAND = Command("submit", SubmitArgs, submit)

@@ -1,0 +1,1 @@
+"""The daemon process: entry point, wiring and lifecycle."""

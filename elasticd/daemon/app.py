@@ -1,0 +1,159 @@
+"""Wiring and lifecycle of one daemon: start in order, serve, shut down in reverse order.
+
+Start: state dir lock -> reaper sidecar -> etcd (embedded or external) -> crash recovery ->
+node lease -> control socket -> READY. SIGTERM and SIGINT take the same path as any stop:
+stop serving, stop every job's workers, flush statuses, revoke the lease, stop etcd.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from typing import Any
+
+from elasticd import log
+from elasticd.config import Settings
+from elasticd.control.server import ControlServer
+from elasticd.daemon import systemd
+from elasticd.errors import EtcdUnavailable
+from elasticd.etcd.client import EtcdAuth, EtcdClient
+from elasticd.etcd.embedded import EmbeddedEtcd
+from elasticd.etcd.keys import Keys
+from elasticd.jobs.manager import JobManager
+from elasticd.jobs.publisher import StatusPublisher
+from elasticd.jobs.supervisor import Runtime
+from elasticd.node.inventory import discover
+from elasticd.node.registry import NodeRegistry
+from elasticd.node.statedir import StateDir
+from elasticd.workers.reaper import Reaper
+
+_log = log.get("elasticd.daemon")
+
+ETCD_CONNECT_TIMEOUT_S = 30.0
+
+
+class Daemon:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.started_at = time.time()
+        self.keys = Keys(settings.etcd_prefix)
+        self.log_dir = settings.effective_log_dir
+        self._stop = asyncio.Event()
+        self._state = StateDir(settings.state_dir)
+        self._embedded: EmbeddedEtcd | None = None
+        self._reaper: Reaper | None = None
+        self.node_id = ""
+        self.etcd_endpoints: list[str] = list(settings.etcd_endpoints)
+        # Set during start(); typed as non-optional for the commands that use them.
+        self.etcd: EtcdClient
+        self.manager: JobManager
+        self.registry: NodeRegistry
+
+    def request_stop(self, reason: str) -> None:
+        _log.info("daemon.stopping", reason=reason)
+        self._stop.set()
+
+    async def _connect_etcd(self) -> EtcdClient:
+        s = self.settings
+        if s.embedded_etcd:
+            self._embedded = EmbeddedEtcd(s.state_dir / "etcd", s.etcd_binary)
+            await asyncio.to_thread(self._embedded.start)
+            self.etcd_endpoints = [self._embedded.endpoint]
+        client = EtcdClient(
+            self.etcd_endpoints, EtcdAuth(s.etcd_ca, s.etcd_cert, s.etcd_key, s.etcd_user, s.etcd_password)
+        )
+        deadline = time.monotonic() + ETCD_CONNECT_TIMEOUT_S
+        while True:
+            try:
+                version = await asyncio.to_thread(client.health)
+                _log.info("etcd.connected", endpoints=self.etcd_endpoints, version=version)
+                return client
+            except EtcdUnavailable as exc:
+                if time.monotonic() > deadline:
+                    raise
+                _log.warning("etcd.waiting", error=str(exc))
+                await asyncio.sleep(1.0)
+
+    async def run(self) -> int:
+        s = self.settings
+        self._state.open()
+        background: list[asyncio.Task[Any]] = []
+        server: ControlServer | None = None
+        try:
+            self.node_id = self._state.node_id(s.node_id)
+            self._reaper = Reaper(self.node_id)
+            self._reaper.start()
+            self.etcd = await self._connect_etcd()
+            inventory = discover(self.node_id, s.fake_gpus, s.slots)
+            rt = Runtime(self.node_id, self.log_dir, inventory, self._reaper)
+            publisher = StatusPublisher(self.etcd)
+            self.registry = NodeRegistry(
+                self.etcd,
+                self.keys,
+                self.node_id,
+                s.lease_ttl,
+                record=lambda: (
+                    {"address": s.address or "127.0.0.1", "inventory": inventory.to_json()}
+                    | self.manager.capacity()
+                ),
+            )
+            self.manager = JobManager(
+                rt, self.etcd, self.keys, self._state, publisher, self.registry.publish_soon
+            )
+            background.append(asyncio.create_task(publisher.run(), name="publisher"))
+            await self.manager.recover(self.started_at)
+            await self.registry.start()
+            background.append(asyncio.create_task(self.registry.run(), name="registry"))
+            server = ControlServer(self, s.socket, s.socket_mode, s.socket_group)
+            server.bind()
+            background.append(asyncio.create_task(server.serve(), name="control"))
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.request_stop, signal.Signals(sig).name)
+            systemd.notify(f"READY=1\nSTATUS=serving on {s.socket}")
+            _log.info(
+                "daemon.ready",
+                node=self.node_id,
+                socket=str(s.socket),
+                etcd=self.etcd_endpoints,
+                devices=inventory.kind,
+                slots=inventory.slots,
+            )
+            crashed = asyncio.create_task(self._first_crash(background))
+            await asyncio.wait(
+                {crashed, asyncio.create_task(self._stop.wait())}, return_when=asyncio.FIRST_COMPLETED
+            )
+            code = 1 if crashed.done() else 0
+            crashed.cancel()
+            await self._shutdown(server, publisher)
+            return code
+        finally:
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            self._final_cleanup()
+
+    async def _first_crash(self, tasks: list[asyncio.Task[Any]]) -> None:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                _log.error("daemon.task_crashed", task=task.get_name(), error=repr(task.exception()))
+
+    async def _shutdown(self, server: ControlServer, publisher: StatusPublisher) -> None:
+        systemd.notify("STOPPING=1")
+        await server.close()
+        await self.manager.shutdown()
+        await publisher.flush(timeout_s=5.0)
+        await self.registry.stop()
+        _log.info("daemon.stopped", node=self.node_id)
+
+    def _final_cleanup(self) -> None:
+        with contextlib.suppress(AttributeError):
+            self.etcd.close()
+        if self._embedded is not None:
+            self._embedded.stop()
+        if self._reaper is not None:
+            self._reaper.close()
+        self._state.close()

@@ -1,0 +1,215 @@
+"""A thread-safe etcd v3 client over several endpoints, with failover and our own errors.
+
+This is the one module that imports ``etcd3``. The ``etcd3`` 0.12 client ships protobuf code
+generated for protobuf 3; protobuf >= 4 refuses it unless the pure-Python implementation is
+selected before protobuf is first imported. We select it here, deliberately, rather than pinning
+``protobuf<4``: a pin would fight every other package in a user's environment (tensorboard,
+grpc tools) for no gain, and the pure-Python codec costs well under a millisecond per request,
+far below an etcd round trip. The daemon imports nothing else that loads protobuf first; if
+something did, we fail loudly instead of half-working.
+
+Backend contract: every write that must not race uses a transaction whose compare is on
+``create_revision`` (absent == 0) or ``mod_revision``; those revisions are the fencing tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from elasticd.errors import ConfigError, EtcdUnavailable
+
+if "google.protobuf" in sys.modules:
+    from google.protobuf.internal import api_implementation  # type: ignore[import-untyped]
+
+    if api_implementation.Type() != "python":
+        raise ImportError(
+            "protobuf was imported before elasticd.etcd.client with its native codec; etcd3 0.12 needs "
+            "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python set before protobuf's first import"
+        )
+os.environ["PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"] = "python"
+
+import etcd3
+import etcd3.exceptions
+
+T = TypeVar("T")
+
+_RETRYABLE = (etcd3.exceptions.ConnectionFailedError, etcd3.exceptions.ConnectionTimeoutError)
+_GRPC_OPTIONS = [
+    # Reconnect quickly after an etcd restart instead of grpc's default backoff of up to 120 s.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+
+@dataclass(frozen=True)
+class EtcdAuth:
+    ca: Path | None = None
+    cert: Path | None = None
+    key: Path | None = None
+    user: str | None = None
+    password: str | None = None
+
+
+@dataclass(frozen=True)
+class KeyValue:
+    key: str
+    value: bytes
+    create_revision: int
+    mod_revision: int
+    lease: int
+
+    def json(self) -> Any:
+        return json.loads(self.value)
+
+
+def parse_endpoint(endpoint: str) -> tuple[str, int]:
+    """``http://host:port``, ``https://host:port`` or ``host:port`` -> (host, port)."""
+    rest = endpoint.split("://", 1)[-1].rstrip("/")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ConfigError(f"etcd endpoint must be host:port, got {endpoint!r}")
+    return host.strip("[]"), int(port)
+
+
+class EtcdClient:
+    """Calls go to the current endpoint; on a connection failure we move to the next one and retry,
+    and only when every endpoint has failed once does the call raise ``EtcdUnavailable``."""
+
+    def __init__(self, endpoints: Sequence[str], auth: EtcdAuth = EtcdAuth(), timeout_s: float = 5.0) -> None:
+        if not endpoints:
+            raise ConfigError("at least one etcd endpoint is required")
+        self.endpoints = [parse_endpoint(e) for e in endpoints]
+        self._auth = auth
+        self._timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._index = 0
+        self._client: Any = None
+
+    # -- connection management -------------------------------------------------------------
+    def _connect(self, index: int) -> Any:
+        host, port = self.endpoints[index]
+        a = self._auth
+        return etcd3.client(
+            host=host,
+            port=port,
+            ca_cert=str(a.ca) if a.ca else None,
+            cert_key=str(a.key) if a.key else None,
+            cert_cert=str(a.cert) if a.cert else None,
+            user=a.user,
+            password=a.password,
+            timeout=self._timeout_s,
+            grpc_options=_GRPC_OPTIONS,
+        )
+
+    def _current(self) -> tuple[int, Any]:
+        with self._lock:
+            if self._client is None:
+                self._client = self._connect(self._index)
+            return self._index, self._client
+
+    def _fail_over(self, failed_index: int) -> None:
+        with self._lock:
+            if self._index != failed_index:
+                return  # another thread already moved on
+            if self._client is not None:
+                self._client.close()
+            self._client = None
+            self._index = (self._index + 1) % len(self.endpoints)
+
+    def call(self, op: Callable[[Any], T]) -> T:
+        """Run ``op(raw_client)`` with failover; the single place that translates etcd errors."""
+        last: BaseException | None = None
+        for _ in range(len(self.endpoints)):
+            index = -1
+            try:
+                index, client = self._current()
+                return op(client)
+            except (*_RETRYABLE, etcd3.exceptions.InternalServerError) as exc:
+                last = exc
+                self._fail_over(index)
+            except Exception as exc:  # grpc errors not mapped by etcd3 (auth, bad TLS, ...)
+                if type(exc).__module__.startswith(("grpc", "etcd3")):
+                    last = exc
+                    self._fail_over(index)
+                    continue
+                raise
+        where = ",".join(f"{h}:{p}" for h, p in self.endpoints)
+        raise EtcdUnavailable(f"etcd is unreachable at {where}: {last}") from last
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+    # -- key/value ---------------------------------------------------------------------------
+    def get(self, key: str) -> KeyValue | None:
+        value, meta = self.call(lambda c: c.get(key))
+        if value is None:
+            return None
+        return KeyValue(key, value, meta.create_revision, meta.mod_revision, meta.lease_id)
+
+    def get_json(self, key: str) -> Any:
+        kv = self.get(key)
+        return None if kv is None else kv.json()
+
+    def get_prefix(self, prefix: str) -> list[KeyValue]:
+        def op(c: Any) -> list[KeyValue]:
+            return [
+                KeyValue(m.key.decode(), v, m.create_revision, m.mod_revision, m.lease_id)
+                for v, m in c.get_prefix(prefix, sort_order="ascend", sort_target="key")
+            ]
+
+        return self.call(op)
+
+    def put_json(self, key: str, value: Any, lease: int | None = None) -> None:
+        data = json.dumps(value, separators=(",", ":"))
+        self.call(lambda c: c.put(key, data, lease=lease))
+
+    def create_json(self, key: str, value: Any, lease: int | None = None) -> bool:
+        """Write ``key`` only if it does not exist; True when we created it."""
+        data = json.dumps(value, separators=(",", ":"))
+
+        def op(c: Any) -> bool:
+            ok, _ = c.transaction(
+                compare=[c.transactions.create(key) == 0],
+                success=[c.transactions.put(key, data, lease=lease)],
+                failure=[],
+            )
+            return bool(ok)
+
+        return self.call(op)
+
+    def delete(self, key: str) -> None:
+        self.call(lambda c: c.delete(key))
+
+    def delete_prefix(self, prefix: str) -> None:
+        self.call(lambda c: c.delete_prefix(prefix))
+
+    # -- leases ------------------------------------------------------------------------------
+    def grant_lease(self, ttl_s: float) -> int:
+        return int(self.call(lambda c: c.lease(max(1, round(ttl_s))).id))
+
+    def refresh_lease(self, lease_id: int) -> int:
+        """Keep ``lease_id`` alive; returns the remaining TTL, 0 or less when it has expired."""
+
+        def op(c: Any) -> int:
+            responses = list(c.refresh_lease(lease_id))
+            return int(responses[0].TTL) if responses else 0
+
+        return self.call(op)
+
+    def revoke_lease(self, lease_id: int) -> None:
+        self.call(lambda c: c.revoke_lease(lease_id))
+
+    def health(self) -> str:
+        """The server version of the current endpoint; raises EtcdUnavailable if none answers."""
+        return str(self.call(lambda c: c.status().version))

@@ -1,0 +1,1 @@
+"""Jobs: the spec, its state machine, the pure deciders, and the supervisor that carries them out."""

@@ -1,0 +1,61 @@
+"""Reading a job's append-only logs: ``<log_dir>/<job>/attempt_<n>/rank_<k>.log``.
+
+Reads are cursor-based (file -> byte offset) and return whole lines only, so a following client
+polls with the cursor it got back and never sees a line twice or cut in half.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+_FILE = re.compile(r"^attempt_(\d+)/rank_(\d+)\.log$")
+MAX_CHUNK = 256 * 1024
+
+
+@dataclass(frozen=True)
+class Chunk:
+    attempt: int
+    rank: int
+    text: str
+
+
+def log_files(log_dir: Path, job_id: str) -> list[tuple[int, int, Path]]:
+    root = log_dir / job_id
+    found = []
+    for path in root.glob("attempt_*/rank_*.log"):
+        m = _FILE.match(str(path.relative_to(root)))
+        if m:
+            found.append((int(m.group(1)), int(m.group(2)), path))
+    return sorted(found)
+
+
+def read_new(
+    log_dir: Path,
+    job_id: str,
+    cursor: dict[str, int],
+    rank: int | None = None,
+    max_bytes: int = MAX_CHUNK,
+    whole: bool = False,
+) -> tuple[list[Chunk], dict[str, int]]:
+    chunks: list[Chunk] = []
+    out = dict(cursor)
+    budget = max_bytes
+    for attempt, r, path in log_files(log_dir, job_id):
+        if (rank is not None and r != rank) or budget <= 0:
+            continue
+        name = f"attempt_{attempt}/rank_{r}.log"
+        offset = out.get(name, 0)
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read(budget)
+        if (
+            len(data) < budget and not whole
+        ):  # keep a partial last line for the next read (unless the job ended)
+            data = data[: data.rfind(b"\n") + 1]
+        if data:
+            out[name] = offset + len(data)
+            budget -= len(data)
+            chunks.append(Chunk(attempt, r, data.decode(errors="replace")))
+    return chunks, out

@@ -1,0 +1,126 @@
+"""The job spec: immutable once submitted, stored verbatim in ``jobs/<id>/spec``.
+
+Validation here is the only check a spec gets before it is accepted; a spec that passes can
+always be attempted (whether the host has room is the scheduler's question, not the spec's).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from elasticd.errors import InvalidSpec
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+MAX_NPROC_PER_NODE = 1024
+MAX_NODES = 4096
+
+
+class EntryKind(StrEnum):
+    SCRIPT = "script"  # python -u SCRIPT ARGS
+    MODULE = "module"  # python -u -m MODULE ARGS
+    EXEC = "exec"  # EXE ARGS (torchrun --no-python)
+
+
+@dataclass(frozen=True)
+class NodeRange:
+    min: int
+    max: int
+
+    @classmethod
+    def parse(cls, text: str) -> NodeRange:
+        """``"2"`` or ``"1:4"`` (torchrun's ``--nnodes`` syntax)."""
+        lo, sep, hi = str(text).partition(":")
+        try:
+            low, high = int(lo), int(hi) if sep else int(lo)
+        except ValueError as exc:
+            raise InvalidSpec(f"nnodes must be N or MIN:MAX, got {text!r}") from exc
+        if not 1 <= low <= high <= MAX_NODES:
+            raise InvalidSpec(f"nnodes must satisfy 1 <= MIN <= MAX <= {MAX_NODES}, got {text!r}")
+        return cls(low, high)
+
+    def __str__(self) -> str:
+        return str(self.min) if self.min == self.max else f"{self.min}:{self.max}"
+
+
+def new_job_id(name: str) -> str:
+    return f"{name}-{secrets.token_hex(4)}"
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    id: str
+    name: str
+    entry_kind: EntryKind
+    entry: str  # script path (absolute), module name, or executable
+    args: tuple[str, ...]
+    python: str  # interpreter for SCRIPT/MODULE entries, resolved on the submitter's PATH
+    cwd: str
+    env: dict[str, str] = field(hash=False)
+    uid: int
+    gid: int
+    user: str
+    nnodes: NodeRange
+    nproc_per_node: int = 1
+    max_restarts: int = 3
+    stop_grace_s: float = 10.0
+    submitted_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise InvalidSpec(f"name must match {_NAME.pattern}, got {self.name!r}")
+        if not 1 <= self.nproc_per_node <= MAX_NPROC_PER_NODE:
+            raise InvalidSpec(f"nproc_per_node must be 1..{MAX_NPROC_PER_NODE}, got {self.nproc_per_node}")
+        if not 0 <= self.max_restarts <= 10_000:
+            raise InvalidSpec(f"max_restarts must be 0..10000, got {self.max_restarts}")
+        if not 0 <= self.stop_grace_s <= 3600:
+            raise InvalidSpec(f"stop_grace_s must be 0..3600, got {self.stop_grace_s}")
+        if not self.entry:
+            raise InvalidSpec("an entry point (script, -m module, or --no-python executable) is required")
+        if self.entry_kind is not EntryKind.EXEC and not self.python.startswith("/"):
+            raise InvalidSpec(f"python must be an absolute path, got {self.python!r}")
+        if not self.cwd.startswith("/"):
+            raise InvalidSpec(f"cwd must be an absolute path, got {self.cwd!r}")
+        if self.entry_kind is EntryKind.SCRIPT and not self.entry.startswith("/"):
+            raise InvalidSpec(f"script must be an absolute path, got {self.entry!r}")
+        bad = [k for k in self.env if not _ENV_KEY.match(k)]
+        if bad:
+            raise InvalidSpec(f"invalid environment variable names: {bad[:5]}")
+
+    @property
+    def argv(self) -> list[str]:
+        """What each worker executes, as torchrun would build it."""
+        match self.entry_kind:
+            case EntryKind.SCRIPT:
+                return [self.python, "-u", self.entry, *self.args]
+            case EntryKind.MODULE:
+                return [self.python, "-u", "-m", self.entry, *self.args]
+            case EntryKind.EXEC:
+                return [self.entry, *self.args]
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["entry_kind"] = self.entry_kind.value
+        out["args"] = list(self.args)
+        out["nnodes"] = str(self.nnodes)
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> JobSpec:
+        try:
+            return cls(
+                **(
+                    data
+                    | {
+                        "entry_kind": EntryKind(data["entry_kind"]),
+                        "args": tuple(data["args"]),
+                        "nnodes": NodeRange.parse(data["nnodes"]),
+                    }
+                )
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidSpec(f"malformed job spec: {exc}") from exc

@@ -1,0 +1,38 @@
+"""Which of this host's slots (GPUs or CPU slots) each job holds. Pure: no I/O.
+
+Two jobs never hold the same slot, so their CUDA_VISIBLE_DEVICES are disjoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+class Allocator:
+    def __init__(self, capacity: int, held: Mapping[str, tuple[int, ...]] | None = None) -> None:
+        self.capacity = capacity
+        self._held: dict[str, tuple[int, ...]] = dict(held or {})
+
+    @property
+    def held(self) -> dict[str, tuple[int, ...]]:
+        return dict(self._held)
+
+    def free(self) -> list[int]:
+        taken = {s for slots in self._held.values() for s in slots}
+        return [s for s in range(self.capacity) if s not in taken]
+
+    def fits_host(self, count: int) -> bool:
+        return 0 < count <= self.capacity
+
+    def allocate(self, job_id: str, count: int) -> tuple[int, ...] | None:
+        """The lowest ``count`` free slots for ``job_id``, or None if not enough are free now."""
+        if job_id in self._held:
+            return self._held[job_id]
+        free = self.free()
+        if count > len(free):
+            return None
+        self._held[job_id] = tuple(free[:count])
+        return self._held[job_id]
+
+    def release(self, job_id: str) -> None:
+        self._held.pop(job_id, None)

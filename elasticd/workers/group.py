@@ -1,0 +1,158 @@
+"""A local worker group: one process tree per local rank, supervised and stopped as a unit.
+
+Each worker is a session leader (its own process group), carries a parent-death signal, writes
+stdout and stderr to its append-only per-attempt log, and is tracked by the reaper sidecar. Exits
+are noticed through a pidfd on the event loop, with no polling and no watcher threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from elasticd import log
+from elasticd.workers import proctree
+from elasticd.workers.reaper import Reaper
+from elasticd.workers.spawn import die_with_parent
+
+_log = log.get("elasticd.workers")
+
+SPAWN_FAILED = 127
+
+
+@dataclass(frozen=True)
+class Launch:
+    local_rank: int
+    rank: int
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    cwd: str
+    log_path: Path
+    error_file: Path
+    uid: int | None = None  # switch to this user (the daemon runs as root)
+    gid: int | None = None
+    extra_groups: tuple[int, ...] | None = None
+
+
+class Worker:
+    def __init__(self, launch: Launch, pid: int | None, exited: asyncio.Future[int]) -> None:
+        self.launch = launch
+        self.pid = pid
+        self.exited = exited
+        self.started_at = time.time()
+
+    @property
+    def running(self) -> bool:
+        return not self.exited.done()
+
+
+def _watch_exit(proc: subprocess.Popen[bytes]) -> asyncio.Future[int]:
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[int] = loop.create_future()
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except OSError:  # very old kernel: a thread waits instead
+        task = loop.run_in_executor(None, proc.wait)
+        task.add_done_callback(lambda t: None if fut.done() else fut.set_result(t.result()))
+        return fut
+
+    def on_exit() -> None:
+        loop.remove_reader(fd)
+        os.close(fd)
+        if not fut.done():
+            fut.set_result(proc.wait())
+
+    loop.add_reader(fd, on_exit)
+    return fut
+
+
+class WorkerGroup:
+    def __init__(self, launches: list[Launch], reaper: Reaper, grace_s: float) -> None:
+        self.launches = launches
+        self.workers: list[Worker] = []
+        self._reaper = reaper
+        self._grace_s = grace_s
+
+    def start(self) -> None:
+        """Spawn every worker. Must run on the event-loop thread (see ``spawn``)."""
+        for launch in self.launches:
+            self.workers.append(self._spawn(launch))
+
+    def _spawn(self, launch: Launch) -> Worker:
+        launch.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(launch.log_path, "ab", buffering=0) as out:
+            if launch.uid is not None:
+                os.fchown(out.fileno(), launch.uid, launch.gid if launch.gid is not None else -1)
+            try:
+                proc = subprocess.Popen(
+                    list(launch.argv),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    cwd=launch.cwd,
+                    env=launch.env,
+                    start_new_session=True,
+                    preexec_fn=die_with_parent,
+                    user=launch.uid,
+                    group=launch.gid,
+                    extra_groups=launch.extra_groups,
+                    close_fds=True,
+                )
+            except OSError as exc:
+                out.write(f"elasticd: cannot start worker {list(launch.argv)[:3]}: {exc}\n".encode())
+                _log.warning("worker.spawn_failed", rank=launch.rank, error=str(exc))
+                failed: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+                failed.set_result(SPAWN_FAILED)
+                return Worker(launch, None, failed)
+        self._reaper.track(proc.pid)
+        _log.debug("worker.started", rank=launch.rank, pid=proc.pid)
+        return Worker(launch, proc.pid, _watch_exit(proc))
+
+    @property
+    def running(self) -> list[Worker]:
+        return [w for w in self.workers if w.running]
+
+    async def next_exit(self) -> Worker:
+        """Wait for the next running worker to exit (the caller reads ``worker.exited``)."""
+        pending = {w.exited: w for w in self.running}
+        if not pending:
+            raise RuntimeError("no running workers")
+        done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        return pending[next(iter(done))]
+
+    def exited_unseen(self, seen: set[int]) -> list[Worker]:
+        return [w for w in self.workers if not w.running and w.launch.rank not in seen]
+
+    async def _sweep_escapees(self) -> list[int]:
+        """Kill what left the worker's session but kept its environment (double forks, daemons)."""
+        if not self.launches:
+            return []
+        env = self.launches[0].env
+        owner, job = env.get(proctree.OWNER_ENV), env.get(proctree.JOB_ENV)
+        if owner is None:
+            return []
+        leftovers = await asyncio.to_thread(proctree.marked, owner, job)
+        return await proctree.terminate(leftovers, [], 0.0) if leftovers else []
+
+    async def stop(self, grace_s: float | None = None) -> list[int]:
+        """Stop every process of every worker tree; returns pids that could not be killed."""
+        grace = self._grace_s if grace_s is None else grace_s
+        pgids = [w.pid for w in self.workers if w.pid is not None]
+        tree = [p for w in self.running if w.pid is not None for p in proctree.descendants(w.pid)]
+        # Orphans of workers that already exited keep their process group; find them there.
+        for w in self.workers:
+            if w.pid is not None and not w.running:
+                tree.extend(proctree.group_members(w.pid))
+        own = asyncio.gather(*(w.exited for w in self.workers))
+        stuck = await proctree.terminate(tree, pgids, grace, extra_wait=own)
+        stuck += await self._sweep_escapees()
+        for pgid in pgids:
+            self._reaper.untrack(pgid)
+        with contextlib.suppress(Exception):
+            await own
+        return stuck
