@@ -1,0 +1,245 @@
+"""Test support kept in one place: a real etcd, real daemons, the CLI, and waiting helpers."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from elasticctl.client import Client
+from elasticd.etcd.embedded import find_etcd_binary
+from elasticd.netaddr import free_port
+from elasticd.workers import proctree
+
+PYTHON = sys.executable
+REPO = Path(__file__).resolve().parent.parent
+
+
+def wait_for(predicate: Callable[[], Any], timeout_s: float, interval_s: float = 0.05, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what or predicate}")
+        time.sleep(interval_s)
+
+
+def stop_process(proc: subprocess.Popen[Any], grace_s: float = 20.0) -> int | None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    return proc.returncode
+
+
+class EtcdServer:
+    """A real etcd on loopback with free ports and its own data dir."""
+
+    def __init__(self, workdir: Path, name: str = "test") -> None:
+        self.workdir = workdir
+        self.name = name
+        self.client_port = free_port()
+        self.peer_port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.client_port}"
+
+    def argv(self) -> list[str]:
+        client = f"http://127.0.0.1:{self.client_port}"
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        return [
+            str(find_etcd_binary()),
+            "--name", self.name,
+            "--data-dir", str(self.workdir / "data"),
+            "--listen-client-urls", client,
+            "--advertise-client-urls", client,
+            "--listen-peer-urls", peer,
+            "--initial-advertise-peer-urls", peer,
+            "--initial-cluster", f"{self.name}={peer}",
+            "--log-level", "error",
+        ]  # fmt: skip
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        log = open(self.workdir / "etcd.log", "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=log, start_new_session=True)
+        log.close()
+        from elasticd.etcd.client import EtcdClient
+
+        client = EtcdClient([self.endpoint], timeout_s=1)
+        try:
+            wait_for(lambda: _healthy(client), 20, 0.1, "etcd to be healthy")
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc, 10)
+            self.proc = None
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(10)
+            self.proc = None
+
+
+def _healthy(client: Any) -> bool:
+    from elasticd.errors import EtcdUnavailable
+
+    try:
+        client.health()
+        return True
+    except EtcdUnavailable:
+        return False
+
+
+@dataclass
+class DaemonProc:
+    """One running ``elasticd`` with its own node id, socket, state dir and log dir."""
+
+    node_id: str
+    root: Path
+    args: list[str]
+    env: dict[str, str]
+    proc: subprocess.Popen[bytes] | None = None
+    stderr_path: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.stderr_path = self.root / "daemon.log"
+
+    @property
+    def etcd_prefix(self) -> str:
+        return self.args[self.args.index("--etcd-prefix") + 1] if "--etcd-prefix" in self.args else "/elasticd/v1"
+
+    def node_key(self) -> str:
+        return f"{self.etcd_prefix}/nodes/{self.node_id}"
+
+    @property
+    def socket(self) -> Path:
+        return self.root / "ctl.sock"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / "state"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.root / "logs"
+
+    def start(self, wait: bool = True) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        argv = [
+            PYTHON, "-m", "elasticd",
+            "--socket", str(self.socket),
+            "--state-dir", str(self.state_dir),
+            "--log-dir", str(self.log_dir),
+            "--node-id", self.node_id,
+            "--log-format", "json",
+            *self.args,
+        ]  # fmt: skip
+        err = open(self.stderr_path, "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(argv, stdout=err, stderr=err, env=self.env, cwd=self.root)
+        err.close()
+        if wait:
+            wait_for(self.answers, 30, 0.1, f"daemon {self.node_id} to answer")
+
+    def answers(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise AssertionError(f"daemon exited with {self.proc.returncode}:\n{self.log_text()[-3000:]}")
+        try:
+            self.call("ping", timeout_s=0.5)
+            return True
+        except Exception:
+            return False
+
+    def log_text(self) -> str:
+        return self.stderr_path.read_text(errors="replace") if self.stderr_path.exists() else ""
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        out = []
+        for line in self.log_text().splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("event") == name:
+                out.append(event)
+        return out
+
+    def client(self, timeout_s: float = 15.0) -> Client:
+        return Client(self.socket, timeout_s=timeout_s)
+
+    def call(self, cmd: str, timeout_s: float = 15.0, **args: Any) -> Any:
+        client = self.client(timeout_s)
+        try:
+            return client.call(cmd, **args)
+        finally:
+            client.close()
+
+    def ctl(self, *argv: str, timeout_s: float = 120.0, env: dict[str, str] | None = None,
+            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        full_env = dict(env if env is not None else self.env) | {"ELASTICD_SOCKET": str(self.socket)}
+        return subprocess.run(
+            [PYTHON, "-m", "elasticctl", *argv],
+            capture_output=True, text=True, timeout=timeout_s, env=full_env, cwd=cwd or self.root,
+        )  # fmt: skip
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return dict(self.call("status", job=job_id)["job"])
+
+    def wait_state(self, job_id: str, states: tuple[str, ...], timeout_s: float = 60.0) -> dict[str, Any]:
+        return dict(
+            wait_for(
+                lambda: (j := self.job(job_id))["state"] in states and j,
+                timeout_s,
+                0.1,
+                f"job {job_id} to reach {states}",
+            )
+        )
+
+    def stop(self, grace_s: float = 30.0) -> int | None:
+        return stop_process(self.proc, grace_s) if self.proc is not None else None
+
+    def kill9(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def leftovers(self) -> list[psutil.Process]:
+        return proctree.marked(self.node_id)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def write_script(path: Path, body: str) -> Path:
+    path.write_text(body)
+    return path
+
+
+def etcd_available() -> bool:
+    try:
+        find_etcd_binary()
+        return True
+    except Exception:
+        return shutil.which("etcd") is not None

@@ -1,0 +1,92 @@
+"""elasticd.node.allocator.Allocator: disjoint, lowest-first slot allocation."""
+
+from __future__ import annotations
+
+import pytest
+
+from elasticd.node.allocator import Allocator
+
+
+def test_lowest_slots_first_and_disjoint() -> None:
+    a = Allocator(8)
+    assert a.allocate("j1", 3) == (0, 1, 2)
+    assert a.allocate("j2", 2) == (3, 4)
+    assert a.allocate("j3", 3) == (5, 6, 7)
+    assert a.free() == []
+    held = a.held
+    slots = [s for job in held.values() for s in job]
+    assert sorted(slots) == list(range(8))
+    assert len(set(slots)) == len(slots)
+
+
+def test_none_when_not_enough_free_and_nothing_changes() -> None:
+    a = Allocator(4)
+    assert a.allocate("j1", 3) == (0, 1, 2)
+    assert a.allocate("j2", 2) is None
+    assert "j2" not in a.held
+    assert a.free() == [3]
+
+
+def test_release_frees_and_holes_are_reused_lowest_first() -> None:
+    a = Allocator(6)
+    a.allocate("j1", 2)
+    a.allocate("j2", 2)
+    a.allocate("j3", 2)
+    a.release("j2")
+    assert a.free() == [2, 3]
+    assert a.allocate("j4", 1) == (2,)
+    a.release("j1")
+    assert a.allocate("j5", 3) == (0, 1, 3)  # need not be contiguous
+
+
+def test_release_unknown_job_is_a_noop() -> None:
+    a = Allocator(2)
+    a.allocate("j1", 1)
+    a.release("nope")
+    a.release("j1")
+    a.release("j1")
+    assert a.free() == [0, 1]
+    assert a.held == {}
+
+
+def test_allocate_is_idempotent_for_the_same_job() -> None:
+    a = Allocator(4)
+    first = a.allocate("j1", 2)
+    assert a.allocate("j1", 2) == first
+    assert a.free() == [2, 3]
+
+
+def test_allocate_whole_host() -> None:
+    a = Allocator(4)
+    assert a.allocate("j1", 4) == (0, 1, 2, 3)
+    assert a.allocate("j2", 1) is None
+
+
+def test_held_at_construction_is_respected() -> None:
+    # after a daemon restart the allocator is rebuilt from the saved job records
+    a = Allocator(4, {"old": (1, 2)})
+    assert a.free() == [0, 3]
+    assert a.allocate("new", 2) == (0, 3)
+    assert a.allocate("old", 2) == (1, 2)
+
+
+def test_held_is_a_copy() -> None:
+    a = Allocator(2)
+    a.allocate("j1", 1)
+    a.held.clear()
+    assert a.held == {"j1": (0,)}
+
+
+@pytest.mark.parametrize(
+    ("capacity", "count", "fits"),
+    [(4, 1, True), (4, 4, True), (4, 5, False), (4, 0, False), (4, -1, False), (0, 1, False), (1, 1, True)],
+)
+def test_fits_host(capacity: int, count: int, fits: bool) -> None:
+    assert Allocator(capacity).fits_host(count) is fits
+
+
+def test_fits_host_ignores_current_use() -> None:
+    a = Allocator(2)
+    a.allocate("j1", 2)
+    assert a.fits_host(2)
+    assert a.allocate("j2", 2) is None
