@@ -51,16 +51,18 @@ class Settings:
     log_level: str = "info"
 
     def __post_init__(self) -> None:
-        if self.lease_ttl < 2:
+        if not self.lease_ttl >= 2:  # also rejects NaN
             raise ConfigError("lease_ttl must be at least 2 seconds")
         if self.fake_gpus is not None and self.fake_gpus < 0:
             raise ConfigError("fake_gpus must be >= 0")
         if self.slots is not None and self.slots < 1:
             raise ConfigError("slots must be >= 1")
-        if self.stop_grace < 0:
+        if not self.stop_grace >= 0:
             raise ConfigError("stop_grace must be >= 0")
         if self.log_format not in ("auto", "json", "console"):
             raise ConfigError("log_format must be auto, json or console")
+        if self.log_level.lower() not in ("debug", "info", "warning", "error"):
+            raise ConfigError("log_level must be debug, info, warning or error")
 
     @property
     def effective_log_dir(self) -> Path:

@@ -1,6 +1,6 @@
 """A minimal DDP training script written for torchrun; it runs unchanged under elasticd.
 
-    elasticctl submit --nproc-per-node 2 --follow examples/ddp_minimal.py -- --steps 20
+elasticctl submit --nproc-per-node 2 --follow examples/ddp_minimal.py -- --steps 20
 """
 
 from __future__ import annotations

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support import DaemonProc, EtcdServer, unique
-
-import sys
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # As with an activated venv: `python` on PATH is the test interpreter, so jobs (which run the
@@ -49,7 +48,9 @@ def daemon_factory(etcd_server: EtcdServer, tmp_path: Path) -> Iterator[DaemonFa
         node = node_id or unique("node")
         args = [*extra]
         if not embedded:
-            args += ["--etcd-endpoints", etcd_server.endpoint, "--etcd-prefix", prefix]
+            if "--etcd-endpoints" not in args:
+                args += ["--etcd-endpoints", etcd_server.endpoint]
+            args += ["--etcd-prefix", prefix]
         d = DaemonProc(node, tmp_path / node, args, dict(env if env is not None else os.environ))
         started.append(d)
         if start:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -128,7 +127,11 @@ class DaemonProc:
 
     @property
     def etcd_prefix(self) -> str:
-        return self.args[self.args.index("--etcd-prefix") + 1] if "--etcd-prefix" in self.args else "/elasticd/v1"
+        return (
+            self.args[self.args.index("--etcd-prefix") + 1]
+            if "--etcd-prefix" in self.args
+            else "/elasticd/v1"
+        )
 
     def node_key(self) -> str:
         return f"{self.etcd_prefix}/nodes/{self.node_id}"
@@ -195,8 +198,9 @@ class DaemonProc:
         finally:
             client.close()
 
-    def ctl(self, *argv: str, timeout_s: float = 120.0, env: dict[str, str] | None = None,
-            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    def ctl(
+        self, *argv: str, timeout_s: float = 120.0, env: dict[str, str] | None = None, cwd: Path | None = None
+    ) -> subprocess.CompletedProcess[str]:
         full_env = dict(env if env is not None else self.env) | {"ELASTICD_SOCKET": str(self.socket)}
         return subprocess.run(
             [PYTHON, "-m", "elasticctl", *argv],

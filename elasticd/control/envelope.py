@@ -34,7 +34,7 @@ def best_effort_id(raw: bytes) -> str:
         data = json.loads(raw)
         rid = data.get("id") if isinstance(data, dict) else None
         return rid if isinstance(rid, str) and len(rid) <= MAX_ID_LENGTH else ""
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return ""
 
 
@@ -45,12 +45,13 @@ def parse_request(raw: bytes) -> Request:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"request is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise BadRequest("request is nested too deeply") from exc
     if not isinstance(data, dict):
         raise BadRequest("request must be a JSON object")
-    if data.get("v") != PROTOCOL_VERSION:
-        raise UnsupportedVersion(
-            f"protocol version {data.get('v')!r} is not supported; use {PROTOCOL_VERSION}"
-        )
+    version = data.get("v")
+    if type(version) is not int or version != PROTOCOL_VERSION:
+        raise UnsupportedVersion(f"protocol version {version!r} is not supported; use {PROTOCOL_VERSION}")
     rid, cmd, args = data.get("id"), data.get("cmd"), data.get("args", {})
     if not isinstance(rid, str) or not rid or len(rid) > MAX_ID_LENGTH:
         raise BadRequest(f"'id' must be a non-empty string of at most {MAX_ID_LENGTH} characters")

@@ -88,9 +88,10 @@ class ControlServer:
             task.add_done_callback(self._tasks.discard)
 
     async def _handle(self, envelope: list[bytes], payload: bytes, caller: Caller | None) -> None:
-        rid = best_effort_id(payload)
+        rid = ""
         cmd = "?"
         try:
+            rid = best_effort_id(payload)
             request = parse_request(payload)
             rid, cmd = request.id, request.cmd
             command = REGISTRY.get(request.cmd)

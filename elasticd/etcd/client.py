@@ -74,8 +74,8 @@ def parse_endpoint(endpoint: str) -> tuple[str, int]:
     """``http://host:port``, ``https://host:port`` or ``host:port`` -> (host, port)."""
     rest = endpoint.split("://", 1)[-1].rstrip("/")
     host, sep, port = rest.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ConfigError(f"etcd endpoint must be host:port, got {endpoint!r}")
+    if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+        raise ConfigError(f"etcd endpoint must be host:port with a port in 1..65535, got {endpoint!r}")
     return host.strip("[]"), int(port)
 
 

@@ -31,6 +31,15 @@ def log_files(log_dir: Path, job_id: str) -> list[tuple[int, int, Path]]:
     return sorted(found)
 
 
+def _whole_lines(data: bytes, at_eof: bool, ended: bool) -> bytes:
+    """Cut a partial last line, which the next read returns whole. Exceptions: the job ended and
+    this is the end of the file, or one line is longer than the whole budget (send it, or stall)."""
+    if at_eof and ended:
+        return data
+    cut = data.rfind(b"\n") + 1
+    return data[:cut] if cut or at_eof else data
+
+
 def read_new(
     log_dir: Path,
     job_id: str,
@@ -46,14 +55,11 @@ def read_new(
         if (rank is not None and r != rank) or budget <= 0:
             continue
         name = f"attempt_{attempt}/rank_{r}.log"
-        offset = out.get(name, 0)
+        offset = max(0, out.get(name, 0))
         with open(path, "rb") as f:
             f.seek(offset)
             data = f.read(budget)
-        if (
-            len(data) < budget and not whole
-        ):  # keep a partial last line for the next read (unless the job ended)
-            data = data[: data.rfind(b"\n") + 1]
+        data = _whole_lines(data, at_eof=len(data) < budget, ended=whole)
         if data:
             out[name] = offset + len(data)
             budget -= len(data)

@@ -71,6 +71,13 @@ class JobSpec:
     submitted_at: float = 0.0
 
     def __post_init__(self) -> None:
+        for name in ("id", "name", "entry", "python", "cwd", "user"):
+            if not isinstance(getattr(self, name), str):
+                raise InvalidSpec(f"{name} must be a string")
+        if not isinstance(self.env, dict) or not all(isinstance(v, str) for v in self.env.values()):
+            raise InvalidSpec("env must map names to strings")
+        if not isinstance(self.args, tuple) or not all(isinstance(a, str) for a in self.args):
+            raise InvalidSpec("args must be a list of strings")
         if not _NAME.match(self.name):
             raise InvalidSpec(f"name must match {_NAME.pattern}, got {self.name!r}")
         if not 1 <= self.nproc_per_node <= MAX_NPROC_PER_NODE:
@@ -117,10 +124,10 @@ class JobSpec:
                     data
                     | {
                         "entry_kind": EntryKind(data["entry_kind"]),
-                        "args": tuple(data["args"]),
+                        "args": tuple(data["args"]) if isinstance(data["args"], list) else data["args"],
                         "nnodes": NodeRange.parse(data["nnodes"]),
                     }
                 )
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise InvalidSpec(f"malformed job spec: {exc}") from exc

@@ -13,6 +13,7 @@ class JobState(StrEnum):
 
     PENDING    -> RUNNING     when the slots it needs are free
     PENDING    -> KILLED      on ``kill``
+    PENDING    -> FAILED      the daemon shut down before it could start
     RUNNING    -> RESTARTING  a worker failed and restarts are left
     RUNNING    -> SUCCEEDED   every worker exited 0
     RUNNING    -> FAILED      a worker failed with no restarts left, or the node stopped

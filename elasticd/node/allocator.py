@@ -26,6 +26,8 @@ class Allocator:
 
     def allocate(self, job_id: str, count: int) -> tuple[int, ...] | None:
         """The lowest ``count`` free slots for ``job_id``, or None if not enough are free now."""
+        if count < 1:
+            raise ValueError(f"a job needs at least one slot, asked for {count}")
         if job_id in self._held:
             return self._held[job_id]
         free = self.free()

@@ -44,7 +44,8 @@ BAD = [
     (b'{"v":1,"id":"h","cmd":"ping","extra":1}', "bad_request", "h"),
     (b'{"v":1,"id":"i","cmd":"submit","args":{"entry_kind":"script","entry":"/x.py","cwd":"/",'
      b'"python":"/usr/bin/python3","nproc_per_node":true}}', "invalid_args", "i"),
-    (b'{"v":1,"id":"j","cmd":"submit","args":{"entry_kind":"rocket","entry":"x","cwd":"/"}}', "invalid_spec", "j"),
+    (b'{"v":1,"id":"j","cmd":"submit","args":{"entry_kind":"rocket","entry":"x","cwd":"/"}}',
+     "invalid_spec", "j"),
     (b"\xff\xfe", "bad_request", ""),
 ]  # fmt: skip
 
@@ -60,7 +61,9 @@ def test_malformed_requests_get_error_codes(daemon: DaemonProc, payload: bytes, 
 
 
 def test_oversized_request_is_capped(daemon: DaemonProc) -> None:
-    payload = json.dumps({"v": 1, "id": "big", "cmd": "ping", "args": {"pad": "x" * MAX_MESSAGE_BYTES}}).encode()
+    payload = json.dumps(
+        {"v": 1, "id": "big", "cmd": "ping", "args": {"pad": "x" * MAX_MESSAGE_BYTES}}
+    ).encode()
     reply = raw_exchange(daemon, payload)
     assert reply["error"]["code"] == "too_large" and reply["id"] == "big"
     assert daemon.call("ping")["node"] == daemon.node_id
@@ -74,8 +77,9 @@ def test_ping_reports_the_callers_credentials(daemon: DaemonProc) -> None:
 
 def test_cli_without_daemon_says_so_with_a_hint(tmp_path: Path) -> None:
     env = dict(os.environ, ELASTICD_SOCKET=str(tmp_path / "none.sock"))
-    res = subprocess.run([sys.executable, "-m", "elasticctl", "status"], capture_output=True, text=True,
-                         env=env, timeout=30)  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, "-m", "elasticctl", "status"], capture_output=True, text=True, env=env, timeout=30
+    )
     assert res.returncode == 1
     assert "cannot reach elasticd" in res.stderr and "systemctl start elasticd" in res.stderr
     # A stale socket file with nobody behind it: the CLI gives up after its timeout, same message.
@@ -86,8 +90,13 @@ def test_cli_without_daemon_says_so_with_a_hint(tmp_path: Path) -> None:
     ctx.term()
     (tmp_path / "stale.sock").touch()
     env["ELASTICD_SOCKET"] = str(tmp_path / "stale.sock")
-    res = subprocess.run([sys.executable, "-m", "elasticctl", "--timeout", "1", "ping"], capture_output=True,
-                         text=True, env=env, timeout=30)  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, "-m", "elasticctl", "--timeout", "1", "ping"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+    )
     assert res.returncode == 1 and "no answer" in res.stderr
 
 

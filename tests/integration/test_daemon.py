@@ -32,7 +32,11 @@ def test_embedded_etcd_default_and_clean_sigterm(daemon_factory: DaemonFactory, 
     assert ping["embedded_etcd"] is True
     endpoint = ping["etcd"][0]
     assert endpoint.startswith("127.0.0.1:")
-    etcd_procs = [p for p in psutil.process_iter(["cmdline"]) if str(d.state_dir / "etcd") in " ".join(p.info["cmdline"] or [])]
+    etcd_procs = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if str(d.state_dir / "etcd") in " ".join(p.info["cmdline"] or [])
+    ]
     assert len(etcd_procs) == 1
     client = EtcdClient([endpoint])
     record = client.get_json(f"/elasticd/v1/nodes/{d.node_id}")
@@ -76,7 +80,12 @@ def test_lease_revoked_on_stop_and_expires_after_kill9(
 
     env = dict(os.environ, OUT=str(tmp_path))
     job_id = b.ctl("submit", "--nproc-per-node", "2", str(SCRIPTS / "forky.py"), env=env).stdout.split()[0]
-    wait_for(lambda: all((tmp_path / f"pids.{r}").exists() and (tmp_path / f"pids.{r}").read_text() for r in (0, 1)), 30)
+    wait_for(
+        lambda: all(
+            (tmp_path / f"pids.{r}").exists() and (tmp_path / f"pids.{r}").read_text() for r in (0, 1)
+        ),
+        30,
+    )
     pids = [int(x) for r in (0, 1) for x in (tmp_path / f"pids.{r}").read_text().split()]
     t0 = time.monotonic()
     b.kill9()
@@ -103,7 +112,9 @@ def test_recovery_kills_what_a_crashed_daemon_and_its_reaper_left(
     job_id = d.ctl("submit", str(SCRIPTS / "forky.py"), env=env).stdout.split()[0]
     wait_for(lambda: (tmp_path / "pids.0").exists() and (tmp_path / "pids.0").read_text(), 30)
     pids = [int(x) for x in (tmp_path / "pids.0").read_text().split()]
-    reaper = [p for p in psutil.Process(d.proc.pid).children() if "elasticd.workers.reaper" in " ".join(p.cmdline())]  # type: ignore[union-attr]
+    reaper = [
+        p for p in psutil.Process(d.proc.pid).children() if "elasticd.workers.reaper" in " ".join(p.cmdline())
+    ]  # type: ignore[union-attr]
     assert len(reaper) == 1
     # Freeze the worker tree so the parent-death signal cannot act, kill the reaper, then the daemon.
     for p in pids:
@@ -136,10 +147,23 @@ def test_one_daemon_per_state_dir_and_per_socket(daemon_factory: DaemonFactory) 
 def test_console_logs_on_a_tty_and_bad_config_exit_2(tmp_path: Path) -> None:
     master, slave = pty.openpty()
     proc = subprocess.Popen(
-        [PYTHON, "-m", "elasticd", "--socket", str(tmp_path / "s.sock"), "--state-dir", str(tmp_path / "st"),
-         "--etcd-endpoints", "127.0.0.1:1", "--log-format", "auto"],
-        stdout=slave, stderr=slave, env=dict(os.environ, ELASTICD_LEASE_TTL="5"),
-    )  # fmt: skip
+        [
+            PYTHON,
+            "-m",
+            "elasticd",
+            "--socket",
+            str(tmp_path / "s.sock"),
+            "--state-dir",
+            str(tmp_path / "st"),
+            "--etcd-endpoints",
+            "127.0.0.1:1",
+            "--log-format",
+            "auto",
+        ],
+        stdout=slave,
+        stderr=slave,
+        env=dict(os.environ, ELASTICD_LEASE_TTL="5"),
+    )
     os.close(slave)
     output = b""
     deadline = time.monotonic() + 10
@@ -156,17 +180,29 @@ def test_console_logs_on_a_tty_and_bad_config_exit_2(tmp_path: Path) -> None:
 
     bad = tmp_path / "bad.toml"
     bad.write_text('lease_ttl = "soon"\n')
-    res = subprocess.run([PYTHON, "-m", "elasticd", "--config", str(bad)], capture_output=True, text=True, timeout=30)
+    res = subprocess.run(
+        [PYTHON, "-m", "elasticd", "--config", str(bad)], capture_output=True, text=True, timeout=30
+    )
     assert res.returncode == 2 and "lease_ttl" in res.stderr
-    res = subprocess.run([PYTHON, "-m", "elasticd", "--config", str(tmp_path / "missing.toml")],
-                         capture_output=True, text=True, timeout=30)  # fmt: skip
+    res = subprocess.run(
+        [PYTHON, "-m", "elasticd", "--config", str(tmp_path / "missing.toml")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert res.returncode == 2 and "not found" in res.stderr
     good = tmp_path / "good.toml"
-    good.write_text(f'node_id = "from-file"\nsocket = "{tmp_path / "g.sock"}"\nstate_dir = "{tmp_path / "gst"}"\n'
-                    f'etcd_endpoints = ["127.0.0.1:1"]\n')  # fmt: skip
-    proc = subprocess.Popen([PYTHON, "-m", "elasticd", "--config", str(good), "--log-format", "json"],
-                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, ELASTICD_NODE_ID="from-env"))  # fmt: skip
+    good.write_text(
+        f'node_id = "from-file"\nsocket = "{tmp_path / "g.sock"}"\nstate_dir = "{tmp_path / "gst"}"\n'
+        f'etcd_endpoints = ["127.0.0.1:1"]\n'
+    )
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "elasticd", "--config", str(good), "--log-format", "json"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, ELASTICD_NODE_ID="from-env"),
+    )
     time.sleep(2)
     proc.kill()
-    _, err = proc.communicate(timeout=10)
+    proc.communicate(timeout=10)
     assert (tmp_path / "gst" / "node_id").read_text().strip() == "from-env"

@@ -32,10 +32,23 @@ def test_submit_prints_id_first_and_workers_get_torchrun_env(daemon: DaemonProc,
     env = dict(os.environ, OUT=str(tmp_path), MY_VAR="carried", RANK="stale", OMP_NUM_THREADS="")
     env.pop("OMP_NUM_THREADS")
     res = daemon.ctl(
-        "submit", "--nproc-per-node", "3", "--max-restarts", "2", "--name", "envcheck", "--env", "EXTRA=1",
-        "--follow", str(SCRIPTS / "envdump.py"), "--", "--flag", "value",
-        env=env, cwd=tmp_path,
-    )  # fmt: skip
+        "submit",
+        "--nproc-per-node",
+        "3",
+        "--max-restarts",
+        "2",
+        "--name",
+        "envcheck",
+        "--env",
+        "EXTRA=1",
+        "--follow",
+        str(SCRIPTS / "envdump.py"),
+        "--",
+        "--flag",
+        "value",
+        env=env,
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr
     job_id = res.stdout.splitlines()[0]
     assert job_id.startswith("envcheck-")
@@ -63,9 +76,18 @@ def test_submit_prints_id_first_and_workers_get_torchrun_env(daemon: DaemonProc,
 
 def test_env_clear_module_and_no_python(daemon: DaemonProc, tmp_path: Path) -> None:
     res = daemon.ctl(
-        "submit", "--env-clear", "--env", f"OUT={tmp_path}", "--env", f"PYTHONPATH={SCRIPTS}",
-        "--follow", "-m", "envdump", env=dict(os.environ, SECRET="x"), cwd=tmp_path,
-    )  # fmt: skip
+        "submit",
+        "--env-clear",
+        "--env",
+        f"OUT={tmp_path}",
+        "--env",
+        f"PYTHONPATH={SCRIPTS}",
+        "--follow",
+        "-m",
+        "envdump",
+        env=dict(os.environ, SECRET="x"),
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr
     env = json.loads((tmp_path / "env.0.json").read_text())["env"]
     assert "SECRET" not in env and env["OUT"] == str(tmp_path) and env["RANK"] == "0"
@@ -78,7 +100,14 @@ def test_env_clear_module_and_no_python(daemon: DaemonProc, tmp_path: Path) -> N
 def test_restarts_then_fails_with_first_failure_details(daemon: DaemonProc, tmp_path: Path) -> None:
     env = dict(os.environ, OUT=str(tmp_path), FAIL_RANK="1", FAIL_CODE="3")
     res = daemon.ctl(
-        "submit", "--nproc-per-node", "2", "--max-restarts", "2", "--follow", str(SCRIPTS / "fail_rank.py"), env=env
+        "submit",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "2",
+        "--follow",
+        str(SCRIPTS / "fail_rank.py"),
+        env=env,
     )
     assert res.returncode == 4
     job_id = res.stdout.splitlines()[0]
@@ -106,7 +135,9 @@ def test_failure_by_signal_is_reported(daemon: DaemonProc, tmp_path: Path) -> No
     assert job["failure"]["signal"] == "SIGSEGV" and job["failure"]["exit_code"] is None
 
 
-def test_kill_removes_every_process_including_escaped_grandchildren(daemon: DaemonProc, tmp_path: Path) -> None:
+def test_kill_removes_every_process_including_escaped_grandchildren(
+    daemon: DaemonProc, tmp_path: Path
+) -> None:
     env = dict(os.environ, OUT=str(tmp_path))
     job_id = submit(daemon, "--nproc-per-node", "2", str(SCRIPTS / "forky.py"), env=env)
     pid_files = [tmp_path / "pids.0", tmp_path / "pids.1"]
@@ -167,8 +198,13 @@ def test_missing_script_and_bad_input_are_refused_clearly(daemon: DaemonProc, tm
     # The script vanishing between the CLI's check and the daemon's is caught by the daemon.
     raw = daemon.client()
     with pytest.raises(Exception) as err:
-        raw.call("submit", entry_kind="script", entry=str(tmp_path / "gone.py"), cwd=str(tmp_path),
-                 python=sys.executable)  # fmt: skip
+        raw.call(
+            "submit",
+            entry_kind="script",
+            entry=str(tmp_path / "gone.py"),
+            cwd=str(tmp_path),
+            python=sys.executable,
+        )
     assert getattr(err.value, "code", "") == "script_not_found"
     raw.close()
     res = daemon.ctl("status", "no-such-job")
@@ -178,7 +214,9 @@ def test_missing_script_and_bad_input_are_refused_clearly(daemon: DaemonProc, tm
 
 def test_logs_follow_streams_until_the_end(daemon: DaemonProc, tmp_path: Path) -> None:
     script = tmp_path / "talk.py"
-    script.write_text("import time\nfor i in range(5):\n    print('line', i, flush=True)\n    time.sleep(0.2)\n")
+    script.write_text(
+        "import time\nfor i in range(5):\n    print('line', i, flush=True)\n    time.sleep(0.2)\n"
+    )
     job_id = submit(daemon, "--nproc-per-node", "2", str(script), cwd=tmp_path)
     res = daemon.ctl("logs", "-f", job_id)
     assert res.returncode == 0
@@ -195,8 +233,10 @@ def test_signal_on_follow_leaves_job_running(daemon: DaemonProc, tmp_path: Path)
 
     proc = subprocess.Popen(
         [sys.executable, "-m", "elasticctl", "submit", "--follow", str(SCRIPTS / "sleeper.py")],
-        env=dict(os.environ, ELASTICD_SOCKET=str(daemon.socket)), stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        env=dict(os.environ, ELASTICD_SOCKET=str(daemon.socket)),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None
     job_id = proc.stdout.readline().strip()
     daemon.wait_state(job_id, ("RUNNING",))

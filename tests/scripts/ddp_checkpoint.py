@@ -52,6 +52,13 @@ for step in range(start, total_steps):
 if rank == 0:
     weights = [p.detach().flatten().tolist() for p in model.module.parameters()]
     with open(os.path.join(out, "result.json"), "w") as f:
-        json.dump({"final_step": total_steps, "attempt": attempt, "weights": weights,
-                   "world_size": dist.get_world_size()}, f)
+        json.dump(
+            {
+                "final_step": total_steps,
+                "attempt": attempt,
+                "weights": weights,
+                "world_size": dist.get_world_size(),
+            },
+            f,
+        )
 dist.destroy_process_group()

@@ -7,7 +7,9 @@ import time
 
 rank = os.environ["RANK"]
 print(f"attempt {os.environ['TORCHELASTIC_RESTART_COUNT']} rank {rank} pid {os.getpid()}", flush=True)
-with open(os.path.join(os.environ["OUT"], f"attempt.{os.environ['TORCHELASTIC_RESTART_COUNT']}.{rank}"), "w") as f:
+with open(
+    os.path.join(os.environ["OUT"], f"attempt.{os.environ['TORCHELASTIC_RESTART_COUNT']}.{rank}"), "w"
+) as f:
     f.write(str(os.getpid()))
 if rank == os.environ.get("FAIL_RANK", "1"):
     time.sleep(float(os.environ.get("FAIL_AFTER", "0.3")))

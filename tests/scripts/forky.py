@@ -7,9 +7,7 @@ import time
 
 out = os.environ["OUT"]
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-escapee = subprocess.Popen(
-    [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True
-)
+escapee = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
 with open(os.path.join(out, f"pids.{os.environ['RANK']}"), "w") as f:
     f.write(f"{os.getpid()} {child.pid} {escapee.pid}")
 time.sleep(600)

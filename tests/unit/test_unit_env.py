@@ -78,7 +78,12 @@ def test_rank_offset_applied(local_rank: int, rank: int) -> None:
 def test_single_node_layout() -> None:
     layout = WorldLayout(0, 1, 0, 2, 2, "127.0.0.1", 1234)
     env = env_for(local_rank=1, layout=layout)
-    assert (env["RANK"], env["GROUP_RANK"], env["WORLD_SIZE"], env["GROUP_WORLD_SIZE"]) == ("1", "0", "2", "1")
+    assert (env["RANK"], env["GROUP_RANK"], env["WORLD_SIZE"], env["GROUP_WORLD_SIZE"]) == (
+        "1",
+        "0",
+        "2",
+        "1",
+    )
 
 
 def test_base_env_is_kept_and_not_mutated() -> None:

@@ -193,13 +193,22 @@ def test_encode_ok_with_non_object_result() -> None:
         (JobNotFound("no job 'j'"), {"code": "job_not_found", "message": "no job 'j'"}),
         (
             InsufficientCapacity("too many", requested=9, available=4),
-            {"code": "insufficient_capacity", "message": "too many", "details": {"requested": 9, "available": 4}},
+            {
+                "code": "insufficient_capacity",
+                "message": "too many",
+                "details": {"requested": 9, "available": 4},
+            },
         ),
         (ElasticdError("base"), {"code": "internal", "message": "base"}),
     ],
 )
 def test_encode_error(exc: BaseException, error: dict[str, Any]) -> None:
-    assert json.loads(encode_error("r2", exc)) == {"v": PROTOCOL_VERSION, "id": "r2", "ok": False, "error": error}
+    assert json.loads(encode_error("r2", exc)) == {
+        "v": PROTOCOL_VERSION,
+        "id": "r2",
+        "ok": False,
+        "error": error,
+    }
 
 
 @pytest.mark.parametrize(
@@ -218,29 +227,15 @@ def test_unexpected_exception_is_internal_and_does_not_leak(exc: BaseException) 
 DEEP = b"[" * 100_000 + b"]" * 100_000  # well under MAX_MESSAGE_BYTES
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RecursionError,
-    reason="BUG: best_effort_id catches ValueError only; deeply nested JSON raises RecursionError, "
-    "and server._handle calls it outside its try, so the request gets no reply",
-)
 def test_best_effort_id_of_deeply_nested_json() -> None:
     assert best_effort_id(DEEP) == ""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RecursionError,
-    reason="BUG: parse_request lets RecursionError from json.loads escape instead of BadRequest",
-)
 def test_deeply_nested_json_is_bad_request() -> None:
     with pytest.raises(BadRequest):
         parse_request(DEEP)
 
 
-@pytest.mark.xfail(
-    strict=True, reason="BUG: 'v' is compared with ==, so true (== 1 in Python) passes as version 1"
-)
 def test_boolean_version_is_unsupported() -> None:
     with pytest.raises(UnsupportedVersion):
         parse_request(raw(GOOD | {"v": True}))

@@ -60,9 +60,15 @@ def test_to_wire(cls: type[ElasticdError]) -> None:
 
 def test_to_wire_with_details() -> None:
     exc = InvalidArgs("bad", field="count", got="str")
-    assert to_wire(exc) == {"code": "invalid_args", "message": "bad", "details": {"field": "count", "got": "str"}}
+    assert to_wire(exc) == {
+        "code": "invalid_args",
+        "message": "bad",
+        "details": {"field": "count", "got": "str"},
+    }
 
 
-@pytest.mark.parametrize("exc", [RuntimeError("leaky detail"), KeyError("k"), Exception(), KeyboardInterrupt()])
+@pytest.mark.parametrize(
+    "exc", [RuntimeError("leaky detail"), KeyError("k"), Exception(), KeyboardInterrupt()]
+)
 def test_unexpected_exceptions_are_internal(exc: BaseException) -> None:
     assert to_wire(exc) == {"code": "internal", "message": "internal error; see the daemon log"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from types import SimpleNamespace
 from typing import Any
@@ -146,7 +147,7 @@ def test_discover_cpu_slots_default_to_cpu_count(
     monkeypatch: pytest.MonkeyPatch, cpu_count: int | None, slots: int
 ) -> None:
     _no_nvml_probe(monkeypatch)
-    monkeypatch.setattr(inventory.os, "cpu_count", lambda: cpu_count)
+    monkeypatch.setattr(os, "cpu_count", lambda: cpu_count)
     assert discover("n", fake=0).slots == slots
 
 

@@ -206,12 +206,6 @@ def test_from_json_non_object_raises_invalid_spec(data: Any) -> None:
         JobSpec.from_json(data)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: JobSpec.__post_init__ calls .startswith on cwd/python/entry without a type check, "
-    "so from_json of a spec with a non-string there raises AttributeError (not caught, not InvalidSpec); "
-    "and a string env/args is silently accepted (iterated as characters)",
-)
 @pytest.mark.parametrize(
     ("key", "value"),
     [("cwd", 5), ("python", None), ("entry", 7), ("env", "ABC"), ("args", "ab")],

@@ -89,7 +89,9 @@ def _failure(returncode: int, message: str = "", tail: str = "last words\n") -> 
         (-200, None, "200", "killed by signal 200"),
     ],
 )
-def test_worker_failure_from_exit(returncode: int, exit_code: int | None, sig: str | None, message: str) -> None:
+def test_worker_failure_from_exit(
+    returncode: int, exit_code: int | None, sig: str | None, message: str
+) -> None:
     f = _failure(returncode)
     assert (f.exit_code, f.signal, f.message) == (exit_code, sig, message)
     assert (f.node, f.attempt, f.rank, f.local_rank, f.output_tail) == ("n1", 2, 5, 1, "last words\n")

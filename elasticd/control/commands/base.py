@@ -34,7 +34,7 @@ class Caller:
         if not peer:
             return None
         parts = peer.rsplit(":", 3)
-        if len(parts) != 4 or not all(p.lstrip("-").isdigit() for p in parts[1:]):
+        if len(parts) != 4 or not all(p.isascii() and p.isdigit() for p in parts[1:]):
             return None
         return cls(int(parts[1]), int(parts[2]), int(parts[3]))
 

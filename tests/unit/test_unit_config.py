@@ -1,0 +1,234 @@
+"""elasticd.config.load_settings: defaults, and file < ELASTICD_* environment < flags."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from elasticd import config
+from elasticd.config import _CONVERTERS, Settings, load_settings, setting_names
+from elasticd.errors import ConfigError
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No host config file, and no ambient variables that feed the defaults."""
+    monkeypatch.setattr(config, "DEFAULT_CONFIG_FILE", tmp_path / "absent" / "elasticd.toml")
+    for name in ("ELASTICD_SOCKET", "XDG_RUNTIME_DIR", "XDG_STATE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def toml(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "elasticd.toml"
+    path.write_text(text)
+    return path
+
+
+def test_converters_cover_exactly_the_settings_fields() -> None:
+    assert set(_CONVERTERS) == {f.name for f in dataclasses.fields(Settings)}
+    assert setting_names() == list(_CONVERTERS)
+
+
+def test_defaults() -> None:
+    s = load_settings(None, {}, {})
+    assert s.socket_mode == 0o660
+    assert s.socket_group == "elastic"
+    assert s.etcd_endpoints == ()
+    assert s.embedded_etcd
+    assert s.etcd_prefix == "/elasticd/v1"
+    assert s.lease_ttl == 10.0
+    assert s.stop_grace == 10.0
+    assert (s.log_format, s.log_level) == ("auto", "info")
+    none_by_default = (
+        "log_dir", "node_id", "address", "etcd_ca", "etcd_cert", "etcd_key",
+        "etcd_user", "etcd_password", "etcd_binary", "fake_gpus", "slots",
+    )  # fmt: skip
+    assert all(getattr(s, name) is None for name in none_by_default)
+
+
+def test_default_paths_as_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    s = load_settings(None, {}, {})
+    assert s.socket == Path("/run/elasticd/control.sock")
+    assert s.state_dir == Path("/var/lib/elasticd")
+    assert s.effective_log_dir == Path("/var/log/elasticd")
+
+
+def test_default_paths_as_user(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1234)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    s = load_settings(None, {}, {})
+    assert s.socket == tmp_path / "run" / "elasticd" / "control.sock"
+    assert s.state_dir == tmp_path / "state" / "elasticd"
+    assert s.effective_log_dir == tmp_path / "state" / "elasticd" / "logs"
+
+
+def test_explicit_log_dir_wins() -> None:
+    assert load_settings(None, {}, {"log_dir": "/x/logs"}).effective_log_dir == Path("/x/logs")
+
+
+def test_precedence_file_env_flags(tmp_path: Path) -> None:
+    path = toml(tmp_path, 'lease_ttl = 5\netcd_prefix = "/from/file"\nnode_id = "file-node"\nslots = 2\n')
+    env = {"ELASTICD_LEASE_TTL": "6", "ELASTICD_ETCD_PREFIX": "/from/env"}
+    flags: dict[str, Any] = {"lease_ttl": "7", "etcd_prefix": None, "node_id": None, "slots": None}
+
+    s = load_settings(path, env, flags)
+    assert s.lease_ttl == 7.0  # flag beats env and file
+    assert s.etcd_prefix == "/from/env"  # env beats file; a None flag was not given
+    assert s.node_id == "file-node"  # file only
+    assert s.slots == 2
+
+    s = load_settings(path, env, {})
+    assert s.lease_ttl == 6.0
+
+    s = load_settings(path, {}, {})
+    assert (s.lease_ttl, s.etcd_prefix) == (5.0, "/from/file")
+
+
+def test_default_config_file_is_read(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    path = toml(tmp_path, 'node_id = "n-default"\n')
+    monkeypatch.setattr(config, "DEFAULT_CONFIG_FILE", path)
+    assert load_settings(None, {}, {}).node_id == "n-default"
+
+
+def test_missing_explicit_config_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_settings(tmp_path / "nope.toml", {}, {})
+
+
+def test_config_path_that_is_a_directory(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError):
+        load_settings(tmp_path, {}, {})
+
+
+def test_invalid_toml(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError):
+        load_settings(toml(tmp_path, "lease_ttl = = 5\n"), {}, {})
+
+
+def test_unknown_key_in_toml(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="lease_tll"):
+        load_settings(toml(tmp_path, "lease_tll = 5\n"), {}, {})
+
+
+def test_unknown_flag() -> None:
+    with pytest.raises(ConfigError, match="bogus"):
+        load_settings(None, {}, {"bogus": "1"})
+
+
+def test_unrelated_and_unknown_environment_is_ignored() -> None:
+    env = {"ELASTICD_NOT_A_SETTING": "x", "LEASE_TTL": "1", "PATH": "/bin", "ELASTICD_LEASE_TTL": "3"}
+    assert load_settings(None, env, {}).lease_ttl == 3.0
+
+
+def test_dashed_keys_in_toml(tmp_path: Path) -> None:
+    s = load_settings(toml(tmp_path, 'lease-ttl = 4\netcd-prefix = "/p"\n'), {}, {})
+    assert (s.lease_ttl, s.etcd_prefix) == (4.0, "/p")
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("127.0.0.1:2379", ("127.0.0.1:2379",)),
+        ("a:1,b:2", ("a:1", "b:2")),
+        (" a:1 , b:2 ,", ("a:1", "b:2")),
+        ("", ()),
+        (",", ()),
+    ],
+)
+def test_etcd_endpoints_from_comma_string(value: str, expected: tuple[str, ...]) -> None:
+    assert load_settings(None, {"ELASTICD_ETCD_ENDPOINTS": value}, {}).etcd_endpoints == expected
+    assert load_settings(None, {}, {"etcd_endpoints": value}).etcd_endpoints == expected
+
+
+def test_etcd_endpoints_from_toml_list(tmp_path: Path) -> None:
+    s = load_settings(toml(tmp_path, 'etcd_endpoints = ["h1:2379", " h2:2379 ", ""]\n'), {}, {})
+    assert s.etcd_endpoints == ("h1:2379", "h2:2379")
+    assert not s.embedded_etcd
+
+
+def test_etcd_endpoints_from_toml_string(tmp_path: Path) -> None:
+    s = load_settings(toml(tmp_path, 'etcd_endpoints = "h1:2379,h2:2379"\n'), {}, {})
+    assert s.etcd_endpoints == ("h1:2379", "h2:2379")
+
+
+@pytest.mark.parametrize(("value", "mode"), [("0640", 0o640), ("640", 0o640), ("0o600", 0o600), ("0", 0)])
+def test_socket_mode_octal_string(value: str, mode: int) -> None:
+    assert load_settings(None, {"ELASTICD_SOCKET_MODE": value}, {}).socket_mode == mode
+
+
+def test_socket_mode_toml_integer(tmp_path: Path) -> None:
+    assert load_settings(toml(tmp_path, "socket_mode = 0o600\n"), {}, {}).socket_mode == 0o600
+
+
+def test_paths_and_optionals_are_converted(tmp_path: Path) -> None:
+    env = {
+        "ELASTICD_STATE_DIR": "/s",
+        "ELASTICD_ETCD_CA": "/ca.pem",
+        "ELASTICD_FAKE_GPUS": "2",
+        "ELASTICD_SLOTS": "",  # empty optional means unset
+        "ELASTICD_SOCKET": "/r/c.sock",
+    }
+    s = load_settings(None, env, {})
+    assert s.state_dir == Path("/s")
+    assert s.etcd_ca == Path("/ca.pem")
+    assert s.socket == Path("/r/c.sock")
+    assert s.fake_gpus == 2
+    assert s.slots is None
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("lease_ttl", "abc"),
+        ("lease_ttl", "1"),
+        ("lease_ttl", "1.99"),
+        ("lease_ttl", "-5"),
+        ("stop_grace", "-1"),
+        ("stop_grace", "soon"),
+        ("slots", "0"),
+        ("slots", "two"),
+        ("slots", "1.5"),
+        ("fake_gpus", "-1"),
+        ("socket_mode", "rw-r--r--"),
+        ("socket_mode", "0999"),
+        ("log_format", "xml"),
+    ],
+)
+def test_bad_values(key: str, value: str) -> None:
+    with pytest.raises(ConfigError):
+        load_settings(None, {f"ELASTICD_{key.upper()}": value}, {})
+    with pytest.raises(ConfigError):
+        load_settings(None, {}, {key: value})
+
+
+@pytest.mark.parametrize("line", ["lease_ttl = [1]", "socket = 5", 'lease_ttl = "x"', "lease_ttl = 1.0"])
+def test_bad_values_in_toml(tmp_path: Path, line: str) -> None:
+    with pytest.raises(ConfigError):
+        load_settings(toml(tmp_path, line + "\n"), {}, {})
+
+
+def test_error_names_the_source_and_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"environment.*lease_ttl"):
+        load_settings(None, {"ELASTICD_LEASE_TTL": "abc"}, {})
+    path = toml(tmp_path, 'slots = "many"\n')
+    with pytest.raises(ConfigError, match="slots") as info:
+        load_settings(path, {}, {})
+    assert str(path) in str(info.value)
+
+
+def test_settings_direct_validation() -> None:
+    with pytest.raises(ConfigError):
+        Settings(lease_ttl=1.5)
+    assert Settings(lease_ttl=2).lease_ttl == 2
+
+
+@pytest.mark.parametrize(("key", "value"), [("log_level", "verbose"), ("lease_ttl", "nan")])
+def test_invalid_values_not_caught(key: str, value: str) -> None:
+    with pytest.raises(ConfigError):
+        load_settings(None, {f"ELASTICD_{key.upper()}": value}, {})
