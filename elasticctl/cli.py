@@ -7,6 +7,7 @@ error; 4 a followed job ended FAILED or KILLED.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -44,9 +45,7 @@ def submit_args(ns: argparse.Namespace) -> dict[str, Any]:
     cwd = os.path.abspath(ns.cwd or os.getcwd())
     env = {} if ns.env_clear else dict(os.environ)
     env |= _env_pairs(ns.env)
-    script_args = list(ns.script_args)
-    if script_args and script_args[0] == "--":
-        script_args = script_args[1:]
+    script_args = list(ns.script_args)  # argparse has already dropped the separating "--"
     if ns.module and ns.no_python:
         raise UsageError("-m and --no-python are mutually exclusive")
     if ns.module:
@@ -152,13 +151,25 @@ def cmd_ping(client: Client, ns: argparse.Namespace) -> int:
     return 0
 
 
+def _connection_options(p: argparse.ArgumentParser, after_command: bool) -> None:
+    """``--socket`` and ``--timeout`` go before or after the command (after wins)."""
+    socket_default: object = argparse.SUPPRESS if after_command else None
+    timeout_default: object = argparse.SUPPRESS if after_command else 15.0
+    p.add_argument("--socket", type=Path, default=socket_default,
+                   help="control socket (default: $ELASTICD_SOCKET or the system one)")  # fmt: skip
+    p.add_argument("--timeout", type=float, default=timeout_default,
+                   help="seconds to wait for the daemon (default 15)")  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="elasticctl", description="Control the local elasticd.")
-    p.add_argument("--socket", type=Path, help="control socket (default: $ELASTICD_SOCKET or the system one)")
-    p.add_argument("--timeout", type=float, default=15.0, help="seconds to wait for the daemon (default 15)")
+    _connection_options(p, after_command=False)
+    common = argparse.ArgumentParser(add_help=False)
+    _connection_options(common, after_command=True)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add = functools.partial(sub.add_parser, parents=[common])
 
-    s = sub.add_parser("submit", help="submit a job (torchrun-style entry point)")
+    s = add("submit", help="submit a job (torchrun-style entry point)")
     s.add_argument("--nnodes", default="1", help="N or MIN:MAX nodes (default 1)")
     s.add_argument("--nproc-per-node", type=int, default=1, help="workers per node (default 1)")
     s.add_argument("--max-restarts", type=int, default=3, help="job-wide restart budget (default 3)")
@@ -175,26 +186,26 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("script_args", nargs=argparse.REMAINDER, metavar="-- ARGS")
     s.set_defaults(func=cmd_submit)
 
-    st = sub.add_parser("status", help="show one job, or all jobs")
+    st = add("status", help="show one job, or all jobs")
     st.add_argument("job", nargs="?")
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=cmd_status)
 
-    k = sub.add_parser("kill", help="kill a job and every process it started")
+    k = add("kill", help="kill a job and every process it started")
     k.add_argument("job")
     k.set_defaults(func=cmd_kill)
 
-    lg = sub.add_parser("logs", help="print a job's output")
+    lg = add("logs", help="print a job's output")
     lg.add_argument("job")
     lg.add_argument("--rank", type=int, help="only this global rank")
     lg.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
     lg.set_defaults(func=cmd_logs)
 
-    n = sub.add_parser("nodes", help="list the cluster's live nodes")
+    n = add("nodes", help="list the cluster's live nodes")
     n.add_argument("--json", action="store_true")
     n.set_defaults(func=cmd_nodes)
 
-    pg = sub.add_parser("ping", help="check that the daemon answers")
+    pg = add("ping", help="check that the daemon answers")
     pg.add_argument("--json", action="store_true")
     pg.set_defaults(func=cmd_ping)
     return p

@@ -81,7 +81,10 @@ def _endpoints(value: Any) -> tuple[str, ...]:
 
 
 def _mode(value: Any) -> int:
-    return value if isinstance(value, int) else int(str(value), 8)
+    """Octal: ``"0660"``, ``"660"``, TOML ``0o660``, or a TOML integer written ``660``."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if value <= 0o777 else int(str(value), 8)
+    return int(str(value), 8)
 
 
 def _optional(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:

@@ -17,7 +17,7 @@ from elasticd import log
 from elasticd.errors import ConfigError, EtcdUnavailable
 from elasticd.etcd.client import EtcdClient
 from elasticd.netaddr import free_port, port_is_free
-from elasticd.workers.spawn import die_with_parent
+from elasticd.workers.spawn import child_env, die_with_parent
 
 _log = log.get("elasticd.etcd")
 
@@ -88,7 +88,12 @@ class EmbeddedEtcd:
         logfile = open(self.data_dir / "etcd.log", "ab")  # noqa: SIM115 - handed to the child
         try:
             self._proc = subprocess.Popen(
-                argv, stdout=logfile, stderr=logfile, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent
+                argv,
+                stdout=logfile,
+                stderr=logfile,
+                stdin=subprocess.DEVNULL,
+                env=child_env(),
+                preexec_fn=die_with_parent(),
             )
         finally:
             logfile.close()

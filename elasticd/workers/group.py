@@ -97,7 +97,7 @@ class WorkerGroup:
                     cwd=launch.cwd,
                     env=launch.env,
                     start_new_session=True,
-                    preexec_fn=die_with_parent,
+                    preexec_fn=die_with_parent(),
                     user=launch.uid,
                     group=launch.gid,
                     extra_groups=launch.extra_groups,

@@ -17,6 +17,7 @@ import subprocess
 import sys
 
 from elasticd.workers import proctree
+from elasticd.workers.spawn import child_env
 
 
 def main(argv: list[str]) -> int:
@@ -48,6 +49,7 @@ class Reaper:
             stdout=subprocess.DEVNULL,
             text=True,
             start_new_session=True,
+            env=child_env(),
             close_fds=True,
         )
 

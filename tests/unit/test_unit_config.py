@@ -232,3 +232,8 @@ def test_settings_direct_validation() -> None:
 def test_invalid_values_not_caught(key: str, value: str) -> None:
     with pytest.raises(ConfigError):
         load_settings(None, {f"ELASTICD_{key.upper()}": value}, {})
+
+
+@pytest.mark.parametrize(("raw", "mode"), [(0o660, 0o660), (660, 0o660), ("660", 0o660), ("0666", 0o666)])
+def test_socket_mode_is_octal_however_written(raw: object, mode: int) -> None:
+    assert load_settings(None, {}, {"socket_mode": raw}).socket_mode == mode
