@@ -83,7 +83,7 @@ def _print_json(value: Any) -> None:
 def cmd_submit(client: Client, ns: argparse.Namespace) -> int:
     job = client.call("submit", **submit_args(ns))
     print(job["id"], flush=True)
-    if job["state"] == "PENDING" and job.get("reason"):
+    if job["state"] == "PENDING" and "waiting for" in job.get("reason", ""):
         print(f"elasticctl: {job['id']} is PENDING: {job['reason']}", file=sys.stderr)
     if not ns.follow:
         return 0

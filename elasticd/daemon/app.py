@@ -21,9 +21,8 @@ from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.client import EtcdAuth, EtcdClient
 from elasticd.etcd.embedded import EmbeddedEtcd
 from elasticd.etcd.keys import Keys
+from elasticd.jobs.launch import NodeRuntime
 from elasticd.jobs.manager import JobManager
-from elasticd.jobs.publisher import StatusPublisher
-from elasticd.jobs.supervisor import Runtime
 from elasticd.node.inventory import discover
 from elasticd.node.registry import NodeRegistry
 from elasticd.node.statedir import StateDir
@@ -87,25 +86,23 @@ class Daemon:
             self._reaper.start()
             self.etcd = await self._connect_etcd()
             inventory = discover(self.node_id, s.fake_gpus, s.slots)
-            rt = Runtime(self.node_id, self.log_dir, inventory, self._reaper)
-            publisher = StatusPublisher(self.etcd)
+            rt = NodeRuntime(self.node_id, s.address or "127.0.0.1", self.log_dir, inventory, self._reaper)
             self.registry = NodeRegistry(
                 self.etcd,
                 self.keys,
                 self.node_id,
                 s.lease_ttl,
                 record=lambda: (
-                    {"address": s.address or "127.0.0.1", "inventory": inventory.to_json()}
-                    | self.manager.capacity()
+                    {"address": rt.address, "inventory": inventory.to_json()} | self.manager.capacity()
                 ),
+                reaper=self._reaper,
             )
-            self.manager = JobManager(
-                rt, self.etcd, self.keys, self._state, publisher, self.registry.publish_soon
-            )
-            background.append(asyncio.create_task(publisher.run(), name="publisher"))
-            await self.manager.recover(self.started_at)
+            self.manager = JobManager(rt, self.etcd, self.keys, self._state, self.registry)
             await self.registry.start()
+            await self.manager.recover()
             background.append(asyncio.create_task(self.registry.run(), name="registry"))
+            background.append(asyncio.create_task(self.manager.watch(), name="watch"))
+            background.append(asyncio.create_task(self.manager.run(), name="jobs"))
             server = ControlServer(self, s.socket, s.socket_mode, s.socket_group)
             server.bind()
             background.append(asyncio.create_task(server.serve(), name="control"))
@@ -122,12 +119,12 @@ class Daemon:
                 slots=inventory.slots,
             )
             crashed = asyncio.create_task(self._first_crash(background))
-            await asyncio.wait(
-                {crashed, asyncio.create_task(self._stop.wait())}, return_when=asyncio.FIRST_COMPLETED
-            )
+            stop = asyncio.create_task(self._stop.wait())
+            await asyncio.wait({crashed, stop}, return_when=asyncio.FIRST_COMPLETED)
             code = 1 if crashed.done() else 0
             crashed.cancel()
-            await self._shutdown(server, publisher)
+            stop.cancel()
+            await self._shutdown(server)
             return code
         finally:
             for task in background:
@@ -141,11 +138,10 @@ class Daemon:
             if not task.cancelled() and task.exception() is not None:
                 _log.error("daemon.task_crashed", task=task.get_name(), error=repr(task.exception()))
 
-    async def _shutdown(self, server: ControlServer, publisher: StatusPublisher) -> None:
+    async def _shutdown(self, server: ControlServer) -> None:
         systemd.notify("STOPPING=1")
         await server.close()
         await self.manager.shutdown()
-        await publisher.flush(timeout_s=5.0)
         await self.registry.stop()
         _log.info("daemon.stopped", node=self.node_id)
 

@@ -14,6 +14,7 @@ Backend contract: every write that must not race uses a transaction whose compar
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -34,6 +35,8 @@ if "google.protobuf" in sys.modules:
             "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python set before protobuf's first import"
         )
 os.environ["PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"] = "python"
+# The daemon forks only to exec at once; grpc's fork handlers would only log noise.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 import etcd3
 import etcd3.exceptions
@@ -68,6 +71,42 @@ class KeyValue:
 
     def json(self) -> Any:
         return json.loads(self.value)
+
+
+@dataclass(frozen=True)
+class Compare:
+    """``target`` (create or mod revision) of ``key`` equals ``revision`` (0: the key is absent)."""
+
+    key: str
+    target: str  # "create" | "mod"
+    revision: int
+
+
+@dataclass(frozen=True)
+class Put:
+    key: str
+    value: Any  # JSON-encoded on write
+    lease: int | None = None
+
+
+def _encode(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _quiet_closed_watch_threads() -> None:
+    """etcd3's watch thread has no stop: closing the channel ends it with a ValueError. Expected."""
+    previous = threading.excepthook
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        name = args.thread.name if args.thread is not None else ""
+        if name.startswith("etcd3_watch") and isinstance(args.exc_value, ValueError):
+            return
+        previous(args)
+
+    threading.excepthook = hook
+
+
+_quiet_closed_watch_threads()
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
@@ -116,11 +155,12 @@ class EtcdClient:
             return self._index, self._client
 
     def _fail_over(self, failed_index: int) -> None:
+        """Move to the next endpoint. The old channel is not closed here: other threads may be
+        mid-call on it, and they fail over (or retry) on their own; it closes when collected.
+        With a single endpoint, grpc's own reconnection is all there is to do."""
         with self._lock:
-            if self._index != failed_index:
+            if self._index != failed_index or len(self.endpoints) == 1:
                 return  # another thread already moved on
-            if self._client is not None:
-                self._client.close()
             self._client = None
             self._index = (self._index + 1) % len(self.endpoints)
 
@@ -135,8 +175,8 @@ class EtcdClient:
             except (*_RETRYABLE, etcd3.exceptions.InternalServerError) as exc:
                 last = exc
                 self._fail_over(index)
-            except Exception as exc:  # grpc errors not mapped by etcd3 (auth, bad TLS, ...)
-                if type(exc).__module__.startswith(("grpc", "etcd3")):
+            except Exception as exc:  # grpc errors not mapped by etcd3 (auth, bad TLS, closed channel)
+                if type(exc).__module__.startswith(("grpc", "etcd3")) or "closed channel" in str(exc).lower():
                     last = exc
                     self._fail_over(index)
                     continue
@@ -171,19 +211,25 @@ class EtcdClient:
         return self.call(op)
 
     def put_json(self, key: str, value: Any, lease: int | None = None) -> None:
-        data = json.dumps(value, separators=(",", ":"))
+        data = _encode(value)
         self.call(lambda c: c.put(key, data, lease=lease))
 
     def create_json(self, key: str, value: Any, lease: int | None = None) -> bool:
         """Write ``key`` only if it does not exist; True when we created it."""
-        data = json.dumps(value, separators=(",", ":"))
+        return self.txn([Compare(key, "create", 0)], [Put(key, value, lease)])
+
+    def txn(self, compare: Sequence[Compare], puts: Sequence[Put], deletes: Sequence[str] = ()) -> bool:
+        """All-or-nothing: when every comparison holds, apply the puts and deletes. True if applied."""
 
         def op(c: Any) -> bool:
-            ok, _ = c.transaction(
-                compare=[c.transactions.create(key) == 0],
-                success=[c.transactions.put(key, data, lease=lease)],
-                failure=[],
-            )
+            checks = [
+                (c.transactions.create(cmp.key) if cmp.target == "create" else c.transactions.mod(cmp.key))
+                == cmp.revision
+                for cmp in compare
+            ]
+            success = [c.transactions.put(p.key, _encode(p.value), lease=p.lease) for p in puts]
+            success += [c.transactions.delete(k) for k in deletes]
+            ok, _ = c.transaction(compare=checks, success=success, failure=[])
             return bool(ok)
 
         return self.call(op)
@@ -193,6 +239,28 @@ class EtcdClient:
 
     def delete_prefix(self, prefix: str) -> None:
         self.call(lambda c: c.delete_prefix(prefix))
+
+    # -- watches ----------------------------------------------------------------------------
+    def watch_prefix(self, prefix: str, callback: Callable[[Any], None]) -> Callable[[], None]:
+        """Call ``callback(event_or_error)`` from a grpc thread for changes under ``prefix``.
+
+        etcd3 reports a broken stream by passing the exception to the callback once and then
+        forgetting the watch: callers re-arm. Returns a function that cancels the watch.
+        """
+        holder: dict[str, Any] = {}
+
+        def op(c: Any) -> Any:
+            holder["client"] = c
+            return c.add_watch_prefix_callback(prefix, callback)
+
+        watch_id = self.call(op)
+
+        def cancel() -> None:
+            # The channel may already be gone; then there is nothing left to cancel.
+            with contextlib.suppress(Exception):
+                holder["client"].cancel_watch(watch_id)
+
+        return cancel
 
     # -- leases ------------------------------------------------------------------------------
     def grant_lease(self, ttl_s: float) -> int:

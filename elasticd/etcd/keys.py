@@ -24,14 +24,38 @@ class Keys:
     def job_spec(self, job_id: str) -> str:
         return f"{self.prefix}/jobs/{job_id}/spec"
 
-    def job_status(self, job_id: str) -> str:
-        return f"{self.prefix}/jobs/{job_id}/status"
+    def job_round(self, job_id: str) -> str:
+        return f"{self.prefix}/jobs/{job_id}/round"
 
-    def job_desired(self, job_id: str) -> str:
-        return f"{self.prefix}/jobs/{job_id}/desired"
+    def job_restarts(self, job_id: str) -> str:
+        return f"{self.prefix}/jobs/{job_id}/restarts"
+
+    def job_final(self, job_id: str) -> str:
+        return f"{self.prefix}/jobs/{job_id}/final"
+
+    def join(self, job_id: str, round_no: int, node: str) -> str:
+        return f"{self.prefix}/jobs/{job_id}/rdzv/{round_no}/join/{node}"
+
+    def result(self, job_id: str, round_no: int) -> str:
+        return f"{self.prefix}/jobs/{job_id}/rdzv/{round_no}/result"
+
+    def done(self, job_id: str, round_no: int, node: str) -> str:
+        return f"{self.prefix}/jobs/{job_id}/rdzv/{round_no}/done/{node}"
+
+    def rounds(self, job_id: str, round_no: int) -> str:
+        return f"{self.prefix}/jobs/{job_id}/rdzv/{round_no}/"
+
+    def waiting(self, job_id: str, node: str) -> str:
+        return f"{self.prefix}/jobs/{job_id}/waiting/{node}"
+
+    def node_status(self, job_id: str, node: str) -> str:
+        return f"{self.prefix}/jobs/{job_id}/nodes/{node}"
+
+    def pending_note(self, job_id: str, node: str) -> str:
+        return f"{self.prefix}/jobs/{job_id}/pending/{node}"
 
     def job_of(self, key: str) -> tuple[str, str] | None:
-        """``.../jobs/<job>/<leaf>`` -> (job, leaf)."""
+        """``.../jobs/<job>/<rest>`` -> (job, rest)."""
         rest = key.removeprefix(self.jobs())
         job, sep, leaf = rest.partition("/")
         return (job, leaf) if sep and key.startswith(self.jobs()) else None

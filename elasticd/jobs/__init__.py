@@ -1,1 +1,1 @@
-"""Jobs: the spec, its state machine, the pure deciders, and the supervisor that carries them out."""
+"""Jobs: the spec, its states, the pure deciders, and the agent that takes part in a job on this node."""

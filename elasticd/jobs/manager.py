@@ -1,50 +1,66 @@
-"""All jobs on this node: admission, the pending queue, slot allocation, persistence, status.
+"""Every job this node knows of: submission, taking part, status, kill, shutdown, crash recovery.
 
-One ``JobManager`` per daemon, owned by the event loop. Supervisors report changes here; the
-manager keeps the allocator, the state dir and etcd in step with them.
+One ``JobManager`` per daemon, owned by the event loop. It watches etcd for jobs, decides with
+``admission.admit`` whether this node takes part, and runs one ``JobAgent`` per job it joins.
+The cluster-wide truth is in etcd; nothing here is authoritative but the local slot allocation.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import defaultdict
 from typing import Any
 
 import psutil
 
 from elasticd import log
-from elasticd.errors import Conflict, InsufficientCapacity, JobNotFound, PermissionDenied
-from elasticd.etcd.client import EtcdClient
+from elasticd.aio import wait_event
+from elasticd.errors import (
+    Conflict,
+    EtcdUnavailable,
+    InsufficientCapacity,
+    JobNotFound,
+    PermissionDenied,
+)
+from elasticd.etcd.client import EtcdClient, KeyValue
 from elasticd.etcd.keys import Keys
-from elasticd.jobs.publisher import StatusPublisher
+from elasticd.jobs.admission import admit
+from elasticd.jobs.agent import AgentState, JobAgent
+from elasticd.jobs.launch import NodeRuntime
 from elasticd.jobs.spec import JobSpec
 from elasticd.jobs.state import JobState
-from elasticd.jobs.supervisor import JobSupervisor, Runtime
+from elasticd.jobs.view import job_view
 from elasticd.node.allocator import Allocator
+from elasticd.node.registry import NodeRegistry
 from elasticd.node.statedir import StateDir
+from elasticd.rendezvous import decider as rdzv
+from elasticd.rendezvous.model import RoundInfo, RoundReason
+from elasticd.rendezvous.store import JobSnapshot, JobStore
 from elasticd.workers import proctree
 
 _log = log.get("elasticd.jobs")
 
+SCAN_S = 2.0  # safety net under the watch
+KILL_WAIT_S = 60.0
+
 
 class JobManager:
     def __init__(
-        self,
-        rt: Runtime,
-        etcd: EtcdClient,
-        keys: Keys,
-        state: StateDir,
-        publisher: StatusPublisher,
-        capacity_changed: Any,
+        self, rt: NodeRuntime, etcd: EtcdClient, keys: Keys, state: StateDir, registry: NodeRegistry
     ) -> None:
         self.rt = rt
         self._etcd = etcd
         self._keys = keys
         self._state = state
-        self._publisher = publisher
-        self._capacity_changed = capacity_changed
+        self._registry = registry
         self.allocator = Allocator(rt.inventory.slots)
-        self.jobs: dict[str, JobSupervisor] = {}
+        self.agents: dict[str, JobAgent] = {}
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._notes: dict[str, str] = {}
+        registry.on_lost = self.fence_all
+        registry.on_granted = self.wake
 
     # -- capacity ---------------------------------------------------------------------------
     def capacity(self) -> dict[str, Any]:
@@ -53,114 +69,242 @@ class JobManager:
             "slots": self.rt.inventory.slots,
             "free_slots": len(free),
             "free_devices": self.rt.inventory.visible_devices(tuple(free)),
+            "jobs": sorted(self.agents),
         }
 
-    def _unit(self) -> str:
+    @property
+    def unit(self) -> str:
         return "GPUs" if self.rt.inventory.gpus else "CPU slots"
 
-    # -- admission ----------------------------------------------------------------------------
-    async def submit(self, spec: JobSpec) -> JobSupervisor:
-        if not self.allocator.fits_host(spec.nproc_per_node):
+    def _store(self, job_id: str) -> JobStore:
+        return JobStore(self._etcd, self._keys, job_id)
+
+    # -- submission ---------------------------------------------------------------------------
+    async def submit(self, spec: JobSpec) -> dict[str, Any]:
+        nodes = await asyncio.to_thread(self._etcd.get_prefix, self._keys.nodes())
+        candidates = [kv.json() for kv in nodes]
+        candidates = [n for n in candidates if spec.allows(n.get("node", ""))]
+        biggest = max((int(n.get("slots", 0)) for n in candidates), default=0)
+        if candidates and biggest < spec.nproc_per_node:
+            where = f"node {self.rt.node_id}" if len(candidates) == 1 else "the largest node"
             raise InsufficientCapacity(
-                f"job asks for {spec.nproc_per_node} {self._unit()} per node but node "
-                f"{self.rt.node_id} has {self.rt.inventory.slots}",
+                f"job asks for {spec.nproc_per_node} {self.unit} per node but {where} has {biggest}",
                 requested=spec.nproc_per_node,
-                available=self.rt.inventory.slots,
+                available=biggest,
             )
-        if spec.nnodes.min > 1:
-            raise InsufficientCapacity(
-                f"job needs at least {spec.nnodes.min} nodes; this daemon runs single-node jobs "
-                "(multi-node rendezvous is not available in this release)"
-            )
-        created = await asyncio.to_thread(
-            self._etcd.create_json, self._keys.job_spec(spec.id), spec.to_json()
-        )
-        if not created:
+        if not await asyncio.to_thread(self._store(spec.id).create, spec):
             raise Conflict(f"job {spec.id} already exists")
-        sup = JobSupervisor(spec, self.rt, self._changed)
-        self.jobs[spec.id] = sup
-        _log.info("job.submitted", job=spec.id, user=spec.user, argv=spec.argv, nproc=spec.nproc_per_node)
-        self._changed(sup)
-        self.schedule()
-        return sup
+        _log.info("job.submitted", job=spec.id, user=spec.user, argv=spec.argv, nnodes=str(spec.nnodes))
+        await self.scan()
+        return await self.view(spec.id)
 
-    def schedule(self) -> None:
-        """Start pending jobs, in submission order, as their slots become free."""
-        for sup in list(self.jobs.values()):
-            if sup.state is not JobState.PENDING or sup.task is not None:
-                continue
-            slots = self.allocator.allocate(sup.spec.id, sup.spec.nproc_per_node)
-            if slots is None:
-                free = len(self.allocator.free())
-                sup.wait_reason(
-                    f"waiting for {sup.spec.nproc_per_node} free {self._unit()} "
-                    f"({free} of {self.rt.inventory.slots} free now)"
-                )
-                continue
-            sup.start(slots)
-        self._capacity_changed()
+    # -- taking part ----------------------------------------------------------------------------
+    def wake(self, job_id: str | None = None) -> None:
+        if job_id is None:
+            for agent in self.agents.values():
+                agent.wake()
+        elif job_id in self.agents:
+            self.agents[job_id].wake()
+        self._wake.set()
 
-    # -- change propagation -------------------------------------------------------------------
-    def _changed(self, sup: JobSupervisor) -> None:
-        job_id = sup.spec.id
-        view = sup.view() | {"node": self.rt.node_id, "updated_at": time.time()}
-        self._publisher.publish(self._keys.job_status(job_id), view)
-        if sup.state.terminal:
-            self._state.drop_job(job_id)
-            if self.allocator.held.get(job_id):
-                self.allocator.release(job_id)
-                asyncio.get_running_loop().call_soon(self.schedule)
-        else:
-            pgids = [w.pid for w in sup.group.workers if w.pid] if sup.group else []
-            self._state.save_job(job_id, {"slots": list(sup.slots), "pgids": pgids, "saved_at": time.time()})
+    async def run(self) -> None:
+        """Look for jobs to join (woken by the watch, with a slow poll under it) until cancelled."""
+        while True:
+            try:
+                await self.scan()
+            except EtcdUnavailable as exc:
+                _log.warning("jobs.scan_failed", error=str(exc))
+            await wait_event(self._wake, SCAN_S)
+            self._wake.clear()
+
+    async def _snapshots(self) -> dict[str, JobSnapshot]:
+        kvs = await asyncio.to_thread(self._etcd.get_prefix, self._keys.jobs())
+        by_job: dict[str, list[KeyValue]] = defaultdict(list)
+        for kv in kvs:
+            parsed = self._keys.job_of(kv.key)
+            if parsed:
+                by_job[parsed[0]].append(kv)
+        return {job: JobSnapshot.parse(self._keys, job, items) for job, items in by_job.items()}
+
+    async def scan(self) -> None:
+        if self._stopping or self._registry.lease_id is None:
+            return
+        snaps = await self._snapshots()
+        alive: set[str] | None = None
+        for job_id, snap in sorted(
+            snaps.items(), key=lambda kv: kv[1].spec.submitted_at if kv[1].spec else 0
+        ):
+            if snap.spec is None or snap.final is not None:
+                continue
+            if job_id not in self.agents:
+                await self._consider(snap)
+            if alive is None:
+                alive = set(await asyncio.to_thread(self._registry.live_nodes))
+            await self._watch_orphans(snap, alive)
+        self._registry.publish_soon()
+
+    async def _consider(self, snap: JobSnapshot) -> None:
+        assert snap.spec is not None
+        spec = snap.spec
+        decision = admit(
+            snap, self.rt.node_id, len(self.allocator.free()), self.rt.inventory.slots, self.unit
+        )
+        lease = self._registry.lease_id
+        if decision.note != self._notes.get(spec.id) and lease is not None and snap.result is None:
+            await asyncio.to_thread(self._store(spec.id).note_pending, self.rt.node_id, decision.note, lease)
+            self._notes[spec.id] = decision.note or ""
+        if not decision.join:
+            return
+        slots = self.allocator.allocate(spec.id, spec.nproc_per_node)
+        if slots is None:
+            return
+        agent = JobAgent(spec, self.rt, self._store(spec.id), self._registry, slots, self._agent_changed)
+        self.agents[spec.id] = agent
+        self._agent_changed(agent)
+        _log.info(
+            "job.joining", job=spec.id, node=self.rt.node_id, devices=self.rt.inventory.visible_devices(slots)
+        )
+        agent.start()
+
+    async def _watch_orphans(self, snap: JobSnapshot, alive: set[str]) -> None:
+        """Jobs no live member looks after: restart them (any node may, once) or fail them."""
+        assert snap.spec is not None and snap.round is not None
+        spec, result = snap.spec, snap.result
+        store = self._store(snap.job_id)
+        if result is not None:
+            present = {j.node for j in snap.current_joins} | snap.done.get(snap.current, set())
+            if any(n in present for n in result.nodes):
+                return
+            plan = rdzv.plan_bump(RoundReason.MEMBER_LOST, snap.restarts, spec.max_restarts,
+                                  f"every node of round {snap.current} was lost")  # fmt: skip
+            if plan.fail:
+                await asyncio.to_thread(store.finalize, JobState.FAILED.value, plan.why, None)
+            else:
+                info = RoundInfo(snap.current + 1, RoundReason.MEMBER_LOST, time.time(), (), plan.why)
+                if await asyncio.to_thread(store.bump, snap, info, plan.spend):
+                    _log.warning("job.orphaned", job=snap.job_id, round=snap.current, action="restart")
+        elif not snap.current_joins and time.time() - snap.round.opened_at > spec.join_timeout_s:
+            why = f"only 0 of the {spec.nnodes.min} nodes needed joined within {spec.join_timeout_s:g}s"
+            await asyncio.to_thread(store.finalize, JobState.FAILED.value, why, None)
+
+    def _agent_changed(self, agent: JobAgent) -> None:
+        """Keep the state dir's record of what this node runs (for crash recovery) current."""
+        job_id = agent.spec.id
+        if agent.state is not AgentState.LEFT:
+            pgids = [w.pid for w in agent.group.workers if w.pid] if agent.group else []
+            self._state.save_job(
+                job_id, {"slots": list(agent.slots), "pgids": pgids, "saved_at": time.time()}
+            )
+            return
+        if self.agents.get(job_id) is agent:
+            del self.agents[job_id]
+        self.allocator.release(job_id)
+        self._state.drop_job(job_id)
+        self._notes.pop(job_id, None)
+        _log.info("job.left", job=job_id, node=self.rt.node_id)
+        self.wake()
+
+    async def watch(self) -> None:
+        """Turn etcd changes under our prefix into wake-ups; re-arm when the stream breaks."""
+        loop = asyncio.get_running_loop()
+        broken = asyncio.Event()
+        jobs, nodes = self._keys.jobs(), self._keys.nodes()
+
+        def on_event(response: Any) -> None:  # on a grpc thread
+            if isinstance(response, Exception):
+                loop.call_soon_threadsafe(broken.set)
+                return
+            for event in getattr(response, "events", ()):
+                key = event.key.decode()
+                if key.startswith(nodes):
+                    loop.call_soon_threadsafe(self.wake)
+                elif key.startswith(jobs):
+                    parsed = self._keys.job_of(key)
+                    loop.call_soon_threadsafe(self.wake, parsed[0] if parsed else None)
+
+        while True:
+            try:
+                cancel = await asyncio.to_thread(self._etcd.watch_prefix, self._keys.prefix + "/", on_event)
+            except EtcdUnavailable:
+                await asyncio.sleep(1.0)
+                continue
+            try:
+                await broken.wait()
+            finally:
+                cancel()
+            broken.clear()
+            _log.info("watch.rearm")
+            self.wake()
+
+    def fence_all(self) -> None:
+        for agent in self.agents.values():
+            agent.fence()
 
     # -- queries and commands -------------------------------------------------------------------
-    def local(self, job_id: str) -> JobSupervisor | None:
-        return self.jobs.get(job_id)
+    async def snapshot(self, job_id: str) -> JobSnapshot:
+        snap = await asyncio.to_thread(self._store(job_id).snapshot)
+        if snap.spec is None:
+            raise JobNotFound(f"no job {job_id!r}")
+        return snap
 
     async def view(self, job_id: str) -> dict[str, Any]:
-        sup = self.jobs.get(job_id)
-        if sup is not None:
-            return sup.view() | {"node": self.rt.node_id}
-        stored = await asyncio.to_thread(self._etcd.get_json, self._keys.job_status(job_id))
-        if stored is None:
-            raise JobNotFound(f"no job {job_id!r}")
-        return dict(stored)
+        try:
+            return job_view(await self.snapshot(job_id), self.rt.node_id)
+        except EtcdUnavailable:
+            agent = self.agents.get(job_id)
+            if agent is None:
+                raise
+            return {"id": job_id, "state": agent.state.value, "stale": True,
+                    "reason": "etcd is unreachable: this node's own view"} | agent.local_view()  # fmt: skip
 
     async def views(self) -> list[dict[str, Any]]:
-        """Every job known to the cluster, live local state first-hand, the rest from etcd."""
-        stored = await asyncio.to_thread(self._etcd.get_prefix, self._keys.jobs())
-        merged: dict[str, dict[str, Any]] = {}
-        for kv in stored:
-            parsed = self._keys.job_of(kv.key)
-            if parsed and parsed[1] == "status":
-                merged[parsed[0]] = kv.json()
-        for job_id, sup in self.jobs.items():
-            merged[job_id] = sup.view() | {"node": self.rt.node_id}
-        return sorted(merged.values(), key=lambda v: v.get("submitted_at") or 0)
+        snaps = await self._snapshots()
+        views = [job_view(s, self.rt.node_id) for s in snaps.values() if s.spec is not None]
+        return sorted(views, key=lambda v: v.get("submitted_at") or 0)
 
     async def kill(self, job_id: str, uid: int, user: str) -> dict[str, Any]:
-        sup = self.jobs.get(job_id)
-        if sup is None:
-            await self.view(job_id)  # JobNotFound, or known but not running here
-            raise Conflict(f"job {job_id} is not running on this node")
-        if uid not in (0, sup.spec.uid):
-            raise PermissionDenied(f"job {job_id} belongs to {sup.spec.user}; only they or root may kill it")
-        if sup.state.terminal:
-            raise Conflict(f"job {job_id} already ended as {sup.state.value}")
-        sup.request_stop(JobState.KILLED, f"killed by {user}")
-        await sup.wait()
-        return sup.view()
+        snap = await self.snapshot(job_id)
+        assert snap.spec is not None
+        if uid not in (0, snap.spec.uid):
+            raise PermissionDenied(f"job {job_id} belongs to {snap.spec.user}; only they or root may kill it")
+        if snap.final is not None:
+            raise Conflict(f"job {job_id} already ended as {snap.final['state']}")
+        await asyncio.to_thread(
+            self._store(job_id).finalize, JobState.KILLED.value, f"killed by {user}", None
+        )
+        self.wake(job_id)
+        deadline = time.monotonic() + KILL_WAIT_S
+        while time.monotonic() < deadline:  # until no node runs its workers any more
+            agent = self.agents.get(job_id)
+            if agent is not None:
+                await asyncio.wait({asyncio.ensure_future(agent.wait())}, timeout=0.5)
+                continue
+            snap = await self.snapshot(job_id)
+            if not any(s.get("pids") for s in snap.node_status.values()):
+                break
+            await asyncio.sleep(0.1)
+        return job_view(await self.snapshot(job_id), self.rt.node_id)
 
     async def shutdown(self) -> None:
-        live = [s for s in self.jobs.values() if not s.state.terminal]
-        for sup in live:
-            sup.request_stop(JobState.FAILED, f"elasticd on {self.rt.node_id} shut down")
-        await asyncio.gather(*(s.wait() for s in live), return_exceptions=True)
+        """Leave every job: the others go on without this node, or the job ends if it cannot."""
+        self._stopping = True
+        agents = list(self.agents.values())
+        for agent in agents:
+            agent.leave(RoundReason.MEMBER_LEFT, f"elasticd on {self.rt.node_id} shut down")
+        waits = [asyncio.ensure_future(a.wait()) for a in agents]
+        if not waits:
+            return
+        bound = max(a.spec.stop_grace_s for a in agents) + 10.0
+        _, late = await asyncio.wait(waits, timeout=bound)
+        for agent in agents:
+            if agent.task is not None and not agent.task.done():
+                _log.error("jobs.leave_timeout", job=agent.spec.id, bound_s=bound)
+                agent.task.cancel()  # its cleanup still stops the workers
+        await asyncio.gather(*late, return_exceptions=True)
 
     # -- crash recovery -----------------------------------------------------------------------
-    async def recover(self, daemon_started: float) -> None:
-        """Clean up after a predecessor that died: its processes, its slots, its job states."""
+    async def recover(self) -> None:
+        """Clean up after a predecessor that died: its processes, its slots, its part in jobs."""
         leftovers = await asyncio.to_thread(proctree.marked, self.rt.node_id)
         records = self._state.jobs()
         pgids = [pg for rec in records.values() for pg in rec.get("pgids", []) if _orphaned_group(pg)]
@@ -169,22 +313,28 @@ class JobManager:
             await proctree.terminate(leftovers, pgids, grace_s=2.0)
         for job_id in records:
             self._state.drop_job(job_id)
-            reason = f"elasticd on {self.rt.node_id} restarted while the job ran"
             try:
-                stored = await asyncio.to_thread(self._etcd.get_json, self._keys.job_status(job_id))
-            except Exception:
-                stored = None
-            if stored and not JobState(stored.get("state", "FAILED")).terminal:
-                stored |= {
-                    "state": JobState.FAILED.value,
-                    "reason": reason,
-                    "error": reason,
-                    "ended_at": daemon_started,
-                    "world_size": 0,
-                    "pids": [],
-                }
-                self._publisher.publish(self._keys.job_status(job_id), stored)
-            _log.warning("recover.job_failed", job=job_id, reason=reason)
+                await self._recover_job(job_id)
+            except (EtcdUnavailable, JobNotFound) as exc:
+                _log.warning("recover.skipped", job=job_id, error=str(exc))
+
+    async def _recover_job(self, job_id: str) -> None:
+        snap = await self.snapshot(job_id)
+        result = snap.result
+        if snap.final is not None or result is None or self.rt.node_id not in result.nodes:
+            return
+        assert snap.spec is not None
+        why = f"elasticd on {self.rt.node_id} restarted while the job ran"
+        plan = rdzv.plan_bump(RoundReason.MEMBER_LOST, snap.restarts, snap.spec.max_restarts, why)
+        store = self._store(job_id)
+        if plan.fail:
+            await asyncio.to_thread(store.finalize, JobState.FAILED.value, plan.why, None)
+        else:
+            alive = set(await asyncio.to_thread(self._registry.live_nodes))
+            info = RoundInfo(snap.current + 1, RoundReason.MEMBER_LOST, time.time(),
+                             rdzv.next_expect(result, alive), why)  # fmt: skip
+            await asyncio.to_thread(store.bump, snap, info, plan.spend)
+        _log.warning("recover.job", job=job_id, action="failed" if plan.fail else "restart", reason=plan.why)
 
 
 def _orphaned_group(pgid: int) -> bool:

@@ -18,6 +18,8 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_NPROC_PER_NODE = 1024
 MAX_NODES = 4096
+DEFAULT_LAST_CALL_S = 2.0
+DEFAULT_JOIN_TIMEOUT_S = 600.0
 
 
 class EntryKind(StrEnum):
@@ -69,6 +71,10 @@ class JobSpec:
     max_restarts: int = 3
     stop_grace_s: float = 10.0
     submitted_at: float = 0.0
+    nodes: tuple[str, ...] = ()  # nodes allowed to take part; empty: any
+    last_call_s: float = DEFAULT_LAST_CALL_S
+    join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S
+    submitted_on: str = ""  # the node whose daemon took the submission
 
     def __post_init__(self) -> None:
         for name in ("id", "name", "entry", "python", "cwd", "user"):
@@ -94,6 +100,10 @@ class JobSpec:
             raise InvalidSpec(f"cwd must be an absolute path, got {self.cwd!r}")
         if self.entry_kind is EntryKind.SCRIPT and not self.entry.startswith("/"):
             raise InvalidSpec(f"script must be an absolute path, got {self.entry!r}")
+        if not 0 <= self.last_call_s <= 3600 or not 0 < self.join_timeout_s <= 86400:
+            raise InvalidSpec("last_call_s must be 0..3600 and join_timeout_s 0..86400 seconds")
+        if not all(isinstance(n, str) and _NAME.match(n) for n in self.nodes):
+            raise InvalidSpec(f"nodes must be node ids, got {list(self.nodes)}")
         bad = [k for k in self.env if not _ENV_KEY.match(k)]
         if bad:
             raise InvalidSpec(f"invalid environment variable names: {bad[:5]}")
@@ -114,7 +124,11 @@ class JobSpec:
         out["entry_kind"] = self.entry_kind.value
         out["args"] = list(self.args)
         out["nnodes"] = str(self.nnodes)
+        out["nodes"] = list(self.nodes)
         return out
+
+    def allows(self, node: str) -> bool:
+        return not self.nodes or node in self.nodes
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> JobSpec:
@@ -126,6 +140,7 @@ class JobSpec:
                         "entry_kind": EntryKind(data["entry_kind"]),
                         "args": tuple(data["args"]) if isinstance(data["args"], list) else data["args"],
                         "nnodes": NodeRange.parse(data["nnodes"]),
+                        "nodes": tuple(data.get("nodes", ())),
                     }
                 )
             )

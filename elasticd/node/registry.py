@@ -1,23 +1,30 @@
-"""This node's lease and its ``nodes/<node>`` record.
+"""This node's lease and its ``nodes/<node>`` record, and the fencing deadline that goes with them.
 
-The record (host, address, inventory, free slots) lives under a lease that we keep alive every
-TTL/3. A clean stop revokes the lease, so the key disappears at once; after a SIGKILL it expires
-within the TTL. If the lease is lost (etcd was away longer than the TTL) we grant a new one and
-publish again.
+The record (host, address, inventory, free slots) lives under a lease kept alive every TTL/3. A
+clean stop revokes the lease, so the key disappears at once; after a SIGKILL it expires within
+the TTL.
+
+Fencing: every successful keep-alive moves a local deadline to (time the request was sent + TTL -
+margin), and the reaper sidecar learns it too. Past the deadline the lease may be gone and peers
+may have moved on: multi-node workers must not run. The reaper enforces that even when this
+daemon is frozen; the daemon itself notices when it runs again, calls ``on_lost`` (which stops
+those workers first) and registers anew with a fresh lease.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
+import time
 from collections.abc import Callable
 from typing import Any
 
 from elasticd import __version__, log
+from elasticd.aio import wait_event
 from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.client import EtcdClient
 from elasticd.etcd.keys import Keys
+from elasticd.workers.reaper import Reaper
 
 _log = log.get("elasticd.registry")
 
@@ -30,27 +37,55 @@ class NodeRegistry:
         node_id: str,
         ttl_s: float,
         record: Callable[[], dict[str, Any]],
+        reaper: Reaper,
     ) -> None:
         self._etcd = etcd
         self._keys = keys
         self.node_id = node_id
         self.ttl_s = ttl_s
         self._record = record
+        self._reaper = reaper
         self.lease_id: int | None = None
+        self.deadline = 0.0  # CLOCK_MONOTONIC
+        self.on_lost: Callable[[], None] = lambda: None
+        self.on_granted: Callable[[], None] = lambda: None
         self._dirty = asyncio.Event()
+
+    @property
+    def margin_s(self) -> float:
+        return min(1.0, self.ttl_s * 0.2)
+
+    def lease_valid(self) -> bool:
+        return self.lease_id is not None and time.monotonic() < self.deadline
+
+    def live_nodes(self) -> list[str]:
+        """Nodes whose lease is alive (blocking: call from a thread)."""
+        prefix = self._keys.nodes()
+        return [kv.key[len(prefix) :] for kv in self._etcd.get_prefix(prefix)]
 
     def full_record(self) -> dict[str, Any]:
         return {"node": self.node_id, "host": socket.gethostname(), "version": __version__} | self._record()
+
+    def _extend(self, sent_at: float, ttl: float) -> None:
+        self.deadline = sent_at + ttl - self.margin_s
+        self._reaper.set_deadline(self.deadline)
 
     async def start(self) -> None:
         await self._register()
 
     async def _register(self) -> None:
-        self.lease_id = await asyncio.to_thread(self._etcd.grant_lease, self.ttl_s)
-        await asyncio.to_thread(
-            self._etcd.put_json, self._keys.node(self.node_id), self.full_record(), self.lease_id
-        )
-        _log.info("lease.granted", node=self.node_id, lease=self.lease_id, ttl_s=self.ttl_s)
+        sent = time.monotonic()
+        lease = await asyncio.to_thread(self._etcd.grant_lease, self.ttl_s)
+        await asyncio.to_thread(self._etcd.put_json, self._keys.node(self.node_id), self.full_record(), lease)
+        self.lease_id = lease
+        self._extend(sent, self.ttl_s)
+        _log.info("lease.granted", node=self.node_id, lease=lease, ttl_s=self.ttl_s)
+        self.on_granted()
+
+    def _lost(self, why: str) -> None:
+        _log.warning("lease.lost", node=self.node_id, lease=self.lease_id, why=why)
+        self.lease_id = None
+        self.on_lost()
 
     def publish_soon(self) -> None:
         """Ask for the record to be re-published (free capacity changed)."""
@@ -60,20 +95,23 @@ class NodeRegistry:
         """Keep the lease alive and the record current until cancelled."""
         interval = self.ttl_s / 3
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._dirty.wait(), timeout=interval)
+            await wait_event(self._dirty, interval)
             changed = self._dirty.is_set()
             self._dirty.clear()
+            if self.lease_id is not None and time.monotonic() >= self.deadline:
+                self._lost("deadline passed without a keep-alive")
             try:
                 if self.lease_id is None:
                     await self._register()
                     continue
+                sent = time.monotonic()
                 remaining = await asyncio.to_thread(self._etcd.refresh_lease, self.lease_id)
                 if remaining <= 0:
-                    _log.warning("lease.lost", node=self.node_id, lease=self.lease_id)
-                    self.lease_id = None
+                    self._lost("etcd says the lease expired")
                     await self._register()
-                elif changed:
+                    continue
+                self._extend(sent, remaining)
+                if changed:
                     await asyncio.to_thread(
                         self._etcd.put_json, self._keys.node(self.node_id), self.full_record(), self.lease_id
                     )

@@ -72,11 +72,14 @@ def _watch_exit(proc: subprocess.Popen[bytes]) -> asyncio.Future[int]:
 
 
 class WorkerGroup:
-    def __init__(self, launches: list[Launch], reaper: Reaper, grace_s: float) -> None:
+    def __init__(self, launches: list[Launch], reaper: Reaper, grace_s: float, fence: bool = False) -> None:
+        """``fence``: the reaper kills this group when the node's lease deadline passes (multi-node
+        jobs, whose peers go on without us once our lease is gone)."""
         self.launches = launches
         self.workers: list[Worker] = []
         self._reaper = reaper
         self._grace_s = grace_s
+        self._fence = fence
 
     def start(self) -> None:
         """Spawn every worker. Must run on the event-loop thread (see ``spawn``)."""
@@ -109,7 +112,7 @@ class WorkerGroup:
                 failed: asyncio.Future[int] = asyncio.get_running_loop().create_future()
                 failed.set_result(SPAWN_FAILED)
                 return Worker(launch, None, failed)
-        self._reaper.track(proc.pid)
+        self._reaper.track(proc.pid, launch.env.get(proctree.JOB_ENV) if self._fence else None)
         _log.debug("worker.started", rank=launch.rank, pid=proc.pid)
         return Worker(launch, proc.pid, _watch_exit(proc))
 

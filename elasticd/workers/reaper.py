@@ -1,10 +1,18 @@
-"""The reaper sidecar: it outlives a crashed daemon just long enough to kill the daemon's workers.
+"""The reaper sidecar: it outlives a crashed or frozen daemon just long enough to kill its workers.
 
-The daemon starts it with a pipe on stdin and tells it ``track <pgid>`` / ``untrack <pgid>``.
-When the pipe closes, the daemon is gone: if it exited cleanly there is nothing left to kill,
-and if it was killed the reaper SIGKILLs every tracked process group and every process marked
-with this node's owner marker, grandchildren included. Workers also carry a parent-death signal;
-the reaper covers what that cannot: their own children.
+The daemon starts it with a pipe on stdin and tells it, one line at a time:
+- ``track <pgid> [<job>]``: a worker's process group; with a job id the group is *fenced*;
+- ``untrack <pgid>``;
+- ``deadline <t>``: CLOCK_MONOTONIC time at which the node's etcd lease may have expired.
+
+Two things make it act:
+- The pipe closes: the daemon is gone. If it exited cleanly there is nothing left to kill; if it
+  was killed, the reaper SIGKILLs every tracked process group and every process marked with this
+  node's owner marker, grandchildren included. (Workers also carry a parent-death signal; the
+  reaper covers what that cannot: their own children.)
+- The deadline passes without a newer one: the daemon could not renew its lease in time (frozen,
+  stuck, cut off from etcd). Its peers will go on without this node, so fenced groups (multi-node
+  jobs) are killed *before* the lease can expire: two rounds of a job never run at once.
 
 Run as ``python -m elasticd.workers.reaper OWNER``. It sits in its own session and ignores
 SIGINT/SIGTERM/SIGHUP so that a Ctrl-C or a stop aimed at the daemon does not take it first.
@@ -12,12 +20,22 @@ SIGINT/SIGTERM/SIGHUP so that a Ctrl-C or a stop aimed at the daemon does not ta
 
 from __future__ import annotations
 
+import os
+import select
 import signal
 import subprocess
 import sys
+import time
 
 from elasticd.workers import proctree
 from elasticd.workers.spawn import child_env
+
+
+def _fence(owner: str, fenced: dict[int, str]) -> None:
+    jobs = set(fenced.values())
+    procs = [p for job in jobs for p in proctree.marked(owner, job)]
+    proctree.kill_now(procs, sorted(fenced))
+    fenced.clear()
 
 
 def main(argv: list[str]) -> int:
@@ -25,12 +43,32 @@ def main(argv: list[str]) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     tracked: set[int] = set()
-    for line in sys.stdin:
-        verb, _, arg = line.strip().partition(" ")
-        if verb == "track" and arg.isdigit():
-            tracked.add(int(arg))
-        elif verb == "untrack" and arg.isdigit():
-            tracked.discard(int(arg))
+    fenced: dict[int, str] = {}
+    deadline = 0.0
+    buffer = b""
+    stdin = sys.stdin.fileno()
+    while True:
+        wait = max(0.0, deadline - time.monotonic()) if deadline and fenced else None
+        ready, _, _ = select.select([stdin], [], [], wait)
+        if not ready:
+            _fence(owner, fenced)
+            continue
+        chunk = os.read(stdin, 65536)
+        if not chunk:
+            break
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            verb, *args = line.decode().split()
+            if verb == "track" and args and args[0].isdigit():
+                tracked.add(int(args[0]))
+                if len(args) > 1:
+                    fenced[int(args[0])] = args[1]
+            elif verb == "untrack" and args and args[0].isdigit():
+                tracked.discard(int(args[0]))
+                fenced.pop(int(args[0]), None)
+            elif verb == "deadline" and args:
+                deadline = float(args[0])
     proctree.kill_now(proctree.marked(owner), sorted(tracked))
     return 0
 
@@ -62,11 +100,14 @@ class Reaper:
         except (BrokenPipeError, ValueError):
             pass
 
-    def track(self, pgid: int) -> None:
-        self._send(f"track {pgid}")
+    def track(self, pgid: int, fence_job: str | None = None) -> None:
+        self._send(f"track {pgid} {fence_job}" if fence_job else f"track {pgid}")
 
     def untrack(self, pgid: int) -> None:
         self._send(f"untrack {pgid}")
+
+    def set_deadline(self, monotonic_deadline: float) -> None:
+        self._send(f"deadline {monotonic_deadline:.3f}")
 
     def close(self) -> None:
         """Clean stop: everything is already down; the sidecar's final sweep finds nothing."""

@@ -79,8 +79,7 @@ async def submit(daemon: Daemon, args: SubmitArgs, caller: Caller) -> dict[str, 
         submitted_at=time.time(),
     )
     _check_runnable(spec)
-    sup = await daemon.manager.submit(spec)
-    return sup.view()
+    return await daemon.manager.submit(spec)
 
 
 COMMAND = Command("submit", SubmitArgs, submit)

@@ -1,0 +1,86 @@
+"""What ``status`` shows for a job, derived from its etcd snapshot (no stored, duplicated state)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from elasticd.jobs.state import JobState, WorkerFailure
+from elasticd.rendezvous.store import JobSnapshot
+
+
+def job_state(snap: JobSnapshot) -> JobState:
+    if snap.final is not None:
+        return JobState(snap.final["state"])
+    if snap.result is not None:
+        return JobState.RUNNING
+    return JobState.PENDING if snap.current == 0 else JobState.RESTARTING
+
+
+def _reason(snap: JobSnapshot, state: JobState) -> str:
+    if snap.final is not None:
+        return str(snap.final.get("reason") or "")
+    spec = snap.spec
+    if state is JobState.RUNNING:
+        return f"round {snap.current}"
+    need = spec.nnodes.min if spec else 1
+    parts = [snap.round.detail] if snap.round is not None and snap.round.detail else []
+    parts += list(snap.pending.values())
+    parts.append(f"{len(snap.current_joins)} of {need} node(s) joined round {snap.current}")
+    return "; ".join(parts)
+
+
+def job_view(snap: JobSnapshot, local_node: str) -> dict[str, Any]:
+    spec = snap.spec
+    state = job_state(snap)
+    result = snap.result
+    members = []
+    if result is not None:
+        for m in result.members:
+            node_status = snap.node_status.get(m.node, {})
+            members.append(
+                {
+                    "node": m.node,
+                    "address": m.address,
+                    "group_rank": m.group_rank,
+                    "ranks": [m.rank_offset, m.rank_offset + m.local_world_size - 1],
+                    "state": node_status.get("state", "GONE"),
+                    "devices": node_status.get("devices", ""),
+                    "pids": node_status.get("pids", []),
+                }
+            )
+    failure = (snap.final or {}).get("failure") or (snap.round.failure if snap.round else None)
+    local = snap.node_status.get(local_node, {})
+    view: dict[str, Any] = {
+        "id": snap.job_id,
+        "state": state.value,
+        "reason": _reason(snap, state),
+        "round": snap.current,
+        "attempt": snap.current,
+        "restarts": snap.restarts,
+        "world_size": result.world_size if result is not None and not state.terminal else 0,
+        "members": members,
+        "nodes": [m["node"] for m in members],
+        "waiting_nodes": sorted(snap.waiting),
+        "node_states": {n: s.get("state") for n, s in snap.node_status.items()},
+        "master": f"{result.master_addr}:{result.master_port}" if result is not None else "",
+        "devices": local.get("devices", ""),
+        "pids": local.get("pids", []) if not state.terminal else [],
+        "ended_at": (snap.final or {}).get("ended_at"),
+    }
+    if spec is not None:
+        view |= {
+            "name": spec.name,
+            "user": spec.user,
+            "max_restarts": spec.max_restarts,
+            "nnodes": str(spec.nnodes),
+            "nproc_per_node": spec.nproc_per_node,
+            "argv": spec.argv,
+            "submitted_at": spec.submitted_at,
+            "submitted_on": spec.submitted_on,
+            "allowed_nodes": list(spec.nodes),
+        }
+    if failure:
+        view["failure"] = failure
+    if state is JobState.FAILED:
+        view["error"] = view["reason"] or (WorkerFailure(**failure).summary() if failure else "failed")
+    return view

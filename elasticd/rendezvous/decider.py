@@ -1,0 +1,130 @@
+"""Pure rendezvous rules: no I/O and no clock (``now`` is passed in), so each is unit-tested.
+
+Invariants they keep (see docs/architecture.md):
+- Agreement: the result is computed once, by the round's leader, and written once.
+- Stable ranks: survivors keep their relative order; newcomers follow in join order.
+- One bump per event: callers apply ``plan_bump`` through a compare-and-swap on the round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from elasticd.jobs.spec import NodeRange
+from elasticd.rendezvous.model import Join, Member, RoundInfo, RoundReason, RoundResult
+
+
+def leader(joins: Sequence[Join]) -> str | None:
+    """The join with the lowest create_revision leads the round (closes it)."""
+    return min(joins, key=lambda j: j.create_revision).node if joins else None
+
+
+def order_members(joins: Sequence[Join], previous: RoundResult | None, max_nodes: int) -> list[Join]:
+    """Survivors of the previous round first, in their old order; then newcomers by join order."""
+    old = {m.node: m.group_rank for m in previous.members} if previous else {}
+    survivors = sorted((j for j in joins if j.node in old), key=lambda j: old[j.node])
+    newcomers = sorted((j for j in joins if j.node not in old), key=lambda j: j.create_revision)
+    return (survivors + newcomers)[:max_nodes]
+
+
+def build_result(round_no: int, ordered: Sequence[Join], closed_at: float) -> RoundResult:
+    members = []
+    offset = 0
+    for group_rank, j in enumerate(ordered):
+        members.append(Member(j.node, j.address, group_rank, offset, j.local_world_size))
+        offset += j.local_world_size
+    return RoundResult(round_no, tuple(members), offset, ordered[0].address, ordered[0].port, closed_at)
+
+
+class Close(StrEnum):
+    NOW = "now"
+    WAIT = "wait"
+    FAIL = "fail"
+
+
+@dataclass(frozen=True)
+class CloseDecision:
+    verdict: Close
+    why: str = ""
+    recheck_at: float | None = None  # when a WAIT should be re-evaluated even if nothing changes
+
+
+def decide_close(
+    info: RoundInfo,
+    joins: Sequence[Join],
+    alive: Collection[str],
+    nnodes: NodeRange,
+    *,
+    now: float,
+    last_join_at: float,
+    last_call_s: float,
+    join_timeout_s: float,
+    expect_grace_s: float,
+) -> CloseDecision:
+    """Should the leader close the round now?
+
+    - MAX nodes joined: close.
+    - At least MIN joined and every node the round expects (the previous members and announced
+      newcomers) that is still alive has joined: close at once, without last call.
+    - At least MIN joined and no join for ``last_call_s``: close, unless an expected live node
+      has not joined yet and ``expect_grace_s`` (its workers' stop grace) has not passed.
+    - Fewer than MIN after ``join_timeout_s``: fail.
+    """
+    count = len(joins)
+    if count >= nnodes.max:
+        return CloseDecision(Close.NOW, f"{count} of at most {nnodes.max} nodes joined")
+    joined = {j.node for j in joins}
+    missing = [n for n in info.expect if n in alive and n not in joined]
+    if count >= nnodes.min:
+        if info.expect and not missing:
+            return CloseDecision(Close.NOW, "every expected node rejoined")
+        quiet_until = last_join_at + last_call_s
+        grace_until = info.opened_at + expect_grace_s if missing else 0.0
+        if now >= quiet_until and now >= grace_until:
+            return CloseDecision(Close.NOW, f"last call: {count} nodes joined")
+        return CloseDecision(Close.WAIT, "last call", max(quiet_until, grace_until))
+    deadline = info.opened_at + join_timeout_s
+    if now >= deadline:
+        return CloseDecision(
+            Close.FAIL, f"only {count} of the {nnodes.min} nodes needed joined within {join_timeout_s:g}s"
+        )
+    return CloseDecision(Close.WAIT, f"{count} of {nnodes.min} nodes joined", deadline)
+
+
+@dataclass(frozen=True)
+class BumpPlan:
+    """What to do about an event in a running round: open the next one, or fail the job."""
+
+    fail: bool
+    spend: bool
+    why: str
+
+
+def plan_bump(reason: RoundReason, restarts_used: int, max_restarts: int, detail: str) -> BumpPlan:
+    if reason.spends_budget and restarts_used >= max_restarts:
+        return BumpPlan(True, False, f"{detail}; no restarts left ({restarts_used} of {max_restarts} used)")
+    return BumpPlan(False, reason.spends_budget, detail)
+
+
+def next_expect(
+    result: RoundResult | None, alive: Collection[str], extra: Sequence[str] = ()
+) -> tuple[str, ...]:
+    """The nodes the next round waits for: live members of this one, plus announced newcomers."""
+    members = [n for n in (result.nodes if result else ()) if n in alive]
+    return tuple(dict.fromkeys([*members, *extra]))
+
+
+__all__ = [
+    "BumpPlan",
+    "Close",
+    "CloseDecision",
+    "RoundReason",
+    "build_result",
+    "decide_close",
+    "leader",
+    "next_expect",
+    "order_members",
+    "plan_bump",
+]
