@@ -73,6 +73,12 @@ def submit_args(ns: argparse.Namespace) -> dict[str, Any]:
         args["name"] = ns.name
     if ns.stop_grace is not None:
         args["stop_grace_s"] = ns.stop_grace
+    if ns.nodes:
+        args["nodes"] = [n.strip() for n in ns.nodes.split(",") if n.strip()]
+    if ns.last_call is not None:
+        args["last_call_s"] = ns.last_call
+    if ns.join_timeout is not None:
+        args["join_timeout_s"] = ns.join_timeout
     return args
 
 
@@ -171,6 +177,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = add("submit", help="submit a job (torchrun-style entry point)")
     s.add_argument("--nnodes", default="1", help="N or MIN:MAX nodes (default 1)")
+    s.add_argument("--nodes", help="comma-separated nodes allowed to take part (default: any; a "
+                   "single-node job runs on the node it was submitted to)")  # fmt: skip
+    s.add_argument(
+        "--last-call", type=float, help="seconds a round waits for more nodes once MIN joined (default 2)"
+    )
+    s.add_argument(
+        "--join-timeout", type=float, help="seconds to wait for MIN nodes before failing (default 600)"
+    )
     s.add_argument("--nproc-per-node", type=int, default=1, help="workers per node (default 1)")
     s.add_argument("--max-restarts", type=int, default=3, help="job-wide restart budget (default 3)")
     s.add_argument("--name", help="job name (default: the script's name)")

@@ -247,3 +247,21 @@ def etcd_available() -> bool:
         return True
     except Exception:
         return shutil.which("etcd") is not None
+
+
+def worker_records(out: Path, round_no: int) -> list[dict[str, Any]]:
+    """What each worker of a round wrote at start (tests/scripts/member.py)."""
+    found = []
+    for path in sorted(out.glob(f"w.{round_no}.*.json")):
+        try:
+            found.append(json.loads(path.read_text()))
+        except ValueError:  # being written
+            continue
+    return sorted(found, key=lambda r: int(r["RANK"]))
+
+
+def alive_pid(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

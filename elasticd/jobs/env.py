@@ -16,8 +16,9 @@ ROLE_NAME = "default"
 
 @dataclass(frozen=True)
 class WorldLayout:
-    """Where this node's workers sit in the world of one attempt."""
+    """Where this node's workers sit in the world of one round."""
 
+    round: int
     group_rank: int  # this node's rank among the nodes of the round
     group_world_size: int  # nodes in the round
     rank_offset: int  # global rank of local rank 0 on this node
@@ -62,6 +63,7 @@ def worker_env(
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # so CUDA's indices are NVML's indices
         OWNER_ENV: owner,
         JOB_ENV: run_id,
+        "ELASTICD_ROUND": str(layout.round),  # rendezvous round (log dirs are attempt_<round>)
     }
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")

@@ -37,6 +37,7 @@ def attempt_dir(log_dir: Path, job_id: str, attempt: int) -> Path:
 
 def layout_for(result: RoundResult, me: Member) -> WorldLayout:
     return WorldLayout(
+        round=result.round,
         group_rank=me.group_rank,
         group_world_size=len(result.members),
         rank_offset=me.rank_offset,

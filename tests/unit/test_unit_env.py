@@ -10,6 +10,7 @@ from elasticd.jobs.env import ROLE_NAME, WorldLayout, worker_env
 from elasticd.workers.proctree import JOB_ENV, OWNER_ENV
 
 LAYOUT = WorldLayout(
+    round=0,
     group_rank=1,
     group_world_size=3,
     rank_offset=4,
@@ -76,7 +77,7 @@ def test_rank_offset_applied(local_rank: int, rank: int) -> None:
 
 
 def test_single_node_layout() -> None:
-    layout = WorldLayout(0, 1, 0, 2, 2, "127.0.0.1", 1234)
+    layout = WorldLayout(0, 0, 1, 0, 2, 2, "127.0.0.1", 1234)
     env = env_for(local_rank=1, layout=layout)
     assert (env["RANK"], env["GROUP_RANK"], env["WORLD_SIZE"], env["GROUP_WORLD_SIZE"]) == (
         "1",

@@ -8,7 +8,14 @@ from typing import TYPE_CHECKING, Any
 
 from elasticd.control.commands.base import Caller, Command
 from elasticd.errors import InvalidSpec, PermissionDenied, ScriptNotFound
-from elasticd.jobs.spec import EntryKind, JobSpec, NodeRange, new_job_id
+from elasticd.jobs.spec import (
+    DEFAULT_JOIN_TIMEOUT_S,
+    DEFAULT_LAST_CALL_S,
+    EntryKind,
+    JobSpec,
+    NodeRange,
+    new_job_id,
+)
 
 if TYPE_CHECKING:
     from elasticd.daemon.app import Daemon
@@ -27,6 +34,9 @@ class SubmitArgs:
     max_restarts: int = 3
     name: str | None = None
     stop_grace_s: float | None = None
+    nodes: list[str] = field(default_factory=list)
+    last_call_s: float = DEFAULT_LAST_CALL_S
+    join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S
 
 
 def _check_runnable(spec: JobSpec) -> None:
@@ -45,7 +55,10 @@ def _check_runnable(spec: JobSpec) -> None:
 
 
 async def submit(daemon: Daemon, args: SubmitArgs, caller: Caller) -> dict[str, Any]:
-    """Submit a job; it runs as the caller, with the environment and directory it was sent with."""
+    """Submit a job; it runs as the caller, with the environment and directory it was sent with.
+
+    The spec goes into etcd; every daemon with room (and allowed by ``nodes``) may join it.
+    """
     if os.geteuid() not in (0, caller.uid):
         raise PermissionDenied(
             f"this elasticd runs as uid {os.geteuid()} and cannot start jobs for uid {caller.uid}"
@@ -60,6 +73,9 @@ async def submit(daemon: Daemon, args: SubmitArgs, caller: Caller) -> dict[str, 
         else args.entry.rsplit(".", 1)[-1]
     )
     name = "".join(c if c.isalnum() or c in "_.-" else "-" for c in name).lstrip("-_.")[:48] or "job"
+    nnodes = NodeRange.parse(args.nnodes)
+    # A single-node job runs where it was submitted (as with torchrun) unless told otherwise.
+    nodes = tuple(args.nodes) or ((daemon.node_id,) if nnodes.max == 1 else ())
     spec = JobSpec(
         id=new_job_id(name),
         name=name,
@@ -72,11 +88,15 @@ async def submit(daemon: Daemon, args: SubmitArgs, caller: Caller) -> dict[str, 
         uid=caller.uid,
         gid=caller.gid,
         user=caller.user,
-        nnodes=NodeRange.parse(args.nnodes),
+        nnodes=nnodes,
         nproc_per_node=args.nproc_per_node,
         max_restarts=args.max_restarts,
         stop_grace_s=args.stop_grace_s if args.stop_grace_s is not None else daemon.settings.stop_grace,
         submitted_at=time.time(),
+        nodes=nodes,
+        last_call_s=args.last_call_s,
+        join_timeout_s=args.join_timeout_s,
+        submitted_on=daemon.node_id,
     )
     _check_runnable(spec)
     return await daemon.manager.submit(spec)
