@@ -58,26 +58,38 @@ def failure(job: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+DETAIL_KEYS = [
+    "id",
+    "state",
+    "reason",
+    "user",
+    "submitted_on",
+    "nnodes",
+    "nproc_per_node",
+    "world_size",
+    "round",
+    "restarts",
+    "max_restarts",
+    "master",
+    "devices",
+    "pids",
+    "waiting_nodes",
+]
+
+
 def job_detail(job: dict[str, Any]) -> str:
-    keys = [
-        "id",
-        "state",
-        "reason",
-        "user",
-        "node",
-        "nnodes",
-        "nproc_per_node",
-        "world_size",
-        "restarts",
-        "max_restarts",
-        "attempt",
-        "devices",
-        "pids",
-    ]
-    lines = [f"{k + ':':16}{job.get(k)}" for k in keys if job.get(k) not in (None, "", [])]
+    lines = [f"{k + ':':16}{job.get(k)}" for k in DETAIL_KEYS if job.get(k) not in (None, "", [])]
     lines.append(f"{'command:':16}{' '.join(job.get('argv') or [])}")
     if job.get("error"):
         lines.append(f"{'error:':16}{job['error']}")
+    if job.get("members"):
+        rows = [["NODE", "GROUP_RANK", "RANKS", "STATE", "DEVICES"]]
+        for m in job["members"]:
+            lo, hi = m["ranks"]
+            ranks = f"{lo}-{hi}" if hi > lo else str(lo)
+            rows.append([m["node"], str(m["group_rank"]), ranks, m["state"], m.get("devices") or "-"])
+        lines.append("members:")
+        lines.extend("  " + line for line in table(rows).splitlines())
     detail = failure(job)
     if detail:
         lines.append(detail)

@@ -39,6 +39,7 @@ os.environ["PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"] = "python"
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 import etcd3
+import etcd3.events
 import etcd3.exceptions
 
 T = TypeVar("T")
@@ -241,13 +242,22 @@ class EtcdClient:
         self.call(lambda c: c.delete_prefix(prefix))
 
     # -- watches ----------------------------------------------------------------------------
-    def watch_prefix(self, prefix: str, callback: Callable[[Any], None]) -> Callable[[], None]:
-        """Call ``callback(event_or_error)`` from a grpc thread for changes under ``prefix``.
+    def watch_prefix(
+        self, prefix: str, on_change: Callable[[str, bool], None], on_broken: Callable[[], None]
+    ) -> Callable[[], None]:
+        """From a grpc thread, call ``on_change(key, deleted)`` for each change under ``prefix``.
 
-        etcd3 reports a broken stream by passing the exception to the callback once and then
-        forgetting the watch: callers re-arm. Returns a function that cancels the watch.
+        etcd3 reports a broken stream once and then forgets the watch: ``on_broken`` is called
+        and the caller re-arms. Returns a function that cancels the watch.
         """
         holder: dict[str, Any] = {}
+
+        def callback(response: Any) -> None:
+            if isinstance(response, Exception):
+                on_broken()
+                return
+            for event in getattr(response, "events", ()):
+                on_change(event.key.decode(), isinstance(event, etcd3.events.DeleteEvent))
 
         def op(c: Any) -> Any:
             holder["client"] = c

@@ -82,6 +82,7 @@ class JobAgent:
         self._leave: tuple[RoundReason, str] | None = None  # set when this node leaves on purpose
         self._joined_round = -1
         self._fenced_round = -1  # the round whose workers a fence stopped: report it once back
+        self._leading = False  # whether we lead the round being filled
         self._seen_joins: tuple[str, ...] = ()
         self._last_join_at = time.time()
         self.task: asyncio.Task[None] | None = None
@@ -98,8 +99,19 @@ class JobAgent:
     def start(self) -> None:
         self.task = asyncio.create_task(self._main(), name=f"agent-{self.spec.id}")
 
-    def wake(self) -> None:
+    def wake(self, leaf: str | None = None, deleted: bool = False) -> None:
+        """A key below ``jobs/<job>/`` changed. While a round fills up, each join would wake every
+        joiner; only the leader needs those (the others wait for the result), which keeps a
+        round's cost per participant constant instead of linear in the number of nodes."""
+        if leaf is not None and (
+            leaf.startswith(("nodes/", "pending/")) or self._ignores_join(leaf, deleted)
+        ):
+            return
         self._wake.set()
+
+    def _ignores_join(self, leaf: str, deleted: bool) -> bool:
+        """A non-leader filling a round needs no news of joins, only of a leaving one (it may lead)."""
+        return self.state is AgentState.JOINING and not self._leading and "/join/" in leaf and not deleted
 
     def fence(self) -> None:
         """Our lease is gone: stop multi-node workers before anything else, rejoin as a newcomer."""
@@ -267,7 +279,8 @@ class JobAgent:
         names = tuple(j.node for j in joins)
         if names != self._seen_joins:
             self._seen_joins, self._last_join_at = names, time.time()
-        if rdzv.leader(joins) != self.node:
+        self._leading = rdzv.leader(joins) == self.node
+        if not self._leading:
             await self._sleep()
             return
         decision = rdzv.decide_close(

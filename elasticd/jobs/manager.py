@@ -42,6 +42,7 @@ from elasticd.workers import proctree
 _log = log.get("elasticd.jobs")
 
 SCAN_S = 2.0  # safety net under the watch
+SCAN_LEAVES = frozenset({"spec", "round", "final"})
 KILL_WAIT_S = 60.0
 
 
@@ -99,13 +100,15 @@ class JobManager:
         return await self.view(spec.id)
 
     # -- taking part ----------------------------------------------------------------------------
-    def wake(self, job_id: str | None = None) -> None:
+    def wake(self, job_id: str | None = None, leaf: str | None = None, deleted: bool = False) -> None:
+        """Something changed: for one job (``leaf`` is the key below ``jobs/<job>/``), or anywhere."""
         if job_id is None:
             for agent in self.agents.values():
                 agent.wake()
         elif job_id in self.agents:
-            self.agents[job_id].wake()
-        self._wake.set()
+            self.agents[job_id].wake(leaf, deleted)
+        if leaf is None or leaf in SCAN_LEAVES or leaf.endswith("/result"):
+            self._wake.set()  # only what can change whether this node should join a job
 
     async def run(self) -> None:
         """Look for jobs to join (woken by the watch, with a slow poll under it) until cancelled."""
@@ -210,21 +213,19 @@ class JobManager:
         broken = asyncio.Event()
         jobs, nodes = self._keys.jobs(), self._keys.nodes()
 
-        def on_event(response: Any) -> None:  # on a grpc thread
-            if isinstance(response, Exception):
-                loop.call_soon_threadsafe(broken.set)
-                return
-            for event in getattr(response, "events", ()):
-                key = event.key.decode()
-                if key.startswith(nodes):
-                    loop.call_soon_threadsafe(self.wake)
-                elif key.startswith(jobs):
-                    parsed = self._keys.job_of(key)
-                    loop.call_soon_threadsafe(self.wake, parsed[0] if parsed else None)
+        def on_change(key: str, deleted: bool) -> None:  # on a grpc thread
+            if key.startswith(nodes):
+                loop.call_soon_threadsafe(self.wake)
+            elif key.startswith(jobs) and (parsed := self._keys.job_of(key)):
+                loop.call_soon_threadsafe(self.wake, parsed[0], parsed[1], deleted)
+
+        def on_broken() -> None:  # on a grpc thread
+            loop.call_soon_threadsafe(broken.set)
 
         while True:
             try:
-                cancel = await asyncio.to_thread(self._etcd.watch_prefix, self._keys.prefix + "/", on_event)
+                prefix = self._keys.prefix + "/"
+                cancel = await asyncio.to_thread(self._etcd.watch_prefix, prefix, on_change, on_broken)
             except EtcdUnavailable:
                 await asyncio.sleep(1.0)
                 continue
