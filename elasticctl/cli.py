@@ -1,4 +1,4 @@
-"""``elasticctl``: submit, status, kill, logs, nodes, ping.
+"""``elasticctl``: submit, status, kill, logs, nodes, drain, undrain, ping.
 
 Exit codes: 0 success; 1 the daemon cannot be reached; 2 usage error; 3 the daemon reported an
 error; 4 a followed job ended FAILED or KILLED.
@@ -151,6 +151,24 @@ def cmd_nodes(client: Client, ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_drain(client: Client, ns: argparse.Namespace) -> int:
+    args: dict[str, Any] = {"node": ns.node, "force": ns.force}
+    if ns.job:
+        args["job"] = ns.job
+    if ns.grace is not None:
+        args["grace_s"] = ns.grace
+    result = client.call("drain", **args)
+    scope = f"job {ns.job}" if ns.job else "all its jobs"
+    print(f"draining {result['node']} from {scope}: {', '.join(result['jobs']) or 'no running job affected'}")
+    return 0
+
+
+def cmd_undrain(client: Client, ns: argparse.Namespace) -> int:
+    client.call("undrain", node=ns.node, **({"job": ns.job} if ns.job else {}))
+    print(f"{ns.node} takes jobs again")
+    return 0
+
+
 def cmd_ping(client: Client, ns: argparse.Namespace) -> int:
     result = client.call("ping", timeout_s=ns.timeout)
     _print_json(result) if ns.json else print(f"elasticd {result['version']} on node {result['node']}: ok")
@@ -218,6 +236,18 @@ def build_parser() -> argparse.ArgumentParser:
     n = add("nodes", help="list the cluster's live nodes")
     n.add_argument("--json", action="store_true")
     n.set_defaults(func=cmd_nodes)
+
+    dr = add("drain", help="make a node leave its jobs gracefully and take no new ones")
+    dr.add_argument("node")
+    dr.add_argument("--job", help="leave only this job")
+    dr.add_argument("--grace", type=float, help="seconds between SIGTERM and SIGKILL for its workers")
+    dr.add_argument("--force", action="store_true", help="drain even if a job falls below its minimum")
+    dr.set_defaults(func=cmd_drain)
+
+    ud = add("undrain", help="let a drained node take jobs again")
+    ud.add_argument("node")
+    ud.add_argument("--job", help="only for this job")
+    ud.set_defaults(func=cmd_undrain)
 
     pg = add("ping", help="check that the daemon answers")
     pg.add_argument("--json", action="store_true")

@@ -97,7 +97,7 @@ def job_detail(job: dict[str, Any]) -> str:
 
 
 def nodes_table(nodes: list[dict[str, Any]]) -> str:
-    rows = [["NODE", "HOST", "ADDRESS", "DEVICES", "SLOTS", "FREE", "VERSION"]]
+    rows = [["NODE", "HOST", "ADDRESS", "DEVICES", "SLOTS", "FREE", "STATE", "VERSION"]]
     for n in nodes:
         inv = n.get("inventory", {})
         rows.append(
@@ -108,6 +108,7 @@ def nodes_table(nodes: list[dict[str, Any]]) -> str:
                 inv.get("kind", "?"),
                 str(n.get("slots", inv.get("slots", "?"))),
                 str(n.get("free_slots", "?")),
+                "draining" if n.get("draining") else "ready",
                 n.get("version", "?"),
             ]
         )

@@ -47,6 +47,7 @@ class Daemon:
         self.etcd_endpoints: list[str] = list(settings.etcd_endpoints)
         # Set during start(); typed as non-optional for the commands that use them.
         self.etcd: EtcdClient
+        self._lease_etcd: EtcdClient
         self.manager: JobManager
         self.registry: NodeRegistry
 
@@ -54,15 +55,18 @@ class Daemon:
         _log.info("daemon.stopping", reason=reason)
         self._stop.set()
 
+    @property
+    def _auth(self) -> EtcdAuth:
+        s = self.settings
+        return EtcdAuth(s.etcd_ca, s.etcd_cert, s.etcd_key, s.etcd_user, s.etcd_password)
+
     async def _connect_etcd(self) -> EtcdClient:
         s = self.settings
         if s.embedded_etcd:
             self._embedded = EmbeddedEtcd(s.state_dir / "etcd", s.etcd_binary)
             await asyncio.to_thread(self._embedded.start)
             self.etcd_endpoints = [self._embedded.endpoint]
-        client = EtcdClient(
-            self.etcd_endpoints, EtcdAuth(s.etcd_ca, s.etcd_cert, s.etcd_key, s.etcd_user, s.etcd_password)
-        )
+        client = EtcdClient(self.etcd_endpoints, self._auth)
         deadline = time.monotonic() + ETCD_CONNECT_TIMEOUT_S
         while True:
             try:
@@ -87,8 +91,13 @@ class Daemon:
             self.etcd = await self._connect_etcd()
             inventory = discover(self.node_id, s.fake_gpus, s.slots)
             rt = NodeRuntime(self.node_id, s.address or "127.0.0.1", self.log_dir, inventory, self._reaper)
+            # The lease has its own client with short calls: a keep-alive stuck on a dead etcd member
+            # must fail over well within the TTL, or the node would fence itself for nothing.
+            self._lease_etcd = EtcdClient(
+                self.etcd_endpoints, self._auth, timeout_s=max(0.5, s.lease_ttl / 5)
+            )
             self.registry = NodeRegistry(
-                self.etcd,
+                self._lease_etcd,
                 self.keys,
                 self.node_id,
                 s.lease_ttl,
@@ -148,6 +157,7 @@ class Daemon:
     def _final_cleanup(self) -> None:
         with contextlib.suppress(AttributeError):
             self.etcd.close()
+            self._lease_etcd.close()
         if self._embedded is not None:
             self._embedded.stop()
         if self._reaper is not None:

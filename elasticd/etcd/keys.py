@@ -42,6 +42,9 @@ class Keys:
     def done(self, job_id: str, round_no: int, node: str) -> str:
         return f"{self.prefix}/jobs/{job_id}/rdzv/{round_no}/done/{node}"
 
+    def left(self, job_id: str, round_no: int, node: str) -> str:
+        return f"{self.prefix}/jobs/{job_id}/rdzv/{round_no}/left/{node}"
+
     def rounds(self, job_id: str, round_no: int) -> str:
         return f"{self.prefix}/jobs/{job_id}/rdzv/{round_no}/"
 
@@ -53,6 +56,15 @@ class Keys:
 
     def pending_note(self, job_id: str, node: str) -> str:
         return f"{self.prefix}/jobs/{job_id}/pending/{node}"
+
+    def drains(self) -> str:
+        return f"{self.prefix}/drain/"
+
+    def drain(self, node: str) -> str:
+        return f"{self.prefix}/drain/{node}"
+
+    def job_drain(self, job_id: str, node: str) -> str:
+        return f"{self.prefix}/jobs/{job_id}/drain/{node}"
 
     def job_of(self, key: str) -> tuple[str, str] | None:
         """``.../jobs/<job>/<rest>`` -> (job, rest)."""

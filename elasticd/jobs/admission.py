@@ -16,8 +16,11 @@ class Admission:
 def admit(
     snap: JobSnapshot, node: str, free_slots: int, total_slots: int, unit: str, draining: bool = False
 ) -> Admission:
+    """A drained node (node-wide, or for this job) joins nothing; others join where there is a seat."""
     spec = snap.spec
-    if spec is None or snap.final is not None or snap.round is None or draining or not spec.allows(node):
+    if spec is None or snap.final is not None or snap.round is None or not spec.allows(node):
+        return Admission(False)
+    if draining or node in snap.drains:
         return Admission(False)
     result = snap.result
     if result is not None:

@@ -79,7 +79,7 @@ class JobAgent:
         self.failure: WorkerFailure | None = None
         self._wake = asyncio.Event()
         self._fenced = False
-        self._leave: tuple[RoundReason, str] | None = None  # set when this node leaves on purpose
+        self._leave: tuple[RoundReason, str, float | None] | None = None  # set when leaving on purpose
         self._joined_round = -1
         self._fenced_round = -1  # the round whose workers a fence stopped: report it once back
         self._leading = False  # whether we lead the round being filled
@@ -119,10 +119,11 @@ class JobAgent:
             self._fenced = True
             self.wake()
 
-    def leave(self, reason: RoundReason, detail: str) -> None:
+    def leave(self, reason: RoundReason, detail: str, grace_s: float | None = None) -> None:
         """Leave the job on purpose (daemon stop, drain)."""
-        self._leave = (reason, detail)
-        self.wake()
+        if self._leave is None:
+            self._leave = (reason, detail, grace_s)
+            self.wake()
 
     async def wait(self) -> None:
         if self.task is not None:
@@ -239,7 +240,7 @@ class JobAgent:
             return await self._leave_job(snap, alive)
         result = snap.result
         if result is None:
-            await self._stop_workers(self.spec.stop_grace_s)  # the round moved on: stop before joining
+            await self._stop_workers(self._grace(snap))  # the round moved on: stop before joining
             await self._take_part_in_open_round(snap, alive)
             return False
         me = result.member(self.node)
@@ -254,7 +255,7 @@ class JobAgent:
             return False
         if self.round != snap.current:
             if self.group is not None or self.state is AgentState.DONE:
-                await self._stop_workers(self.spec.stop_grace_s)
+                await self._stop_workers(self._grace(snap))
             await self._launch(snap, result)
         await self._supervise(snap, result, alive)
         return False
@@ -292,7 +293,8 @@ class JobAgent:
             last_join_at=self._last_join_at,
             last_call_s=self.spec.last_call_s,
             join_timeout_s=self.spec.join_timeout_s,
-            expect_grace_s=self.spec.stop_grace_s + 2.0,
+            expect_grace_s=self._grace(snap) + 2.0,
+            left=snap.left.get(info.round, set()),
         )
         if decision.verdict is rdzv.Close.NOW:
             ordered = rdzv.order_members(joins, snap.previous_result, self.spec.nnodes.max)
@@ -316,7 +318,7 @@ class JobAgent:
     # -- running round without us --------------------------------------------------------------------
     async def _outside_running_round(self, snap: JobSnapshot, result: RoundResult) -> bool:
         """The round runs without us: wait to join at the next one if the job can grow."""
-        await self._stop_workers(self.spec.stop_grace_s)
+        await self._stop_workers(self._grace(snap))
         if snap.current in snap.joins and self.node in {j.node for j in snap.current_joins}:
             await self._io(self._store.withdraw, snap.current, self.node)
         if len(result.members) >= self.spec.nnodes.max:
@@ -421,6 +423,7 @@ class JobAgent:
         detail: str,
         failure: dict[str, Any] | None,
         extra: list[str] | None = None,
+        grace_s: float | None = None,
     ) -> None:
         """Open the next round for ``reason`` (once, whoever sees it first) or end the job."""
         plan = rdzv.plan_bump(reason, snap.restarts, self.spec.max_restarts, detail)
@@ -428,8 +431,8 @@ class JobAgent:
             if await self._io(self._store.finalize, JobState.FAILED.value, plan.why, failure):
                 _log.warning("job.failed", job=self.spec.id, reason=plan.why)
             return
-        expect = rdzv.next_expect(result, alive - ({self.node} if self._leave else set()), extra or ())
-        info = RoundInfo(snap.current + 1, reason, time.time(), expect, detail, failure)
+        expect = rdzv.next_expect(result, alive, extra or ())
+        info = RoundInfo(snap.current + 1, reason, time.time(), expect, detail, failure, grace_s)
         if await self._io(self._store.bump, snap, info, plan.spend):
             _log.info(
                 "round.bumped",
@@ -442,17 +445,26 @@ class JobAgent:
             )
 
     async def _leave_job(self, snap: JobSnapshot, alive: set[str]) -> bool:
+        """Leave on purpose: open the next round without us (no restart is spent), then stop our
+        workers with everyone else's, gracefully. Below MIN, the next round waits for a node
+        (up to the join timeout); a single-node job resumes when its node comes back."""
         assert self._leave is not None
-        reason, detail = self._leave
+        reason, detail, grace = self._leave
         result = snap.result
-        others = [n for n in (result.nodes if result else ()) if n != self.node and n in alive]
-        if result is not None and self.node in result.nodes:
-            if len(others) < self.spec.nnodes.min:
-                await self._io(self._store.finalize, JobState.FAILED.value, detail, None)
-            else:
-                await self._event(snap, result, alive, reason, detail, None)
-        await self._stop_workers(self.spec.stop_grace_s)
+        next_round = snap.current + 1
+        if result is not None and self.node in result.nodes and self.round == snap.current:
+            await self._event(snap, result, alive, reason, detail, None, grace_s=grace)
+        elif result is None:
+            next_round = snap.current  # the round is still filling: it must not wait for us
+        await self._stop_workers(grace if grace is not None else self.spec.stop_grace_s)
+        await self._io(self._store.mark_left, next_round, self.node)
         return True
+
+    def _grace(self, snap: JobSnapshot) -> float:
+        """How long workers get between SIGTERM and SIGKILL when the round moves on."""
+        if snap.round is not None and snap.round.grace_s is not None:
+            return snap.round.grace_s
+        return self.spec.stop_grace_s
 
     async def _stop_workers(self, grace_s: float) -> None:
         group, self.group = self.group, None

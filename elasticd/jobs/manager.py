@@ -60,6 +60,7 @@ class JobManager:
         self._wake = asyncio.Event()
         self._stopping = False
         self._notes: dict[str, str] = {}
+        self.draining: dict[str, Any] | None = None  # this node's drain record, while drained
         registry.on_lost = self.fence_all
         registry.on_granted = self.wake
 
@@ -71,6 +72,7 @@ class JobManager:
             "free_slots": len(free),
             "free_devices": self.rt.inventory.visible_devices(tuple(free)),
             "jobs": sorted(self.agents),
+            "draining": self.draining is not None,
         }
 
     @property
@@ -107,7 +109,7 @@ class JobManager:
                 agent.wake()
         elif job_id in self.agents:
             self.agents[job_id].wake(leaf, deleted)
-        if leaf is None or leaf in SCAN_LEAVES or leaf.endswith("/result"):
+        if leaf is None or leaf in SCAN_LEAVES or leaf.endswith("/result") or leaf.startswith("drain/"):
             self._wake.set()  # only what can change whether this node should join a job
 
     async def run(self) -> None:
@@ -133,6 +135,8 @@ class JobManager:
         if self._stopping or self._registry.lease_id is None:
             return
         snaps = await self._snapshots()
+        self.draining = await asyncio.to_thread(self._etcd.get_json, self._keys.drain(self.rt.node_id))
+        self._apply_drains(snaps)
         alive: set[str] | None = None
         for job_id, snap in sorted(
             snaps.items(), key=lambda kv: kv[1].spec.submitted_at if kv[1].spec else 0
@@ -150,7 +154,12 @@ class JobManager:
         assert snap.spec is not None
         spec = snap.spec
         decision = admit(
-            snap, self.rt.node_id, len(self.allocator.free()), self.rt.inventory.slots, self.unit
+            snap,
+            self.rt.node_id,
+            len(self.allocator.free()),
+            self.rt.inventory.slots,
+            self.unit,
+            draining=self.draining is not None,
         )
         lease = self._registry.lease_id
         if decision.note != self._notes.get(spec.id) and lease is not None and snap.result is None:
@@ -168,6 +177,14 @@ class JobManager:
             "job.joining", job=spec.id, node=self.rt.node_id, devices=self.rt.inventory.visible_devices(slots)
         )
         agent.start()
+
+    def _apply_drains(self, snaps: dict[str, JobSnapshot]) -> None:
+        """Leave, gracefully, every job this node is drained from."""
+        for job_id, agent in self.agents.items():
+            snap = snaps.get(job_id)
+            record = (snap.drains.get(self.rt.node_id) if snap is not None else None) or self.draining
+            if record is not None:
+                agent.leave(RoundReason.MEMBER_LEFT, f"node {self.rt.node_id} drained", record.get("grace_s"))
 
     async def _watch_orphans(self, snap: JobSnapshot, alive: set[str]) -> None:
         """Jobs no live member looks after: restart them (any node may, once) or fail them."""
@@ -286,11 +303,60 @@ class JobManager:
             await asyncio.sleep(0.1)
         return job_view(await self.snapshot(job_id), self.rt.node_id)
 
+    async def drain(
+        self, node: str, job_id: str | None, grace_s: float | None, force: bool, uid: int, user: str
+    ) -> dict[str, Any]:
+        """Ask ``node`` to leave its jobs (or one job) gracefully; refuse to go below MIN unless forced."""
+        snaps = await self._snapshots()
+        if job_id is not None and job_id not in snaps:
+            raise JobNotFound(f"no job {job_id!r}")
+        if job_id is None and uid != 0:
+            raise PermissionDenied("only root may drain a whole node; job owners may use --job")
+        affected = []
+        too_small = []
+        for jid, snap in snaps.items():
+            if snap.spec is None or snap.final is not None or (job_id is not None and jid != job_id):
+                continue
+            if uid not in (0, snap.spec.uid):
+                raise PermissionDenied(f"job {jid} belongs to {snap.spec.user}")
+            members = snap.result.nodes if snap.result is not None else ()
+            if node not in members:
+                continue
+            affected.append(jid)
+            if len(members) - 1 < snap.spec.nnodes.min:
+                too_small.append(f"{jid} (needs {snap.spec.nnodes.min} nodes, has {len(members)})")
+        if too_small and not force:
+            raise Conflict(
+                f"draining {node} would take job(s) below their minimum: {', '.join(too_small)}; "
+                "use --force to drain anyway (the job then waits for a replacement node)"
+            )
+        record = {"grace_s": grace_s, "at": time.time(), "by": user}
+        key = self._keys.job_drain(job_id, node) if job_id else self._keys.drain(node)
+        await asyncio.to_thread(self._etcd.put_json, key, record)
+        _log.info(
+            "node.drain",
+            node=node,
+            job=job_id,
+            grace_s=grace_s,
+            by=user,
+            jobs=affected,
+            forced=bool(too_small),
+        )
+        return {"node": node, "job": job_id, "jobs": affected, "forced": bool(too_small)}
+
+    async def undrain(self, node: str, job_id: str | None, uid: int) -> dict[str, Any]:
+        if job_id is None and uid != 0:
+            raise PermissionDenied("only root may undrain a whole node")
+        key = self._keys.job_drain(job_id, node) if job_id else self._keys.drain(node)
+        await asyncio.to_thread(self._etcd.delete, key)
+        _log.info("node.undrain", node=node, job=job_id)
+        return {"node": node, "job": job_id}
+
     async def shutdown(self) -> None:
         """Leave every job: the others go on without this node, or the job ends if it cannot."""
         self._stopping = True
         agents = list(self.agents.values())
-        for agent in agents:
+        for agent in agents:  # a drain: the jobs go on without this node, no restart spent
             agent.leave(RoundReason.MEMBER_LEFT, f"elasticd on {self.rt.node_id} shut down")
         waits = [asyncio.ensure_future(a.wait()) for a in agents]
         if not waits:

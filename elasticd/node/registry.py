@@ -1,6 +1,6 @@
 """This node's lease and its ``nodes/<node>`` record, and the fencing deadline that goes with them.
 
-The record (host, address, inventory, free slots) lives under a lease kept alive every TTL/3. A
+The record (host, address, inventory, free slots) lives under a lease kept alive every TTL/4. A
 clean stop revokes the lease, so the key disappears at once; after a SIGKILL it expires within
 the TTL.
 
@@ -93,9 +93,11 @@ class NodeRegistry:
 
     async def run(self) -> None:
         """Keep the lease alive and the record current until cancelled."""
-        interval = self.ttl_s / 3
+        interval = self.ttl_s / 4
+        failing_since: float | None = None
         while True:
-            await wait_event(self._dirty, interval)
+            if failing_since is None:  # while failing, retry at once (after a short pause below)
+                await wait_event(self._dirty, interval)
             changed = self._dirty.is_set()
             self._dirty.clear()
             if self.lease_id is not None and time.monotonic() >= self.deadline:
@@ -103,6 +105,7 @@ class NodeRegistry:
             try:
                 if self.lease_id is None:
                     await self._register()
+                    failing_since = None
                     continue
                 sent = time.monotonic()
                 remaining = await asyncio.to_thread(self._etcd.refresh_lease, self.lease_id)
@@ -115,9 +118,18 @@ class NodeRegistry:
                     await asyncio.to_thread(
                         self._etcd.put_json, self._keys.node(self.node_id), self.full_record(), self.lease_id
                     )
+                if failing_since is not None:
+                    _log.info(
+                        "lease.refresh_ok",
+                        node=self.node_id,
+                        after_s=round(time.monotonic() - failing_since, 1),
+                    )
+                    failing_since = None
             except EtcdUnavailable as exc:
-                _log.warning("lease.refresh_failed", node=self.node_id, error=str(exc))
-                await asyncio.sleep(min(1.0, interval))
+                if failing_since is None:
+                    failing_since = time.monotonic()
+                    _log.warning("lease.refresh_failed", node=self.node_id, error=str(exc))
+                await asyncio.sleep(min(0.2, interval))  # retry soon: the deadline is near
 
     async def stop(self) -> None:
         if self.lease_id is None:

@@ -62,6 +62,7 @@ def decide_close(
     last_call_s: float,
     join_timeout_s: float,
     expect_grace_s: float,
+    left: Collection[str] = (),
 ) -> CloseDecision:
     """Should the leader close the round now?
 
@@ -71,12 +72,15 @@ def decide_close(
     - At least MIN joined and no join for ``last_call_s``: close, unless an expected live node
       has not joined yet and ``expect_grace_s`` (its workers' stop grace) has not passed.
     - Fewer than MIN after ``join_timeout_s``: fail.
+
+    An expected node that ``left`` (it stopped its workers and will not rejoin) counts as arrived:
+    that is how a round waits for a drained node's workers to be gone before it starts new ones.
     """
     count = len(joins)
-    if count >= nnodes.max:
-        return CloseDecision(Close.NOW, f"{count} of at most {nnodes.max} nodes joined")
     joined = {j.node for j in joins}
-    missing = [n for n in info.expect if n in alive and n not in joined]
+    missing = [n for n in info.expect if n in alive and n not in joined and n not in left]
+    if count >= nnodes.max and not (missing and now < info.opened_at + expect_grace_s):
+        return CloseDecision(Close.NOW, f"{count} of at most {nnodes.max} nodes joined")
     if count >= nnodes.min:
         if info.expect and not missing:
             return CloseDecision(Close.NOW, "every expected node rejoined")

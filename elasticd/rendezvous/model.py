@@ -31,6 +31,7 @@ class RoundInfo:
     expect: tuple[str, ...] = ()  # nodes the round waits for before it may close early
     detail: str = ""  # human-readable cause, e.g. the first failure's summary
     failure: dict[str, Any] | None = None  # the WorkerFailure that opened it, if any
+    grace_s: float | None = None  # SIGTERM -> SIGKILL for the previous round's workers (drain --grace)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -47,6 +48,7 @@ class RoundInfo:
             expect=tuple(data.get("expect", ())),
             detail=str(data.get("detail", "")),
             failure=data.get("failure"),
+            grace_s=data.get("grace_s"),
         )
 
 

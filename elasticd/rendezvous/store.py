@@ -35,9 +35,11 @@ class JobSnapshot:
     results: dict[int, RoundResult] = field(default_factory=dict)
     joins: dict[int, list[Join]] = field(default_factory=dict)
     done: dict[int, set[str]] = field(default_factory=dict)
+    left: dict[int, set[str]] = field(default_factory=dict)  # stopped for good before round r
     waiting: dict[str, dict[str, Any]] = field(default_factory=dict)
     node_status: dict[str, dict[str, Any]] = field(default_factory=dict)
     pending: dict[str, str] = field(default_factory=dict)
+    drains: dict[str, dict[str, Any]] = field(default_factory=dict)  # nodes asked to leave this job
     last_join_revision: int = 0
 
     @property
@@ -79,12 +81,16 @@ class JobSnapshot:
                     snap.joins.setdefault(int(r), []).append(Join.from_json(value, kv.create_revision))
                 case ["rdzv", r, "done", node]:
                     snap.done.setdefault(int(r), set()).add(node)
+                case ["rdzv", r, "left", node]:
+                    snap.left.setdefault(int(r), set()).add(node)
                 case ["waiting", node]:
                     snap.waiting[node] = value
                 case ["nodes", node]:
                     snap.node_status[node] = value
                 case ["pending", node]:
                     snap.pending[node] = str(value)
+                case ["drain", node]:
+                    snap.drains[node] = value
         for joins in snap.joins.values():
             joins.sort(key=lambda j: j.create_revision)
         snap.last_join_revision = max((j.create_revision for j in snap.current_joins), default=0)
@@ -150,6 +156,10 @@ class JobStore:
 
     def mark_done(self, round_no: int, node: str) -> None:
         self._etcd.put_json(self._keys.done(self.job_id, round_no, node), {"at": time.time()})
+
+    def mark_left(self, round_no: int, node: str) -> None:
+        """``node`` stopped its workers and will not join ``round_no``."""
+        self._etcd.put_json(self._keys.left(self.job_id, round_no, node), {"at": time.time()})
 
     def forget_rounds_before(self, round_no: int) -> None:
         """Old rounds are history; keep the previous one (stable ranks need its result)."""

@@ -4,10 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from elasticd.control.commands import kill, logs, nodes, ping, status, submit
+from elasticd.control.commands import drain, kill, logs, nodes, ping, status, submit
 from elasticd.control.commands.base import Command
 
 REGISTRY: dict[str, Command[Any]] = {
     c.name: c
-    for c in (ping.COMMAND, submit.COMMAND, status.COMMAND, kill.COMMAND, logs.COMMAND, nodes.COMMAND)
+    for c in (
+        ping.COMMAND,
+        submit.COMMAND,
+        status.COMMAND,
+        kill.COMMAND,
+        logs.COMMAND,
+        nodes.COMMAND,
+        drain.DRAIN,
+        drain.UNDRAIN,
+    )
 }

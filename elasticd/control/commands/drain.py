@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from elasticd.control.commands.base import Caller, Command
+from elasticd.errors import InvalidArgs
+
+if TYPE_CHECKING:
+    from elasticd.daemon.app import Daemon
+
+
+@dataclass(frozen=True)
+class DrainArgs:
+    node: str
+    job: str | None = None
+    grace_s: float | None = None
+    force: bool = False
+
+
+async def drain(daemon: Daemon, args: DrainArgs, caller: Caller) -> dict[str, Any]:
+    """Make a node leave its jobs (or one job) gracefully and take no new ones."""
+    if args.grace_s is not None and not 0 <= args.grace_s <= 3600:
+        raise InvalidArgs("grace_s must be 0..3600 seconds")
+    return await daemon.manager.drain(args.node, args.job, args.grace_s, args.force, caller.uid, caller.user)
+
+
+@dataclass(frozen=True)
+class UndrainArgs:
+    node: str
+    job: str | None = None
+
+
+async def undrain(daemon: Daemon, args: UndrainArgs, caller: Caller) -> dict[str, Any]:
+    """Let a drained node take jobs again (it joins running elastic jobs at their next round)."""
+    return await daemon.manager.undrain(args.node, args.job, caller.uid)
+
+
+DRAIN = Command("drain", DrainArgs, drain)
+UNDRAIN = Command("undrain", UndrainArgs, undrain)

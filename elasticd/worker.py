@@ -1,0 +1,125 @@
+"""Helpers for training scripts: stop together on SIGTERM, checkpoint atomically, resume.
+
+This is the only elasticd module that touches torch, and it imports it lazily; the daemon never
+imports it. It works the same under elasticd and under plain ``torchrun``.
+
+The pattern (see ``examples/elastic_train.py``)::
+
+    from elasticd import worker
+
+    stop = worker.GracefulStop()                   # SIGTERM sets a flag instead of killing
+    state = worker.load_checkpoint(CKPT)           # None on the first run
+    start = worker.resume_step(state)              # the next step to run
+    for step in range(start, total_steps):
+        train_one_step(step)
+        if stop.should_stop():                     # one tiny all_reduce: every rank agrees
+            worker.save_checkpoint({"step": step + 1, ...}, CKPT)
+            break                                  # all ranks leave after the same step
+        if (step + 1) % every == 0:
+            worker.save_checkpoint({"step": step + 1, ...}, CKPT)
+
+When elasticd changes the membership of a job (a drain, a node joining), every worker gets
+SIGTERM and the stop grace period: with this pattern no completed step is lost. A crash (SIGKILL,
+a lost node) loses the steps since the last periodic checkpoint, as always.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+
+def _dist() -> Any:
+    import torch.distributed as dist
+
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+class GracefulStop:
+    """Turns SIGTERM (and any of ``signals``) into a request to stop at the next step boundary."""
+
+    def __init__(self, signals: Iterable[signal.Signals] = (signal.SIGTERM,)) -> None:
+        self.requested = False
+        self._previous: dict[int, Any] = {}
+        for sig in signals:
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.requested = True
+
+    def should_stop(self) -> bool:
+        """True on every rank, at the same step, as soon as any rank was asked to stop.
+
+        Call it at the same point of every step on every rank: it is a collective.
+        """
+        dist = _dist()
+        if dist is None:
+            return self.requested
+        import torch
+
+        backend = dist.get_backend()
+        device = (
+            torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        )
+        flag = torch.tensor([1 if self.requested else 0], dtype=torch.int32, device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        self.requested = bool(flag.item())
+        return self.requested
+
+    def restore(self) -> None:
+        """Put the previous signal handlers back."""
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def _rank() -> int:
+    dist = _dist()
+    return int(dist.get_rank()) if dist is not None else int(os.environ.get("RANK", "0"))
+
+
+def save_checkpoint(state: Any, path: str | os.PathLike[str], *, rank: int = 0) -> None:
+    """Write ``state`` atomically (temporary file, fsync, rename, fsync of the directory) from one
+    rank, then wait for every rank: when this returns, the checkpoint is durable for everyone."""
+    import torch
+
+    target = Path(path)
+    if _rank() == rank:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                torch.save(state, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        dir_fd = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    dist = _dist()
+    if dist is not None:
+        dist.barrier()
+
+
+def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> Any:
+    """The saved state, or None if there is no checkpoint yet."""
+    import torch
+
+    target = Path(path)
+    if not target.exists():
+        return None
+    return torch.load(target, map_location=map_location, weights_only=False)
+
+
+def resume_step(state: Any, key: str = "step") -> int:
+    """The step to start from: the one after the last completed step, or 0."""
+    return int(state[key]) if state else 0

@@ -1,0 +1,197 @@
+"""Graceful scale-in: drain and undrain, SIGTERM drains, and no training step lost (with a ledger)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import DaemonFactory
+from tests.support import REPO, DaemonProc, alive_pid, unique, wait_for, worker_records
+
+SCRIPTS = REPO / "tests" / "scripts"
+EXAMPLE = REPO / "examples" / "elastic_train.py"
+TTL = 3.0
+
+
+def cluster(factory: DaemonFactory, n: int, *flags: str) -> list[DaemonProc]:
+    tag = unique("d")
+    return [factory(f"{tag}-{i}", "--lease-ttl", str(TTL), "--slots", "2", *flags) for i in range(n)]
+
+
+def submit(d: DaemonProc, out: Path, *argv: str, **env: str) -> str:
+    res = d.ctl("submit", *argv, env=dict(os.environ, OUT=str(out), **env))
+    assert res.returncode == 0, res.stderr
+    return res.stdout.splitlines()[0]
+
+
+def wait_world(out: Path, round_no: int, world: int, timeout_s: float = 30) -> None:
+    wait_for(
+        lambda: len(worker_records(out, round_no)) == world, timeout_s, 0.05, f"round {round_no} x{world}"
+    )
+
+
+def test_drain_refuses_below_min_then_force_and_undrain(
+    daemon_factory: DaemonFactory, tmp_path: Path
+) -> None:
+    a, b = cluster(daemon_factory, 2)
+    job = submit(a, tmp_path, "--nnodes", "2", str(SCRIPTS / "member.py"))
+    wait_world(tmp_path, 0, 2)
+    refused = a.ctl("drain", b.node_id)
+    assert refused.returncode == 3 and "below their minimum" in refused.stderr and "--force" in refused.stderr
+    assert not worker_records(tmp_path, 1)
+    forced = a.ctl("drain", b.node_id, "--force", "--grace", "2")
+    assert forced.returncode == 0 and job in forced.stdout
+    view = a.wait_state(job, ("RESTARTING",), 10)
+    assert view["restarts"] == 0  # leaving is not a failure
+    nodes = {n["node"]: n for n in a.call("nodes")["nodes"]}
+    assert nodes[b.node_id]["draining"] is True and "draining" in a.ctl("nodes").stdout
+    time.sleep(1.0)
+    assert not worker_records(tmp_path, 1)  # 1 of 2: waits for a node
+    assert b.ctl("undrain", b.node_id).returncode == 0
+    wait_world(tmp_path, 1, 2)
+    assert a.job(job)["restarts"] == 0
+    (tmp_path / "finish").touch()
+    assert a.wait_state(job, ("SUCCEEDED", "FAILED"))["state"] == "SUCCEEDED"
+
+
+def test_drained_node_takes_no_new_job_and_job_drain(daemon_factory: DaemonFactory, tmp_path: Path) -> None:
+    a, b = cluster(daemon_factory, 2)
+    assert a.ctl("drain", b.node_id).returncode == 0
+    held = submit(b, tmp_path, str(SCRIPTS / "sleeper.py"))  # single-node: pinned to b
+    time.sleep(1.5)
+    assert a.job(held)["state"] == "PENDING"
+    assert b.ctl("undrain", b.node_id).returncode == 0
+    a.wait_state(held, ("RUNNING",), 10)
+    a.ctl("kill", held)
+
+    out = tmp_path / "elastic"
+    out.mkdir()
+    job = submit(a, out, "--nnodes", "1:2", "--last-call", "1", str(SCRIPTS / "member.py"))
+    wait_world(out, 0, 2)
+    assert a.ctl("drain", b.node_id, "--job", job).returncode == 0
+    wait_world(out, 1, 1)
+    time.sleep(1.0)
+    assert b.call("nodes")["nodes"] and not worker_records(out, 2)  # b stays out of this job only
+    (out / "finish").touch()
+    assert a.wait_state(job, ("SUCCEEDED", "FAILED"))["state"] == "SUCCEEDED"
+
+
+def test_sigterm_drains_the_node_before_exit(daemon_factory: DaemonFactory, tmp_path: Path) -> None:
+    ds = cluster(daemon_factory, 3)
+    job = submit(ds[0], tmp_path, "--nnodes", "1:3", "--last-call", "1", str(SCRIPTS / "member.py"))
+    wait_world(tmp_path, 0, 3)
+    t0 = time.monotonic()
+    assert ds[2].stop(30) == 0
+    assert time.monotonic() - t0 < 10
+    wait_world(tmp_path, 1, 2, timeout_s=10)
+    view = ds[0].job(job)
+    assert view["restarts"] == 0 and view["world_size"] == 2
+    bumps = [e for d in ds for e in d.events("round.bumped")]
+    assert [(e["reason"], e["spend"]) for e in bumps] == [("member_left", False)]
+    assert "shut down" in bumps[0]["detail"]
+    (tmp_path / "finish").touch()
+    assert ds[0].wait_state(job, ("SUCCEEDED", "FAILED"))["state"] == "SUCCEEDED"
+
+
+# -- zero lost steps ------------------------------------------------------------------------------
+
+
+def reference_weights(steps: int) -> list[float]:
+    """The same training, uninterrupted, in one process on the whole global batch."""
+    import torch
+
+    sys.path.insert(0, str(REPO / "examples"))
+    try:
+        import elastic_train as et
+    finally:
+        sys.path.pop(0)
+    model = et.make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(steps):
+        x, y = et.batch(step, 0, 1)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return [v for p in model.parameters() for v in p.detach().flatten().tolist()]
+
+
+def final_weights(ckpt: Path) -> list[float]:
+    import torch
+
+    state = torch.load(ckpt, weights_only=False)
+    assert state["step"] > 0
+    return [v for t in state["model"].values() for v in t.flatten().tolist()]
+
+
+def ledger(path: Path) -> list[tuple[int, int]]:
+    return [(int(s), int(w)) for s, w in (line.split() for line in path.read_text().splitlines())]
+
+
+def progress(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(300)
+def test_drain_scale_up_drain_loses_no_step(daemon_factory: DaemonFactory, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    steps = 240
+    a, b, c = cluster(daemon_factory, 3, "--stop-grace", "20")
+    book = tmp_path / "ledger"
+    ckpt = tmp_path / "ckpt.pt"
+    args = ["--steps", str(steps), "--checkpoint", str(ckpt), "--every", "100000", "--step-time", "0.05"]
+    job = submit(
+        a, tmp_path, "--nnodes", "1:3", "--last-call", "1", str(EXAMPLE), "--", *args, LEDGER=str(book)
+    )
+
+    def at_world(world: int, more_steps: int) -> None:
+        wait_for(lambda: any(w == world for _, w in ledger(book)[-3:]) if book.exists() else False, 90, 0.1,
+                 f"training at world {world}")  # fmt: skip
+        target = progress(book) + more_steps
+        wait_for(lambda: progress(book) >= target, 60, 0.1, f"{more_steps} more steps")
+
+    at_world(3, 10)
+    assert a.ctl("drain", c.node_id).returncode == 0
+    at_world(2, 10)
+    assert a.ctl("undrain", c.node_id).returncode == 0
+    at_world(3, 10)
+    assert a.ctl("drain", b.node_id).returncode == 0
+    at_world(2, 5)
+    final = a.wait_state(job, ("SUCCEEDED", "FAILED"), 180)
+    assert final["state"] == "SUCCEEDED", final
+    assert final["restarts"] == 0  # membership changes spend no restart
+    entries = ledger(book)
+    assert [s for s, _ in entries] == list(range(steps))  # contiguous, no gap, no duplicate
+    worlds = [w for i, (_, w) in enumerate(entries) if i == 0 or entries[i - 1][1] != w]
+    assert worlds == [3, 2, 3, 2]
+    assert final_weights(ckpt) == pytest.approx(reference_weights(steps), rel=1e-4, abs=1e-5)
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(300)
+def test_worker_crash_loses_only_steps_since_checkpoint(daemon: DaemonProc, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    steps, every = 120, 10
+    book = tmp_path / "ledger"
+    ckpt = tmp_path / "ckpt.pt"
+    args = ["--steps", str(steps), "--checkpoint", str(ckpt), "--every", str(every), "--step-time", "0.03"]
+    job = submit(daemon, tmp_path, "--nproc-per-node", "2", str(EXAMPLE), "--", *args, LEDGER=str(book))
+    wait_for(lambda: progress(book) >= 45, 90, 0.1, "45 steps")
+    victim = daemon.job(job)["pids"][1]
+    os.kill(victim, signal.SIGKILL)
+    final = daemon.wait_state(job, ("SUCCEEDED", "FAILED"), 180)
+    assert final["state"] == "SUCCEEDED" and final["restarts"] == 1
+    done = [s for s, _ in ledger(book)]
+    assert sorted(set(done)) == list(range(steps))  # nothing missing
+    repeated = len(done) - steps
+    assert 0 <= repeated <= every  # only what followed the last checkpoint is done again
+    first_resume = next(i for i in range(1, len(done)) if done[i] <= done[i - 1])
+    assert done[first_resume] % every == 0
+    assert final_weights(ckpt) == pytest.approx(reference_weights(steps), rel=1e-4, abs=1e-5)
+    assert not alive_pid(victim)
