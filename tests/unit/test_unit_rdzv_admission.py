@@ -1,0 +1,150 @@
+"""elasticd.jobs.admission.admit: may a node that is not part of a job join it now?"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from elasticd.jobs.admission import Admission, admit
+from elasticd.jobs.spec import EntryKind, JobSpec, NodeRange
+from elasticd.rendezvous.decider import build_result
+from elasticd.rendezvous.model import Join, RoundInfo, RoundReason
+from elasticd.rendezvous.store import JobSnapshot
+
+JOB = "train-0a1b2c3d"
+
+
+def make_spec(**overrides: Any) -> JobSpec:
+    fields: dict[str, Any] = {
+        "id": JOB,
+        "name": "train",
+        "entry_kind": EntryKind.MODULE,
+        "entry": "pkg.train",
+        "args": (),
+        "python": "/usr/bin/python3",
+        "cwd": "/home/u",
+        "env": {},
+        "uid": 1000,
+        "gid": 1000,
+        "user": "u",
+        "nnodes": NodeRange(1, 3),
+        "nproc_per_node": 4,
+    }
+    return JobSpec(**(fields | overrides))
+
+
+def _join(node: str, rev: int) -> Join:
+    return Join(node, f"h-{node}", 29500, 4, rev)
+
+
+def snapshot(
+    *,
+    spec: JobSpec | None = None,
+    round_no: int | None = 0,
+    joins: tuple[str, ...] = (),
+    members: tuple[str, ...] | None = None,
+    previous: tuple[str, ...] | None = None,
+    final: dict[str, Any] | None = None,
+    drains: tuple[str, ...] = (),
+) -> JobSnapshot:
+    """A job in round ``round_no`` with ``joins`` so far; ``members`` closes it (a result)."""
+    snap = JobSnapshot(JOB, spec=spec or make_spec(), final=final)
+    if round_no is not None:
+        snap.round = RoundInfo(round_no, RoundReason.START if round_no == 0 else RoundReason.SCALE_UP, 0.0)
+        snap.joins[round_no] = [_join(n, i + 1) for i, n in enumerate(joins)]
+        if members is not None:
+            snap.results[round_no] = build_result(round_no, [_join(n, 0) for n in members], 0.0)
+        if previous is not None and round_no > 0:
+            snap.results[round_no - 1] = build_result(round_no - 1, [_join(n, 0) for n in previous], 0.0)
+    snap.drains = {n: {} for n in drains}
+    return snap
+
+
+def ask(
+    snap: JobSnapshot, node: str = "n9", free: int = 8, total: int = 8, draining: bool = False
+) -> Admission:
+    return admit(snap, node, free, total, "GPUs", draining)
+
+
+NO = Admission(False)
+YES = Admission(True)
+
+
+@pytest.mark.parametrize(
+    ("snap", "node", "want"),
+    [
+        # nothing to join
+        (JobSnapshot(JOB), "n9", NO),
+        (snapshot(round_no=None), "n9", NO),
+        (snapshot(final={"state": "SUCCEEDED", "reason": ""}), "n9", NO),
+        (snapshot(final={"state": "KILLED", "reason": ""}, members=("n1",)), "n9", NO),
+        # the spec restricts the nodes
+        (snapshot(spec=make_spec(nodes=("n1", "n2"))), "n9", NO),
+        (snapshot(spec=make_spec(nodes=("n1", "n2"))), "n2", YES),
+        (snapshot(spec=make_spec(nodes=())), "anything", YES),
+        # drained for this job
+        (snapshot(drains=("n9",)), "n9", NO),
+        (snapshot(drains=("n1",)), "n9", YES),
+        # an open round: seats left by the joins so far
+        (snapshot(joins=()), "n9", YES),
+        (snapshot(joins=("n1", "n2")), "n9", YES),
+        (snapshot(joins=("n1", "n2", "n3")), "n9", NO),
+        (snapshot(joins=("n1", "n2", "n3", "n4")), "n9", NO),
+        (snapshot(spec=make_spec(nnodes=NodeRange(2, 2)), joins=("n1",)), "n9", YES),
+        (snapshot(spec=make_spec(nnodes=NodeRange(2, 2)), joins=("n1", "n2")), "n9", NO),
+        # an open later round: its joins count, not the previous round's members
+        (snapshot(round_no=4, joins=("n1",), previous=("n1", "n2", "n3")), "n9", YES),
+        (snapshot(round_no=4, joins=("n1", "n2", "n3"), previous=("n1",)), "n9", NO),
+        # a running round: seats left by its members (join at the next round)
+        (snapshot(round_no=2, joins=("n1", "n2"), members=("n1", "n2")), "n9", YES),
+        (snapshot(round_no=2, joins=("n1", "n2", "n3"), members=("n1", "n2", "n3")), "n9", NO),
+        (snapshot(round_no=2, joins=("n1", "n2", "n3", "n4"), members=("n1",)), "n9", YES),
+    ],
+)
+def test_admit(snap: JobSnapshot, node: str, want: Admission) -> None:
+    assert ask(snap, node) == want
+
+
+@pytest.mark.parametrize(
+    "snap",
+    [snapshot(), snapshot(round_no=3, joins=("n1",)), snapshot(round_no=1, members=("n1",))],
+    ids=["pending", "restarting", "running"],
+)
+def test_node_wide_drain_joins_nothing(snap: JobSnapshot) -> None:
+    assert ask(snap) == YES
+    assert ask(snap, draining=True) == NO
+
+
+@pytest.mark.parametrize(
+    ("free", "total", "nproc", "unit", "note"),
+    [
+        (0, 8, 4, "GPUs", "n9 is waiting for 4 free GPUs (0 of 8 free now)"),
+        (3, 8, 4, "GPUs", "n9 is waiting for 4 free GPUs (3 of 8 free now)"),
+        (1, 2, 2, "CPU slots", "n9 is waiting for 2 free CPU slots (1 of 2 free now)"),
+        (0, 0, 1, "GPUs", "n9 is waiting for 1 free GPUs (0 of 0 free now)"),
+    ],
+)
+def test_not_enough_free_slots(free: int, total: int, nproc: int, unit: str, note: str) -> None:
+    snap = snapshot(spec=make_spec(nproc_per_node=nproc))
+    assert admit(snap, "n9", free, total, unit) == Admission(False, note)
+
+
+@pytest.mark.parametrize(("free", "nproc"), [(4, 4), (5, 4), (8, 1), (1, 1)])
+def test_enough_free_slots(free: int, nproc: int) -> None:
+    snap = snapshot(spec=make_spec(nproc_per_node=nproc))
+    assert admit(snap, "n9", free, 8, "GPUs") == YES
+
+
+@pytest.mark.parametrize(
+    "snap",
+    [
+        snapshot(joins=("n1", "n2", "n3")),  # no seat
+        snapshot(drains=("n9",)),
+        snapshot(spec=make_spec(nodes=("n1",))),
+        snapshot(final={"state": "FAILED", "reason": "x"}),
+    ],
+    ids=["full", "drained", "not-allowed", "final"],
+)
+def test_refusals_other_than_slots_carry_no_note(snap: JobSnapshot) -> None:
+    assert admit(snap, "n9", 0, 8, "GPUs") == NO

@@ -1,0 +1,253 @@
+"""elasticd.rendezvous.store.JobSnapshot.parse: one range read of ``jobs/<job>/`` into a snapshot."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from elasticd.etcd.client import KeyValue
+from elasticd.etcd.keys import Keys
+from elasticd.jobs.spec import EntryKind, JobSpec, NodeRange
+from elasticd.rendezvous.model import Join, Member, RoundInfo, RoundReason, RoundResult
+from elasticd.rendezvous.store import JobSnapshot
+
+JOB = "train-0a1b2c3d"
+KEYS = Keys()
+
+
+def make_spec(**overrides: Any) -> JobSpec:
+    fields: dict[str, Any] = {
+        "id": JOB,
+        "name": "train",
+        "entry_kind": EntryKind.SCRIPT,
+        "entry": "/home/u/train.py",
+        "args": ("--epochs", "2"),
+        "python": "/usr/bin/python3",
+        "cwd": "/home/u",
+        "env": {"PATH": "/usr/bin"},
+        "uid": 1000,
+        "gid": 1000,
+        "user": "u",
+        "nnodes": NodeRange(1, 3),
+        "nproc_per_node": 2,
+        "submitted_at": 1700000000.5,
+        "nodes": ("n1", "n2", "n3"),
+    }
+    return JobSpec(**(fields | overrides))
+
+
+class _Revs:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def next(self) -> int:
+        self.n += 1
+        return self.n
+
+
+def kv(rest: str, value: Any, create: int = 1, mod: int | None = None, keys: Keys = KEYS) -> KeyValue:
+    return KeyValue(keys.job(JOB) + rest, json.dumps(value).encode(), create, mod or create, 0)
+
+
+def result_json(round_no: int, *nodes: str) -> dict[str, Any]:
+    members = tuple(Member(n, f"h-{n}", i, 2 * i, 2) for i, n in enumerate(nodes))
+    return RoundResult(round_no, members, 2 * len(nodes), f"h-{nodes[0]}", 29500 + round_no, 5.0).to_json()
+
+
+def join_json(node: str) -> dict[str, Any]:
+    return Join(node, f"h-{node}", 29400, 2).to_json()
+
+
+def parse(kvs: list[KeyValue], keys: Keys = KEYS) -> JobSnapshot:
+    return JobSnapshot.parse(keys, JOB, kvs)
+
+
+def test_parse_nothing() -> None:
+    snap = parse([])
+    assert snap.job_id == JOB
+    assert snap.spec is None and snap.round is None and snap.final is None
+    assert (snap.round_mod, snap.restarts, snap.restarts_mod) == (0, 0, 0)
+    assert snap.results == {} and snap.joins == {} and snap.done == {} and snap.left == {}
+    assert snap.waiting == {} and snap.node_status == {} and snap.pending == {} and snap.drains == {}
+    assert snap.current == 0
+    assert snap.result is None
+    assert snap.current_joins == []
+    assert snap.previous_result is None
+    assert snap.last_join_revision == 0
+
+
+def test_parse_spec_round_and_restarts() -> None:
+    spec = make_spec()
+    info = RoundInfo(2, RoundReason.WORKER_FAILED, 50.0, ("n1", "n2"), "rank 1 failed", {"rank": 1}, 3.0)
+    snap = parse(
+        [
+            kv("spec", spec.to_json(), create=3),
+            kv("round", info.to_json(), create=3, mod=17),
+            kv("restarts", 1, create=3, mod=15),
+        ]
+    )
+    assert snap.spec == spec
+    assert snap.round == info
+    assert snap.round_mod == 17  # the round's mod revision is the fencing token for bumps
+    assert (snap.restarts, snap.restarts_mod) == (1, 15)
+    assert snap.current == 2
+
+
+def test_parse_final() -> None:
+    final = {"state": "FAILED", "reason": "no restarts left", "failure": None, "ended_at": 9.0}
+    assert parse([kv("final", final)]).final == final
+
+
+def test_parse_full_snapshot() -> None:
+    info = RoundInfo(2, RoundReason.SCALE_UP, 50.0, ("n1",))
+    kvs = [
+        kv("round", info.to_json(), create=2, mod=30),
+        kv("rdzv/1/result", result_json(1, "n1", "n2")),
+        kv("rdzv/1/join/n2", join_json("n2"), create=11),
+        kv("rdzv/1/join/n1", join_json("n1"), create=10),
+        kv("rdzv/1/done/n1", {"at": 1.0}),
+        kv("rdzv/2/left/n2", {"at": 2.0}),
+        kv("rdzv/2/left/n4", {"at": 2.5}),
+        # joins arrive in key order (by node name), not by create revision
+        kv("rdzv/2/join/n1", join_json("n1"), create=41),
+        kv("rdzv/2/join/n3", join_json("n3"), create=33),
+        kv("rdzv/2/join/n9", join_json("n9"), create=37),
+        kv("waiting/n3", {"at": 3.0}),
+        kv("nodes/n1", {"state": "RUNNING", "devices": "0,1", "pids": [11, 12]}),
+        kv("pending/n5", "n5 is waiting for 2 free GPUs (0 of 8 free now)"),
+        kv("pending/n6", 42),  # shown as text whatever it is
+        kv("drain/n2", {"grace_s": 30}),
+    ]
+    snap = parse(kvs)
+    assert snap.current == 2
+    assert snap.results == {1: RoundResult.from_json(result_json(1, "n1", "n2"))}
+    assert [x.node for x in snap.joins[1]] == ["n1", "n2"]
+    assert [(x.node, x.create_revision) for x in snap.joins[2]] == [("n3", 33), ("n9", 37), ("n1", 41)]
+    assert snap.joins[2][0] == Join("n3", "h-n3", 29400, 2, 33)
+    assert snap.done == {1: {"n1"}}
+    assert snap.left == {2: {"n2", "n4"}}
+    assert snap.waiting == {"n3": {"at": 3.0}}
+    assert snap.node_status == {"n1": {"state": "RUNNING", "devices": "0,1", "pids": [11, 12]}}
+    assert snap.pending == {"n5": "n5 is waiting for 2 free GPUs (0 of 8 free now)", "n6": "42"}
+    assert snap.drains == {"n2": {"grace_s": 30}}
+    # derived
+    assert snap.result is None  # round 2 is open
+    assert snap.current_joins == snap.joins[2]
+    assert snap.previous_result == snap.results[1]
+    assert snap.last_join_revision == 41
+
+
+def test_parse_running_round() -> None:
+    kvs = [
+        kv("round", RoundInfo(1, RoundReason.MEMBER_LOST, 0.0).to_json()),
+        kv("rdzv/0/result", result_json(0, "a", "b")),
+        kv("rdzv/1/join/b", join_json("b"), create=20),
+        kv("rdzv/1/result", result_json(1, "b")),
+    ]
+    snap = parse(kvs)
+    assert snap.result is not None and snap.result.nodes == ("b",)
+    assert snap.previous_result is not None and snap.previous_result.nodes == ("a", "b")
+    assert snap.last_join_revision == 20
+
+
+@pytest.mark.parametrize(
+    ("current", "rounds_with_results", "want_result", "want_previous"),
+    [
+        (0, [], None, None),
+        (0, [0], 0, None),
+        (1, [0], None, 0),
+        (3, [0, 1], None, 1),
+        (3, [1, 3], 3, 1),
+        (3, [0, 2, 3], 3, 2),
+        (2, [0, 1, 3], None, 1),  # a result for a later round is never "previous"
+        (5, [3], None, 3),  # history may have gaps (forgotten rounds)
+        (12, [2, 10, 11], None, 11),  # numeric, not string, order
+    ],
+)
+def test_result_and_previous_result(
+    current: int, rounds_with_results: list[int], want_result: int | None, want_previous: int | None
+) -> None:
+    kvs = [kv("round", RoundInfo(current, RoundReason.MEMBER_LOST, 0.0).to_json())]
+    kvs += [kv(f"rdzv/{r}/result", result_json(r, "a")) for r in rounds_with_results]
+    snap = parse(kvs)
+    assert (snap.result.round if snap.result else None) == want_result
+    assert (snap.previous_result.round if snap.previous_result else None) == want_previous
+
+
+def test_last_join_revision_counts_only_the_current_round() -> None:
+    kvs = [
+        kv("round", RoundInfo(1, RoundReason.SCALE_UP, 0.0).to_json()),
+        kv("rdzv/0/join/a", join_json("a"), create=90),
+        kv("rdzv/2/join/b", join_json("b"), create=95),  # a round that is not open (yet)
+        kv("rdzv/1/join/c", join_json("c"), create=50),
+        kv("rdzv/1/join/d", join_json("d"), create=60),
+    ]
+    snap = parse(kvs)
+    assert snap.last_join_revision == 60
+    assert [x.node for x in snap.current_joins] == ["c", "d"]
+
+
+def test_last_join_revision_without_current_joins() -> None:
+    kvs = [
+        kv("round", RoundInfo(3, RoundReason.SCALE_UP, 0.0).to_json()),
+        kv("rdzv/2/join/a", join_json("a"), create=90),
+    ]
+    snap = parse(kvs)
+    assert snap.current_joins == []
+    assert snap.last_join_revision == 0
+
+
+def test_current_joins_without_round_is_round_zero() -> None:
+    snap = parse([kv("rdzv/0/join/a", join_json("a"), create=4)])
+    assert snap.current == 0
+    assert [x.node for x in snap.current_joins] == ["a"]
+    assert snap.last_join_revision == 4
+
+
+def test_join_node_comes_from_the_value() -> None:
+    snap = parse([kv("rdzv/0/join/key-name", join_json("value-name"), create=4)])
+    assert snap.current_joins == [Join("value-name", "h-value-name", 29400, 2, 4)]
+
+
+@pytest.mark.parametrize(
+    "rest",
+    [
+        "unknown",
+        "spec/extra",
+        "rdzv/1/other/n1",
+        "rdzv/1/join",
+        "rdzv/1/join/n1/extra",
+        "waiting",
+        "waiting/n1/extra",
+        "nodes/n1/extra",
+        "drain",
+    ],
+)
+def test_unknown_keys_are_ignored(rest: str) -> None:
+    snap = parse([kv(rest, {"node": "n1"})])
+    assert snap == JobSnapshot(JOB)
+
+
+def test_parse_with_another_prefix() -> None:
+    keys = Keys("/custom/p")
+    info = RoundInfo(0, RoundReason.START, 0.0)
+    snap = parse(
+        [kv("round", info.to_json(), mod=3, keys=keys), kv("waiting/n2", {"at": 1}, keys=keys)], keys=keys
+    )
+    assert snap.round == info and snap.round_mod == 3
+    assert snap.waiting == {"n2": {"at": 1}}
+
+
+def test_parse_is_order_independent() -> None:
+    revs = _Revs()
+    kvs = [
+        kv("spec", make_spec().to_json(), create=revs.next()),
+        kv("round", RoundInfo(1, RoundReason.MEMBER_LOST, 0.0).to_json(), create=revs.next()),
+        kv("rdzv/0/result", result_json(0, "n1", "n2"), create=revs.next()),
+        *(kv(f"rdzv/1/join/{n}", join_json(n), create=revs.next()) for n in ("n2", "n3", "n1")),
+        kv("rdzv/0/done/n1", {"at": 1}, create=revs.next()),
+    ]
+    assert parse(kvs) == parse(list(reversed(kvs)))
+    assert [x.node for x in parse(list(reversed(kvs))).current_joins] == ["n2", "n3", "n1"]
