@@ -39,8 +39,10 @@ os.environ["PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"] = "python"
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 import etcd3
+import etcd3.etcdrpc
 import etcd3.events
 import etcd3.exceptions
+import etcd3.utils
 
 T = TypeVar("T")
 
@@ -81,6 +83,23 @@ class Compare:
     key: str
     target: str  # "create" | "mod"
     revision: int
+
+
+@dataclass(frozen=True)
+class Query:
+    """One range of a ``read_many``: a key, a prefix, or [key, end)."""
+
+    key: str
+    prefix: bool = False
+    end: str | None = None  # exclusive end of the range, instead of ``prefix``
+    oldest_only: bool = False  # only the key with the lowest create_revision
+    count_only: bool = False  # how many keys, not the keys
+
+
+@dataclass(frozen=True)
+class Found:
+    kvs: list[KeyValue]
+    count: int
 
 
 @dataclass(frozen=True)
@@ -207,6 +226,44 @@ class EtcdClient:
             return [
                 KeyValue(m.key.decode(), v, m.create_revision, m.mod_revision, m.lease_id)
                 for v, m in c.get_prefix(prefix, sort_order="ascend", sort_target="key")
+            ]
+
+        return self.call(op)
+
+    def read_many(self, queries: Sequence[Query]) -> list[Found]:
+        """Several ranges in one request, all at one revision (a read-only transaction)."""
+
+        def op(c: Any) -> list[Found]:
+            ops = []
+            for q in queries:
+                end = q.end if q.end is not None else None
+                if q.prefix:
+                    end = etcd3.utils.increment_last_byte(etcd3.utils.to_bytes(q.key))
+                request = c._build_get_range_request(
+                    q.key,
+                    range_end=end,
+                    sort_order="ascend" if q.oldest_only else None,
+                    sort_target="create" if q.oldest_only else "key",
+                    count_only=q.count_only,
+                )
+                if q.oldest_only:
+                    request.limit = 1  # (etcd3 0.12 accepts a limit argument but never sets it)
+                ops.append(etcd3.etcdrpc.RequestOp(request_range=request))
+            response = c.kvstub.Txn(
+                etcd3.etcdrpc.TxnRequest(compare=[], success=ops, failure=[]),
+                c.timeout,
+                credentials=c.call_credentials,
+                metadata=c.metadata,
+            )
+            return [
+                Found(
+                    [
+                        KeyValue(kv.key.decode(), kv.value, kv.create_revision, kv.mod_revision, kv.lease)
+                        for kv in r.response_range.kvs
+                    ],
+                    int(r.response_range.count),
+                )
+                for r in response.responses
             ]
 
         return self.call(op)

@@ -36,6 +36,9 @@ class Keys:
     def join(self, job_id: str, round_no: int, node: str) -> str:
         return f"{self.prefix}/jobs/{job_id}/rdzv/{round_no}/join/{node}"
 
+    def joins(self, job_id: str, round_no: int) -> str:
+        return f"{self.prefix}/jobs/{job_id}/rdzv/{round_no}/join/"
+
     def result(self, job_id: str, round_no: int) -> str:
         return f"{self.prefix}/jobs/{job_id}/rdzv/{round_no}/result"
 

@@ -26,13 +26,14 @@ from elasticd.node.liveness import LivenessMonitor
 from elasticd.node.registry import NodeRegistry
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.model import Join, RoundInfo, RoundReason, RoundResult
-from elasticd.rendezvous.store import JobSnapshot, JobStore
+from elasticd.rendezvous.store import Glance, JobSnapshot, JobStore
 from elasticd.workers.group import WorkerGroup
 
 _log = log.get("elasticd.agent")
 
 POLL_S = 1.0  # safety net under the watch
 ETCD_RETRY_S = 1.0
+LEADER_BATCH_S = 0.05
 
 
 class AgentState(StrEnum):
@@ -86,6 +87,7 @@ class JobAgent:
         self._leading = False  # whether we lead the round being filled
         self._monitor = LivenessMonitor(self._peer_dead)
         self._last_snap: JobSnapshot | None = None
+        self._glance: Glance | None = None
         self._seen_joins: tuple[str, ...] = ()
         self._last_join_at = time.time()
         self.task: asyncio.Task[None] | None = None
@@ -158,7 +160,13 @@ class JobAgent:
         return await asyncio.to_thread(fn, *args)
 
     async def _snapshot(self) -> tuple[JobSnapshot, set[str]]:
-        snap = await self._io(self._store.snapshot)
+        # A running member, or a joiner whose round just closed, needs how many joined, not who.
+        counted = None
+        if self.state in (AgentState.RUNNING, AgentState.DONE) and self.round >= 0:
+            counted = self.round
+        elif self._glance is not None and self._glance.closed and self._glance.round == self._joined_round:
+            counted = self._joined_round
+        snap = await self._io(self._store.snapshot, counted)
         alive = await self._io(self._alive_nodes)
         return snap, alive
 
@@ -236,6 +244,8 @@ class JobAgent:
                 return False
             self._fenced = False
             _log.warning("agent.fenced_rejoin", job=self.spec.id, node=self.node, round=self._fenced_round)
+        if await self._waiting_quietly():
+            return False
         snap, alive = await self._snapshot()
         self._last_snap = snap
         self._follow_peers(snap)
@@ -268,17 +278,17 @@ class JobAgent:
 
     # -- peers ---------------------------------------------------------------------------------------
     def _follow_peers(self, snap: JobSnapshot) -> None:
-        """While our workers run, watch the other members' daemons for a death (liveness)."""
+        """While our workers run, watch our ring neighbours' daemons for a death (liveness)."""
         result = snap.result
         running = self.group is not None and result is not None and self.node in result.nodes
         peers = {}
-        if running and snap.final is None:
-            peers = {j.node: (j.address, j.liveness_port) for j in snap.current_joins if j.node != self.node}
+        if running and snap.final is None and result is not None:
+            peers = {m.node: (m.address, m.liveness_port) for m in rdzv.ring_neighbours(result, self.node)}
         self._monitor.watch(peers)
 
     async def _peer_dead(self, node: str) -> None:
         snap = self._last_snap
-        join = next((j for j in snap.current_joins if j.node == node), None) if snap else None
+        join = await self._io(self._store.join_of, snap.current, node) if snap else None
         if join is None or not join.lease:
             return
         try:
@@ -287,6 +297,18 @@ class JobAgent:
         except EtcdUnavailable as exc:
             _log.warning("peer.revoke_failed", job=self.spec.id, node=node, error=str(exc))
         self.wake()
+
+    async def _waiting_quietly(self) -> bool:
+        """A node that joined an open round it does not lead only waits: it glances (one small
+        read) instead of reading the whole job, which would cost O(N) per node per wake-up."""
+        self._glance = None
+        if self.state is not AgentState.JOINING or self._leading or self._joined_round < 0 or self._leave:
+            return False
+        glance = self._glance = await self._io(self._store.glance, self._joined_round, self.node)
+        if not glance.quiet(self._joined_round, self.node):
+            return False
+        await self._sleep()
+        return True
 
     # -- open round ---------------------------------------------------------------------------------
     async def _take_part_in_open_round(self, snap: JobSnapshot, alive: set[str]) -> None:
@@ -347,6 +369,7 @@ class JobAgent:
             if await self._io(self._store.finalize, JobState.FAILED.value, decision.why, None):
                 _log.warning("job.failed", job=self.spec.id, reason=decision.why)
         else:
+            await asyncio.sleep(LEADER_BATCH_S)  # joins arriving together are then read together
             await self._sleep(decision.recheck_at)
 
     # -- running round without us --------------------------------------------------------------------
@@ -427,13 +450,19 @@ class JobAgent:
             if await self._io(self._store.finalize, JobState.SUCCEEDED.value, "", None):
                 _log.info("job.succeeded", job=self.spec.id, round=snap.current, restarts=snap.restarts)
             return
-        present = {j.node for j in snap.current_joins}
-        lost = [n for n in result.nodes if n not in present and n not in done and n != self.node]
-        if lost:
-            await self._event(
-                snap, result, alive, RoundReason.MEMBER_LOST, f"lost node(s) {', '.join(lost)}", None
-            )
-            return
+        counted = snap.join_counts.get(snap.current)
+        if counted is None or counted < len(result.nodes):  # a member's key may be gone
+            if counted is not None:  # read the joins to know whose
+                fresh = await self._io(self._store.snapshot)
+                if fresh.round_mod != snap.round_mod or fresh.final is not None:
+                    return  # the round moved meanwhile: the next step acts on the new one
+                snap = fresh
+            present = {j.node for j in snap.current_joins}
+            lost = [n for n in result.nodes if n not in present and n not in done and n != self.node]
+            if lost:
+                detail = f"lost node(s) {', '.join(lost)}"
+                await self._event(snap, result, alive, RoundReason.MEMBER_LOST, detail, None)
+                return
         newcomers = [n for n in snap.waiting if n in alive and n not in result.nodes]
         if newcomers and not done and len(result.members) < self.spec.nnodes.max:
             await self._event(

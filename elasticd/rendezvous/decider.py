@@ -33,7 +33,7 @@ def build_result(round_no: int, ordered: Sequence[Join], closed_at: float) -> Ro
     members = []
     offset = 0
     for group_rank, j in enumerate(ordered):
-        members.append(Member(j.node, j.address, group_rank, offset, j.local_world_size))
+        members.append(Member(j.node, j.address, group_rank, offset, j.local_world_size, j.liveness_port))
         offset += j.local_world_size
     return RoundResult(round_no, tuple(members), offset, ordered[0].address, ordered[0].port, closed_at)
 
@@ -110,6 +110,18 @@ def plan_bump(reason: RoundReason, restarts_used: int, max_restarts: int, detail
     if reason.spends_budget and restarts_used >= max_restarts:
         return BumpPlan(True, False, f"{detail}; no restarts left ({restarts_used} of {max_restarts} used)")
     return BumpPlan(False, reason.spends_budget, detail)
+
+
+def ring_neighbours(result: RoundResult, node: str) -> list[Member]:
+    """The members either side of ``node`` in group-rank order: each death is seen by two peers,
+    and each node watches at most two, whatever the size of the job."""
+    members = list(result.members)
+    index = next((i for i, m in enumerate(members) if m.node == node), None)
+    if index is None or len(members) < 2:
+        return []
+    around = {members[(index - 1) % len(members)].node: members[(index - 1) % len(members)]}
+    around[members[(index + 1) % len(members)].node] = members[(index + 1) % len(members)]
+    return [m for n, m in around.items() if n != node]
 
 
 def next_expect(

@@ -93,6 +93,7 @@ class Member:
     group_rank: int
     rank_offset: int  # global rank of this node's local rank 0
     local_world_size: int
+    liveness_port: int = 0
 
 
 @dataclass(frozen=True)

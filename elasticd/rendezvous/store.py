@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from elasticd.etcd.client import Compare, EtcdClient, KeyValue, Put
+from elasticd.etcd.client import Compare, EtcdClient, KeyValue, Put, Query
 from elasticd.etcd.keys import Keys
 from elasticd.jobs.spec import JobSpec
 from elasticd.rendezvous.model import Join, RoundInfo, RoundReason, RoundResult
@@ -41,6 +41,7 @@ class JobSnapshot:
     pending: dict[str, str] = field(default_factory=dict)
     drains: dict[str, dict[str, Any]] = field(default_factory=dict)  # nodes asked to leave this job
     last_join_revision: int = 0
+    join_counts: dict[int, int] = field(default_factory=dict)  # rounds whose joins were only counted
 
     @property
     def current(self) -> int:
@@ -99,14 +100,67 @@ class JobSnapshot:
         return snap
 
 
+@dataclass(frozen=True)
+class Glance:
+    """What a node waiting in an open round needs, read in one small request (O(1), not O(N))."""
+
+    round: int
+    ended: bool
+    closed: bool
+    leader: str | None
+    joined: bool
+
+    def quiet(self, round_no: int, node: str) -> bool:
+        """Nothing for ``node`` to do yet: the round is open, it joined, someone else leads."""
+        return (
+            self.round == round_no
+            and not self.ended
+            and not self.closed
+            and self.joined
+            and self.leader != node
+        )
+
+
 class JobStore:
     def __init__(self, etcd: EtcdClient, keys: Keys, job_id: str) -> None:
         self._etcd = etcd
         self._keys = keys
         self.job_id = job_id
 
-    def snapshot(self) -> JobSnapshot:
-        return JobSnapshot.parse(self._keys, self.job_id, self._etcd.get_prefix(self._keys.job(self.job_id)))
+    def snapshot(self, joins_counted_of: int | None = None) -> JobSnapshot:
+        """The whole job; with ``joins_counted_of=r``, round r's join keys are only counted
+        (a running member needs how many are left, not N records: O(1) instead of O(N))."""
+        prefix = self._keys.job(self.job_id)
+        if joins_counted_of is None:
+            return JobSnapshot.parse(self._keys, self.job_id, self._etcd.get_prefix(prefix))
+        joins = self._keys.joins(self.job_id, joins_counted_of)
+        after = joins[:-1] + chr(ord(joins[-1]) + 1)
+        end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        before, rest, counted = self._etcd.read_many(
+            [Query(prefix, end=joins), Query(after, end=end), Query(joins, prefix=True, count_only=True)]
+        )
+        snap = JobSnapshot.parse(self._keys, self.job_id, before.kvs + rest.kvs)
+        snap.join_counts[joins_counted_of] = counted.count
+        return snap
+
+    def glance(self, round_no: int, node: str) -> Glance:
+        k, j = self._keys, self.job_id
+        round_kv, final, result, oldest, mine = self._etcd.read_many(
+            [
+                Query(k.job_round(j)),
+                Query(k.job_final(j)),
+                Query(k.result(j, round_no)),
+                Query(k.joins(j, round_no), prefix=True, oldest_only=True),
+                Query(k.join(j, round_no, node)),
+            ]
+        )
+        return Glance(
+            round=int(round_kv.kvs[0].json()["round"]) if round_kv.kvs else -1,
+            ended=bool(final.kvs),
+            closed=bool(result.kvs),
+            leader=oldest.kvs[0].json()["node"] if oldest.kvs else None,
+            joined=bool(mine.kvs),
+        )
 
     # -- creation and the end ------------------------------------------------------------------
     def create(self, spec: JobSpec) -> bool:
@@ -158,6 +212,10 @@ class JobStore:
 
     def mark_done(self, round_no: int, node: str) -> None:
         self._etcd.put_json(self._keys.done(self.job_id, round_no, node), {"at": time.time()})
+
+    def join_of(self, round_no: int, node: str) -> Join | None:
+        kv = self._etcd.get(self._keys.join(self.job_id, round_no, node))
+        return Join.from_json(kv.json(), kv.create_revision, kv.lease) if kv is not None else None
 
     def revoke(self, lease: int) -> None:
         """Revoke a dead peer's lease: its keys go at once, as if its TTL had run out."""

@@ -18,6 +18,7 @@ from elasticd.rendezvous.decider import (
     next_expect,
     order_members,
     plan_bump,
+    ring_neighbours,
 )
 from elasticd.rendezvous.model import Join, Member, RoundInfo, RoundReason, RoundResult
 
@@ -392,3 +393,20 @@ def test_next_expect(
     result: RoundResult | None, alive: set[str], extra: tuple[str, ...], expected: tuple[str, ...]
 ) -> None:
     assert next_expect(result, alive, extra) == expected
+
+
+@pytest.mark.parametrize(
+    ("n", "node", "expected"),
+    [
+        (1, "m0", []),
+        (2, "m0", ["m1"]),
+        (3, "m0", ["m2", "m1"]),
+        (5, "m2", ["m1", "m3"]),
+        (5, "m4", ["m3", "m0"]),
+        (4, "zz", []),
+    ],
+)
+def test_ring_neighbours_watch_at_most_two(n: int, node: str, expected: list[str]) -> None:
+    members = tuple(Member(f"m{i}", "h", i, i, 1) for i in range(n))
+    result = RoundResult(0, members, n, "h", 1)
+    assert [m.node for m in ring_neighbours(result, node)] == expected

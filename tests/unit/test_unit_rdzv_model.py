@@ -170,6 +170,7 @@ def test_round_result_to_json() -> None:
         "group_rank": 1,
         "rank_offset": 4,
         "local_world_size": 2,
+        "liveness_port": 0,
     }
     assert {k: v for k, v in data.items() if k != "members"} == {
         "round": 3,
