@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -265,3 +266,30 @@ def alive_pid(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def start_cluster(
+    factory: Callable[..., DaemonProc], n: int, *flags: str, ttl: float = 3.0
+) -> list[DaemonProc]:
+    """``n`` daemons ("hosts") against the shared etcd, with node ids that sort in start order."""
+    tag = unique("h")
+    return [factory(f"{tag}-{i}", "--lease-ttl", str(ttl), "--slots", "2", *flags) for i in range(n)]
+
+
+def submit_job(d: DaemonProc, out: Path, *argv: str, env: dict[str, str] | None = None) -> str:
+    """``elasticctl submit`` through ``d``; workers get OUT=out. Returns the job id."""
+    res = d.ctl("submit", *argv, env=dict(os.environ, OUT=str(out)) | (env or {}))
+    assert res.returncode == 0, res.stderr
+    return res.stdout.splitlines()[0]
+
+
+def wait_round(out: Path, round_no: int, world: int, timeout_s: float = 30) -> list[dict[str, Any]]:
+    """Wait until ``world`` workers of ``round_no`` have started (tests/scripts/member.py)."""
+    return list(
+        wait_for(
+            lambda: len(r := worker_records(out, round_no)) == world and r,
+            timeout_s,
+            0.05,
+            f"{world} workers of round {round_no}",
+        )
+    )

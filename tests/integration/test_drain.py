@@ -11,36 +11,28 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import DaemonFactory
-from tests.support import REPO, DaemonProc, alive_pid, unique, wait_for, worker_records
+from tests.support import (
+    REPO,
+    DaemonProc,
+    alive_pid,
+    start_cluster,
+    submit_job,
+    wait_for,
+    wait_round,
+    worker_records,
+)
 
 SCRIPTS = REPO / "tests" / "scripts"
 EXAMPLE = REPO / "examples" / "elastic_train.py"
 TTL = 3.0
 
 
-def cluster(factory: DaemonFactory, n: int, *flags: str) -> list[DaemonProc]:
-    tag = unique("d")
-    return [factory(f"{tag}-{i}", "--lease-ttl", str(TTL), "--slots", "2", *flags) for i in range(n)]
-
-
-def submit(d: DaemonProc, out: Path, *argv: str, **env: str) -> str:
-    res = d.ctl("submit", *argv, env=dict(os.environ, OUT=str(out), **env))
-    assert res.returncode == 0, res.stderr
-    return res.stdout.splitlines()[0]
-
-
-def wait_world(out: Path, round_no: int, world: int, timeout_s: float = 30) -> None:
-    wait_for(
-        lambda: len(worker_records(out, round_no)) == world, timeout_s, 0.05, f"round {round_no} x{world}"
-    )
-
-
 def test_drain_refuses_below_min_then_force_and_undrain(
     daemon_factory: DaemonFactory, tmp_path: Path
 ) -> None:
-    a, b = cluster(daemon_factory, 2)
-    job = submit(a, tmp_path, "--nnodes", "2", str(SCRIPTS / "member.py"))
-    wait_world(tmp_path, 0, 2)
+    a, b = start_cluster(daemon_factory, 2)
+    job = submit_job(a, tmp_path, "--nnodes", "2", str(SCRIPTS / "member.py"))
+    wait_round(tmp_path, 0, 2)
     refused = a.ctl("drain", b.node_id)
     assert refused.returncode == 3 and "below their minimum" in refused.stderr and "--force" in refused.stderr
     assert not worker_records(tmp_path, 1)
@@ -53,16 +45,16 @@ def test_drain_refuses_below_min_then_force_and_undrain(
     time.sleep(1.0)
     assert not worker_records(tmp_path, 1)  # 1 of 2: waits for a node
     assert b.ctl("undrain", b.node_id).returncode == 0
-    wait_world(tmp_path, 1, 2)
+    wait_round(tmp_path, 1, 2)
     assert a.job(job)["restarts"] == 0
     (tmp_path / "finish").touch()
     assert a.wait_state(job, ("SUCCEEDED", "FAILED"))["state"] == "SUCCEEDED"
 
 
 def test_drained_node_takes_no_new_job_and_job_drain(daemon_factory: DaemonFactory, tmp_path: Path) -> None:
-    a, b = cluster(daemon_factory, 2)
+    a, b = start_cluster(daemon_factory, 2)
     assert a.ctl("drain", b.node_id).returncode == 0
-    held = submit(b, tmp_path, str(SCRIPTS / "sleeper.py"))  # single-node: pinned to b
+    held = submit_job(b, tmp_path, str(SCRIPTS / "sleeper.py"))  # single-node: pinned to b
     time.sleep(1.5)
     assert a.job(held)["state"] == "PENDING"
     assert b.ctl("undrain", b.node_id).returncode == 0
@@ -71,10 +63,10 @@ def test_drained_node_takes_no_new_job_and_job_drain(daemon_factory: DaemonFacto
 
     out = tmp_path / "elastic"
     out.mkdir()
-    job = submit(a, out, "--nnodes", "1:2", "--last-call", "1", str(SCRIPTS / "member.py"))
-    wait_world(out, 0, 2)
+    job = submit_job(a, out, "--nnodes", "1:2", "--last-call", "1", str(SCRIPTS / "member.py"))
+    wait_round(out, 0, 2)
     assert a.ctl("drain", b.node_id, "--job", job).returncode == 0
-    wait_world(out, 1, 1)
+    wait_round(out, 1, 1)
     time.sleep(1.0)
     assert b.call("nodes")["nodes"] and not worker_records(out, 2)  # b stays out of this job only
     (out / "finish").touch()
@@ -82,13 +74,13 @@ def test_drained_node_takes_no_new_job_and_job_drain(daemon_factory: DaemonFacto
 
 
 def test_sigterm_drains_the_node_before_exit(daemon_factory: DaemonFactory, tmp_path: Path) -> None:
-    ds = cluster(daemon_factory, 3)
-    job = submit(ds[0], tmp_path, "--nnodes", "1:3", "--last-call", "1", str(SCRIPTS / "member.py"))
-    wait_world(tmp_path, 0, 3)
+    ds = start_cluster(daemon_factory, 3)
+    job = submit_job(ds[0], tmp_path, "--nnodes", "1:3", "--last-call", "1", str(SCRIPTS / "member.py"))
+    wait_round(tmp_path, 0, 3)
     t0 = time.monotonic()
     assert ds[2].stop(30) == 0
     assert time.monotonic() - t0 < 10
-    wait_world(tmp_path, 1, 2, timeout_s=10)
+    wait_round(tmp_path, 1, 2, timeout_s=10)
     view = ds[0].job(job)
     assert view["restarts"] == 0 and view["world_size"] == 2
     bumps = [e for d in ds for e in d.events("round.bumped")]
@@ -142,11 +134,11 @@ def progress(path: Path) -> int:
 def test_drain_scale_up_drain_loses_no_step(daemon_factory: DaemonFactory, tmp_path: Path) -> None:
     pytest.importorskip("torch")
     steps = 240
-    a, b, c = cluster(daemon_factory, 3, "--stop-grace", "20")
+    a, b, c = start_cluster(daemon_factory, 3, "--stop-grace", "20")
     book = tmp_path / "ledger"
     ckpt = tmp_path / "ckpt.pt"
     args = ["--steps", str(steps), "--checkpoint", str(ckpt), "--every", "100000", "--step-time", "0.05"]
-    job = submit(
+    job = submit_job(
         a, tmp_path, "--nnodes", "1:3", "--last-call", "1", str(EXAMPLE), "--", *args, LEDGER=str(book)
     )
 
@@ -181,7 +173,9 @@ def test_worker_crash_loses_only_steps_since_checkpoint(daemon: DaemonProc, tmp_
     book = tmp_path / "ledger"
     ckpt = tmp_path / "ckpt.pt"
     args = ["--steps", str(steps), "--checkpoint", str(ckpt), "--every", str(every), "--step-time", "0.03"]
-    job = submit(daemon, tmp_path, "--nproc-per-node", "2", str(EXAMPLE), "--", *args, LEDGER=str(book))
+    job = submit_job(
+        daemon, tmp_path, "--nproc-per-node", "2", str(EXAMPLE), "--", *args, env={"LEDGER": str(book)}
+    )
     wait_for(lambda: progress(book) >= 45, 90, 0.1, "45 steps")
     victim = daemon.job(job)["pids"][1]
     os.kill(victim, signal.SIGKILL)

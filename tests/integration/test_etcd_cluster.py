@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +10,15 @@ import pytest
 
 from tests.conftest import DaemonFactory
 from tests.etcd_cluster import EtcdCluster
-from tests.support import REPO, DaemonProc, alive_pid, etcd_available, unique, wait_for, worker_records
+from tests.support import (
+    REPO,
+    alive_pid,
+    etcd_available,
+    submit_job,
+    unique,
+    wait_for,
+    wait_round,
+)
 
 SCRIPTS = REPO / "tests" / "scripts"
 
@@ -28,23 +35,6 @@ def etcd_cluster(tmp_path: Path) -> Iterator[EtcdCluster]:
         pids = cluster.pids()
         cluster.stop()
     assert not [pid for pid in pids if alive_pid(pid)], "etcd members left running"
-
-
-def submit(d: DaemonProc, out: Path, *argv: str) -> str:
-    res = d.ctl("submit", *argv, env=dict(os.environ, OUT=str(out)), cwd=out)
-    assert res.returncode == 0, res.stderr
-    return res.stdout.splitlines()[0]
-
-
-def wait_round(out: Path, round_no: int, world: int, timeout_s: float = 30) -> list[dict[str, object]]:
-    return list(
-        wait_for(
-            lambda: len(r := worker_records(out, round_no)) == world and r,
-            timeout_s,
-            0.05,
-            f"{world} workers of round {round_no}",
-        )
-    )
 
 
 @pytest.mark.timeout(90)
@@ -76,7 +66,7 @@ def test_job_survives_loss_of_the_etcd_member_in_use(
         assert d.call("ping")["etcd"] == endpoints
     out = tmp_path / "out"
     out.mkdir()
-    job = submit(ds[0], out, "--nnodes", "2", str(SCRIPTS / "member.py"))
+    job = submit_job(ds[0], out, "--nnodes", "2", str(SCRIPTS / "member.py"))
     first = wait_round(out, 0, 2)
     assert {r["ELASTICD_OWNER"] for r in first} == {d.node_id for d in ds}
     pids = [int(str(r["pid"])) for r in first]

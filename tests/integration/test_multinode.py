@@ -13,33 +13,19 @@ from typing import Any
 import pytest
 
 from tests.conftest import DaemonFactory
-from tests.support import REPO, DaemonProc, alive_pid, unique, wait_for, worker_records
+from tests.support import (
+    REPO,
+    alive_pid,
+    start_cluster,
+    submit_job,
+    unique,
+    wait_for,
+    wait_round,
+    worker_records,
+)
 
 SCRIPTS = REPO / "tests" / "scripts"
 TTL = 3.0
-
-
-def cluster(factory: DaemonFactory, n: int, *flags: str) -> list[DaemonProc]:
-    tag = unique("h")
-    return [factory(f"{tag}-{i}", "--lease-ttl", str(TTL), "--slots", "2", *flags) for i in range(n)]
-
-
-def submit(d: DaemonProc, out: Path, *argv: str, env: dict[str, str] | None = None) -> str:
-    full = dict(os.environ, OUT=str(out)) | (env or {})
-    res = d.ctl("submit", *argv, env=full)
-    assert res.returncode == 0, res.stderr
-    return res.stdout.splitlines()[0]
-
-
-def wait_round(out: Path, round_no: int, world: int, timeout_s: float = 30) -> list[dict[str, Any]]:
-    return list(
-        wait_for(
-            lambda: len(r := worker_records(out, round_no)) == world and r,
-            timeout_s,
-            0.05,
-            f"{world} workers of round {round_no}",
-        )
-    )
 
 
 def assert_agreement(records: list[dict[str, Any]]) -> None:
@@ -63,8 +49,8 @@ def test_agreement_and_real_allreduce_across_daemons(
     daemon_factory: DaemonFactory, tmp_path: Path, n: int
 ) -> None:
     pytest.importorskip("torch")
-    ds = cluster(daemon_factory, n)
-    job = submit(ds[0], tmp_path, "--nnodes", f"1:{n}", "--nproc-per-node", "1", "--last-call", "30",
+    ds = start_cluster(daemon_factory, n)
+    job = submit_job(ds[0], tmp_path, "--nnodes", f"1:{n}", "--nproc-per-node", "1", "--last-call", "30",
                  str(SCRIPTS / "allreduce.py"))  # fmt: skip
     results = wait_for(
         lambda: len(list(tmp_path.glob("ar.*.json"))) == n, 120, 0.2, "every rank's all_reduce"
@@ -87,9 +73,9 @@ def test_agreement_and_real_allreduce_across_daemons(
 def test_last_call_closes_with_min_and_join_timeout_fails(
     daemon_factory: DaemonFactory, tmp_path: Path
 ) -> None:
-    a, b = cluster(daemon_factory, 2)
+    a, b = start_cluster(daemon_factory, 2)
     t0 = time.monotonic()
-    job = submit(a, tmp_path, "--nnodes", "1:3", "--last-call", "1.5", str(SCRIPTS / "member.py"))
+    job = submit_job(a, tmp_path, "--nnodes", "1:3", "--last-call", "1.5", str(SCRIPTS / "member.py"))
     records = wait_round(tmp_path, 0, 2)
     took = time.monotonic() - t0
     assert_agreement(records)
@@ -101,15 +87,15 @@ def test_last_call_closes_with_min_and_join_timeout_fails(
 
     out2 = tmp_path / "fixed"
     out2.mkdir()
-    job2 = submit(b, out2, "--nnodes", "3", "--join-timeout", "3", str(SCRIPTS / "member.py"))
+    job2 = submit_job(b, out2, "--nnodes", "3", "--join-timeout", "3", str(SCRIPTS / "member.py"))
     failed = a.wait_state(job2, ("FAILED",), 20)
     assert "only 2 of the 3 nodes needed joined within 3s" in failed["reason"]
     assert not worker_records(out2, 0)
 
 
 def test_node_loss_elastic_job_shrinks_and_completes(daemon_factory: DaemonFactory, tmp_path: Path) -> None:
-    ds = cluster(daemon_factory, 3)
-    job = submit(ds[0], tmp_path, "--nnodes", "1:3", "--last-call", "1", str(SCRIPTS / "member.py"))
+    ds = start_cluster(daemon_factory, 3)
+    job = submit_job(ds[0], tmp_path, "--nnodes", "1:3", "--last-call", "1", str(SCRIPTS / "member.py"))
     first = wait_round(tmp_path, 0, 3)
     assert_agreement(first)
     order = node_order(first)
@@ -135,8 +121,8 @@ def test_node_loss_elastic_job_shrinks_and_completes(daemon_factory: DaemonFacto
 
 
 def test_fixed_size_job_waits_for_a_replacement(daemon_factory: DaemonFactory, tmp_path: Path) -> None:
-    ds = cluster(daemon_factory, 3)
-    job = submit(ds[0], tmp_path, "--nnodes", "3", "--join-timeout", "60", str(SCRIPTS / "member.py"))
+    ds = start_cluster(daemon_factory, 3)
+    job = submit_job(ds[0], tmp_path, "--nnodes", "3", "--join-timeout", "60", str(SCRIPTS / "member.py"))
     wait_round(tmp_path, 0, 3)
     ds[2].kill9()
     wait_for(lambda: ds[0].job(job)["state"] == "RESTARTING", TTL + 5, 0.1, "the loss to be noticed")
@@ -151,8 +137,8 @@ def test_fixed_size_job_waits_for_a_replacement(daemon_factory: DaemonFactory, t
 
 
 def test_scale_up_joins_at_the_next_round(daemon_factory: DaemonFactory, tmp_path: Path) -> None:
-    ds = cluster(daemon_factory, 3)
-    job = submit(ds[1], tmp_path, "--nnodes", "1:4", "--last-call", "1", str(SCRIPTS / "member.py"))
+    ds = start_cluster(daemon_factory, 3)
+    job = submit_job(ds[1], tmp_path, "--nnodes", "1:4", "--last-call", "1", str(SCRIPTS / "member.py"))
     first = wait_round(tmp_path, 0, 3)
     newcomer = daemon_factory(unique("late"), "--lease-ttl", str(TTL), "--slots", "2")
     second = wait_round(tmp_path, 1, 4, timeout_s=20)
@@ -165,8 +151,8 @@ def test_scale_up_joins_at_the_next_round(daemon_factory: DaemonFactory, tmp_pat
 
 
 def test_concurrent_failures_bump_once_and_spend_once(daemon_factory: DaemonFactory, tmp_path: Path) -> None:
-    ds = cluster(daemon_factory, 3)
-    job = submit(ds[0], tmp_path, "--nnodes", "3", "--max-restarts", "5", str(SCRIPTS / "member.py"),
+    ds = start_cluster(daemon_factory, 3)
+    job = submit_job(ds[0], tmp_path, "--nnodes", "3", "--max-restarts", "5", str(SCRIPTS / "member.py"),
                  env={"FAIL_ON_ROUND": "0", "FAIL_AFTER": "0.5"})  # fmt: skip
     wait_round(tmp_path, 0, 3)
     second = wait_round(tmp_path, 1, 3, timeout_s=20)
@@ -183,8 +169,8 @@ def test_concurrent_failures_bump_once_and_spend_once(daemon_factory: DaemonFact
 
 
 def test_frozen_daemon_is_fenced_and_rejoins(daemon_factory: DaemonFactory, tmp_path: Path) -> None:
-    ds = cluster(daemon_factory, 3)
-    job = submit(ds[0], tmp_path, "--nnodes", "1:3", "--last-call", "1", str(SCRIPTS / "member.py"))
+    ds = start_cluster(daemon_factory, 3)
+    job = submit_job(ds[0], tmp_path, "--nnodes", "1:3", "--last-call", "1", str(SCRIPTS / "member.py"))
     first = wait_round(tmp_path, 0, 3)
     frozen = ds[2]
     frozen_pids = [r["pid"] for r in first if r["ELASTICD_OWNER"] == frozen.node_id]

@@ -11,27 +11,25 @@ from elasticd.jobs.spec import EntryKind, JobSpec, NodeRange
 from elasticd.rendezvous.decider import build_result
 from elasticd.rendezvous.model import Join, RoundInfo, RoundReason
 from elasticd.rendezvous.store import JobSnapshot
+from tests import fakes
 
 JOB = "train-0a1b2c3d"
 
 
 def make_spec(**overrides: Any) -> JobSpec:
-    fields: dict[str, Any] = {
-        "id": JOB,
-        "name": "train",
-        "entry_kind": EntryKind.MODULE,
-        "entry": "pkg.train",
-        "args": (),
-        "python": "/usr/bin/python3",
-        "cwd": "/home/u",
-        "env": {},
-        "uid": 1000,
-        "gid": 1000,
-        "user": "u",
-        "nnodes": NodeRange(1, 3),
-        "nproc_per_node": 4,
-    }
-    return JobSpec(**(fields | overrides))
+    return fakes.make_spec(
+        **(
+            {
+                "entry_kind": EntryKind.MODULE,
+                "entry": "pkg.train",
+                "args": (),
+                "nnodes": NodeRange(1, 3),
+                "nproc_per_node": 4,
+                "submitted_at": 0.0,
+            }
+            | overrides
+        )
+    )
 
 
 def _join(node: str, rev: int) -> Join:

@@ -9,33 +9,19 @@ import pytest
 
 from elasticd.etcd.client import KeyValue
 from elasticd.etcd.keys import Keys
-from elasticd.jobs.spec import EntryKind, JobSpec, NodeRange
+from elasticd.jobs.spec import JobSpec, NodeRange
 from elasticd.rendezvous.model import Join, Member, RoundInfo, RoundReason, RoundResult
 from elasticd.rendezvous.store import JobSnapshot
+from tests import fakes
 
 JOB = "train-0a1b2c3d"
 KEYS = Keys()
 
 
 def make_spec(**overrides: Any) -> JobSpec:
-    fields: dict[str, Any] = {
-        "id": JOB,
-        "name": "train",
-        "entry_kind": EntryKind.SCRIPT,
-        "entry": "/home/u/train.py",
-        "args": ("--epochs", "2"),
-        "python": "/usr/bin/python3",
-        "cwd": "/home/u",
-        "env": {"PATH": "/usr/bin"},
-        "uid": 1000,
-        "gid": 1000,
-        "user": "u",
-        "nnodes": NodeRange(1, 3),
-        "nproc_per_node": 2,
-        "submitted_at": 1700000000.5,
-        "nodes": ("n1", "n2", "n3"),
-    }
-    return JobSpec(**(fields | overrides))
+    return fakes.make_spec(
+        **({"env": {"PATH": "/usr/bin"}, "nnodes": NodeRange(1, 3), "nodes": ("n1", "n2", "n3")} | overrides)
+    )
 
 
 class _Revs:

@@ -6,37 +6,24 @@ from typing import Any
 
 import pytest
 
-from elasticd.jobs.spec import EntryKind, JobSpec, NodeRange
+from elasticd.jobs.spec import JobSpec, NodeRange
 from elasticd.jobs.state import JobState, WorkerFailure
 from elasticd.jobs.view import job_state, job_view
 from elasticd.rendezvous.decider import build_result
 from elasticd.rendezvous.model import Join, RoundInfo, RoundReason
 from elasticd.rendezvous.store import JobSnapshot
+from tests import fakes
 
 JOB = "train-0a1b2c3d"
 
 
 def make_spec(**overrides: Any) -> JobSpec:
-    fields: dict[str, Any] = {
-        "id": JOB,
-        "name": "train",
-        "entry_kind": EntryKind.SCRIPT,
-        "entry": "/home/u/train.py",
-        "args": ("--epochs", "2"),
-        "python": "/usr/bin/python3",
-        "cwd": "/home/u",
-        "env": {},
-        "uid": 1000,
-        "gid": 1000,
-        "user": "u",
-        "nnodes": NodeRange(2, 3),
-        "nproc_per_node": 2,
-        "max_restarts": 5,
-        "submitted_at": 1700000000.5,
-        "submitted_on": "n1",
-        "nodes": ("n1", "n2", "n3"),
-    }
-    return JobSpec(**(fields | overrides))
+    return fakes.make_spec(
+        **(
+            {"nnodes": NodeRange(2, 3), "max_restarts": 5, "submitted_on": "n1", "nodes": ("n1", "n2", "n3")}
+            | overrides
+        )
+    )
 
 
 FAILURE = WorkerFailure.from_exit(

@@ -9,6 +9,7 @@ import pytest
 
 from elasticd.errors import InvalidSpec
 from elasticd.jobs.spec import EntryKind, JobSpec, NodeRange, new_job_id
+from tests import fakes
 
 
 @pytest.mark.parametrize(
@@ -42,25 +43,17 @@ def test_new_job_id_is_name_plus_random_suffix() -> None:
 
 
 def make_spec(**overrides: Any) -> JobSpec:
-    fields: dict[str, Any] = {
-        "id": "train-0a1b2c3d",
-        "name": "train",
-        "entry_kind": EntryKind.SCRIPT,
-        "entry": "/home/u/train.py",
-        "args": ("--epochs", "2"),
-        "python": "/usr/bin/python3",
-        "cwd": "/home/u",
-        "env": {"PATH": "/usr/bin", "MY_VAR_1": "x"},
-        "uid": 1000,
-        "gid": 1000,
-        "user": "u",
-        "nnodes": NodeRange(1, 2),
-        "nproc_per_node": 4,
-        "max_restarts": 3,
-        "stop_grace_s": 5.0,
-        "submitted_at": 1700000000.5,
-    }
-    return JobSpec(**(fields | overrides))
+    return fakes.make_spec(
+        **(
+            {
+                "env": {"PATH": "/usr/bin", "MY_VAR_1": "x"},
+                "nproc_per_node": 4,
+                "max_restarts": 3,
+                "stop_grace_s": 5.0,
+            }
+            | overrides
+        )
+    )
 
 
 def test_valid_spec() -> None:
