@@ -189,3 +189,38 @@ def test_worker_crash_loses_only_steps_since_checkpoint(daemon: DaemonProc, tmp_
     assert done[first_resume] % every == 0
     assert final_weights(ckpt) == pytest.approx(reference_weights(steps), rel=1e-4, abs=1e-5)
     assert not alive_pid(victim)
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(240)
+def test_worker_helper_runs_under_plain_torchrun(tmp_path: Path) -> None:
+    """The same script and helper under torchrun: SIGTERM to the agent stops every rank after the
+    same step with a checkpoint, and a second run resumes from it and finishes."""
+    import subprocess
+
+    pytest.importorskip("torch")
+    torchrun = Path(sys.executable).parent / "torchrun"
+    if not torchrun.exists():
+        pytest.skip("torchrun not installed next to this python")
+    book, ckpt = tmp_path / "ledger", tmp_path / "ckpt.pt"
+    argv = [str(torchrun), "--standalone", "--nproc-per-node", "2", str(EXAMPLE), "--steps", "400",
+            "--checkpoint", str(ckpt), "--every", "100000", "--step-time", "0.05"]  # fmt: skip
+    env = dict(os.environ, LEDGER=str(book))
+    proc = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        wait_for(lambda: progress(book) >= 20, 120, 0.1, "20 steps under torchrun")
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    import torch
+
+    stopped_at = torch.load(ckpt, weights_only=False)["step"]
+    assert stopped_at == progress(book)  # the checkpoint holds every completed step
+    argv[argv.index("400")] = str(stopped_at + 10)
+    subprocess.run(argv, env=env, check=True, timeout=180, capture_output=True)
+    assert [s for s, _ in ledger(book)] == list(range(stopped_at + 10))

@@ -215,3 +215,16 @@ def test_frozen_daemon_is_fenced_and_rejoins(daemon_factory: DaemonFactory, tmp_
     assert not overlaps, overlaps[:3]
     (tmp_path / "finish").touch()
     assert ds[0].wait_state(job, ("SUCCEEDED", "FAILED"))["state"] == "SUCCEEDED"
+
+
+def test_nodes_restricts_who_takes_part(daemon_factory: DaemonFactory, tmp_path: Path) -> None:
+    ds = start_cluster(daemon_factory, 3)
+    allowed = f"{ds[0].node_id},{ds[2].node_id}"
+    job = submit_job(ds[1], tmp_path, "--nnodes", "1:3", "--last-call", "1", "--nodes", allowed,
+                     str(SCRIPTS / "member.py"))  # fmt: skip
+    records = wait_round(tmp_path, 0, 2)
+    assert {r["ELASTICD_OWNER"] for r in records} == {ds[0].node_id, ds[2].node_id}
+    time.sleep(1.0)
+    assert ds[1].job(job)["allowed_nodes"] == allowed.split(",") and not worker_records(tmp_path, 1)
+    (tmp_path / "finish").touch()
+    assert ds[1].wait_state(job, ("SUCCEEDED", "FAILED"))["state"] == "SUCCEEDED"

@@ -1,0 +1,32 @@
+"""Boundaries a user relies on: the daemon never imports torch; where the socket lives."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from elasticd.control import address
+
+
+def test_daemon_and_cli_do_not_import_torch() -> None:
+    code = (
+        "import sys, elasticd.daemon.app, elasticd.daemon.main, elasticctl.cli; print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_socket_path_env_root_and_user(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ELASTICD_SOCKET", "/tmp/x.sock")
+    assert address.default_socket_path() == Path("/tmp/x.sock")
+    monkeypatch.delenv("ELASTICD_SOCKET")
+    monkeypatch.setattr(address.os, "geteuid", lambda: 0)
+    assert address.default_socket_path() == Path("/run/elasticd/control.sock")
+    monkeypatch.setattr(address.os, "geteuid", lambda: 1000)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/1000")
+    assert address.default_socket_path() == Path("/run/user/1000/elasticd/control.sock")
+    monkeypatch.delenv("XDG_RUNTIME_DIR")
+    assert address.default_socket_path() == Path("/tmp/elasticd-1000/control.sock")
