@@ -210,7 +210,10 @@ def test_console_logs_on_a_tty_and_bad_config_exit_2(tmp_path: Path) -> None:
         text=True,
         env=dict(os.environ, ELASTICD_NODE_ID="from-env"),
     )
-    time.sleep(2)
-    proc.kill()
-    proc.communicate(timeout=10)
-    assert (tmp_path / "gst" / "node_id").read_text().strip() == "from-env"
+    memo = tmp_path / "gst" / "node_id"
+    try:  # the node id is settled (env beats file) before etcd is even tried
+        wait_for(lambda: memo.exists() and memo.read_text().strip(), 30, 0.05, "the node id to be written")
+    finally:
+        proc.kill()
+        proc.communicate(timeout=10)
+    assert memo.read_text().strip() == "from-env"
