@@ -18,8 +18,12 @@ fi
 stamp="$venv/.elasticd-$extras.stamp"
 want="$(cat "$repo/pyproject.toml" "$repo/packaging/constraints.txt" | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-        -c "$repo/packaging/constraints.txt" -e "$repo[$extras]"
+    log="$venv/pip-install.log"
+    echo "setting up $venv (log: $log)" >&2
+    {
+        "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip &&
+        "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+            -c "$repo/packaging/constraints.txt" -e "$repo[$extras]"
+    } > "$log" 2>&1 || { cat "$log" >&2; exit 1; }
     echo "$want" > "$stamp"
 fi
