@@ -235,26 +235,9 @@ class NetnsDaemon(DaemonProc):
 
     netns: str = ""
 
-    def start(self, wait: bool = True) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        argv = [
-            "ip", "netns", "exec", self.netns,
-            PYTHON, "-m", "elasticd",
-            "--socket", str(self.socket),
-            "--state-dir", str(self.state_dir),
-            "--log-dir", str(self.log_dir),
-            "--node-id", self.node_id,
-            "--log-format", "json",
-            *self.args,
-        ]  # fmt: skip
-        err = open(self.stderr_path, "ab")  # noqa: SIM115 - handed to the child
-        try:
-            # `ip netns exec` execs the command: the pid is the daemon's, and signals reach it.
-            self.proc = subprocess.Popen(argv, stdout=err, stderr=err, env=self.env, cwd=self.root)
-        finally:
-            err.close()
-        if wait:
-            wait_for(self.answers, 30, 0.1, f"daemon {self.node_id} to answer")
+    def launcher(self) -> list[str]:
+        # `ip netns exec` execs the command: the pid is the daemon's, and signals reach it.
+        return ["ip", "netns", "exec", self.netns]
 
 
 def processes_mentioning(text: str) -> list[psutil.Process]:

@@ -149,9 +149,14 @@ class DaemonProc:
     def log_dir(self) -> Path:
         return self.root / "logs"
 
+    def launcher(self) -> list[str]:
+        """What runs the daemon's command (nothing here; ``ip netns exec NS`` in tests/netns.py)."""
+        return []
+
     def start(self, wait: bool = True) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         argv = [
+            *self.launcher(),
             PYTHON, "-m", "elasticd",
             "--socket", str(self.socket),
             "--state-dir", str(self.state_dir),
