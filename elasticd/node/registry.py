@@ -50,6 +50,7 @@ class NodeRegistry:
         self.on_lost: Callable[[], None] = lambda: None
         self.on_granted: Callable[[], None] = lambda: None
         self._dirty = asyncio.Event()
+        self._published: dict[str, Any] | None = None  # the record as last written
 
     @property
     def margin_s(self) -> float:
@@ -76,7 +77,9 @@ class NodeRegistry:
     async def _register(self) -> None:
         sent = time.monotonic()
         lease = await asyncio.to_thread(self._etcd.grant_lease, self.ttl_s)
-        await asyncio.to_thread(self._etcd.put_json, self._keys.node(self.node_id), self.full_record(), lease)
+        record = self.full_record()
+        await asyncio.to_thread(self._etcd.put_json, self._keys.node(self.node_id), record, lease)
+        self._published = record
         self.lease_id = lease
         self._extend(sent, self.ttl_s)
         _log.info("lease.granted", node=self.node_id, lease=lease, ttl_s=self.ttl_s)
@@ -92,13 +95,16 @@ class NodeRegistry:
         self._dirty.set()
 
     async def run(self) -> None:
-        """Keep the lease alive and the record current until cancelled."""
+        """Keep the lease alive every TTL/4, and re-publish the record only when it changed.
+
+        (Publishing on every request would feed back: our own watch sees ``nodes/`` change and
+        wakes the job scan, which asks to publish again.)"""
         interval = self.ttl_s / 4
         failing_since: float | None = None
+        next_keepalive = time.monotonic() + interval
         while True:
             if failing_since is None:  # while failing, retry at once (after a short pause below)
-                await wait_event(self._dirty, interval)
-            changed = self._dirty.is_set()
+                await wait_event(self._dirty, max(0.0, next_keepalive - time.monotonic()))
             self._dirty.clear()
             if self.lease_id is not None and time.monotonic() >= self.deadline:
                 self._lost("deadline passed without a keep-alive")
@@ -106,18 +112,23 @@ class NodeRegistry:
                 if self.lease_id is None:
                     await self._register()
                     failing_since = None
+                    next_keepalive = time.monotonic() + interval
                     continue
-                sent = time.monotonic()
-                remaining = await asyncio.to_thread(self._etcd.refresh_lease, self.lease_id)
-                if remaining <= 0:
-                    self._lost("etcd says the lease expired")
-                    await self._register()
-                    continue
-                self._extend(sent, remaining)
-                if changed:
+                if time.monotonic() >= next_keepalive or failing_since is not None:
+                    sent = time.monotonic()
+                    remaining = await asyncio.to_thread(self._etcd.refresh_lease, self.lease_id)
+                    if remaining <= 0:
+                        self._lost("etcd says the lease expired")
+                        await self._register()
+                        continue
+                    self._extend(sent, remaining)
+                    next_keepalive = sent + interval
+                record = self.full_record()
+                if record != self._published:
                     await asyncio.to_thread(
-                        self._etcd.put_json, self._keys.node(self.node_id), self.full_record(), self.lease_id
+                        self._etcd.put_json, self._keys.node(self.node_id), record, self.lease_id
                     )
+                    self._published = record
                 if failing_since is not None:
                     _log.info(
                         "lease.refresh_ok",
