@@ -139,7 +139,16 @@ def test_drain_scale_up_drain_loses_no_step(daemon_factory: DaemonFactory, tmp_p
     ckpt = tmp_path / "ckpt.pt"
     args = ["--steps", str(steps), "--checkpoint", str(ckpt), "--every", "100000", "--step-time", "0.05"]
     job = submit_job(
-        a, tmp_path, "--nnodes", "1:3", "--last-call", "1", str(EXAMPLE), "--", *args, LEDGER=str(book)
+        a,
+        tmp_path,
+        "--nnodes",
+        "1:3",
+        "--last-call",
+        "1",
+        str(EXAMPLE),
+        "--",
+        *args,
+        env={"LEDGER": str(book)},
     )
 
     def at_world(world: int, more_steps: int) -> None:

@@ -21,7 +21,8 @@ def test_etcd_outage_mid_job_and_at_submit(daemon_factory: DaemonFactory, tmp_pa
             "import time\nfor i in range(8):\n    print('tick', i, flush=True)\n    time.sleep(0.5)\n"
         )
         job_id = d.ctl("submit", "--nproc-per-node", "2", str(script), cwd=tmp_path).stdout.split()[0]
-        d.wait_state(job_id, ("RUNNING",))
+        # Workers must be running (not only the round closed) before etcd goes away.
+        wait_for(lambda: len(d.job(job_id)["pids"]) == 2, 30, 0.05, "workers to start")
         etcd.stop()
         res = d.ctl("submit", str(script), cwd=tmp_path)
         assert res.returncode == 3 and "etcd_unavailable" in res.stderr
