@@ -51,6 +51,7 @@ from bench_single import _killpg, _live, _popen, _stop, render_daemon_line, swee
 from elasticd import log as elasticd_log
 from elasticd.etcd.embedded import EmbeddedEtcd
 from elasticd.netaddr import free_port
+from elasticd.workers import proctree
 
 REPO = single.REPO
 WORKER = REPO / "bench" / "multi_worker.py"
@@ -308,17 +309,11 @@ class Daemon:
 
 
 def node_processes(node_id: str) -> list[psutil.Process]:
-    """The node's workers (and anything they started): ELASTICD_OWNER=<node> in the environment,
+    """The node's workers (and anything they started), found by elasticd's own owner marker,
     plus its reaper sidecar (``python -m elasticd.workers.reaper <node>``)."""
-    found = []
-    me = os.getpid()
+    found = proctree.marked(node_id)
     for proc in psutil.process_iter():
-        if proc.pid == me:
-            continue
         try:
-            if proc.environ().get("ELASTICD_OWNER") == node_id:
-                found.append(proc)
-                continue
             cmd = proc.cmdline()
         except (psutil.Error, OSError):
             continue
