@@ -47,6 +47,8 @@ class Settings:
     fake_gpus: int | None = None  # tests: pretend to have N GPUs instead of asking NVML
     slots: int | None = None  # CPU slots when there are no GPUs; default os.cpu_count()
     stop_grace: float = 10.0  # SIGTERM -> SIGKILL for worker trees
+    allow_root_jobs: bool = False  # run specs that ask for uid 0 (off: a root job is refused and fails)
+    log_group: str | None = None  # job log files 0640 to this group (default: 0600, the submitter only)
     log_format: str = "auto"  # auto | json | console
     log_level: str = "info"
 
@@ -87,6 +89,17 @@ def _mode(value: Any) -> int:
     return int(str(value), 8)
 
 
+def _bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {value!r}")
+
+
 def _optional(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return lambda value: None if value in (None, "") else convert(value)
 
@@ -111,6 +124,8 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "fake_gpus": _optional(int),
     "slots": _optional(int),
     "stop_grace": float,
+    "allow_root_jobs": _bool,
+    "log_group": _optional(str),
     "log_format": str,
     "log_level": str,
 }

@@ -33,6 +33,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fake-gpus", help="pretend to have N GPUs (tests)")
     p.add_argument("--slots", help="CPU slots when there are no GPUs (default: CPU count)")
     p.add_argument("--stop-grace", help="seconds between SIGTERM and SIGKILL for workers (default 10)")
+    p.add_argument(
+        "--allow-root-jobs",
+        action="store_const",
+        const=True,
+        help="run jobs submitted by root as root (off by default: they are refused)",
+    )
+    p.add_argument("--log-group", help="job log files are 0640 to this group (default 0600)")
     p.add_argument("--log-format", choices=["auto", "json", "console"])
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     return p

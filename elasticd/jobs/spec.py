@@ -20,6 +20,8 @@ MAX_NPROC_PER_NODE = 1024
 MAX_NODES = 4096
 DEFAULT_LAST_CALL_S = 2.0
 DEFAULT_JOIN_TIMEOUT_S = 600.0
+MIN_MEMORY = 16 << 20
+MAX_MEMORY = 1 << 50
 
 
 class EntryKind(StrEnum):
@@ -75,6 +77,9 @@ class JobSpec:
     last_call_s: float = DEFAULT_LAST_CALL_S
     join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S
     submitted_on: str = ""  # the node whose daemon took the submission
+    memory_limit_bytes: int | None = None  # per worker (its whole process tree)
+    cpu_limit: float | None = None  # CPUs per worker (cgroup quota; pinned cores without cgroups)
+    nofile: int | None = None  # RLIMIT_NOFILE of every worker process
 
     def __post_init__(self) -> None:
         for name in ("id", "name", "entry", "python", "cwd", "user"):
@@ -104,6 +109,12 @@ class JobSpec:
             raise InvalidSpec("last_call_s must be 0..3600 and join_timeout_s 0..86400 seconds")
         if not all(isinstance(n, str) and _NAME.match(n) for n in self.nodes):
             raise InvalidSpec(f"nodes must be node ids, got {list(self.nodes)}")
+        if self.memory_limit_bytes is not None and not MIN_MEMORY <= self.memory_limit_bytes <= MAX_MEMORY:
+            raise InvalidSpec(f"memory_limit must be {MIN_MEMORY} bytes .. 1 PiB, got {self.memory_limit_bytes}")
+        if self.cpu_limit is not None and not 0.01 <= self.cpu_limit <= 4096:
+            raise InvalidSpec(f"cpu_limit must be 0.01..4096 CPUs, got {self.cpu_limit}")
+        if self.nofile is not None and not 16 <= self.nofile <= 1 << 20:
+            raise InvalidSpec(f"nofile must be 16..{1 << 20}, got {self.nofile}")
         bad = [k for k in self.env if not _ENV_KEY.match(k)]
         if bad:
             raise InvalidSpec(f"invalid environment variable names: {bad[:5]}")

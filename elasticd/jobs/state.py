@@ -46,6 +46,53 @@ _ALLOWED: dict[JobState, frozenset[JobState]] = {
 }
 
 
+class EndReason(StrEnum):
+    """Why a job ended: the stable ``code`` of ``jobs/<job>/final``, for scripts and dashboards.
+
+    The ones marked "setup" are not the job's fault: they end the job at once with their own
+    reason instead of spending the restart budget in a loop that cannot succeed.
+    """
+
+    SUCCEEDED = "succeeded"
+    KILLED = "killed"
+    WORKER_FAILED = "worker_failed"  # a worker failed and no restart was left
+    OOM = "oom"  # a worker was killed by the OOM killer (its memory limit, or the host's)
+    NODES_LOST = "nodes_lost"  # members were lost and no restart was left
+    JOIN_TIMEOUT = "join_timeout"  # MIN nodes did not join in time
+    ENTRY_UNAVAILABLE = "entry_unavailable"  # setup: script, cwd or executable missing or not accessible
+    INTERPRETER_UNAVAILABLE = "interpreter_unavailable"  # setup: the job's python is missing or not runnable
+    LOG_DISK_FULL = "log_disk_full"  # setup: no space left for the job's logs
+    LOG_DIR_UNSAFE = "log_dir_unsafe"  # setup: a log directory is not root's alone (tampering)
+    INVALID_RECORD = "invalid_record"  # a key of the job in etcd did not parse or validate
+    ROOT_NOT_ALLOWED = "root_not_allowed"  # the spec asks for uid 0 and allow_root_jobs is off
+    SPAWN_FAILED = "spawn_failed"  # setup: the worker process could not be created
+
+    @property
+    def setup(self) -> bool:
+        return self in _SETUP
+
+
+_SETUP = frozenset(
+    {
+        EndReason.ENTRY_UNAVAILABLE,
+        EndReason.INTERPRETER_UNAVAILABLE,
+        EndReason.LOG_DISK_FULL,
+        EndReason.LOG_DIR_UNSAFE,
+        EndReason.ROOT_NOT_ALLOWED,
+        EndReason.SPAWN_FAILED,
+    }
+)
+
+
+class SetupFailure(Exception):
+    """This node could not start a job's workers for a reason that is not the job's own."""
+
+    def __init__(self, reason: EndReason, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
 def can_transition(old: JobState, new: JobState) -> bool:
     return new in _ALLOWED[old]
 
