@@ -110,7 +110,7 @@ class JobSpec:
         if not all(isinstance(n, str) and _NAME.match(n) for n in self.nodes):
             raise InvalidSpec(f"nodes must be node ids, got {list(self.nodes)}")
         if self.memory_limit_bytes is not None and not MIN_MEMORY <= self.memory_limit_bytes <= MAX_MEMORY:
-            raise InvalidSpec(f"memory_limit must be {MIN_MEMORY} bytes .. 1 PiB, got {self.memory_limit_bytes}")
+            raise InvalidSpec(f"memory_limit must be 16 MiB .. 1 PiB, got {self.memory_limit_bytes} bytes")
         if self.cpu_limit is not None and not 0.01 <= self.cpu_limit <= 4096:
             raise InvalidSpec(f"cpu_limit must be 0.01..4096 CPUs, got {self.cpu_limit}")
         if self.nofile is not None and not 16 <= self.nofile <= 1 << 20:
