@@ -217,6 +217,7 @@ class Daemon:
         argv = [
             str(self.bench.bin / "elasticd"),
             "--config", str(config),
+            "--allow-root-jobs",
             "--socket", str(self.socket),
             "--state-dir", str(self.root / "state"),
             "--log-dir", str(self.root / "logs"),

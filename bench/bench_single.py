@@ -257,6 +257,7 @@ class Bench:
         argv = [
             str(self.bin / "elasticd"),
             "--config", str(config),
+            "--allow-root-jobs",
             "--socket", str(self.socket),
             "--state-dir", str(self.tmp / "state"),
             "--log-dir", str(self.tmp / "logs"),

@@ -8,8 +8,12 @@ bin="$repo/.venv/bin"
 
 work="$(mktemp -d -t elasticd-demo.XXXXXX)"
 export ELASTICD_SOCKET="$work/control.sock"
+# The demo submits as whoever runs it; as root (CI, a container) that needs root jobs allowed,
+# which a real deployment leaves off (see SECURITY.md).
+root_jobs=()
+[ "$(id -u)" -eq 0 ] && root_jobs=(--allow-root-jobs)
 "$bin/elasticd" --state-dir "$work/state" --log-dir "$work/logs" --node-id demo --stop-grace 5 \
-    2> "$work/elasticd.log" &
+    "${root_jobs[@]}" 2> "$work/elasticd.log" &
 daemon=$!
 cleanup() {
     kill -TERM "$daemon" 2>/dev/null || true

@@ -121,6 +121,7 @@ class DaemonProc:
     args: list[str]
     env: dict[str, str]
     proc: subprocess.Popen[bytes] | None = None
+    allow_root_jobs: bool = True  # the suite runs as root and submits as root; tests of the default unset it
     stderr_path: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -163,6 +164,7 @@ class DaemonProc:
             "--log-dir", str(self.log_dir),
             "--node-id", self.node_id,
             "--log-format", "json",
+            *(["--allow-root-jobs"] if self.allow_root_jobs else []),
             *self.args,
         ]  # fmt: skip
         err = open(self.stderr_path, "ab")  # noqa: SIM115
