@@ -23,6 +23,7 @@ class ErrorCode(StrEnum):
     SCRIPT_NOT_FOUND = "script_not_found"
     INSUFFICIENT_CAPACITY = "insufficient_capacity"  # more GPUs/slots than the host has
     JOB_NOT_FOUND = "job_not_found"
+    NODE_NOT_FOUND = "node_not_found"
     PERMISSION_DENIED = "permission_denied"
     CONFLICT = "conflict"  # the job is in a state where the request makes no sense
     ETCD_UNAVAILABLE = "etcd_unavailable"
@@ -80,6 +81,10 @@ class InsufficientCapacity(ElasticdError):
 
 class JobNotFound(ElasticdError):
     code = ErrorCode.JOB_NOT_FOUND
+
+
+class NodeNotFound(ElasticdError):
+    code = ErrorCode.NODE_NOT_FOUND
 
 
 class PermissionDenied(ElasticdError):

@@ -17,9 +17,9 @@ import zmq
 import zmq.asyncio
 
 from elasticd import log
+from elasticd.control.access import Caller, authorize
 from elasticd.control.address import endpoint
 from elasticd.control.commands import REGISTRY
-from elasticd.control.commands.base import Caller
 from elasticd.control.envelope import (
     TRANSPORT_LIMIT_BYTES,
     best_effort_id,
@@ -100,6 +100,7 @@ class ControlServer:
             if caller is None:
                 raise PermissionDenied("the transport gave no peer credentials; use the local IPC socket")
             args = parse_args(command.args, request.args)
+            await authorize(command.access, caller, command.job_of(args), self._daemon.manager.owner_of)
             result = await command.handler(self._daemon, args, caller)
             reply = encode_ok(rid, result)
         except ElasticdError as exc:

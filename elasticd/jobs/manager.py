@@ -21,9 +21,9 @@ from elasticd.errors import (
     EtcdUnavailable,
     InsufficientCapacity,
     JobNotFound,
-    PermissionDenied,
+    NodeNotFound,
 )
-from elasticd.etcd.client import EtcdClient, KeyValue
+from elasticd.etcd.client import EtcdClient, KeyValue, Query
 from elasticd.etcd.keys import Keys
 from elasticd.jobs.admission import admit
 from elasticd.jobs.agent import AgentState, JobAgent
@@ -280,11 +280,13 @@ class JobManager:
         views = [job_view(s, self.rt.node_id) for s in snaps.values() if s.spec is not None]
         return sorted(views, key=lambda v: v.get("submitted_at") or 0)
 
-    async def kill(self, job_id: str, uid: int, user: str) -> dict[str, Any]:
+    async def owner_of(self, job_id: str) -> tuple[int, str] | None:
+        """The job's owner (uid, user) for permission checks; None if its spec is unreadable."""
         snap = await self.snapshot(job_id)
-        assert snap.spec is not None
-        if uid not in (0, snap.spec.uid):
-            raise PermissionDenied(f"job {job_id} belongs to {snap.spec.user}; only they or root may kill it")
+        return (snap.spec.uid, snap.spec.user) if snap.spec is not None else None
+
+    async def kill(self, job_id: str, user: str) -> dict[str, Any]:
+        snap = await self.snapshot(job_id)
         if snap.final is not None:
             raise Conflict(f"job {job_id} already ended as {snap.final['state']}")
         await asyncio.to_thread(
@@ -303,22 +305,28 @@ class JobManager:
             await asyncio.sleep(0.1)
         return job_view(await self.snapshot(job_id), self.rt.node_id)
 
+    async def _known_node(self, node: str) -> bool:
+        """A node is known while it is live (its record is under its lease) or drained."""
+        found = await asyncio.to_thread(
+            self._etcd.read_many, [Query(self._keys.node(node)), Query(self._keys.drain(node))]
+        )
+        return any(f.kvs for f in found)
+
     async def drain(
-        self, node: str, job_id: str | None, grace_s: float | None, force: bool, uid: int, user: str
+        self, node: str, job_id: str | None, grace_s: float | None, force: bool, user: str
     ) -> dict[str, Any]:
-        """Ask ``node`` to leave its jobs (or one job) gracefully; refuse to go below MIN unless forced."""
+        """Ask ``node`` to leave its jobs (or one job) gracefully; refuse to go below MIN unless forced.
+        Who may ask is decided in ``elasticd.control.access`` (root; a job's owner for ``--job``)."""
         snaps = await self._snapshots()
         if job_id is not None and job_id not in snaps:
             raise JobNotFound(f"no job {job_id!r}")
-        if job_id is None and uid != 0:
-            raise PermissionDenied("only root may drain a whole node; job owners may use --job")
+        if not await self._known_node(node):
+            raise NodeNotFound(f"no live node {node!r}")
         affected = []
         too_small = []
         for jid, snap in snaps.items():
             if snap.spec is None or snap.final is not None or (job_id is not None and jid != job_id):
                 continue
-            if uid not in (0, snap.spec.uid):
-                raise PermissionDenied(f"job {jid} belongs to {snap.spec.user}")
             members = snap.result.nodes if snap.result is not None else ()
             if node not in members:
                 continue
@@ -344,11 +352,14 @@ class JobManager:
         )
         return {"node": node, "job": job_id, "jobs": affected, "forced": bool(too_small)}
 
-    async def undrain(self, node: str, job_id: str | None, uid: int) -> dict[str, Any]:
-        if job_id is None and uid != 0:
-            raise PermissionDenied("only root may undrain a whole node")
+    async def undrain(self, node: str, job_id: str | None) -> dict[str, Any]:
+        """Undo a drain; an unknown node or job, or one that is not drained, is an error."""
         key = self._keys.job_drain(job_id, node) if job_id else self._keys.drain(node)
-        await asyncio.to_thread(self._etcd.delete, key)
+        if job_id is None and not await self._known_node(node):
+            raise NodeNotFound(f"no node {node!r} is live or drained")
+        if not await asyncio.to_thread(self._etcd.delete, key):
+            where = f" from job {job_id}" if job_id else ""
+            raise Conflict(f"node {node} is not drained{where}")
         _log.info("node.undrain", node=node, job=job_id)
         return {"node": node, "job": job_id}
 

@@ -192,7 +192,7 @@ def test_missing_script_and_bad_input_are_refused_clearly(daemon: DaemonProc, tm
     res = daemon.ctl("submit", "--nproc-per-node", "0", str(SCRIPTS / "sleeper.py"))
     assert res.returncode == 3 and "nproc_per_node" in res.stderr
     res = daemon.ctl("submit", "--python", "/no/such/python", str(SCRIPTS / "sleeper.py"))
-    assert res.returncode == 3 and "python interpreter not found" in res.stderr
+    assert res.returncode == 3 and "python interpreter /no/such/python is missing" in res.stderr
     res = daemon.ctl("submit", "--no-python", "no-such-binary-xyz")
     assert res.returncode == 3 and "script_not_found" in res.stderr
     # The script vanishing between the CLI's check and the daemon's is caught by the daemon.

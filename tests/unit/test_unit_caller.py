@@ -7,7 +7,8 @@ import pwd
 
 import pytest
 
-from elasticd.control.commands.base import Caller, Command, NoArgs
+from elasticd.control.access import Access, Caller
+from elasticd.control.commands.base import Command, NoArgs
 
 
 @pytest.mark.parametrize(
@@ -77,5 +78,5 @@ async def _undocumented(daemon: object, args: NoArgs, caller: Caller) -> None:
 
 
 def test_command_help_is_first_docstring_line() -> None:
-    assert Command("hello", NoArgs, _handler).help == "Say hello."
-    assert Command("x", NoArgs, _undocumented).help == ""
+    assert Command("hello", NoArgs, _handler, Access.CONNECTED).help == "Say hello."
+    assert Command("x", NoArgs, _undocumented, Access.CONNECTED).help == ""

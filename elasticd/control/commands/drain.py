@@ -3,7 +3,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from elasticd.control.commands.base import Caller, Command
+from elasticd.control.access import Access, Caller
+from elasticd.control.commands.base import Command
 from elasticd.errors import InvalidArgs
 
 if TYPE_CHECKING:
@@ -22,7 +23,7 @@ async def drain(daemon: Daemon, args: DrainArgs, caller: Caller) -> dict[str, An
     """Make a node leave its jobs (or one job) gracefully and take no new ones."""
     if args.grace_s is not None and not 0 <= args.grace_s <= 3600:
         raise InvalidArgs("grace_s must be 0..3600 seconds")
-    return await daemon.manager.drain(args.node, args.job, args.grace_s, args.force, caller.uid, caller.user)
+    return await daemon.manager.drain(args.node, args.job, args.grace_s, args.force, caller.user)
 
 
 @dataclass(frozen=True)
@@ -33,8 +34,8 @@ class UndrainArgs:
 
 async def undrain(daemon: Daemon, args: UndrainArgs, caller: Caller) -> dict[str, Any]:
     """Let a drained node take jobs again (it joins running elastic jobs at their next round)."""
-    return await daemon.manager.undrain(args.node, args.job, caller.uid)
+    return await daemon.manager.undrain(args.node, args.job)
 
 
-DRAIN = Command("drain", DrainArgs, drain)
-UNDRAIN = Command("undrain", UndrainArgs, undrain)
+DRAIN = Command("drain", DrainArgs, drain, Access.OWNER)
+UNDRAIN = Command("undrain", UndrainArgs, undrain, Access.OWNER)

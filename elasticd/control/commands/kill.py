@@ -3,7 +3,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from elasticd.control.commands.base import Caller, Command
+from elasticd.control.access import Access, Caller
+from elasticd.control.commands.base import Command
 
 if TYPE_CHECKING:
     from elasticd.daemon.app import Daemon
@@ -16,7 +17,7 @@ class KillArgs:
 
 async def kill(daemon: Daemon, args: KillArgs, caller: Caller) -> dict[str, Any]:
     """Kill a job: every process of it, grandchildren included; returns when they are gone."""
-    return {"job": await daemon.manager.kill(args.job, caller.uid, caller.user)}
+    return {"job": await daemon.manager.kill(args.job, caller.user)}
 
 
-COMMAND = Command("kill", KillArgs, kill)
+COMMAND = Command("kill", KillArgs, kill, Access.OWNER)

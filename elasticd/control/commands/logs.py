@@ -4,7 +4,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from elasticd.control.commands.base import Caller, Command
+from elasticd.control.access import Access, Caller
+from elasticd.control.commands.base import Command
 from elasticd.jobs.logs import read_new
 
 if TYPE_CHECKING:
@@ -33,4 +34,4 @@ async def logs(daemon: Daemon, args: LogsArgs, caller: Caller) -> dict[str, Any]
     }
 
 
-COMMAND = Command("logs", LogsArgs, logs)
+COMMAND = Command("logs", LogsArgs, logs, Access.OWNER)

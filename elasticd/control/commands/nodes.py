@@ -3,7 +3,8 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from elasticd.control.commands.base import Caller, Command, NoArgs
+from elasticd.control.access import Access, Caller
+from elasticd.control.commands.base import Command, NoArgs
 
 if TYPE_CHECKING:
     from elasticd.daemon.app import Daemon
@@ -15,4 +16,4 @@ async def nodes(daemon: Daemon, args: NoArgs, caller: Caller) -> dict[str, Any]:
     return {"nodes": [kv.json() for kv in kvs]}
 
 
-COMMAND = Command("nodes", NoArgs, nodes)
+COMMAND = Command("nodes", NoArgs, nodes, Access.CONNECTED)

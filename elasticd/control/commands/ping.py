@@ -5,7 +5,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from elasticd import __version__
-from elasticd.control.commands.base import Caller, Command, NoArgs
+from elasticd.control.access import Access, Caller
+from elasticd.control.commands.base import Command, NoArgs
 
 if TYPE_CHECKING:
     from elasticd.daemon.app import Daemon
@@ -24,4 +25,4 @@ async def ping(daemon: Daemon, args: NoArgs, caller: Caller) -> dict[str, Any]:
     }
 
 
-COMMAND = Command("ping", NoArgs, ping)
+COMMAND = Command("ping", NoArgs, ping, Access.CONNECTED)

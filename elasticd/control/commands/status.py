@@ -3,7 +3,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from elasticd.control.commands.base import Caller, Command
+from elasticd.control.access import Access, Caller
+from elasticd.control.commands.base import Command
 
 if TYPE_CHECKING:
     from elasticd.daemon.app import Daemon
@@ -21,4 +22,4 @@ async def status(daemon: Daemon, args: StatusArgs, caller: Caller) -> dict[str, 
     return {"jobs": await daemon.manager.views()}
 
 
-COMMAND = Command("status", StatusArgs, status)
+COMMAND = Command("status", StatusArgs, status, Access.CONNECTED)

@@ -1,13 +1,15 @@
 from __future__ import annotations
 
+import asyncio
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from elasticd.control.commands.base import Caller, Command
-from elasticd.errors import InvalidSpec, PermissionDenied, ScriptNotFound
+from elasticd.control.access import Access, Caller
+from elasticd.control.commands.base import Command
+from elasticd.errors import InvalidSpec, PermissionDenied
+from elasticd.jobs.pathcheck import check_paths
 from elasticd.jobs.spec import (
     DEFAULT_JOIN_TIMEOUT_S,
     DEFAULT_LAST_CALL_S,
@@ -39,21 +41,6 @@ class SubmitArgs:
     join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S
 
 
-def _check_runnable(spec: JobSpec) -> None:
-    """Refuse at submit what could never start, instead of failing every attempt later."""
-    if not os.path.isdir(spec.cwd):
-        raise InvalidSpec(f"working directory does not exist: {spec.cwd}")
-    if spec.entry_kind is EntryKind.SCRIPT and not os.path.isfile(spec.entry):
-        raise ScriptNotFound(f"script not found: {spec.entry}")
-    if spec.entry_kind is not EntryKind.EXEC:
-        if not (os.path.isfile(spec.python) and os.access(spec.python, os.X_OK)):
-            raise InvalidSpec(f"python interpreter not found or not executable: {spec.python}")
-        return
-    path = spec.env.get("PATH", os.defpath)
-    if shutil.which(spec.entry, path=path) is None:
-        raise ScriptNotFound(f"executable not found: {spec.entry}")
-
-
 async def submit(daemon: Daemon, args: SubmitArgs, caller: Caller) -> dict[str, Any]:
     """Submit a job; it runs as the caller, with the environment and directory it was sent with.
 
@@ -62,6 +49,10 @@ async def submit(daemon: Daemon, args: SubmitArgs, caller: Caller) -> dict[str, 
     if os.geteuid() not in (0, caller.uid):
         raise PermissionDenied(
             f"this elasticd runs as uid {os.geteuid()} and cannot start jobs for uid {caller.uid}"
+        )
+    if caller.uid == 0 and os.geteuid() == 0 and not daemon.settings.allow_root_jobs:
+        raise PermissionDenied(
+            "this elasticd does not run jobs as root (allow_root_jobs is off); submit as a user"
         )
     try:
         kind = EntryKind(args.entry_kind)
@@ -98,8 +89,12 @@ async def submit(daemon: Daemon, args: SubmitArgs, caller: Caller) -> dict[str, 
         join_timeout_s=args.join_timeout_s,
         submitted_on=daemon.node_id,
     )
-    _check_runnable(spec)
+    # Refuse at submit what could never start, instead of failing every attempt later; the
+    # paths are checked as the caller, never with the daemon's (root's) permissions.
+    problem = await asyncio.to_thread(check_paths, spec)
+    if problem is not None:
+        raise problem.to_submit_error()
     return await daemon.manager.submit(spec)
 
 
-COMMAND = Command("submit", SubmitArgs, submit)
+COMMAND = Command("submit", SubmitArgs, submit, Access.CONNECTED)

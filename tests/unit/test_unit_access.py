@@ -1,0 +1,91 @@
+"""Permission checks live in one place (elasticd.control.access); every command declares its level."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import pytest
+
+from elasticd.control.access import Access, Caller, authorize
+from elasticd.control.commands import REGISTRY
+from elasticd.errors import JobNotFound, PermissionDenied
+
+ROOT = Caller(0, 0, 1)
+OWNER = Caller(1000, 1000, 2)
+OTHER = Caller(1001, 1001, 3)
+
+# Adding a command means deciding who may use it: this table must name it.
+EXPECTED = {
+    "ping": Access.CONNECTED,
+    "submit": Access.CONNECTED,
+    "status": Access.CONNECTED,
+    "nodes": Access.CONNECTED,
+    "kill": Access.OWNER,
+    "logs": Access.OWNER,
+    "drain": Access.OWNER,
+    "undrain": Access.OWNER,
+}
+
+
+async def _owners(job: str) -> tuple[int, str] | None:
+    if job == "mine":
+        return (OWNER.uid, "owner")
+    if job == "unreadable":
+        return None
+    raise JobNotFound(f"no job {job!r}")
+
+
+def _run(access: Access, caller: Caller, job: str | None) -> None:
+    asyncio.run(authorize(access, caller, job, _owners))
+
+
+def test_every_command_declares_the_expected_access() -> None:
+    assert {name: c.access for name, c in REGISTRY.items()} == EXPECTED
+
+
+@pytest.mark.parametrize("caller", [ROOT, OWNER, OTHER])
+def test_connected_commands_are_for_everyone(caller: Caller) -> None:
+    _run(Access.CONNECTED, caller, None)
+    _run(Access.CONNECTED, caller, "no-such-job")  # no lookup at all
+
+
+def test_owner_commands_owner_and_root_only() -> None:
+    _run(Access.OWNER, OWNER, "mine")
+    _run(Access.OWNER, ROOT, "mine")
+    with pytest.raises(PermissionDenied, match="belongs to owner"):
+        _run(Access.OWNER, OTHER, "mine")
+
+
+def test_owner_commands_without_a_job_are_root_only() -> None:
+    _run(Access.OWNER, ROOT, None)
+    for caller in (OWNER, OTHER):
+        with pytest.raises(PermissionDenied, match="only root"):
+            _run(Access.OWNER, caller, None)
+
+
+def test_unknown_job_is_not_found_for_everyone_and_unreadable_owner_is_root_only() -> None:
+    for caller in (ROOT, OWNER, OTHER):
+        with pytest.raises(JobNotFound):
+            _run(Access.OWNER, caller, "no-such-job")
+    _run(Access.OWNER, ROOT, "unreadable")
+    with pytest.raises(PermissionDenied, match="no readable owner"):
+        _run(Access.OWNER, OWNER, "unreadable")
+
+
+def test_root_commands() -> None:
+    _run(Access.ROOT, ROOT, None)
+    with pytest.raises(PermissionDenied):
+        _run(Access.ROOT, OWNER, "mine")
+
+
+@dataclass(frozen=True)
+class _JobArgs:
+    job: str | None = None
+    node: str = "n"
+
+
+def test_job_is_read_from_the_job_argument() -> None:
+    command = REGISTRY["drain"]
+    assert command.job_of(_JobArgs("j1")) == "j1"
+    assert command.job_of(_JobArgs(None)) is None
