@@ -19,6 +19,7 @@ from elasticctl import render
 from elasticctl.client import Client, DaemonError, Unreachable
 from elasticctl.follow import follow
 from elasticd.control.address import default_socket_path
+from elasticd.workers.limits import parse_size
 
 EXIT_UNREACHABLE = 1
 EXIT_USAGE = 2
@@ -79,6 +80,15 @@ def submit_args(ns: argparse.Namespace) -> dict[str, Any]:
         args["last_call_s"] = ns.last_call
     if ns.join_timeout is not None:
         args["join_timeout_s"] = ns.join_timeout
+    if ns.memory_limit is not None:
+        try:
+            args["memory_limit_bytes"] = parse_size(ns.memory_limit)
+        except ValueError as exc:
+            raise UsageError(f"--memory-limit: {exc}") from exc
+    if ns.cpu_limit is not None:
+        args["cpu_limit"] = ns.cpu_limit
+    if ns.nofile is not None:
+        args["nofile"] = ns.nofile
     return args
 
 
@@ -211,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cwd", help="working directory (default: the current one)")
     s.add_argument("--python", help="interpreter (default: `python` on your PATH, so your venv)")
     s.add_argument("--stop-grace", type=float, help="seconds between SIGTERM and SIGKILL for workers")
+    s.add_argument("--memory-limit", metavar="SIZE", help="memory per worker, e.g. 8G (its whole tree)")
+    s.add_argument("--cpu-limit", type=float, metavar="CPUS", help="CPUs per worker, e.g. 2 or 0.5")
+    s.add_argument("--nofile", type=int, metavar="N", help="open files per worker process (RLIMIT_NOFILE)")
     s.add_argument("--follow", "-f", action="store_true", help="stream output; exit with the job's result")
     s.add_argument("-m", "--module", action="store_true", help="TARGET is a module (python -m)")
     s.add_argument("--no-python", action="store_true", help="TARGET is an executable, run without python")

@@ -13,14 +13,18 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 from elasticctl.client import Client
+from elasticd.etcd.client import EtcdAuth, EtcdClient
 from elasticd.etcd.embedded import find_etcd_binary
 from elasticd.netaddr import free_port
 from elasticd.workers import proctree
+
+if TYPE_CHECKING:
+    from tests.tls import CertFiles
 
 PYTHON = sys.executable
 REPO = Path(__file__).resolve().parent.parent
@@ -49,23 +53,42 @@ def stop_process(proc: subprocess.Popen[Any], grace_s: float = 20.0) -> int | No
 
 
 class EtcdServer:
-    """A real etcd on loopback with free ports and its own data dir."""
+    """A real etcd on loopback with free ports and its own data dir.
 
-    def __init__(self, workdir: Path, name: str = "test") -> None:
+    With ``tls`` (the server's certificate, also used towards peers) every listener speaks TLS
+    and requires a client certificate signed by the same CA; ``admin`` is the client identity
+    ``start`` uses to wait for health (and what tests use for etcdctl).
+    """
+
+    def __init__(
+        self,
+        workdir: Path,
+        name: str = "test",
+        tls: CertFiles | None = None,
+        admin: CertFiles | None = None,
+    ) -> None:
         self.workdir = workdir
         self.name = name
+        self.tls = tls
+        self.admin = admin
         self.client_port = free_port()
         self.peer_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
+    def scheme(self) -> str:
+        return "https" if self.tls is not None else "http"
+
+    @property
     def endpoint(self) -> str:
+        if self.tls is not None:
+            return f"https://127.0.0.1:{self.client_port}"
         return f"127.0.0.1:{self.client_port}"
 
     def argv(self) -> list[str]:
-        client = f"http://127.0.0.1:{self.client_port}"
-        peer = f"http://127.0.0.1:{self.peer_port}"
-        return [
+        client = f"{self.scheme}://127.0.0.1:{self.client_port}"
+        peer = f"{self.scheme}://127.0.0.1:{self.peer_port}"
+        argv = [
             str(find_etcd_binary()),
             "--name", self.name,
             "--data-dir", str(self.workdir / "data"),
@@ -76,17 +99,31 @@ class EtcdServer:
             "--initial-cluster", f"{self.name}={peer}",
             "--log-level", "error",
         ]  # fmt: skip
+        if self.tls is not None:
+            t = self.tls
+            argv += [
+                "--client-cert-auth", "--trusted-ca-file", str(t.ca),
+                "--cert-file", str(t.cert), "--key-file", str(t.key),
+                "--peer-client-cert-auth", "--peer-trusted-ca-file", str(t.ca),
+                "--peer-cert-file", str(t.cert), "--peer-key-file", str(t.key),
+            ]  # fmt: skip
+        return argv
+
+    def client_auth(self) -> EtcdAuth:
+        a = self.admin
+        return EtcdAuth() if a is None else EtcdAuth(ca=a.ca, cert=a.cert, key=a.key)
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         log = open(self.workdir / "etcd.log", "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=log, start_new_session=True)
         log.close()
-        from elasticd.etcd.client import EtcdClient
-
-        client = EtcdClient([self.endpoint], timeout_s=1)
+        client = EtcdClient([self.endpoint], self.client_auth(), timeout_s=1)
         try:
             wait_for(lambda: _healthy(client), 20, 0.1, "etcd to be healthy")
+        except BaseException:
+            self.stop()
+            raise
         finally:
             client.close()
 

@@ -10,6 +10,12 @@ something did, we fail loudly instead of half-working.
 
 Backend contract: every write that must not race uses a transaction whose compare is on
 ``create_revision`` (absent == 0) or ``mod_revision``; those revisions are the fencing tokens.
+
+Against an etcd with auth and RBAC (the multi-host deployment: client certificates whose CN is
+an etcd user, with a role limited to our key prefix), ``etcd3`` 0.12 needs two corrections,
+both in ``call``: it authenticates a user/password once, in its constructor, and never again,
+so a token that etcd forgot (a restart, a JWT past its TTL) would fail every later call; and it
+reports "permission denied" as a bare grpc error that must not look like a dead endpoint.
 """
 
 from __future__ import annotations
@@ -129,8 +135,31 @@ def _quiet_closed_watch_threads() -> None:
 _quiet_closed_watch_threads()
 
 
+def _grpc_status(exc: BaseException) -> str:
+    """The grpc status name of an error etcd3 let through, else "" (duck-typed: grpc has no types)."""
+    code = getattr(exc, "code", None)
+    if not callable(code):
+        return ""
+    try:
+        return str(getattr(code(), "name", ""))
+    except Exception:
+        return ""
+
+
+def _is_connection_error(exc: BaseException) -> bool:
+    """An error that another endpoint (or a retry) may not have: worth failing over."""
+    if isinstance(exc, (*_RETRYABLE, etcd3.exceptions.InternalServerError)):
+        return True
+    # grpc errors not mapped by etcd3 (bad TLS, a closed channel, ...)
+    return type(exc).__module__.startswith(("grpc", "etcd3")) or "closed channel" in str(exc).lower()
+
+
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
-    """``http://host:port``, ``https://host:port`` or ``host:port`` -> (host, port)."""
+    """``http://host:port``, ``https://host:port`` or ``host:port`` -> (host, port).
+
+    ``unix:/dir/localhost:2379`` (the embedded etcd) gives ("unix:/dir/localhost", 2379), which
+    etcd3 joins back into the grpc UNIX-socket target ``unix:/dir/localhost:2379``.
+    """
     rest = endpoint.split("://", 1)[-1].rstrip("/")
     host, sep, port = rest.rpartition(":")
     if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
@@ -184,23 +213,45 @@ class EtcdClient:
             self._client = None
             self._index = (self._index + 1) % len(self.endpoints)
 
+    def _reconnect(self, stale: Any) -> None:
+        """Drop ``stale`` so that the next call connects, and so authenticates, afresh. Only if it
+        is still current: several threads may see the same expired token at once."""
+        with self._lock:
+            if self._client is stale and stale is not None:
+                self._client = None
+
     def call(self, op: Callable[[Any], T]) -> T:
         """Run ``op(raw_client)`` with failover; the single place that translates etcd errors."""
         last: BaseException | None = None
-        for _ in range(len(self.endpoints)):
-            index = -1
+        reauthenticated = False
+        attempts = 0
+        while attempts < len(self.endpoints):
+            index, client = -1, None
             try:
                 index, client = self._current()
                 return op(client)
-            except (*_RETRYABLE, etcd3.exceptions.InternalServerError) as exc:
+            except Exception as exc:
+                status = _grpc_status(exc)
+                if status == "PERMISSION_DENIED":
+                    # RBAC said no. Every member enforces the same roles: failing over cannot
+                    # help, and "unreachable" would send an operator after the network.
+                    raise EtcdUnavailable(
+                        f"etcd denied the request (permission denied): the etcd user of this "
+                        f"daemon has no role that allows it on this key range: {exc}"
+                    ) from exc
+                if status == "UNAUTHENTICATED" and not reauthenticated:
+                    # "invalid auth token": etcd3 0.12 authenticated once, when the client was
+                    # built, and etcd has since forgotten the token (restart, JWT expiry). A new
+                    # client authenticates again; retry once on the same endpoint.
+                    reauthenticated = True
+                    last = exc
+                    self._reconnect(client)
+                    continue
+                if not _is_connection_error(exc):
+                    raise
                 last = exc
                 self._fail_over(index)
-            except Exception as exc:  # grpc errors not mapped by etcd3 (auth, bad TLS, closed channel)
-                if type(exc).__module__.startswith(("grpc", "etcd3")) or "closed channel" in str(exc).lower():
-                    last = exc
-                    self._fail_over(index)
-                    continue
-                raise
+                attempts += 1
         where = ",".join(f"{h}:{p}" for h, p in self.endpoints)
         raise EtcdUnavailable(f"etcd is unreachable at {where}: {last}") from last
 
@@ -292,8 +343,9 @@ class EtcdClient:
 
         return self.call(op)
 
-    def delete(self, key: str) -> None:
-        self.call(lambda c: c.delete(key))
+    def delete(self, key: str) -> bool:
+        """Delete ``key``; True if it existed."""
+        return bool(self.call(lambda c: c.delete(key)))
 
     def delete_prefix(self, prefix: str) -> None:
         self.call(lambda c: c.delete_prefix(prefix))
@@ -355,5 +407,18 @@ class EtcdClient:
         self.call(op)
 
     def health(self) -> str:
-        """The server version of the current endpoint; raises EtcdUnavailable if none answers."""
-        return str(self.call(lambda c: c.status().version))
+        """The server version of the current endpoint; raises EtcdUnavailable if none answers.
+
+        A server that keeps Maintenance.Status for admins (etcd 3.5 does not) denies a user
+        limited to our prefix; that denial still proves the member is up and knows us.
+        """
+
+        def op(c: Any) -> str:
+            try:
+                return str(c.status().version)
+            except Exception as exc:
+                if _grpc_status(exc) == "PERMISSION_DENIED":
+                    return "unknown (status is reserved to etcd admins)"
+                raise
+
+        return self.call(op)

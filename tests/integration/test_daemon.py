@@ -31,7 +31,7 @@ def test_embedded_etcd_default_and_clean_sigterm(daemon_factory: DaemonFactory, 
     ping = d.call("ping")
     assert ping["embedded_etcd"] is True
     endpoint = ping["etcd"][0]
-    assert endpoint.startswith("127.0.0.1:")
+    assert endpoint.startswith("unix:/")
     etcd_procs = [
         p
         for p in psutil.process_iter(["cmdline"])

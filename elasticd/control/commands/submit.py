@@ -39,6 +39,9 @@ class SubmitArgs:
     nodes: list[str] = field(default_factory=list)
     last_call_s: float = DEFAULT_LAST_CALL_S
     join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S
+    memory_limit_bytes: int | None = None
+    cpu_limit: float | None = None
+    nofile: int | None = None
 
 
 async def submit(daemon: Daemon, args: SubmitArgs, caller: Caller) -> dict[str, Any]:
@@ -88,6 +91,9 @@ async def submit(daemon: Daemon, args: SubmitArgs, caller: Caller) -> dict[str, 
         last_call_s=args.last_call_s,
         join_timeout_s=args.join_timeout_s,
         submitted_on=daemon.node_id,
+        memory_limit_bytes=args.memory_limit_bytes,
+        cpu_limit=args.cpu_limit,
+        nofile=args.nofile,
     )
     # Refuse at submit what could never start, instead of failing every attempt later; the
     # paths are checked as the caller, never with the daemon's (root's) permissions.

@@ -1,0 +1,331 @@
+"""Who can write job specs: the embedded etcd is closed to other local users, and an external
+etcd with TLS, client certificates and RBAC admits the daemon to its prefix and nobody else.
+
+Whoever writes a job spec chooses the uid the root daemon runs it as, so these are the tests
+of "no local privilege escalation through etcd" and of the multi-host deployment in SECURITY.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from elasticd.errors import EtcdUnavailable
+from elasticd.etcd.client import EtcdAuth, EtcdClient
+from elasticd.etcd.embedded import CLIENT_SOCKET, PEER_SOCKET, EmbeddedEtcd, find_etcd_binary
+from tests.conftest import DaemonFactory
+from tests.support import REPO, DaemonProc, EtcdServer, etcd_available, submit_job, unique
+from tests.tls import CertFiles, TestCA
+
+NOBODY = 65534
+SYSTEM_PYTHON = "/usr/bin/python3"  # the venv's python may not be reachable by uid nobody
+ENVDUMP = REPO / "tests" / "scripts" / "envdump.py"
+
+pytestmark = pytest.mark.skipif(not etcd_available(), reason="needs an etcd binary")
+_ROOT_MARKS = (
+    pytest.mark.root,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user"),
+    pytest.mark.skipif(not os.path.exists(SYSTEM_PYTHON), reason="needs a python that uid nobody can run"),
+)
+
+
+def as_root(test: Callable[..., None]) -> Callable[..., None]:
+    for mark in _ROOT_MARKS:
+        test = mark(test)
+    return test
+
+
+# Runs as uid nobody with the system python, stdlib only: try to PUT a key over each transport.
+_INTRUDER = r"""
+import errno, json, socket, sys
+targets = json.loads(sys.argv[1])
+body = json.dumps({"key": "L2VsYXN0aWNkL3YxL2pvYnMveC9zcGVj", "value": "eyJ1aWQiOjB9"}).encode()
+request = (b"POST /v3/kv/put HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+           b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)) + body
+out = []
+for kind, where in targets:
+    s = socket.socket(socket.AF_UNIX if kind == "unix" else socket.AF_INET, socket.SOCK_STREAM)
+    s.settimeout(5)
+    try:
+        s.connect(where if kind == "unix" else ("127.0.0.1", where))
+        s.sendall(request)
+        out.append({"target": where, "errno": 0, "reply": s.recv(200).decode(errors="replace")})
+    except OSError as exc:
+        out.append({"target": where, "errno": exc.errno, "error": errno.errorcode.get(exc.errno, "?")})
+    finally:
+        s.close()
+print(json.dumps(out))
+"""
+
+
+def as_nobody_put(targets: list[tuple[str, Any]]) -> list[dict[str, Any]]:
+    """Run ``_INTRUDER`` as uid/gid nobody, no supplementary groups; its results, one per target."""
+    res = subprocess.run(
+        [SYSTEM_PYTHON, "-I", "-c", _INTRUDER, json.dumps(targets)],
+        user=NOBODY, group=NOBODY, extra_groups=[], cwd="/",
+        capture_output=True, text=True, timeout=30, env={"PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    return list(json.loads(res.stdout))
+
+
+def etcd_child(d: DaemonProc) -> psutil.Process:
+    assert d.proc is not None
+    binary = str(find_etcd_binary())
+    found = [p for p in psutil.Process(d.proc.pid).children() if p.cmdline()[:1] == [binary]]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def assert_unix_only(etcd: psutil.Process, socket_dir: Path) -> None:
+    """No TCP or UDP socket at all (so no listener: nothing to POST /v3/kv/put to), and every
+    stream UNIX socket is a file in the private directory (no abstract-namespace listener)."""
+    conns = etcd.net_connections(kind="all")
+    inet = [c for c in conns if c.family in (socket.AF_INET, socket.AF_INET6)]
+    assert inet == [], f"etcd has IP sockets: {inet}"
+    for c in conns:
+        if c.family == socket.AF_UNIX and c.type == socket.SOCK_STREAM and c.laddr:
+            # etcd binds relative to its cwd, which is the socket directory
+            assert c.laddr in (CLIENT_SOCKET, PEER_SOCKET) or c.laddr.startswith(f"{socket_dir}/"), c
+    assert Path(etcd.cwd()) == socket_dir
+
+
+def assert_private(path: Path) -> None:
+    st = path.lstat()
+    assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) == 0o700
+
+
+# -- the embedded etcd -----------------------------------------------------------------------------
+@as_root
+def test_embedded_etcd_refuses_other_users_and_serves_the_daemon(
+    daemon_factory: DaemonFactory, tmp_path: Path
+) -> None:
+    d = daemon_factory(None, "--slots", "2", "--lease-ttl", "5", embedded=True)
+    endpoint = d.call("ping")["etcd"][0]
+    assert endpoint.startswith("unix:/")
+    client_socket = Path(endpoint.removeprefix("unix:"))
+    socket_dir = client_socket.parent
+    assert_private(socket_dir)
+    assert_private(d.state_dir / "etcd")
+    etcd = etcd_child(d)
+    assert_unix_only(etcd, socket_dir)
+
+    tcp_ports = [c.laddr.port for c in etcd.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+    results = as_nobody_put(
+        [("unix", str(client_socket)), ("unix", str(socket_dir / PEER_SOCKET))]
+        + [("tcp", port) for port in tcp_ports]
+    )
+    assert [r["error"] for r in results] == ["EACCES", "EACCES"], results
+
+    # The daemon (root) still works end to end over the socket.
+    client = EtcdClient([endpoint])
+    try:
+        assert client.get_json(f"/elasticd/v1/nodes/{d.node_id}")["node"] == d.node_id
+    finally:
+        client.close()
+    job = submit_job(d, tmp_path, "--nproc-per-node", "1", str(ENVDUMP))
+    assert d.wait_state(job, ("SUCCEEDED", "FAILED", "KILLED"), 60)["state"] == "SUCCEEDED"
+
+
+@as_root
+def test_long_state_dir_puts_sockets_in_a_private_temp_dir(tmp_path: Path) -> None:
+    """Under a path too long for sun_path the sockets go to /tmp/elasticd-etcd-*: there the 0700
+    directory is the only thing between other users and etcd, and it is enough."""
+    data_dir = tmp_path / ("deep" * 20) / "etcd"
+    etcd = EmbeddedEtcd(data_dir)
+    etcd.start(timeout_s=20)
+    try:
+        socket_dir = etcd.socket_dir
+        assert socket_dir is not None
+        assert socket_dir.parent == Path(tempfile.gettempdir()) and socket_dir.name.startswith(
+            "elasticd-etcd-"
+        )
+        assert_private(socket_dir)
+        assert etcd.pid is not None
+        assert_unix_only(psutil.Process(etcd.pid), socket_dir)
+        client = EtcdClient([etcd.endpoint])
+        try:
+            client.put_json("/k", {"ok": 1})
+            assert client.get_json("/k") == {"ok": 1}
+        finally:
+            client.close()
+        results = as_nobody_put([("unix", str(socket_dir / CLIENT_SOCKET))])
+        assert results[0]["error"] == "EACCES", results
+    finally:
+        etcd.stop()
+    assert not socket_dir.exists()
+    assert not (data_dir / "ports.json").exists()
+
+
+# -- an external etcd with TLS, client certificates and RBAC ---------------------------------------
+PREFIX = "/secure/v1"
+
+
+def etcdctl(server: EtcdServer, who: CertFiles | None, *argv: str) -> subprocess.CompletedProcess[str]:
+    ca = server.tls.ca if server.tls is not None else None
+    creds = ["--cacert", str(ca)] if ca else []
+    if who is not None:
+        creds += ["--cert", str(who.cert), "--key", str(who.key)]
+    return subprocess.run(
+        [str(find_etcd_binary().parent / "etcdctl"), "--endpoints", server.endpoint, "--dial-timeout", "3s",
+         "--command-timeout", "5s", *creds, *argv],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+
+
+def setup_rbac(server: EtcdServer, root: CertFiles, *users: str) -> None:
+    """root (admin), role ``elasticd`` = readwrite on PREFIX/, ``users`` with that role, auth on."""
+    steps = [
+        ("user", "add", "root", "--no-password"),
+        ("user", "grant-role", "root", "root"),
+        ("role", "add", "elasticd"),
+        ("role", "grant-permission", "elasticd", "readwrite", "--prefix=true", f"{PREFIX}/"),
+    ]
+    for user in users:
+        steps += [("user", "add", user, "--no-password"), ("user", "grant-role", user, "elasticd")]
+    steps.append(("auth", "enable"))
+    for step in steps:
+        res = etcdctl(server, root, *step)
+        assert res.returncode == 0, (step, res.stderr)
+
+
+@pytest.fixture
+def tls_etcd(tmp_path: Path) -> Iterator[tuple[EtcdServer, dict[str, CertFiles]]]:
+    ca = TestCA(tmp_path / "pki")
+    ids = {cn: ca.issue(cn) for cn in ("root", "elasticd-node", "intruder")}
+    server = EtcdServer(tmp_path / "etcd-tls", "tls", tls=ca.server(), admin=ids["root"])
+    server.start()
+    try:
+        setup_rbac(server, ids["root"], "elasticd-node")
+        yield server, ids
+    finally:
+        server.stop()
+
+
+def cert_auth(c: CertFiles) -> EtcdAuth:
+    return EtcdAuth(ca=c.ca, cert=c.cert, key=c.key)
+
+
+def test_daemon_runs_a_job_on_tls_etcd_with_client_certs_and_rbac(tls_etcd: Any, tmp_path: Path) -> None:
+    server, ids = tls_etcd
+    node = ids["elasticd-node"]
+    env = dict(os.environ, ELASTICD_ETCD_CA=str(node.ca), ELASTICD_ETCD_CERT=str(node.cert))
+    env["ELASTICD_ETCD_KEY"] = str(node.key)
+    args = ["--etcd-endpoints", server.endpoint, "--etcd-prefix", PREFIX, "--slots", "2", "--lease-ttl", "3"]
+    d = DaemonProc(unique("tls"), tmp_path / "daemon", args, env)
+    admin = EtcdClient([server.endpoint], server.client_auth())
+    try:
+        d.start()
+        assert d.call("ping")["etcd"] == [server.endpoint]
+        job = submit_job(d, tmp_path, "--nproc-per-node", "2", str(ENVDUMP))  # txns, watch, rendezvous
+        assert d.wait_state(job, ("SUCCEEDED", "FAILED", "KILLED"), 60)["state"] == "SUCCEEDED"
+        # The node lease outlives several TTLs: its keep-alives are allowed.
+        before = admin.get(d.node_key())
+        assert before is not None and before.lease != 0
+        time.sleep(3 * 3.0)
+        after = admin.get(d.node_key())
+        assert after is not None and after.lease == before.lease
+        assert "permission denied" not in d.log_text() and not d.events("watch.rearm")
+    finally:
+        d.stop()
+        admin.close()
+    assert d.proc is not None and d.proc.returncode == 0, d.log_text()[-2000:]
+    assert not d.leftovers()
+    admin = EtcdClient([server.endpoint], server.client_auth())
+    try:  # the daemon's records are there, and only under PREFIX (where RBAC let it write)
+        keys = [kv.key for kv in admin.get_prefix("/")]
+    finally:
+        admin.close()
+    assert any(k.startswith(f"{PREFIX}/jobs/{job}/") for k in keys)
+    assert all(k.startswith(f"{PREFIX}/") for k in keys), keys
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # closed watch
+def test_rbac_confines_the_node_and_shuts_out_intruders(tls_etcd: Any) -> None:
+    server, ids = tls_etcd
+    node = EtcdClient([server.endpoint], cert_auth(ids["elasticd-node"]), timeout_s=3)
+    intruder = EtcdClient([server.endpoint], cert_auth(ids["intruder"]), timeout_s=3)
+    anonymous = EtcdClient([server.endpoint], EtcdAuth(ca=server.tls.ca), timeout_s=3)
+    seen: list[str] = []
+    try:
+        # The node's identity: its prefix, with a lease and a watch; nothing outside it.
+        lease = node.grant_lease(5)
+        cancel = node.watch_prefix(f"{PREFIX}/", lambda key, _deleted: seen.append(key), lambda: None)
+        assert node.create_json(f"{PREFIX}/jobs/j/spec", {"uid": 1000}, lease=lease)
+        assert node.refresh_lease(lease) > 0
+        assert node.health()
+        with pytest.raises(EtcdUnavailable, match="permission denied"):
+            node.put_json("/elsewhere", 1)
+        # Another certificate from the same CA, with no role: no read, no write, no watch.
+        with pytest.raises(EtcdUnavailable, match="permission denied"):
+            intruder.get(f"{PREFIX}/jobs/j/spec")
+        with pytest.raises(EtcdUnavailable, match="permission denied"):
+            intruder.put_json(f"{PREFIX}/jobs/evil/spec", {"uid": 0})
+        with pytest.raises(EtcdUnavailable, match="permission denied"):
+            intruder.get_prefix(f"{PREFIX}/")
+        assert etcdctl(server, ids["intruder"], "put", f"{PREFIX}/jobs/evil/spec", "{}").returncode != 0
+        # No client certificate: the TLS handshake fails; no connection at all.
+        with pytest.raises(EtcdUnavailable):
+            anonymous.get(f"{PREFIX}/jobs/j/spec")
+        assert etcdctl(server, None, "get", f"{PREFIX}/jobs/j/spec").returncode != 0
+        # Plain HTTP to the TLS port gets nowhere either.
+        with pytest.raises(EtcdUnavailable):
+            plain = EtcdClient([f"127.0.0.1:{server.client_port}"], timeout_s=2)
+            try:
+                plain.get(f"{PREFIX}/jobs/j/spec")
+            finally:
+                plain.close()
+        cancel()
+        assert f"{PREFIX}/jobs/j/spec" in seen
+        admin = EtcdClient([server.endpoint], server.client_auth())
+        try:
+            assert admin.get(f"{PREFIX}/jobs/evil/spec") is None
+        finally:
+            admin.close()
+    finally:
+        for c in (node, intruder, anonymous):
+            c.close()
+
+
+def test_password_auth_survives_an_etcd_restart(tls_etcd: Any) -> None:
+    """etcd3 0.12 authenticates once; etcd forgets simple tokens when it restarts. The client
+    re-authenticates on "invalid auth token" instead of failing every call from then on."""
+    server, ids = tls_etcd
+    root = ids["root"]
+    for step in (
+        ("user", "add", "pw-node", "--new-user-password", "s3cret-pw"),
+        ("user", "grant-role", "pw-node", "elasticd"),
+    ):
+        res = etcdctl(server, root, *step)
+        assert res.returncode == 0, res.stderr
+    # The TLS handshake still needs a certificate; the password's user (not the CN) is used.
+    client = EtcdClient(
+        [server.endpoint],
+        EtcdAuth(
+            ca=root.ca,
+            cert=ids["intruder"].cert,
+            key=ids["intruder"].key,
+            user="pw-node",
+            password="s3cret-pw",
+        ),
+        timeout_s=3,
+    )
+    try:
+        client.put_json(f"{PREFIX}/pw", 1)
+        server.stop()
+        server.start()
+        client.put_json(f"{PREFIX}/pw", 2)
+        assert client.get_json(f"{PREFIX}/pw") == 2
+    finally:
+        client.close()
