@@ -1,4 +1,8 @@
-"""Turning a round's result into this node's worker group, and a failed worker into a report."""
+"""Turning a round's result into this node's worker group, and a failed worker into a report.
+
+Log files are created and read through ``jobs.logdir`` only: the workers run as the submitter, and
+anything under the log directory that a job could have touched must never be opened by path as root.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import pwd
 from dataclasses import dataclass
 from pathlib import Path
 
+from elasticd.jobs import logdir
 from elasticd.jobs.env import WorldLayout, worker_env
 from elasticd.jobs.spec import JobSpec
 from elasticd.jobs.state import WorkerFailure
@@ -30,10 +35,7 @@ class NodeRuntime:
     inventory: Inventory
     reaper: Reaper
     liveness_port: int = 0  # see elasticd.node.liveness
-
-
-def attempt_dir(log_dir: Path, job_id: str, attempt: int) -> Path:
-    return log_dir / job_id / f"attempt_{attempt}"
+    log_gid: int | None = None  # the operator's log_group: job logs 0640 to it (logdir.log_group_gid)
 
 
 def layout_for(result: RoundResult, me: Member) -> WorldLayout:
@@ -69,64 +71,75 @@ def start_group(
     slots: tuple[int, ...],
     fence: bool,
 ) -> WorkerGroup:
-    """Spawn this node's workers for one round (on the event-loop thread)."""
-    directory = attempt_dir(rt.log_dir, spec.id, attempt)
-    directory.mkdir(parents=True, exist_ok=True)
+    """Spawn this node's workers for one round (on the event-loop thread).
+
+    Raises ``SetupFailure`` (LOG_DIR_UNSAFE, LOG_DISK_FULL) when the attempt's logs cannot be
+    created safely: the caller ends the job with that reason instead of spending restarts.
+    """
     uid, gid, groups = _identity(spec)
-    if uid is not None:
-        for d in (directory.parent, directory):
-            os.chown(d, uid, gid if gid is not None else -1)
-    visible = rt.inventory.visible_devices(slots)
+    owner = logdir.Owner.of(
+        os.geteuid() if uid is None else uid, os.getegid() if gid is None else gid, rt.log_gid
+    )
+    ranks = [layout.rank_offset + local_rank for local_rank in range(layout.local_world_size)]
+    files = logdir.create_attempt(rt.log_dir, spec.id, attempt, ranks, owner, rt.node_id)
     launches = []
-    for local_rank in range(layout.local_world_size):
-        rank = layout.rank_offset + local_rank
-        error_file = directory / f"rank_{rank}.error.json"
-        error_file.unlink(missing_ok=True)
-        env = worker_env(
-            base=spec.env,
-            layout=layout,
-            local_rank=local_rank,
-            run_id=spec.id,
-            restart_count=restart_count,
-            max_restarts=spec.max_restarts,
-            visible_devices=visible,
-            error_file=str(error_file),
-            owner=rt.node_id,
-        )
-        launches.append(
-            Launch(
+    try:
+        visible = rt.inventory.visible_devices(slots)
+        for local_rank, f in enumerate(files):
+            env = worker_env(
+                base=spec.env,
+                layout=layout,
                 local_rank=local_rank,
-                rank=rank,
-                argv=tuple(spec.argv),
-                env=env,
-                cwd=spec.cwd,
-                log_path=directory / f"rank_{rank}.log",
-                error_file=error_file,
-                uid=uid,
-                gid=gid,
-                extra_groups=groups,
+                run_id=spec.id,
+                restart_count=restart_count,
+                max_restarts=spec.max_restarts,
+                visible_devices=visible,
+                error_file=str(f.error_path),
+                owner=rt.node_id,
             )
-        )
+            launches.append(
+                Launch(
+                    local_rank=local_rank,
+                    rank=f.rank,
+                    argv=tuple(spec.argv),
+                    env=env,
+                    cwd=spec.cwd,
+                    log_fd=f.log_fd,
+                    log_path=f.log_path,
+                    error_file=f.error_path,
+                    uid=uid,
+                    gid=gid,
+                    extra_groups=groups,
+                )
+            )
+    except BaseException:
+        for f in files:
+            os.close(f.log_fd)
+        raise
     group = WorkerGroup(launches, rt.reaper, spec.stop_grace_s, fence=fence)
-    group.start()
+    group.start()  # closes every log fd
     return group
 
 
+def _in_tree(path: Path) -> tuple[Path, tuple[str, ...]]:
+    """``<log_dir>/<job>/attempt_<n>/<file>`` split into the log root and the names below it."""
+    return path.parents[2], path.parts[-3:]
+
+
 def read_tail(path: Path) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - TAIL_BYTES))
-            lines = f.read().decode(errors="replace").splitlines()
-    except OSError:
-        return ""
+    """The last lines of a rank's log (``path`` as in ``Launch.log_path``), read safely."""
+    root, parts = _in_tree(path)
+    lines = logdir.read_tail(root, parts, TAIL_BYTES).decode(errors="replace").splitlines()
     return "\n".join(lines[-TAIL_LINES:])
 
 
 def read_error_file(path: Path) -> str:
-    """The message torch's ``@record`` wrote to TORCHELASTIC_ERROR_FILE, if any."""
+    """The message torch's ``@record`` wrote to TORCHELASTIC_ERROR_FILE, if any (the daemon
+    pre-creates the file empty, so empty means no message)."""
+    root, parts = _in_tree(path)
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = json.loads(logdir.read_small(root, parts))
+    except ValueError:
         return ""
     message = data.get("message", "") if isinstance(data, dict) else ""
     if isinstance(message, dict):

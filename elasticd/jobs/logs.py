@@ -2,6 +2,9 @@
 
 Reads are cursor-based (file -> byte offset) and return whole lines only, so a following client
 polls with the cursor it got back and never sees a line twice or cut in half.
+
+Everything goes through ``jobs.logdir`` (directory fds, no symlinks followed, regular files only):
+the daemon reads as root on behalf of whoever asks, so a path must never lead outside the tree.
 """
 
 from __future__ import annotations
@@ -10,7 +13,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-_FILE = re.compile(r"^attempt_(\d+)/rank_(\d+)\.log$")
+from elasticd.jobs import logdir
+
+_ATTEMPT = re.compile(r"^attempt_(\d+)$")
+_RANK = re.compile(r"^rank_(\d+)\.log$")
 MAX_CHUNK = 256 * 1024
 
 
@@ -21,13 +27,14 @@ class Chunk:
     text: str
 
 
-def log_files(log_dir: Path, job_id: str) -> list[tuple[int, int, Path]]:
-    root = log_dir / job_id
+def log_files(log_dir: Path, job_id: str) -> list[tuple[int, int]]:
+    """(attempt, rank) of every log the job has, in numeric order; unsafe entries are left out."""
     found = []
-    for path in root.glob("attempt_*/rank_*.log"):
-        m = _FILE.match(str(path.relative_to(root)))
-        if m:
-            found.append((int(m.group(1)), int(m.group(2)), path))
+    for name in logdir.list_dir(log_dir, (job_id,)):
+        if a := _ATTEMPT.match(name):
+            for file in logdir.list_dir(log_dir, (job_id, name)):
+                if r := _RANK.match(file):
+                    found.append((int(a.group(1)), int(r.group(1))))
     return sorted(found)
 
 
@@ -51,14 +58,14 @@ def read_new(
     chunks: list[Chunk] = []
     out = dict(cursor)
     budget = max_bytes
-    for attempt, r, path in log_files(log_dir, job_id):
+    for attempt, r in log_files(log_dir, job_id):
         if (rank is not None and r != rank) or budget <= 0:
             continue
         name = f"attempt_{attempt}/rank_{r}.log"
         offset = max(0, out.get(name, 0))
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read(budget)
+        data = logdir.read_range(log_dir, (job_id, f"attempt_{attempt}", f"rank_{r}.log"), offset, budget)
+        if data is None:
+            continue
         data = _whole_lines(data, at_eof=len(data) < budget, ended=whole)
         if data:
             out[name] = offset + len(data)

@@ -3,6 +3,9 @@
 Each worker is a session leader (its own process group), carries a parent-death signal, writes
 stdout and stderr to its append-only per-attempt log, and is tracked by the reaper sidecar. Exits
 are noticed through a pidfd on the event loop, with no polling and no watcher threads.
+
+The group never opens a path under the log directory: ``jobs.logdir`` hands it an open log fd,
+because opening by path as root would follow whatever the job (running as the user) planted there.
 """
 
 from __future__ import annotations
@@ -12,31 +15,44 @@ import contextlib
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from elasticd import log
 from elasticd.workers import proctree
 from elasticd.workers.reaper import Reaper
-from elasticd.workers.spawn import die_with_parent
+from elasticd.workers.spawn import SPAWN_FAILED, Identity, worker_preexec
 
 _log = log.get("elasticd.workers")
 
-SPAWN_FAILED = 127
+__all__ = ["SPAWN_FAILED", "Launch", "Worker", "WorkerGroup"]
 
 
 @dataclass(frozen=True)
 class Launch:
+    """One worker to start. ``log_fd`` belongs to the group from then on: ``WorkerGroup.start``
+    closes it once the worker has it (the number is stale afterwards; never use it again)."""
+
     local_rank: int
     rank: int
     argv: tuple[str, ...]
     env: dict[str, str]
-    cwd: str
-    log_path: Path
-    error_file: Path
+    cwd: str  # entered by the worker as the user, never by root
+    log_fd: int  # stdout and stderr, open for appending (see elasticd.jobs.logdir)
+    log_path: Path  # where log_fd points: a name for reports, read back via jobs.logdir only
+    error_file: Path  # TORCHELASTIC_ERROR_FILE, pre-created for the worker; same rule as log_path
     uid: int | None = None  # switch to this user (the daemon runs as root)
     gid: int | None = None
     extra_groups: tuple[int, ...] | None = None
+    before_drop: Callable[[], None] | None = None  # runs in the child as root, before the switch
+
+    @property
+    def identity(self) -> Identity | None:
+        if self.uid is None:
+            return None
+        gid = self.gid if self.gid is not None else os.getgid()
+        return Identity(self.uid, gid, self.extra_groups if self.extra_groups is not None else (gid,))
 
 
 class Worker:
@@ -82,36 +98,37 @@ class WorkerGroup:
         self._fence = fence
 
     def start(self) -> None:
-        """Spawn every worker. Must run on the event-loop thread (see ``spawn``)."""
-        for launch in self.launches:
-            self.workers.append(self._spawn(launch))
+        """Spawn every worker, once. Must run on the event-loop thread (see ``spawn``). Closes
+        every launch's log fd, also when a spawn raises, so none leaks into later children."""
+        try:
+            for launch in self.launches:
+                self.workers.append(self._spawn(launch))
+        finally:
+            for launch in self.launches:
+                with contextlib.suppress(OSError):
+                    os.close(launch.log_fd)
 
     def _spawn(self, launch: Launch) -> Worker:
-        launch.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(launch.log_path, "ab", buffering=0) as out:
-            if launch.uid is not None:
-                os.fchown(out.fileno(), launch.uid, launch.gid if launch.gid is not None else -1)
-            try:
-                proc = subprocess.Popen(
-                    list(launch.argv),
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    cwd=launch.cwd,
-                    env=launch.env,
-                    start_new_session=True,
-                    preexec_fn=die_with_parent(),
-                    user=launch.uid,
-                    group=launch.gid,
-                    extra_groups=launch.extra_groups,
-                    close_fds=True,
+        try:
+            proc = subprocess.Popen(
+                list(launch.argv),
+                stdin=subprocess.DEVNULL,
+                stdout=launch.log_fd,
+                stderr=subprocess.STDOUT,
+                env=launch.env,
+                start_new_session=True,
+                preexec_fn=worker_preexec(launch.cwd, launch.identity, launch.before_drop),
+                close_fds=True,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            with contextlib.suppress(OSError):
+                os.write(
+                    launch.log_fd, f"elasticd: cannot start worker {list(launch.argv)[:3]}: {exc}\n".encode()
                 )
-            except OSError as exc:
-                out.write(f"elasticd: cannot start worker {list(launch.argv)[:3]}: {exc}\n".encode())
-                _log.warning("worker.spawn_failed", rank=launch.rank, error=str(exc))
-                failed: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-                failed.set_result(SPAWN_FAILED)
-                return Worker(launch, None, failed)
+            _log.warning("worker.spawn_failed", rank=launch.rank, error=str(exc))
+            failed: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+            failed.set_result(SPAWN_FAILED)
+            return Worker(launch, None, failed)
         self._reaper.track(proc.pid, launch.env.get(proctree.JOB_ENV) if self._fence else None)
         _log.debug("worker.started", rank=launch.rank, pid=proc.pid)
         return Worker(launch, proc.pid, _watch_exit(proc))

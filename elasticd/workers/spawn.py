@@ -4,14 +4,22 @@ Children get ``PR_SET_PDEATHSIG=SIGKILL``: when the daemon dies, even by SIGKILL
 them. The signal is tied to the *thread* that forked, so callers spawn from the event-loop thread,
 which lives as long as the daemon. The ``preexec_fn`` runs between fork and exec, after any uid
 change (a uid change would clear the setting), and only calls a pre-resolved libc function.
+
+Workers switch to the submitter's identity in their own ``preexec_fn`` instead of through Popen's
+``user=``/``cwd=``: CPython enters ``cwd`` *before* it drops privileges, so a job could make a root
+process chdir into a directory only root may enter. Here the order is: the root-only hook, the
+identity switch, then ``chdir`` with the user's own permissions.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NoReturn
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _prctl = _libc.prctl
@@ -26,6 +34,17 @@ _DAEMON_ONLY_ENV = (
     "LISTEN_PID",
     "LISTEN_FDNAMES",
 )
+SPAWN_FAILED = 127  # the worker never reached exec: like a shell's "command not found"
+PARENT_GONE = 70  # the daemon died between fork and prctl
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a worker runs as, when the daemon (root) must switch to the submitter."""
+
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
 
 
 def die_with_parent() -> Callable[[], None]:
@@ -39,7 +58,49 @@ def die_with_parent() -> Callable[[], None]:
     def preexec() -> None:
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:
-            os._exit(70)
+            os._exit(PARENT_GONE)
+
+    return preexec
+
+
+def _fail(message: str) -> NoReturn:
+    """End the child before exec, leaving the reason in its log (fd 2 is the log by now)."""
+    with contextlib.suppress(OSError):
+        os.write(2, message.encode(errors="replace"))
+    os._exit(SPAWN_FAILED)
+
+
+def worker_preexec(
+    cwd: str, identity: Identity | None, before_drop: Callable[[], None] | None = None
+) -> Callable[[], None]:
+    """A ``preexec_fn`` for a worker: ``before_drop`` as root, switch identity, enter ``cwd`` as
+    the user, then the parent-death signal (after the switch, which would clear it).
+
+    Any failure ends the child with ``SPAWN_FAILED`` and a line in its log: it must never go on to
+    exec as root, nor in a directory the user could not have entered.
+    """
+    parent = os.getpid()
+
+    def preexec() -> None:
+        if before_drop is not None:
+            try:
+                before_drop()
+            except Exception as exc:
+                _fail(f"elasticd: cannot prepare the worker: {exc}\n")
+        if identity is not None:
+            try:
+                os.setgroups(list(identity.groups))
+                os.setresgid(identity.gid, identity.gid, identity.gid)
+                os.setresuid(identity.uid, identity.uid, identity.uid)
+            except OSError as exc:
+                _fail(f"elasticd: cannot switch to uid {identity.uid}: {exc.strerror}\n")
+        try:
+            os.chdir(cwd)
+        except OSError as exc:
+            _fail(f"elasticd: cannot enter working directory {cwd}: {exc.strerror}\n")
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(PARENT_GONE)
 
     return preexec
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,7 @@ def test_order_is_attempt_then_rank(log_dir: Path) -> None:
 def test_numeric_order_not_lexical(tmp_path: Path) -> None:
     for attempt, rank in [(10, 0), (2, 10), (2, 9)]:
         write(tmp_path, f"attempt_{attempt}/rank_{rank}.log", f"{attempt}/{rank}\n")
-    assert [(a, r) for a, r, _ in log_files(tmp_path, JOB)] == [(2, 9), (2, 10), (10, 0)]
+    assert log_files(tmp_path, JOB) == [(2, 9), (2, 10), (10, 0)]
     chunks, _ = read_new(tmp_path, JOB, {})
     assert [(c.attempt, c.rank) for c in chunks] == [(2, 9), (2, 10), (10, 0)]
 
@@ -52,7 +53,7 @@ def test_other_files_are_ignored(log_dir: Path) -> None:
     write(log_dir, "attempt_x/rank_0.log", "x\n")
     write(log_dir, "attempt_0/rank_a.log", "x\n")
     write(log_dir, "rank_0.log", "x\n")
-    assert [(a, r) for a, r, _ in log_files(log_dir, JOB)] == [(0, 0), (0, 1), (1, 0)]
+    assert log_files(log_dir, JOB) == [(0, 0), (0, 1), (1, 0)]
 
 
 def test_unknown_job_has_no_logs(tmp_path: Path) -> None:
@@ -157,3 +158,54 @@ def test_budget_never_cuts_a_line_when_a_whole_line_fits(tmp_path: Path) -> None
     chunks, cursor = read_new(tmp_path, JOB, {}, max_bytes=7)
     assert chunks == [Chunk(0, 0, "aaaa\n")]
     assert cursor == {A0R0: 5}
+
+
+# -- nothing outside the tree is ever read (the daemon reads as root for whoever asks) -----------
+
+
+@pytest.fixture
+def secret(tmp_path: Path) -> Path:
+    path = tmp_path / "secret" / "key"
+    path.parent.mkdir(mode=0o700)
+    path.write_text("root only\n")
+    path.chmod(0o600)
+    return path
+
+
+def texts(log_dir: Path, job: str = JOB) -> str:
+    return "".join(c.text for c in read_new(log_dir, job, {}, whole=True)[0])
+
+
+def test_a_symlinked_log_is_skipped(log_dir: Path, secret: Path) -> None:
+    os.symlink(secret, log_dir / JOB / "attempt_1" / "rank_5.log")
+    assert (1, 5) in log_files(log_dir, JOB)  # listed, but never followed
+    assert "root only" not in texts(log_dir)
+    assert "a1r0 line1" in texts(log_dir)
+
+
+@pytest.mark.parametrize("where", ["attempt_7", "job"])
+def test_a_symlinked_directory_is_skipped(tmp_path: Path, secret: Path, where: str) -> None:
+    (secret.parent / "rank_0.log").write_text("root only\n")
+    if where == "job":
+        os.symlink(secret.parent, tmp_path / JOB)
+    else:
+        (tmp_path / JOB).mkdir()
+        os.symlink(secret.parent, tmp_path / JOB / where)
+    assert log_files(tmp_path, JOB) == []
+    assert texts(tmp_path) == ""
+
+
+def test_a_fifo_is_skipped_without_blocking(log_dir: Path) -> None:
+    os.mkfifo(log_dir / JOB / "attempt_1" / "rank_3.log")
+    assert texts(log_dir).endswith("a1r0 line1\n")
+
+
+@pytest.mark.parametrize("job", ["..", ".", "a/b", "", "../" + JOB])
+def test_job_names_cannot_leave_the_tree(log_dir: Path, job: str) -> None:
+    assert log_files(log_dir / JOB, job) == []
+    assert read_new(log_dir, job, {}) == ([], {})
+
+
+def test_a_writable_attempt_dir_is_not_read(log_dir: Path) -> None:
+    (log_dir / JOB / "attempt_1").chmod(0o777)
+    assert log_files(log_dir, JOB) == [(0, 0), (0, 1)]

@@ -1,0 +1,68 @@
+"""Helpers for tests that act as another user: uid nobody sending requests, and a daemon it can reach.
+
+The venv's python lives under /root, which other users cannot enter, so jobs of other users run
+Debian's /usr/bin/python3, and everything they touch lives in a 0755 directory under /tmp.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from elasticctl.client import Client, DaemonError
+from tests.conftest import DaemonFactory
+from tests.support import DaemonProc
+
+NOBODY = 65534
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+@contextmanager
+def public_dir(prefix: str = "elasticd-uid-") -> Iterator[Path]:
+    """A 0755 root directory other users can traverse (pytest's tmp_path is 0700)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def as_user(uid: int, gid: int, socket: Path, cmd: str, **args: Any) -> dict[str, Any]:
+    """Send one request from a forked child that has dropped to ``uid``."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: never returns into pytest
+        try:
+            os.close(read_fd)
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+            client = Client(socket, timeout_s=15)
+            try:
+                reply: dict[str, Any] = {"ok": True, "result": client.call(cmd, **args)}
+            except DaemonError as exc:
+                reply = {"ok": False, "code": exc.code, "message": exc.message}
+            os.write(write_fd, json.dumps(reply).encode())
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd) as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    return dict(json.loads(data))
+
+
+def public_daemon(daemon_factory: DaemonFactory, root: Path) -> DaemonProc:
+    """A daemon whose socket (0666), state and logs live under ``root``, reachable by anyone."""
+    d = daemon_factory(None, start=False, env=dict(os.environ, ELASTICD_SOCKET_MODE="666"), embedded=False)
+    d.root = root / "daemon"
+    d.stderr_path = root / "daemon" / "daemon.log"
+    d.start()
+    return d
