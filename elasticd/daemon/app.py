@@ -113,7 +113,7 @@ class Daemon:
                 ),
                 reaper=self._reaper,
             )
-            self.manager = JobManager(rt, self.etcd, self.keys, self._state, self.registry)
+            self.manager = JobManager(rt, self.etcd, self.keys, self._state, self.registry, s.allow_root_jobs)
             await self.registry.start()
             await self.manager.recover()
             background.append(asyncio.create_task(self.registry.run(), name="registry"))

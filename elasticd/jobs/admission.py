@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from elasticd.jobs.spec import JobSpec
+from elasticd.jobs.state import EndReason
 from elasticd.rendezvous.store import JobSnapshot
+
+ROOT_UID = 0
 
 
 @dataclass(frozen=True)
@@ -18,7 +22,7 @@ def admit(
 ) -> Admission:
     """A drained node (node-wide, or for this job) joins nothing; others join where there is a seat."""
     spec = snap.spec
-    if spec is None or snap.final is not None or snap.round is None or not spec.allows(node):
+    if spec is None or snap.ended or snap.round is None or not spec.allows(node):
         return Admission(False)
     if draining or node in snap.drains:
         return Admission(False)
@@ -35,3 +39,39 @@ def admit(
             False, f"{node} is waiting for {need} free {unit} ({free_slots} of {total_slots} free now)"
         )
     return Admission(True)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    code: EndReason
+    reason: str
+
+
+def refuse(spec: JobSpec, node: str, daemon_uid: int, allow_root_jobs: bool) -> Refusal | None:
+    """Whether this node must fail a job it is allowed to run, because of whom it would run as.
+
+    The spec's uid is only a claim: anyone who can write to etcd can write ``"uid": 0``. Whether a
+    job runs as root is this node's own configuration's decision (``allow_root_jobs``), and a
+    daemon that is not root cannot switch users at all, so it runs only its own user's jobs.
+    Failing (rather than just not joining) tells the submitter at once instead of leaving the
+    job pending until its join timeout.
+    """
+    if not spec.allows(node):
+        return None
+    if spec.uid == ROOT_UID and daemon_uid == ROOT_UID and not allow_root_jobs:
+        return Refusal(
+            EndReason.ROOT_NOT_ALLOWED,
+            f"node {node} does not run jobs as root (uid 0): its elasticd was not started "
+            "with --allow-root-jobs",
+        )
+    if spec.uid == ROOT_UID and daemon_uid != ROOT_UID:
+        return Refusal(
+            EndReason.ROOT_NOT_ALLOWED, f"node {node} runs elasticd as uid {daemon_uid}, not as root"
+        )
+    if daemon_uid != ROOT_UID and spec.uid != daemon_uid:
+        return Refusal(
+            EndReason.SPAWN_FAILED,
+            f"node {node} runs elasticd as uid {daemon_uid}, which cannot start workers "
+            f"as uid {spec.uid} ({spec.user})",
+        )
+    return None

@@ -20,7 +20,7 @@ from elasticd.errors import EtcdUnavailable
 from elasticd.jobs.decider import GroupOutcome, group_outcome
 from elasticd.jobs.launch import NodeRuntime, describe_failure, layout_for, start_group
 from elasticd.jobs.spec import JobSpec
-from elasticd.jobs.state import JobState, WorkerFailure
+from elasticd.jobs.state import EndReason, JobState, WorkerFailure
 from elasticd.netaddr import free_port
 from elasticd.node.liveness import LivenessMonitor
 from elasticd.node.registry import NodeRegistry
@@ -249,7 +249,12 @@ class JobAgent:
         snap, alive = await self._snapshot()
         self._last_snap = snap
         self._follow_peers(snap)
-        if snap.final is not None:
+        if snap.final is None and snap.invalid:
+            # A bad record: the manager fails the job naming it. Act on nothing meanwhile (no
+            # publish, no cleanup), so that the evidence stays until the final record is written.
+            await self._sleep()
+            return False
+        if snap.ended:
             await self._stop_workers(self.spec.stop_grace_s)
             return True
         if self._leave is not None:
@@ -282,7 +287,7 @@ class JobAgent:
         result = snap.result
         running = self.group is not None and result is not None and self.node in result.nodes
         peers = {}
-        if running and snap.final is None and result is not None:
+        if running and not snap.ended and result is not None:
             peers = {m.node: (m.address, m.liveness_port) for m in rdzv.ring_neighbours(result, self.node)}
         self._monitor.watch(peers)
 
@@ -366,7 +371,7 @@ class JobAgent:
                 )
                 await self._io(self._store.forget_rounds_before, info.round)
         elif decision.verdict is rdzv.Close.FAIL:
-            if await self._io(self._store.finalize, JobState.FAILED.value, decision.why, None):
+            if await self._io(self._store.finalize, JobState.FAILED, EndReason.JOIN_TIMEOUT, decision.why):
                 _log.warning("job.failed", job=self.spec.id, reason=decision.why)
         else:
             await asyncio.sleep(LEADER_BATCH_S)  # joins arriving together are then read together
@@ -447,14 +452,14 @@ class JobAgent:
                     await self._publish()
                     return
         if set(result.nodes) <= done:
-            if await self._io(self._store.finalize, JobState.SUCCEEDED.value, "", None):
+            if await self._io(self._store.finalize, JobState.SUCCEEDED, EndReason.SUCCEEDED, ""):
                 _log.info("job.succeeded", job=self.spec.id, round=snap.current, restarts=snap.restarts)
             return
         counted = snap.join_counts.get(snap.current)
         if counted is None or counted < len(result.nodes):  # a member's key may be gone
             if counted is not None:  # read the joins to know whose
                 fresh = await self._io(self._store.snapshot)
-                if fresh.round_mod != snap.round_mod or fresh.final is not None:
+                if fresh.round_mod != snap.round_mod or fresh.ended:
                     return  # the round moved meanwhile: the next step acts on the new one
                 snap = fresh
             present = {j.node for j in snap.current_joins}
@@ -491,7 +496,8 @@ class JobAgent:
         """Open the next round for ``reason`` (once, whoever sees it first) or end the job."""
         plan = rdzv.plan_bump(reason, snap.restarts, self.spec.max_restarts, detail)
         if plan.fail:
-            if await self._io(self._store.finalize, JobState.FAILED.value, plan.why, failure):
+            code = EndReason.WORKER_FAILED if reason is RoundReason.WORKER_FAILED else EndReason.NODES_LOST
+            if await self._io(self._store.finalize, JobState.FAILED, code, plan.why, failure):
                 _log.warning("job.failed", job=self.spec.id, reason=plan.why)
             return
         expect = rdzv.next_expect(result, alive, extra or ())

@@ -8,6 +8,7 @@ The cluster-wide truth is in etcd; nothing here is authoritative but the local s
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections import defaultdict
 from typing import Any
@@ -16,6 +17,7 @@ import psutil
 
 from elasticd import log
 from elasticd.aio import wait_event
+from elasticd.decode import report_invalid
 from elasticd.errors import (
     Conflict,
     EtcdUnavailable,
@@ -25,17 +27,17 @@ from elasticd.errors import (
 )
 from elasticd.etcd.client import EtcdClient, KeyValue, Query
 from elasticd.etcd.keys import Keys
-from elasticd.jobs.admission import admit
+from elasticd.jobs.admission import admit, refuse
 from elasticd.jobs.agent import AgentState, JobAgent
 from elasticd.jobs.launch import NodeRuntime
-from elasticd.jobs.spec import JobSpec
-from elasticd.jobs.state import JobState
+from elasticd.jobs.spec import JobSpec, valid_job_id
+from elasticd.jobs.state import EndReason, JobState
 from elasticd.jobs.view import job_view
 from elasticd.node.allocator import Allocator
-from elasticd.node.registry import NodeRegistry
+from elasticd.node.registry import NodeRegistry, parse_node_drain
 from elasticd.node.statedir import StateDir
 from elasticd.rendezvous import decider as rdzv
-from elasticd.rendezvous.model import RoundInfo, RoundReason
+from elasticd.rendezvous.model import DrainRecord, RoundInfo, RoundReason
 from elasticd.rendezvous.store import JobSnapshot, JobStore
 from elasticd.workers import proctree
 
@@ -48,9 +50,17 @@ KILL_WAIT_S = 60.0
 
 class JobManager:
     def __init__(
-        self, rt: NodeRuntime, etcd: EtcdClient, keys: Keys, state: StateDir, registry: NodeRegistry
+        self,
+        rt: NodeRuntime,
+        etcd: EtcdClient,
+        keys: Keys,
+        state: StateDir,
+        registry: NodeRegistry,
+        allow_root_jobs: bool = False,
     ) -> None:
         self.rt = rt
+        self._allow_root_jobs = allow_root_jobs  # this node's own config, whatever a spec says
+        self._uid = os.geteuid()
         self._etcd = etcd
         self._keys = keys
         self._state = state
@@ -60,7 +70,7 @@ class JobManager:
         self._wake = asyncio.Event()
         self._stopping = False
         self._notes: dict[str, str] = {}
-        self.draining: dict[str, Any] | None = None  # this node's drain record, while drained
+        self.draining: DrainRecord | None = None  # this node's drain record, while drained
         registry.on_lost = self.fence_all
         registry.on_granted = self.wake
 
@@ -135,13 +145,16 @@ class JobManager:
         if self._stopping or self._registry.lease_id is None:
             return
         snaps = await self._snapshots()
-        self.draining = await asyncio.to_thread(self._etcd.get_json, self._keys.drain(self.rt.node_id))
+        drain = await asyncio.to_thread(self._etcd.get, self._keys.drain(self.rt.node_id))
+        self.draining = parse_node_drain(self._keys, drain) if drain is not None else None
         self._apply_drains(snaps)
         alive: set[str] | None = None
         for job_id, snap in sorted(
             snaps.items(), key=lambda kv: kv[1].spec.submitted_at if kv[1].spec else 0
         ):
-            if snap.spec is None or snap.final is not None:
+            if snap.final is None and snap.invalid:
+                await self._fail_invalid(snap)
+            if snap.spec is None or snap.ended:
                 continue
             if job_id not in self.agents:
                 await self._consider(snap)
@@ -150,9 +163,27 @@ class JobManager:
             await self._watch_orphans(snap, alive)
         self._registry.publish_soon()
 
+    async def _fail_invalid(self, snap: JobSnapshot) -> None:
+        """A job with a bad record ends FAILED, naming the key; each bad key is logged once. A bad
+        ``final`` is replaced by a readable one; nothing is written for a key that names no job."""
+        for bad in snap.invalid:
+            report_invalid(bad.key, bad.revision, bad.why, job=snap.job_id)
+        if valid_job_id(snap.job_id) and await asyncio.to_thread(self._store(snap.job_id).fail_invalid, snap):
+            _log.warning(
+                "job.failed", job=snap.job_id, code=EndReason.INVALID_RECORD.value, key=snap.invalid[0].key
+            )
+
     async def _consider(self, snap: JobSnapshot) -> None:
         assert snap.spec is not None
         spec = snap.spec
+        refusal = refuse(spec, self.rt.node_id, self._uid, self._allow_root_jobs)
+        if refusal is not None:
+            ended = await asyncio.to_thread(
+                self._store(spec.id).finalize, JobState.FAILED, refusal.code, refusal.reason
+            )
+            if ended:
+                _log.warning("job.refused", job=spec.id, code=refusal.code.value, reason=refusal.reason)
+            return
         decision = admit(
             snap,
             self.rt.node_id,
@@ -184,7 +215,7 @@ class JobManager:
             snap = snaps.get(job_id)
             record = (snap.drains.get(self.rt.node_id) if snap is not None else None) or self.draining
             if record is not None:
-                agent.leave(RoundReason.MEMBER_LEFT, f"node {self.rt.node_id} drained", record.get("grace_s"))
+                agent.leave(RoundReason.MEMBER_LEFT, f"node {self.rt.node_id} drained", record.grace_s)
 
     async def _watch_orphans(self, snap: JobSnapshot, alive: set[str]) -> None:
         """Jobs no live member looks after: restart them (any node may, once) or fail them."""
@@ -198,14 +229,14 @@ class JobManager:
             plan = rdzv.plan_bump(RoundReason.MEMBER_LOST, snap.restarts, spec.max_restarts,
                                   f"every node of round {snap.current} was lost")  # fmt: skip
             if plan.fail:
-                await asyncio.to_thread(store.finalize, JobState.FAILED.value, plan.why, None)
+                await asyncio.to_thread(store.finalize, JobState.FAILED, EndReason.NODES_LOST, plan.why)
             else:
                 info = RoundInfo(snap.current + 1, RoundReason.MEMBER_LOST, time.time(), (), plan.why)
                 if await asyncio.to_thread(store.bump, snap, info, plan.spend):
                     _log.warning("job.orphaned", job=snap.job_id, round=snap.current, action="restart")
         elif not snap.current_joins and time.time() - snap.round.opened_at > spec.join_timeout_s:
             why = f"only 0 of the {spec.nnodes.min} nodes needed joined within {spec.join_timeout_s:g}s"
-            await asyncio.to_thread(store.finalize, JobState.FAILED.value, why, None)
+            await asyncio.to_thread(store.finalize, JobState.FAILED, EndReason.JOIN_TIMEOUT, why)
 
     def _agent_changed(self, agent: JobAgent) -> None:
         """Keep the state dir's record of what this node runs (for crash recovery) current."""
@@ -260,8 +291,11 @@ class JobManager:
 
     # -- queries and commands -------------------------------------------------------------------
     async def snapshot(self, job_id: str) -> JobSnapshot:
+        """The job as of now; one with unreadable records is still a job (it shows as FAILED)."""
+        if not valid_job_id(job_id):
+            raise JobNotFound(f"no job {job_id[:80]!r}")
         snap = await asyncio.to_thread(self._store(job_id).snapshot)
-        if snap.spec is None:
+        if not snap.found:
             raise JobNotFound(f"no job {job_id!r}")
         return snap
 
@@ -277,7 +311,7 @@ class JobManager:
 
     async def views(self) -> list[dict[str, Any]]:
         snaps = await self._snapshots()
-        views = [job_view(s, self.rt.node_id) for s in snaps.values() if s.spec is not None]
+        views = [job_view(s, self.rt.node_id) for s in snaps.values()]  # unreadable ones too
         return sorted(views, key=lambda v: v.get("submitted_at") or 0)
 
     async def owner_of(self, job_id: str) -> tuple[int, str] | None:
@@ -288,9 +322,9 @@ class JobManager:
     async def kill(self, job_id: str, user: str) -> dict[str, Any]:
         snap = await self.snapshot(job_id)
         if snap.final is not None:
-            raise Conflict(f"job {job_id} already ended as {snap.final['state']}")
+            raise Conflict(f"job {job_id} already ended as {snap.final.state.value}")
         await asyncio.to_thread(
-            self._store(job_id).finalize, JobState.KILLED.value, f"killed by {user}", None
+            self._store(job_id).finalize, JobState.KILLED, EndReason.KILLED, f"killed by {user}"
         )
         self.wake(job_id)
         deadline = time.monotonic() + KILL_WAIT_S
@@ -300,7 +334,7 @@ class JobManager:
                 await asyncio.wait({asyncio.ensure_future(agent.wait())}, timeout=0.5)
                 continue
             snap = await self.snapshot(job_id)
-            if not any(s.get("pids") for s in snap.node_status.values()):
+            if not any(s.pids for s in snap.node_status.values()):
                 break
             await asyncio.sleep(0.1)
         return job_view(await self.snapshot(job_id), self.rt.node_id)
@@ -385,7 +419,7 @@ class JobManager:
         """Clean up after a predecessor that died: its processes, its slots, its part in jobs."""
         leftovers = await asyncio.to_thread(proctree.marked, self.rt.node_id)
         records = self._state.jobs()
-        pgids = [pg for rec in records.values() for pg in rec.get("pgids", []) if _orphaned_group(pg)]
+        pgids = [pg for rec in records.values() for pg in _pgids(rec) if _orphaned_group(pg)]
         if leftovers or pgids:
             _log.warning("recover.killing", pids=[p.pid for p in leftovers], pgids=pgids)
             await proctree.terminate(leftovers, pgids, grace_s=2.0)
@@ -399,20 +433,26 @@ class JobManager:
     async def _recover_job(self, job_id: str) -> None:
         snap = await self.snapshot(job_id)
         result = snap.result
-        if snap.final is not None or result is None or self.rt.node_id not in result.nodes:
-            return
+        if snap.ended or result is None or self.rt.node_id not in result.nodes:
+            return  # a job with a bad record is failed by the scan
         assert snap.spec is not None
         why = f"elasticd on {self.rt.node_id} restarted while the job ran"
         plan = rdzv.plan_bump(RoundReason.MEMBER_LOST, snap.restarts, snap.spec.max_restarts, why)
         store = self._store(job_id)
         if plan.fail:
-            await asyncio.to_thread(store.finalize, JobState.FAILED.value, plan.why, None)
+            await asyncio.to_thread(store.finalize, JobState.FAILED, EndReason.NODES_LOST, plan.why)
         else:
             alive = set(await asyncio.to_thread(self._registry.live_nodes))
             info = RoundInfo(snap.current + 1, RoundReason.MEMBER_LOST, time.time(),
                              rdzv.next_expect(result, alive), why)  # fmt: skip
             await asyncio.to_thread(store.bump, snap, info, plan.spend)
         _log.warning("recover.job", job=job_id, action="failed" if plan.fail else "restart", reason=plan.why)
+
+
+def _pgids(record: Any) -> list[int]:
+    """The process groups a state-dir record names (a damaged record names none)."""
+    pgids = record.get("pgids") if isinstance(record, dict) else None
+    return [p for p in pgids if type(p) is int and p > 1] if isinstance(pgids, list) else []
 
 
 def _orphaned_group(pgid: int) -> bool:

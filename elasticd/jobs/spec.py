@@ -6,16 +6,24 @@ always be attempted (whether the host has room is the scheduler's question, not 
 
 from __future__ import annotations
 
+import math
 import re
 import secrets
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from elasticd.decode import DecodeError, Unknown, decode
 from elasticd.errors import InvalidSpec
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+NODE_ID = _NAME  # the same rule as elasticd.node.statedir applies to --node-id
+JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+# A plain user name: what pwd may hold (or the uid as digits when it has no entry), nothing that
+# could be read as a path, an option or a second field.
+_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}\$?$")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+MAX_ID = 2**32 - 2  # uid/gid: (uid_t)-1 means "unchanged" to setresuid, never a user
 MAX_NPROC_PER_NODE = 1024
 MAX_NODES = 4096
 DEFAULT_LAST_CALL_S = 2.0
@@ -47,12 +55,42 @@ class NodeRange:
             raise InvalidSpec(f"nnodes must satisfy 1 <= MIN <= MAX <= {MAX_NODES}, got {text!r}")
         return cls(low, high)
 
+    def __post_init__(self) -> None:
+        if not 1 <= self.min <= self.max <= MAX_NODES:
+            raise InvalidSpec(f"nnodes must satisfy 1 <= MIN <= MAX <= {MAX_NODES}, got {self}")
+
+    @classmethod
+    def __decode__(cls, value: Any) -> NodeRange:
+        """Stored as torchrun writes it (``"1:4"``), never as numbers."""
+        if not isinstance(value, str):
+            raise InvalidSpec(f"nnodes must be a string N or MIN:MAX, got {type(value).__name__}")
+        return cls.parse(value)
+
     def __str__(self) -> str:
         return str(self.min) if self.min == self.max else f"{self.min}:{self.max}"
 
 
+def valid_node_id(text: str) -> bool:
+    return bool(NODE_ID.match(text))
+
+
+def valid_job_id(text: str) -> bool:
+    return bool(JOB_ID.match(text))
+
+
 def new_job_id(name: str) -> str:
     return f"{name}-{secrets.token_hex(4)}"
+
+
+def _exec_safe(text: str) -> bool:
+    """Text that can be an argv element, a path or an environment entry: no NUL, valid UTF-8."""
+    if "\0" in text:
+        return False
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # lone surrogates, which JSON escapes can carry
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -89,6 +127,12 @@ class JobSpec:
             raise InvalidSpec("env must map names to strings")
         if not isinstance(self.args, tuple) or not all(isinstance(a, str) for a in self.args):
             raise InvalidSpec("args must be a list of strings")
+        self._check_identity()
+        texts = [self.entry, self.python, self.cwd, *self.args, *self.env, *self.env.values()]
+        if not all(_exec_safe(t) for t in texts):
+            raise InvalidSpec("entry, python, cwd, args and env must not contain NUL or invalid UTF-8")
+        if not JOB_ID.match(self.id):
+            raise InvalidSpec(f"id must match {JOB_ID.pattern}, got {self.id[:80]!r}")
         if not _NAME.match(self.name):
             raise InvalidSpec(f"name must match {_NAME.pattern}, got {self.name!r}")
         if not 1 <= self.nproc_per_node <= MAX_NPROC_PER_NODE:
@@ -108,7 +152,11 @@ class JobSpec:
         if not 0 <= self.last_call_s <= 3600 or not 0 < self.join_timeout_s <= 86400:
             raise InvalidSpec("last_call_s must be 0..3600 and join_timeout_s 0..86400 seconds")
         if not all(isinstance(n, str) and _NAME.match(n) for n in self.nodes):
-            raise InvalidSpec(f"nodes must be node ids, got {list(self.nodes)}")
+            raise InvalidSpec(f"nodes must be node ids, got {list(self.nodes)[:10]}")
+        if self.submitted_on and not NODE_ID.match(self.submitted_on):
+            raise InvalidSpec(f"submitted_on must be a node id, got {self.submitted_on[:80]!r}")
+        if not math.isfinite(self.submitted_at):
+            raise InvalidSpec("submitted_at must be a finite time")
         if self.memory_limit_bytes is not None and not MIN_MEMORY <= self.memory_limit_bytes <= MAX_MEMORY:
             raise InvalidSpec(f"memory_limit must be 16 MiB .. 1 PiB, got {self.memory_limit_bytes} bytes")
         if self.cpu_limit is not None and not 0.01 <= self.cpu_limit <= 4096:
@@ -118,6 +166,16 @@ class JobSpec:
         bad = [k for k in self.env if not _ENV_KEY.match(k)]
         if bad:
             raise InvalidSpec(f"invalid environment variable names: {bad[:5]}")
+
+    def _check_identity(self) -> None:
+        """Whom the workers run as: a real uid/gid and a plain name. Whether this node may run
+        them as that user (root, another user) is the node's decision, not the spec's."""
+        for name in ("uid", "gid"):
+            value = getattr(self, name)
+            if type(value) is not int or not 0 <= value <= MAX_ID:
+                raise InvalidSpec(f"{name} must be an integer 0..{MAX_ID}, got {value!r}")
+        if not _USER.match(self.user):
+            raise InvalidSpec(f"user must be a plain user name, got {self.user[:80]!r}")
 
     @property
     def argv(self) -> list[str]:
@@ -142,18 +200,11 @@ class JobSpec:
         return not self.nodes or node in self.nodes
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> JobSpec:
+    def from_json(cls, data: Any) -> JobSpec:
+        """The stored spec, checked as strictly as a submission. Unknown fields are refused, unlike
+        other records': a spec field this daemon does not know (a limit, a constraint) must not
+        be silently dropped while the job runs anyway."""
         try:
-            return cls(
-                **(
-                    data
-                    | {
-                        "entry_kind": EntryKind(data["entry_kind"]),
-                        "args": tuple(data["args"]) if isinstance(data["args"], list) else data["args"],
-                        "nnodes": NodeRange.parse(data["nnodes"]),
-                        "nodes": tuple(data.get("nodes", ())),
-                    }
-                )
-            )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise InvalidSpec(f"malformed job spec: {exc}") from exc
+            return decode(cls, data, unknown=Unknown.REJECT)
+        except DecodeError as exc:
+            raise InvalidSpec(f"malformed job spec: {exc}") from None

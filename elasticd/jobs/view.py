@@ -4,13 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from elasticd.jobs.state import JobState, WorkerFailure
+from elasticd.decode import DecodeError, decode
+from elasticd.jobs.state import EndReason, JobState, WorkerFailure
 from elasticd.rendezvous.store import JobSnapshot
 
 
 def job_state(snap: JobSnapshot) -> JobState:
+    """A job with an invalid record shows as FAILED at once, before its final record is written
+    (and even when it cannot be: a bad ``final`` itself, a bad job id)."""
     if snap.final is not None:
-        return JobState(snap.final["state"])
+        return snap.final.state
+    if snap.invalid:
+        return JobState.FAILED
     if snap.result is not None:
         return JobState.RUNNING
     return JobState.PENDING if snap.current == 0 else JobState.RESTARTING
@@ -18,7 +23,9 @@ def job_state(snap: JobSnapshot) -> JobState:
 
 def _reason(snap: JobSnapshot, state: JobState) -> str:
     if snap.final is not None:
-        return str(snap.final.get("reason") or "")
+        return snap.final.reason
+    if snap.invalid:
+        return snap.invalid[0].describe()
     spec = snap.spec
     if state is JobState.RUNNING:
         return f"round {snap.current}"
@@ -29,6 +36,19 @@ def _reason(snap: JobSnapshot, state: JobState) -> str:
     return "; ".join(parts)
 
 
+def _summary(failure: dict[str, Any]) -> str:
+    try:
+        return decode(WorkerFailure, failure).summary()
+    except DecodeError:
+        return "failed"
+
+
+def _code(snap: JobSnapshot) -> str | None:
+    if snap.final is not None:
+        return snap.final.code.value
+    return EndReason.INVALID_RECORD.value if snap.invalid else None
+
+
 def job_view(snap: JobSnapshot, local_node: str) -> dict[str, Any]:
     spec = snap.spec
     state = job_state(snap)
@@ -36,20 +56,20 @@ def job_view(snap: JobSnapshot, local_node: str) -> dict[str, Any]:
     members = []
     if result is not None:
         for m in result.members:
-            node_status = snap.node_status.get(m.node, {})
+            status = snap.node_status.get(m.node)
             members.append(
                 {
                     "node": m.node,
                     "address": m.address,
                     "group_rank": m.group_rank,
                     "ranks": [m.rank_offset, m.rank_offset + m.local_world_size - 1],
-                    "state": node_status.get("state", "GONE"),
-                    "devices": node_status.get("devices", ""),
-                    "pids": node_status.get("pids", []),
+                    "state": status.state if status else "GONE",
+                    "devices": status.devices if status else "",
+                    "pids": list(status.pids) if status else [],
                 }
             )
-    failure = (snap.final or {}).get("failure") or (snap.round.failure if snap.round else None)
-    local = snap.node_status.get(local_node, {})
+    failure = (snap.final.failure if snap.final else None) or (snap.round.failure if snap.round else None)
+    local = snap.node_status.get(local_node)
     view: dict[str, Any] = {
         "id": snap.job_id,
         "state": state.value,
@@ -61,12 +81,15 @@ def job_view(snap: JobSnapshot, local_node: str) -> dict[str, Any]:
         "members": members,
         "nodes": [m["node"] for m in members],
         "waiting_nodes": sorted(snap.waiting),
-        "node_states": {n: s.get("state") for n, s in snap.node_status.items()},
+        "node_states": {n: s.state for n, s in snap.node_status.items()},
         "master": f"{result.master_addr}:{result.master_port}" if result is not None else "",
-        "devices": local.get("devices", ""),
-        "pids": local.get("pids", []) if not state.terminal else [],
-        "ended_at": (snap.final or {}).get("ended_at"),
+        "devices": local.devices if local else "",
+        "pids": list(local.pids) if local and not state.terminal else [],
+        "ended_at": snap.final.ended_at if snap.final else None,
+        "code": _code(snap),
     }
+    if snap.invalid:
+        view["invalid_records"] = [{"key": k.key, "why": k.why} for k in snap.invalid]
     if spec is not None:
         view |= {
             "name": spec.name,
@@ -82,5 +105,5 @@ def job_view(snap: JobSnapshot, local_node: str) -> dict[str, Any]:
     if failure:
         view["failure"] = failure
     if state is JobState.FAILED:
-        view["error"] = view["reason"] or (WorkerFailure(**failure).summary() if failure else "failed")
+        view["error"] = view["reason"] or (_summary(failure) if failure else "failed")
     return view

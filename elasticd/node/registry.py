@@ -17,16 +17,86 @@ import asyncio
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from elasticd import __version__, log
 from elasticd.aio import wait_event
+from elasticd.decode import DecodeError, decode, parse_json, report_invalid
 from elasticd.errors import EtcdUnavailable
-from elasticd.etcd.client import EtcdClient
+from elasticd.etcd.client import EtcdClient, KeyValue
 from elasticd.etcd.keys import Keys
+from elasticd.jobs.spec import valid_job_id, valid_node_id
+from elasticd.node.inventory import Gpu
+from elasticd.rendezvous.model import DrainRecord
 from elasticd.workers.reaper import Reaper
 
 _log = log.get("elasticd.registry")
+
+
+@dataclass(frozen=True)
+class InventoryRecord:
+    kind: str = "cpu"
+    slots: int = 0
+    gpus: tuple[Gpu, ...] = ()
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """Value of ``nodes/<node>`` (see ``NodeRegistry.full_record``), as other nodes read it.
+
+    Only ``node`` and ``slots`` are required; the rest has defaults so that records of other
+    daemon versions still read (unknown fields are ignored, see ``elasticd.decode``).
+    """
+
+    node: str
+    slots: int
+    host: str = ""
+    version: str = ""
+    address: str = ""
+    inventory: InventoryRecord = InventoryRecord()
+    free_slots: int = 0
+    free_devices: str = ""
+    jobs: tuple[str, ...] = ()
+    draining: bool = False
+
+    def __post_init__(self) -> None:
+        if not valid_node_id(self.node):
+            raise ValueError(f"node must be a node id, got {self.node[:80]!r}")
+        if not 0 <= self.free_slots <= self.slots <= 1 << 20:
+            raise ValueError("slots and free_slots must satisfy 0 <= free_slots <= slots")
+        if not all(valid_job_id(j) for j in self.jobs):
+            raise ValueError("jobs must be job ids")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self) | {"jobs": list(self.jobs)}
+
+
+def parse_node(keys: Keys, kv: KeyValue) -> NodeRecord | None:
+    """A ``nodes/<node>`` key as a record; None (reported once) if the key or value is bad.
+
+    A bad record is skipped: the node it claims to describe is not counted as live, which is
+    what its absence would mean too (its own daemon rewrites the record when its capacity moves).
+    """
+    name = kv.key[len(keys.nodes()) :]
+    try:
+        record = decode(NodeRecord, parse_json(kv.value))
+        if record.node != name:
+            raise DecodeError("node", f"is {record.node[:80]!r}, but the key names {name[:80]!r}")
+        return record
+    except DecodeError as exc:
+        report_invalid(kv.key[len(keys.prefix) + 1 :], kv.mod_revision, str(exc), kind="node")
+        return None
+
+
+def parse_node_drain(keys: Keys, kv: KeyValue) -> DrainRecord:
+    """A ``drain/<node>`` key as a record. A bad value is reported once but still drains the node
+    (with the job's own grace): the key's presence is the operator's intent."""
+    try:
+        return DrainRecord.from_json(parse_json(kv.value))
+    except DecodeError as exc:
+        report_invalid(kv.key[len(keys.prefix) + 1 :], kv.mod_revision, str(exc), kind="node_drain")
+        return DrainRecord()
 
 
 class NodeRegistry:
@@ -61,8 +131,12 @@ class NodeRegistry:
 
     def live_nodes(self) -> list[str]:
         """Nodes whose lease is alive (blocking: call from a thread)."""
-        prefix = self._keys.nodes()
-        return [kv.key[len(prefix) :] for kv in self._etcd.get_prefix(prefix)]
+        return [r.node for r in self.records()]
+
+    def records(self) -> list[NodeRecord]:
+        """The valid records of live nodes (blocking: call from a thread)."""
+        kvs = self._etcd.get_prefix(self._keys.nodes())
+        return [r for kv in kvs if (r := parse_node(self._keys, kv)) is not None]
 
     def full_record(self) -> dict[str, Any]:
         return {"node": self.node_id, "host": socket.gethostname(), "version": __version__} | self._record()

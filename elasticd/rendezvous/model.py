@@ -1,10 +1,58 @@
-"""Rendezvous records as they are stored in etcd (JSON), one dataclass each."""
+"""Rendezvous records as they are stored in etcd (JSON), one dataclass each.
+
+Each record is read with ``elasticd.decode`` (types from the hints, extra checks in
+``__post_init__``): etcd is shared, and a record that would make a member crash, or run workers
+with a nonsensical world, must be refused where it is read. The same checks run when the daemon
+builds a record itself, so it never writes what it would refuse to read.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import math
+import re
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any
+
+from elasticd.decode import DecodeError, decode
+from elasticd.jobs.spec import MAX_NPROC_PER_NODE, valid_node_id
+from elasticd.jobs.state import EndReason, JobState, WorkerFailure
+
+MAX_ROUND = 2**31 - 1
+MAX_GRACE_S = 3600.0
+# Host names, IPv4 and IPv6 literals: what MASTER_ADDR and a liveness probe may be given.
+_ADDRESS = re.compile(r"^[A-Za-z0-9_.:%\[\]-]{1,255}$")
+
+
+def _need(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def _check_node(name: str, node: str) -> None:
+    _need(valid_node_id(node), f"{name} must be a node id, got {node[:80]!r}")
+
+
+def _check_address(name: str, address: str) -> None:
+    _need(bool(_ADDRESS.match(address)), f"{name} must be a host name or IP address, got {address[:80]!r}")
+
+
+def _check_port(name: str, port: int, low: int = 1) -> None:
+    _need(low <= port <= 65535, f"{name} must be {low}..65535, got {port}")
+
+
+def _check_time(name: str, value: float) -> None:
+    _need(math.isfinite(value) and value >= 0, f"{name} must be a time (seconds since the epoch)")
+
+
+def _check_grace(grace_s: float | None) -> None:
+    _need(grace_s is None or 0 <= grace_s <= MAX_GRACE_S, f"grace_s must be 0..{MAX_GRACE_S:g} or null")
+
+
+def check_failure(failure: dict[str, Any] | None) -> None:
+    """A stored failure must read as a ``WorkerFailure``: status and the CLI show it field by field."""
+    if failure is not None:
+        decode(WorkerFailure, failure, path="failure")
 
 
 class RoundReason(StrEnum):
@@ -33,6 +81,14 @@ class RoundInfo:
     failure: dict[str, Any] | None = None  # the WorkerFailure that opened it, if any
     grace_s: float | None = None  # SIGTERM -> SIGKILL for the previous round's workers (drain --grace)
 
+    def __post_init__(self) -> None:
+        _need(0 <= self.round <= MAX_ROUND, f"round must be 0..{MAX_ROUND}, got {self.round}")
+        _check_time("opened_at", self.opened_at)
+        for node in self.expect:
+            _check_node("expect", node)
+        _check_grace(self.grace_s)
+        check_failure(self.failure)
+
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["reason"] = self.reason.value
@@ -40,16 +96,8 @@ class RoundInfo:
         return out
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RoundInfo:
-        return cls(
-            round=int(data["round"]),
-            reason=RoundReason(data["reason"]),
-            opened_at=float(data["opened_at"]),
-            expect=tuple(data.get("expect", ())),
-            detail=str(data.get("detail", "")),
-            failure=data.get("failure"),
-            grace_s=data.get("grace_s"),
-        )
+    def from_json(cls, data: Any) -> RoundInfo:
+        return decode(cls, data)
 
 
 @dataclass(frozen=True)
@@ -64,6 +112,16 @@ class Join:
     lease: int = 0  # from etcd, not stored: the node's lease
     liveness_port: int = 0  # the node's liveness listener (see elasticd.node.liveness)
 
+    def __post_init__(self) -> None:
+        _check_node("node", self.node)
+        _check_address("address", self.address)
+        _check_port("port", self.port)
+        _check_port("liveness_port", self.liveness_port, 0)
+        _need(
+            1 <= self.local_world_size <= MAX_NPROC_PER_NODE,
+            f"local_world_size must be 1..{MAX_NPROC_PER_NODE}, got {self.local_world_size}",
+        )
+
     def to_json(self) -> dict[str, Any]:
         return {
             "node": self.node,
@@ -74,16 +132,10 @@ class Join:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any], create_revision: int = 0, lease: int = 0) -> Join:
-        return cls(
-            data["node"],
-            data["address"],
-            int(data["port"]),
-            int(data["local_world_size"]),
-            create_revision,
-            lease,
-            int(data.get("liveness_port", 0)),
-        )
+    def from_json(cls, data: Any, create_revision: int = 0, lease: int = 0) -> Join:
+        """The stored join; its revision and lease come from etcd, whatever the value says."""
+        join = decode(cls, data)
+        return replace(join, create_revision=create_revision, lease=lease)
 
 
 @dataclass(frozen=True)
@@ -94,6 +146,15 @@ class Member:
     rank_offset: int  # global rank of this node's local rank 0
     local_world_size: int
     liveness_port: int = 0
+
+    def __post_init__(self) -> None:
+        _check_node("node", self.node)
+        _check_address("address", self.address)
+        _check_port("liveness_port", self.liveness_port, 0)
+        _need(
+            1 <= self.local_world_size <= MAX_NPROC_PER_NODE,
+            f"local_world_size must be 1..{MAX_NPROC_PER_NODE}, got {self.local_world_size}",
+        )
 
 
 @dataclass(frozen=True)
@@ -109,7 +170,21 @@ class RoundResult:
     nodes: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
+        """Every member computes its ranks from this record: it must describe one world exactly
+        (group ranks 0..n-1 in order, rank offsets adding up, one entry per node)."""
         object.__setattr__(self, "nodes", tuple(m.node for m in self.members))
+        _need(0 <= self.round <= MAX_ROUND, f"round must be 0..{MAX_ROUND}, got {self.round}")
+        _need(bool(self.members), "a result has at least one member")
+        _need(len(set(self.nodes)) == len(self.nodes), "a node is listed twice among the members")
+        offset = 0
+        for i, m in enumerate(self.members):
+            _need(m.group_rank == i, f"members[{i}] has group_rank {m.group_rank}, not {i}")
+            _need(m.rank_offset == offset, f"members[{i}] has rank_offset {m.rank_offset}, not {offset}")
+            offset += m.local_world_size
+        _need(self.world_size == offset, f"world_size is {self.world_size}, the members add up to {offset}")
+        _need(self.master_addr == self.members[0].address, "master_addr is not group rank 0's address")
+        _check_port("master_port", self.master_port)
+        _check_time("closed_at", self.closed_at)
 
     def member(self, node: str) -> Member | None:
         return next((m for m in self.members if m.node == node), None)
@@ -125,12 +200,119 @@ class RoundResult:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RoundResult:
-        return cls(
-            round=int(data["round"]),
-            members=tuple(Member(**m) for m in data["members"]),
-            world_size=int(data["world_size"]),
-            master_addr=str(data["master_addr"]),
-            master_port=int(data["master_port"]),
-            closed_at=float(data.get("closed_at", 0.0)),
-        )
+    def from_json(cls, data: Any) -> RoundResult:
+        return decode(cls, data)
+
+
+# -- the end, and per-node marks -------------------------------------------------------------------
+_LEGACY_CODES = {
+    "SUCCEEDED": EndReason.SUCCEEDED,
+    "KILLED": EndReason.KILLED,
+    "FAILED": EndReason.WORKER_FAILED,
+}
+
+
+@dataclass(frozen=True)
+class FinalRecord:
+    """Value of ``jobs/<job>/final``: how the job ended, written once."""
+
+    state: JobState
+    reason: str
+    code: EndReason
+    failure: dict[str, Any] | None = None
+    ended_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        _need(self.state.terminal, f"state must be SUCCEEDED, FAILED or KILLED, got {self.state.value}")
+        _check_time("ended_at", self.ended_at)
+        check_failure(self.failure)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self) | {"state": self.state.value, "code": self.code.value}
+
+    @classmethod
+    def from_json(cls, data: Any) -> FinalRecord:
+        """Records written before end codes existed get the code their state implies."""
+        if isinstance(data, dict) and "code" not in data and data.get("state") in _LEGACY_CODES:
+            data = data | {"code": _LEGACY_CODES[data["state"]].value}
+        return decode(cls, data)
+
+
+@dataclass(frozen=True)
+class DrainRecord:
+    """Value of ``drain/<node>`` and ``jobs/<job>/drain/<node>``: an operator asked a node to leave."""
+
+    grace_s: float | None = None  # SIGTERM -> SIGKILL for the node's workers; None: the job's own
+    at: float = 0.0
+    by: str = ""
+
+    def __post_init__(self) -> None:
+        _check_grace(self.grace_s)
+        _check_time("at", self.at)
+        _need(len(self.by) <= 256, "by must be a user name")
+
+    @classmethod
+    def from_json(cls, data: Any) -> DrainRecord:
+        return decode(cls, data)
+
+
+@dataclass(frozen=True)
+class _Stamp:
+    at: float
+
+    def __post_init__(self) -> None:
+        _check_time("at", self.at)
+
+
+@dataclass(frozen=True)
+class WaitingRecord(_Stamp):
+    """Value of ``jobs/<job>/waiting/<node>``: the node wants to join the running job."""
+
+
+@dataclass(frozen=True)
+class DoneRecord(_Stamp):
+    """Value of ``jobs/<job>/rdzv/<r>/done/<node>``: the node's workers all exited 0."""
+
+
+@dataclass(frozen=True)
+class LeftRecord(_Stamp):
+    """Value of ``jobs/<job>/rdzv/<r>/left/<node>``: the node stopped and will not join round r."""
+
+
+_STATE = re.compile(r"^[A-Z][A-Z_]{0,31}$")
+_DEVICES = re.compile(r"^[0-9,]{0,1024}$")
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """Value of ``jobs/<job>/nodes/<node>``: that node's part, as its agent last published it."""
+
+    state: str  # an AgentState, or FAILED while a failed group awaits the next round
+    round: int
+    devices: str
+    pids: tuple[int, ...]
+    updated_at: float
+    failure: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        _need(bool(_STATE.match(self.state)), f"state must be an upper-case name, got {self.state[:40]!r}")
+        _need(-1 <= self.round <= MAX_ROUND, f"round must be -1..{MAX_ROUND}, got {self.round}")
+        _need(bool(_DEVICES.match(self.devices)), "devices must be a list of device indices")
+        _need(all(0 < p < 2**31 for p in self.pids), "pids must be process ids")
+        _check_time("updated_at", self.updated_at)
+        check_failure(self.failure)
+
+    @classmethod
+    def from_json(cls, data: Any) -> NodeStatus:
+        return decode(cls, data)
+
+
+MAX_NOTE = 4096
+
+
+def pending_note(data: Any) -> str:
+    """Value of ``jobs/<job>/pending/<node>``: why an allowed node cannot take part now (text)."""
+    note = decode(str, data)
+    if len(note) > MAX_NOTE:
+        raise DecodeError("", f"a note is at most {MAX_NOTE} characters")
+    return note

@@ -7,7 +7,18 @@ from typing import Any
 
 import pytest
 
-from elasticd.rendezvous.model import Join, Member, RoundInfo, RoundReason, RoundResult
+from elasticd.decode import DecodeError
+from elasticd.jobs.state import EndReason, JobState
+from elasticd.rendezvous.model import (
+    DrainRecord,
+    FinalRecord,
+    Join,
+    Member,
+    NodeStatus,
+    RoundInfo,
+    RoundReason,
+    RoundResult,
+)
 
 
 def _via_json(data: dict[str, Any]) -> dict[str, Any]:
@@ -71,14 +82,14 @@ def test_round_info_round_trip(info: RoundInfo) -> None:
 
 
 def test_round_info_to_json_is_plain_json() -> None:
-    info = RoundInfo(2, RoundReason.WORKER_FAILED, 10.0, ("a", "b"), "why", {"x": 1}, 7.5)
+    info = RoundInfo(2, RoundReason.WORKER_FAILED, 10.0, ("a", "b"), "why", _FAILURE, 7.5)
     assert info.to_json() == {
         "round": 2,
         "reason": "worker_failed",
         "opened_at": 10.0,
         "expect": ["a", "b"],
         "detail": "why",
-        "failure": {"x": 1},
+        "failure": _FAILURE,
         "grace_s": 7.5,
     }
     assert type(info.to_json()["reason"]) is str
@@ -91,15 +102,39 @@ def test_round_info_from_json_defaults() -> None:
     assert isinstance(info.opened_at, float)
 
 
-def test_round_info_from_json_coerces_types() -> None:
-    info = RoundInfo.from_json({"round": "7", "reason": "scale_up", "opened_at": "1.5", "expect": ["n1"]})
-    assert info.round == 7 and info.opened_at == 1.5
-    assert info.expect == ("n1",)
+def test_round_info_from_json_ignores_unknown_fields() -> None:
+    """A newer daemon may store more; an older one reads what it knows."""
+    info = RoundInfo.from_json(
+        {"round": 7, "reason": "scale_up", "opened_at": 1.5, "expect": ["n1"], "new": 1}
+    )
+    assert info == RoundInfo(7, RoundReason.SCALE_UP, 1.5, ("n1",))
 
 
-def test_round_info_from_json_rejects_unknown_reason() -> None:
-    with pytest.raises(ValueError):
-        RoundInfo.from_json({"round": 1, "reason": "because", "opened_at": 0})
+@pytest.mark.parametrize(
+    ("data", "where"),
+    [
+        ({"round": "7", "reason": "scale_up", "opened_at": 1.5}, "round"),  # no coercion from text
+        ({"round": 1, "reason": "because", "opened_at": 0}, "reason"),
+        ({"round": -1, "reason": "start", "opened_at": 0}, "round"),
+        ({"round": True, "reason": "start", "opened_at": 0}, "round"),
+        ({"reason": "start", "opened_at": 0}, "round"),
+        ({"round": 1, "reason": "start", "opened_at": "1.5"}, "opened_at"),
+        ({"round": 1, "reason": "start", "opened_at": 0, "expect": ["a b"]}, "expect"),
+        ({"round": 1, "reason": "start", "opened_at": 0, "expect": "n1"}, "expect"),
+        ({"round": 1, "reason": "start", "opened_at": 0, "grace_s": 3601}, "grace_s"),
+        ({"round": 1, "reason": "start", "opened_at": 0, "failure": {"x": 1}}, "failure"),
+        ({"round": 1, "reason": "start", "opened_at": 0, "failure": []}, "failure"),
+    ],
+)
+def test_round_info_from_json_rejects(data: Any, where: str) -> None:
+    with pytest.raises(DecodeError, match=where):
+        RoundInfo.from_json(data)
+
+
+@pytest.mark.parametrize("data", [None, [], "round", 5])
+def test_round_info_from_json_non_object(data: Any) -> None:
+    with pytest.raises(DecodeError):
+        RoundInfo.from_json(data)
 
 
 @pytest.mark.parametrize("revision", [0, 1, 99_999])
@@ -120,9 +155,32 @@ def test_join_to_json() -> None:
     }
 
 
-def test_join_from_json_coerces_numbers_and_takes_revision_from_caller() -> None:
-    join = Join.from_json({"node": "a", "address": "h", "port": "1234", "local_world_size": "2"}, 42)
-    assert join == Join("a", "h", 1234, 2, 42)
+def test_join_from_json_takes_revision_and_lease_from_caller() -> None:
+    data = {"node": "a", "address": "h", "port": 1234, "local_world_size": 2, "create_revision": 9}
+    assert Join.from_json(data, 42, 7) == Join("a", "h", 1234, 2, 42, 7)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"port": "1234"},
+        {"port": 0},
+        {"port": 70000},
+        {"local_world_size": "2"},
+        {"local_world_size": 0},
+        {"local_world_size": 100_000},
+        {"node": "bad node"},
+        {"node": None},
+        {"address": ""},
+        {"address": "h\x00"},
+        {"liveness_port": -1},
+    ],
+    ids=repr,
+)
+def test_join_from_json_rejects(change: dict[str, Any]) -> None:
+    data = {"node": "a", "address": "h", "port": 1234, "local_world_size": 2} | change
+    with pytest.raises(DecodeError, match=next(iter(change))):
+        Join.from_json(data)
 
 
 def _result(closed_at: float = 12.5) -> RoundResult:
@@ -137,7 +195,6 @@ def _result(closed_at: float = 12.5) -> RoundResult:
 def test_round_result_nodes_follow_members() -> None:
     result = _result()
     assert result.nodes == ("n1", "n2", "n3")
-    assert RoundResult(0, (), 0, "", 0).nodes == ()
 
 
 @pytest.mark.parametrize(("node", "rank"), [("n1", 0), ("n2", 1), ("n3", 2)])
@@ -187,3 +244,74 @@ def test_round_result_from_json_without_closed_at() -> None:
     back = RoundResult.from_json(data)
     assert back.closed_at == 0.0
     assert back == _result(0.0)
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda d: d.update(members=[]),
+        lambda d: d.update(world_size=8),
+        lambda d: d.update(master_addr="elsewhere"),
+        lambda d: d.update(master_port=0),
+        lambda d: d.update(round=-1),
+        lambda d: d["members"][1].update(group_rank=2),
+        lambda d: d["members"][1].update(rank_offset=3),
+        lambda d: d["members"][2].update(node="n1"),
+        lambda d: d["members"][0].update(local_world_size="4"),
+        lambda d: d["members"].append(5),
+        lambda d: d.pop("members"),
+    ],
+)
+def test_round_result_from_json_rejects_inconsistent_worlds(mutate: Any) -> None:
+    data = _via_json(_result().to_json())
+    mutate(data)
+    with pytest.raises(DecodeError):
+        RoundResult.from_json(data)
+
+
+def test_final_record_round_trip_and_legacy_code() -> None:
+    final = FinalRecord(JobState.FAILED, "no restarts left", EndReason.WORKER_FAILED, _FAILURE, 9.0)
+    assert FinalRecord.from_json(_via_json(final.to_json())) == final
+    assert final.to_json()["code"] == "worker_failed"
+    legacy = {"state": "KILLED", "reason": "killed by u", "failure": None, "ended_at": 3.0}
+    assert FinalRecord.from_json(legacy).code is EndReason.KILLED
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"state": "RUNNING"},
+        {"state": "DONE"},
+        {"code": "because"},
+        {"failure": {"rank": 1}},
+        {"ended_at": "x"},
+    ],
+    ids=repr,
+)
+def test_final_record_rejects(change: dict[str, Any]) -> None:
+    data = {"state": "FAILED", "reason": "r", "code": "nodes_lost", "failure": None, "ended_at": 1.0} | change
+    with pytest.raises(DecodeError):
+        FinalRecord.from_json(data)
+
+
+def test_drain_record() -> None:
+    assert DrainRecord.from_json({"grace_s": 30, "at": 1.0, "by": "root"}) == DrainRecord(30.0, 1.0, "root")
+    assert DrainRecord.from_json({}) == DrainRecord()
+    for bad in ({"grace_s": -1}, {"grace_s": 3601}, {"grace_s": "5"}, {"at": None}, [], "drain"):
+        with pytest.raises(DecodeError):
+            DrainRecord.from_json(bad)
+
+
+def test_node_status() -> None:
+    data = {
+        "state": "RUNNING",
+        "round": 2,
+        "devices": "0,1",
+        "pids": [11, 12],
+        "failure": None,
+        "updated_at": 5.0,
+    }
+    assert NodeStatus.from_json(data) == NodeStatus("RUNNING", 2, "0,1", (11, 12), 5.0)
+    for change in ({"pids": [0]}, {"pids": ["1"]}, {"state": "running"}, {"round": -2}, {"devices": "a"}):
+        with pytest.raises(DecodeError):
+            NodeStatus.from_json(data | change)

@@ -10,8 +10,19 @@ import pytest
 from elasticd.etcd.client import KeyValue
 from elasticd.etcd.keys import Keys
 from elasticd.jobs.spec import JobSpec, NodeRange
-from elasticd.rendezvous.model import Join, Member, RoundInfo, RoundReason, RoundResult
-from elasticd.rendezvous.store import JobSnapshot
+from elasticd.jobs.state import EndReason, JobState
+from elasticd.rendezvous.model import (
+    DrainRecord,
+    FinalRecord,
+    Join,
+    Member,
+    NodeStatus,
+    RoundInfo,
+    RoundReason,
+    RoundResult,
+    WaitingRecord,
+)
+from elasticd.rendezvous.store import InvalidKey, JobSnapshot
 from tests import fakes
 
 JOB = "train-0a1b2c3d"
@@ -64,9 +75,27 @@ def test_parse_nothing() -> None:
     assert snap.last_join_revision == 0
 
 
+FAILURE = {
+    "node": "n2",
+    "attempt": 1,
+    "rank": 1,
+    "local_rank": 1,
+    "exit_code": 1,
+    "signal": None,
+    "message": "boom",
+    "output_tail": "",
+}
+
+
+def required() -> list[KeyValue]:
+    """What every job has from its submission on."""
+    info = RoundInfo(0, RoundReason.START, 1.0)
+    return [kv("spec", make_spec().to_json()), kv("round", info.to_json()), kv("restarts", 0)]
+
+
 def test_parse_spec_round_and_restarts() -> None:
     spec = make_spec()
-    info = RoundInfo(2, RoundReason.WORKER_FAILED, 50.0, ("n1", "n2"), "rank 1 failed", {"rank": 1}, 3.0)
+    info = RoundInfo(2, RoundReason.WORKER_FAILED, 50.0, ("n1", "n2"), "rank 1 failed", FAILURE, 3.0)
     snap = parse(
         [
             kv("spec", spec.to_json(), create=3),
@@ -79,16 +108,20 @@ def test_parse_spec_round_and_restarts() -> None:
     assert snap.round_mod == 17  # the round's mod revision is the fencing token for bumps
     assert (snap.restarts, snap.restarts_mod) == (1, 15)
     assert snap.current == 2
+    assert snap.invalid == [] and not snap.ended and snap.found == 3
 
 
 def test_parse_final() -> None:
-    final = {"state": "FAILED", "reason": "no restarts left", "failure": None, "ended_at": 9.0}
-    assert parse([kv("final", final)]).final == final
+    final = FinalRecord(JobState.FAILED, "no restarts left", EndReason.NODES_LOST, None, 9.0)
+    snap = parse([*required(), kv("final", final.to_json())])
+    assert snap.final == final and snap.ended and snap.invalid == []
 
 
 def test_parse_full_snapshot() -> None:
     info = RoundInfo(2, RoundReason.SCALE_UP, 50.0, ("n1",))
     kvs = [
+        kv("spec", make_spec().to_json()),
+        kv("restarts", 0),
         kv("round", info.to_json(), create=2, mod=30),
         kv("rdzv/1/result", result_json(1, "n1", "n2")),
         kv("rdzv/1/join/n2", join_json("n2"), create=11),
@@ -101,10 +134,12 @@ def test_parse_full_snapshot() -> None:
         kv("rdzv/2/join/n3", join_json("n3"), create=33),
         kv("rdzv/2/join/n9", join_json("n9"), create=37),
         kv("waiting/n3", {"at": 3.0}),
-        kv("nodes/n1", {"state": "RUNNING", "devices": "0,1", "pids": [11, 12]}),
+        kv(
+            "nodes/n1",
+            {"state": "RUNNING", "round": 1, "devices": "0,1", "pids": [11, 12], "updated_at": 4.0},
+        ),
         kv("pending/n5", "n5 is waiting for 2 free GPUs (0 of 8 free now)"),
-        kv("pending/n6", 42),  # shown as text whatever it is
-        kv("drain/n2", {"grace_s": 30}),
+        kv("drain/n2", {"grace_s": 30, "at": 5.0, "by": "root"}),
     ]
     snap = parse(kvs)
     assert snap.current == 2
@@ -114,10 +149,11 @@ def test_parse_full_snapshot() -> None:
     assert snap.joins[2][0] == Join("n3", "h-n3", 29400, 2, 33)
     assert snap.done == {1: {"n1"}}
     assert snap.left == {2: {"n2", "n4"}}
-    assert snap.waiting == {"n3": {"at": 3.0}}
-    assert snap.node_status == {"n1": {"state": "RUNNING", "devices": "0,1", "pids": [11, 12]}}
-    assert snap.pending == {"n5": "n5 is waiting for 2 free GPUs (0 of 8 free now)", "n6": "42"}
-    assert snap.drains == {"n2": {"grace_s": 30}}
+    assert snap.waiting == {"n3": WaitingRecord(3.0)}
+    assert snap.node_status == {"n1": NodeStatus("RUNNING", 1, "0,1", (11, 12), 4.0)}
+    assert snap.pending == {"n5": "n5 is waiting for 2 free GPUs (0 of 8 free now)"}
+    assert snap.drains == {"n2": DrainRecord(30.0, 5.0, "root")}
+    assert snap.invalid == []
     # derived
     assert snap.result is None  # round 2 is open
     assert snap.current_joins == snap.joins[2]
@@ -192,9 +228,11 @@ def test_current_joins_without_round_is_round_zero() -> None:
     assert snap.last_join_revision == 4
 
 
-def test_join_node_comes_from_the_value() -> None:
-    snap = parse([kv("rdzv/0/join/key-name", join_json("value-name"), create=4)])
-    assert snap.current_joins == [Join("value-name", "h-value-name", 29400, 2, 4)]
+def test_join_under_another_nodes_name_is_invalid() -> None:
+    snap = parse([*required(), kv("rdzv/0/join/key-name", join_json("value-name"), create=4, mod=6)])
+    assert snap.current_joins == []
+    assert [(k.key, k.revision) for k in snap.invalid] == [(f"jobs/{JOB}/rdzv/0/join/key-name", 6)]
+    assert "value-name" in snap.invalid[0].why and snap.ended
 
 
 @pytest.mark.parametrize(
@@ -211,9 +249,10 @@ def test_join_node_comes_from_the_value() -> None:
         "drain",
     ],
 )
-def test_unknown_keys_are_ignored(rest: str) -> None:
-    snap = parse([kv(rest, {"node": "n1"})])
-    assert snap == JobSnapshot(JOB)
+def test_unknown_keys_are_invalid(rest: str) -> None:
+    snap = parse([*required(), kv(rest, {"node": "n1"}, mod=9)])
+    assert snap.invalid == [InvalidKey(f"jobs/{JOB}/{rest}", snap.invalid[0].why, 9)]
+    assert snap.spec == make_spec() and snap.round is not None  # the rest is read as usual
 
 
 def test_parse_with_another_prefix() -> None:
@@ -223,7 +262,8 @@ def test_parse_with_another_prefix() -> None:
         [kv("round", info.to_json(), mod=3, keys=keys), kv("waiting/n2", {"at": 1}, keys=keys)], keys=keys
     )
     assert snap.round == info and snap.round_mod == 3
-    assert snap.waiting == {"n2": {"at": 1}}
+    assert snap.waiting == {"n2": WaitingRecord(1.0)}
+    assert [k.key for k in snap.invalid] == [f"jobs/{JOB}/restarts", f"jobs/{JOB}/spec"]  # missing
 
 
 def test_parse_is_order_independent() -> None:

@@ -7,11 +7,11 @@ from typing import Any
 import pytest
 
 from elasticd.jobs.spec import JobSpec, NodeRange
-from elasticd.jobs.state import JobState, WorkerFailure
+from elasticd.jobs.state import EndReason, JobState, WorkerFailure
 from elasticd.jobs.view import job_state, job_view
 from elasticd.rendezvous.decider import build_result
-from elasticd.rendezvous.model import Join, RoundInfo, RoundReason
-from elasticd.rendezvous.store import JobSnapshot
+from elasticd.rendezvous.model import FinalRecord, Join, NodeStatus, RoundInfo, RoundReason, WaitingRecord
+from elasticd.rendezvous.store import InvalidKey, JobSnapshot
 from tests import fakes
 
 JOB = "train-0a1b2c3d"
@@ -37,7 +37,7 @@ def snapshot(
     spec: JobSpec | None = None,
     joins: tuple[str, ...] = (),
     members: tuple[tuple[str, int], ...] | None = None,
-    final: dict[str, Any] | None = None,
+    final: FinalRecord | None = None,
     detail: str = "",
     failure: dict[str, Any] | None = None,
     **fields: Any,
@@ -51,8 +51,15 @@ def snapshot(
     return snap
 
 
-def _final(state: str, reason: str = "", failure: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"state": state, "reason": reason, "failure": failure, "ended_at": 99.0}
+_CODES = {"SUCCEEDED": EndReason.SUCCEEDED, "KILLED": EndReason.KILLED, "FAILED": EndReason.WORKER_FAILED}
+
+
+def _final(state: str, reason: str = "", failure: dict[str, Any] | None = None) -> FinalRecord:
+    return FinalRecord(JobState(state), reason, _CODES[state], failure, 99.0)
+
+
+def _status(state: str, devices: str, pids: list[int]) -> NodeStatus:
+    return NodeStatus(state, 2, devices, tuple(pids), 1.0)
 
 
 # -- job_state ---------------------------------------------------------------------------------------
@@ -92,10 +99,10 @@ def test_view_running() -> None:
         joins=("n1", "n2", "n3"),
         members=(("n2", 2), ("n1", 1), ("n3", 4)),
         restarts=1,
-        waiting={"n5": {}, "n4": {}},
+        waiting={"n5": WaitingRecord(1.0), "n4": WaitingRecord(2.0)},
         node_status={
-            "n1": {"state": "RUNNING", "devices": "0", "pids": [7]},
-            "n2": {"state": "RUNNING", "devices": "0,1", "pids": [5, 6]},
+            "n1": _status("RUNNING", "0", [7]),
+            "n2": _status("RUNNING", "0,1", [5, 6]),
         },
     )
     view = job_view(snap, "n2")
@@ -215,18 +222,20 @@ def test_view_without_spec() -> None:
         (_final("FAILED", "no restarts left (3 of 3 used)", FAILURE), "no restarts left (3 of 3 used)"),
         (_final("FAILED", "", FAILURE), WorkerFailure(**FAILURE).summary()),
         (_final("FAILED", ""), "failed"),
-        ({"state": "FAILED"}, "failed"),
     ],
 )
-def test_view_failed(final: dict[str, Any], error: str) -> None:
-    snap = snapshot(2, members=(("n1", 2), ("n2", 2)), final=final, node_status={"n1": {"pids": [1, 2]}})
+def test_view_failed(final: FinalRecord, error: str) -> None:
+    snap = snapshot(
+        2, members=(("n1", 2), ("n2", 2)), final=final, node_status={"n1": _status("STOPPING", "", [1, 2])}
+    )
     view = job_view(snap, "n1")
     assert view["state"] == "FAILED"
     assert view["error"] == error
-    assert view["reason"] == final.get("reason", "")
+    assert view["reason"] == final.reason
+    assert view["code"] == "worker_failed"
     assert view["world_size"] == 0  # terminal
     assert view["pids"] == []  # terminal: no live workers shown
-    assert view["ended_at"] == final.get("ended_at")
+    assert view["ended_at"] == final.ended_at
 
 
 def test_view_failed_failure_from_final_wins_over_round() -> None:
@@ -251,3 +260,34 @@ def test_view_ended_without_error(state: str) -> None:
     assert view["world_size"] == 0
     assert view["ended_at"] == 99.0
     assert view["reason"] == ("killed by u" if state == "KILLED" else "")
+
+
+def test_view_of_a_job_with_an_invalid_record_is_failed_naming_the_key() -> None:
+    snap = snapshot(0, members=(("n1", 2),))
+    snap.invalid = [InvalidKey(f"jobs/{JOB}/rdzv/0/join/n1", "port: must be int, got str", 5)]
+    view = job_view(snap, "n1")
+    assert view["state"] == "FAILED" and view["code"] == "invalid_record"
+    assert (
+        view["reason"]
+        == view["error"]
+        == f"invalid record at jobs/{JOB}/rdzv/0/join/n1: port: must be int, got str"
+    )
+    assert view["invalid_records"] == [
+        {"key": f"jobs/{JOB}/rdzv/0/join/n1", "why": "port: must be int, got str"}
+    ]
+
+
+def test_view_of_a_job_whose_spec_is_unreadable() -> None:
+    snap = JobSnapshot(
+        JOB, invalid=[InvalidKey(f"jobs/{JOB}/spec", "malformed job spec: uid ...", 3)], found=3
+    )
+    view = job_view(snap, "n1")
+    assert (view["id"], view["state"]) == (JOB, "FAILED")
+    assert f"jobs/{JOB}/spec" in view["reason"] and "argv" not in view
+
+
+def test_final_wins_over_invalid_records() -> None:
+    snap = snapshot(1, final=_final("KILLED", "killed by u"))
+    snap.invalid = [InvalidKey(f"jobs/{JOB}/pending/n1", "must be str, got int", 5)]
+    view = job_view(snap, "n1")
+    assert (view["state"], view["reason"], view["code"]) == ("KILLED", "killed by u", "killed")

@@ -88,6 +88,21 @@ def test_valid_spec() -> None:
         {"env": {"BAD-KEY": "x"}},
         {"env": {"": "x"}},
         {"env": {"A=B": "x"}},
+        {"env": {"A": "x\x00y"}},
+        {"args": ("a\x00",)},
+        {"cwd": "/home/\ud800"},
+        {"uid": -1},
+        {"uid": 2**32 - 1},
+        {"gid": 2**32},
+        {"uid": True},
+        {"user": ""},
+        {"user": "a b"},
+        {"user": "../x"},
+        {"user": "-rf"},
+        {"id": "has space"},
+        {"id": ""},
+        {"submitted_on": "not a node"},
+        {"nodes": ("ok", "not ok")},
     ],
     ids=repr,
 )
@@ -112,6 +127,10 @@ def test_valid_names(name: str) -> None:
         {"entry_kind": EntryKind.EXEC, "entry": "my-tool", "python": ""},
         # a module is a dotted name, not a path
         {"entry_kind": EntryKind.MODULE, "entry": "pkg.train"},
+        {"uid": 0, "gid": 0, "user": "root"},
+        {"uid": 2**32 - 2, "gid": 2**32 - 2, "user": "4294967294"},  # no passwd entry: the uid
+        {"user": "svc.build-1@corp", "submitted_on": "node-1"},
+        {"user": "machine$"},
     ],
     ids=repr,
 )
@@ -184,6 +203,12 @@ def _good_json() -> dict[str, Any]:
         lambda d: d.update(nproc_per_node="2"),
         lambda d: d.update(nproc_per_node=0),
         lambda d: d.update(cwd="relative"),
+        lambda d: d.update(nnodes=2),
+        lambda d: d.update(uid="1000"),
+        lambda d: d.update(uid=1000.0),
+        lambda d: d.update(max_restarts=None),
+        lambda d: d.update(stop_grace_s=float("nan")),
+        lambda d: d.update(memory_limit_bytes=1),
     ],
 )
 def test_from_json_malformed_raises_invalid_spec(mutate: Any) -> None:

@@ -12,8 +12,8 @@ if TYPE_CHECKING:
 
 async def nodes(daemon: Daemon, args: NoArgs, caller: Caller) -> dict[str, Any]:
     """List the live nodes of the cluster with their devices and free capacity."""
-    kvs = await asyncio.to_thread(daemon.etcd.get_prefix, daemon.keys.nodes())
-    return {"nodes": [kv.json() for kv in kvs]}
+    records = await asyncio.to_thread(daemon.registry.records)  # bad records are skipped (and logged)
+    return {"nodes": [r.to_json() for r in records]}
 
 
 COMMAND = Command("nodes", NoArgs, nodes, Access.CONNECTED)

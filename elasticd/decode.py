@@ -1,0 +1,232 @@
+"""Typed decoding of untrusted JSON into frozen dataclasses, driven by their type hints.
+
+Everything the daemon reads from outside its own memory goes through here: control arguments
+from the socket, and every record it reads from etcd (anyone with write access to the prefix can
+put anything there). One decoder for both means one set of rules, and a record that would make
+the daemon misbehave is rejected where it is read, as one ``DecodeError`` naming the field,
+instead of surfacing later as a KeyError, a TypeError or a crash loop.
+
+Supported type hints: ``str``, ``int`` (not bool), ``float`` (int accepted; NaN and infinities
+are not JSON numbers and are refused), ``bool``, ``None``, unions (``X | None``), ``list[X]``,
+``tuple[X, ...]``, ``dict[str, X]``, ``Any`` (any JSON value), enum types (by value), nested
+dataclasses, and classes with a ``__decode__(value)`` classmethod (their own wire form, e.g.
+``NodeRange`` as ``"1:4"``). A dataclass's ``__post_init__`` is its hook for further validation:
+whatever it raises (ValueError, TypeError, an ``ElasticdError``) becomes a ``DecodeError``.
+
+Unknown fields: control arguments reject them (a typo must not be silently ignored), stored
+records ignore them (``Unknown.IGNORE``): daemons of different versions share one etcd, and a
+newer daemon may add a field an older one does not know. A record type whose unknown fields
+must not be ignored (the job spec: a constraint we do not understand must not be dropped) asks
+for ``Unknown.REJECT`` itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import json
+import math
+import types
+import typing
+from collections import OrderedDict
+from enum import StrEnum
+from typing import Any, TypeVar
+
+from elasticd import log
+from elasticd.errors import ElasticdError
+
+T = TypeVar("T")
+
+_log = log.get("elasticd.decode")
+MAX_WHY = 300  # an error names the field and the problem, not a copy of the bad value
+
+
+class Unknown(StrEnum):
+    IGNORE = "ignore"
+    REJECT = "reject"
+
+
+class DecodeError(ValueError):
+    """A JSON value that does not fit the type it was decoded as.
+
+    ``path`` names the field (``members[1].port``, ``env.HOME``; empty for the value itself),
+    ``why`` says what is wrong, ``kind`` is ``type``, ``missing``, ``unknown`` or ``invalid``.
+    """
+
+    def __init__(self, path: str, why: str, kind: str = "invalid") -> None:
+        why = why if len(why) <= MAX_WHY else why[: MAX_WHY - 3] + "..."
+        super().__init__(f"{path}: {why}" if path else why)
+        self.path = path
+        self.why = why
+        self.kind = kind
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _name(hint: Any) -> str:
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _union(path: str, value: Any, hint: Any, unknown: Unknown) -> Any:
+    options = typing.get_args(hint)
+    if value is None and type(None) in options:
+        return None
+    inner = [o for o in options if o is not type(None)]
+    errors = []
+    for option in inner:
+        try:
+            return _check(path, value, option, unknown)
+        except DecodeError as exc:
+            errors.append(exc)
+    if len(errors) == 1:
+        raise errors[0]
+    names = " or ".join(_name(o) for o in options)
+    raise DecodeError(path, f"must be {names}, got {type(value).__name__}", "type")
+
+
+def _check(path: str, value: Any, hint: Any, unknown: Unknown) -> Any:
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return value
+    if origin in (types.UnionType, typing.Union):
+        return _union(path, value, hint, unknown)
+    if hint is type(None) or hint is None:
+        if value is None:
+            return None
+    elif hint is bool:
+        if isinstance(value, bool):
+            return value
+    elif hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif hint is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            try:
+                number = float(value)
+            except OverflowError as exc:
+                raise DecodeError(path, "is out of range for a number") from exc
+            if not math.isfinite(number):
+                raise DecodeError(path, "must be a finite number")
+            return number
+    elif hint is str:
+        if isinstance(value, str):
+            return value
+    elif origin is list or origin is tuple:
+        return _sequence(path, value, hint, unknown)
+    elif origin is dict:
+        key_hint, value_hint = typing.get_args(hint)
+        if key_hint is not str:
+            raise TypeError(f"unsupported type {hint!r} for {path or 'the value'}: keys must be str")
+        if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+            return {k: _check(_join(path, k), v, value_hint, unknown) for k, v in value.items()}
+    elif isinstance(hint, type) and callable(hook := getattr(hint, "__decode__", None)):
+        return _construct(path, lambda: hook(value))
+    elif isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return _enum(path, value, hint)
+    elif isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return _dataclass(path, value, hint, unknown)
+    else:  # a programming error in a declared type, not the input's
+        raise TypeError(f"unsupported type {hint!r} for {path or 'the value'}")
+    raise DecodeError(path, f"must be {_name(hint)}, got {type(value).__name__}", "type")
+
+
+def _sequence(path: str, value: Any, hint: Any, unknown: Unknown) -> Any:
+    args = typing.get_args(hint)
+    origin = typing.get_origin(hint)
+    if origin is tuple and (len(args) != 2 or args[1] is not Ellipsis):
+        raise TypeError(f"unsupported type {hint!r} for {path or 'the value'}: use tuple[X, ...]")
+    if not isinstance(value, list):
+        raise DecodeError(path, f"must be a list, got {type(value).__name__}", "type")
+    items = [_check(f"{path}[{i}]", v, args[0], unknown) for i, v in enumerate(value)]
+    return tuple(items) if origin is tuple else items
+
+
+def _enum(path: str, value: Any, hint: type[enum.Enum]) -> Any:
+    try:
+        if issubclass(hint, str) and not isinstance(value, str):
+            raise TypeError(type(value).__name__)
+        return hint(value)
+    except (ValueError, TypeError):
+        allowed = [m.value for m in hint]
+        shown = repr(value) if isinstance(value, str) and len(value) <= 40 else type(value).__name__
+        raise DecodeError(path, f"must be one of {allowed}, got {shown}", "type") from None
+
+
+def _construct(path: str, make: typing.Callable[[], T]) -> T:
+    """Run a constructor or hook; its complaints about the value become a DecodeError."""
+    try:
+        return make()
+    except DecodeError as exc:
+        raise DecodeError(_join(path, exc.path), exc.why, exc.kind) from None
+    except ElasticdError as exc:
+        raise DecodeError(path, exc.message) from None
+    except (ValueError, TypeError, ArithmeticError) as exc:
+        raise DecodeError(path, str(exc) or type(exc).__name__) from None
+
+
+def _dataclass(path: str, value: Any, cls: type[T], unknown: Unknown) -> T:
+    if not isinstance(value, dict):
+        raise DecodeError(path, f"must be an object, got {type(value).__name__}", "type")
+    hints = _hints(typing.cast(type, cls))
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
+    extra = [k for k in value if k not in fields]
+    if extra and unknown is Unknown.REJECT:
+        shown = sorted(str(k)[:40] for k in extra)[:10]
+        raise DecodeError(path, f"unknown fields: {shown}", "unknown")
+    values = {}
+    for name, f in fields.items():
+        if name in value:
+            values[name] = _check(_join(path, name), value[name], hints[name], unknown)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise DecodeError(_join(path, name), "is missing", "missing")
+    return _construct(path, lambda: cls(**values))
+
+
+def decode(cls: type[T], value: Any, *, unknown: Unknown = Unknown.IGNORE, path: str = "") -> T:
+    """``value`` (plain JSON) as ``cls``; raises ``DecodeError`` for any value that does not fit.
+
+    A ``TypeError`` means an unsupported hint: a bug in the declared type, never the input's.
+    """
+    out: T = _check(path, value, cls, unknown)
+    return out
+
+
+def decode_as(hint: Any, value: Any, *, unknown: Unknown = Unknown.IGNORE, path: str = "") -> Any:
+    """``decode`` for hints that are not classes (``tuple[str, ...]``, ``int | None``)."""
+    return _check(path, value, hint, unknown)
+
+
+def parse_json(raw: bytes) -> Any:
+    """Bytes from etcd as JSON; anything that is not (bad UTF-8, too deep) is a DecodeError."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise DecodeError("", "is nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise DecodeError("", f"is not JSON ({type(exc).__name__})") from None
+
+
+# -- reporting bad records once -----------------------------------------------------------------
+_REPORTED: OrderedDict[tuple[str, int], None] = OrderedDict()
+_REPORTED_MAX = 10_000
+
+
+def report_invalid(key: str, revision: int, why: str, **fields: Any) -> bool:
+    """Log ``record.invalid`` once per (key, mod revision): a bad key is read on every scan,
+    and a log line per scan would bury everything else. True if this call logged it."""
+    mark = (key, revision)
+    if mark in _REPORTED:
+        return False
+    _REPORTED[mark] = None
+    while len(_REPORTED) > _REPORTED_MAX:
+        _REPORTED.popitem(last=False)
+    _log.warning("record.invalid", key=key, revision=revision, why=why, **fields)
+    return True

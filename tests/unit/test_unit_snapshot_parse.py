@@ -1,0 +1,221 @@
+"""JobSnapshot.parse on untrusted etcd contents: it never raises, and it names every bad key."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from elasticd.etcd.client import KeyValue
+from elasticd.etcd.keys import Keys
+from elasticd.jobs.admission import Admission, admit, refuse
+from elasticd.jobs.spec import NodeRange
+from elasticd.jobs.state import EndReason
+from elasticd.jobs.view import job_view
+from elasticd.rendezvous.decider import build_result
+from elasticd.rendezvous.model import Join, NodeStatus, RoundInfo, RoundReason
+from elasticd.rendezvous.store import JobSnapshot
+from tests import fakes
+
+JOB = fakes.JOB
+KEYS = Keys("/t/p")
+NODE = "n1"
+ORPHAN_REASON = "every node of round 0 was lost"
+
+
+def raw(rest: str, value: bytes, create: int = 10, mod: int | None = None) -> KeyValue:
+    return KeyValue(KEYS.job(JOB) + rest, value, create, mod or create, 0)
+
+
+def kv(rest: str, value: Any, create: int = 10, mod: int | None = None) -> KeyValue:
+    return raw(rest, json.dumps(value).encode(), create, mod)
+
+
+def running() -> dict[str, Any]:
+    """A valid running single-node job, one value per key kind."""
+    spec = fakes.make_spec(nnodes=NodeRange(1, 1), nodes=(NODE,))
+    join = Join(NODE, "127.0.0.1", 29500, 2, liveness_port=4000)
+    result = build_result(0, [join], 5.0)
+    status = NodeStatus("RUNNING", 0, "", (100, 101), 6.0)
+    return {
+        "spec": spec.to_json(),
+        "round": RoundInfo(0, RoundReason.START, 1.0).to_json(),
+        "restarts": 0,
+        "rdzv/0/join/n1": join.to_json(),
+        "rdzv/0/result": result.to_json(),
+        "nodes/n1": {"state": status.state, "round": 0, "devices": "", "pids": [100, 101], "updated_at": 6.0},
+        "pending/n2": "n2 is waiting for 2 free CPU slots (0 of 2 free now)",
+    }
+
+
+EXTRA: dict[str, Any] = {  # key kinds a running job does not have, each with a valid value
+    "final": {"state": "SUCCEEDED", "reason": "", "code": "succeeded", "failure": None, "ended_at": 9.0},
+    "rdzv/0/done/n1": {"at": 7.0},
+    "rdzv/1/left/n1": {"at": 7.0},
+    "waiting/n2": {"at": 7.0},
+    "drain/n1": {"grace_s": 5, "at": 7.0, "by": "root"},
+}
+KINDS = [*running(), *EXTRA]
+
+
+def kvs_of(values: dict[str, Any]) -> list[KeyValue]:
+    return [kv(rest, value, create=10 + i) for i, (rest, value) in enumerate(values.items())]
+
+
+def parse(kvs: list[KeyValue]) -> JobSnapshot:
+    return JobSnapshot.parse(KEYS, JOB, kvs)
+
+
+def test_the_base_snapshot_and_every_extra_kind_are_valid() -> None:
+    snap = parse(kvs_of(running() | EXTRA))
+    assert snap.invalid == []
+    assert snap.spec is not None and snap.result is not None and snap.final is not None
+
+
+# -- property: never raises, reports the key ---------------------------------------------------------
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=25,
+)
+VALUES = st.binary(max_size=80) | JSON.map(lambda v: json.dumps(v).encode())
+
+
+def _valid_alone(rest: str, value: bytes) -> bool:
+    """Whether ``value`` parses as key ``rest`` of the otherwise valid job (by the parser itself)."""
+    snap = parse([*kvs_of({k: v for k, v in running().items() if k != rest}), raw(rest, value, 99)])
+    return not snap.invalid
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(KINDS), VALUES)
+def test_garbage_under_any_key_never_raises_and_is_named(rest: str, value: bytes) -> None:
+    values = running()
+    values.pop(rest, None)
+    snap = parse([*kvs_of(values), raw(rest, value, 99, 123)])
+    bad = [k for k in snap.invalid if k.key == f"jobs/{JOB}/{rest}"]
+    assert [k.key for k in snap.invalid] == [k.key for k in bad]  # nothing else is blamed
+    if bad:
+        assert bad[0].revision == 123 and snap.ended
+        view = job_view(snap, NODE)
+        assert view["state"] == "FAILED" and f"jobs/{JOB}/{rest}" in view["reason"]
+    else:
+        assert _valid_alone(rest, value)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.text(max_size=30), VALUES), max_size=6))
+def test_random_keys_and_values_never_raise(items: list[tuple[str, bytes]]) -> None:
+    snap = parse([raw(rest, value, i + 1) for i, (rest, value) in enumerate(items)])
+    job_view(snap, NODE)
+    assert snap.found == len(items)
+    assert bool(items) == bool(snap.invalid) or all(rest in KINDS for rest, _ in items)
+
+
+# -- regressions: each bad record fails the job, naming the key, never as an orphan ---------------------
+def _with(rest: str, value: Any) -> JobSnapshot:
+    values = running() | {rest: value}
+    return parse(kvs_of(values))
+
+
+def _spec(**change: Any) -> dict[str, Any]:
+    out: dict[str, Any] = running()["spec"] | change
+    return out
+
+
+CASES = [
+    ("spec", b"{not json"),
+    ("spec", b"\xff\xfe"),
+    ("spec", ["a", "list"]),
+    ("spec", {k: v for k, v in _spec().items() if k != "nnodes"}),
+    ("spec", _spec(nproc_per_node=100000)),
+    ("spec", _spec(nproc_per_node="4")),
+    ("spec", _spec(uid=-1)),
+    ("spec", _spec(uid=2**32 - 1)),
+    ("spec", _spec(uid="0")),
+    ("spec", _spec(gid=2**40)),
+    ("spec", _spec(user="../root")),
+    ("spec", _spec(user="a b")),
+    ("spec", _spec(id="another-job")),
+    ("spec", _spec(cwd="/tmp\x00x")),
+    ("spec", _spec(future_field=1)),
+    ("round", {"round": 0}),
+    ("round", {"round": 0, "reason": "start", "opened_at": float("nan")}),
+    ("restarts", -1),
+    ("restarts", "1"),
+    ("final", {"state": "RUNNING", "reason": "", "code": "succeeded", "ended_at": 1.0}),
+    ("rdzv/0/result", {"round": 0}),
+    ("rdzv/0/join/n1", {"node": "n1", "address": "h", "port": "x", "local_world_size": 2}),
+    ("rdzv/0/done/n1", {"at": "now"}),
+    ("rdzv/0/left/n1", []),
+    ("waiting/n2", None),
+    ("nodes/n1", {"state": "RUNNING"}),
+    ("pending/n2", 42),
+    ("drain/n1", {"grace_s": -5}),
+    ("rdzv/x/result", running()["rdzv/0/result"]),
+    ("rdzv/01/done/n1", {"at": 1.0}),
+    ("rdzv/0/join/bad node", running()["rdzv/0/join/n1"]),
+    ("nodes/../etc", running()["nodes/n1"]),
+    ("surprise", {}),
+]
+
+
+@pytest.mark.parametrize(("rest", "value"), CASES, ids=[f"{r}={str(v)[:30]}" for r, v in CASES])
+def test_bad_record_fails_the_job_naming_the_key(rest: str, value: Any) -> None:
+    others = kvs_of({k: v for k, v in running().items() if k != rest})
+    snap = parse([*others, raw(rest, value if isinstance(value, bytes) else json.dumps(value).encode())])
+    assert [k.key for k in snap.invalid] == [f"jobs/{JOB}/{rest}"]
+    view = job_view(snap, NODE)
+    assert view["state"] == "FAILED" and view["code"] == EndReason.INVALID_RECORD.value
+    assert view["reason"].startswith(f"invalid record at jobs/{JOB}/{rest}: ")
+    assert ORPHAN_REASON not in view["reason"]
+    assert admit(snap, "n9", 8, 8, "slots") == Admission(False)  # nobody joins it
+
+
+def test_missing_round_or_restarts_is_invalid() -> None:
+    values = running()
+    del values["round"], values["restarts"]
+    snap = parse(kvs_of(values))
+    assert [k.key for k in snap.invalid] == [f"jobs/{JOB}/restarts", f"jobs/{JOB}/round"]
+    assert all(k.why == "missing" and k.revision == 0 for k in snap.invalid)
+
+
+def test_a_bad_job_id_makes_every_key_invalid() -> None:
+    kvs = [
+        KeyValue(KEYS.job("bad id") + rest, json.dumps(v).encode(), 1, 1, 0) for rest, v in running().items()
+    ]
+    snap = JobSnapshot.parse(KEYS, "bad id", kvs)
+    assert len(snap.invalid) == len(kvs) and snap.spec is None
+
+
+def test_one_bad_key_in_a_valid_snapshot_is_named_and_the_rest_is_read() -> None:
+    snap = _with("nodes/n1", {"state": "RUNNING", "round": 0, "devices": "", "pids": [-1], "updated_at": 1.0})
+    assert [k.key for k in snap.invalid] == [f"jobs/{JOB}/nodes/n1"]
+    assert "pids" in snap.invalid[0].why
+    assert snap.spec is not None and snap.result is not None and snap.node_status == {}
+
+
+# -- who a job may run as --------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("spec_uid", "daemon_uid", "allow_root", "code"),
+    [
+        (0, 0, False, EndReason.ROOT_NOT_ALLOWED),
+        (0, 0, True, None),
+        (1000, 0, False, None),
+        (0, 1000, True, EndReason.ROOT_NOT_ALLOWED),
+        (1000, 1000, False, None),
+        (1001, 1000, False, EndReason.SPAWN_FAILED),
+    ],
+)
+def test_refuse(spec_uid: int, daemon_uid: int, allow_root: bool, code: EndReason | None) -> None:
+    spec = fakes.make_spec(uid=spec_uid, nodes=(NODE,))
+    refusal = refuse(spec, NODE, daemon_uid, allow_root)
+    assert (refusal.code if refusal else None) is code
+    if refusal is not None:
+        assert f"node {NODE}" in refusal.reason
+    assert refuse(spec, "elsewhere", daemon_uid, allow_root) is None  # not this node's job
