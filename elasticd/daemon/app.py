@@ -22,11 +22,13 @@ from elasticd.etcd.client import EtcdAuth, EtcdClient
 from elasticd.etcd.embedded import EmbeddedEtcd
 from elasticd.etcd.keys import Keys
 from elasticd.jobs.launch import NodeRuntime
+from elasticd.jobs.logdir import log_group_gid
 from elasticd.jobs.manager import JobManager
 from elasticd.node.inventory import discover
 from elasticd.node.liveness import LivenessServer
 from elasticd.node.registry import NodeRegistry
 from elasticd.node.statedir import StateDir
+from elasticd.workers.limits import detect
 from elasticd.workers.reaper import Reaper
 
 _log = log.get("elasticd.daemon")
@@ -88,6 +90,8 @@ class Daemon:
         server: ControlServer | None = None
         try:
             self.node_id = self._state.node_id(s.node_id)
+            # Before any child exists: on cgroup v2 the daemon may have to move itself into a leaf.
+            limits = detect(instance=self.node_id)
             self._reaper = Reaper(self.node_id)
             self._reaper.start()
             self.etcd = await self._connect_etcd()
@@ -96,7 +100,14 @@ class Daemon:
             self._liveness = LivenessServer(address)
             await self._liveness.start()
             rt = NodeRuntime(
-                self.node_id, address, self.log_dir, inventory, self._reaper, self._liveness.port
+                self.node_id,
+                address,
+                self.log_dir,
+                inventory,
+                self._reaper,
+                self._liveness.port,
+                limits=limits,
+                log_gid=log_group_gid(s.log_group),
             )
             # The lease has its own client with short calls: a keep-alive stuck on a dead etcd member
             # must fail over well within the TTL, or the node would fence itself for nothing.

@@ -19,8 +19,10 @@ from elasticd import log
 from elasticd.errors import EtcdUnavailable
 from elasticd.jobs.decider import GroupOutcome, group_outcome
 from elasticd.jobs.launch import NodeRuntime, describe_failure, layout_for, start_group
+from elasticd.jobs.logdir import log_disk_full
+from elasticd.jobs.pathcheck import check_paths
 from elasticd.jobs.spec import JobSpec
-from elasticd.jobs.state import EndReason, JobState, WorkerFailure
+from elasticd.jobs.state import EndReason, JobState, SetupFailure, WorkerFailure
 from elasticd.netaddr import free_port
 from elasticd.node.liveness import LivenessMonitor
 from elasticd.node.registry import NodeRegistry
@@ -277,7 +279,8 @@ class JobAgent:
         if self.round != snap.current:
             if self.group is not None or self.state is AgentState.DONE:
                 await self._stop_workers(self._grace(snap))
-            await self._launch(snap, result)
+            if not await self._launch(snap, result):
+                return False
         await self._supervise(snap, result, alive)
         return False
 
@@ -395,20 +398,28 @@ class JobAgent:
         return False
 
     # -- our round ---------------------------------------------------------------------------------
-    async def _launch(self, snap: JobSnapshot, result: RoundResult) -> None:
+    async def _launch(self, snap: JobSnapshot, result: RoundResult) -> bool:
+        """Start our workers of this round; False if this node cannot (the job then ends)."""
         me = result.member(self.node)
         assert me is not None
         self.round = snap.current
         self.failure = None
-        self.group = start_group(
-            self._rt,
-            self.spec,
-            layout_for(result, me),
-            attempt=snap.current,
-            restart_count=snap.restarts,
-            slots=self.slots,
-            fence=self.multi_node,
-        )
+        try:
+            problem = await self._io(check_paths, self.spec)  # as the submitter, as exec will see them
+            if problem is not None:
+                raise problem.to_setup_failure(self.node)
+            self.group = start_group(
+                self._rt,
+                self.spec,
+                layout_for(result, me),
+                attempt=snap.current,
+                restart_count=snap.restarts,
+                slots=self.slots,
+                fence=self.multi_node,
+            )
+        except SetupFailure as exc:
+            await self._setup_failed(exc)
+            return False
         self._set(AgentState.RUNNING)
         self._on_change(self)
         _log.info(
@@ -421,6 +432,15 @@ class JobAgent:
             pids=[w.pid for w in self.group.workers],
         )
         await self._publish()
+        return True
+
+    async def _setup_failed(self, exc: SetupFailure) -> None:
+        """Not the job's fault, and no restart could fix it: end the job with its own reason
+        instead of spending the restart budget in a loop."""
+        _log.error(
+            "job.setup_failed", job=self.spec.id, node=self.node, code=exc.reason.value, why=exc.message
+        )
+        await self._io(self._store.finalize, JobState.FAILED, exc.reason, exc.message)
 
     async def _supervise(self, snap: JobSnapshot, result: RoundResult, alive: set[str]) -> None:
         """Act on our workers' exits and on the other members. Idempotent: every etcd write it
@@ -440,6 +460,10 @@ class JobAgent:
                     self.failure = describe_failure(self.node, snap.current, first)
                     _log.warning("worker.failed", job=self.spec.id, summary=self.failure.summary())
                     await self._publish()
+                if log_disk_full(self._rt.log_dir):  # the likely cause, and a restart cannot help
+                    why = f"no space left for job logs in {self._rt.log_dir} on node {self.node}"
+                    await self._setup_failed(SetupFailure(EndReason.LOG_DISK_FULL, why))
+                    return
                 summary = self.failure.summary()
                 await self._event(
                     snap, result, alive, RoundReason.WORKER_FAILED, summary, self.failure.to_json()
@@ -496,7 +520,9 @@ class JobAgent:
         """Open the next round for ``reason`` (once, whoever sees it first) or end the job."""
         plan = rdzv.plan_bump(reason, snap.restarts, self.spec.max_restarts, detail)
         if plan.fail:
-            code = EndReason.WORKER_FAILED if reason is RoundReason.WORKER_FAILED else EndReason.NODES_LOST
+            code = EndReason.NODES_LOST
+            if reason is RoundReason.WORKER_FAILED:
+                code = EndReason.OOM if failure and failure.get("oom") else EndReason.WORKER_FAILED
             if await self._io(self._store.finalize, JobState.FAILED, code, plan.why, failure):
                 _log.warning("job.failed", job=self.spec.id, reason=plan.why)
             return

@@ -8,16 +8,9 @@ from __future__ import annotations
 
 import os
 import pwd
-from dataclasses import dataclass
 
 from elasticd.jobs.spec import JobSpec
-
-
-@dataclass(frozen=True)
-class Identity:
-    uid: int
-    gid: int
-    groups: tuple[int, ...]
+from elasticd.workers.spawn import Identity
 
 
 def switch_to(spec: JobSpec) -> Identity | None:

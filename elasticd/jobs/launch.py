@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from elasticd.jobs import logdir
 from elasticd.jobs.env import WorldLayout, worker_env
+from elasticd.jobs.identity import switch_to
 from elasticd.jobs.spec import JobSpec
-from elasticd.jobs.state import WorkerFailure
+from elasticd.jobs.state import EndReason, SetupFailure, WorkerFailure
 from elasticd.node.inventory import Inventory
 from elasticd.rendezvous.model import Member, RoundResult
 from elasticd.workers.group import Launch, Worker, WorkerGroup
+from elasticd.workers.limits import LimitBackend, LimitError, Placement, ResourceLimits, RlimitBackend
 from elasticd.workers.reaper import Reaper
 
 TAIL_BYTES = 4096
@@ -35,6 +36,7 @@ class NodeRuntime:
     inventory: Inventory
     reaper: Reaper
     liveness_port: int = 0  # see elasticd.node.liveness
+    limits: LimitBackend = field(default_factory=RlimitBackend)  # cgroups where allowed (limits.detect)
     log_gid: int | None = None  # the operator's log_group: job logs 0640 to it (logdir.log_group_gid)
 
 
@@ -51,15 +53,15 @@ def layout_for(result: RoundResult, me: Member) -> WorldLayout:
     )
 
 
-def _identity(spec: JobSpec) -> tuple[int | None, int | None, tuple[int, ...] | None]:
-    """Workers run as the submitter; only a root daemon needs (and is able) to switch."""
-    if os.geteuid() != 0 or spec.uid == 0:
-        return None, None, None
+def _place(rt: NodeRuntime, spec: JobSpec, rank: int) -> Placement | None:
+    """This worker's cgroups and rlimits, prepared by the daemon (the child only joins them)."""
+    limits = ResourceLimits.from_spec(spec.memory_limit_bytes, spec.cpu_limit, spec.nofile)
+    if limits.empty:
+        return None
     try:
-        groups = tuple(os.getgrouplist(pwd.getpwuid(spec.uid).pw_name, spec.gid))
-    except KeyError:
-        groups = (spec.gid,)
-    return spec.uid, spec.gid, groups
+        return rt.limits.place(spec.id, rank, limits)
+    except LimitError as exc:
+        raise SetupFailure(EndReason.SPAWN_FAILED, f"on node {rt.node_id}: {exc.message}") from exc
 
 
 def start_group(
@@ -76,13 +78,13 @@ def start_group(
     Raises ``SetupFailure`` (LOG_DIR_UNSAFE, LOG_DISK_FULL) when the attempt's logs cannot be
     created safely: the caller ends the job with that reason instead of spending restarts.
     """
-    uid, gid, groups = _identity(spec)
+    identity = switch_to(spec)
     owner = logdir.Owner.of(
-        os.geteuid() if uid is None else uid, os.getegid() if gid is None else gid, rt.log_gid
+        identity.uid if identity else os.geteuid(), identity.gid if identity else os.getegid(), rt.log_gid
     )
     ranks = [layout.rank_offset + local_rank for local_rank in range(layout.local_world_size)]
     files = logdir.create_attempt(rt.log_dir, spec.id, attempt, ranks, owner, rt.node_id)
-    launches = []
+    launches: list[Launch] = []
     try:
         visible = rt.inventory.visible_devices(slots)
         for local_rank, f in enumerate(files):
@@ -107,14 +109,16 @@ def start_group(
                     log_fd=f.log_fd,
                     log_path=f.log_path,
                     error_file=f.error_path,
-                    uid=uid,
-                    gid=gid,
-                    extra_groups=groups,
+                    identity=identity,
+                    limits=_place(rt, spec, f.rank),
                 )
             )
     except BaseException:
         for f in files:
             os.close(f.log_fd)
+        for launch in launches:
+            if launch.limits is not None:
+                launch.limits.close()
         raise
     group = WorkerGroup(launches, rt.reaper, spec.stop_grace_s, fence=fence)
     group.start()  # closes every log fd
@@ -151,6 +155,7 @@ def read_error_file(path: Path) -> str:
 def describe_failure(node: str, attempt: int, worker: Worker) -> WorkerFailure:
     launch = worker.launch
     return WorkerFailure.from_exit(
+        oom=launch.limits is not None and launch.limits.oom_killed(),
         node=node,
         attempt=attempt,
         rank=launch.rank,

@@ -94,10 +94,9 @@ class JobManager:
 
     # -- submission ---------------------------------------------------------------------------
     async def submit(self, spec: JobSpec) -> dict[str, Any]:
-        nodes = await asyncio.to_thread(self._etcd.get_prefix, self._keys.nodes())
-        candidates = [kv.json() for kv in nodes]
-        candidates = [n for n in candidates if spec.allows(n.get("node", ""))]
-        biggest = max((int(n.get("slots", 0)) for n in candidates), default=0)
+        records = await asyncio.to_thread(self._registry.records)
+        candidates = [n for n in records if spec.allows(n.node)]
+        biggest = max((n.slots for n in candidates), default=0)
         if candidates and biggest < spec.nproc_per_node:
             where = f"node {self.rt.node_id}" if len(candidates) == 1 else "the largest node"
             raise InsufficientCapacity(
@@ -423,6 +422,7 @@ class JobManager:
         if leftovers or pgids:
             _log.warning("recover.killing", pids=[p.pid for p in leftovers], pgids=pgids)
             await proctree.terminate(leftovers, pgids, grace_s=2.0)
+        self.rt.limits.sweep(())  # no worker of ours is alive yet: every job cgroup is stale
         for job_id in records:
             self._state.drop_job(job_id)
             try:

@@ -118,10 +118,20 @@ class WorkerFailure:
     signal: str | None
     message: str  # from TORCHELASTIC_ERROR_FILE when the script used @record, else the exit
     output_tail: str  # last lines the rank wrote (stdout and stderr, interleaved as on a terminal)
+    oom: bool = False  # killed by the OOM killer (known where the worker had its own cgroup)
 
     @classmethod
     def from_exit(
-        cls, *, node: str, attempt: int, rank: int, local_rank: int, returncode: int, message: str, tail: str
+        cls,
+        *,
+        node: str,
+        attempt: int,
+        rank: int,
+        local_rank: int,
+        returncode: int,
+        message: str,
+        tail: str,
+        oom: bool = False,
     ) -> WorkerFailure:
         sig = None
         if returncode < 0:
@@ -136,8 +146,9 @@ class WorkerFailure:
             local_rank=local_rank,
             exit_code=returncode if returncode >= 0 else None,
             signal=sig,
-            message=message or describe_exit(returncode),
+            message=message or ("killed by the OOM killer" if oom else describe_exit(returncode)),
             output_tail=tail,
+            oom=oom,
         )
 
     def summary(self) -> str:

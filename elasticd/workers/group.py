@@ -15,12 +15,12 @@ import contextlib
 import os
 import subprocess
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from elasticd import log
 from elasticd.workers import proctree
+from elasticd.workers.limits import Placement
 from elasticd.workers.reaper import Reaper
 from elasticd.workers.spawn import SPAWN_FAILED, Identity, worker_preexec
 
@@ -42,17 +42,8 @@ class Launch:
     log_fd: int  # stdout and stderr, open for appending (see elasticd.jobs.logdir)
     log_path: Path  # where log_fd points: a name for reports, read back via jobs.logdir only
     error_file: Path  # TORCHELASTIC_ERROR_FILE, pre-created for the worker; same rule as log_path
-    uid: int | None = None  # switch to this user (the daemon runs as root)
-    gid: int | None = None
-    extra_groups: tuple[int, ...] | None = None
-    before_drop: Callable[[], None] | None = None  # runs in the child as root, before the switch
-
-    @property
-    def identity(self) -> Identity | None:
-        if self.uid is None:
-            return None
-        gid = self.gid if self.gid is not None else os.getgid()
-        return Identity(self.uid, gid, self.extra_groups if self.extra_groups is not None else (gid,))
+    identity: Identity | None = None  # switch to the submitter (a root daemon); None: stay as we are
+    limits: Placement | None = None  # cgroups and rlimits, joined in the child as root before the switch
 
 
 class Worker:
@@ -117,7 +108,9 @@ class WorkerGroup:
                 stderr=subprocess.STDOUT,
                 env=launch.env,
                 start_new_session=True,
-                preexec_fn=worker_preexec(launch.cwd, launch.identity, launch.before_drop),
+                preexec_fn=worker_preexec(
+                    launch.cwd, launch.identity, launch.limits.preexec if launch.limits else None
+                ),
                 close_fds=True,
             )
         except (OSError, subprocess.SubprocessError) as exc:
@@ -175,4 +168,7 @@ class WorkerGroup:
             self._reaper.untrack(pgid)
         with contextlib.suppress(Exception):
             await own
+        for launch in self.launches:  # the trees are gone: their cgroups can go too
+            if launch.limits is not None:
+                launch.limits.close()
         return stuck
