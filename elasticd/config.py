@@ -35,7 +35,7 @@ class Settings:
     log_dir: Path | None = None  # default: /var/log/elasticd as root, else <state_dir>/logs
     node_id: str | None = None  # default: remembered in the state dir, first chosen from the hostname
     address: str | None = None  # address peers use to reach this host's workers; default 127.0.0.1
-    etcd_endpoints: tuple[str, ...] = ()  # empty: start a private embedded etcd on loopback
+    etcd_endpoints: tuple[str, ...] = ()  # empty: a private embedded etcd on UNIX sockets
     etcd_prefix: str = "/elasticd/v1"
     etcd_ca: Path | None = None
     etcd_cert: Path | None = None

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from elasticctl.client import Client
-from elasticd.etcd.client import EtcdAuth, EtcdClient
+from elasticd.etcd.client import EtcdClient
 from elasticd.etcd.embedded import find_etcd_binary
+from elasticd.etcd.types import EtcdAuth
 from elasticd.netaddr import free_port
 from elasticd.workers import proctree
 

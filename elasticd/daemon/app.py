@@ -18,9 +18,10 @@ from elasticd.config import Settings
 from elasticd.control.server import ControlServer
 from elasticd.daemon import systemd
 from elasticd.errors import EtcdUnavailable
-from elasticd.etcd.client import EtcdAuth, EtcdClient
+from elasticd.etcd.client import EtcdClient
 from elasticd.etcd.embedded import EmbeddedEtcd
 from elasticd.etcd.keys import Keys
+from elasticd.etcd.types import EtcdAuth
 from elasticd.jobs.launch import NodeRuntime
 from elasticd.jobs.logdir import log_group_gid
 from elasticd.jobs.manager import JobManager
@@ -169,6 +170,7 @@ class Daemon:
         systemd.notify("STOPPING=1")
         await server.close()
         await self.manager.shutdown()
+        self.manager.rt.limits.release()
         await self.registry.stop()
         if self._liveness is not None:
             await self._liveness.close()  # last: peers read our death only once we have left

@@ -26,11 +26,10 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
 from elasticd.errors import ConfigError, EtcdUnavailable
+from elasticd.etcd.types import Compare, EtcdAuth, Found, KeyValue, Put, Query
 
 if "google.protobuf" in sys.modules:
     from google.protobuf.internal import api_implementation  # type: ignore[import-untyped]
@@ -59,60 +58,6 @@ _GRPC_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
-
-
-@dataclass(frozen=True)
-class EtcdAuth:
-    ca: Path | None = None
-    cert: Path | None = None
-    key: Path | None = None
-    user: str | None = None
-    password: str | None = None
-
-
-@dataclass(frozen=True)
-class KeyValue:
-    key: str
-    value: bytes
-    create_revision: int
-    mod_revision: int
-    lease: int
-
-    def json(self) -> Any:
-        return json.loads(self.value)
-
-
-@dataclass(frozen=True)
-class Compare:
-    """``target`` (create or mod revision) of ``key`` equals ``revision`` (0: the key is absent)."""
-
-    key: str
-    target: str  # "create" | "mod"
-    revision: int
-
-
-@dataclass(frozen=True)
-class Query:
-    """One range of a ``read_many``: a key, a prefix, or [key, end)."""
-
-    key: str
-    prefix: bool = False
-    end: str | None = None  # exclusive end of the range, instead of ``prefix``
-    oldest_only: bool = False  # only the key with the lowest create_revision
-    count_only: bool = False  # how many keys, not the keys
-
-
-@dataclass(frozen=True)
-class Found:
-    kvs: list[KeyValue]
-    count: int
-
-
-@dataclass(frozen=True)
-class Put:
-    key: str
-    value: Any  # JSON-encoded on write
-    lease: int | None = None
 
 
 def _encode(value: Any) -> str:
@@ -171,11 +116,13 @@ class EtcdClient:
     """Calls go to the current endpoint; on a connection failure we move to the next one and retry,
     and only when every endpoint has failed once does the call raise ``EtcdUnavailable``."""
 
-    def __init__(self, endpoints: Sequence[str], auth: EtcdAuth = EtcdAuth(), timeout_s: float = 5.0) -> None:
+    def __init__(
+        self, endpoints: Sequence[str], auth: EtcdAuth | None = None, timeout_s: float = 5.0
+    ) -> None:
         if not endpoints:
             raise ConfigError("at least one etcd endpoint is required")
         self.endpoints = [parse_endpoint(e) for e in endpoints]
-        self._auth = auth
+        self._auth = auth or EtcdAuth()
         self._timeout_s = timeout_s
         self._lock = threading.Lock()
         self._index = 0

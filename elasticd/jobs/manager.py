@@ -25,8 +25,9 @@ from elasticd.errors import (
     JobNotFound,
     NodeNotFound,
 )
-from elasticd.etcd.client import EtcdClient, KeyValue, Query
+from elasticd.etcd.client import EtcdClient
 from elasticd.etcd.keys import Keys
+from elasticd.etcd.types import KeyValue, Query
 from elasticd.jobs.admission import admit, refuse
 from elasticd.jobs.agent import AgentState, JobAgent
 from elasticd.jobs.launch import NodeRuntime

@@ -24,8 +24,9 @@ from elasticd import __version__, log
 from elasticd.aio import wait_event
 from elasticd.decode import DecodeError, decode, parse_json, report_invalid
 from elasticd.errors import EtcdUnavailable
-from elasticd.etcd.client import EtcdClient, KeyValue
+from elasticd.etcd.client import EtcdClient
 from elasticd.etcd.keys import Keys
+from elasticd.etcd.types import KeyValue
 from elasticd.jobs.spec import valid_job_id, valid_node_id
 from elasticd.node.inventory import Gpu
 from elasticd.rendezvous.model import DrainRecord

@@ -17,8 +17,9 @@ from typing import Any
 
 from elasticd.decode import DecodeError, decode, parse_json
 from elasticd.errors import InvalidSpec
-from elasticd.etcd.client import Compare, EtcdClient, KeyValue, Put, Query
+from elasticd.etcd.client import EtcdClient
 from elasticd.etcd.keys import Keys
+from elasticd.etcd.types import Compare, KeyValue, Put, Query
 from elasticd.jobs.spec import JobSpec, valid_job_id, valid_node_id
 from elasticd.jobs.state import EndReason, JobState
 from elasticd.rendezvous.model import (

@@ -113,6 +113,13 @@ def _remove(fs: CgroupFs, path: Path, tries: int = 1) -> bool:
     return False
 
 
+def _release(fs: CgroupFs, base: Path) -> None:
+    """A stopping daemon removes its (empty) base, and the shared parent when it is the last."""
+    _sweep(fs, base, ())
+    if _remove(fs, base) and base.parent.name in (V2_JOBS, V1_JOBS):
+        _remove(fs, base.parent)  # busy while other daemons of this host use it: fine
+
+
 def _oom_kills(fs: CgroupFs, path: Path) -> int:
     """The ``oom_kill N`` line of ``memory.events`` (v2) or ``memory.oom_control`` (v1)."""
     for line in fs.read(path).splitlines():
@@ -282,6 +289,9 @@ class CgroupV2Backend:
     def sweep(self, alive_job_ids: Collection[str]) -> tuple[Path, ...]:
         return tuple(_sweep(self._fs, self.base, alive_job_ids))
 
+    def release(self) -> None:
+        _release(self._fs, self.base)
+
 
 def _enable_evacuating(fs: CgroupFs, own: Path, move_self: bool) -> None:
     try:
@@ -388,3 +398,7 @@ class CgroupV1Backend:
 
     def sweep(self, alive_job_ids: Collection[str]) -> tuple[Path, ...]:
         return tuple(path for base in self.bases for path in _sweep(self._fs, base, alive_job_ids))
+
+    def release(self) -> None:
+        for base in self.bases:
+            _release(self._fs, base)

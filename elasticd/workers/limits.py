@@ -163,6 +163,10 @@ class LimitBackend(Protocol):
         """
         ...
 
+    def release(self) -> None:
+        """On a clean stop, after every worker is gone: remove this daemon's (empty) cgroups."""
+        ...
+
 
 def check_name(what: str, name: str) -> str:
     """A job id or instance name usable as one path component (never ``..`` or a control file)."""
@@ -227,6 +231,9 @@ class RlimitBackend:
 
     def sweep(self, alive_job_ids: Collection[str]) -> tuple[Path, ...]:
         return ()
+
+    def release(self) -> None:
+        return None
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,9 @@ import psutil
 import pytest
 
 from elasticd.errors import EtcdUnavailable
-from elasticd.etcd.client import EtcdAuth, EtcdClient
+from elasticd.etcd.client import EtcdClient
 from elasticd.etcd.embedded import CLIENT_SOCKET, PEER_SOCKET, EmbeddedEtcd, find_etcd_binary
+from elasticd.etcd.types import EtcdAuth
 from tests.conftest import DaemonFactory
 from tests.support import REPO, DaemonProc, EtcdServer, etcd_available, submit_job, unique
 from tests.tls import CertFiles, TestCA

@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from elasticctl.client import Client, DaemonError
 from tests.conftest import DaemonFactory
 from tests.support import wait_for
-
-NOBODY = 65534
-SYSTEM_PYTHON = "/usr/bin/python3"
+from tests.users import NOBODY, SYSTEM_PYTHON, as_user, public_daemon, public_dir
 
 pytestmark = [
     pytest.mark.root,
@@ -27,52 +20,16 @@ pytestmark = [
 
 
 @pytest.fixture
-def public_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="elasticd-uid-"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def as_user(uid: int, gid: int, socket: Path, cmd: str, **args: Any) -> dict[str, Any]:
-    """Send one request from a forked child that has dropped to ``uid``."""
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: never returns into pytest
-        try:
-            os.close(read_fd)
-            os.setgroups([])
-            os.setgid(gid)
-            os.setuid(uid)
-            client = Client(socket, timeout_s=15)
-            try:
-                reply: dict[str, Any] = {"ok": True, "result": client.call(cmd, **args)}
-            except DaemonError as exc:
-                reply = {"ok": False, "code": exc.code, "message": exc.message}
-            os.write(write_fd, json.dumps(reply).encode())
-        finally:
-            os._exit(0)
-    os.close(write_fd)
-    with os.fdopen(read_fd) as f:
-        data = f.read()
-    os.waitpid(pid, 0)
-    return dict(json.loads(data))
+def public() -> Iterator[Path]:
+    with public_dir() as path:
+        yield path
 
 
 def test_job_runs_as_submitter_and_only_owner_or_root_may_kill(
-    daemon_factory: DaemonFactory, public_dir: Path
+    daemon_factory: DaemonFactory, public: Path
 ) -> None:
-    d = daemon_factory(
-        None,
-        "--socket",
-        str(public_dir / "ctl.sock"),
-        start=False,
-        env=dict(os.environ, ELASTICD_SOCKET_MODE="666"),
-    )
-    d.root = public_dir / "daemon"
-    d.stderr_path = public_dir / "daemon.log"
-    d.args = [a if a != str(public_dir / "ctl.sock") else str(d.socket) for a in d.args]
-    d.start()
+    public_dir = public
+    d = public_daemon(daemon_factory, public_dir)
     work = public_dir / "work"
     work.mkdir(mode=0o777)
     work.chmod(0o777)

@@ -225,9 +225,11 @@ def test_a_cwd_closed_after_submission_is_not_entered_by_the_next_attempt(
     assert (work / "ran.0").read_text() == f"{cwd} {NOBODY}"
     cwd.chmod(0o700)
     (work / "go").touch()
-    log = d.log_dir / reply["result"]["id"] / "attempt_1" / "rank_0.log"
-    message = f"elasticd: cannot enter working directory {cwd}: Permission denied\n"
-    wait_for(lambda: log.exists() and log.read_text() == message, 30, what="the spawn failure")
+    # The check before every attempt (as the submitter) stops it, with its own reason and no
+    # restart loop; were it raced, the worker's chdir as the user would still fail (tests below).
+    view = d.wait_state(reply["result"]["id"], ("FAILED",), 30)
+    assert view["code"] == "entry_unavailable", view
+    assert f"working directory {cwd} is missing or not accessible to user nobody" in view["reason"]
     assert not (work / "ran.1").exists()
 
 

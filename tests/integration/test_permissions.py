@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import DaemonFactory
-from tests.integration.test_identity import NOBODY, SYSTEM_PYTHON, as_user
 from tests.support import DaemonProc
+from tests.users import NOBODY, SYSTEM_PYTHON, as_user, public_daemon, public_dir
 
 pytestmark = [
     pytest.mark.root,
@@ -25,20 +23,14 @@ ENV = {"PATH": "/usr/bin:/bin", "SLEEP": "600"}
 
 @pytest.fixture
 def public() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="elasticd-perm-"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    with public_dir("elasticd-perm-") as path:
+        yield path
 
 
 @pytest.fixture
 def shared_daemon(daemon_factory: DaemonFactory, public: Path) -> DaemonProc:
     """A daemon whose socket uid nobody can reach (0666 in a world-readable directory)."""
-    d = daemon_factory(None, "--slots", "4", start=False, env=dict(os.environ, ELASTICD_SOCKET_MODE="666"))
-    d.root = public / "daemon"
-    d.stderr_path = public / "daemon.log"
-    d.start()
-    return d
+    return public_daemon(daemon_factory, public)
 
 
 def _sleeper(public: Path) -> Path:

@@ -98,7 +98,9 @@ def test_an_unreadable_script_for_the_next_attempt_is_entry_unavailable(
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     mount = tmp_path / "logs"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k,mode=0755", "tmpfs", str(mount)], check=False)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k,mode=0755", "tmpfs", str(mount)], check=False
+    )
     if done.returncode != 0:
         pytest.skip("cannot mount a tmpfs here")
     try:

@@ -13,8 +13,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from elasticd.etcd.client import EtcdClient, KeyValue
+from elasticd.etcd.client import EtcdClient
 from elasticd.etcd.keys import Keys
+from elasticd.etcd.types import KeyValue
 from elasticd.jobs.spec import NodeRange
 from elasticd.rendezvous.model import FinalRecord
 from elasticd.rendezvous.store import JobSnapshot, JobStore

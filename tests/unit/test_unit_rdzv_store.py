@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from elasticd.etcd.client import KeyValue
 from elasticd.etcd.keys import Keys
+from elasticd.etcd.types import KeyValue
 from elasticd.jobs.spec import JobSpec, NodeRange
 from elasticd.jobs.state import EndReason, JobState
 from elasticd.rendezvous.model import (

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from elasticd.etcd.client import KeyValue
 from elasticd.etcd.keys import Keys
+from elasticd.etcd.types import KeyValue
 from elasticd.jobs.admission import Admission, admit, refuse
 from elasticd.jobs.spec import NodeRange
 from elasticd.jobs.state import EndReason

@@ -126,4 +126,5 @@ def test_to_json_has_every_field() -> None:
         "signal": "SIGKILL",
         "message": "killed by SIGKILL",
         "output_tail": "last words\n",
+        "oom": False,
     }

@@ -1,0 +1,66 @@
+"""The values that cross the etcd seam: plain frozen records, with no etcd client behind them.
+
+Kept apart from ``elasticd.etcd.client`` so that pure modules (snapshots, deciders, views) and
+their tests can use them without loading grpc or etcd3.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class EtcdAuth:
+    ca: Path | None = None
+    cert: Path | None = None
+    key: Path | None = None
+    user: str | None = None
+    password: str | None = None
+
+
+@dataclass(frozen=True)
+class KeyValue:
+    key: str
+    value: bytes
+    create_revision: int
+    mod_revision: int
+    lease: int
+
+    def json(self) -> Any:
+        return json.loads(self.value)
+
+
+@dataclass(frozen=True)
+class Compare:
+    """``target`` (create or mod revision) of ``key`` equals ``revision`` (0: the key is absent)."""
+
+    key: str
+    target: str  # "create" | "mod"
+    revision: int
+
+
+@dataclass(frozen=True)
+class Query:
+    """One range of a ``read_many``: a key, a prefix, or [key, end)."""
+
+    key: str
+    prefix: bool = False
+    end: str | None = None  # exclusive end of the range, instead of ``prefix``
+    oldest_only: bool = False  # only the key with the lowest create_revision
+    count_only: bool = False  # how many keys, not the keys
+
+
+@dataclass(frozen=True)
+class Found:
+    kvs: list[KeyValue]
+    count: int
+
+
+@dataclass(frozen=True)
+class Put:
+    key: str
+    value: Any  # JSON-encoded on write
+    lease: int | None = None
