@@ -21,6 +21,7 @@ from elasticd.rendezvous.model import FinalRecord
 from elasticd.rendezvous.store import JobSnapshot, JobStore
 from tests import fakes
 from tests.conftest import DaemonFactory
+from tests.strategies import stored_values
 from tests.support import REPO, DaemonProc, EtcdServer, wait_for
 
 SLEEPER = REPO / "tests" / "scripts" / "sleeper.py"
@@ -41,14 +42,7 @@ JOB_KINDS = [
     "rdzv/zero/result",
     "no-such-record",
 ]
-JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
-    lambda children: (
-        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3)
-    ),
-    max_leaves=12,
-)
-VALUES = st.binary(max_size=40) | JSON.map(lambda v: json.dumps(v).encode())
+VALUES = stored_values(max_bytes=40, max_leaves=12, max_text=12, max_items=3)
 
 
 def _submit(d: DaemonProc, cwd: Path) -> str:

@@ -25,6 +25,7 @@ from elasticd.rendezvous.model import (
     RoundResult,
     WaitingRecord,
 )
+from tests.strategies import json_values
 
 
 class Color(StrEnum):
@@ -189,13 +190,7 @@ def test_report_invalid_logs_once_per_revision() -> None:
 
 
 # -- arbitrary JSON never raises anything but DecodeError ---------------------------------------------
-JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
-    lambda children: (
-        st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=10), children, max_size=5)
-    ),
-    max_leaves=30,
-)
+JSON = json_values(max_leaves=30, max_items=5)
 RECORDS = [
     Record,
     JobSpec,

@@ -19,6 +19,7 @@ from elasticd.rendezvous.decider import build_result
 from elasticd.rendezvous.model import Join, NodeStatus, RoundInfo, RoundReason
 from elasticd.rendezvous.store import JobSnapshot
 from tests import fakes
+from tests.strategies import stored_values
 
 JOB = fakes.JOB
 KEYS = Keys("/t/p")
@@ -76,14 +77,7 @@ def test_the_base_snapshot_and_every_extra_kind_are_valid() -> None:
 
 
 # -- property: never raises, reports the key ---------------------------------------------------------
-JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
-    lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
-    ),
-    max_leaves=25,
-)
-VALUES = st.binary(max_size=80) | JSON.map(lambda v: json.dumps(v).encode())
+VALUES = stored_values()
 
 
 def _valid_alone(rest: str, value: bytes) -> bool:
