@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from elasticd.workers.limits import detect
 from tests.support import DaemonProc, EtcdServer, unique
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -65,6 +66,8 @@ def daemon_factory(etcd_server: EtcdServer, tmp_path: Path) -> Iterator[DaemonFa
         for proc in d.leftovers():
             leaks.append((d.node_id, proc.pid, " ".join(proc.cmdline())))
             proc.kill()
+    for d in started:  # a daemon killed with SIGKILL could not remove its (empty) cgroup level
+        detect(instance=d.node_id, move_self=False).release()
     assert not leaks, f"processes outlived their daemon: {leaks}"
 
 
