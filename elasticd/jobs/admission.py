@@ -58,20 +58,25 @@ def refuse(spec: JobSpec, node: str, daemon_uid: int, allow_root_jobs: bool) -> 
     """
     if not spec.allows(node):
         return None
-    if spec.uid == ROOT_UID and daemon_uid == ROOT_UID and not allow_root_jobs:
+    return refuse_identity(spec.uid, spec.user, node, daemon_uid, allow_root_jobs)
+
+
+def refuse_identity(uid: int, user: str, node: str, daemon_uid: int, allow_root_jobs: bool) -> Refusal | None:
+    """The rule itself, for a job of ``uid``: at submit (the caller) and for every spec read."""
+    if uid == ROOT_UID and daemon_uid == ROOT_UID and not allow_root_jobs:
         return Refusal(
             EndReason.ROOT_NOT_ALLOWED,
-            f"node {node} does not run jobs as root (uid 0): its elasticd was not started "
-            "with --allow-root-jobs",
+            f"node {node} does not run jobs as root (uid 0): allow_root_jobs is off "
+            "(elasticd --allow-root-jobs); submit as a user",
         )
-    if spec.uid == ROOT_UID and daemon_uid != ROOT_UID:
+    if uid == ROOT_UID and daemon_uid != ROOT_UID:
         return Refusal(
             EndReason.ROOT_NOT_ALLOWED, f"node {node} runs elasticd as uid {daemon_uid}, not as root"
         )
-    if daemon_uid != ROOT_UID and spec.uid != daemon_uid:
+    if daemon_uid != ROOT_UID and uid != daemon_uid:
         return Refusal(
             EndReason.SPAWN_FAILED,
             f"node {node} runs elasticd as uid {daemon_uid}, which cannot start workers "
-            f"as uid {spec.uid} ({spec.user})",
+            f"as uid {uid} ({user})",
         )
     return None

@@ -19,7 +19,7 @@ from elasticd import log
 from elasticd.errors import EtcdUnavailable
 from elasticd.jobs.decider import GroupOutcome, group_outcome
 from elasticd.jobs.launch import NodeRuntime, describe_failure, layout_for, start_group
-from elasticd.jobs.logdir import log_disk_full
+from elasticd.jobs.logdir import disk_full, log_disk_full
 from elasticd.jobs.pathcheck import check_paths
 from elasticd.jobs.spec import JobSpec
 from elasticd.jobs.state import EndReason, JobState, SetupFailure, WorkerFailure
@@ -461,8 +461,7 @@ class JobAgent:
                     _log.warning("worker.failed", job=self.spec.id, summary=self.failure.summary())
                     await self._publish()
                 if log_disk_full(self._rt.log_dir):  # the likely cause, and a restart cannot help
-                    why = f"no space left for job logs in {self._rt.log_dir} on node {self.node}"
-                    await self._setup_failed(SetupFailure(EndReason.LOG_DISK_FULL, why))
+                    await self._setup_failed(disk_full(self._rt.log_dir, self.node))
                     return
                 summary = self.failure.summary()
                 await self._event(

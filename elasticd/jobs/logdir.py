@@ -100,11 +100,13 @@ def _unsafe(path: Path, why: str) -> SetupFailure:
     return SetupFailure(EndReason.LOG_DIR_UNSAFE, f"job log path {path} is unsafe: {why}")
 
 
+def disk_full(where: Path, node: str) -> SetupFailure:
+    return SetupFailure(EndReason.LOG_DISK_FULL, f"no space left for job logs in {where} on node {node}")
+
+
 def _full_or_raise(exc: OSError, where: Path, node: str) -> None:
     if exc.errno in _FULL:
-        raise SetupFailure(
-            EndReason.LOG_DISK_FULL, f"no space left for job logs in {where} on node {node}"
-        ) from exc
+        raise disk_full(where, node) from exc
 
 
 def _check_name(name: str, where: Path) -> None:

@@ -49,6 +49,17 @@ def _check_grace(grace_s: float | None) -> None:
     _need(grace_s is None or 0 <= grace_s <= MAX_GRACE_S, f"grace_s must be 0..{MAX_GRACE_S:g} or null")
 
 
+def _check_node_part(node: str, address: str, liveness_port: int, local_world_size: int) -> None:
+    """What a join and a result's member both say about one node's part in a round."""
+    _check_node("node", node)
+    _check_address("address", address)
+    _check_port("liveness_port", liveness_port, 0)
+    _need(
+        1 <= local_world_size <= MAX_NPROC_PER_NODE,
+        f"local_world_size must be 1..{MAX_NPROC_PER_NODE}, got {local_world_size}",
+    )
+
+
 def check_failure(failure: dict[str, Any] | None) -> None:
     """A stored failure must read as a ``WorkerFailure``: status and the CLI show it field by field."""
     if failure is not None:
@@ -113,14 +124,8 @@ class Join:
     liveness_port: int = 0  # the node's liveness listener (see elasticd.node.liveness)
 
     def __post_init__(self) -> None:
-        _check_node("node", self.node)
-        _check_address("address", self.address)
+        _check_node_part(self.node, self.address, self.liveness_port, self.local_world_size)
         _check_port("port", self.port)
-        _check_port("liveness_port", self.liveness_port, 0)
-        _need(
-            1 <= self.local_world_size <= MAX_NPROC_PER_NODE,
-            f"local_world_size must be 1..{MAX_NPROC_PER_NODE}, got {self.local_world_size}",
-        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -148,13 +153,7 @@ class Member:
     liveness_port: int = 0
 
     def __post_init__(self) -> None:
-        _check_node("node", self.node)
-        _check_address("address", self.address)
-        _check_port("liveness_port", self.liveness_port, 0)
-        _need(
-            1 <= self.local_world_size <= MAX_NPROC_PER_NODE,
-            f"local_world_size must be 1..{MAX_NPROC_PER_NODE}, got {self.local_world_size}",
-        )
+        _check_node_part(self.node, self.address, self.liveness_port, self.local_world_size)
 
 
 @dataclass(frozen=True)

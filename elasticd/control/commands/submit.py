@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from elasticd.control.access import Access, Caller
 from elasticd.control.commands.base import Command
 from elasticd.errors import InvalidSpec, PermissionDenied
+from elasticd.jobs.admission import refuse_identity
 from elasticd.jobs.pathcheck import check_paths
 from elasticd.jobs.spec import (
     DEFAULT_JOIN_TIMEOUT_S,
@@ -49,14 +50,11 @@ async def submit(daemon: Daemon, args: SubmitArgs, caller: Caller) -> dict[str, 
 
     The spec goes into etcd; every daemon with room (and allowed by ``nodes``) may join it.
     """
-    if os.geteuid() not in (0, caller.uid):
-        raise PermissionDenied(
-            f"this elasticd runs as uid {os.geteuid()} and cannot start jobs for uid {caller.uid}"
-        )
-    if caller.uid == 0 and os.geteuid() == 0 and not daemon.settings.allow_root_jobs:
-        raise PermissionDenied(
-            "this elasticd does not run jobs as root (allow_root_jobs is off); submit as a user"
-        )
+    refusal = refuse_identity(
+        caller.uid, caller.user, daemon.node_id, os.geteuid(), daemon.settings.allow_root_jobs
+    )
+    if refusal is not None:  # the same rule every node applies to the spec it reads
+        raise PermissionDenied(refusal.reason)
     try:
         kind = EntryKind(args.entry_kind)
     except ValueError as exc:
