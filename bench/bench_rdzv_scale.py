@@ -1,6 +1,6 @@
 """Rendezvous at scale: N simulated participants against one etcd, next to torch's c10d handler.
 
-elasticd side: each participant runs the join path of ``elasticd.jobs.agent.JobAgent`` with the
+elasticd side: each participant runs the join path of ``elasticd.agent.step`` with the
 real ``JobStore`` (etcd I/O) and the real pure deciders (``leader``, ``decide_close``,
 ``order_members``, ``build_result``): it puts its join key under its own lease, reads the job
 snapshot, and either leads (closes the round when MAX have joined) or waits for the result.
@@ -34,16 +34,16 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from elasticd.agent.executor import LEADER_BATCH_S
 from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.client import EtcdClient
 from elasticd.etcd.embedded import EmbeddedEtcd
 from elasticd.etcd.keys import Keys
-from elasticd.jobs.agent import LEADER_BATCH_S
 from elasticd.jobs.spec import EntryKind, JobSpec, NodeRange
 from elasticd.netaddr import free_port
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.model import Join
-from elasticd.rendezvous.store import JobStore
+from elasticd.rendezvous.store import InlineJobStore, run_inline
 
 
 @dataclass
@@ -93,9 +93,9 @@ def run_elasticd(endpoint: str, n: int, timeout_s: float) -> Outcome:
     keys = Keys(f"/bench/{n}-{time.time_ns()}")
     client = CountingClient([endpoint], timeout_s=30)
     job_id = f"scale-{n}"
-    store = JobStore(client, keys, job_id)
+    store = InlineJobStore(client, keys, job_id)
     spec = spec_for(n, job_id)
-    assert store.create(spec)
+    assert run_inline(store.create(spec))
     leases = [client.grant_lease(120) for _ in range(n)]  # each node's lease exists before the job
     setup_requests = client.requests
     wake = [threading.Event() for _ in range(n)]
@@ -130,7 +130,7 @@ def run_elasticd(endpoint: str, n: int, timeout_s: float) -> Outcome:
         deadline = time.monotonic() + timeout_s
         state = {"joined": False, "seen": (), "last_join_at": time.time()}
         while time.monotonic() < deadline:
-            try:  # as JobAgent._loop: an etcd error means "try again in a moment"
+            try:  # as the agent's executor: an etcd error means "try again in a moment"
                 if step(i, me, state):
                     return
             except EtcdUnavailable:
@@ -138,19 +138,21 @@ def run_elasticd(endpoint: str, n: int, timeout_s: float) -> Outcome:
 
     def step(i: int, me: str, state: dict[str, Any]) -> bool:
         if not state["joined"]:
-            store.join(0, Join(me, "127.0.0.1", 29500, 1), leases[i])
+            run_inline(store.join(0, Join(me, "127.0.0.1", 29500, 1), leases[i]))
             state["joined"] = True
         wake[i].clear()
-        if not leading[i]:  # JobAgent._waiting_quietly: one small read while someone else leads
-            glance = store.glance(0, me)
+        if not leading[i]:  # the agent's glance: one small read while someone else leads
+            glance = run_inline(store.glance(0, me))
             if glance.closed:
-                store.snapshot(joins_counted_of=0)  # the member then reads the job, result included
+                run_inline(
+                    store.snapshot(joins_counted_of=0)
+                )  # the member then reads the job, result included
                 done_at[i] = time.monotonic()
                 return True
             if glance.quiet(0, me):
                 wake[i].wait(1.0)
                 return False
-        snap = store.snapshot()
+        snap = run_inline(store.snapshot())
         if snap.result is not None:
             done_at[i] = time.monotonic()
             return True
@@ -173,7 +175,7 @@ def run_elasticd(endpoint: str, n: int, timeout_s: float) -> Outcome:
             )
             if decision.verdict is rdzv.Close.NOW:
                 ordered = rdzv.order_members(joins, None, spec.nnodes.max)
-                store.close(rdzv.build_result(0, ordered, time.time()))
+                run_inline(store.close(rdzv.build_result(0, ordered, time.time())))
                 return False
             time.sleep(LEADER_BATCH_S)
         wake[i].wait(1.0)

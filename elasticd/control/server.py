@@ -11,13 +11,12 @@ import contextlib
 import grp
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import zmq
 import zmq.asyncio
 
 from elasticd import log
-from elasticd.control.access import Caller, authorize
 from elasticd.control.address import endpoint
 from elasticd.control.commands import REGISTRY
 from elasticd.control.envelope import (
@@ -29,9 +28,8 @@ from elasticd.control.envelope import (
 )
 from elasticd.control.params import parse_args
 from elasticd.errors import ConfigError, ElasticdError, PermissionDenied, UnknownCommand
-
-if TYPE_CHECKING:
-    from elasticd.daemon.app import Daemon
+from elasticd.manager.access import Caller
+from elasticd.manager.service import CommandService
 
 _log = log.get("elasticd.control")
 
@@ -50,8 +48,8 @@ def _socket_in_use(path: Path) -> bool:
 
 
 class ControlServer:
-    def __init__(self, daemon: Daemon, path: Path, mode: int, group: str) -> None:
-        self._daemon = daemon
+    def __init__(self, service: CommandService, path: Path, mode: int, group: str) -> None:
+        self._service = service
         self.path = path
         self._mode = mode
         self._group = group
@@ -100,8 +98,8 @@ class ControlServer:
             if caller is None:
                 raise PermissionDenied("the transport gave no peer credentials; use the local IPC socket")
             args = parse_args(command.args, request.args)
-            await authorize(command.access, caller, command.job_of(args), self._daemon.manager.owner_of)
-            result = await command.handler(self._daemon, args, caller)
+            await self._service.authorize(command.access, caller, command.job_of(args))
+            result = await command.handler(self._service, args, caller)
             reply = encode_ok(rid, result)
         except ElasticdError as exc:
             _log.info("control.error", cmd=cmd, code=exc.code.value, message=exc.message)

@@ -24,7 +24,8 @@ from elasticd.etcd.keys import Keys
 from elasticd.etcd.types import EtcdAuth
 from elasticd.jobs.launch import NodeRuntime
 from elasticd.jobs.logdir import log_group_gid
-from elasticd.jobs.manager import JobManager
+from elasticd.manager.jobs import JobManager
+from elasticd.manager.service import CommandService, NodeFacts
 from elasticd.node.inventory import discover
 from elasticd.node.liveness import LivenessServer
 from elasticd.node.registry import NodeRegistry
@@ -131,7 +132,10 @@ class Daemon:
             background.append(asyncio.create_task(self.registry.run(), name="registry"))
             background.append(asyncio.create_task(self.manager.watch(), name="watch"))
             background.append(asyncio.create_task(self.manager.run(), name="jobs"))
-            server = ControlServer(self, s.socket, s.socket_mode, s.socket_group)
+            facts = NodeFacts(self.node_id, self.started_at, tuple(self.etcd_endpoints), s.embedded_etcd,
+                              s.allow_root_jobs, s.stop_grace, self.log_dir)  # fmt: skip
+            service = CommandService(facts, self.manager, self.registry, self.etcd, self.keys)
+            server = ControlServer(service, s.socket, s.socket_mode, s.socket_group)
             server.bind()
             background.append(asyncio.create_task(server.serve(), name="control"))
             loop = asyncio.get_running_loop()

@@ -1,19 +1,92 @@
-"""The etcd key layout, in one place (see architecture.md, "etcd keys")."""
+"""The etcd key layout, in one place: build keys, parse them back, route watch events.
+
+Every key elasticd writes is built here, and every key it reads or is told about by a watch is
+parsed here into a ``KeyRef`` (see architecture.md, "etcd keys"). Parsing is strict: a key under
+the prefix that has no meaning (an unknown kind, a bad job or node id, a round that is not a
+plain decimal) raises ``DecodeError`` naming the part. Pure: no etcd client.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
+
+from elasticd.decode import DecodeError
+from elasticd.jobs.spec import valid_job_id, valid_node_id
+from elasticd.rendezvous.model import MAX_ROUND
+
+
+class KeyKind(StrEnum):
+    NODE = "node"  # nodes/<node>
+    NODE_DRAIN = "node_drain"  # drain/<node>
+    JANITOR = "janitor"  # janitor: the node that does cluster-wide clean-up
+    SPEC = "spec"  # jobs/<job>/spec
+    ROUND = "round"
+    RESTARTS = "restarts"
+    FINAL = "final"
+    RESULT = "result"  # jobs/<job>/rdzv/<r>/result
+    JOIN = "join"  # jobs/<job>/rdzv/<r>/join/<node>
+    DONE = "done"
+    LEFT = "left"
+    WAITING = "waiting"  # jobs/<job>/waiting/<node>
+    NODE_STATUS = "node_status"  # jobs/<job>/nodes/<node>
+    PENDING = "pending"  # jobs/<job>/pending/<node>
+    JOB_DRAIN = "job_drain"  # jobs/<job>/drain/<node>
+
+
+_JOB_LEAVES = {
+    "spec": KeyKind.SPEC,
+    "round": KeyKind.ROUND,
+    "restarts": KeyKind.RESTARTS,
+    "final": KeyKind.FINAL,
+}
+_JOB_NODE_KEYS = {
+    "waiting": KeyKind.WAITING,
+    "nodes": KeyKind.NODE_STATUS,
+    "pending": KeyKind.PENDING,
+    "drain": KeyKind.JOB_DRAIN,
+}
+_ROUND_NODE_KEYS = {"join": KeyKind.JOIN, "done": KeyKind.DONE, "left": KeyKind.LEFT}
+
+
+@dataclass(frozen=True)
+class KeyRef:
+    """A parsed key: its kind and the job, round and node it names (empty or None if none)."""
+
+    kind: KeyKind
+    job: str = ""
+    round: int | None = None
+    node: str = ""
+
+
+@dataclass(frozen=True)
+class Change:
+    """A watch event, routed: the job it concerns (None: node-wide) and what changed.
+
+    ``ref`` is None for a key of a job that does not parse: its job must still look (and fail)."""
+
+    job: str | None
+    ref: KeyRef | None
+    deleted: bool
+
+    @property
+    def kind(self) -> KeyKind | None:
+        return self.ref.kind if self.ref is not None else None
 
 
 @dataclass(frozen=True)
 class Keys:
     prefix: str = "/elasticd/v1"
 
+    # -- build ---------------------------------------------------------------------------------
     def nodes(self) -> str:
         return f"{self.prefix}/nodes/"
 
     def node(self, node_id: str) -> str:
         return f"{self.prefix}/nodes/{node_id}"
+
+    def janitor(self) -> str:
+        return f"{self.prefix}/janitor"
 
     def jobs(self) -> str:
         return f"{self.prefix}/jobs/"
@@ -69,8 +142,75 @@ class Keys:
     def job_drain(self, job_id: str, node: str) -> str:
         return f"{self.prefix}/jobs/{job_id}/drain/{node}"
 
-    def job_of(self, key: str) -> tuple[str, str] | None:
-        """``.../jobs/<job>/<rest>`` -> (job, rest)."""
+    # -- parse ---------------------------------------------------------------------------------
+    def relative(self, key: str) -> str:
+        """``key`` without the prefix, as keys are named in messages (``jobs/<job>/spec``)."""
+        return key.removeprefix(self.prefix + "/")
+
+    def parse(self, key: str) -> KeyRef:
+        """What ``key`` names; DecodeError if it is not a key of this layout."""
+        if not key.startswith(self.prefix + "/"):
+            raise DecodeError("", "the key is outside the prefix")
+        match self.relative(key).split("/"):
+            case ["nodes", node]:
+                return KeyRef(KeyKind.NODE, node=_node(node))
+            case ["drain", node]:
+                return KeyRef(KeyKind.NODE_DRAIN, node=_node(node))
+            case ["janitor"]:
+                return KeyRef(KeyKind.JANITOR)
+            case ["jobs", job, *rest]:
+                return _job_key(_job(job), rest)
+            case _:
+                raise DecodeError("", "no such key: the layout has no key of this name")
+
+    def job_of(self, key: str) -> str | None:
+        """The job a key is under (``jobs/<job>/...``), parsed or not; None for other keys."""
         rest = key.removeprefix(self.jobs())
-        job, sep, leaf = rest.partition("/")
-        return (job, leaf) if sep and key.startswith(self.jobs()) else None
+        job, sep, _ = rest.partition("/")
+        return job if sep and key.startswith(self.jobs()) else None
+
+    # -- route ---------------------------------------------------------------------------------
+    def route(self, key: str, deleted: bool) -> Change | None:
+        """A watch event as a ``Change``; None for a key outside the layout that names no job."""
+        job = self.job_of(key)
+        try:
+            ref = self.parse(key)
+        except DecodeError:
+            return Change(job, None, deleted) if job is not None else None
+        return Change(ref.job or None, ref, deleted)
+
+
+def _job_key(job: str, rest: list[str]) -> KeyRef:
+    match rest:
+        case [leaf] if leaf in _JOB_LEAVES:
+            return KeyRef(_JOB_LEAVES[leaf], job)
+        case [kind, node] if kind in _JOB_NODE_KEYS:
+            return KeyRef(_JOB_NODE_KEYS[kind], job, node=_node(node))
+        case ["rdzv", r, "result"]:
+            return KeyRef(KeyKind.RESULT, job, round_no(r))
+        case ["rdzv", r, kind, node] if kind in _ROUND_NODE_KEYS:
+            return KeyRef(_ROUND_NODE_KEYS[kind], job, round_no(r), _node(node))
+        case _:
+            raise DecodeError("", "no such key: a job has no record of this name")
+
+
+def round_no(text: str) -> int:
+    """A round in a key: a plain non-negative decimal, as ``Keys`` writes it."""
+    if not (text.isascii() and text.isdigit()) or (len(text) > 1 and text[0] == "0") or len(text) > 10:
+        raise DecodeError("", f"{text[:20]!r} in the key is not a round number")
+    number = int(text)
+    if number > MAX_ROUND:
+        raise DecodeError("", f"round {number} in the key is out of range")
+    return number
+
+
+def _node(text: str) -> str:
+    if not valid_node_id(text):
+        raise DecodeError("", f"{text[:80]!r} in the key is not a node id")
+    return text
+
+
+def _job(text: str) -> str:
+    if not valid_job_id(text):
+        raise DecodeError("", "the job id in the key is not a valid job id")
+    return text

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from elasticd.jobs.spec import JobSpec
 from elasticd.jobs.state import EndReason
-from elasticd.rendezvous.store import JobSnapshot
+from elasticd.rendezvous.snapshot import JobSnapshot
 
 ROOT_UID = 0
 

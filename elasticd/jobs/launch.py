@@ -6,14 +6,18 @@ anything under the log directory that a job could have touched must never be ope
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from elasticd.agent.record import Group
 from elasticd.jobs import logdir
+from elasticd.jobs.decider import GroupOutcome, group_outcome
 from elasticd.jobs.env import WorldLayout, worker_env
 from elasticd.jobs.identity import switch_to
+from elasticd.jobs.pathcheck import check_paths
 from elasticd.jobs.spec import JobSpec
 from elasticd.jobs.state import EndReason, SetupFailure, WorkerFailure
 from elasticd.node.inventory import Inventory
@@ -164,3 +168,58 @@ def describe_failure(node: str, attempt: int, worker: Worker) -> WorkerFailure:
         message=read_error_file(launch.error_file),
         tail=read_tail(launch.log_path),
     )
+
+
+class ProcessWorkers:
+    """A started ``WorkerGroup`` as the agent sees it (``elasticd.agent.seams.Workers``)."""
+
+    def __init__(self, group: WorkerGroup, rt: NodeRuntime, attempt: int) -> None:
+        self._group = group
+        self._rt = rt
+        self._attempt = attempt
+
+    def pids(self) -> list[int]:
+        return [w.pid for w in self._group.running if w.pid]
+
+    def pgids(self) -> list[int]:
+        return [w.pid for w in self._group.workers if w.pid]
+
+    def exits(self) -> set[asyncio.Future[int]]:
+        return {w.exited for w in self._group.running}
+
+    def observe(self, describe: bool) -> Group:
+        exited = [w for w in self._group.workers if not w.running]
+        outcome = group_outcome([w.exited.result() for w in exited], len(self._group.running))
+        if outcome is not GroupOutcome.FAILED or not describe:
+            return Group(outcome)
+        first = min((w for w in exited if w.exited.result() != 0), key=lambda w: w.launch.rank)
+        failure = describe_failure(self._rt.node_id, self._attempt, first)
+        full = logdir.log_disk_full(self._rt.log_dir)
+        return Group(outcome, failure, logdir.disk_full(self._rt.log_dir, self._rt.node_id) if full else None)
+
+    async def stop(self, grace_s: float) -> list[int]:
+        return await self._group.stop(grace_s)
+
+
+class ProcessLauncher:
+    """Starts worker process trees as the submitter (``elasticd.agent.seams.Launcher``)."""
+
+    def __init__(self, rt: NodeRuntime) -> None:
+        self._rt = rt
+
+    async def start(
+        self, spec: JobSpec, result: RoundResult, member: Member, restarts: int, slots: tuple[int, ...]
+    ) -> ProcessWorkers:
+        problem = await asyncio.to_thread(check_paths, spec)  # as the submitter, as exec will see them
+        if problem is not None:
+            raise problem.to_setup_failure(self._rt.node_id)
+        group = start_group(
+            self._rt,
+            spec,
+            layout_for(result, member),
+            attempt=result.round,
+            restart_count=restarts,
+            slots=slots,
+            fence=spec.nnodes.max > 1,
+        )
+        return ProcessWorkers(group, self._rt, result.round)

@@ -6,7 +6,7 @@ from typing import Any
 
 from elasticd.decode import DecodeError, decode
 from elasticd.jobs.state import EndReason, JobState, WorkerFailure
-from elasticd.rendezvous.store import JobSnapshot
+from elasticd.rendezvous.snapshot import JobSnapshot
 
 
 def job_state(snap: JobSnapshot) -> JobState:

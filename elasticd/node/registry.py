@@ -130,6 +130,10 @@ class NodeRegistry:
     def lease_valid(self) -> bool:
         return self.lease_id is not None and time.monotonic() < self.deadline
 
+    async def alive(self) -> frozenset[str]:
+        """Nodes whose lease is alive."""
+        return frozenset(await asyncio.to_thread(self.live_nodes))
+
     def live_nodes(self) -> list[str]:
         """Nodes whose lease is alive (blocking: call from a thread)."""
         return [r.node for r in self.records()]

@@ -18,7 +18,8 @@ from elasticd.etcd.keys import Keys
 from elasticd.etcd.types import KeyValue
 from elasticd.jobs.spec import NodeRange
 from elasticd.rendezvous.model import FinalRecord
-from elasticd.rendezvous.store import JobSnapshot, JobStore
+from elasticd.rendezvous.snapshot import JobSnapshot
+from elasticd.rendezvous.store import InlineJobStore, run_inline
 from tests import fakes
 from tests.conftest import DaemonFactory
 from tests.strategies import stored_values
@@ -201,7 +202,7 @@ def test_a_root_spec_fails_where_root_jobs_are_not_allowed(
     )
     etcd = EtcdClient([etcd_server.endpoint])
     try:  # straight into etcd, as anyone with write access to the prefix could
-        assert JobStore(etcd, Keys(d.etcd_prefix), spec.id).create(spec)
+        assert run_inline(InlineJobStore(etcd, Keys(d.etcd_prefix), spec.id).create(spec))
     finally:
         etcd.close()
     view = wait_for(lambda: _ended(d, spec.id), 30, 0.1, "the root job to fail")

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from elasticd.control.access import Access, Caller, authorize
 from elasticd.control.commands import REGISTRY
 from elasticd.errors import JobNotFound, PermissionDenied
+from elasticd.manager.access import Access, Caller, authorize
 
 ROOT = Caller(0, 0, 1)
 OWNER = Caller(1000, 1000, 2)

@@ -7,8 +7,8 @@ import pwd
 
 import pytest
 
-from elasticd.control.access import Access, Caller
 from elasticd.control.commands.base import Command, NoArgs
+from elasticd.manager.access import Access, Caller
 
 
 @pytest.mark.parametrize(

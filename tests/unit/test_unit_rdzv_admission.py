@@ -10,7 +10,7 @@ from elasticd.jobs.admission import Admission, admit
 from elasticd.jobs.spec import EntryKind, JobSpec, NodeRange
 from elasticd.rendezvous.decider import build_result
 from elasticd.rendezvous.model import Join, RoundInfo, RoundReason
-from elasticd.rendezvous.store import JobSnapshot
+from elasticd.rendezvous.snapshot import JobSnapshot
 from tests import fakes
 
 JOB = "train-0a1b2c3d"

@@ -22,7 +22,7 @@ from elasticd.rendezvous.model import (
     RoundResult,
     WaitingRecord,
 )
-from elasticd.rendezvous.store import InvalidKey, JobSnapshot
+from elasticd.rendezvous.snapshot import InvalidKey, JobSnapshot
 from tests import fakes
 
 JOB = "train-0a1b2c3d"

@@ -11,7 +11,7 @@ from elasticd.jobs.state import EndReason, JobState, WorkerFailure
 from elasticd.jobs.view import job_state, job_view
 from elasticd.rendezvous.decider import build_result
 from elasticd.rendezvous.model import FinalRecord, Join, NodeStatus, RoundInfo, RoundReason, WaitingRecord
-from elasticd.rendezvous.store import InvalidKey, JobSnapshot
+from elasticd.rendezvous.snapshot import InvalidKey, JobSnapshot
 from tests import fakes
 
 JOB = "train-0a1b2c3d"

@@ -17,7 +17,7 @@ from elasticd.jobs.state import EndReason
 from elasticd.jobs.view import job_view
 from elasticd.rendezvous.decider import build_result
 from elasticd.rendezvous.model import Join, NodeStatus, RoundInfo, RoundReason
-from elasticd.rendezvous.store import JobSnapshot
+from elasticd.rendezvous.snapshot import JobSnapshot
 from tests import fakes
 from tests.strategies import stored_values
 

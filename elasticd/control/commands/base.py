@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
-from elasticd.control.access import Access, Caller
-
-if TYPE_CHECKING:
-    from elasticd.daemon.app import Daemon
+from elasticd.manager.access import Access, Caller
+from elasticd.manager.service import CommandService
 
 A = TypeVar("A")
 
@@ -21,13 +19,13 @@ class NoArgs:
 
 @dataclass(frozen=True)
 class Command(Generic[A]):
-    """A control command. ``access`` is enforced by ``elasticd.control.access`` before the handler
+    """A control command. ``access`` is enforced by ``CommandService.authorize`` before the handler
     runs (handlers hold no permission checks); for job-level access, the job is the argument
     named ``job`` (absent or None: the command acts node-wide, which only root may do)."""
 
     name: str
     args: type[A]
-    handler: Callable[[Daemon, A, Caller], Awaitable[Any]]
+    handler: Callable[[CommandService, A, Caller], Awaitable[Any]]
     access: Access
 
     def job_of(self, args: A) -> str | None:

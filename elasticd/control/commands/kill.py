@@ -1,13 +1,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from elasticd.control.access import Access, Caller
 from elasticd.control.commands.base import Command
-
-if TYPE_CHECKING:
-    from elasticd.daemon.app import Daemon
+from elasticd.manager.access import Access, Caller
+from elasticd.manager.service import CommandService
 
 
 @dataclass(frozen=True)
@@ -15,9 +13,9 @@ class KillArgs:
     job: str
 
 
-async def kill(daemon: Daemon, args: KillArgs, caller: Caller) -> dict[str, Any]:
+async def kill(service: CommandService, args: KillArgs, caller: Caller) -> dict[str, Any]:
     """Kill a job: every process of it, grandchildren included; returns when they are gone."""
-    return {"job": await daemon.manager.kill(args.job, caller.user)}
+    return {"job": await service.kill(args.job, caller.user)}
 
 
 COMMAND = Command("kill", KillArgs, kill, Access.OWNER)

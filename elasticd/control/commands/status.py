@@ -1,13 +1,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from elasticd.control.access import Access, Caller
 from elasticd.control.commands.base import Command
-
-if TYPE_CHECKING:
-    from elasticd.daemon.app import Daemon
+from elasticd.manager.access import Access, Caller
+from elasticd.manager.service import CommandService
 
 
 @dataclass(frozen=True)
@@ -15,11 +13,11 @@ class StatusArgs:
     job: str | None = None
 
 
-async def status(daemon: Daemon, args: StatusArgs, caller: Caller) -> dict[str, Any]:
+async def status(service: CommandService, args: StatusArgs, caller: Caller) -> dict[str, Any]:
     """Show one job, or every job the cluster knows."""
     if args.job:
-        return {"job": await daemon.manager.view(args.job)}
-    return {"jobs": await daemon.manager.views()}
+        return {"job": await service.view(args.job)}
+    return {"jobs": await service.views()}
 
 
 COMMAND = Command("status", StatusArgs, status, Access.CONNECTED)

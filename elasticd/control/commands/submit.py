@@ -4,9 +4,8 @@ import asyncio
 import os
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from elasticd.control.access import Access, Caller
 from elasticd.control.commands.base import Command
 from elasticd.errors import InvalidSpec, PermissionDenied
 from elasticd.jobs.admission import refuse_identity
@@ -19,9 +18,8 @@ from elasticd.jobs.spec import (
     NodeRange,
     new_job_id,
 )
-
-if TYPE_CHECKING:
-    from elasticd.daemon.app import Daemon
+from elasticd.manager.access import Access, Caller
+from elasticd.manager.service import CommandService
 
 
 @dataclass(frozen=True)
@@ -45,13 +43,13 @@ class SubmitArgs:
     nofile: int | None = None
 
 
-async def submit(daemon: Daemon, args: SubmitArgs, caller: Caller) -> dict[str, Any]:
+async def submit(service: CommandService, args: SubmitArgs, caller: Caller) -> dict[str, Any]:
     """Submit a job; it runs as the caller, with the environment and directory it was sent with.
 
     The spec goes into etcd; every daemon with room (and allowed by ``nodes``) may join it.
     """
     refusal = refuse_identity(
-        caller.uid, caller.user, daemon.node_id, os.geteuid(), daemon.settings.allow_root_jobs
+        caller.uid, caller.user, service.facts.node_id, os.geteuid(), service.facts.allow_root_jobs
     )
     if refusal is not None:  # the same rule every node applies to the spec it reads
         raise PermissionDenied(refusal.reason)
@@ -67,7 +65,7 @@ async def submit(daemon: Daemon, args: SubmitArgs, caller: Caller) -> dict[str, 
     name = "".join(c if c.isalnum() or c in "_.-" else "-" for c in name).lstrip("-_.")[:48] or "job"
     nnodes = NodeRange.parse(args.nnodes)
     # A single-node job runs where it was submitted (as with torchrun) unless told otherwise.
-    nodes = tuple(args.nodes) or ((daemon.node_id,) if nnodes.max == 1 else ())
+    nodes = tuple(args.nodes) or ((service.facts.node_id,) if nnodes.max == 1 else ())
     spec = JobSpec(
         id=new_job_id(name),
         name=name,
@@ -83,12 +81,12 @@ async def submit(daemon: Daemon, args: SubmitArgs, caller: Caller) -> dict[str, 
         nnodes=nnodes,
         nproc_per_node=args.nproc_per_node,
         max_restarts=args.max_restarts,
-        stop_grace_s=args.stop_grace_s if args.stop_grace_s is not None else daemon.settings.stop_grace,
+        stop_grace_s=args.stop_grace_s if args.stop_grace_s is not None else service.facts.stop_grace_s,
         submitted_at=time.time(),
         nodes=nodes,
         last_call_s=args.last_call_s,
         join_timeout_s=args.join_timeout_s,
-        submitted_on=daemon.node_id,
+        submitted_on=service.facts.node_id,
         memory_limit_bytes=args.memory_limit_bytes,
         cpu_limit=args.cpu_limit,
         nofile=args.nofile,
@@ -98,7 +96,7 @@ async def submit(daemon: Daemon, args: SubmitArgs, caller: Caller) -> dict[str, 
     problem = await asyncio.to_thread(check_paths, spec)
     if problem is not None:
         raise problem.to_submit_error()
-    return await daemon.manager.submit(spec)
+    return await service.submit(spec)
 
 
 COMMAND = Command("submit", SubmitArgs, submit, Access.CONNECTED)

@@ -1,0 +1,145 @@
+"""The closed set of actions a step can return; ``elasticd.agent.executor`` carries them out.
+
+Reads are actions too: a step that needs to know more returns ``ReadGlance`` or ``ReadSnapshot``
+and is called again with what was read. A list of actions ends with ``Wait`` (until woken),
+``Exit`` (done with the job), a read, or nothing (step again at once).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from elasticd.jobs.state import EndReason, JobState
+from elasticd.rendezvous.model import Member, RoundInfo, RoundResult
+from elasticd.rendezvous.store import Seen
+
+
+@dataclass(frozen=True)
+class ReadGlance:
+    """Read the small view of round ``round`` that a joined non-leader needs."""
+
+    round: int
+
+
+@dataclass(frozen=True)
+class ReadSnapshot:
+    """Read the whole job (round ``counted``'s joins only counted) and the live nodes."""
+
+    counted: int | None = None
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Sleep until woken, until ``until`` (wall clock), or (``on_exits``) a worker exits."""
+
+    until: float | None = None
+    on_exits: bool = False
+    batch: bool = False  # let joins that arrive together be read together first
+
+
+@dataclass(frozen=True)
+class Exit:
+    """This node is done with the job: the executor stops what runs and cleans its keys up."""
+
+    why: str = ""
+    event: str = "agent.exit"  # the log event that says so
+
+
+@dataclass(frozen=True)
+class StopWorkers:
+    grace_s: float
+
+
+@dataclass(frozen=True)
+class StartWorkers:
+    """Start our workers of ``result``'s round as ``member``; ``restarts`` spent so far."""
+
+    result: RoundResult
+    member: Member
+    restarts: int
+
+
+@dataclass(frozen=True)
+class Publish:
+    """Write this node's part of the job (state, round, pids, failure) under our lease."""
+
+
+@dataclass(frozen=True)
+class Join:
+    round: int
+
+
+@dataclass(frozen=True)
+class Withdraw:
+    round: int
+
+
+@dataclass(frozen=True)
+class SetWaiting:
+    pass
+
+
+@dataclass(frozen=True)
+class ClearWaiting:
+    pass
+
+
+@dataclass(frozen=True)
+class CloseRound:
+    result: RoundResult
+    why: str
+
+
+@dataclass(frozen=True)
+class Bump:
+    seen: Seen
+    info: RoundInfo
+    spend: bool
+
+
+@dataclass(frozen=True)
+class Finalize:
+    state: JobState
+    code: EndReason
+    reason: str
+    failure: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class MarkDone:
+    round: int
+
+
+@dataclass(frozen=True)
+class MarkLeft:
+    round: int
+
+
+@dataclass(frozen=True)
+class WatchPeers:
+    """Watch these members' daemons for a death while our workers of ``round`` run."""
+
+    round: int
+    peers: tuple[Member, ...]
+
+
+Action = (
+    ReadGlance
+    | ReadSnapshot
+    | Wait
+    | Exit
+    | StopWorkers
+    | StartWorkers
+    | Publish
+    | Join
+    | Withdraw
+    | SetWaiting
+    | ClearWaiting
+    | CloseRound
+    | Bump
+    | Finalize
+    | MarkDone
+    | MarkLeft
+    | WatchPeers
+)

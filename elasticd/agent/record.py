@@ -1,0 +1,110 @@
+"""What the per-job agent remembers between steps, and what it is told by the node.
+
+``AgentRecord`` is the agent's whole memory, frozen: each step returns a new one. ``Local`` is
+what only this node knows when it steps (its lease, its workers, what an action just did);
+``Observed`` is what it read from the store. Pure data: no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from elasticd.jobs.decider import GroupOutcome
+from elasticd.jobs.spec import JobSpec
+from elasticd.jobs.state import SetupFailure, WorkerFailure
+from elasticd.rendezvous.model import RoundReason
+from elasticd.rendezvous.snapshot import Glance, JobSnapshot
+
+
+class AgentState(StrEnum):
+    """This node's part in a job.
+
+    JOINING  -> RUNNING   selected in the round's result
+    JOINING  -> WAITING   the round closed without us and the job can grow
+    JOINING  -> LEFT      the round closed without us and the job is full
+    RUNNING  -> DONE      our workers all exited 0; waiting for the other members
+    RUNNING  -> STOPPING  the round moved on, the job ended, we were fenced or are leaving
+    DONE     -> STOPPING  (as RUNNING)
+    STOPPING -> JOINING   the next round
+    STOPPING -> LEFT      the job ended, or we left
+    WAITING  -> JOINING   a round opened (scale-up)
+    WAITING  -> LEFT      the job ended
+    """
+
+    JOINING = "JOINING"
+    WAITING = "WAITING"
+    RUNNING = "RUNNING"
+    DONE = "DONE"
+    STOPPING = "STOPPING"
+    LEFT = "LEFT"
+
+
+@dataclass(frozen=True)
+class Leave:
+    """A request to leave the job on purpose (daemon stop, drain)."""
+
+    reason: RoundReason
+    detail: str
+    grace_s: float | None = None
+
+
+@dataclass(frozen=True)
+class AgentRecord:
+    """The agent's memory. ``round`` is the round whose workers it runs (or ran)."""
+
+    spec: JobSpec
+    node: str
+    state: AgentState = AgentState.JOINING
+    round: int = -1
+    failure: WorkerFailure | None = None
+    fenced: bool = False  # our lease was lost: stop multi-node workers, rejoin as a newcomer
+    fenced_round: int = -1  # the round whose workers a fence stopped: report it once back
+    leave: Leave | None = None
+    joined_round: int = -1
+    leading: bool = False  # whether we lead the round being filled
+    seen_joins: tuple[str, ...] = ()
+    last_join_at: float = 0.0
+    etcd_down_since: float | None = None
+    ending: SetupFailure | None = None  # the job must end for a reason not its own: say so until it has
+
+    @property
+    def multi_node(self) -> bool:
+        return self.spec.nnodes.max > 1
+
+    def grace(self, snap: JobSnapshot) -> float:
+        """How long workers get between SIGTERM and SIGKILL when the round moves on."""
+        if snap.round is not None and snap.round.grace_s is not None:
+            return snap.round.grace_s
+        return self.spec.stop_grace_s
+
+
+@dataclass(frozen=True)
+class Group:
+    """This node's worker group as observed before a step (the executor owns the processes)."""
+
+    outcome: GroupOutcome
+    failure: WorkerFailure | None = None  # described once the group failed
+    disk_full: SetupFailure | None = None  # the log disk is full: the likely cause of a failure
+
+
+@dataclass(frozen=True)
+class Local:
+    """What this node knows when it steps, and what the last actions reported."""
+
+    lease: int | None = None
+    lease_valid: bool = True
+    group: Group | None = None  # None: no workers of ours exist
+    setup_failed: SetupFailure | None = None  # starting our workers failed (not the job's fault)
+    etcd_error: str | None = None  # the last action could not reach the store
+
+
+@dataclass(frozen=True)
+class Observed:
+    """A full read: the job's snapshot and the nodes whose lease is alive."""
+
+    snap: JobSnapshot
+    alive: frozenset[str] = field(default_factory=frozenset)
+
+
+View = Observed | Glance

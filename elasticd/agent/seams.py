@@ -1,0 +1,72 @@
+"""What the agent's executor needs of the node, as protocols: processes, the lease, time.
+
+Real implementations: ``elasticd.jobs.launch.ProcessLauncher`` (worker process trees),
+``elasticd.node.registry.NodeRegistry`` (the lease), ``SystemClock``. Tests pass fakes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Protocol
+
+from elasticd.agent.record import Group
+from elasticd.jobs.spec import JobSpec
+from elasticd.rendezvous.model import Member, RoundResult
+
+
+class Workers(Protocol):
+    """This node's running worker group of one round."""
+
+    def pids(self) -> list[int]:
+        """The pids of the workers still running."""
+        ...
+
+    def pgids(self) -> list[int]:
+        """Every worker's process group (a worker leads its own), for crash recovery."""
+        ...
+
+    def exits(self) -> set[asyncio.Future[int]]:
+        """Futures that complete when a still-running worker exits."""
+        ...
+
+    def observe(self, describe: bool) -> Group:
+        """The group's outcome so far; with ``describe``, a failure is described (reads its logs)."""
+        ...
+
+    async def stop(self, grace_s: float) -> list[int]:
+        """SIGTERM, ``grace_s``, SIGKILL, whole trees; the pids that would not die."""
+        ...
+
+
+class Launcher(Protocol):
+    async def start(
+        self, spec: JobSpec, result: RoundResult, member: Member, restarts: int, slots: tuple[int, ...]
+    ) -> Workers:
+        """Start our workers of ``result``'s round; raises ``SetupFailure`` when they cannot start
+        for a reason that is not the job's fault (paths, log tree, limits)."""
+        ...
+
+
+class Lease(Protocol):
+    """This node's lease, as the registry keeps it."""
+
+    @property
+    def lease_id(self) -> int | None: ...
+
+    def lease_valid(self) -> bool: ...
+
+    async def alive(self) -> frozenset[str]:
+        """The nodes whose lease is alive."""
+        ...
+
+
+class Clock(Protocol):
+    def time(self) -> float:
+        """Wall-clock seconds (records in the store carry wall-clock times)."""
+        ...
+
+
+class SystemClock:
+    def time(self) -> float:
+        return time.time()

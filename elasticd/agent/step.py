@@ -1,0 +1,329 @@
+"""The agent's decisions, as one pure function: ``step(record, view, local, now)``.
+
+Given what the agent remembers (``AgentRecord``), what it just read (``View``, or None before a
+read), what this node knows (``Local``) and the time, ``step`` returns the next record and the
+actions to carry out (``elasticd.agent.actions``). It does no I/O and reads no clock, so every
+interleaving can be driven by unit and property tests; ``elasticd.agent.executor`` runs it.
+
+The rules are the round protocol of docs/architecture.md:
+- a node joins an open round, the oldest join leads it and closes it (``rendezvous.decider``);
+- members run their workers; any member that sees an event (a failure, a lost member, a waiting
+  newcomer) bumps the round once by compare-and-swap, or ends the job when the budget is spent;
+- workers are stopped before the node joins the next round, and a leaving node reports ``left``;
+- a fenced node (lost lease) stops its multi-node workers before anything else and comes back
+  as a newcomer; a failure that is not the job's fault ends the job with its own code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from elasticd.agent.actions import (
+    Action,
+    Bump,
+    ClearWaiting,
+    CloseRound,
+    Exit,
+    Finalize,
+    Join,
+    MarkDone,
+    MarkLeft,
+    Publish,
+    ReadGlance,
+    ReadSnapshot,
+    SetWaiting,
+    StartWorkers,
+    StopWorkers,
+    Wait,
+    WatchPeers,
+    Withdraw,
+)
+from elasticd.agent.record import AgentRecord, AgentState, Group, Local, Observed, View
+from elasticd.jobs.decider import GroupOutcome
+from elasticd.jobs.state import EndReason, JobState
+from elasticd.rendezvous import decider as rdzv
+from elasticd.rendezvous.model import RoundInfo, RoundReason, RoundResult
+from elasticd.rendezvous.snapshot import Glance, JobSnapshot
+from elasticd.rendezvous.store import Seen
+
+ETCD_RETRY_S = 1.0
+EXPECT_EXTRA_S = 2.0  # beyond the stop grace, for an expected node to rejoin a round
+
+
+def step(rec: AgentRecord, view: View | None, local: Local, now: float) -> tuple[AgentRecord, list[Action]]:
+    """One decision. ``view`` is None before a read: the step then says what to read (or acts on
+    what needs no read: a fence, an unreachable store)."""
+    s = _Step(rec, local, now)
+    if view is None:
+        s.before_read()
+    elif isinstance(view, Glance):
+        s.after_glance(view)
+    else:
+        s.decide(view)
+    return s.rec, s.actions
+
+
+class _Step:
+    """The working state of one call of ``step`` (it never outlives the call)."""
+
+    def __init__(self, rec: AgentRecord, local: Local, now: float) -> None:
+        self.rec = rec
+        self.local = local
+        self.now = now
+        self.actions: list[Action] = []
+        self.group: Group | None = local.group  # our workers, as they will be after earlier actions
+
+    def _do(self, *actions: Action) -> None:
+        self.actions.extend(actions)
+
+    def _set(self, **changes: Any) -> None:
+        self.rec = replace(self.rec, **changes)
+
+    def _stop(self, grace_s: float) -> None:
+        """Stop our workers (if any); a node that was DONE is STOPPING too."""
+        if self.group is None:
+            if self.rec.state is AgentState.DONE:
+                self._set(state=AgentState.STOPPING)
+            return
+        self._set(state=AgentState.STOPPING)
+        self._do(StopWorkers(grace_s))
+        self.group = None
+
+    # -- before a read ---------------------------------------------------------------------------
+    def before_read(self) -> None:
+        rec, local = self.rec, self.local
+        if local.setup_failed is not None and rec.ending is None:
+            self._set(ending=local.setup_failed)
+        if local.etcd_error is not None:
+            if rec.etcd_down_since is None:
+                self._set(etcd_down_since=self.now)
+            if rec.leave is not None:  # nobody to tell: peers will see our lease expire
+                self._stop(rec.spec.stop_grace_s)
+                self._do(Exit("the store is unreachable while leaving"))
+                return
+            self._do(Wait(self.now + ETCD_RETRY_S))  # workers keep running meanwhile
+            return
+        if rec.fenced:
+            if self.group is not None:
+                self._set(fenced_round=rec.round)
+            self._stop(0.0)
+            if not local.lease_valid:
+                self._do(Wait())
+                return
+            self._set(fenced=False)
+        rec = self.rec
+        if (
+            rec.state is AgentState.JOINING
+            and not rec.leading
+            and rec.joined_round >= 0
+            and rec.leave is None
+        ):
+            self._do(ReadGlance(rec.joined_round))  # a joined non-leader only waits: O(1) reads
+            return
+        running = rec.state in (AgentState.RUNNING, AgentState.DONE) and rec.round >= 0
+        self._do(ReadSnapshot(rec.round if running else None))
+
+    def after_glance(self, glance: Glance) -> None:
+        rec = self.rec
+        if glance.quiet(rec.joined_round, rec.node):
+            self._do(Wait())
+            return
+        closed = glance.closed and glance.round == rec.joined_round
+        self._do(ReadSnapshot(rec.joined_round if closed else None))
+
+    # -- after a full read -----------------------------------------------------------------------
+    def decide(self, seen: Observed) -> None:
+        snap = seen.snap
+        self._set(etcd_down_since=None)
+        self._follow_peers(snap)
+        if snap.final is None and snap.invalid:
+            # The janitor fails the job naming the bad key; act on nothing meanwhile, so that the
+            # evidence stays until the final record is written.
+            self._do(Wait())
+            return
+        ending = self.rec.ending
+        if ending is not None and not snap.ended:
+            self._do(Finalize(JobState.FAILED, ending.reason, ending.message))
+            return
+        if snap.ended:
+            self._stop(self.rec.spec.stop_grace_s)
+            self._do(Exit("the job ended"))
+            return
+        if self.rec.leave is not None:
+            self._leave_job(snap, seen.alive)
+            return
+        result = snap.result
+        if result is None:
+            self._stop(self.rec.grace(snap))  # the round moved on: stop before joining
+            self._open_round(snap, seen.alive)
+            return
+        me = result.member(self.rec.node)
+        if me is None:
+            self._outside_running_round(snap, result)
+            return
+        if self.rec.fenced_round == snap.current:
+            # Our workers of this round were fenced: the round cannot go on without them.
+            self._set(fenced_round=-1)
+            self._event(snap, seen.alive, RoundReason.MEMBER_LOST, f"node {self.rec.node} was fenced")
+            return
+        if self.rec.round != snap.current:
+            if self.group is not None or self.rec.state is AgentState.DONE:
+                self._stop(self.rec.grace(snap))
+            self._set(round=snap.current, failure=None, state=AgentState.RUNNING)
+            self._do(StartWorkers(result, me, snap.restarts), Publish())
+            self.group = Group(GroupOutcome.RUNNING)
+        self._supervise(snap, result, seen.alive)
+
+    def _follow_peers(self, snap: JobSnapshot) -> None:
+        """While our workers run, watch our ring neighbours' daemons for a death."""
+        result = snap.result
+        node = self.rec.node
+        running = self.group is not None and result is not None and node in result.nodes
+        peers = tuple(rdzv.ring_neighbours(result, node)) if running and result and not snap.ended else ()
+        self._do(WatchPeers(snap.current, peers))
+
+    def _open_round(self, snap: JobSnapshot, alive: frozenset[str]) -> None:
+        info = snap.round
+        assert info is not None  # a job without one is invalid, and handled before
+        rec = self.rec
+        if self.local.lease is None:
+            self._do(Wait())
+            return
+        joins = snap.current_joins
+        if rec.node not in {j.node for j in joins}:
+            self._set(state=AgentState.JOINING, joined_round=info.round)
+            self._do(ClearWaiting(), Join(info.round), Publish())
+            return
+        names = tuple(j.node for j in joins)
+        if names != rec.seen_joins:
+            self._set(seen_joins=names, last_join_at=self.now)
+        self._set(leading=rdzv.leader(joins) == rec.node)
+        if not self.rec.leading:
+            self._do(Wait())
+            return
+        spec = rec.spec
+        decision = rdzv.decide_close(
+            info,
+            joins,
+            alive,
+            spec.nnodes,
+            now=self.now,
+            last_join_at=self.rec.last_join_at,
+            last_call_s=spec.last_call_s,
+            join_timeout_s=spec.join_timeout_s,
+            expect_grace_s=rec.grace(snap) + EXPECT_EXTRA_S,
+            left=snap.left.get(info.round, set()),
+        )
+        if decision.verdict is rdzv.Close.NOW:
+            ordered = rdzv.order_members(joins, snap.previous_result, spec.nnodes.max)
+            self._do(CloseRound(rdzv.build_result(info.round, ordered, self.now), decision.why))
+        elif decision.verdict is rdzv.Close.FAIL:
+            self._do(Finalize(JobState.FAILED, EndReason.JOIN_TIMEOUT, decision.why))
+        else:
+            self._do(Wait(decision.recheck_at, batch=True))
+
+    def _outside_running_round(self, snap: JobSnapshot, result: RoundResult) -> None:
+        """The round runs without us: wait to join at the next one if the job can grow."""
+        rec = self.rec
+        self._stop(rec.grace(snap))
+        if rec.node in {j.node for j in snap.current_joins}:
+            self._do(Withdraw(snap.current))
+        if len(result.members) >= rec.spec.nnodes.max:
+            self._do(Exit("the job runs with every node it can use", "agent.not_needed"))
+            return
+        if self.local.lease is not None and rec.node not in snap.waiting:
+            self._set(state=AgentState.WAITING)
+            self._do(SetWaiting(), Publish())
+        self._do(Wait())
+
+    def _supervise(self, snap: JobSnapshot, result: RoundResult, alive: frozenset[str]) -> None:
+        """Act on our workers' exits and on the other members. Every write it asks for is safe to
+        repeat, so a pass cut short by an unreachable store is simply done again."""
+        rec = self.rec
+        done = snap.done.get(snap.current, set())
+        group = self.group
+        if group is not None and rec.state is not AgentState.STOPPING:
+            if group.outcome is GroupOutcome.FAILED:
+                if rec.multi_node and not self.local.lease_valid:
+                    self._set(fenced=True)  # killed by the reaper's fence, not a failure of theirs
+                    return
+                if rec.failure is None:
+                    self._set(failure=group.failure)
+                    self._do(Publish())
+                if group.disk_full is not None:  # the likely cause, and a restart cannot help
+                    self._set(ending=group.disk_full)
+                    self._do(Finalize(JobState.FAILED, group.disk_full.reason, group.disk_full.message))
+                    return
+                failure = self.rec.failure
+                summary = failure.summary() if failure is not None else "a worker failed"
+                self._event(
+                    snap,
+                    alive,
+                    RoundReason.WORKER_FAILED,
+                    summary,
+                    failure.to_json() if failure is not None else None,
+                )
+                return
+            if group.outcome is GroupOutcome.SUCCEEDED:
+                self._set(state=AgentState.DONE)
+                if rec.node not in done:
+                    self._do(MarkDone(snap.current), Publish())
+                    return
+        if set(result.nodes) <= done:
+            self._do(Finalize(JobState.SUCCEEDED, EndReason.SUCCEEDED, ""))
+            return
+        counted = snap.join_counts.get(snap.current)
+        if counted is None or counted < len(result.nodes):  # a member's key may be gone
+            if counted is not None:
+                self._do(ReadSnapshot())  # read the joins to know whose
+                return
+            present = {j.node for j in snap.current_joins}
+            lost = [n for n in result.nodes if n not in present and n not in done and n != rec.node]
+            if lost:
+                self._event(snap, alive, RoundReason.MEMBER_LOST, f"lost node(s) {', '.join(lost)}")
+                return
+        newcomers = [n for n in snap.waiting if n in alive and n not in result.nodes]
+        if newcomers and not done and len(result.members) < rec.spec.nnodes.max:
+            detail = f"node(s) {', '.join(newcomers)} waiting"
+            self._event(snap, alive, RoundReason.SCALE_UP, detail, extra=tuple(newcomers))
+            return
+        self._do(Wait(on_exits=True))
+
+    def _event(
+        self,
+        snap: JobSnapshot,
+        alive: frozenset[str],
+        reason: RoundReason,
+        detail: str,
+        failure: dict[str, Any] | None = None,
+        extra: tuple[str, ...] = (),
+        grace_s: float | None = None,
+    ) -> None:
+        """Open the next round for ``reason`` (once, whoever sees it first) or end the job."""
+        spec = self.rec.spec
+        plan = rdzv.plan_bump(reason, snap.restarts, spec.max_restarts, detail)
+        if plan.fail:
+            code = EndReason.NODES_LOST
+            if reason is RoundReason.WORKER_FAILED:
+                code = EndReason.OOM if failure and failure.get("oom") else EndReason.WORKER_FAILED
+            self._do(Finalize(JobState.FAILED, code, plan.why, failure))
+            return
+        expect = rdzv.next_expect(snap.result, alive, extra)
+        info = RoundInfo(snap.current + 1, reason, self.now, expect, detail, failure, grace_s)
+        self._do(Bump(Seen.of(snap), info, plan.spend))
+
+    def _leave_job(self, snap: JobSnapshot, alive: frozenset[str]) -> None:
+        """Leave on purpose: open the next round without us (no restart is spent), then stop our
+        workers with everyone else's, gracefully. Below MIN, the next round waits for a node (up
+        to the join timeout); a single-node job resumes when its node comes back."""
+        leave = self.rec.leave
+        assert leave is not None
+        result = snap.result
+        next_round = snap.current + 1
+        if result is not None and self.rec.node in result.nodes and self.rec.round == snap.current:
+            self._event(snap, alive, leave.reason, leave.detail, grace_s=leave.grace_s)
+        elif result is None:
+            next_round = snap.current  # the round is still filling: it must not wait for us
+        self._stop(leave.grace_s if leave.grace_s is not None else self.rec.spec.stop_grace_s)
+        self._do(MarkLeft(next_round), Exit("left the job"))

@@ -1,0 +1,276 @@
+"""``MemoryKV``: the ``KV`` seam in memory, a faithful fake of etcd for unit and property tests.
+
+It follows etcd v3 rather than simplifying it, so that code tested against it behaves the same
+on a real etcd; ``tests/contract/test_kv_contract.py`` runs one suite against both. One revision
+counter, 1 when fresh: each put, and each delete, transaction or ended lease that changes
+something, takes exactly one new revision. Keys keep create_revision across puts and get a new
+one after a delete. Leases have whole-second TTLs of at least 2 s (what a default etcd grants)
+on an injected clock, are expired at the start of every call, and delete their keys as they end.
+
+Refusals are what ``EtcdClient`` raises today: a put on an unknown lease, or a transaction that
+names a key twice, is ``EtcdUnavailable`` (the client wraps every grpc error so), writing nothing.
+Watch callbacks run in revision order from a caller's thread, outside the lock, so they may call
+the store. For outages: ``available = False``, ``fail_next(n)`` and ``break_watches()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from elasticd import log
+from elasticd.errors import EtcdUnavailable
+from elasticd.etcd.types import Compare, Found, KeyValue, Put, Query
+
+_log = log.get("elasticd.etcd.memory")
+
+MIN_LEASE_TTL_S = 2  # a default etcd raises shorter TTLs to 1.5 election timeouts, rounded up
+
+
+@dataclass
+class _Lease:
+    ttl: int
+    deadline: float
+    keys: set[str] = field(default_factory=set)
+
+
+@dataclass(eq=False)
+class _Watch:
+    prefix: str
+    on_change: Callable[[str, bool], None]
+    on_broken: Callable[[], None]
+    active: bool = True
+
+
+_Event = tuple[_Watch, str | None, bool]  # key None: the watch broke
+
+
+def _encode(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+class MemoryKV:
+    """Thread-safe under one lock; watch callbacks run outside it, one at a time, in order."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._revision = 1
+        self._kvs: dict[str, KeyValue] = {}
+        self._versions: dict[str, int] = {}
+        self._leases: dict[int, _Lease] = {}
+        self._next_lease = 0x5EED0001
+        self._watches: list[_Watch] = []
+        self._pending: deque[_Event] = deque()
+        self._dispatching = False
+        self._failures = 0
+        self.available = True
+
+    # -- outages ----------------------------------------------------------------------------
+    def fail_next(self, n: int = 1) -> None:
+        """The next ``n`` calls raise ``EtcdUnavailable``."""
+        with self._lock:
+            self._failures = n
+
+    def break_watches(self) -> None:
+        """Every watch is told ``on_broken`` once and gets nothing more (etcd3 forgets it)."""
+        with self._lock:
+            self._pending.extend((w, None, False) for w in self._watches)
+            self._watches.clear()
+        self._flush()
+
+    def health(self) -> str:
+        with self._op():
+            return "memory"
+
+    def close(self) -> None:
+        with self._lock:
+            self._watches.clear()
+
+    # -- key/value ---------------------------------------------------------------------------
+    def get(self, key: str) -> KeyValue | None:
+        with self._op():
+            return self._kvs.get(key)
+
+    def get_prefix(self, prefix: str) -> list[KeyValue]:
+        return self.read_many([Query(prefix, prefix=True)])[0].kvs
+
+    def read_many(self, queries: Sequence[Query]) -> list[Found]:
+        with self._op():
+            return [self._read(q) for q in queries]
+
+    def put_json(self, key: str, value: Any, lease: int | None = None) -> None:
+        self.txn([], [Put(key, value, lease)])
+
+    def txn(self, compare: Sequence[Compare], puts: Sequence[Put], deletes: Sequence[str] = ()) -> bool:
+        data = [(p.key, _encode(p.value), p.lease or 0) for p in puts]
+        with self._op():
+            written = {p.key for p in puts}
+            if len(written) < len(puts) or written.intersection(deletes):
+                raise EtcdUnavailable("etcd refused the request: duplicate key given in txn request")
+            if not all(self._holds(c) for c in compare):
+                return False
+            if any(lease and lease not in self._leases for _, _, lease in data):
+                raise EtcdUnavailable("etcd refused the request: requested lease not found")
+            for key, value, lease in data:
+                self._set(key, value, lease)
+            removed = [self._remove(key) for key in deletes]
+            if data or any(removed):
+                self._revision += 1
+            return True
+
+    def delete(self, key: str) -> bool:
+        with self._op():
+            if not self._remove(key):
+                return False
+            self._revision += 1
+            return True
+
+    def delete_prefix(self, prefix: str) -> None:
+        with self._op():
+            keys = [kv.key for kv in self._read(Query(prefix, prefix=True)).kvs]
+            for key in keys:
+                self._remove(key)
+            if keys:
+                self._revision += 1
+
+    def watch_prefix(
+        self, prefix: str, on_change: Callable[[str, bool], None], on_broken: Callable[[], None]
+    ) -> Callable[[], None]:
+        watch = _Watch(prefix, on_change, on_broken)
+        with self._op():
+            self._watches.append(watch)
+
+        def cancel() -> None:
+            with self._lock:
+                watch.active = False
+                if watch in self._watches:
+                    self._watches.remove(watch)
+
+        return cancel
+
+    # -- leases ------------------------------------------------------------------------------
+    def grant_lease(self, ttl_s: float) -> int:
+        with self._op():
+            ttl = max(MIN_LEASE_TTL_S, round(ttl_s))
+            lease_id, self._next_lease = self._next_lease, self._next_lease + 1
+            self._leases[lease_id] = _Lease(ttl, self._clock() + ttl)
+            return lease_id
+
+    def refresh_lease(self, lease_id: int) -> int:
+        with self._op():
+            lease = self._leases.get(lease_id)
+            if lease is None:
+                return 0
+            lease.deadline = self._clock() + lease.ttl
+            return lease.ttl
+
+    def revoke_lease(self, lease_id: int) -> None:
+        with self._op():
+            self._end_lease(lease_id)
+
+    def expire_leases(self) -> None:
+        """End every lease past its deadline now (every other call does this first, too)."""
+        with self._op():
+            pass
+
+    # -- internals (called with the lock held) -------------------------------------------------
+    @contextlib.contextmanager
+    def _op(self) -> Iterator[None]:
+        try:
+            with self._lock:
+                now = self._clock()
+                for lease_id in sorted(i for i, lease in self._leases.items() if lease.deadline <= now):
+                    self._end_lease(lease_id)
+                if not self.available or self._failures > 0:
+                    self._failures = max(0, self._failures - 1)
+                    raise EtcdUnavailable("etcd is unreachable (simulated outage of the memory KV)")
+                yield
+        finally:
+            self._flush()
+
+    def _read(self, q: Query) -> Found:
+        if q.prefix:
+            kvs = [kv for k, kv in self._kvs.items() if k.startswith(q.key)]
+        elif q.end is not None:  # code-point order is UTF-8 byte order, etcd's key order
+            kvs = [kv for k, kv in self._kvs.items() if q.key <= k and (q.end == "\0" or k < q.end)]
+        else:
+            kvs = [self._kvs[q.key]] if q.key in self._kvs else []
+        if q.count_only:  # no keys, as Query says (EtcdClient, through etcd3 0.12, returns them)
+            return Found([], len(kvs))
+        if q.oldest_only:
+            return Found(sorted(kvs, key=lambda kv: kv.create_revision)[:1], len(kvs))
+        return Found(sorted(kvs, key=lambda kv: kv.key), len(kvs))
+
+    def _holds(self, c: Compare) -> bool:
+        kv = self._kvs.get(c.key)
+        actual = 0 if kv is None else kv.create_revision if c.target == "create" else kv.mod_revision
+        return actual == c.revision
+
+    def _set(self, key: str, value: bytes, lease: int) -> None:
+        """Write at the next revision; the caller moves the counter once for the whole change."""
+        revision = self._revision + 1
+        old = self._kvs.get(key)
+        if old is not None and old.lease in self._leases:
+            self._leases[old.lease].keys.discard(key)
+        created = revision if old is None else old.create_revision
+        self._kvs[key] = KeyValue(key, value, created, revision, lease)
+        self._versions[key] = self._versions.get(key, 0) + 1
+        if lease:
+            self._leases[lease].keys.add(key)
+        self._notify(key, deleted=False)
+
+    def _remove(self, key: str) -> bool:
+        old = self._kvs.pop(key, None)
+        if old is None:
+            return False
+        del self._versions[key]
+        if old.lease in self._leases:
+            self._leases[old.lease].keys.discard(key)
+        self._notify(key, deleted=True)
+        return True
+
+    def _end_lease(self, lease_id: int) -> None:
+        """Revoke or expire: the lease's keys go in one revision, as etcd deletes them."""
+        lease = self._leases.pop(lease_id, None)
+        if lease is None or not lease.keys:
+            return
+        for key in sorted(lease.keys):
+            self._remove(key)
+        self._revision += 1
+
+    def _notify(self, key: str, deleted: bool) -> None:
+        self._pending.extend((w, key, deleted) for w in self._watches if key.startswith(w.prefix))
+
+    # -- watch delivery (without the lock) ---------------------------------------------------
+    def _flush(self) -> None:
+        """Deliver pending events in order. One thread delivers at a time; a change made by a
+        callback (or by another thread meanwhile) is queued and delivered by this same loop."""
+        with self._lock:
+            if self._dispatching:
+                return
+            self._dispatching = True
+        while (event := self._next_event()) is not None:
+            watch, key, deleted = event
+            try:
+                if key is None:
+                    watch.on_broken()
+                else:
+                    watch.on_change(key, deleted)
+            except Exception:  # as etcd3 does: logged, and the writer and later events carry on
+                _log.exception("watch.callback_failed", prefix=watch.prefix, key=key)
+
+    def _next_event(self) -> _Event | None:
+        with self._lock:
+            while self._pending:
+                event = self._pending.popleft()
+                if event[0].active:
+                    return event
+            self._dispatching = False
+            return None

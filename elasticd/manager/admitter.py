@@ -1,0 +1,58 @@
+"""Admission and allocation: whether this node takes part in a job, and with which slots.
+
+The rule is pure (``elasticd.jobs.admission``); this module applies it with the node's own
+state (free slots, drain, its config) and tells the job why it cannot take part, if it cannot.
+"""
+
+from __future__ import annotations
+
+import os
+
+from elasticd import log
+from elasticd.jobs.admission import admit, refuse
+from elasticd.jobs.launch import NodeRuntime
+from elasticd.jobs.state import JobState
+from elasticd.node.allocator import Allocator
+from elasticd.rendezvous.model import DrainRecord
+from elasticd.rendezvous.snapshot import JobSnapshot
+from elasticd.rendezvous.store import JobStore
+
+_log = log.get("elasticd.jobs")
+
+
+class Admitter:
+    def __init__(self, rt: NodeRuntime, allow_root_jobs: bool) -> None:
+        self._rt = rt
+        self._allow_root_jobs = allow_root_jobs  # this node's own config, whatever a spec says
+        self._uid = os.geteuid()
+        self.allocator = Allocator(rt.inventory.slots)
+        self.draining: DrainRecord | None = None  # this node's drain record, while drained
+        self._notes: dict[str, str] = {}
+
+    @property
+    def unit(self) -> str:
+        return "GPUs" if self._rt.inventory.gpus else "CPU slots"
+
+    async def consider(self, snap: JobSnapshot, store: JobStore, lease: int | None) -> tuple[int, ...] | None:
+        """The slots this node takes the job with, or None (and why, in the job's pending notes)."""
+        assert snap.spec is not None
+        spec, node = snap.spec, self._rt.node_id
+        refusal = refuse(spec, node, self._uid, self._allow_root_jobs)
+        if refusal is not None:
+            if await store.finalize(JobState.FAILED, refusal.code, refusal.reason):
+                _log.warning("job.refused", job=spec.id, code=refusal.code.value, reason=refusal.reason)
+            return None
+        free = len(self.allocator.free())
+        decision = admit(
+            snap, node, free, self._rt.inventory.slots, self.unit, draining=self.draining is not None
+        )
+        if decision.note != self._notes.get(spec.id) and lease is not None and snap.result is None:
+            await store.note_pending(node, decision.note, lease)
+            self._notes[spec.id] = decision.note or ""
+        if not decision.join:
+            return None
+        return self.allocator.allocate(spec.id, spec.nproc_per_node)
+
+    def release(self, job_id: str) -> None:
+        self.allocator.release(job_id)
+        self._notes.pop(job_id, None)

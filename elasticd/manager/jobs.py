@@ -1,0 +1,215 @@
+"""Taking part in jobs: watch the store, admit jobs, run one ``JobAgent`` per job joined.
+
+One ``JobManager`` per daemon, owned by the event loop. The cluster-wide truth is in the store;
+nothing here is authoritative but the local slot allocation (``Admitter``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from elasticd import log
+from elasticd.agent.executor import JobAgent
+from elasticd.agent.record import AgentState
+from elasticd.aio import wait_event
+from elasticd.errors import EtcdUnavailable
+from elasticd.etcd.keys import Change, KeyKind, Keys
+from elasticd.etcd.kv import KV
+from elasticd.etcd.types import KeyValue
+from elasticd.jobs.launch import NodeRuntime
+from elasticd.manager import janitor as janitors
+from elasticd.manager.admitter import Admitter
+from elasticd.manager.janitor import Janitor
+from elasticd.manager.recovery import recover
+from elasticd.node.registry import NodeRegistry, parse_node_drain
+from elasticd.node.statedir import StateDir
+from elasticd.rendezvous.model import RoundReason
+from elasticd.rendezvous.snapshot import JobSnapshot
+from elasticd.rendezvous.store import EtcdJobStore, JobStore
+
+_log = log.get("elasticd.jobs")
+
+SCAN_S = 2.0  # safety net under the watch
+# Only these can change whether this node should join a job (or whether a job needs clean-up).
+SCAN_KINDS = frozenset({KeyKind.SPEC, KeyKind.ROUND, KeyKind.FINAL, KeyKind.RESULT, KeyKind.JOB_DRAIN})
+
+
+class JobManager:
+    def __init__(
+        self,
+        rt: NodeRuntime,
+        kv: KV,
+        keys: Keys,
+        state: StateDir,
+        registry: NodeRegistry,
+        allow_root_jobs: bool = False,
+        store_of: Callable[[str], JobStore] | None = None,
+    ) -> None:
+        self.rt = rt
+        self._kv = kv
+        self._keys = keys
+        self._state = state
+        self._registry = registry
+        self.store_of = store_of or (lambda job_id: EtcdJobStore(kv, keys, job_id))
+        self.admitter = Admitter(rt, allow_root_jobs)
+        self.janitor = Janitor(kv, keys, rt.node_id, self.store_of)
+        self.agents: dict[str, JobAgent] = {}
+        self._wake = asyncio.Event()
+        self._stopping = False
+        registry.on_lost = self.fence_all
+        registry.on_granted = self.wake
+
+    def capacity(self) -> dict[str, Any]:
+        free = self.admitter.allocator.free()
+        return {
+            "slots": self.rt.inventory.slots,
+            "free_slots": len(free),
+            "free_devices": self.rt.inventory.visible_devices(tuple(free)),
+            "jobs": sorted(self.agents),
+            "draining": self.admitter.draining is not None,
+        }
+
+    # -- wake-ups ---------------------------------------------------------------------------------
+    def wake(self, change: Change | None = None) -> None:
+        """Something changed: for one job (``change.job``), or anywhere (None, or a node key)."""
+        if change is None or change.job is None:
+            for agent in self.agents.values():
+                agent.wake()
+        elif change.job in self.agents:
+            self.agents[change.job].wake(change)
+        if change is None or change.job is None or change.kind is None or change.kind in SCAN_KINDS:
+            self._wake.set()
+
+    async def watch(self) -> None:
+        """Turn changes under our prefix into wake-ups; re-arm when the stream breaks."""
+        loop = asyncio.get_running_loop()
+        broken = asyncio.Event()
+
+        def on_change(key: str, deleted: bool) -> None:  # on a grpc thread
+            change = self._keys.route(key, deleted)
+            if change is not None:
+                loop.call_soon_threadsafe(self.wake, change)
+
+        def on_broken() -> None:  # on a grpc thread
+            loop.call_soon_threadsafe(broken.set)
+
+        while True:
+            try:
+                prefix = self._keys.prefix + "/"
+                cancel = await asyncio.to_thread(self._kv.watch_prefix, prefix, on_change, on_broken)
+            except EtcdUnavailable:
+                await asyncio.sleep(1.0)
+                continue
+            try:
+                await broken.wait()
+            finally:
+                cancel()
+            broken.clear()
+            _log.info("watch.rearm")
+            self.wake()
+
+    def fence_all(self) -> None:
+        for agent in self.agents.values():
+            agent.fence()
+
+    # -- the scan ---------------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Look for jobs to join (woken by the watch, with a slow poll under it) until cancelled."""
+        while True:
+            try:
+                await self.scan()
+            except EtcdUnavailable as exc:
+                _log.warning("jobs.scan_failed", error=str(exc))
+            await wait_event(self._wake, SCAN_S)
+            self._wake.clear()
+
+    async def snapshots(self) -> dict[str, JobSnapshot]:
+        """Every job, each as of one revision (one range read of the whole ``jobs/`` prefix)."""
+        kvs = await asyncio.to_thread(self._kv.get_prefix, self._keys.jobs())
+        by_job: dict[str, list[KeyValue]] = defaultdict(list)
+        for kv in kvs:
+            job = self._keys.job_of(kv.key)
+            if job is not None:
+                by_job[job].append(kv)
+        return {job: JobSnapshot.parse(self._keys, job, items) for job, items in by_job.items()}
+
+    async def scan(self) -> None:
+        lease = self._registry.lease_id
+        if self._stopping or lease is None:
+            return
+        snaps = await self.snapshots()
+        drain = await asyncio.to_thread(self._kv.get, self._keys.drain(self.rt.node_id))
+        self.admitter.draining = parse_node_drain(self._keys, drain) if drain is not None else None
+        self._apply_drains(snaps)
+        janitors.report(snaps)
+        for snap in sorted(snaps.values(), key=lambda s: s.spec.submitted_at if s.spec else 0):
+            if snap.spec is not None and not snap.ended and snap.job_id not in self.agents:
+                await self._consider(snap, lease)
+        if await self.janitor.elected(lease):
+            await self.janitor.sweep(snaps)
+        self._registry.publish_soon()
+
+    async def _consider(self, snap: JobSnapshot, lease: int) -> None:
+        assert snap.spec is not None
+        spec = snap.spec
+        store = self.store_of(spec.id)
+        slots = await self.admitter.consider(snap, store, lease)
+        if slots is None:
+            return
+        agent = JobAgent(spec, self.rt, store, self._registry, slots, self._agent_changed)
+        self.agents[spec.id] = agent
+        self._agent_changed(agent)
+        _log.info(
+            "job.joining", job=spec.id, node=self.rt.node_id, devices=self.rt.inventory.visible_devices(slots)
+        )
+        agent.start()
+
+    def _apply_drains(self, snaps: dict[str, JobSnapshot]) -> None:
+        """Leave, gracefully, every job this node is drained from."""
+        node = self.rt.node_id
+        for job_id, agent in self.agents.items():
+            snap = snaps.get(job_id)
+            record = (snap.drains.get(node) if snap is not None else None) or self.admitter.draining
+            if record is not None:
+                agent.leave(RoundReason.MEMBER_LEFT, f"node {node} drained", record.grace_s)
+
+    def _agent_changed(self, agent: JobAgent) -> None:
+        """Keep the state dir's record of what this node runs (for crash recovery) current."""
+        job_id = agent.spec.id
+        if agent.state is not AgentState.LEFT:
+            pgids = agent.workers.pgids() if agent.workers is not None else []
+            self._state.save_job(
+                job_id, {"slots": list(agent.slots), "pgids": pgids, "saved_at": time.time()}
+            )
+            return
+        if self.agents.get(job_id) is agent:
+            del self.agents[job_id]
+        self.admitter.release(job_id)
+        self._state.drop_job(job_id)
+        _log.info("job.left", job=job_id, node=self.rt.node_id)
+        self.wake()
+
+    # -- start and stop -----------------------------------------------------------------------------
+    async def recover(self) -> None:
+        await recover(self.rt, self._state, self.store_of, self._registry)
+
+    async def shutdown(self) -> None:
+        """Leave every job: the others go on without this node, or the job ends if it cannot."""
+        self._stopping = True
+        agents = list(self.agents.values())
+        for agent in agents:  # a drain: the jobs go on without this node, no restart spent
+            agent.leave(RoundReason.MEMBER_LEFT, f"elasticd on {self.rt.node_id} shut down")
+        waits = [asyncio.ensure_future(a.wait()) for a in agents]
+        if not waits:
+            return
+        bound = max(a.spec.stop_grace_s for a in agents) + 10.0
+        _, late = await asyncio.wait(waits, timeout=bound)
+        for agent in agents:
+            if agent.task is not None and not agent.task.done():
+                _log.error("jobs.leave_timeout", job=agent.spec.id, bound_s=bound)
+                agent.task.cancel()  # its cleanup still stops the workers
+        await asyncio.gather(*late, return_exceptions=True)

@@ -1,0 +1,201 @@
+"""What the control socket's commands can do, and who may: the one service they are given.
+
+Command handlers (``elasticd.control.commands``) receive a ``CommandService``, never the daemon:
+every read and write they make goes through here, and so does every permission check
+(``authorize``, with the rules of ``elasticd.manager.access``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from elasticd import log
+from elasticd.errors import Conflict, EtcdUnavailable, InsufficientCapacity, JobNotFound, NodeNotFound
+from elasticd.etcd.keys import Keys
+from elasticd.etcd.kv import KV
+from elasticd.etcd.types import Query
+from elasticd.jobs.logs import Chunk, read_new
+from elasticd.jobs.spec import JobSpec, valid_job_id
+from elasticd.jobs.state import EndReason, JobState
+from elasticd.jobs.view import job_view
+from elasticd.manager.access import Access, Caller, authorize
+from elasticd.manager.jobs import JobManager
+from elasticd.node.registry import NodeRecord, NodeRegistry
+from elasticd.rendezvous.snapshot import JobSnapshot
+
+_log = log.get("elasticd.jobs")
+
+KILL_WAIT_S = 60.0
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What the commands report about this daemon and the defaults they apply."""
+
+    node_id: str
+    started_at: float
+    etcd_endpoints: tuple[str, ...]
+    embedded_etcd: bool
+    allow_root_jobs: bool
+    stop_grace_s: float
+    log_dir: Path
+
+
+class CommandService:
+    def __init__(
+        self, facts: NodeFacts, manager: JobManager, registry: NodeRegistry, kv: KV, keys: Keys
+    ) -> None:
+        self.facts = facts
+        self._manager = manager
+        self._registry = registry
+        self._kv = kv
+        self._keys = keys
+
+    # -- permissions ----------------------------------------------------------------------------
+    async def authorize(self, access: Access, caller: Caller, job_id: str | None) -> None:
+        """Raise PermissionDenied unless ``caller`` may use a command of level ``access`` on the job."""
+        await authorize(access, caller, job_id, self.owner_of)
+
+    async def owner_of(self, job_id: str) -> tuple[int, str] | None:
+        """The job's owner (uid, user) for permission checks; None if its spec is unreadable."""
+        snap = await self.snapshot(job_id)
+        return (snap.spec.uid, snap.spec.user) if snap.spec is not None else None
+
+    # -- jobs -------------------------------------------------------------------------------------
+    async def submit(self, spec: JobSpec) -> dict[str, Any]:
+        records = await asyncio.to_thread(self._registry.records)
+        candidates = [n for n in records if spec.allows(n.node)]
+        biggest = max((n.slots for n in candidates), default=0)
+        if candidates and biggest < spec.nproc_per_node:
+            where = f"node {self.facts.node_id}" if len(candidates) == 1 else "the largest node"
+            raise InsufficientCapacity(
+                f"job asks for {spec.nproc_per_node} {self._manager.admitter.unit} per node "
+                f"but {where} has {biggest}",
+                requested=spec.nproc_per_node,
+                available=biggest,
+            )
+        if not await self._manager.store_of(spec.id).create(spec):
+            raise Conflict(f"job {spec.id} already exists")
+        _log.info("job.submitted", job=spec.id, user=spec.user, argv=spec.argv, nnodes=str(spec.nnodes))
+        await self._manager.scan()
+        return await self.view(spec.id)
+
+    async def snapshot(self, job_id: str) -> JobSnapshot:
+        """The job as of now; one with unreadable records is still a job (it shows as FAILED)."""
+        if not valid_job_id(job_id):
+            raise JobNotFound(f"no job {job_id[:80]!r}")
+        snap = await self._manager.store_of(job_id).snapshot()
+        if not snap.found:
+            raise JobNotFound(f"no job {job_id!r}")
+        return snap
+
+    async def view(self, job_id: str) -> dict[str, Any]:
+        try:
+            return job_view(await self.snapshot(job_id), self.facts.node_id)
+        except EtcdUnavailable:
+            agent = self._manager.agents.get(job_id)
+            if agent is None:
+                raise
+            return {
+                "id": job_id,
+                "state": agent.state.value,
+                "stale": True,
+                "reason": "etcd is unreachable: this node's own view",
+            } | agent.local_view()
+
+    async def views(self) -> list[dict[str, Any]]:
+        snaps = await self._manager.snapshots()
+        views = [job_view(s, self.facts.node_id) for s in snaps.values()]  # unreadable ones too
+        return sorted(views, key=lambda v: v.get("submitted_at") or 0)
+
+    async def kill(self, job_id: str, user: str) -> dict[str, Any]:
+        snap = await self.snapshot(job_id)
+        if snap.final is not None:
+            raise Conflict(f"job {job_id} already ended as {snap.final.state.value}")
+        await self._manager.store_of(job_id).finalize(JobState.KILLED, EndReason.KILLED, f"killed by {user}")
+        self._manager.wake()
+        deadline = time.monotonic() + KILL_WAIT_S
+        while time.monotonic() < deadline:  # until no node runs its workers any more
+            agent = self._manager.agents.get(job_id)
+            if agent is not None:
+                await asyncio.wait({asyncio.ensure_future(agent.wait())}, timeout=0.5)
+                continue
+            snap = await self.snapshot(job_id)
+            if not any(s.pids for s in snap.node_status.values()):
+                break
+            await asyncio.sleep(0.1)
+        return job_view(await self.snapshot(job_id), self.facts.node_id)
+
+    async def logs(
+        self, job_id: str, cursor: dict[str, int], rank: int | None
+    ) -> tuple[dict[str, Any], list[Chunk], dict[str, int]]:
+        view = await self.view(job_id)
+        ended = view.get("state") in {s.value for s in JobState if s.terminal}
+        chunks, new_cursor = await asyncio.to_thread(
+            read_new, self.facts.log_dir, job_id, cursor, rank, whole=ended
+        )
+        return view, chunks, new_cursor
+
+    # -- nodes ------------------------------------------------------------------------------------
+    async def nodes(self) -> list[NodeRecord]:
+        return await asyncio.to_thread(self._registry.records)  # bad records are skipped (and logged)
+
+    async def _known_node(self, node: str) -> bool:
+        """A node is known while it is live (its record is under its lease) or drained."""
+        queries = [Query(self._keys.node(node)), Query(self._keys.drain(node))]
+        found = await asyncio.to_thread(self._kv.read_many, queries)
+        return any(f.kvs for f in found)
+
+    async def drain(
+        self, node: str, job_id: str | None, grace_s: float | None, force: bool, user: str
+    ) -> dict[str, Any]:
+        """Ask ``node`` to leave its jobs (or one job) gracefully; refuse to go below MIN unless forced."""
+        snaps = await self._manager.snapshots()
+        if job_id is not None and job_id not in snaps:
+            raise JobNotFound(f"no job {job_id!r}")
+        if not await self._known_node(node):
+            raise NodeNotFound(f"no live node {node!r}")
+        affected = []
+        too_small = []
+        for jid, snap in snaps.items():
+            if snap.spec is None or snap.final is not None or (job_id is not None and jid != job_id):
+                continue
+            members = snap.result.nodes if snap.result is not None else ()
+            if node not in members:
+                continue
+            affected.append(jid)
+            if len(members) - 1 < snap.spec.nnodes.min:
+                too_small.append(f"{jid} (needs {snap.spec.nnodes.min} nodes, has {len(members)})")
+        if too_small and not force:
+            raise Conflict(
+                f"draining {node} would take job(s) below their minimum: {', '.join(too_small)}; "
+                "use --force to drain anyway (the job then waits for a replacement node)"
+            )
+        record = {"grace_s": grace_s, "at": time.time(), "by": user}
+        key = self._keys.job_drain(job_id, node) if job_id else self._keys.drain(node)
+        await asyncio.to_thread(self._kv.put_json, key, record)
+        _log.info(
+            "node.drain",
+            node=node,
+            job=job_id,
+            grace_s=grace_s,
+            by=user,
+            jobs=affected,
+            forced=bool(too_small),
+        )
+        return {"node": node, "job": job_id, "jobs": affected, "forced": bool(too_small)}
+
+    async def undrain(self, node: str, job_id: str | None) -> dict[str, Any]:
+        """Undo a drain; an unknown node or job, or one that is not drained, is an error."""
+        key = self._keys.job_drain(job_id, node) if job_id else self._keys.drain(node)
+        if job_id is None and not await self._known_node(node):
+            raise NodeNotFound(f"no node {node!r} is live or drained")
+        if not await asyncio.to_thread(self._kv.delete, key):
+            where = f" from job {job_id}" if job_id else ""
+            raise Conflict(f"node {node} is not drained{where}")
+        _log.info("node.undrain", node=node, job=job_id)
+        return {"node": node, "job": job_id}

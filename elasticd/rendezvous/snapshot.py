@@ -1,0 +1,201 @@
+"""A job as etcd holds it, read at one revision: the model every decider works on.
+
+``JobSnapshot.parse`` turns the keys of one range read of ``jobs/<job>/`` into typed records and
+never raises: a key that does not parse, does not validate or should not exist is recorded in
+``invalid``. ``Glance`` is the small read a node waiting in an open round makes instead.
+Pure: no etcd client (``elasticd.rendezvous.store`` does the reading).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from elasticd.decode import DecodeError, decode, parse_json
+from elasticd.errors import InvalidSpec
+from elasticd.etcd.keys import KeyKind, KeyRef, Keys
+from elasticd.etcd.types import KeyValue
+from elasticd.jobs.spec import JobSpec
+from elasticd.rendezvous.model import (
+    DoneRecord,
+    DrainRecord,
+    FinalRecord,
+    Join,
+    LeftRecord,
+    NodeStatus,
+    RoundInfo,
+    RoundResult,
+    WaitingRecord,
+    pending_note,
+)
+
+REQUIRED = (KeyKind.SPEC, KeyKind.ROUND, KeyKind.RESTARTS)  # written together at submit
+MAX_RESTARTS_VALUE = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class InvalidKey:
+    """A key of a job that did not parse or validate; ``key`` is relative to the daemon's prefix."""
+
+    key: str
+    why: str
+    revision: int = 0  # its mod revision (0: a missing key), so that it is reported once
+
+    def describe(self) -> str:
+        return f"invalid record at {self.key}: {self.why}"
+
+
+@dataclass
+class JobSnapshot:
+    """Everything etcd holds about one job, as of one revision.
+
+    A job with an invalid key has ended (``ended``): the janitor records it as FAILED, and no
+    agent acts on it meanwhile.
+    """
+
+    job_id: str
+    spec: JobSpec | None = None
+    round: RoundInfo | None = None
+    round_mod: int = 0
+    restarts: int = 0
+    restarts_mod: int = 0
+    final: FinalRecord | None = None
+    results: dict[int, RoundResult] = field(default_factory=dict)
+    joins: dict[int, list[Join]] = field(default_factory=dict)
+    done: dict[int, set[str]] = field(default_factory=dict)
+    left: dict[int, set[str]] = field(default_factory=dict)  # stopped for good before round r
+    waiting: dict[str, WaitingRecord] = field(default_factory=dict)
+    node_status: dict[str, NodeStatus] = field(default_factory=dict)
+    pending: dict[str, str] = field(default_factory=dict)
+    drains: dict[str, DrainRecord] = field(default_factory=dict)  # nodes asked to leave this job
+    last_join_revision: int = 0
+    join_counts: dict[int, int] = field(default_factory=dict)  # rounds whose joins were only counted
+    invalid: list[InvalidKey] = field(default_factory=list)
+    found: int = 0  # how many keys the job has (0: no such job)
+
+    @property
+    def current(self) -> int:
+        return self.round.round if self.round else 0
+
+    @property
+    def result(self) -> RoundResult | None:
+        return self.results.get(self.current)
+
+    @property
+    def current_joins(self) -> list[Join]:
+        return self.joins.get(self.current, [])
+
+    @property
+    def previous_result(self) -> RoundResult | None:
+        earlier = [r for r in self.results if r < self.current]
+        return self.results[max(earlier)] if earlier else None
+
+    @property
+    def ended(self) -> bool:
+        """The job is over: it has a final record, or a record nothing sound can be built on."""
+        return self.final is not None or bool(self.invalid)
+
+    @property
+    def final_invalid(self) -> InvalidKey | None:
+        """The bad ``final`` record, if that is one of the invalid keys."""
+        return next((k for k in self.invalid if k.key.endswith(f"/{self.job_id}/final")), None)
+
+    @classmethod
+    def parse(cls, keys: Keys, job_id: str, kvs: list[KeyValue]) -> JobSnapshot:
+        snap = cls(job_id)
+        base = keys.job(job_id)
+        seen = {kv.key[len(base) :] for kv in kvs if kv.key.startswith(base)}
+        for kv in kvs:
+            snap.found += 1
+            try:
+                snap._take(keys.parse(kv.key), kv)
+            except (DecodeError, InvalidSpec) as exc:
+                why = exc.message if isinstance(exc, InvalidSpec) else str(exc)
+                snap.invalid.append(InvalidKey(keys.relative(kv.key), why[:300], kv.mod_revision))
+        if snap.found:
+            missing = [kind.value for kind in REQUIRED if kind.value not in seen]
+            snap.invalid.extend(InvalidKey(keys.relative(base) + leaf, "missing", 0) for leaf in missing)
+        snap.invalid.sort(key=lambda k: k.key)
+        for joins in snap.joins.values():
+            joins.sort(key=lambda j: j.create_revision)
+        snap.last_join_revision = max((j.create_revision for j in snap.current_joins), default=0)
+        return snap
+
+    def _take(self, ref: KeyRef, kv: KeyValue) -> None:
+        """Read one key into the snapshot; DecodeError (or InvalidSpec) if it is not valid."""
+        if ref.job != self.job_id:
+            raise DecodeError("", "the key is not under this job")
+        value = parse_json(kv.value)
+        r = ref.round if ref.round is not None else -1
+        match ref.kind:
+            case KeyKind.SPEC:
+                spec = JobSpec.from_json(value)
+                if spec.id != self.job_id:
+                    raise DecodeError("id", f"is {spec.id!r}, not the job's own id")
+                self.spec = spec
+            case KeyKind.ROUND:
+                self.round, self.round_mod = RoundInfo.from_json(value), kv.mod_revision
+            case KeyKind.RESTARTS:
+                restarts = decode(int, value)
+                if not 0 <= restarts <= MAX_RESTARTS_VALUE:
+                    raise DecodeError("", f"restarts must be 0..{MAX_RESTARTS_VALUE}")
+                self.restarts, self.restarts_mod = restarts, kv.mod_revision
+            case KeyKind.FINAL:
+                self.final = FinalRecord.from_json(value)
+            case KeyKind.RESULT:
+                result = RoundResult.from_json(value)
+                if result.round != r:
+                    raise DecodeError("round", f"is {result.round}, but the key is round {r}")
+                self.results[result.round] = result
+            case KeyKind.JOIN:
+                join = Join.from_json(value, kv.create_revision, kv.lease)
+                if join.node != ref.node:
+                    raise DecodeError("node", f"is {join.node!r}, but the key names {ref.node!r}")
+                self.joins.setdefault(r, []).append(join)
+            case KeyKind.DONE:
+                decode(DoneRecord, value)
+                self.done.setdefault(r, set()).add(ref.node)
+            case KeyKind.LEFT:
+                decode(LeftRecord, value)
+                self.left.setdefault(r, set()).add(ref.node)
+            case KeyKind.WAITING:
+                self.waiting[ref.node] = decode(WaitingRecord, value)
+            case KeyKind.NODE_STATUS:
+                self.node_status[ref.node] = NodeStatus.from_json(value)
+            case KeyKind.PENDING:
+                self.pending[ref.node] = pending_note(value)
+            case KeyKind.JOB_DRAIN:
+                self.drains[ref.node] = DrainRecord.from_json(value)
+            case _:
+                raise DecodeError("", "no such key: a job has no record of this name")
+
+
+@dataclass(frozen=True)
+class Glance:
+    """What a node waiting in an open round needs, read in one small request (O(1), not O(N))."""
+
+    round: int
+    ended: bool
+    closed: bool
+    leader: str | None
+    joined: bool
+
+    def quiet(self, round_no: int, node: str) -> bool:
+        """Nothing for ``node`` to do yet: the round is open, it joined, someone else leads."""
+        return (
+            self.round == round_no
+            and not self.ended
+            and not self.closed
+            and self.joined
+            and self.leader != node
+        )
+
+    @classmethod
+    def parse(
+        cls, round_kv: KeyValue | None, final: bool, closed: bool, oldest: KeyValue | None, joined: bool
+    ) -> Glance:
+        try:
+            info = RoundInfo.from_json(parse_json(round_kv.value)) if round_kv else None
+            lead = Join.from_json(parse_json(oldest.value)).node if oldest else None
+        except DecodeError:  # not quiet: the full read that follows reports the bad key
+            return cls(-1, False, False, None, False)
+        return cls(info.round if info else -1, final, closed, lead, joined)

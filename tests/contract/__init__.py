@@ -1,0 +1,1 @@
+"""Contract tests: one suite, run against every implementation of a seam (in memory and real)."""
