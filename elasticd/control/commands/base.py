@@ -1,4 +1,5 @@
-"""What a control command is: a name, a typed argument dataclass, and an async handler."""
+"""What a control command is: a name, a typed argument dataclass (from ``elasticd.wire``), and an
+async handler."""
 
 from __future__ import annotations
 
@@ -7,16 +8,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from elasticd.control.access import Access, Caller
+from elasticd.wire import NoArgs as NoArgs  # the wire schema's; kept importable from here
 
 if TYPE_CHECKING:
     from elasticd.daemon.app import Daemon
 
 A = TypeVar("A")
-
-
-@dataclass(frozen=True)
-class NoArgs:
-    pass
 
 
 @dataclass(frozen=True)

@@ -1,22 +1,14 @@
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from elasticd.control.access import Access, Caller
 from elasticd.control.commands.base import Command
 from elasticd.errors import InvalidArgs
+from elasticd.wire import DrainArgs, UndrainArgs
 
 if TYPE_CHECKING:
     from elasticd.daemon.app import Daemon
-
-
-@dataclass(frozen=True)
-class DrainArgs:
-    node: str
-    job: str | None = None
-    grace_s: float | None = None
-    force: bool = False
 
 
 async def drain(daemon: Daemon, args: DrainArgs, caller: Caller) -> dict[str, Any]:
@@ -24,12 +16,6 @@ async def drain(daemon: Daemon, args: DrainArgs, caller: Caller) -> dict[str, An
     if args.grace_s is not None and not 0 <= args.grace_s <= 3600:
         raise InvalidArgs("grace_s must be 0..3600 seconds")
     return await daemon.manager.drain(args.node, args.job, args.grace_s, args.force, caller.user)
-
-
-@dataclass(frozen=True)
-class UndrainArgs:
-    node: str
-    job: str | None = None
 
 
 async def undrain(daemon: Daemon, args: UndrainArgs, caller: Caller) -> dict[str, Any]:

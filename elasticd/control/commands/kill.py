@@ -1,18 +1,13 @@
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from elasticd.control.access import Access, Caller
 from elasticd.control.commands.base import Command
+from elasticd.wire import KillArgs
 
 if TYPE_CHECKING:
     from elasticd.daemon.app import Daemon
-
-
-@dataclass(frozen=True)
-class KillArgs:
-    job: str
 
 
 async def kill(daemon: Daemon, args: KillArgs, caller: Caller) -> dict[str, Any]:

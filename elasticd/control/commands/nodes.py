@@ -4,7 +4,8 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from elasticd.control.access import Access, Caller
-from elasticd.control.commands.base import Command, NoArgs
+from elasticd.control.commands.base import Command
+from elasticd.wire import NoArgs
 
 if TYPE_CHECKING:
     from elasticd.daemon.app import Daemon

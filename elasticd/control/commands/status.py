@@ -1,18 +1,13 @@
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from elasticd.control.access import Access, Caller
 from elasticd.control.commands.base import Command
+from elasticd.wire import StatusArgs
 
 if TYPE_CHECKING:
     from elasticd.daemon.app import Daemon
-
-
-@dataclass(frozen=True)
-class StatusArgs:
-    job: str | None = None
 
 
 async def status(daemon: Daemon, args: StatusArgs, caller: Caller) -> dict[str, Any]:
