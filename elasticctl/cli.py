@@ -19,6 +19,25 @@ from elasticctl import render
 from elasticctl.client import Client, DaemonError, Unreachable
 from elasticctl.follow import follow
 from elasticd.control.address import default_socket_path
+from elasticd.wire import (
+    DrainArgs,
+    DrainReply,
+    EntryKind,
+    JobReply,
+    JobState,
+    JobView,
+    KillArgs,
+    LogsArgs,
+    NoArgs,
+    NodesReply,
+    PingReply,
+    StatusArgs,
+    StatusReply,
+    SubmitArgs,
+    UndrainArgs,
+    WaitsFor,
+    default,
+)
 from elasticd.workers.limits import parse_size
 
 EXIT_UNREACHABLE = 1
@@ -41,55 +60,48 @@ def _env_pairs(pairs: list[str]) -> dict[str, str]:
     return out
 
 
-def submit_args(ns: argparse.Namespace) -> dict[str, Any]:
+def submit_args(ns: argparse.Namespace) -> SubmitArgs:
     """Turn the CLI's view of a job into the submit command's arguments (sbatch-like defaults)."""
     cwd = os.path.abspath(ns.cwd or os.getcwd())
     env = {} if ns.env_clear else dict(os.environ)
     env |= _env_pairs(ns.env)
-    script_args = list(ns.script_args)  # argparse has already dropped the separating "--"
     if ns.module and ns.no_python:
         raise UsageError("-m and --no-python are mutually exclusive")
     if ns.module:
-        kind, entry = "module", ns.target
+        kind, entry = EntryKind.MODULE, ns.target
     elif ns.no_python:
-        kind, entry = "exec", ns.target
+        kind, entry = EntryKind.EXEC, ns.target
     else:
-        kind, entry = "script", os.path.join(cwd, ns.target)
+        kind, entry = EntryKind.SCRIPT, os.path.join(cwd, ns.target)
         if not os.path.isfile(entry):
             raise UsageError(f"script not found: {entry}")
     python = ns.python or shutil.which("python", path=env.get("PATH") or os.environ.get("PATH"))
     python = python or shutil.which("python3") or sys.executable
-    args: dict[str, Any] = {
-        "entry_kind": kind,
-        "entry": entry,
-        "args": script_args,
-        "cwd": cwd,
-        "python": os.path.abspath(python) if kind != "exec" else "",
-        "env": env,
-        "nnodes": ns.nnodes,
-        "nproc_per_node": ns.nproc_per_node,
-        "max_restarts": ns.max_restarts,
-    }
-    if ns.name:
-        args["name"] = ns.name
-    if ns.stop_grace is not None:
-        args["stop_grace_s"] = ns.stop_grace
-    if ns.nodes:
-        args["nodes"] = [n.strip() for n in ns.nodes.split(",") if n.strip()]
-    if ns.last_call is not None:
-        args["last_call_s"] = ns.last_call
-    if ns.join_timeout is not None:
-        args["join_timeout_s"] = ns.join_timeout
+    memory_limit = None
     if ns.memory_limit is not None:
         try:
-            args["memory_limit_bytes"] = parse_size(ns.memory_limit)
+            memory_limit = parse_size(ns.memory_limit)
         except ValueError as exc:
             raise UsageError(f"--memory-limit: {exc}") from exc
-    if ns.cpu_limit is not None:
-        args["cpu_limit"] = ns.cpu_limit
-    if ns.nofile is not None:
-        args["nofile"] = ns.nofile
-    return args
+    return SubmitArgs(
+        entry_kind=kind.value,
+        entry=entry,
+        cwd=cwd,
+        args=list(ns.script_args),  # argparse has already dropped the separating "--"
+        python=os.path.abspath(python) if kind is not EntryKind.EXEC else "",
+        env=env,
+        nnodes=ns.nnodes,
+        nproc_per_node=ns.nproc_per_node,
+        max_restarts=ns.max_restarts,
+        name=ns.name,
+        stop_grace_s=ns.stop_grace,
+        nodes=[n.strip() for n in (ns.nodes or "").split(",") if n.strip()],
+        last_call_s=ns.last_call,
+        join_timeout_s=ns.join_timeout,
+        memory_limit_bytes=memory_limit,
+        cpu_limit=ns.cpu_limit,
+        nofile=ns.nofile,
+    )
 
 
 def _print_json(value: Any) -> None:
@@ -97,9 +109,9 @@ def _print_json(value: Any) -> None:
 
 
 def cmd_submit(client: Client, ns: argparse.Namespace) -> int:
-    job = client.call("submit", **submit_args(ns))
+    job: JobView = client.request("submit", submit_args(ns))
     print(job["id"], flush=True)
-    if job["state"] == "PENDING" and "waiting for" in job.get("reason", ""):
+    if job["state"] == JobState.PENDING and job.get("waits_for") == WaitsFor.CAPACITY:
         print(f"elasticctl: {job['id']} is PENDING: {job['reason']}", file=sys.stderr)
     if not ns.follow:
         return 0
@@ -112,11 +124,12 @@ def _follow_to_end(client: Client, job_id: str, rank: int | None) -> int:
     except KeyboardInterrupt:
         print(f"\nelasticctl: stopped following; {job_id} keeps running", file=sys.stderr)
         return 130
-    final = client.call("status", job=job_id)["job"]
+    reply: JobReply = client.request("status", StatusArgs(job_id))
+    final = reply["job"]
     print(
         f"elasticctl: {job_id} {final['state']} after {final.get('restarts', 0)} restart(s)", file=sys.stderr
     )
-    if final["state"] != "SUCCEEDED":
+    if final["state"] != JobState.SUCCEEDED:
         detail = render.failure(final) or final.get("error") or final.get("reason", "")
         if detail:
             print(detail, file=sys.stderr)
@@ -125,7 +138,7 @@ def _follow_to_end(client: Client, job_id: str, rank: int | None) -> int:
 
 
 def cmd_status(client: Client, ns: argparse.Namespace) -> int:
-    result = client.call("status", job=ns.job)
+    result: StatusReply = client.request("status", StatusArgs(ns.job))
     if ns.json:
         _print_json(result["job"] if ns.job else result["jobs"])
     elif ns.job:
@@ -136,7 +149,8 @@ def cmd_status(client: Client, ns: argparse.Namespace) -> int:
 
 
 def cmd_kill(client: Client, ns: argparse.Namespace) -> int:
-    job = client.call("kill", job=ns.job, timeout_s=max(60.0, client.timeout_s))["job"]
+    reply: JobReply = client.request("kill", KillArgs(ns.job), timeout_s=max(60.0, client.timeout_s))
+    job = reply["job"]
     print(f"{job['id']} {job['state']}")
     return 0
 
@@ -153,34 +167,29 @@ def cmd_logs(client: Client, ns: argparse.Namespace) -> int:
 
 
 def cmd_nodes(client: Client, ns: argparse.Namespace) -> int:
-    nodes = client.call("nodes")["nodes"]
+    reply: NodesReply = client.request("nodes", NoArgs())
     if ns.json:
-        _print_json(nodes)
+        _print_json(reply["nodes"])
     else:
-        print(render.nodes_table(nodes))
+        print(render.nodes_table(reply["nodes"]))
     return 0
 
 
 def cmd_drain(client: Client, ns: argparse.Namespace) -> int:
-    args: dict[str, Any] = {"node": ns.node, "force": ns.force}
-    if ns.job:
-        args["job"] = ns.job
-    if ns.grace is not None:
-        args["grace_s"] = ns.grace
-    result = client.call("drain", **args)
+    result: DrainReply = client.request("drain", DrainArgs(ns.node, ns.job, ns.grace, ns.force))
     scope = f"job {ns.job}" if ns.job else "all its jobs"
     print(f"draining {result['node']} from {scope}: {', '.join(result['jobs']) or 'no running job affected'}")
     return 0
 
 
 def cmd_undrain(client: Client, ns: argparse.Namespace) -> int:
-    client.call("undrain", node=ns.node, **({"job": ns.job} if ns.job else {}))
+    client.request("undrain", UndrainArgs(ns.node, ns.job))
     print(f"{ns.node} takes jobs again")
     return 0
 
 
 def cmd_ping(client: Client, ns: argparse.Namespace) -> int:
-    result = client.call("ping", timeout_s=ns.timeout)
+    result: PingReply = client.request("ping", NoArgs(), timeout_s=ns.timeout)
     _print_json(result) if ns.json else print(f"elasticd {result['version']} on node {result['node']}: ok")
     return 0
 
@@ -204,26 +213,60 @@ def build_parser() -> argparse.ArgumentParser:
     add = functools.partial(sub.add_parser, parents=[common])
 
     s = add("submit", help="submit a job (torchrun-style entry point)")
-    s.add_argument("--nnodes", default="1", help="N or MIN:MAX nodes (default 1)")
+    job = functools.partial(default, SubmitArgs)  # every default comes from the wire schema
+    s.add_argument("--nnodes", default=job("nnodes"), help="N or MIN:MAX nodes (default %(default)s)")
     s.add_argument("--nodes", help="comma-separated nodes allowed to take part (default: any; a "
                    "single-node job runs on the node it was submitted to)")  # fmt: skip
     s.add_argument(
-        "--last-call", type=float, help="seconds a round waits for more nodes once MIN joined (default 2)"
+        "--last-call",
+        type=float,
+        default=job("last_call_s"),
+        help="seconds a round waits for more nodes once MIN joined (default %(default)g)",
     )
     s.add_argument(
-        "--join-timeout", type=float, help="seconds to wait for MIN nodes before failing (default 600)"
+        "--join-timeout",
+        type=float,
+        default=job("join_timeout_s"),
+        help="seconds to wait for MIN nodes before failing (default %(default)g)",
     )
-    s.add_argument("--nproc-per-node", type=int, default=1, help="workers per node (default 1)")
-    s.add_argument("--max-restarts", type=int, default=3, help="job-wide restart budget (default 3)")
-    s.add_argument("--name", help="job name (default: the script's name)")
+    s.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=job("nproc_per_node"),
+        help="workers per node (default %(default)s)",
+    )
+    s.add_argument(
+        "--max-restarts",
+        type=int,
+        default=job("max_restarts"),
+        help="job-wide restart budget (default %(default)s)",
+    )
+    s.add_argument("--name", default=job("name"), help="job name (default: the script's name)")
     s.add_argument("--env", action="append", default=[], metavar="K=V", help="set a variable (repeatable)")
     s.add_argument("--env-clear", action="store_true", help="start from an empty environment")
     s.add_argument("--cwd", help="working directory (default: the current one)")
     s.add_argument("--python", help="interpreter (default: `python` on your PATH, so your venv)")
-    s.add_argument("--stop-grace", type=float, help="seconds between SIGTERM and SIGKILL for workers")
+    s.add_argument(
+        "--stop-grace",
+        type=float,
+        default=job("stop_grace_s"),
+        help="seconds between SIGTERM and SIGKILL for workers",
+    )
     s.add_argument("--memory-limit", metavar="SIZE", help="memory per worker, e.g. 8G (its whole tree)")
-    s.add_argument("--cpu-limit", type=float, metavar="CPUS", help="CPUs per worker, e.g. 2 or 0.5")
-    s.add_argument("--nofile", type=int, metavar="N", help="open files per worker process (RLIMIT_NOFILE)")
+    s.add_argument(
+        "--cpu-limit",
+        type=float,
+        metavar="CPUS",
+        default=job("cpu_limit"),
+        help="CPUs per worker, e.g. 2 or 0.5",
+    )
+    s.add_argument(
+        "--nofile",
+        type=int,
+        metavar="N",
+        default=job("nofile"),
+        help="open files per worker process (RLIMIT_NOFILE)",
+    )
     s.add_argument("--follow", "-f", action="store_true", help="stream output; exit with the job's result")
     s.add_argument("-m", "--module", action="store_true", help="TARGET is a module (python -m)")
     s.add_argument("--no-python", action="store_true", help="TARGET is an executable, run without python")
@@ -232,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_submit)
 
     st = add("status", help="show one job, or all jobs")
-    st.add_argument("job", nargs="?")
+    st.add_argument("job", nargs="?", default=default(StatusArgs, "job"))
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=cmd_status)
 
@@ -242,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     lg = add("logs", help="print a job's output")
     lg.add_argument("job")
-    lg.add_argument("--rank", type=int, help="only this global rank")
+    lg.add_argument("--rank", type=int, default=default(LogsArgs, "rank"), help="only this global rank")
     lg.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
     lg.set_defaults(func=cmd_logs)
 
@@ -252,14 +295,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     dr = add("drain", help="make a node leave its jobs gracefully and take no new ones")
     dr.add_argument("node")
-    dr.add_argument("--job", help="leave only this job")
-    dr.add_argument("--grace", type=float, help="seconds between SIGTERM and SIGKILL for its workers")
-    dr.add_argument("--force", action="store_true", help="drain even if a job falls below its minimum")
+    dr.add_argument("--job", default=default(DrainArgs, "job"), help="leave only this job")
+    dr.add_argument(
+        "--grace",
+        type=float,
+        default=default(DrainArgs, "grace_s"),
+        help="seconds between SIGTERM and SIGKILL for its workers",
+    )
+    dr.add_argument(
+        "--force",
+        action="store_true",
+        default=default(DrainArgs, "force"),
+        help="drain even if a job falls below its minimum",
+    )
     dr.set_defaults(func=cmd_drain)
 
     ud = add("undrain", help="let a drained node take jobs again")
     ud.add_argument("node")
-    ud.add_argument("--job", help="only for this job")
+    ud.add_argument("--job", default=default(UndrainArgs, "job"), help="only for this job")
     ud.set_defaults(func=cmd_undrain)
 
     pg = add("ping", help="check that the daemon answers")

@@ -12,6 +12,7 @@ import zmq
 
 from elasticd.control.address import endpoint
 from elasticd.control.envelope import encode_request
+from elasticd.wire import COMMANDS, request
 
 
 class Unreachable(Exception):
@@ -55,7 +56,17 @@ class Client:
             self._sock = sock
         return self._sock
 
+    def request(self, cmd: str, args: object, timeout_s: float | None = None) -> Any:
+        """Run ``cmd`` with its argument dataclass from ``elasticd.wire``; returns the result,
+        of the command's reply type there (``COMMANDS[cmd].reply``)."""
+        schema = COMMANDS.get(cmd)
+        if schema is None or type(args) is not schema.args:
+            takes = schema.args.__name__ if schema else "nothing: no such command"
+            raise TypeError(f"{cmd} takes {takes}, not {type(args).__name__}")
+        return self.call(cmd, timeout_s, **request(args))
+
     def call(self, cmd: str, timeout_s: float | None = None, **args: Any) -> Any:
+        """Send a request with raw JSON arguments (``request`` builds them from the schema)."""
         sock = self._socket()
         rid = uuid.uuid4().hex
         sock.send(encode_request(rid, cmd, args))

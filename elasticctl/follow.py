@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
 
 from elasticctl.client import Client
+from elasticd.wire import LogsArgs, LogsReply, is_terminal
 
-TERMINAL = ("SUCCEEDED", "FAILED", "KILLED")
 POLL_S = 0.2
 
 
-def follow(client: Client, job: str, rank: int | None, until_end: bool = True) -> dict[str, Any]:
+def follow(client: Client, job: str, rank: int | None, until_end: bool = True) -> LogsReply:
     """Print new output with ``[rankK]:`` prefixes until the job ends; returns its last logs reply."""
     cursor: dict[str, int] = {}
     attempt_seen = -1
     while True:
-        reply: dict[str, Any] = client.call("logs", job=job, rank=rank, cursor=cursor)
+        reply: LogsReply = client.request("logs", LogsArgs(job, rank, cursor))
         cursor = reply["cursor"]
         for chunk in reply["chunks"]:
             if chunk["attempt"] > attempt_seen:
@@ -30,7 +29,7 @@ def follow(client: Client, job: str, rank: int | None, until_end: bool = True) -
             prefix = f"[rank{chunk['rank']}]: "
             sys.stdout.write("".join(prefix + line + "\n" for line in chunk["text"].splitlines()))
         sys.stdout.flush()
-        if reply["state"] in TERMINAL and not reply["chunks"]:
+        if is_terminal(reply["state"]) and not reply["chunks"]:
             return reply
         if not until_end and not reply["chunks"]:
             return reply

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
+
+from elasticd.wire import FailureView, JobView, NodeView
 
 
 def _age(ts: float | None) -> str:
@@ -24,7 +27,7 @@ def table(rows: list[list[str]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
 
-def jobs_table(jobs: list[dict[str, Any]]) -> str:
+def jobs_table(jobs: list[JobView]) -> str:
     rows = [["JOB", "STATE", "USER", "NODES", "WORLD", "RESTARTS", "AGE", "REASON"]]
     for j in jobs:
         rows.append(
@@ -42,8 +45,8 @@ def jobs_table(jobs: list[dict[str, Any]]) -> str:
     return table(rows)
 
 
-def failure(job: dict[str, Any]) -> str:
-    f = job.get("failure")
+def failure(job: JobView) -> str:
+    f: FailureView | None = job.get("failure")
     if not f:
         return ""
     how = f"signal {f['signal']}" if f.get("signal") else f"exit code {f.get('exit_code')}"
@@ -62,6 +65,7 @@ DETAIL_KEYS = [
     "id",
     "state",
     "reason",
+    "waits_for",
     "user",
     "submitted_on",
     "nnodes",
@@ -77,8 +81,9 @@ DETAIL_KEYS = [
 ]
 
 
-def job_detail(job: dict[str, Any]) -> str:
-    lines = [f"{k + ':':16}{job.get(k)}" for k in DETAIL_KEYS if job.get(k) not in (None, "", [])]
+def job_detail(job: JobView) -> str:
+    fields: Mapping[str, Any] = job
+    lines = [f"{k + ':':16}{fields.get(k)}" for k in DETAIL_KEYS if fields.get(k) not in (None, "", [])]
     lines.append(f"{'command:':16}{' '.join(job.get('argv') or [])}")
     if job.get("error"):
         lines.append(f"{'error:':16}{job['error']}")
@@ -96,7 +101,7 @@ def job_detail(job: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def nodes_table(nodes: list[dict[str, Any]]) -> str:
+def nodes_table(nodes: list[NodeView]) -> str:
     rows = [["NODE", "HOST", "ADDRESS", "DEVICES", "SLOTS", "FREE", "STATE", "VERSION"]]
     for n in nodes:
         inv = n.get("inventory", {})

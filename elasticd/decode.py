@@ -9,9 +9,11 @@ instead of surfacing later as a KeyError, a TypeError or a crash loop.
 Supported type hints: ``str``, ``int`` (not bool), ``float`` (int accepted; NaN and infinities
 are not JSON numbers and are refused), ``bool``, ``None``, unions (``X | None``), ``list[X]``,
 ``tuple[X, ...]``, ``dict[str, X]``, ``Any`` (any JSON value), enum types (by value), nested
-dataclasses, and classes with a ``__decode__(value)`` classmethod (their own wire form, e.g.
-``NodeRange`` as ``"1:4"``). A dataclass's ``__post_init__`` is its hook for further validation:
-whatever it raises (ValueError, TypeError, an ``ElasticdError``) becomes a ``DecodeError``.
+dataclasses, ``TypedDict`` types (the control replies, see ``elasticd.wire``; ``NotRequired``
+keys may be absent), and classes with a ``__decode__(value)`` classmethod (their own wire form,
+e.g. ``NodeRange`` as ``"1:4"``). A dataclass's ``__post_init__`` is its hook for further
+validation: whatever it raises (ValueError, TypeError, an ``ElasticdError``) becomes a
+``DecodeError``.
 
 Unknown fields: control arguments reject them (a typo must not be silently ignored), stored
 records ignore them (``Unknown.IGNORE``): daemons of different versions share one etcd, and a
@@ -127,6 +129,8 @@ def _check(path: str, value: Any, hint: Any, unknown: Unknown) -> Any:
             raise TypeError(f"unsupported type {hint!r} for {path or 'the value'}: keys must be str")
         if isinstance(value, dict) and all(isinstance(k, str) for k in value):
             return {k: _check(_join(path, k), v, value_hint, unknown) for k, v in value.items()}
+    elif typing.is_typeddict(hint):
+        return _typeddict(path, value, hint, unknown)
     elif isinstance(hint, type) and callable(hook := getattr(hint, "__decode__", None)):
         return _construct(path, lambda: hook(value))
     elif isinstance(hint, type) and issubclass(hint, enum.Enum):
@@ -188,6 +192,40 @@ def _dataclass(path: str, value: Any, cls: type[T], unknown: Unknown) -> T:
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise DecodeError(_join(path, name), "is missing", "missing")
     return _construct(path, lambda: cls(**values))
+
+
+@functools.cache
+def _keys(cls: type) -> tuple[dict[str, Any], frozenset[str]]:
+    """A TypedDict's value hints and required keys, read from its annotations: Python 3.11 gets
+    ``__required_keys__`` wrong when they are strings (``from __future__ import annotations``)."""
+    hints = {}
+    required = set()
+    for name, hint in typing.get_type_hints(cls, include_extras=True).items():
+        origin = typing.get_origin(hint)
+        if origin is typing.NotRequired or origin is typing.Required:
+            hints[name] = typing.get_args(hint)[0]
+            if origin is typing.Required:
+                required.add(name)
+        else:
+            hints[name] = hint
+            if getattr(cls, "__total__", True):
+                required.add(name)
+    return hints, frozenset(required)
+
+
+def _typeddict(path: str, value: Any, cls: type, unknown: Unknown) -> dict[str, Any]:
+    """A JSON object as a TypedDict: a plain dict holding only the declared keys."""
+    if not isinstance(value, dict):
+        raise DecodeError(path, f"must be an object, got {type(value).__name__}", "type")
+    hints, required = _keys(cls)
+    extra = [k for k in value if k not in hints]
+    if extra and unknown is Unknown.REJECT:
+        shown = sorted(str(k)[:40] for k in extra)[:10]
+        raise DecodeError(path, f"unknown fields: {shown}", "unknown")
+    missing = sorted(required - value.keys())
+    if missing:
+        raise DecodeError(_join(path, missing[0]), "is missing", "missing")
+    return {k: _check(_join(path, k), v, hints[k], unknown) for k, v in value.items() if k in hints}
 
 
 def decode(cls: type[T], value: Any, *, unknown: Unknown = Unknown.IGNORE, path: str = "") -> T:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from elasticd.decode import DecodeError, decode
 from elasticd.jobs.state import EndReason, JobState, WorkerFailure
 from elasticd.rendezvous.snapshot import JobSnapshot
+from elasticd.wire import FailureView, JobView, MemberView, WaitsFor
 
 
 def job_state(snap: JobSnapshot) -> JobState:
@@ -36,6 +37,18 @@ def _reason(snap: JobSnapshot, state: JobState) -> str:
     return "; ".join(parts)
 
 
+def waits_for(snap: JobSnapshot, state: JobState) -> WaitsFor | None:
+    """What a job that is not running waits for, from its keys (never from a note's text): an
+    allowed node that lacks free slots leaves a ``pending/<node>`` key; without one, a round with
+    fewer joins than the job's minimum waits for nodes."""
+    if state not in (JobState.PENDING, JobState.RESTARTING):
+        return None
+    if snap.pending:
+        return WaitsFor.CAPACITY
+    need = snap.spec.nnodes.min if snap.spec else 1
+    return WaitsFor.NODES if len(snap.current_joins) < need else None
+
+
 def _summary(failure: dict[str, Any]) -> str:
     try:
         return decode(WorkerFailure, failure).summary()
@@ -50,10 +63,15 @@ def _code(snap: JobSnapshot) -> str | None:
 
 
 def job_view(snap: JobSnapshot, local_node: str) -> dict[str, Any]:
+    """The ``JobView`` of ``elasticd.wire`` (as a plain dict: callers pass it on as JSON)."""
+    return dict(_view(snap, local_node))
+
+
+def _view(snap: JobSnapshot, local_node: str) -> JobView:
     spec = snap.spec
     state = job_state(snap)
     result = snap.result
-    members = []
+    members: list[MemberView] = []
     if result is not None:
         for m in result.members:
             status = snap.node_status.get(m.node)
@@ -70,7 +88,8 @@ def job_view(snap: JobSnapshot, local_node: str) -> dict[str, Any]:
             )
     failure = (snap.final.failure if snap.final else None) or (snap.round.failure if snap.round else None)
     local = snap.node_status.get(local_node)
-    view: dict[str, Any] = {
+    waiting = waits_for(snap, state)
+    view: JobView = {
         "id": snap.job_id,
         "state": state.value,
         "reason": _reason(snap, state),
@@ -87,6 +106,8 @@ def job_view(snap: JobSnapshot, local_node: str) -> dict[str, Any]:
         "pids": list(local.pids) if local and not state.terminal else [],
         "ended_at": snap.final.ended_at if snap.final else None,
         "code": _code(snap),
+        "waits_for": waiting,
+        "short_of_capacity": sorted(snap.pending) if waiting is WaitsFor.CAPACITY else [],
     }
     if snap.invalid:
         view["invalid_records"] = [{"key": k.key, "why": k.why} for k in snap.invalid]
@@ -103,7 +124,7 @@ def job_view(snap: JobSnapshot, local_node: str) -> dict[str, Any]:
             "allowed_nodes": list(spec.nodes),
         }
     if failure:
-        view["failure"] = failure
+        view["failure"] = cast(FailureView, failure)  # checked as a WorkerFailure when read
     if state is JobState.FAILED:
         view["error"] = view["reason"] or (_summary(failure) if failure else "failed")
     return view

@@ -26,6 +26,7 @@ from elasticd.manager.access import Access, Caller, authorize
 from elasticd.manager.jobs import JobManager
 from elasticd.node.registry import NodeRecord, NodeRegistry
 from elasticd.rendezvous.snapshot import JobSnapshot
+from elasticd.wire import is_terminal
 
 _log = log.get("elasticd.jobs")
 
@@ -134,7 +135,7 @@ class CommandService:
         self, job_id: str, cursor: dict[str, int], rank: int | None
     ) -> tuple[dict[str, Any], list[Chunk], dict[str, int]]:
         view = await self.view(job_id)
-        ended = view.get("state") in {s.value for s in JobState if s.terminal}
+        ended = is_terminal(view.get("state"))
         chunks, new_cursor = await asyncio.to_thread(
             read_new, self.facts.log_dir, job_id, cursor, rank, whole=ended
         )

@@ -1,4 +1,5 @@
-"""What a control command is: a name, a typed argument dataclass, and an async handler."""
+"""What a control command is: a name, a typed argument dataclass (from ``elasticd.wire``), and an
+async handler."""
 
 from __future__ import annotations
 
@@ -8,13 +9,9 @@ from typing import Any, Generic, TypeVar
 
 from elasticd.manager.access import Access, Caller
 from elasticd.manager.service import CommandService
+from elasticd.wire import NoArgs as NoArgs  # the wire schema's; kept importable from here
 
 A = TypeVar("A")
-
-
-@dataclass(frozen=True)
-class NoArgs:
-    pass
 
 
 @dataclass(frozen=True)

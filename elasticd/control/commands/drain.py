@@ -1,20 +1,12 @@
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from elasticd.control.commands.base import Command
 from elasticd.errors import InvalidArgs
 from elasticd.manager.access import Access, Caller
 from elasticd.manager.service import CommandService
-
-
-@dataclass(frozen=True)
-class DrainArgs:
-    node: str
-    job: str | None = None
-    grace_s: float | None = None
-    force: bool = False
+from elasticd.wire import DrainArgs, UndrainArgs
 
 
 async def drain(service: CommandService, args: DrainArgs, caller: Caller) -> dict[str, Any]:
@@ -22,12 +14,6 @@ async def drain(service: CommandService, args: DrainArgs, caller: Caller) -> dic
     if args.grace_s is not None and not 0 <= args.grace_s <= 3600:
         raise InvalidArgs("grace_s must be 0..3600 seconds")
     return await service.drain(args.node, args.job, args.grace_s, args.force, caller.user)
-
-
-@dataclass(frozen=True)
-class UndrainArgs:
-    node: str
-    job: str | None = None
 
 
 async def undrain(service: CommandService, args: UndrainArgs, caller: Caller) -> dict[str, Any]:

@@ -1,16 +1,11 @@
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from elasticd.control.commands.base import Command
 from elasticd.manager.access import Access, Caller
 from elasticd.manager.service import CommandService
-
-
-@dataclass(frozen=True)
-class KillArgs:
-    job: str
+from elasticd.wire import KillArgs
 
 
 async def kill(service: CommandService, args: KillArgs, caller: Caller) -> dict[str, Any]:

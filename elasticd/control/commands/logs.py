@@ -1,18 +1,11 @@
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from elasticd.control.commands.base import Command
 from elasticd.manager.access import Access, Caller
 from elasticd.manager.service import CommandService
-
-
-@dataclass(frozen=True)
-class LogsArgs:
-    job: str
-    rank: int | None = None
-    cursor: dict[str, int] = field(default_factory=dict)
+from elasticd.wire import LogsArgs
 
 
 async def logs(service: CommandService, args: LogsArgs, caller: Caller) -> dict[str, Any]:

@@ -2,9 +2,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from elasticd.control.commands.base import Command, NoArgs
+from elasticd.control.commands.base import Command
 from elasticd.manager.access import Access, Caller
 from elasticd.manager.service import CommandService
+from elasticd.wire import NoArgs
 
 
 async def nodes(service: CommandService, args: NoArgs, caller: Caller) -> dict[str, Any]:

@@ -5,9 +5,10 @@ import time
 from typing import Any
 
 from elasticd import __version__
-from elasticd.control.commands.base import Command, NoArgs
+from elasticd.control.commands.base import Command
 from elasticd.manager.access import Access, Caller
 from elasticd.manager.service import CommandService
+from elasticd.wire import NoArgs
 
 
 async def ping(service: CommandService, args: NoArgs, caller: Caller) -> dict[str, Any]:

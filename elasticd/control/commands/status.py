@@ -1,16 +1,11 @@
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from elasticd.control.commands.base import Command
 from elasticd.manager.access import Access, Caller
 from elasticd.manager.service import CommandService
-
-
-@dataclass(frozen=True)
-class StatusArgs:
-    job: str | None = None
+from elasticd.wire import StatusArgs
 
 
 async def status(service: CommandService, args: StatusArgs, caller: Caller) -> dict[str, Any]:

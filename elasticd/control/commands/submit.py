@@ -3,7 +3,6 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from elasticd.control.commands.base import Command
@@ -11,8 +10,6 @@ from elasticd.errors import InvalidSpec, PermissionDenied
 from elasticd.jobs.admission import refuse_identity
 from elasticd.jobs.pathcheck import check_paths
 from elasticd.jobs.spec import (
-    DEFAULT_JOIN_TIMEOUT_S,
-    DEFAULT_LAST_CALL_S,
     EntryKind,
     JobSpec,
     NodeRange,
@@ -20,27 +17,7 @@ from elasticd.jobs.spec import (
 )
 from elasticd.manager.access import Access, Caller
 from elasticd.manager.service import CommandService
-
-
-@dataclass(frozen=True)
-class SubmitArgs:
-    entry_kind: str
-    entry: str
-    cwd: str
-    args: list[str] = field(default_factory=list)
-    python: str = ""
-    env: dict[str, str] = field(default_factory=dict)
-    nnodes: str = "1"
-    nproc_per_node: int = 1
-    max_restarts: int = 3
-    name: str | None = None
-    stop_grace_s: float | None = None
-    nodes: list[str] = field(default_factory=list)
-    last_call_s: float = DEFAULT_LAST_CALL_S
-    join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S
-    memory_limit_bytes: int | None = None
-    cpu_limit: float | None = None
-    nofile: int | None = None
+from elasticd.wire import SubmitArgs
 
 
 async def submit(service: CommandService, args: SubmitArgs, caller: Caller) -> dict[str, Any]:

@@ -1,0 +1,354 @@
+"""The control protocol's schema, the one source for ``elasticctl`` and the daemon.
+
+Every command's arguments are a frozen dataclass with their defaults: the daemon decodes a
+request into it (``elasticd.control.params.parse_args``), the CLI builds its requests from it
+(``request``) and takes its option defaults from it (``default``). Every reply is a ``TypedDict``:
+the daemon builds it, the CLI reads it, mypy checks both against the same keys, and
+``elasticd.decode`` can check a reply at run time. The job states, which of them are terminal, and
+the machine-readable fields a client needs (``JobView.waits_for``, ``JobView.code``, the error
+``code``) are here too, so no client ever has to read a message's text to decide what to do.
+
+This module imports nothing heavy (no zmq, grpc, etcd3 or psutil): a client can use it alone.
+
+No ``from __future__ import annotations`` here, on purpose: Python 3.11 computes a TypedDict's
+``__required_keys__`` wrongly when its annotations are strings, and tests read those.
+"""
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, NotRequired, TypedDict
+
+from elasticd.errors import ErrorCode
+from elasticd.jobs.spec import DEFAULT_JOIN_TIMEOUT_S, DEFAULT_LAST_CALL_S, EntryKind
+from elasticd.jobs.state import EndReason, JobState
+
+__all__ = [
+    "COMMANDS",
+    "TERMINAL_STATES",
+    "CallerView",
+    "CommandSchema",
+    "DrainArgs",
+    "DrainReply",
+    "EndReason",
+    "EntryKind",
+    "ErrorCode",
+    "ErrorReply",
+    "FailureView",
+    "GpuView",
+    "InvalidRecordView",
+    "InventoryView",
+    "JobReply",
+    "JobState",
+    "JobView",
+    "KillArgs",
+    "LogChunk",
+    "LogsArgs",
+    "LogsReply",
+    "MemberView",
+    "NoArgs",
+    "NodeView",
+    "NodesReply",
+    "PingReply",
+    "StatusArgs",
+    "StatusReply",
+    "SubmitArgs",
+    "UndrainArgs",
+    "UndrainReply",
+    "WaitsFor",
+    "default",
+    "is_terminal",
+    "request",
+]
+
+# -- job states ---------------------------------------------------------------------------------
+# ``JobState`` (its transitions are in its docstring) and ``EndReason`` (a final job's ``code``)
+# live in ``elasticd.jobs.state``; which states are terminal is decided there, once.
+TERMINAL_STATES: frozenset[JobState] = frozenset(s for s in JobState if s.terminal)
+
+
+def is_terminal(state: str | None) -> bool:
+    """Whether a reply's ``state`` is one a job never leaves."""
+    return state is not None and state in TERMINAL_STATES
+
+
+class WaitsFor(StrEnum):
+    """What a job that is not running waits for (``JobView.waits_for``; None when it waits for
+    nothing a user can act on: it is running, ended, or its round is about to close)."""
+
+    CAPACITY = "capacity"  # an allowed node has too few free slots (``short_of_capacity`` names them)
+    NODES = "nodes"  # fewer than its minimum of nodes have joined the current round
+
+
+# -- arguments ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NoArgs:
+    pass
+
+
+@dataclass(frozen=True)
+class SubmitArgs:
+    entry_kind: str  # an EntryKind value (checked by submit: a bad one is invalid_spec)
+    entry: str
+    cwd: str
+    args: list[str] = field(default_factory=list)
+    python: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    nnodes: str = "1"  # N or MIN:MAX
+    nproc_per_node: int = 1
+    max_restarts: int = 3
+    name: str | None = None
+    stop_grace_s: float | None = None  # None: the daemon's own setting
+    nodes: list[str] = field(default_factory=list)
+    last_call_s: float = DEFAULT_LAST_CALL_S
+    join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S
+    memory_limit_bytes: int | None = None
+    cpu_limit: float | None = None
+    nofile: int | None = None
+
+
+@dataclass(frozen=True)
+class StatusArgs:
+    job: str | None = None  # None: every job
+
+
+@dataclass(frozen=True)
+class KillArgs:
+    job: str
+
+
+@dataclass(frozen=True)
+class LogsArgs:
+    job: str
+    rank: int | None = None
+    cursor: dict[str, int] = field(default_factory=dict)  # from the previous reply
+
+
+@dataclass(frozen=True)
+class DrainArgs:
+    node: str
+    job: str | None = None  # None: every job of the node
+    grace_s: float | None = None
+    force: bool = False
+
+
+@dataclass(frozen=True)
+class UndrainArgs:
+    node: str
+    job: str | None = None
+
+
+def default(args: type[Any], name: str) -> Any:
+    """The default of argument ``name`` of an argument dataclass (a fresh one for lists and dicts)."""
+    for f in dataclasses.fields(args):
+        if f.name != name:
+            continue
+        if f.default is not dataclasses.MISSING:
+            return f.default
+        if f.default_factory is not dataclasses.MISSING:
+            return f.default_factory()
+        raise ValueError(f"{args.__name__}.{name} is required: it has no default")
+    raise ValueError(f"{args.__name__} has no argument {name!r}")
+
+
+def request(args: Any) -> dict[str, Any]:
+    """The ``args`` object of a request: the fields that differ from their defaults (the daemon
+    fills in the rest from the same dataclass, so older daemons still read what newer CLIs send
+    unless a new option is used)."""
+    if not dataclasses.is_dataclass(args) or isinstance(args, type):
+        raise TypeError(f"{args!r} is not an argument dataclass")
+    out = {}
+    for f in dataclasses.fields(args):
+        value = getattr(args, f.name)
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if required or value != default(type(args), f.name):
+            out[f.name] = value
+    return out
+
+
+# -- replies ------------------------------------------------------------------------------------
+class ErrorReply(TypedDict):
+    """The ``error`` of a failed reply; clients decide on ``code`` (an ErrorCode value) only."""
+
+    code: str
+    message: str
+    details: NotRequired[dict[str, Any]]
+
+
+class FailureView(TypedDict):
+    """The first failing worker (``elasticd.jobs.state.WorkerFailure.to_json``)."""
+
+    node: str
+    attempt: int
+    rank: int
+    local_rank: int
+    exit_code: int | None  # None when killed by a signal
+    signal: str | None
+    message: str
+    output_tail: str
+    oom: NotRequired[bool]  # absent in failures recorded by older daemons
+
+
+class MemberView(TypedDict):
+    node: str
+    address: str
+    group_rank: int
+    ranks: list[int]  # [first, last] global rank of the node's workers
+    state: str  # the node's agent state, or GONE when it publishes none
+    devices: str
+    pids: list[int]
+
+
+class InvalidRecordView(TypedDict):
+    key: str
+    why: str
+
+
+class JobView(TypedDict):
+    """One job, as ``submit``, ``status`` and ``kill`` show it (``elasticd.jobs.view.job_view``).
+
+    When etcd cannot be reached, ``status`` of a job this node takes part in answers with this
+    node's own view instead: ``stale`` is true and only ``id``, ``state``, ``reason``, ``round``,
+    ``devices``, ``pids``, ``failure`` and ``updated_at`` are given.
+    """
+
+    id: str
+    state: str  # a JobState value
+    reason: str  # for people: never parse it (``waits_for`` and ``code`` are for programs)
+    round: int
+    attempt: int
+    restarts: int
+    world_size: int
+    members: list[MemberView]
+    nodes: list[str]
+    waiting_nodes: list[str]  # nodes that asked to join the running job at its next round
+    node_states: dict[str, str]
+    master: str  # host:port, "" before the first round closed
+    devices: str  # this node's devices for the job
+    pids: list[int]  # this node's live workers
+    ended_at: float | None
+    code: str | None  # an EndReason value once the job ended (or has an invalid record)
+    waits_for: WaitsFor | None
+    short_of_capacity: list[str]  # nodes allowed to take part that lack free slots now
+    invalid_records: NotRequired[list[InvalidRecordView]]
+    name: NotRequired[str]  # this and the rest up to ``allowed_nodes``: when the spec is readable
+    user: NotRequired[str]
+    max_restarts: NotRequired[int]
+    nnodes: NotRequired[str]
+    nproc_per_node: NotRequired[int]
+    argv: NotRequired[list[str]]
+    submitted_at: NotRequired[float]
+    submitted_on: NotRequired[str]
+    allowed_nodes: NotRequired[list[str]]
+    failure: NotRequired[FailureView | None]
+    error: NotRequired[str]  # FAILED jobs only
+    stale: NotRequired[bool]
+    updated_at: NotRequired[float]
+
+
+class JobReply(TypedDict):
+    """``kill``, and ``status`` of one job."""
+
+    job: JobView
+
+
+class StatusReply(TypedDict, total=False):
+    """``status``: ``job`` when one was asked for, ``jobs`` (oldest first) otherwise."""
+
+    job: JobView
+    jobs: list[JobView]
+
+
+class LogChunk(TypedDict):
+    attempt: int
+    rank: int
+    text: str  # whole lines, unless the job ended
+
+
+class LogsReply(TypedDict):
+    chunks: list[LogChunk]
+    cursor: dict[str, int]  # pass it back to get what follows
+    state: str | None  # the job's JobState value
+    node: str | None
+
+
+class GpuView(TypedDict):
+    index: int
+    uuid: str
+    name: str
+    memory_mib: int
+
+
+class InventoryView(TypedDict):
+    kind: str
+    slots: int
+    gpus: list[GpuView]
+
+
+class NodeView(TypedDict):
+    """A live node (``elasticd.node.registry.NodeRecord.to_json``)."""
+
+    node: str
+    slots: int
+    host: str
+    version: str
+    address: str
+    inventory: InventoryView
+    free_slots: int
+    free_devices: str
+    jobs: list[str]
+    draining: bool
+
+
+class NodesReply(TypedDict):
+    nodes: list[NodeView]
+
+
+class DrainReply(TypedDict):
+    node: str
+    job: str | None
+    jobs: list[str]  # running jobs the node leaves
+    forced: bool  # some job went below its minimum (``force``)
+
+
+class UndrainReply(TypedDict):
+    node: str
+    job: str | None
+
+
+class CallerView(TypedDict):
+    uid: int
+    gid: int
+    user: str
+
+
+class PingReply(TypedDict):
+    node: str
+    version: str
+    pid: int
+    uptime_s: float
+    etcd: list[str]
+    embedded_etcd: bool
+    you: CallerView
+
+
+# -- the commands -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CommandSchema:
+    """What a command takes and what it answers (a TypedDict); its handler and who may call it
+    are the daemon's business (``elasticd.control.commands``)."""
+
+    args: type[Any]
+    reply: type[Any]
+
+
+COMMANDS: dict[str, CommandSchema] = {
+    "ping": CommandSchema(NoArgs, PingReply),
+    "submit": CommandSchema(SubmitArgs, JobView),
+    "status": CommandSchema(StatusArgs, StatusReply),
+    "kill": CommandSchema(KillArgs, JobReply),
+    "logs": CommandSchema(LogsArgs, LogsReply),
+    "nodes": CommandSchema(NoArgs, NodesReply),
+    "drain": CommandSchema(DrainArgs, DrainReply),
+    "undrain": CommandSchema(UndrainArgs, UndrainReply),
+}
