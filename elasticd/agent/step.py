@@ -55,7 +55,7 @@ def step(rec: AgentRecord, view: View | None, local: Local, now: float) -> tuple
     """One decision. ``view`` is None before a read: the step then says what to read (or acts on
     what needs no read: a fence, an unreachable store)."""
     s = _Step(rec, local, now)
-    if view is None:
+    if view is None or rec.fenced:  # a fence since the read: stop first, read again later
         s.before_read()
     elif isinstance(view, Glance):
         s.after_glance(view)
@@ -99,7 +99,8 @@ class _Step:
             if rec.etcd_down_since is None:
                 self._set(etcd_down_since=self.now)
             if rec.leave is not None:  # nobody to tell: peers will see our lease expire
-                self._stop(rec.spec.stop_grace_s)
+                grace = rec.leave.grace_s
+                self._stop(grace if grace is not None else rec.spec.stop_grace_s)
                 self._do(Exit("the store is unreachable while leaving"))
                 return
             self._do(Wait(self.now + ETCD_RETRY_S))  # workers keep running meanwhile
@@ -125,6 +126,7 @@ class _Step:
         self._do(ReadSnapshot(rec.round if running else None))
 
     def after_glance(self, glance: Glance) -> None:
+        self._set(etcd_down_since=None)
         rec = self.rec
         if glance.quiet(rec.joined_round, rec.node):
             self._do(Wait())
@@ -163,8 +165,8 @@ class _Step:
             self._outside_running_round(snap, result)
             return
         if self.rec.fenced_round == snap.current:
-            # Our workers of this round were fenced: the round cannot go on without them.
-            self._set(fenced_round=-1)
+            # Our workers of this round were fenced: the round cannot go on without them. (Until
+            # the round moves, this is asked again: a bump cut short by an outage is retried.)
             self._event(snap, seen.alive, RoundReason.MEMBER_LOST, f"node {self.rec.node} was fenced")
             return
         if self.rec.round != snap.current:
@@ -227,7 +229,8 @@ class _Step:
         """The round runs without us: wait to join at the next one if the job can grow."""
         rec = self.rec
         self._stop(rec.grace(snap))
-        if rec.node in {j.node for j in snap.current_joins}:
+        # (A joiner that read this round's joins only counted knows it joined from its record.)
+        if rec.joined_round == snap.current or rec.node in {j.node for j in snap.current_joins}:
             self._do(Withdraw(snap.current))
         if len(result.members) >= rec.spec.nnodes.max:
             self._do(Exit("the job runs with every node it can use", "agent.not_needed"))
@@ -321,7 +324,7 @@ class _Step:
         assert leave is not None
         result = snap.result
         next_round = snap.current + 1
-        if result is not None and self.rec.node in result.nodes and self.rec.round == snap.current:
+        if result is not None and self.rec.node in result.nodes:
             self._event(snap, alive, leave.reason, leave.detail, grace_s=leave.grace_s)
         elif result is None:
             next_round = snap.current  # the round is still filling: it must not wait for us

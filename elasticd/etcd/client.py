@@ -246,6 +246,7 @@ class EtcdClient:
                 )
                 if q.oldest_only:
                     request.limit = 1  # (etcd3 0.12 accepts a limit argument but never sets it)
+                request.count_only = q.count_only  # (nor this one: it would send every key)
                 ops.append(etcd3.etcdrpc.RequestOp(request_range=request))
             response = c.kvstub.Txn(
                 etcd3.etcdrpc.TxnRequest(compare=[], success=ops, failure=[]),

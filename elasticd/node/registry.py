@@ -14,18 +14,20 @@ those workers first) and registers anew with a fresh lease.
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from elasticd import __version__, log
 from elasticd.aio import wait_event
 from elasticd.decode import DecodeError, decode, parse_json, report_invalid
 from elasticd.errors import EtcdUnavailable
-from elasticd.etcd.client import EtcdClient
 from elasticd.etcd.keys import Keys
+from elasticd.etcd.kv import KV
 from elasticd.etcd.types import KeyValue
 from elasticd.jobs.spec import valid_job_id, valid_node_id
 from elasticd.node.inventory import Gpu
@@ -33,6 +35,8 @@ from elasticd.rendezvous.model import DrainRecord
 from elasticd.workers.reaper import Reaper
 
 _log = log.get("elasticd.registry")
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -103,7 +107,7 @@ def parse_node_drain(keys: Keys, kv: KeyValue) -> DrainRecord:
 class NodeRegistry:
     def __init__(
         self,
-        etcd: EtcdClient,
+        etcd: KV,
         keys: Keys,
         node_id: str,
         ttl_s: float,
@@ -122,6 +126,12 @@ class NodeRegistry:
         self.on_granted: Callable[[], None] = lambda: None
         self._dirty = asyncio.Event()
         self._published: dict[str, Any] | None = None  # the record as last written
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"lease-{node_id}")
+
+    async def _lease_call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a lease call on the lease's own thread: calls of the jobs' agents, however slow or
+        many, queue on the default executor and can never delay a keep-alive into a self-fence."""
+        return await asyncio.get_running_loop().run_in_executor(self._thread, functools.partial(fn, *args))
 
     @property
     def margin_s(self) -> float:
@@ -155,9 +165,9 @@ class NodeRegistry:
 
     async def _register(self) -> None:
         sent = time.monotonic()
-        lease = await asyncio.to_thread(self._etcd.grant_lease, self.ttl_s)
+        lease = await self._lease_call(self._etcd.grant_lease, self.ttl_s)
         record = self.full_record()
-        await asyncio.to_thread(self._etcd.put_json, self._keys.node(self.node_id), record, lease)
+        await self._lease_call(self._etcd.put_json, self._keys.node(self.node_id), record, lease)
         self._published = record
         self.lease_id = lease
         self._extend(sent, self.ttl_s)
@@ -195,7 +205,7 @@ class NodeRegistry:
                     continue
                 if time.monotonic() >= next_keepalive or failing_since is not None:
                     sent = time.monotonic()
-                    remaining = await asyncio.to_thread(self._etcd.refresh_lease, self.lease_id)
+                    remaining = await self._lease_call(self._etcd.refresh_lease, self.lease_id)
                     if remaining <= 0:
                         self._lost("etcd says the lease expired")
                         await self._register()
@@ -204,7 +214,7 @@ class NodeRegistry:
                     next_keepalive = sent + interval
                 record = self.full_record()
                 if record != self._published:
-                    await asyncio.to_thread(
+                    await self._lease_call(
                         self._etcd.put_json, self._keys.node(self.node_id), record, self.lease_id
                     )
                     self._published = record
@@ -222,11 +232,11 @@ class NodeRegistry:
                 await asyncio.sleep(min(0.2, interval))  # retry soon: the deadline is near
 
     async def stop(self) -> None:
-        if self.lease_id is None:
-            return
-        try:
-            await asyncio.to_thread(self._etcd.revoke_lease, self.lease_id)
-            _log.info("lease.revoked", node=self.node_id, lease=self.lease_id)
-        except EtcdUnavailable as exc:
-            _log.warning("lease.revoke_failed", node=self.node_id, error=str(exc))
-        self.lease_id = None
+        if self.lease_id is not None:
+            try:
+                await self._lease_call(self._etcd.revoke_lease, self.lease_id)
+                _log.info("lease.revoked", node=self.node_id, lease=self.lease_id)
+            except EtcdUnavailable as exc:
+                _log.warning("lease.revoke_failed", node=self.node_id, error=str(exc))
+            self.lease_id = None
+        self._thread.shutdown(wait=False)

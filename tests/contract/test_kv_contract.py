@@ -8,45 +8,20 @@ with the behaviours only a fake clock or a simulated outage can show.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 
 import pytest
 
 from elasticd.errors import ElasticdError, EtcdUnavailable
-from elasticd.etcd.client import EtcdClient
 from elasticd.etcd.kv import KV
 from elasticd.etcd.memory import MemoryKV
 from elasticd.etcd.types import Compare, Found, KeyValue, Put, Query
-from tests.support import EtcdServer, unique, wait_for
+from tests.support import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
 WAIT_S = 10.0
 # etcd3's watch thread dies with a ValueError when the client closes its channel (at teardown).
 CLOSED_WATCH = pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
-
-
-@pytest.fixture(params=["memory", "etcd"])
-def kv(request: pytest.FixtureRequest) -> Iterator[KV]:
-    if request.param == "memory":
-        yield MemoryKV()
-        return
-    server: EtcdServer = request.getfixturevalue("etcd_server")
-    before = set(threading.enumerate())
-    client = EtcdClient([server.endpoint])
-    yield client
-    client.close()
-    for thread in set(threading.enumerate()) - before:  # its watch thread ends within this test
-        if thread.name.startswith("etcd3_watch"):
-            thread.join(WAIT_S)
-
-
-@pytest.fixture
-def base(kv: KV) -> Iterator[str]:
-    """A key prefix of this test's own; removed afterwards (the real etcd lives for the session)."""
-    prefix = f"/contract/{unique('kv')}"
-    yield prefix
-    kv.delete_prefix(prefix + "/")
 
 
 class Events:

@@ -1,4 +1,5 @@
-"""Permission checks live in one place (elasticd.control.access); every command declares its level."""
+"""Permission checks live in one place (elasticd.manager.access, applied by
+CommandService.authorize); every command declares its level."""
 
 from __future__ import annotations
 

@@ -19,6 +19,33 @@ def test_daemon_and_cli_do_not_import_torch() -> None:
     assert out.stdout.strip() == "False"
 
 
+PURE = (
+    "elasticd.agent.step",
+    "elasticd.agent.record",
+    "elasticd.agent.actions",
+    "elasticd.rendezvous.snapshot",
+    "elasticd.rendezvous.decider",
+    "elasticd.rendezvous.model",
+    "elasticd.rendezvous.store",
+    "elasticd.etcd.keys",
+    "elasticd.etcd.kv",
+    "elasticd.etcd.memory",
+    "elasticd.etcd.types",
+    "elasticd.jobs.admission",
+    "elasticd.jobs.view",
+    "elasticd.jobs.decider",
+    "elasticd.wire",
+)
+HEAVY = ("etcd3", "grpc", "zmq", "google.protobuf", "psutil", "torch")
+
+
+@pytest.mark.parametrize("module", PURE)
+def test_pure_modules_import_without_etcd_grpc_or_zmq(module: str) -> None:
+    code = f"import sys, {module}; print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]", f"{module} loads {out.stdout.strip()}"
+
+
 def test_socket_path_env_root_and_user(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ELASTICD_SOCKET", "/tmp/x.sock")
     assert address.default_socket_path() == Path("/tmp/x.sock")

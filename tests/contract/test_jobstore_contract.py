@@ -1,0 +1,145 @@
+"""The ``JobStore`` contract: the same tests against ``EtcdJobStore`` (a real etcd) and
+``InlineJobStore`` over ``MemoryKV``. Every write that must not race is won exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import pytest
+
+from elasticd.etcd.keys import Keys
+from elasticd.etcd.kv import KV
+from elasticd.etcd.memory import MemoryKV
+from elasticd.jobs.state import EndReason, JobState, WorkerFailure
+from elasticd.rendezvous import decider as rdzv
+from elasticd.rendezvous.model import Join, RoundInfo, RoundReason
+from elasticd.rendezvous.store import EtcdJobStore, InlineJobStore, JobStore, Seen
+from tests.fakes import JOB, make_spec
+
+pytestmark = pytest.mark.timeout(60)
+T = TypeVar("T")
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+@pytest.fixture
+def store(kv: KV, base: str) -> JobStore:
+    keys = Keys(base)
+    return InlineJobStore(kv, keys, JOB) if isinstance(kv, MemoryKV) else EtcdJobStore(kv, keys, JOB)
+
+
+def _join(node: str, port: int = 29500) -> Join:
+    return Join(node, "127.0.0.1", port, 2)
+
+
+def test_a_job_is_created_once(store: JobStore) -> None:
+    assert run(store.create(make_spec()))
+    assert not run(store.create(make_spec()))
+    snap = run(store.snapshot())
+    assert snap.spec == make_spec() and snap.current == 0 and snap.restarts == 0 and not snap.invalid
+
+
+def test_joins_are_ordered_by_arrival_and_the_oldest_leads(store: JobStore, kv: KV) -> None:
+    run(store.create(make_spec()))
+    lease = kv.grant_lease(30)
+    for node in ("n3", "n1", "n2"):
+        run(store.join(0, _join(node), lease))
+    snap = run(store.snapshot())
+    assert [j.node for j in snap.current_joins] == ["n3", "n1", "n2"]
+    assert all(j.lease == lease for j in snap.current_joins)
+    glance = run(store.glance(0, "n2"))
+    assert glance.leader == "n3" and glance.joined and not glance.closed and glance.quiet(0, "n2")
+    assert not run(store.glance(0, "n3")).quiet(0, "n3")  # the leader is never quiet
+
+
+def test_a_counted_snapshot_counts_joins_without_reading_them(store: JobStore, kv: KV) -> None:
+    run(store.create(make_spec()))
+    lease = kv.grant_lease(30)
+    run(store.join(0, _join("n1"), lease))
+    run(store.join(0, _join("n2"), lease))
+    snap = run(store.snapshot(joins_counted_of=0))
+    assert snap.join_counts == {0: 2} and snap.current_joins == [] and snap.spec is not None
+
+
+def test_a_round_result_is_written_once_and_never_after_the_end(store: JobStore, kv: KV) -> None:
+    run(store.create(make_spec()))
+    lease = kv.grant_lease(30)
+    run(store.join(0, _join("n1"), lease))
+    joins = run(store.snapshot()).current_joins
+    result = rdzv.build_result(0, joins, 1.0)
+    assert run(store.close(result))
+    assert not run(store.close(rdzv.build_result(0, joins, 2.0)))
+    assert run(store.snapshot()).result == result
+    assert run(store.glance(0, "n1")).closed
+    run(store.finalize(JobState.KILLED, EndReason.KILLED, "by u"))
+    late = rdzv.build_result(1, joins, 3.0)
+    assert not run(store.close(late))
+
+
+def test_a_bump_wins_once_per_observed_revision_and_spends_with_it(store: JobStore) -> None:
+    run(store.create(make_spec()))
+    seen = Seen.of(run(store.snapshot()))
+    info = RoundInfo(1, RoundReason.WORKER_FAILED, 5.0, (), "rank 1 failed")
+    assert run(store.bump(seen, info, spend=True))
+    assert not run(store.bump(seen, info, spend=True))  # a second observer of the same event
+    snap = run(store.snapshot())
+    assert snap.current == 1 and snap.restarts == 1 and snap.round == info
+    assert run(store.bump(Seen.of(snap), RoundInfo(2, RoundReason.SCALE_UP, 6.0), spend=False))
+    assert run(store.snapshot()).restarts == 1
+
+
+def test_a_job_ends_once_and_no_round_moves_after(store: JobStore) -> None:
+    run(store.create(make_spec()))
+    seen = Seen.of(run(store.snapshot()))
+    failure = WorkerFailure.from_exit(
+        node="n1", attempt=0, rank=1, local_rank=1, returncode=1, message="", tail=""
+    )
+    assert run(store.finalize(JobState.FAILED, EndReason.WORKER_FAILED, "first", failure.to_json()))
+    assert not run(store.finalize(JobState.SUCCEEDED, EndReason.SUCCEEDED, "second"))
+    assert not run(store.bump(seen, RoundInfo(1, RoundReason.MEMBER_LOST, 1.0), spend=True))
+    final = run(store.snapshot()).final
+    assert final is not None and final.reason == "first" and final.code is EndReason.WORKER_FAILED
+
+
+def test_node_records_under_a_lease_go_with_it(store: JobStore, kv: KV) -> None:
+    run(store.create(make_spec()))
+    lease = kv.grant_lease(30)
+    run(store.join(0, _join("n1"), lease))
+    run(store.set_waiting("n2", lease))
+    status = {"state": "RUNNING", "round": 0, "devices": "", "pids": [7], "updated_at": 1.0}
+    run(store.put_node_status("n1", status, lease))
+    run(store.note_pending("n3", "no free slots", lease))
+    snap = run(store.snapshot())
+    assert snap.waiting and snap.node_status and snap.pending == {"n3": "no free slots"}
+    assert run(store.join_of(0, "n1")) is not None
+    run(store.revoke(lease))
+    snap = run(store.snapshot())
+    assert not snap.current_joins and not snap.waiting and not snap.node_status and not snap.pending
+
+
+def test_done_left_withdraw_and_old_rounds_forgotten(store: JobStore, kv: KV) -> None:
+    run(store.create(make_spec()))
+    lease = kv.grant_lease(30)
+    for r in range(4):
+        run(store.join(r, _join("n1"), lease))
+    run(store.mark_done(3, "n1"))
+    run(store.mark_left(3, "n2"))
+    run(store.withdraw(3, "n1"))
+    run(store.forget_rounds_before(3))  # keeps round 2 (stable ranks) and later
+    snap = run(store.snapshot())
+    assert sorted(snap.joins) == [2] and snap.done == {3: {"n1"}} and snap.left == {3: {"n2"}}
+
+
+def test_an_unreadable_final_is_replaced_once(store: JobStore, kv: KV, base: str) -> None:
+    run(store.create(make_spec()))
+    kv.put_json(Keys(base).job_final(JOB), "not a record")
+    snap = run(store.snapshot())
+    assert snap.final_invalid is not None
+    assert run(store.fail_invalid(snap))
+    assert not run(store.fail_invalid(snap))  # only that exact revision is replaced
+    final = run(store.snapshot()).final
+    assert final is not None and final.code is EndReason.INVALID_RECORD

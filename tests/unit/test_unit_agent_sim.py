@@ -1,0 +1,237 @@
+"""Several nodes' agents, each stepped by its own executor, sharing one store: random faults, and
+the protocol's invariants checked after every step (the simulator is ``tests.agent_sim``).
+
+1. One result per round: a round's result, once written, never changes (and is the current
+   round's, with MIN..MAX members).
+2. No two rounds with live workers at once: every RUNNING fake group belongs to one round.
+3. Budget spent once per event: each round moves ``restarts`` by one exactly when its reason
+   spends, never past ``max_restarts``, never more in all than the events that may spend (a
+   failure, a node lost, a node that left without being heard), and a failure opens one round.
+4. Ranks stable: survivors of the previous result come first, in their old order; ranks are
+   contiguous from 0 (``RoundResult`` refuses anything else).
+5. At rest: after the faults, with no more of them, the job ends (and no agent is left) or runs
+   its current round on every member, each agent in a state the store agrees with.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from elasticd.agent import actions as act
+from elasticd.jobs.decider import GroupOutcome
+from elasticd.jobs.spec import JobSpec, NodeRange
+from elasticd.jobs.state import JobState
+from elasticd.rendezvous.model import FinalRecord, RoundInfo, RoundReason, RoundResult
+from tests import fakes
+from tests.agent_sim import KEYS, Checker, Daemon, Node, Sim
+
+
+def make_spec(nnodes: tuple[int, int] = (2, 4), max_restarts: int = 3) -> JobSpec:
+    return fakes.make_spec(
+        nnodes=NodeRange(*nnodes), max_restarts=max_restarts, stop_grace_s=1.0, last_call_s=0.5,
+        join_timeout_s=5.0,
+    )  # fmt: skip
+
+
+class Invariants(Checker):
+    """Invariants 1-4: every write of the job (a watch on its prefix) and every start of workers,
+    checked as they come. Watch callbacks must not raise (MemoryKV logs and drops what they
+    raise): violations are kept, and raised after the step."""
+
+    def __init__(self, sim: Sim) -> None:
+        self.sim = sim
+        self.rounds: dict[int, RoundInfo] = {}
+        self.results: dict[int, RoundResult] = {}
+        self.restarts = 0
+        self.spent = 0
+        self.final: FinalRecord | None = None
+        self.failures: set[tuple[str, int]] = set()
+        self.violations: list[str] = []
+        sim.checker = self
+        sim.kv.watch_prefix(KEYS.job(sim.spec.id), self._on_change, lambda: None)
+
+    def bad(self, text: str) -> None:
+        self.violations.append(text)
+        self.sim.note(f"VIOLATION {text}")
+
+    def check(self) -> None:
+        if self.violations:
+            raise AssertionError("; ".join(self.violations) + "\n" + "\n".join(self.sim.trace))
+
+    def after(self, node: Node, action: act.Action) -> None:
+        if not isinstance(action, act.StartWorkers):
+            return
+        result = action.result
+        if self.results.get(result.round) != result or result.member(node.name) != action.member:
+            self.bad(f"{node.name} started workers of {result}, not of the stored result")
+        running = {
+            n.name: n.group.round
+            for n in self.sim.nodes
+            if n.group and n.group.outcome is GroupOutcome.RUNNING
+        }
+        if len(set(running.values())) > 1:
+            self.bad(f"workers of two rounds run at once: {running}")
+
+    def _on_change(self, key: str, deleted: bool) -> None:
+        kv = None if deleted else self.sim.kv.get(key)
+        try:
+            kind = KEYS.parse(key).kind.value
+            if kv is not None and kind == "round":
+                self._round(RoundInfo.from_json(kv.json()))
+            elif kv is not None and kind == "result":
+                self._result(RoundResult.from_json(kv.json()))
+            elif kv is not None and kind == "final":
+                self._final(FinalRecord.from_json(kv.json()))
+            elif kv is not None and kind == "restarts" and kv.json() != self.restarts:
+                self.bad(f"restarts written as {kv.json()} apart from a round (at {self.restarts})")
+        except Exception as exc:  # a record that does not read back is a violation too
+            self.bad(f"{key}: {exc!r}")
+
+    def _round(self, info: RoundInfo) -> None:
+        spec, r = self.sim.spec, info.round
+        stored = self.sim.kv.get(KEYS.job_restarts(spec.id))
+        now = stored.json() if stored is not None else -1
+        if r in self.rounds or (r > 0 and r - 1 not in self.rounds):
+            self.bad(f"round {r} opened after rounds {sorted(self.rounds)}")
+        if now - self.restarts != int(info.reason.spends_budget):
+            self.bad(f"round {r} ({info.reason.value}) moved restarts from {self.restarts} to {now}")
+        self.spent += max(0, now - self.restarts)
+        self.restarts = now
+        if now > spec.max_restarts:
+            self.bad(f"restarts {now} > max_restarts {spec.max_restarts}")
+        if self.spent > self.sim.spending:
+            self.bad(f"{self.spent} restarts spent for {self.sim.spending} events that may spend")
+        if info.reason is RoundReason.WORKER_FAILED and info.failure is not None:
+            failed = (str(info.failure["node"]), int(info.failure["attempt"]))
+            if failed in self.failures:
+                self.bad(f"the failure {failed} opened two rounds")
+            self.failures.add(failed)
+        self.rounds[r] = info
+        self.sim.note(f"round {r} opened: {info.reason.value}, restarts {now}, expect {list(info.expect)}")
+
+    def _result(self, result: RoundResult) -> None:
+        r, nnodes = result.round, self.sim.spec.nnodes
+        old = self.results.get(r)
+        if old is not None and old != result:
+            self.bad(f"the result of round {r} changed from {old.nodes} to {result.nodes}")
+        if old is not None:
+            return
+        if r != max(self.rounds):
+            self.bad(f"round {r} closed while round {max(self.rounds)} is current")
+        if not nnodes.min <= len(result.members) <= nnodes.max:
+            self.bad(f"round {r} closed with {len(result.members)} members ({nnodes})")
+        prev = max((k for k in self.results if k < r), default=None)
+        survivors = [n for n in self.results[prev].nodes if n in result.nodes] if prev is not None else []
+        if list(result.nodes[: len(survivors)]) != survivors:
+            self.bad(f"round {r}'s ranks {result.nodes} do not keep the survivors' order {survivors}")
+        self.results[r] = result
+        self.sim.note(f"round {r} closed: {list(result.nodes)}")
+
+    def _final(self, final: FinalRecord) -> None:
+        if self.final is not None and self.final != final:
+            self.bad(f"the final record changed from {self.final} to {final}")
+        self.final = final
+        self.sim.note(f"final: {final.state.value} {final.code.value}: {final.reason}")
+        if final.code.setup and not any(n.broken_setup for n in self.sim.nodes):
+            self.bad(f"the job ended {final.code.value} with no setup failure")
+        if final.state is JobState.SUCCEEDED:
+            snap = self.sim.snapshot()
+            done = snap.done.get(snap.current, set())
+            if snap.result is None or not set(snap.result.nodes) <= done:
+                self.bad(f"SUCCEEDED with round {snap.current}'s members not all done ({done})")
+
+
+def new_sim(spec: JobSpec, initial: int = 3, pool: int = 5) -> tuple[Sim, Invariants]:
+    sim = Sim(spec, initial, pool)
+    checks = Invariants(sim)
+    sim.submit()
+    return sim, checks
+
+
+# -- invariant 5 ------------------------------------------------------------------------------------
+def unsettled(sim: Sim) -> str | None:
+    """None if the job is at rest and every agent agrees with the store; else what is not."""
+    snap = sim.snapshot()
+    if any(n.group is not None and n.agent is None for n in sim.nodes):
+        return "workers run without an agent"
+    if snap.ended:
+        busy = [n.name for n in sim.nodes if n.agent is not None]
+        return f"the job ended but {busy} still take part" if busy else None
+    result = snap.result
+    if result is None:
+        return f"round {snap.current} is still open"
+    for node in sim.nodes:
+        agent, group, member = node.agent, node.group, node.name in result.nodes
+        if member and (agent is None or node.daemon is not Daemon.UP):
+            return f"member {node.name} of round {snap.current} has no agent"
+        if agent is None:
+            continue
+        rec = agent.rec
+        if not member and (rec.state.value != "WAITING" or node.name not in snap.waiting):
+            return f"{node.name} is {rec.state.value} outside round {snap.current}"
+        if not member:
+            continue
+        want = GroupOutcome.SUCCEEDED if rec.state.value == "DONE" else GroupOutcome.RUNNING
+        if rec.state.value not in ("RUNNING", "DONE") or rec.round != snap.current:
+            return f"member {node.name} is {rec.state.value} in round {rec.round}, not {snap.current}"
+        if group is None or group.round != snap.current or group.outcome is not want:
+            return f"member {node.name} ({rec.state.value}) has workers {group}"
+    return None
+
+
+def settle(sim: Sim, ticks: int = 80) -> None:
+    """Heal every link, then tick with no faults until the job is at rest for two ticks."""
+    sim.heal()
+    calm = 0
+    for _ in range(ticks):
+        sim.tick()
+        calm = calm + 1 if unsettled(sim) is None else 0
+        if calm >= 2:
+            return
+        sim.advance(0.5)
+    raise AssertionError(f"the job never came to rest: {unsettled(sim)}\n" + "\n".join(sim.trace))
+
+
+# -- the property -----------------------------------------------------------------------------------
+POOL = 5
+NODE = st.integers(0, POOL - 1)
+EVENTS = st.one_of(
+    st.tuples(st.just("fail"), NODE, st.sampled_from([1, -9])),
+    st.tuples(st.just("succeed"), NODE),
+    st.tuples(st.just("crash"), NODE, st.booleans()),
+    st.tuples(st.just("restart"), NODE),
+    st.tuples(st.just("drain"), NODE, st.sampled_from([None, 1.0, 2.0])),
+    st.tuples(st.just("stop"), NODE),
+    st.tuples(st.just("outage"), NODE, st.integers(1, 4)),
+    st.tuples(st.just("partition"), NODE, st.sampled_from([0.5, 1.0, 2.0, 3.0])),
+    st.tuples(st.just("arrive")),
+    st.tuples(st.just("break_setup"), NODE),
+    st.just(("advance", 0.0)),
+    st.just(("advance", 0.0)),
+)
+TICKS = st.tuples(EVENTS, st.sampled_from([0.0, 0.1, 0.25, 0.5]), st.permutations(range(POOL)))
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    nnodes=st.sampled_from([(1, 3), (2, 4), (2, 3)]),
+    max_restarts=st.integers(2, 4),
+    initial=st.integers(1, 4),
+    ticks=st.lists(TICKS, max_size=40),
+)
+def test_random_faults_keep_the_invariants(
+    nnodes: tuple[int, int],
+    max_restarts: int,
+    initial: int,
+    ticks: list[tuple[tuple[Any, ...], float, list[int]]],
+) -> None:
+    sim, _ = new_sim(make_spec(nnodes, max_restarts), initial, POOL)
+    for (name, *args), dt, order in ticks:
+        sim.note(f"event {name} {args}")
+        getattr(sim, name)(*args)
+        sim.tick(order)
+        sim.advance(dt)
+    settle(sim)

@@ -1,0 +1,71 @@
+"""The janitor: one node, elected by a key under its lease, does the cluster-wide clean-up."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from elasticd.etcd.keys import Keys
+from elasticd.etcd.memory import MemoryKV
+from elasticd.jobs.spec import NodeRange
+from elasticd.jobs.state import EndReason, JobState
+from elasticd.manager.janitor import Janitor
+from elasticd.rendezvous import decider as rdzv
+from elasticd.rendezvous.model import Join
+from elasticd.rendezvous.store import InlineJobStore, JobStore, run_inline
+from tests.fakes import JOB, make_spec
+
+pytestmark = pytest.mark.timeout(30)
+KEYS = Keys("/x")
+
+
+def janitor(kv: MemoryKV, node: str) -> Janitor:
+    def store_of(job: str) -> JobStore:
+        return InlineJobStore(kv, KEYS, job)
+
+    return Janitor(kv, KEYS, node, store_of)
+
+
+def test_one_node_is_elected_and_the_next_takes_over_when_its_lease_goes() -> None:
+    kv = MemoryKV()
+    a, b = janitor(kv, "a"), janitor(kv, "b")
+    lease_a, lease_b = kv.grant_lease(30), kv.grant_lease(30)
+    assert asyncio.run(a.elected(lease_a))
+    assert not asyncio.run(b.elected(lease_b))
+    assert asyncio.run(a.elected(lease_a))  # it keeps the role
+    kv.revoke_lease(lease_a)  # its node died or stopped
+    assert asyncio.run(b.elected(lease_b))
+    assert not asyncio.run(a.elected(kv.grant_lease(30)))  # back with a new lease: not janitor
+
+
+def test_a_job_whose_every_member_is_gone_is_restarted_once_then_failed() -> None:
+    kv = MemoryKV()
+    store = InlineJobStore(kv, KEYS, JOB)
+    run_inline(store.create(make_spec(nnodes=NodeRange(1, 1), max_restarts=1)))
+    lease = kv.grant_lease(30)
+    run_inline(store.join(0, Join("n1", "127.0.0.1", 29500, 2), lease))
+    run_inline(store.close(rdzv.build_result(0, run_inline(store.snapshot()).current_joins, 1.0)))
+    kv.revoke_lease(lease)  # the only member's daemon died
+    j = janitor(kv, "n2")
+    snaps = {JOB: run_inline(store.snapshot())}
+    asyncio.run(j.sweep(snaps))
+    asyncio.run(j.sweep(snaps))  # a second sweep of the same snapshot changes nothing
+    snap = run_inline(store.snapshot())
+    assert snap.current == 1 and snap.restarts == 1 and snap.final is None
+    run_inline(store.join(1, Join("n1", "127.0.0.1", 29501, 2), lease2 := kv.grant_lease(30)))
+    run_inline(store.close(rdzv.build_result(1, run_inline(store.snapshot()).current_joins, 2.0)))
+    kv.revoke_lease(lease2)
+    asyncio.run(j.sweep({JOB: run_inline(store.snapshot())}))
+    final = run_inline(store.snapshot()).final
+    assert final is not None and final.state is JobState.FAILED and final.code is EndReason.NODES_LOST
+
+
+def test_a_job_with_an_invalid_record_is_failed_naming_the_key() -> None:
+    kv = MemoryKV()
+    store = InlineJobStore(kv, KEYS, JOB)
+    run_inline(store.create(make_spec()))
+    kv.put_json(KEYS.job(JOB) + "rdzv/0/result", {"garbage": True})
+    asyncio.run(janitor(kv, "n1").sweep({JOB: run_inline(store.snapshot())}))
+    final = run_inline(store.snapshot()).final
+    assert final is not None and final.code is EndReason.INVALID_RECORD and "rdzv/0/result" in final.reason
