@@ -338,3 +338,32 @@ def wait_round(out: Path, round_no: int, world: int, timeout_s: float = 30) -> l
             f"{world} workers of round {round_no}",
         )
     )
+
+
+def log_events(daemon: DaemonProc, name: str | None = None, **fields: Any) -> list[dict[str, Any]]:
+    """The daemon's JSON log events in the order it wrote them: every one, or those named ``name``
+    whose fields have these values (``job=..., round=1``)."""
+    found = []
+    for line in daemon.log_text().splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:  # not JSON, or a line still being written
+            continue
+        if not isinstance(event, dict) or (name is not None and event.get("event") != name):
+            continue
+        if all(event.get(k) == v for k, v in fields.items()):
+            found.append(event)
+    return found
+
+
+def wait_log(daemon: DaemonProc, name: str, timeout_s: float = 30.0, **fields: Any) -> dict[str, Any]:
+    """Wait until the daemon has logged event ``name`` with these field values; the first such event."""
+    what = f"{daemon.node_id} to log {name} {fields}"
+    return dict(wait_for(lambda: log_events(daemon, name, **fields), timeout_s, 0.05, what)[0])
+
+
+def wait_job(
+    daemon: DaemonProc, job_id: str, done: Callable[[dict[str, Any]], Any], what: str, timeout_s: float = 30.0
+) -> dict[str, Any]:
+    """Wait until ``done(status)`` holds for the job's status as ``daemon`` reports it; that status."""
+    return dict(wait_for(lambda: v if done(v := daemon.job(job_id)) else None, timeout_s, 0.1, what))

@@ -15,9 +15,12 @@ from tests.support import (
     REPO,
     DaemonProc,
     alive_pid,
+    log_events,
     start_cluster,
     submit_job,
     wait_for,
+    wait_job,
+    wait_log,
     wait_round,
     worker_records,
 )
@@ -42,10 +45,16 @@ def test_drain_refuses_below_min_then_force_and_undrain(
     assert view["restarts"] == 0  # leaving is not a failure
     nodes = {n["node"]: n for n in a.call("nodes")["nodes"]}
     assert nodes[b.node_id]["draining"] is True and "draining" in a.ctl("nodes").stdout
-    time.sleep(1.0)
+    # a has joined round 1 (or it closed, which the asserts below then reject).
+    joined = "1 of 2 node(s) joined round 1"
+    view = wait_job(a, job, lambda v: v["state"] != "RESTARTING" or joined in v["reason"],
+                    "a to join round 1", timeout_s=20)  # fmt: skip
+    assert view["state"] == "RESTARTING" and view["round"] == 1, view
     assert not worker_records(tmp_path, 1)  # 1 of 2: waits for a node
     assert b.ctl("undrain", b.node_id).returncode == 0
-    wait_round(tmp_path, 1, 2)
+    # A round's result is written once: round 1 closing with b too proves that it did not close
+    # with a alone while b was drained.
+    assert {r["ELASTICD_OWNER"] for r in wait_round(tmp_path, 1, 2)} == {a.node_id, b.node_id}
     assert a.job(job)["restarts"] == 0
     (tmp_path / "finish").touch()
     assert a.wait_state(job, ("SUCCEEDED", "FAILED"))["state"] == "SUCCEEDED"
@@ -55,7 +64,9 @@ def test_drained_node_takes_no_new_job_and_job_drain(daemon_factory: DaemonFacto
     a, b = start_cluster(daemon_factory, 2)
     assert a.ctl("drain", b.node_id).returncode == 0
     held = submit_job(b, tmp_path, str(SCRIPTS / "sleeper.py"))  # single-node: pinned to b
-    time.sleep(1.5)
+    # A submit replies only after its daemon has looked at every job it is not part of (a scan, which
+    # reads the drain record too), and a daemon that takes a job logs job.joining before that reply.
+    assert not log_events(b, "job.joining", job=held)
     assert a.job(held)["state"] == "PENDING"
     assert b.ctl("undrain", b.node_id).returncode == 0
     a.wait_state(held, ("RUNNING",), 10)
@@ -67,8 +78,16 @@ def test_drained_node_takes_no_new_job_and_job_drain(daemon_factory: DaemonFacto
     wait_round(out, 0, 2)
     assert a.ctl("drain", b.node_id, "--job", job).returncode == 0
     wait_round(out, 1, 1)
-    time.sleep(1.0)
+    wait_log(b, "job.left", job=job)  # b's part has ended: its scans look at the job again
+    # Round 1 runs with a seat free. b's next submit replies after b has looked again at every job
+    # it is not part of (as above): by then b has decided about this one, and it takes the new one.
+    probe_out = tmp_path / "probe"
+    probe_out.mkdir()
+    (probe_out / "finish").touch()
+    probe = submit_job(b, probe_out, str(SCRIPTS / "member.py"))  # single-node: runs on b
+    assert len(log_events(b, "job.joining", job=job)) == 1  # round 0's
     assert b.call("nodes")["nodes"] and not worker_records(out, 2)  # b stays out of this job only
+    assert b.wait_state(probe, ("SUCCEEDED", "FAILED"))["state"] == "SUCCEEDED"
     (out / "finish").touch()
     assert a.wait_state(job, ("SUCCEEDED", "FAILED"))["state"] == "SUCCEEDED"
 
@@ -99,7 +118,7 @@ def reference_weights(steps: int) -> list[float]:
 
     sys.path.insert(0, str(REPO / "examples"))
     try:
-        import elastic_train as et
+        import elastic_train as et  # type: ignore[import-not-found]
     finally:
         sys.path.pop(0)
     model = et.make_model()
@@ -108,7 +127,7 @@ def reference_weights(steps: int) -> list[float]:
         x, y = et.batch(step, 0, 1)
         loss = torch.nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         opt.step()
     return [v for p in model.parameters() for v in p.detach().flatten().tolist()]
 

@@ -8,12 +8,15 @@ from pathlib import Path
 
 import pytest
 
+from elasticd.etcd.client import EtcdClient
 from tests.conftest import DaemonFactory
 from tests.etcd_cluster import EtcdCluster
 from tests.support import (
     REPO,
+    DaemonProc,
     alive_pid,
     etcd_available,
+    log_events,
     submit_job,
     unique,
     wait_for,
@@ -35,6 +38,23 @@ def etcd_cluster(tmp_path: Path) -> Iterator[EtcdCluster]:
         pids = cluster.pids()
         cluster.stop()
     assert not [pid for pid in pids if alive_pid(pid)], "etcd members left running"
+
+
+def lease_expires_after(client: EtcdClient, lease: int, deadline: float) -> bool:
+    """Whether etcd holds ``lease`` until past ``deadline`` (wall clock); fails if it has expired.
+
+    etcd reports whole seconds left, rounded down (-1: no such lease), so ``asked + TTL`` is a lower
+    bound of the expiry.
+    """
+    asked = time.time()
+    left = int(client.call(lambda c: c.get_lease_info(lease).TTL))
+    assert left >= 0, f"lease {lease:x} expired"
+    return asked + left > deadline
+
+
+def caught_up(d: DaemonProc) -> bool:
+    """Every agent of ``d`` that lost etcd has since done a whole step with it again."""
+    return len(log_events(d, "agent.etcd_back")) >= len(log_events(d, "agent.etcd_unavailable"))
 
 
 @pytest.mark.timeout(90)
@@ -70,12 +90,24 @@ def test_job_survives_loss_of_the_etcd_member_in_use(
     first = wait_round(out, 0, 2)
     assert {r["ELASTICD_OWNER"] for r in first} == {d.node_id for d in ds}
     pids = [int(str(r["pid"])) for r in first]
+    leases = [int(e["lease"]) for d in ds for e in log_events(d, "lease.granted")]
+    assert len(leases) == len(ds), leases
 
     etcd_cluster.kill(dead)
-    # Long enough for a lease that was not kept alive to expire (and be noticed) twice over.
-    time.sleep(2 * ttl + 1)
-
+    killed_at = time.time()
     wait_for(lambda: etcd_cluster.leader() not in (None, dead), 10, 0.1, "a new etcd leader")
+    # Without a keep-alive after the kill, a daemon gives its lease up (and its workers are fenced)
+    # before killed_at + ttl, and etcd expires it by then too, or one TTL (+ ~1 s) after a new
+    # leader took over. So a daemon's first lease that etcd holds past killed_at + 2 * ttl was kept
+    # alive through a surviving member after killed_at + ttl, by a daemon that had not given it up,
+    # and its peers never saw it expire. (An election slower than the TTL costs the leases anyway.)
+    live = EtcdClient([e for i, e in enumerate(etcd_cluster.endpoints) if i != dead], timeout_s=2)
+    try:
+        wait_for(lambda: all(lease_expires_after(live, lease, killed_at + 2 * ttl) for lease in leases),
+                 2 * ttl + 15, 0.2, "the daemons' leases to be kept alive past the kill")  # fmt: skip
+    finally:
+        live.close()
+    wait_for(lambda: all(caught_up(d) for d in ds), 15, 0.1, "the daemons' agents to work with etcd again")
     assert not list(out.glob("w.1.*")), "the job restarted after the etcd member was lost"
     assert all(alive_pid(pid) for pid in pids), "round-0 workers died"
     for d in ds:

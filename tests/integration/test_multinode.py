@@ -16,10 +16,13 @@ from tests.conftest import DaemonFactory
 from tests.support import (
     REPO,
     alive_pid,
+    log_events,
     start_cluster,
     submit_job,
     unique,
     wait_for,
+    wait_job,
+    wait_log,
     wait_round,
     worker_records,
 )
@@ -126,11 +129,17 @@ def test_fixed_size_job_waits_for_a_replacement(daemon_factory: DaemonFactory, t
     wait_round(tmp_path, 0, 3)
     ds[2].kill9()
     wait_for(lambda: ds[0].job(job)["state"] == "RESTARTING", TTL + 5, 0.1, "the loss to be noticed")
-    time.sleep(1.5)
+    # Both survivors have joined round 1 (or it closed, which the asserts below then reject).
+    joined = "2 of 3 node(s) joined round 1"
+    view = wait_job(ds[0], job, lambda v: v["state"] != "RESTARTING" or joined in v["reason"],
+                    "both survivors to join round 1", timeout_s=20)  # fmt: skip
+    assert view["state"] == "RESTARTING" and view["round"] == 1, view
     assert not worker_records(tmp_path, 1)  # 2 of 3: the round stays open
     replacement = daemon_factory(unique("spare"), "--lease-ttl", str(TTL), "--slots", "2")
     second = wait_round(tmp_path, 1, 3, timeout_s=20)
     assert_agreement(second)
+    # A round's result is written once: round 1 closing with the replacement proves that it did not
+    # close with the 2 survivors before the replacement came.
     assert replacement.node_id in node_order(second)
     (tmp_path / "finish").touch()
     assert ds[0].wait_state(job, ("SUCCEEDED", "FAILED"))["state"] == "SUCCEEDED"
@@ -158,14 +167,19 @@ def test_concurrent_failures_bump_once_and_spend_once(daemon_factory: DaemonFact
     second = wait_round(tmp_path, 1, 3, timeout_s=20)
     assert_agreement(second)
     assert {r["TORCHELASTIC_RESTART_COUNT"] for r in second} == {"1"}
-    time.sleep(1.0)
+    # A node acts on its round-0 failure (it bumps and logs it, or finds the round moved on) before
+    # it starts its part of round 1: once every node has, all three failures have been acted on.
+    for d in ds:
+        wait_log(d, "attempt.started", job=job, round=1)
     view = ds[2].job(job)
     assert (view["round"], view["restarts"], view["state"]) == (1, 1, "RUNNING")
     assert not worker_records(tmp_path, 2)
-    bumps = [e for d in ds for e in d.events("round.bumped")]
+    bumps = [e for d in ds for e in log_events(d, "round.bumped", job=job)]
     assert len(bumps) == 1, bumps
     (tmp_path / "finish").touch()
-    assert ds[0].wait_state(job, ("SUCCEEDED", "FAILED"))["state"] == "SUCCEEDED"
+    final = ds[0].wait_state(job, ("SUCCEEDED", "FAILED"))
+    assert final["state"] == "SUCCEEDED"
+    assert (final["round"], final["restarts"]) == (1, 1), final  # and none later, until the end
 
 
 def test_frozen_daemon_is_fenced_and_rejoins(daemon_factory: DaemonFactory, tmp_path: Path) -> None:
@@ -180,7 +194,7 @@ def test_frozen_daemon_is_fenced_and_rejoins(daemon_factory: DaemonFactory, tmp_
 
     def watch_rounds() -> None:  # no two rounds of the job may have live workers at once
         while not stop.is_set():
-            live = {}
+            live: dict[str, list[int]] = {}
             for path in tmp_path.glob("w.*.json"):
                 try:
                     rec = json.loads(path.read_text())
@@ -202,7 +216,12 @@ def test_frozen_daemon_is_fenced_and_rejoins(daemon_factory: DaemonFactory, tmp_
         wait_for(lambda: not any(alive_pid(p) for p in frozen_pids), TTL + 2, 0.05, "fenced workers to die")
         assert time.monotonic() - t0 < TTL
         wait_round(tmp_path, 1, 2, timeout_s=TTL + 10)
-        time.sleep(TTL)
+        # Still frozen, it has been let go: its lease expired (its node record is gone) and round 1
+        # runs without it.
+        wait_for(lambda: frozen.node_id not in {n["node"] for n in ds[0].call("nodes")["nodes"]},
+                 TTL + 10, 0.1, "the frozen node's lease to expire")  # fmt: skip
+        view = ds[0].job(job)
+        assert (view["state"], view["round"]) == ("RUNNING", 1) and frozen.node_id not in view["nodes"], view
         frozen.proc.send_signal(signal.SIGCONT)
         # Back, it stops what is stale and comes back as a newcomer: the job grows again.
         third = wait_round(tmp_path, 2, 3, timeout_s=20)
@@ -224,7 +243,15 @@ def test_nodes_restricts_who_takes_part(daemon_factory: DaemonFactory, tmp_path:
                      str(SCRIPTS / "member.py"))  # fmt: skip
     records = wait_round(tmp_path, 0, 2)
     assert {r["ELASTICD_OWNER"] for r in records} == {ds[0].node_id, ds[2].node_id}
-    time.sleep(1.0)
+    # Round 0 runs with a seat free. A submit replies only after its daemon has looked at every job
+    # it is not part of (a scan): once this one returns, ds[1] has decided about the running job,
+    # and it logs job.joining before replying if it takes part.
+    probe_out = tmp_path / "probe"
+    probe_out.mkdir()
+    (probe_out / "finish").touch()
+    probe = submit_job(ds[1], probe_out, str(SCRIPTS / "member.py"))  # single-node: runs on ds[1]
+    assert not log_events(ds[1], "job.joining", job=job)
     assert ds[1].job(job)["allowed_nodes"] == allowed.split(",") and not worker_records(tmp_path, 1)
+    assert ds[1].wait_state(probe, ("SUCCEEDED", "FAILED"))["state"] == "SUCCEEDED"
     (tmp_path / "finish").touch()
     assert ds[1].wait_state(job, ("SUCCEEDED", "FAILED"))["state"] == "SUCCEEDED"
