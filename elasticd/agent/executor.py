@@ -96,10 +96,12 @@ class JobAgent:
             self.rec = replace(self.rec, fenced=True)
             self.wake()
 
-    def leave(self, reason: RoundReason, detail: str, grace_s: float | None = None) -> None:
-        """Leave the job on purpose (daemon stop, drain)."""
+    def leave(
+        self, reason: RoundReason, detail: str, grace_s: float | None = None, stopping: bool = False
+    ) -> None:
+        """Leave the job on purpose (``stopping``: the daemon stops; else a drain)."""
         if self.rec.leave is None:
-            self.rec = replace(self.rec, leave=Leave(reason, detail, grace_s))
+            self.rec = replace(self.rec, leave=Leave(reason, detail, grace_s, stopping))
             self.wake()
 
     async def wait(self) -> None:

@@ -47,6 +47,7 @@ class Leave:
     reason: RoundReason
     detail: str
     grace_s: float | None = None
+    stopping: bool = False  # the daemon stops (its lease ends with it), rather than a drain
 
 
 @dataclass(frozen=True)

@@ -98,11 +98,14 @@ class _Step:
         if local.etcd_error is not None:
             if rec.etcd_down_since is None:
                 self._set(etcd_down_since=self.now)
-            if rec.leave is not None:  # nobody to tell: peers will see our lease expire
+            if rec.leave is not None:
                 grace = rec.leave.grace_s
                 self._stop(grace if grace is not None else rec.spec.stop_grace_s)
-                self._do(Exit("the store is unreachable while leaving"))
-                return
+                if rec.leave.stopping:  # nobody to tell, and our lease ends with the daemon
+                    self._do(Exit("the store is unreachable while leaving"))
+                    return
+                # A drained node keeps its lease: its join would stay, so say we left once the
+                # store is back (the normal leave path: a free bump, then ``left``).
             self._do(Wait(self.now + ETCD_RETRY_S))  # workers keep running meanwhile
             return
         if rec.fenced:
@@ -283,6 +286,10 @@ class _Step:
                 return
             present = {j.node for j in snap.current_joins}
             lost = [n for n in result.nodes if n not in present and n not in done and n != rec.node]
+            if lost and set(lost) <= snap.left.get(snap.current, set()):
+                # They left on purpose (a drain raced the close that named them): free.
+                self._event(snap, alive, RoundReason.MEMBER_LEFT, f"node(s) {', '.join(lost)} left")
+                return
             if lost:
                 self._event(snap, alive, RoundReason.MEMBER_LOST, f"lost node(s) {', '.join(lost)}")
                 return

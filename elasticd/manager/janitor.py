@@ -42,10 +42,10 @@ class Janitor:
         key = self._keys.janitor()
 
         def claim() -> bool:
-            if self._kv.txn([Compare(key, "create", 0)], [Put(key, {"node": self._node}, lease)]):
-                return True
-            kv = self._kv.get(key)
-            return kv is not None and kv.lease == lease
+            held = self._kv.get(key)  # one read while the role is settled
+            if held is not None:
+                return held.lease == lease
+            return self._kv.txn([Compare(key, "create", 0)], [Put(key, {"node": self._node}, lease)])
 
         holding = await asyncio.to_thread(claim)
         if holding != self.holding:
@@ -74,9 +74,13 @@ class Janitor:
         spec, result = snap.spec, snap.result
         store = self._store_of(snap.job_id)
         if result is not None:
-            present = {j.node for j in snap.current_joins} | snap.done.get(snap.current, set())
-            if any(n in present for n in result.nodes):
+            done = snap.done.get(snap.current, set())
+            if set(result.nodes) <= done:  # everyone finished, and no one was left to say so
+                await store.finalize(JobState.SUCCEEDED, EndReason.SUCCEEDED, "")
                 return
+            joined = {j.node for j in snap.current_joins}
+            if any(n in joined for n in result.nodes if n not in done):
+                return  # a member that has work left is alive: it looks after the job
             why = f"every node of round {snap.current} was lost"
             plan = rdzv.plan_bump(RoundReason.MEMBER_LOST, snap.restarts, spec.max_restarts, why)
             if plan.fail:

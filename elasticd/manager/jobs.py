@@ -137,7 +137,9 @@ class JobManager:
                 by_job[job].append(kv)
         return {job: JobSnapshot.parse(self._keys, job, items) for job, items in by_job.items()}
 
-    async def scan(self) -> None:
+    async def scan(self, clean_up: bool = True) -> None:
+        """Join what this node should join; with ``clean_up``, do the janitor's round if elected
+        (a submit's scan skips it: the submitter waits for this scan)."""
         lease = self._registry.lease_id
         if self._stopping or lease is None:
             return
@@ -149,7 +151,7 @@ class JobManager:
         for snap in sorted(snaps.values(), key=lambda s: s.spec.submitted_at if s.spec else 0):
             if snap.spec is not None and not snap.ended and snap.job_id not in self.agents:
                 await self._consider(snap, lease)
-        if await self.janitor.elected(lease):
+        if clean_up and await self.janitor.elected(lease):
             await self.janitor.sweep(snaps)
         self._registry.publish_soon()
 
@@ -202,7 +204,7 @@ class JobManager:
         self._stopping = True
         agents = list(self.agents.values())
         for agent in agents:  # a drain: the jobs go on without this node, no restart spent
-            agent.leave(RoundReason.MEMBER_LEFT, f"elasticd on {self.rt.node_id} shut down")
+            agent.leave(RoundReason.MEMBER_LEFT, f"elasticd on {self.rt.node_id} shut down", stopping=True)
         waits = [asyncio.ensure_future(a.wait()) for a in agents]
         if not waits:
             return

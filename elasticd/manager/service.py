@@ -82,7 +82,7 @@ class CommandService:
         if not await self._manager.store_of(spec.id).create(spec):
             raise Conflict(f"job {spec.id} already exists")
         _log.info("job.submitted", job=spec.id, user=spec.user, argv=spec.argv, nnodes=str(spec.nnodes))
-        await self._manager.scan()
+        await self._manager.scan(clean_up=False)
         return await self.view(spec.id)
 
     async def snapshot(self, job_id: str) -> JobSnapshot:

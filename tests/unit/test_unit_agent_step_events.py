@@ -46,7 +46,7 @@ from tests.agent_steps import (
 )
 
 DRAIN = Leave(RoundReason.MEMBER_LEFT, "drained", 5.0)
-STOP = Leave(RoundReason.MEMBER_LEFT, "daemon stopping")
+STOP = Leave(RoundReason.MEMBER_LEFT, "daemon stopping", stopping=True)
 DISK_FULL = SetupFailure(
     EndReason.LOG_DISK_FULL, "no space left for job logs in /var/log/elasticd on node n1"
 )
@@ -330,11 +330,13 @@ def test_outage_while_leaving_stops_workers_and_exits() -> None:
     assert (rec.state, rec.etcd_down_since) == (AgentState.STOPPING, NOW)
 
 
-def test_outage_while_draining_stops_workers_with_the_drains_grace() -> None:
-    _, actions = step(
+def test_outage_while_draining_stops_workers_with_the_drains_grace_and_stays_to_be_heard() -> None:
+    rec, actions = step(
         record(AgentState.RUNNING, 1, leave=DRAIN), None, local(RUNNING, etcd_error="down"), NOW
     )
-    assert actions == [StopWorkers(5.0), Exit("the store is unreachable while leaving")]
+    assert actions == [StopWorkers(5.0), Wait(NOW + 1.0)]  # a drained node keeps its lease
+    rec, actions = step(rec, None, local(None), NOW + 1.0)  # the store is back: the leave path
+    assert actions == [ReadSnapshot(None)]
 
 
 def test_quiet_glance_after_an_outage_clears_it() -> None:

@@ -1,0 +1,241 @@
+"""One simulated node of ``tests.agent_sim``: its link to the shared store, its fake workers, and
+its agent, stepped by an executor that carries the actions out as ``elasticd.agent.executor``
+does: after a failure the rest of the list is dropped, and the next step gets it in ``Local``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from enum import Enum
+from typing import Any, assert_never
+
+from elasticd.agent import actions as act
+from elasticd.agent.record import AgentRecord, AgentState, Group, Local, Observed, View
+from elasticd.agent.step import step
+from elasticd.errors import EtcdUnavailable
+from elasticd.etcd.keys import Keys
+from elasticd.etcd.memory import MemoryKV
+from elasticd.jobs.decider import GroupOutcome
+from elasticd.jobs.state import EndReason, SetupFailure, WorkerFailure
+from elasticd.rendezvous.model import Join, Member
+from elasticd.rendezvous.store import InlineJobStore, run_inline
+
+KEYS = Keys("/sim")
+
+
+class Link:
+    """One node's ``KV``: the shared store, unless cut off (a partition) or failing requests."""
+
+    _kv: MemoryKV
+
+    def __init__(self, kv: MemoryKV, clock: Callable[[], float]) -> None:
+        self._kv, self._clock = kv, clock
+        self.failing = 0  # the next requests that fail
+        self.cut_until = 0.0
+
+    def stream(self) -> MemoryKV:
+        """What the lease's keep-alive stream reaches: a partition cuts it, failed requests do not."""
+        if self._clock() < self.cut_until:
+            raise EtcdUnavailable("cut off from etcd (simulated partition)")
+        return self._kv
+
+    def up(self) -> MemoryKV:
+        kv = self.stream()
+        if self.failing > 0:
+            self.failing -= 1
+            raise EtcdUnavailable("the request failed (simulated outage)")
+        return kv
+
+    def __getattr__(self, name: str) -> Any:
+        """Every other ``KV`` call: through ``up``."""
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return getattr(self.up(), name)(*args, **kwargs)
+
+        return call
+
+
+@dataclass
+class FakeGroup:
+    """A node's workers of one round, as ``Workers.observe`` sees them."""
+
+    round: int
+    member: Member
+    outcome: GroupOutcome = GroupOutcome.RUNNING
+    failure: WorkerFailure | None = None
+
+    def observe(self, describe: bool) -> Group:
+        return Group(self.outcome, self.failure if describe else None)
+
+    def exit(self, returncode: int) -> bool:
+        """Every worker exits with ``returncode``; False if they had already."""
+        if self.outcome is not GroupOutcome.RUNNING:
+            return False
+        self.outcome = GroupOutcome.FAILED if returncode else GroupOutcome.SUCCEEDED
+        if returncode:
+            m = self.member
+            self.failure = WorkerFailure.from_exit(
+                node=m.node, attempt=self.round, rank=m.rank_offset, local_rank=0, returncode=returncode,
+                message="", tail="",
+            )  # fmt: skip
+        return True
+
+
+class Daemon(Enum):
+    ABSENT = "absent"  # has not arrived yet
+    UP = "up"
+    DOWN = "down"  # crashed or stopped
+
+
+@dataclass
+class Agent:
+    """An agent: its record and the loop variables of ``JobAgent._run``."""
+
+    rec: AgentRecord
+    view: View | None = None
+    setup: SetupFailure | None = None
+    etcd_error: str | None = None
+
+
+class Checker:
+    """Told of every action carried out, and asked after every step (the tests' invariants)."""
+
+    def after(self, node: Node, action: act.Action) -> None:
+        pass
+
+    def check(self) -> None:
+        pass
+
+
+class _Exited(Exception):
+    pass
+
+
+@dataclass(eq=False)
+class Node:
+    index: int
+    name: str
+    link: Link
+    store: InlineJobStore
+    daemon: Daemon = Daemon.ABSENT
+    lease: int | None = None
+    deadline: float = 0.0  # the registry's (and the reaper's) lease deadline
+    agent: Agent | None = None
+    group: FakeGroup | None = None
+    drained: bool = False
+    stopping: bool = False  # the daemon shuts down once its agent has left
+    ran_job: bool = False  # the state dir records the job: a restart reports it (recovery)
+    broken_setup: bool = False  # starting workers raises SetupFailure
+    unheard: bool = False  # its agent left while the store was unreachable
+    note: Callable[[str], None] = lambda _text: None  # the sim's trace
+
+    def alive(self) -> frozenset[str]:
+        """``NodeRegistry.alive``: the nodes whose lease holds their record."""
+        return frozenset(KEYS.parse(kv.key).node for kv in self.link.get_prefix(KEYS.nodes()))
+
+    def step(self, now: float, checker: Checker) -> bool:
+        """One pass of ``JobAgent._run``'s loop; True when the agent waits (or has left)."""
+        agent = self.agent
+        assert agent is not None
+        group = self.group.observe(describe=agent.rec.failure is None) if self.group else None
+        valid = self.lease is not None and now < self.deadline
+        local = Local(self.lease, valid, group, agent.setup, agent.etcd_error)
+        agent.rec, actions = step(agent.rec, agent.view, local, now)
+        agent.view, agent.setup, agent.etcd_error = None, None, None
+        waited = False
+        try:
+            for action in actions:
+                waited = isinstance(action, act.Wait)
+                agent.view = self._execute(agent, action, now) or agent.view
+                checker.after(self, action)
+        except EtcdUnavailable as exc:
+            agent.view, agent.etcd_error = None, str(exc)
+        except SetupFailure as exc:
+            agent.view, agent.setup = None, exc
+        except _Exited:
+            self._exit(agent, unheard=agent.rec.leave is not None and local.etcd_error is not None)
+            waited = True
+        checker.check()
+        return waited
+
+    def _exit(self, agent: Agent, unheard: bool) -> None:
+        """``JobAgent._main``'s clean-up; then the manager forgets the agent (and the state dir the job)."""
+        self.note(f"{self.name} exits ({agent.rec.state.value} in round {agent.rec.round})")
+        self.unheard = unheard
+        self.group = None
+        agent.rec = replace(agent.rec, state=AgentState.LEFT)
+        with contextlib.suppress(EtcdUnavailable):
+            run_inline(self.store.clear_waiting(self.name))
+            if agent.rec.joined_round >= 0:
+                run_inline(self.store.withdraw(agent.rec.joined_round, self.name))
+        self.agent, self.ran_job = None, False
+
+    def _execute(self, agent: Agent, action: act.Action, now: float) -> View | None:
+        """``JobAgent._execute``, against fake workers."""
+        store, lease, name = self.store, self.lease, self.name
+        match action:
+            case act.ReadGlance(round_no):
+                return run_inline(store.glance(round_no, name))
+            case act.ReadSnapshot(counted):
+                return Observed(run_inline(store.snapshot(counted)), self.alive())
+            case act.Exit():
+                raise _Exited
+            case act.StopWorkers():
+                if self.group is not None:
+                    self._publish(agent, now, quietly=True)
+                    self.group = None
+                    self._publish(agent, now, quietly=True)
+            case act.StartWorkers(result, member):
+                if self.broken_setup:
+                    raise SetupFailure(EndReason.SPAWN_FAILED, f"cannot start workers on {name}")
+                self.group = FakeGroup(result.round, member)
+            case act.Publish():
+                self._publish(agent, now)
+            case act.Join(round_no) if lease is not None:
+                i, nproc = self.index, agent.rec.spec.nproc_per_node
+                join = Join(name, f"10.0.0.{i + 1}", 29500 + i, nproc, liveness_port=4000 + i)
+                run_inline(store.join(round_no, join, lease))
+            case act.Withdraw(round_no):
+                run_inline(store.withdraw(round_no, name))
+            case act.SetWaiting() if lease is not None:
+                run_inline(store.set_waiting(name, lease))
+            case act.ClearWaiting():
+                run_inline(store.clear_waiting(name))
+            case act.CloseRound(result):
+                if run_inline(store.close(result)):
+                    run_inline(store.forget_rounds_before(result.round))
+            case act.Bump(seen, info, spend):
+                if run_inline(store.bump(seen, info, spend)):
+                    self.note(f"{name} opened round {info.round} ({info.reason.value}: {info.detail})")
+            case act.Finalize(state, code, reason, failure):
+                if run_inline(store.finalize(state, code, reason, failure)):
+                    self.note(f"{name} ended the job {state.value} ({code.value}: {reason})")
+            case act.MarkDone(round_no):
+                run_inline(store.mark_done(round_no, name))
+            case act.MarkLeft(round_no):
+                run_inline(store.mark_left(round_no, name))
+            case act.Wait() | act.WatchPeers() | act.Join() | act.SetWaiting():
+                pass  # (peers are proven dead by Crash; a Join or SetWaiting without a lease: nothing)
+            case _:
+                assert_never(action)
+        return None
+
+    def _publish(self, agent: Agent, now: float, quietly: bool = False) -> None:
+        """``put_node_status`` of ``JobAgent.local_view``."""
+        if self.lease is None:
+            return
+        rec, group = agent.rec, self.group
+        running = group is not None and group.outcome is GroupOutcome.RUNNING
+        state = rec.state.value
+        if group is not None and rec.state is AgentState.RUNNING and not running:
+            state = "DONE" if group.outcome is GroupOutcome.SUCCEEDED else "FAILED"
+        failure = rec.failure.to_json() if rec.failure else None
+        status = {"state": state, "round": rec.round, "devices": "", "failure": failure}
+        status |= {"pids": [100 + self.index] if running else [], "updated_at": now}
+        try:
+            run_inline(self.store.put_node_status(self.name, status, self.lease))
+        except EtcdUnavailable:
+            if not quietly:
+                raise
