@@ -10,19 +10,18 @@ import argparse
 import functools
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
 from elasticctl import render
 from elasticctl.client import Client, DaemonError, Unreachable
+from elasticctl.entry import UsageError, resolve_entry
 from elasticctl.follow import follow
 from elasticd.control.address import default_socket_path
 from elasticd.wire import (
     DrainArgs,
     DrainReply,
-    EntryKind,
     JobReply,
     JobState,
     JobView,
@@ -46,10 +45,6 @@ EXIT_DAEMON_ERROR = 3
 EXIT_JOB_FAILED = 4
 
 
-class UsageError(Exception):
-    pass
-
-
 def _env_pairs(pairs: list[str]) -> dict[str, str]:
     out = {}
     for pair in pairs:
@@ -65,18 +60,7 @@ def submit_args(ns: argparse.Namespace) -> SubmitArgs:
     cwd = os.path.abspath(ns.cwd or os.getcwd())
     env = {} if ns.env_clear else dict(os.environ)
     env |= _env_pairs(ns.env)
-    if ns.module and ns.no_python:
-        raise UsageError("-m and --no-python are mutually exclusive")
-    if ns.module:
-        kind, entry = EntryKind.MODULE, ns.target
-    elif ns.no_python:
-        kind, entry = EntryKind.EXEC, ns.target
-    else:
-        kind, entry = EntryKind.SCRIPT, os.path.join(cwd, ns.target)
-        if not os.path.isfile(entry):
-            raise UsageError(f"script not found: {entry}")
-    python = ns.python or shutil.which("python", path=env.get("PATH") or os.environ.get("PATH"))
-    python = python or shutil.which("python3") or sys.executable
+    kind, entry, python = resolve_entry(ns.target, ns.module, ns.no_python, cwd, env, ns.python)
     memory_limit = None
     if ns.memory_limit is not None:
         try:
@@ -88,7 +72,7 @@ def submit_args(ns: argparse.Namespace) -> SubmitArgs:
         entry=entry,
         cwd=cwd,
         args=list(ns.script_args),  # argparse has already dropped the separating "--"
-        python=os.path.abspath(python) if kind is not EntryKind.EXEC else "",
+        python=python,
         env=env,
         nnodes=ns.nnodes,
         nproc_per_node=ns.nproc_per_node,

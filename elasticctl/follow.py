@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 
 from elasticctl.client import Client
 from elasticd.wire import LogsArgs, LogsReply, is_terminal
@@ -11,8 +12,15 @@ from elasticd.wire import LogsArgs, LogsReply, is_terminal
 POLL_S = 0.2
 
 
-def follow(client: Client, job: str, rank: int | None, until_end: bool = True) -> LogsReply:
-    """Print new output with ``[rankK]:`` prefixes until the job ends; returns its last logs reply."""
+def follow(
+    client: Client,
+    job: str,
+    rank: int | None,
+    until_end: bool = True,
+    show: Callable[[int], bool] | None = None,
+) -> LogsReply:
+    """Print new output with ``[rankK]:`` prefixes until the job ends; returns its last logs reply.
+    ``show`` picks the ranks whose output is printed (all by default)."""
     cursor: dict[str, int] = {}
     attempt_seen = -1
     while True:
@@ -26,6 +34,8 @@ def follow(client: Client, job: str, rank: int | None, until_end: bool = True) -
                         file=sys.stderr,
                     )
                 attempt_seen = chunk["attempt"]
+            if show is not None and not show(chunk["rank"]):
+                continue
             prefix = f"[rank{chunk['rank']}]: "
             sys.stdout.write("".join(prefix + line + "\n" for line in chunk["text"].splitlines()))
         sys.stdout.flush()

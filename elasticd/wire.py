@@ -105,6 +105,7 @@ class SubmitArgs:
     memory_limit_bytes: int | None = None
     cpu_limit: float | None = None
     nofile: int | None = None
+    job_id: str | None = None  # a job id of the submitter's choosing (torchrun's --rdzv-id)
 
 
 @dataclass(frozen=True)

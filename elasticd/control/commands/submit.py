@@ -14,10 +14,22 @@ from elasticd.jobs.spec import (
     JobSpec,
     NodeRange,
     new_job_id,
+    valid_job_id,
 )
 from elasticd.manager.access import Access, Caller
 from elasticd.manager.service import CommandService
 from elasticd.wire import SubmitArgs
+
+
+def job_id(chosen: str | None, name: str) -> str:
+    """The submitter's own id (every node running the same torchrun line names one job), or a new one."""
+    if chosen is None:
+        return new_job_id(name)
+    if not valid_job_id(chosen):
+        raise InvalidSpec(
+            "job_id must be 1-128 letters, digits, '_', '.' or '-', starting with a letter or digit"
+        )
+    return chosen
 
 
 async def submit(service: CommandService, args: SubmitArgs, caller: Caller) -> dict[str, Any]:
@@ -44,7 +56,7 @@ async def submit(service: CommandService, args: SubmitArgs, caller: Caller) -> d
     # A single-node job runs where it was submitted (as with torchrun) unless told otherwise.
     nodes = tuple(args.nodes) or ((service.facts.node_id,) if nnodes.max == 1 else ())
     spec = JobSpec(
-        id=new_job_id(name),
+        id=job_id(args.job_id, name),
         name=name,
         entry_kind=kind,
         entry=args.entry,

@@ -1,0 +1,117 @@
+"""``elasticrun``: a torchrun command line, unchanged, run by the local daemon; same results as
+under torchrun, torchrun's exit statuses, and Ctrl-C stops the job as torchrun's does."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support import PYTHON, DaemonProc, alive_pid, wait_for
+
+pytest.importorskip("torch")
+pytestmark = [pytest.mark.torch, pytest.mark.timeout(240)]
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+TORCHRUN = Path(sys.executable).parent / "torchrun"
+
+
+def elasticrun(d: DaemonProc, cwd: Path, *argv: str, env: dict[str, str] | None = None,
+               timeout_s: float = 180) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    full = dict(os.environ) | (env or {}) | {"ELASTICD_SOCKET": str(d.socket)}
+    cmd = [PYTHON, "-c", "import sys; from elasticctl.run import main; sys.exit(main())", *argv]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=full, cwd=cwd)
+
+
+def torchrun(cwd: Path, *argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    if not TORCHRUN.exists():
+        pytest.skip("torchrun not installed next to this python")
+    full = dict(os.environ) | env
+    return subprocess.run(
+        [str(TORCHRUN), *argv], capture_output=True, text=True, timeout=180, env=full, cwd=cwd
+    )
+
+
+def contracts(out: Path) -> list[dict[str, object]]:
+    return [json.loads(p.read_text()) for p in sorted(out.glob("contract.*.json"))]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        ["--standalone", "--nproc-per-node", "2"],
+        ["--nnodes=1", "--nproc_per_node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:29400",
+         "--max_restarts=0", "--monitor-interval=1", "--start-method=spawn", "--role=trainer", "--tee=3"],
+        ["--nproc-per-node", "2", "--max-restarts", "2", "--log-dir", "/tmp/not-used", "-r", "3"],
+    ],
+)  # fmt: skip
+def test_a_torchrun_line_gives_the_same_contract_under_elasticrun(
+    daemon: DaemonProc, tmp_path: Path, line: list[str]
+) -> None:
+    for launcher in ("torchrun", "elasticrun"):
+        out = tmp_path / launcher
+        out.mkdir()
+        argv = [*line, str(SCRIPTS / "launcher_contract.py"), "--lr", "0.1"]
+        if launcher == "torchrun":
+            res = torchrun(tmp_path, *argv, env={"OUT": str(out)})
+        else:
+            res = elasticrun(daemon, tmp_path, *argv, env={"OUT": str(out)})
+        assert res.returncode == 0, (launcher, res.stderr[-3000:])
+    under_torchrun, under_elasticrun = contracts(tmp_path / "torchrun"), contracts(tmp_path / "elasticrun")
+    assert len(under_torchrun) == 2 and under_elasticrun == under_torchrun
+    assert all(c["is_torchelastic_launched"] and c["sum_of_ranks"] == 1 for c in under_elasticrun)
+
+
+def test_a_snapshotting_ddp_trainer_recovers_to_the_weights_of_a_clean_torchrun(
+    daemon: DaemonProc, tmp_path: Path
+) -> None:
+    clean, crashed = tmp_path / "torchrun", tmp_path / "elasticrun"
+    clean.mkdir()
+    crashed.mkdir()
+    script = str(SCRIPTS / "ddp_checkpoint.py")
+    res = torchrun(
+        tmp_path, "--standalone", "--nproc_per_node=2", script, env={"OUT": str(clean), "CRASH_STEP": "-1"}
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    # Under elasticrun, rank 1 crashes once; the job resumes from its snapshot (one restart).
+    res = elasticrun(daemon, tmp_path, "--standalone", "--nproc_per_node=2", "--max_restarts=1", script,
+                     env={"OUT": str(crashed), "CRASH_STEP": "12"})  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    a, b = (json.loads((d / "result.json").read_text()) for d in (clean, crashed))
+    flat = [[w for layer in r["weights"] for w in layer] for r in (a, b)]
+    assert b["attempt"] == 1 and flat[0] == pytest.approx(flat[1], abs=1e-6)
+
+
+def test_a_failed_job_exits_1_and_a_refused_flag_2_with_its_reason(
+    daemon: DaemonProc, tmp_path: Path
+) -> None:
+    res = elasticrun(daemon, tmp_path, "--nproc-per-node", "2", str(SCRIPTS / "fail_rank.py"),
+                     env={"OUT": str(tmp_path)})  # fmt: skip
+    assert res.returncode == 1 and "FAILED" in res.stderr
+    res = elasticrun(daemon, tmp_path, "--numa-binding", "node", str(SCRIPTS / "sleeper.py"))
+    assert res.returncode == 2 and "--numa-binding is not supported" in res.stderr
+    res = elasticrun(daemon, tmp_path, "--nproc-per-node", "lots", str(SCRIPTS / "sleeper.py"))
+    assert res.returncode == 2 and "positive number, gpu, cpu or auto" in res.stderr
+
+
+def test_ctrl_c_stops_the_job_and_every_worker(daemon: DaemonProc, tmp_path: Path) -> None:
+    env = dict(os.environ) | {"ELASTICD_SOCKET": str(daemon.socket)}
+    cmd = [PYTHON, "-c", "import sys; from elasticctl.run import main; sys.exit(main())",
+           "--nproc-per-node", "2", str(SCRIPTS / "sleeper.py")]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    try:
+        jobs = wait_for(lambda: [j for j in daemon.call("status")["jobs"] if len(j.get("pids") or ()) == 2],
+                        60, 0.1, "the job's two workers")  # fmt: skip
+        pids = jobs[0]["pids"]
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert daemon.job(jobs[0]["id"])["state"] == "KILLED"
+    assert not [p for p in pids if alive_pid(p)]
