@@ -8,11 +8,12 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.support import PYTHON, DaemonProc, alive_pid, wait_for
+from tests.support import PYTHON, DaemonProc, alive_pid, unique, wait_for
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(240)]
@@ -115,3 +116,24 @@ def test_ctrl_c_stops_the_job_and_every_worker(daemon: DaemonProc, tmp_path: Pat
     assert proc.returncode == 130, err
     assert daemon.job(jobs[0]["id"])["state"] == "KILLED"
     assert not [p for p in pids if alive_pid(p)]
+
+
+def test_the_same_line_on_two_nodes_with_one_rdzv_id_makes_one_job(
+    daemon_factory: Callable[..., DaemonProc], tmp_path: Path
+) -> None:
+    """As in an sbatch script that runs one torchrun per node: both lines join one 2-node job."""
+    a, b = (daemon_factory(unique(n), "--slots", "2") for n in ("a", "b"))
+    job = unique("exp")
+    argv = ["--nnodes", "2", "--nproc_per_node", "1", "--rdzv-id", job, "--rdzv-backend", "c10d",
+            str(SCRIPTS / "launcher_contract.py")]  # fmt: skip
+    procs = []
+    for d in (a, b):
+        env = dict(os.environ) | {"ELASTICD_SOCKET": str(d.socket), "OUT": str(tmp_path)}
+        cmd = [PYTHON, "-c", "import sys; from elasticctl.run import main; sys.exit(main())", *argv]
+        procs.append(subprocess.Popen(cmd, env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True))
+    errs = [p.communicate(timeout=180)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errs
+    assert any("joining job" in e for e in errs)  # the second line found the first one's job
+    records = contracts(tmp_path)
+    assert sorted(r["group_rank"] for r in records) == [0, 1] and {r["world_size"] for r in records} == {2}
+    assert a.job(job)["state"] == "SUCCEEDED"
