@@ -50,6 +50,8 @@ __all__ = [
     "NodeView",
     "NodesReply",
     "PingReply",
+    "RmArgs",
+    "RmReply",
     "StatusArgs",
     "StatusReply",
     "SubmitArgs",
@@ -106,6 +108,11 @@ class SubmitArgs:
     cpu_limit: float | None = None
     nofile: int | None = None
     job_id: str | None = None  # a job id of the submitter's choosing (torchrun's --rdzv-id)
+
+
+@dataclass(frozen=True)
+class RmArgs:
+    job: str  # a job that has ended: its records and this node's logs of it are deleted
 
 
 @dataclass(frozen=True)
@@ -305,6 +312,11 @@ class NodesReply(TypedDict):
     nodes: list[NodeView]
 
 
+class RmReply(TypedDict):
+    job: str
+    logs_removed: bool  # this node held logs of the job (other nodes drop theirs on their own)
+
+
 class DrainReply(TypedDict):
     node: str
     job: str | None
@@ -352,4 +364,5 @@ COMMANDS: dict[str, CommandSchema] = {
     "nodes": CommandSchema(NoArgs, NodesReply),
     "drain": CommandSchema(DrainArgs, DrainReply),
     "undrain": CommandSchema(UndrainArgs, UndrainReply),
+    "rm": CommandSchema(RmArgs, RmReply),
 }

@@ -27,6 +27,7 @@ import errno
 import fcntl
 import grp
 import os
+import shutil
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from pathlib import Path
 
 from elasticd import log
 from elasticd.errors import ConfigError
+from elasticd.jobs.spec import valid_job_id
 from elasticd.jobs.state import EndReason, SetupFailure
 
 _log = log.get("elasticd.logdir")
@@ -362,5 +364,28 @@ def list_dir(log_dir: Path, parts: tuple[str, ...]) -> list[str]:
         return []
     try:
         return os.listdir(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_job(log_dir: Path, job_id: str) -> bool:
+    """Delete ``<log_dir>/<job>`` and everything in it, never following a link (the walk is done
+    with directory fds: a link a job planted is removed, not followed). True if it existed."""
+    if not valid_job_id(job_id):
+        return False
+    try:
+        fd = open_dir(log_dir, (), create=False)
+    except (OSError, SetupFailure):
+        return False
+    if fd is None:
+        return False
+    try:
+        os.stat(job_id, dir_fd=fd, follow_symlinks=False)
+    except FileNotFoundError:
+        os.close(fd)
+        return False
+    try:
+        shutil.rmtree(job_id, dir_fd=fd)  # fd-based on Linux: shutil.rmtree.avoids_symlink_attacks
+        return True
     finally:
         os.close(fd)

@@ -5,7 +5,8 @@ when that node dies or stops, the key goes with its lease and the next node to s
 Every clean-up write is a compare-and-swap, so a brief overlap of two janitors is harmless.
 
 It ends jobs that have an invalid record (naming the key), restarts or fails jobs that no live
-member looks after, and fails jobs that no node joined within the join timeout.
+member looks after, fails jobs that no node joined within the join timeout, and deletes the
+records of jobs that ended longer ago than the retention (each node then drops its own logs).
 """
 
 from __future__ import annotations
@@ -30,8 +31,18 @@ _log = log.get("elasticd.janitor")
 
 
 class Janitor:
-    def __init__(self, kv: KV, keys: Keys, node_id: str, store_of: Callable[[str], JobStore]) -> None:
+    def __init__(
+        self,
+        kv: KV,
+        keys: Keys,
+        node_id: str,
+        store_of: Callable[[str], JobStore],
+        retention_s: float | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._kv = kv
+        self._retention_s = retention_s  # how long an ended job's records are kept (None: forever)
+        self._clock = clock
         self._keys = keys
         self._node = node_id
         self._store_of = store_of
@@ -55,10 +66,16 @@ class Janitor:
 
     async def sweep(self, snaps: dict[str, JobSnapshot]) -> None:
         for snap in snaps.values():
-            if snap.final is None and snap.invalid:
+            if snap.final is not None and self._expired(snap.final.ended_at):
+                await asyncio.to_thread(self._kv.delete_prefix, self._keys.job(snap.job_id))
+                _log.info("job.expired", job=snap.job_id, ended_at=snap.final.ended_at)
+            elif snap.final is None and snap.invalid:
                 await self._fail_invalid(snap)
             elif snap.spec is not None and not snap.ended:
                 await self._orphan(snap)
+
+    def _expired(self, ended_at: float) -> bool:
+        return self._retention_s is not None and ended_at < self._clock() - self._retention_s
 
     async def _fail_invalid(self, snap: JobSnapshot) -> None:
         """A job with a bad record ends FAILED, naming the key. A bad ``final`` is replaced by a

@@ -20,6 +20,7 @@ from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keys import Change, KeyKind, Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.types import KeyValue
+from elasticd.jobs import logdir
 from elasticd.jobs.launch import NodeRuntime
 from elasticd.manager import janitor as janitors
 from elasticd.manager.admitter import Admitter
@@ -48,6 +49,7 @@ class JobManager:
         registry: NodeRegistry,
         allow_root_jobs: bool = False,
         store_of: Callable[[str], JobStore] | None = None,
+        retention_s: float | None = None,
     ) -> None:
         self.rt = rt
         self._kv = kv
@@ -56,7 +58,7 @@ class JobManager:
         self._registry = registry
         self.store_of = store_of or (lambda job_id: EtcdJobStore(kv, keys, job_id))
         self.admitter = Admitter(rt, allow_root_jobs)
-        self.janitor = Janitor(kv, keys, rt.node_id, self.store_of)
+        self.janitor = Janitor(kv, keys, rt.node_id, self.store_of, retention_s)
         self.agents: dict[str, JobAgent] = {}
         self._wake = asyncio.Event()
         self._stopping = False
@@ -153,7 +155,17 @@ class JobManager:
                 await self._consider(snap, lease)
         if clean_up and await self.janitor.elected(lease):
             await self.janitor.sweep(snaps)
+        if clean_up:
+            await asyncio.to_thread(self.sweep_logs, set(snaps))
         self._registry.publish_soon()
+
+    def sweep_logs(self, known: set[str]) -> list[str]:
+        """Drop this node's logs of jobs whose records are gone (removed, or past retention)."""
+        gone = [j for j in logdir.list_dir(self.rt.log_dir, ()) if j not in known and j not in self.agents]
+        removed = [j for j in gone if logdir.remove_job(self.rt.log_dir, j)]
+        if removed:
+            _log.info("logs.removed", jobs=removed)
+        return removed
 
     async def _consider(self, snap: JobSnapshot, lease: int) -> None:
         assert snap.spec is not None

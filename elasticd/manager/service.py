@@ -18,6 +18,7 @@ from elasticd.errors import Conflict, EtcdUnavailable, InsufficientCapacity, Job
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.types import Query
+from elasticd.jobs import logdir
 from elasticd.jobs.logs import Chunk, read_new
 from elasticd.jobs.spec import JobSpec, valid_job_id
 from elasticd.jobs.state import EndReason, JobState
@@ -140,6 +141,18 @@ class CommandService:
             read_new, self.facts.log_dir, job_id, cursor, rank, whole=ended
         )
         return view, chunks, new_cursor
+
+    async def rm(self, job_id: str) -> dict[str, Any]:
+        """Delete an ended job's records, and this node's logs of it (each node drops its own logs
+        of jobs whose records are gone: ``JobManager.sweep_logs``)."""
+        snap = await self.snapshot(job_id)
+        if not snap.ended:
+            state = job_view(snap, self.facts.node_id)["state"]
+            raise Conflict(f"job {job_id} is {state}: kill it first (elasticctl kill {job_id})")
+        await asyncio.to_thread(self._kv.delete_prefix, self._keys.job(job_id))
+        removed = await asyncio.to_thread(logdir.remove_job, self.facts.log_dir, job_id)
+        _log.info("job.removed", job=job_id, logs=removed)
+        return {"job": job_id, "logs_removed": removed}
 
     # -- nodes ------------------------------------------------------------------------------------
     async def nodes(self) -> list[NodeRecord]:

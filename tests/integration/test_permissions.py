@@ -69,6 +69,7 @@ def test_only_owner_or_root_may_kill_drain_undrain_or_read_logs(
         "logs": {"job": root_job},
         "drain": {"node": d.node_id, "job": root_job},
         "undrain": {"node": d.node_id, "job": root_job},
+        "rm": {"job": root_job},
     }
     for cmd, args in denied.items():
         reply = nobody(d, cmd, **args)

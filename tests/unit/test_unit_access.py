@@ -26,6 +26,7 @@ EXPECTED = {
     "logs": Access.OWNER,
     "drain": Access.OWNER,
     "undrain": Access.OWNER,
+    "rm": Access.OWNER,
 }
 
 

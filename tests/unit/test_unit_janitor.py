@@ -69,3 +69,26 @@ def test_a_job_with_an_invalid_record_is_failed_naming_the_key() -> None:
     asyncio.run(janitor(kv, "n1").sweep({JOB: run_inline(store.snapshot())}))
     final = run_inline(store.snapshot()).final
     assert final is not None and final.code is EndReason.INVALID_RECORD and "rdzv/0/result" in final.reason
+
+
+def test_ended_jobs_are_deleted_after_the_retention_and_not_before() -> None:
+    kv = MemoryKV()
+    now = [1000.0]
+    j = Janitor(
+        kv, KEYS, "n1", lambda job: InlineJobStore(kv, KEYS, job), retention_s=60, clock=lambda: now[0]
+    )
+    store = InlineJobStore(kv, KEYS, JOB)
+    run_inline(store.create(make_spec()))
+    run_inline(store.finalize(JobState.SUCCEEDED, EndReason.SUCCEEDED, ""))
+    ended_at = run_inline(store.snapshot()).final.ended_at  # type: ignore[union-attr]
+    now[0] = ended_at + 59
+    asyncio.run(j.sweep({JOB: run_inline(store.snapshot())}))
+    assert run_inline(store.snapshot()).found
+    now[0] = ended_at + 61
+    asyncio.run(j.sweep({JOB: run_inline(store.snapshot())}))
+    assert not run_inline(store.snapshot()).found
+    running = InlineJobStore(kv, KEYS, "other-1")
+    run_inline(running.create(make_spec(id="other-1")))
+    now[0] += 10**6
+    asyncio.run(j.sweep({"other-1": run_inline(running.snapshot())}))
+    assert run_inline(running.snapshot()).found  # a job that has not ended is never expired

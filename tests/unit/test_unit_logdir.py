@@ -322,3 +322,20 @@ def test_over_quota_when_handing_a_file_over_is_log_disk_full(
     monkeypatch.setattr(os, "fchown", over_quota)
     refused(logs, 1, EndReason.LOG_DISK_FULL)
     assert os.listdir(logs / JOB / "attempt_1") == []  # no root-owned leftover to trip the next try
+
+
+def test_remove_job_deletes_the_tree_and_never_follows_a_planted_link(tmp_path: Path) -> None:
+    from elasticd.jobs.logdir import remove_job
+
+    root = tmp_path / "logs"
+    job = root / "job-1" / "attempt_0"
+    job.mkdir(parents=True)
+    (job / "rank_0.log").write_text("x")
+    outside = tmp_path / "precious"
+    outside.mkdir()
+    (outside / "keep").write_text("keep")
+    (job / "evil").symlink_to(outside)  # a job tries to have root delete what the link points to
+    assert remove_job(root, "job-1")
+    assert not (root / "job-1").exists() and (outside / "keep").read_text() == "keep"
+    assert not remove_job(root, "job-1") and not remove_job(root, "../precious")
+    assert (outside / "keep").exists()

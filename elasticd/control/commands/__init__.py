@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from elasticd.control.commands import drain, kill, logs, nodes, ping, status, submit
+from elasticd.control.commands import drain, kill, logs, nodes, ping, rm, status, submit
 from elasticd.control.commands.base import Command
 
 REGISTRY: dict[str, Command[Any]] = {
@@ -18,5 +18,6 @@ REGISTRY: dict[str, Command[Any]] = {
         nodes.COMMAND,
         drain.DRAIN,
         drain.UNDRAIN,
+        rm.COMMAND,
     )
 }
