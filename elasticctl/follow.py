@@ -6,6 +6,7 @@ import sys
 import time
 
 from elasticctl.client import Client
+from elasticd.jobs.logs import rank_prefixed
 from elasticd.wire import LogsArgs, LogsReply, is_terminal
 
 POLL_S = 0.2
@@ -26,8 +27,7 @@ def follow(client: Client, job: str, rank: int | None, until_end: bool = True) -
                         file=sys.stderr,
                     )
                 attempt_seen = chunk["attempt"]
-            prefix = f"[rank{chunk['rank']}]: "
-            sys.stdout.write("".join(prefix + line + "\n" for line in chunk["text"].splitlines()))
+            sys.stdout.write(rank_prefixed(chunk["rank"], chunk["text"]))
         sys.stdout.flush()
         if is_terminal(reply["state"]) and not reply["chunks"]:
             return reply
