@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 
 from elasticctl.client import Client
+from elasticd.jobs.logs import rank_prefixed
 from elasticd.wire import LogsArgs, LogsReply, is_terminal
 
 POLL_S = 0.2
@@ -36,8 +37,7 @@ def follow(
                 attempt_seen = chunk["attempt"]
             if show is not None and not show(chunk["rank"]):
                 continue
-            prefix = f"[rank{chunk['rank']}]: "
-            sys.stdout.write("".join(prefix + line + "\n" for line in chunk["text"].splitlines()))
+            sys.stdout.write(rank_prefixed(chunk["rank"], chunk["text"]))
         sys.stdout.flush()
         if is_terminal(reply["state"]) and not reply["chunks"]:
             return reply

@@ -6,6 +6,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from elasticd.jobs.state import exit_text
 from elasticd.wire import FailureView, JobView, NodeView
 
 
@@ -46,17 +47,24 @@ def jobs_table(jobs: list[JobView]) -> str:
 
 
 def failure(job: JobView) -> str:
+    """The root cause (the first worker to fail), the node's other failed ranks, and the root
+    cause's last output. Each fact once: an exit is not repeated as its own message."""
     f: FailureView | None = job.get("failure")
     if not f:
         return ""
-    how = f"signal {f['signal']}" if f.get("signal") else f"exit code {f.get('exit_code')}"
+    what = exit_text(f.get("exit_code"), f.get("signal"), f.get("message", ""))
     lines = [
         f"first failure: rank {f['rank']} (local rank {f['local_rank']} on {f['node']}), "
-        f"attempt {f['attempt']}, {how}",
-        f"  {f.get('message', '')}",
+        f"attempt {f['attempt']}, {what}"
     ]
+    also = f.get("also_failed") or []
+    for other in also:
+        text = exit_text(other.get("exit_code"), other.get("signal"), other.get("message", ""))
+        lines.append(f"  also failed: rank {other['rank']} (local rank {other['local_rank']}), {text}")
+    if f.get("also_failed_more"):
+        lines.append(f"  also failed: {f['also_failed_more']} more rank(s)")
     if f.get("output_tail"):
-        lines.append("  last output of that rank:")
+        lines.append(f"  last output of rank {f['rank']}:")
         lines.extend(f"    | {line}" for line in f["output_tail"].splitlines())
     return "\n".join(lines)
 
@@ -85,7 +93,7 @@ def job_detail(job: JobView) -> str:
     fields: Mapping[str, Any] = job
     lines = [f"{k + ':':16}{fields.get(k)}" for k in DETAIL_KEYS if fields.get(k) not in (None, "", [])]
     lines.append(f"{'command:':16}{' '.join(job.get('argv') or [])}")
-    if job.get("error"):
+    if job.get("error") and job["error"] != job.get("reason"):
         lines.append(f"{'error:':16}{job['error']}")
     if job.get("members"):
         rows = [["NODE", "GROUP_RANK", "RANKS", "STATE", "DEVICES"]]

@@ -34,6 +34,7 @@ __all__ = [
     "EntryKind",
     "ErrorCode",
     "ErrorReply",
+    "FailedRankView",
     "FailureView",
     "GpuView",
     "InvalidRecordView",
@@ -183,8 +184,19 @@ class ErrorReply(TypedDict):
     details: NotRequired[dict[str, Any]]
 
 
+class FailedRankView(TypedDict):
+    """Another rank that failed in the same round (``elasticd.jobs.state.FailedRank``)."""
+
+    rank: int
+    local_rank: int
+    exit_code: int | None
+    signal: str | None
+    message: str  # one line
+    failed_at: float | None
+
+
 class FailureView(TypedDict):
-    """The first failing worker (``elasticd.jobs.state.WorkerFailure.to_json``)."""
+    """The root cause: the first worker to fail (``elasticd.jobs.state.WorkerFailure.to_json``)."""
 
     node: str
     attempt: int
@@ -194,7 +206,10 @@ class FailureView(TypedDict):
     signal: str | None
     message: str
     output_tail: str
-    oom: NotRequired[bool]  # absent in failures recorded by older daemons
+    oom: NotRequired[bool]  # this and the rest: absent in failures recorded by older daemons
+    failed_at: NotRequired[float | None]  # its error file's timestamp, else when its exit was seen
+    also_failed: NotRequired[list[FailedRankView]]  # the node's other failed ranks, first failed first
+    also_failed_more: NotRequired[int]  # failed ranks beyond those listed
 
 
 class MemberView(TypedDict):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,16 +19,18 @@ from elasticd.jobs.decider import GroupOutcome, group_outcome
 from elasticd.jobs.env import WorldLayout, worker_env
 from elasticd.jobs.identity import switch_to
 from elasticd.jobs.pathcheck import check_paths
+from elasticd.jobs.rootcause import Exit, by_first_failure, parse_error_file
 from elasticd.jobs.spec import JobSpec
-from elasticd.jobs.state import EndReason, SetupFailure, WorkerFailure
+from elasticd.jobs.state import EndReason, FailedRank, SetupFailure, WorkerFailure
 from elasticd.node.inventory import Inventory
 from elasticd.rendezvous.model import Member, RoundResult
-from elasticd.workers.group import Launch, Worker, WorkerGroup
+from elasticd.workers.group import Launch, Worker, WorkerGroup, wall_clock
 from elasticd.workers.limits import LimitBackend, LimitError, Placement, ResourceLimits, RlimitBackend
 from elasticd.workers.reaper import Reaper
 
 TAIL_BYTES = 4096
 TAIL_LINES = 30
+SETTLE_S = 1.0  # how long a failure waits for its siblings' exits before it is reported
 
 
 @dataclass(frozen=True)
@@ -141,42 +144,71 @@ def read_tail(path: Path) -> str:
     return "\n".join(lines[-TAIL_LINES:])
 
 
-def read_error_file(path: Path) -> str:
-    """The message torch's ``@record`` wrote to TORCHELASTIC_ERROR_FILE, if any (the daemon
-    pre-creates the file empty, so empty means no message)."""
+def read_error_file(path: Path) -> tuple[str, float | None]:
+    """The message and timestamp torch's ``@record`` wrote to TORCHELASTIC_ERROR_FILE, if any
+    (the daemon pre-creates the file empty, so empty means no message)."""
     root, parts = _in_tree(path)
     try:
         data = json.loads(logdir.read_small(root, parts))
     except ValueError:
-        return ""
-    message = data.get("message", "") if isinstance(data, dict) else ""
-    if isinstance(message, dict):
-        message = message.get("message", "")
-    text = str(message).strip()
-    return text.splitlines()[-1] if text else ""
+        return "", None
+    return parse_error_file(data)
 
 
-def describe_failure(node: str, attempt: int, worker: Worker) -> WorkerFailure:
-    launch = worker.launch
+def describe_failure(node: str, attempt: int, failed: Sequence[Worker]) -> WorkerFailure:
+    """The root cause among ``failed`` (workers that exited non-zero, at least one): the first to
+    fail by time (see ``jobs.rootcause``), with the others as ``also_failed``."""
+    errors = {w.launch.rank: read_error_file(w.launch.error_file) for w in failed}
+    workers = {w.launch.rank: w for w in failed}
+    exits = [
+        Exit(
+            rank=w.launch.rank,
+            local_rank=w.launch.local_rank,
+            returncode=w.exited.result(),
+            exited_at=wall_clock() if w.exited_at is None else w.exited_at,
+            error_at=errors[w.launch.rank][1],
+        )
+        for w in failed
+    ]
+    root, *others = by_first_failure(exits)
+    launch = workers[root.rank].launch
+    also = tuple(
+        FailedRank.from_exit(
+            rank=e.rank,
+            local_rank=e.local_rank,
+            returncode=e.returncode,
+            message=errors[e.rank][0],
+            failed_at=e.failed_at,
+        )
+        for e in others
+    )
     return WorkerFailure.from_exit(
         oom=launch.limits is not None and launch.limits.oom_killed(),
         node=node,
         attempt=attempt,
-        rank=launch.rank,
-        local_rank=launch.local_rank,
-        returncode=worker.exited.result(),
-        message=read_error_file(launch.error_file),
+        rank=root.rank,
+        local_rank=root.local_rank,
+        returncode=root.returncode,
+        message=errors[root.rank][0],
         tail=read_tail(launch.log_path),
+        failed_at=root.failed_at,
+        also_failed=also,
     )
 
 
 class ProcessWorkers:
-    """A started ``WorkerGroup`` as the agent sees it (``elasticd.agent.seams.Workers``)."""
+    """A started ``WorkerGroup`` as the agent sees it (``elasticd.agent.seams.Workers``).
+
+    A failure is reported once the group's other workers have exited too, or ``SETTLE_S`` after
+    it was seen: a crash usually brings its siblings down within moments (a broken collective),
+    and the report must name the first to fail, not the first noticed, and list the others.
+    """
 
     def __init__(self, group: WorkerGroup, rt: NodeRuntime, attempt: int) -> None:
         self._group = group
         self._rt = rt
         self._attempt = attempt
+        self._settled: asyncio.Future[int] | None = None
 
     def pids(self) -> list[int]:
         return [w.pid for w in self._group.running if w.pid]
@@ -184,16 +216,41 @@ class ProcessWorkers:
     def pgids(self) -> list[int]:
         return [w.pid for w in self._group.workers if w.pid]
 
+    def _settling(self) -> float:
+        """Seconds left before a failure seen while siblings still run is reported (0: now)."""
+        if not self._group.running:
+            return 0.0
+        seen = [w.exited_at for w in self._group.workers if not w.running and w.exited.result() != 0]
+        first = min((t for t in seen if t is not None), default=None)
+        return 0.0 if first is None else max(0.0, first + SETTLE_S - wall_clock())
+
     def exits(self) -> set[asyncio.Future[int]]:
-        return {w.exited for w in self._group.running}
+        """The running workers' exits, and the end of a failure's settling time."""
+        futures = {w.exited for w in self._group.running}
+        left = self._settling()
+        if left > 0:
+            if self._settled is None:
+                loop = asyncio.get_running_loop()
+                timer: asyncio.Future[int] = loop.create_future()
+
+                def ring() -> None:
+                    if not timer.done():
+                        timer.set_result(0)
+
+                loop.call_later(left + 0.01, ring)
+                self._settled = timer
+            futures.add(self._settled)
+        return futures
 
     def observe(self, describe: bool) -> Group:
         exited = [w for w in self._group.workers if not w.running]
         outcome = group_outcome([w.exited.result() for w in exited], len(self._group.running))
+        if outcome is GroupOutcome.FAILED and self._settling() > 0:
+            return Group(GroupOutcome.RUNNING)  # not yet: a sibling may be failing too
         if outcome is not GroupOutcome.FAILED or not describe:
             return Group(outcome)
-        first = min((w for w in exited if w.exited.result() != 0), key=lambda w: w.launch.rank)
-        failure = describe_failure(self._rt.node_id, self._attempt, first)
+        failed = [w for w in exited if w.exited.result() != 0]
+        failure = describe_failure(self._rt.node_id, self._attempt, failed)
         full = logdir.log_disk_full(self._rt.log_dir)
         return Group(outcome, failure, logdir.disk_full(self._rt.log_dir, self._rt.node_id) if full else None)
 

@@ -27,6 +27,14 @@ class Chunk:
     text: str
 
 
+def rank_prefixed(rank: int, text: str) -> str:
+    """A rank's output as ``logs`` and ``--follow`` show it: each line after ``[rankK]: ``, unless
+    it has that prefix already (torch's ``init_process_group`` makes a worker print its tracebacks
+    with the very same prefix, and ``[rank1]: [rank1]: Traceback`` says nothing more)."""
+    ours = f"[rank{rank}]:"
+    return "".join((line if line.startswith(ours) else f"{ours} {line}") + "\n" for line in text.splitlines())
+
+
 def log_files(log_dir: Path, job_id: str) -> list[tuple[int, int]]:
     """(attempt, rank) of every log the job has, in numeric order; unsafe entries are left out."""
     found = []

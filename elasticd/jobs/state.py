@@ -106,9 +106,66 @@ def describe_exit(returncode: int) -> str:
     return f"exit code {returncode}"
 
 
+MAX_ALSO_FAILED = 8  # other failed ranks a failure lists; the rest are only counted
+MAX_MESSAGE = 300  # an "also failed" rank's message, one line
+
+
+def _signal_name(returncode: int) -> str | None:
+    if returncode >= 0:
+        return None
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return str(-returncode)
+
+
+def exit_text(exit_code: int | None, sig: str | None, message: str = "") -> str:
+    """``exit code 1``, ``signal SIGKILL``, followed by ``: message`` only when the message says
+    more than the exit itself (a failure without an error file carries its exit as its message)."""
+    how = f"signal {sig}" if sig else f"exit code {exit_code}"
+    text = " ".join(message.split())
+    same = {"", how, f"exit code {exit_code}", f"killed by {sig}", f"killed by signal {sig}"}
+    return how if text in same else f"{how}: {text}"
+
+
+def one_line(text: str, limit: int = MAX_MESSAGE) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+@dataclass(frozen=True)
+class FailedRank:
+    """Another rank of the same node that failed in the same round, after the root cause."""
+
+    rank: int
+    local_rank: int
+    exit_code: int | None  # None when killed by a signal
+    signal: str | None
+    message: str = ""  # one line: the error file's message, else the exit
+    failed_at: float | None = None  # seconds since the epoch (see WorkerFailure.failed_at)
+
+    @classmethod
+    def from_exit(
+        cls, *, rank: int, local_rank: int, returncode: int, message: str, failed_at: float | None = None
+    ) -> FailedRank:
+        return cls(
+            rank=rank,
+            local_rank=local_rank,
+            exit_code=returncode if returncode >= 0 else None,
+            signal=_signal_name(returncode),
+            message=one_line(message or describe_exit(returncode)),
+            failed_at=failed_at,
+        )
+
+
 @dataclass(frozen=True)
 class WorkerFailure:
-    """The first failing worker of an attempt, like torchelastic's ``ProcessFailure``."""
+    """The root cause of a failed attempt on a node: the worker that failed first, by the time in
+    its error file (torch's ``@record``), else by when its exit was seen. Like torchelastic's
+    ``ProcessFailure``; the node's other failed ranks of the round are in ``also_failed``.
+
+    Fields added after the first release have defaults: records of older daemons still decode.
+    """
 
     node: str
     attempt: int
@@ -119,6 +176,9 @@ class WorkerFailure:
     message: str  # from TORCHELASTIC_ERROR_FILE when the script used @record, else the exit
     output_tail: str  # last lines the rank wrote (stdout and stderr, interleaved as on a terminal)
     oom: bool = False  # killed by the OOM killer (known where the worker had its own cgroup)
+    failed_at: float | None = None  # the error file's timestamp (whole seconds), else the exit's
+    also_failed: tuple[FailedRank, ...] = ()  # this node's other failed ranks, first failed first
+    also_failed_more: int = 0  # further failed ranks, beyond MAX_ALSO_FAILED, only counted
 
     @classmethod
     def from_exit(
@@ -132,28 +192,33 @@ class WorkerFailure:
         message: str,
         tail: str,
         oom: bool = False,
+        failed_at: float | None = None,
+        also_failed: tuple[FailedRank, ...] = (),
     ) -> WorkerFailure:
-        sig = None
-        if returncode < 0:
-            try:
-                sig = signal.Signals(-returncode).name
-            except ValueError:
-                sig = str(-returncode)
         return cls(
             node=node,
             attempt=attempt,
             rank=rank,
             local_rank=local_rank,
             exit_code=returncode if returncode >= 0 else None,
-            signal=sig,
+            signal=_signal_name(returncode),
             message=message or ("killed by the OOM killer" if oom else describe_exit(returncode)),
             output_tail=tail,
             oom=oom,
+            failed_at=failed_at,
+            also_failed=also_failed[:MAX_ALSO_FAILED],
+            also_failed_more=max(0, len(also_failed) - MAX_ALSO_FAILED),
         )
 
     def summary(self) -> str:
-        what = f"signal {self.signal}" if self.signal else f"exit code {self.exit_code}"
-        return f"rank {self.rank} (local {self.local_rank} on {self.node}) failed with {what}: {self.message}"
+        what = exit_text(self.exit_code, self.signal, self.message)
+        text = f"rank {self.rank} (local {self.local_rank} on {self.node}) failed with {what}"
+        others = [f"rank {f.rank}" for f in self.also_failed]
+        if self.also_failed_more:
+            others.append(f"{self.also_failed_more} more")
+        return f"{text}; also failed: {', '.join(others)}" if others else text
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["also_failed"] = [asdict(f) for f in self.also_failed]
+        return out

@@ -26,7 +26,16 @@ from elasticd.workers.spawn import SPAWN_FAILED, Identity, worker_preexec
 
 _log = log.get("elasticd.workers")
 
-__all__ = ["SPAWN_FAILED", "Launch", "Worker", "WorkerGroup"]
+__all__ = ["SPAWN_FAILED", "Launch", "Worker", "WorkerGroup", "wall_clock"]
+
+_EPOCH = time.time() - time.monotonic()
+
+
+def wall_clock() -> float:
+    """Seconds since the epoch, read off the monotonic clock: comparable with the timestamps
+    workers write (``time.time()``), yet never going back when the wall clock is stepped, so
+    exits seen one after the other are stamped in that order."""
+    return _EPOCH + time.monotonic()
 
 
 @dataclass(frozen=True)
@@ -51,11 +60,28 @@ class Worker:
         self.launch = launch
         self.pid = pid
         self.exited = exited
-        self.started_at = time.time()
+        self.started_at = wall_clock()
+        self._exited_at: float | None = None
+        if exited.done():  # it never started
+            self._exited_at = self.started_at
+        else:
+            exited.add_done_callback(self._seen)
+
+    def _seen(self, _: object = None) -> None:
+        if self._exited_at is None:
+            self._exited_at = wall_clock()
 
     @property
     def running(self) -> bool:
         return not self.exited.done()
+
+    @property
+    def exited_at(self) -> float | None:
+        """When its exit was seen (``wall_clock``), None while it runs. Stamped by the exit's
+        callback, or by the first look at an exit whose callback has not run yet."""
+        if self._exited_at is None and self.exited.done():
+            self._seen()
+        return self._exited_at
 
 
 def _watch_exit(proc: subprocess.Popen[bytes]) -> asyncio.Future[int]:

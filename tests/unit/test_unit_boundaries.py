@@ -34,6 +34,8 @@ PURE = (
     "elasticd.jobs.admission",
     "elasticd.jobs.view",
     "elasticd.jobs.decider",
+    "elasticd.jobs.rootcause",
+    "elasticd.jobs.state",
     "elasticd.wire",
 )
 HEAVY = ("etcd3", "grpc", "zmq", "google.protobuf", "psutil", "torch")

@@ -106,10 +106,11 @@ def test_worker_failure_keeps_the_error_file_message() -> None:
 @pytest.mark.parametrize(
     ("returncode", "message", "summary"),
     [
-        (3, "", "rank 5 (local 1 on n1) failed with exit code 3: exit code 3"),
+        (3, "", "rank 5 (local 1 on n1) failed with exit code 3"),
+        (3, "exit code 3", "rank 5 (local 1 on n1) failed with exit code 3"),
         (3, "RuntimeError: x", "rank 5 (local 1 on n1) failed with exit code 3: RuntimeError: x"),
-        (-9, "", "rank 5 (local 1 on n1) failed with signal SIGKILL: killed by SIGKILL"),
-        (-200, "", "rank 5 (local 1 on n1) failed with signal 200: killed by signal 200"),
+        (-9, "", "rank 5 (local 1 on n1) failed with signal SIGKILL"),
+        (-200, "", "rank 5 (local 1 on n1) failed with signal 200"),
     ],
 )
 def test_summary(returncode: int, message: str, summary: str) -> None:
@@ -127,4 +128,7 @@ def test_to_json_has_every_field() -> None:
         "message": "killed by SIGKILL",
         "output_tail": "last words\n",
         "oom": False,
+        "failed_at": None,
+        "also_failed": [],
+        "also_failed_more": 0,
     }

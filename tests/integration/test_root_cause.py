@@ -1,0 +1,55 @@
+"""Real torch.distributed (gloo, CPU): rank 1 crashes, rank 0 then fails on the broken collective.
+The report names rank 1, the root cause, with rank 0 under "also failed", the same way in
+``status --json``, ``status`` and ``--follow``'s last words; no text is said twice."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.support import REPO, DaemonProc
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.torch
+SCRIPT = REPO / "tests" / "scripts" / "crash_collective.py"
+
+
+@pytest.mark.timeout(180)
+def test_the_first_rank_to_fail_is_the_root_cause(daemon: DaemonProc, tmp_path: Path) -> None:
+    env = dict(os.environ, CRASH_RANK="1")
+    res = daemon.ctl(
+        "submit", "--nproc-per-node", "2", "--max-restarts", "0", "--follow", str(SCRIPT),
+        env=env, timeout_s=150, cwd=tmp_path,
+    )  # fmt: skip
+    assert res.returncode == 4, res.stdout + res.stderr
+    job_id = res.stdout.splitlines()[0]
+
+    job = json.loads(daemon.ctl("status", job_id, "--json").stdout)
+    failure = job["failure"]
+    assert job["state"] == "FAILED"
+    assert failure["rank"] == 1 and failure["exit_code"] == 1, failure
+    assert failure["message"] == "RuntimeError: rank 1 crashed on purpose"
+    assert "[rank1]: RuntimeError: rank 1 crashed on purpose" in failure["output_tail"]
+    (other,) = failure["also_failed"]
+    assert other["rank"] == 0 and other["exit_code"] == 1 and other["signal"] is None, other
+    assert other["message"].startswith("RuntimeError:") and "\n" not in other["message"]
+    assert other["failed_at"] >= failure["failed_at"]
+    assert failure["also_failed_more"] == 0
+
+    # --follow: each rank's lines once prefixed, torch's own "[rank1]:" kept as it is.
+    out = res.stdout
+    assert "[rank1]: Traceback (most recent call last):" in out and "[rank0]: rank 0 reduced 2.0" in out
+    assert "[rank1]: [rank1]:" not in out and "[rank0]: [rank0]:" not in out
+    # --follow's last words and status name the same root cause, each fact once.
+    status = daemon.ctl("status", job_id)
+    assert status.returncode == 0, status.stderr
+    for text in (res.stderr, status.stdout):
+        assert "first failure: rank 1 (local rank 1 on " in text
+        assert ", exit code 1: RuntimeError: rank 1 crashed on purpose" in text
+        assert "also failed: rank 0 (local rank 0), exit code 1: RuntimeError:" in text
+        assert "exit code 1: exit code 1" not in text and "[rank1]: [rank1]:" not in text
+    assert status.stdout.count("rank 1 (local 1 on") == 1  # reason and error: one line
+    assert job["error"].startswith("rank 1 (local 1 on") and "also failed: rank 0" in job["error"]
