@@ -224,6 +224,7 @@ class Daemon:
             "--node-id", self.node_id,
             "--etcd-endpoints", self.bench.etcd_endpoint,
             "--etcd-prefix", self.prefix,
+            "--address", "127.0.0.1",  # every "node" is this host (left unset: no multi-node job)
             "--lease-ttl", str(LEASE_TTL),
             "--log-format", "json",
             "--stop-grace", str(DAEMON_STOP_GRACE_S),

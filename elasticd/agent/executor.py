@@ -22,10 +22,9 @@ from elasticd.agent.step import step
 from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keys import Change, KeyKind
 from elasticd.jobs.decider import GroupOutcome
-from elasticd.jobs.launch import NodeRuntime, ProcessLauncher
+from elasticd.jobs.launch import NodeRuntime, ProcessLauncher, master_port
 from elasticd.jobs.spec import JobSpec
 from elasticd.jobs.state import JobState, SetupFailure
-from elasticd.netaddr import free_port
 from elasticd.node.peers import PeerWatch
 from elasticd.rendezvous.model import Join, RoundReason
 from elasticd.rendezvous.store import JobStore
@@ -207,11 +206,10 @@ class JobAgent:
             case act.Join(round_no):
                 if lease is not None:
                     rt = self._rt
-                    # torch's TCPStore on rank 0 listens on every address
                     join = Join(
                         node,
                         rt.address,
-                        free_port("0.0.0.0"),
+                        master_port(rt),
                         self.spec.nproc_per_node,
                         liveness_port=rt.liveness_port,
                     )

@@ -17,7 +17,7 @@ from elasticd import log
 from elasticd.config import Settings
 from elasticd.control.server import ControlServer
 from elasticd.daemon import systemd
-from elasticd.errors import EtcdUnavailable
+from elasticd.errors import ConfigError, EtcdUnavailable
 from elasticd.etcd.client import EtcdClient
 from elasticd.etcd.embedded import EmbeddedEtcd
 from elasticd.etcd.keys import Keys
@@ -26,6 +26,7 @@ from elasticd.jobs.launch import NodeRuntime
 from elasticd.jobs.logdir import log_group_gid
 from elasticd.manager.jobs import JobManager
 from elasticd.manager.service import CommandService, NodeFacts
+from elasticd.netaddr import NoFreePort
 from elasticd.node.inventory import discover
 from elasticd.node.liveness import LivenessServer
 from elasticd.node.registry import NodeRegistry
@@ -85,6 +86,26 @@ class Daemon:
                 _log.warning("etcd.waiting", error=str(exc))
                 await asyncio.sleep(1.0)
 
+    def _warn_if_unreachable(self) -> None:
+        """A loopback address with an external etcd: workers on other hosts would hang at
+        process-group init trying to reach this node. Left at its default, this node also takes
+        no multi-node job (``jobs.admission``); set explicitly, it says every node runs here."""
+        s = self.settings
+        if s.single_host_only:
+            _log.warning(
+                "address.loopback",
+                address=s.effective_address,
+                consequence="this node takes no multi-node job",
+                fix="set address (--address, ELASTICD_ADDRESS) to this host's address on the "
+                "training network, or to 127.0.0.1 explicitly if every node runs on this host",
+            )
+        elif s.loopback_with_external_etcd:
+            _log.warning(
+                "address.loopback",
+                address=s.effective_address,
+                consequence="workers on other hosts cannot reach this node (fine if every node runs here)",
+            )
+
     async def run(self) -> int:
         s = self.settings
         self._state.open()
@@ -98,9 +119,13 @@ class Daemon:
             self._reaper.start()
             self.etcd = await self._connect_etcd()
             inventory = discover(self.node_id, s.fake_gpus, s.slots)
-            address = s.address or "127.0.0.1"
+            address = s.effective_address
+            self._warn_if_unreachable()
             self._liveness = LivenessServer(address)
-            await self._liveness.start()
+            try:
+                await self._liveness.start(s.worker_ports)
+            except NoFreePort as exc:
+                raise ConfigError(str(exc)) from exc
             rt = NodeRuntime(
                 self.node_id,
                 address,
@@ -110,6 +135,8 @@ class Daemon:
                 self._liveness.port,
                 limits=limits,
                 log_gid=log_group_gid(s.log_group),
+                worker_ports=s.worker_ports,
+                single_host_only=s.single_host_only,
             )
             # The lease has its own client with short calls: a keep-alive stuck on a dead etcd member
             # must fail over well within the TTL, or the node would fence itself for nothing.

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from elasticd import __version__, log
-from elasticd.config import load_settings
+from elasticd.config import OPTIONS, flag_of, load_settings
 from elasticd.errors import ConfigError, EtcdUnavailable
 
 
@@ -21,30 +21,16 @@ def build_parser() -> argparse.ArgumentParser:
         "environment variables, then these flags.",
     )
     p.add_argument("--version", action="version", version=f"elasticd {__version__}")
-    p.add_argument("--config", type=Path, help="TOML config file (default /etc/elasticd/elasticd.toml)")
-    p.add_argument("--socket", help="control socket path")
-    p.add_argument("--state-dir", help="state directory (node id, job records, embedded etcd data)")
-    p.add_argument("--log-dir", help="job log directory")
-    p.add_argument("--node-id", help="this node's id (default: remembered, first from the hostname)")
-    p.add_argument("--address", help="address peers use to reach this host's workers")
-    p.add_argument("--etcd-endpoints", help="comma-separated host:port list; none starts an embedded etcd")
-    p.add_argument("--etcd-prefix", help="key prefix in etcd (default /elasticd/v1)")
-    p.add_argument("--etcd-ca", help="CA bundle that signed the etcd servers' certificates (https endpoints)")
-    p.add_argument("--etcd-cert", help="client certificate for etcd (its CN is the etcd user with auth on)")
-    p.add_argument("--etcd-key", help="the client certificate's private key")
-    p.add_argument("--lease-ttl", help="node lease TTL in seconds (default 10)")
-    p.add_argument("--fake-gpus", help="pretend to have N GPUs (tests)")
-    p.add_argument("--slots", help="CPU slots when there are no GPUs (default: CPU count)")
-    p.add_argument("--stop-grace", help="seconds between SIGTERM and SIGKILL for workers (default 10)")
     p.add_argument(
-        "--allow-root-jobs",
-        action="store_const",
-        const=True,
-        help="run jobs submitted by root as root (off by default: they are refused)",
+        "--config", type=Path, metavar="FILE", help="TOML config file (default /etc/elasticd/elasticd.toml)"
     )
-    p.add_argument("--log-group", help="job log files are 0640 to this group (default 0600)")
-    p.add_argument("--log-format", choices=["auto", "json", "console"])
-    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    for name, option in OPTIONS.items():  # one flag per setting, from the settings' own table
+        if option.boolean:  # --allow-root-jobs / --no-allow-root-jobs
+            p.add_argument(flag_of(name), dest=name, action=argparse.BooleanOptionalAction, help=option.help)
+        else:
+            p.add_argument(
+                flag_of(name), dest=name, metavar=option.metavar, choices=option.choices, help=option.help
+            )
     return p
 
 

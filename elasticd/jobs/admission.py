@@ -18,9 +18,16 @@ class Admission:
 
 
 def admit(
-    snap: JobSnapshot, node: str, free_slots: int, total_slots: int, unit: str, draining: bool = False
+    snap: JobSnapshot,
+    node: str,
+    free_slots: int,
+    total_slots: int,
+    unit: str,
+    draining: bool = False,
+    single_host_only: bool = False,
 ) -> Admission:
-    """A drained node (node-wide, or for this job) joins nothing; others join where there is a seat."""
+    """A drained node (node-wide, or for this job) joins nothing; others join where there is a seat.
+    A node whose address other hosts cannot reach (``single_host_only``) joins no multi-node job."""
     spec = snap.spec
     if spec is None or snap.ended or snap.round is None or not spec.allows(node):
         return Admission(False)
@@ -33,12 +40,22 @@ def admit(
         seats = spec.nnodes.max - len(snap.current_joins)
     if seats <= 0:
         return Admission(False)
+    if single_host_only and spec.nnodes.max > 1:
+        return Admission(False, single_host_note(node))
     if free_slots < spec.nproc_per_node:
         need = spec.nproc_per_node
         return Admission(
             False, f"{node} is waiting for {need} free {unit} ({free_slots} of {total_slots} free now)"
         )
     return Admission(True)
+
+
+def single_host_note(node: str) -> str:
+    return (
+        f"{node} takes no multi-node job: its address is the default 127.0.0.1 while etcd is external, "
+        "so workers on other hosts could not reach it; set `address` (--address, ELASTICD_ADDRESS) to "
+        "this host's address on the training network (or to 127.0.0.1 if every node runs on this host)"
+    )
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from elasticd.jobs.pathcheck import check_paths
 from elasticd.jobs.rootcause import Exit, by_first_failure, parse_error_file
 from elasticd.jobs.spec import JobSpec
 from elasticd.jobs.state import EndReason, FailedRank, SetupFailure, WorkerFailure
+from elasticd.netaddr import NoFreePort, PortRange, pick_port
 from elasticd.node.inventory import Inventory
 from elasticd.rendezvous.model import Member, RoundResult
 from elasticd.workers.group import Launch, Worker, WorkerGroup, wall_clock
@@ -45,6 +46,21 @@ class NodeRuntime:
     liveness_port: int = 0  # see elasticd.node.liveness
     limits: LimitBackend = field(default_factory=RlimitBackend)  # cgroups where allowed (limits.detect)
     log_gid: int | None = None  # the operator's log_group: job logs 0640 to it (logdir.log_group_gid)
+    worker_ports: PortRange | None = None  # the operator's worker_ports: MASTER_PORT comes from there
+    single_host_only: bool = False  # address left at loopback with an external etcd (Settings)
+
+
+def master_port(rt: NodeRuntime) -> int:
+    """The port this node offers for MASTER_PORT when it joins a round (used if it leads).
+
+    torch's TCPStore on rank 0 listens on every address, so that is what is tried.
+    """
+    try:
+        return pick_port("0.0.0.0", rt.worker_ports)
+    except NoFreePort as exc:
+        raise SetupFailure(
+            EndReason.SPAWN_FAILED, f"on node {rt.node_id}: {exc}; widen worker_ports or free some"
+        ) from exc
 
 
 def layout_for(result: RoundResult, me: Member) -> WorldLayout:

@@ -44,7 +44,13 @@ class Admitter:
             return None
         free = len(self.allocator.free())
         decision = admit(
-            snap, node, free, self._rt.inventory.slots, self.unit, draining=self.draining is not None
+            snap,
+            node,
+            free,
+            self._rt.inventory.slots,
+            self.unit,
+            draining=self.draining is not None,
+            single_host_only=self._rt.single_host_only,
         )
         if decision.note != self._notes.get(spec.id) and lease is not None and snap.result is None:
             await store.note_pending(node, decision.note, lease)

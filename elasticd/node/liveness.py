@@ -17,6 +17,7 @@ import contextlib
 from collections.abc import Awaitable, Callable
 
 from elasticd import log
+from elasticd.netaddr import NoFreePort, PortRange
 
 _log = log.get("elasticd.liveness")
 
@@ -30,9 +31,20 @@ class LivenessServer:
         self._server: asyncio.Server | None = None
         self._peers: set[asyncio.StreamWriter] = set()
 
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._hold, self.host, 0)
-        self.port = int(self._server.sockets[0].getsockname()[1])
+    async def start(self, ports: PortRange | None = None) -> None:
+        """Listen on any free port, or on one of ``ports`` (raises ``NoFreePort``)."""
+        if ports is None:
+            self._server = server = await asyncio.start_server(self._hold, self.host, 0)
+        else:
+            for port in ports.candidates():
+                try:
+                    self._server = server = await asyncio.start_server(self._hold, self.host, port)
+                    break
+                except OSError:
+                    continue
+            else:
+                raise NoFreePort(f"no free port in worker_ports {ports} for the liveness port")
+        self.port = int(server.sockets[0].getsockname()[1])
 
     async def _hold(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._peers.add(writer)

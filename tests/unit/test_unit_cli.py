@@ -1,12 +1,17 @@
-"""elasticctl's argument handling (no daemon needed)."""
+"""elasticctl's argument handling, --version and shell completion (no daemon needed)."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from elasticctl.cli import build_parser
+from elasticctl.cli import build_parser, main
+from elasticd import __version__
+from elasticd.daemon.main import build_parser as daemon_parser
+from elasticd.daemon.main import main as daemon_main
 
 
 @pytest.mark.parametrize(
@@ -32,3 +37,65 @@ def test_submit_script_args_after_double_dash() -> None:
     assert ns.target == "train.py" and ns.script_args == ["--lr", "0.1"] and ns.nproc_per_node == 4
     keep = build_parser().parse_args(["submit", "train.py", "--", "--", "x"])
     assert keep.script_args == ["--", "x"]
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"elasticctl {__version__}"
+
+
+def test_elasticd_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        daemon_main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"elasticd {__version__}"
+
+
+def test_elasticd_boolean_flag_both_ways() -> None:
+    assert daemon_parser().parse_args(["--allow-root-jobs"]).allow_root_jobs is True
+    assert daemon_parser().parse_args(["--no-allow-root-jobs"]).allow_root_jobs is False
+    assert daemon_parser().parse_args([]).allow_root_jobs is None  # not given: the file or env decides
+
+
+def completion(shell: str, capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(["completion", shell]) == 0  # no daemon needed
+    return capsys.readouterr().out
+
+
+def test_bash_completion(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    script = tmp_path / "elasticctl.bash"
+    script.write_text(completion("bash", capsys))
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    # What bash completes, with the script loaded: commands, a command's flags, choices.
+    probe = (
+        f"source {script}\n"
+        'complete_words() { COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); COMPREPLY=();\n'
+        '  _shtab_elasticctl; echo "${COMPREPLY[*]}"; }\n'
+        "complete_words elasticctl su\n"
+        "complete_words elasticctl submit --nproc\n"
+        "complete_words elasticctl completion ''\n"
+        "complete_words elasticctl dr\n"
+    )
+    res = subprocess.run(["bash", "-c", probe], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == ["submit", "--nproc-per-node", "bash zsh", "drain"]
+
+
+def test_zsh_completion(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    text = completion("zsh", capsys)
+    assert text.startswith("#compdef elasticctl")
+    for command in ("submit", "status", "kill", "logs", "nodes", "drain", "undrain", "ping", "completion"):
+        assert f"\n    {command}:" in text
+    if shutil.which("zsh") is None:
+        return  # zsh is not installed here: its syntax check is skipped
+    script = tmp_path / "_elasticctl"
+    script.write_text(text)
+    assert subprocess.run(["zsh", "-n", str(script)], capture_output=True).returncode == 0
+
+
+def test_completion_of_an_unknown_shell_is_a_usage_error() -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["completion", "cmd.exe"])
+    assert info.value.code == 2

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from elasticd import config
-from elasticd.config import _CONVERTERS, Settings, load_settings, setting_names
+from elasticd.config import OPTIONS, Settings, env_of, flag_of, load_settings, setting_names
+from elasticd.daemon.main import build_parser
 from elasticd.errors import ConfigError
+from elasticd.netaddr import PortRange
 
 
 @pytest.fixture(autouse=True)
@@ -28,9 +32,105 @@ def toml(tmp_path: Path, text: str) -> Path:
     return path
 
 
-def test_converters_cover_exactly_the_settings_fields() -> None:
-    assert set(_CONVERTERS) == {f.name for f in dataclasses.fields(Settings)}
-    assert setting_names() == list(_CONVERTERS)
+def test_options_cover_exactly_the_settings_fields() -> None:
+    assert set(OPTIONS) == {f.name for f in dataclasses.fields(Settings)}
+    assert setting_names() == list(OPTIONS)
+
+
+# Three different valid values of every setting, as written in the file, the environment and a
+# flag (None: a boolean flag without a value). A setting added without a row here fails below.
+SAMPLES: dict[str, tuple[str, str, str | None]] = {
+    "socket": ("/f/c.sock", "/e/c.sock", "/c/c.sock"),
+    "socket_mode": ("600", "640", "0666"),
+    "socket_group": ("g-file", "g-env", "g-flag"),
+    "state_dir": ("/f/state", "/e/state", "/c/state"),
+    "log_dir": ("/f/logs", "/e/logs", "/c/logs"),
+    "node_id": ("n-file", "n-env", "n-flag"),
+    "address": ("10.0.0.1", "10.0.0.2", "10.0.0.3"),
+    "worker_ports": ("1000-1100", "2000-2100", "30000-30010"),
+    "etcd_endpoints": ("f:2379", "e1:2379,e2:2379", "https://c:2379"),
+    "etcd_prefix": ("/f", "/e", "/c"),
+    "etcd_ca": ("/f/ca.pem", "/e/ca.pem", "/c/ca.pem"),
+    "etcd_cert": ("/f/cert.pem", "/e/cert.pem", "/c/cert.pem"),
+    "etcd_key": ("/f/key.pem", "/e/key.pem", "/c/key.pem"),
+    "etcd_user": ("u-file", "u-env", "u-flag"),
+    "etcd_password": ("p-file", "p-env", "p-flag"),
+    "etcd_binary": ("/f/etcd", "/e/etcd", "/c/etcd"),
+    "lease_ttl": ("4", "5.5", "7"),
+    "fake_gpus": ("1", "2", "3"),
+    "slots": ("1", "2", "3"),
+    "stop_grace": ("0", "1.5", "30"),
+    "allow_root_jobs": ("false", "true", None),  # the flag: --no-allow-root-jobs
+    "log_group": ("lg-file", "lg-env", "lg-flag"),
+    "log_format": ("json", "console", "auto"),
+    "log_level": ("debug", "warning", "error"),
+}
+
+
+def _argv(name: str, value: str | None) -> list[str]:
+    return [f"--no-{flag_of(name)[2:]}"] if value is None else [flag_of(name), value]
+
+
+@pytest.mark.parametrize("name", setting_names())
+def test_every_setting_is_a_flag_of_elasticd_and_flags_win(name: str, tmp_path: Path) -> None:
+    """README: every setting is a TOML key, an ELASTICD_ variable and a flag; file < env < flags."""
+    assert name in SAMPLES, f"add sample values of the new setting {name!r} to SAMPLES"
+    file_value, env_value, flag_value = SAMPLES[name]
+    path = toml(tmp_path, f"{name} = {json.dumps(file_value)}\n")
+    env = {env_of(name): env_value}
+    flags = vars(build_parser().parse_args(["--config", str(path), *_argv(name, flag_value)]))
+    config_file = flags.pop("config")
+    assert [k for k, v in flags.items() if v is not None] == [name]  # the flag sets exactly its setting
+
+    def value(file: Path | None, environ: dict[str, str], given: dict[str, Any]) -> Any:
+        return getattr(load_settings(file, environ, given), name)
+
+    convert = OPTIONS[name].convert
+    expected_flag = False if flag_value is None else convert(flag_value)
+    assert value(config_file, env, flags) == expected_flag
+    assert value(config_file, env, {}) == convert(env_value) != expected_flag
+    assert value(config_file, {}, {}) == convert(file_value) != convert(env_value)
+
+
+def test_every_setting_is_in_the_readme() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert [name for name in setting_names() if f"`{name}`" not in readme] == []
+
+
+def test_worker_ports() -> None:
+    assert load_settings(None, {}, {}).worker_ports is None
+    assert load_settings(None, {}, {"worker_ports": "29500-29999"}).worker_ports == PortRange(29500, 29999)
+    assert load_settings(None, {"ELASTICD_WORKER_PORTS": " 29500 "}, {}).worker_ports == PortRange(
+        29500, 29500
+    )
+    assert load_settings(None, {"ELASTICD_WORKER_PORTS": ""}, {}).worker_ports is None
+
+
+@pytest.mark.parametrize("value", ["29999-29500", "0-10", "65535-65536", "a-b", "29500-", "-5", "1-2-3"])
+def test_bad_worker_ports(value: str) -> None:
+    with pytest.raises(ConfigError, match="worker_ports"):
+        load_settings(None, {}, {"worker_ports": value})
+
+
+@pytest.mark.parametrize(
+    ("endpoints", "address", "single_host_only", "warned"),
+    [
+        ("", None, False, False),  # embedded etcd: one host by construction
+        ("", "127.0.0.1", False, False),
+        ("etcd:2379", None, True, True),  # the forgotten address: no multi-node job here
+        ("etcd:2379", "127.0.0.1", False, True),  # explicit: every node runs on this host
+        ("etcd:2379", "localhost", False, True),
+        ("etcd:2379", "::1", False, True),
+        ("etcd:2379", "10.0.1.17", False, False),
+        ("etcd:2379", "gpu-17.example", False, False),
+    ],
+)
+def test_loopback_address_with_external_etcd(
+    endpoints: str, address: str | None, single_host_only: bool, warned: bool
+) -> None:
+    s = load_settings(None, {}, {"etcd_endpoints": endpoints, "address": address})
+    assert s.effective_address == (address or "127.0.0.1")
+    assert (s.single_host_only, s.loopback_with_external_etcd) == (single_host_only, warned)
 
 
 def test_defaults() -> None:
@@ -237,3 +337,12 @@ def test_invalid_values_not_caught(key: str, value: str) -> None:
 @pytest.mark.parametrize(("raw", "mode"), [(0o660, 0o660), (660, 0o660), ("660", 0o660), ("0666", 0o666)])
 def test_socket_mode_is_octal_however_written(raw: object, mode: int) -> None:
     assert load_settings(None, {}, {"socket_mode": raw}).socket_mode == mode
+
+
+def test_every_example_setting_is_valid(tmp_path: Path) -> None:
+    """Each commented-out ``#key = value`` of packaging/elasticd.toml.example loads as it is."""
+    example = Path(__file__).resolve().parents[2] / "packaging" / "elasticd.toml.example"
+    lines = [line[1:] for line in example.read_text().splitlines() if re.match(r"#[a-z_]+ = ", line)]
+    assert any(line.startswith("worker_ports") for line in lines)
+    for line in lines:
+        load_settings(toml(tmp_path, line + "\n"), {}, {})

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from elasticd.jobs.admission import Admission, admit
+from elasticd.jobs.admission import Admission, admit, single_host_note
 from elasticd.jobs.spec import EntryKind, JobSpec, NodeRange
 from elasticd.rendezvous.decider import build_result
 from elasticd.rendezvous.model import Join, RoundInfo, RoundReason
@@ -146,3 +146,25 @@ def test_enough_free_slots(free: int, nproc: int) -> None:
 )
 def test_refusals_other_than_slots_carry_no_note(snap: JobSnapshot) -> None:
     assert admit(snap, "n9", 0, 8, "GPUs") == NO
+
+
+@pytest.mark.parametrize(
+    ("nnodes", "joins", "want"),
+    [
+        (NodeRange(1, 1), (), YES),  # single-node jobs run
+        (NodeRange(1, 3), (), Admission(False, single_host_note("n9"))),
+        (NodeRange(2, 2), ("n1",), Admission(False, single_host_note("n9"))),
+        (NodeRange(2, 2), ("n1", "n2"), NO),  # no seat: nothing to say
+    ],
+)
+def test_a_node_others_cannot_reach_takes_no_multi_node_job(
+    nnodes: NodeRange, joins: tuple[str, ...], want: Admission
+) -> None:
+    snap = snapshot(spec=make_spec(nnodes=nnodes), joins=joins)
+    assert admit(snap, "n9", 8, 8, "GPUs", single_host_only=True) == want
+    assert admit(snap, "n9", 8, 8, "GPUs") == (NO if joins == ("n1", "n2") else YES)
+
+
+def test_the_single_host_note_names_the_setting() -> None:
+    note = single_host_note("n9")
+    assert "n9" in note and "`address`" in note and "--address" in note and "ELASTICD_ADDRESS" in note
