@@ -11,13 +11,15 @@ import functools
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from elasticctl import completion, render
+from elasticctl import completion, render, torchrun
 from elasticctl.client import Client, DaemonError, Unreachable
 from elasticctl.entry import UsageError, resolve_entry
 from elasticctl.follow import follow
+from elasticctl.run import local_gpus
 from elasticd import __version__
 from elasticd.control.address import default_socket_path
 from elasticd.wire import (
@@ -31,6 +33,8 @@ from elasticd.wire import (
     NoArgs,
     NodesReply,
     PingReply,
+    RmArgs,
+    RmReply,
     StatusArgs,
     StatusReply,
     SubmitArgs,
@@ -56,8 +60,16 @@ def _env_pairs(pairs: list[str]) -> dict[str, str]:
     return out
 
 
-def submit_args(ns: argparse.Namespace) -> SubmitArgs:
-    """Turn the CLI's view of a job into the submit command's arguments (sbatch-like defaults)."""
+def submit_args(ns: argparse.Namespace, gpus: Callable[[], int] = lambda: 0) -> SubmitArgs:
+    """The submit command's arguments (sbatch-like defaults); see ``submit_request``."""
+    return submit_request(ns, gpus)[0]
+
+
+def submit_request(ns: argparse.Namespace, gpus: Callable[[], int]) -> tuple[SubmitArgs, torchrun.Mapped]:
+    """Turn the CLI's view of a job into the submit command's arguments, with what torchrun's
+    flags among them came to (``gpus``: this node's GPUs, for ``--nproc-per-node gpu|auto``)."""
+    mapped = torchrun.interpret(ns, gpus)
+    fields = mapped.fields
     cwd = os.path.abspath(ns.cwd or os.getcwd())
     env = {} if ns.env_clear else dict(os.environ)
     env |= _env_pairs(ns.env)
@@ -68,7 +80,7 @@ def submit_args(ns: argparse.Namespace) -> SubmitArgs:
             memory_limit = parse_size(ns.memory_limit)
         except ValueError as exc:
             raise UsageError(f"--memory-limit: {exc}") from exc
-    return SubmitArgs(
+    args = SubmitArgs(
         entry_kind=kind.value,
         entry=entry,
         cwd=cwd,
@@ -76,17 +88,19 @@ def submit_args(ns: argparse.Namespace) -> SubmitArgs:
         python=python,
         env=env,
         nnodes=ns.nnodes,
-        nproc_per_node=ns.nproc_per_node,
+        nproc_per_node=fields["nproc_per_node"],
         max_restarts=ns.max_restarts,
         name=ns.name,
-        stop_grace_s=ns.stop_grace,
+        stop_grace_s=ns.stop_grace if ns.stop_grace is not None else fields.get("stop_grace_s"),
         nodes=[n.strip() for n in (ns.nodes or "").split(",") if n.strip()],
-        last_call_s=ns.last_call,
-        join_timeout_s=ns.join_timeout,
+        last_call_s=fields.get("last_call_s", ns.last_call),
+        join_timeout_s=fields.get("join_timeout_s", ns.join_timeout),
         memory_limit_bytes=memory_limit,
         cpu_limit=ns.cpu_limit,
         nofile=ns.nofile,
+        job_id=fields.get("job_id"),
     )
+    return args, mapped
 
 
 def _print_json(value: Any) -> None:
@@ -94,18 +108,25 @@ def _print_json(value: Any) -> None:
 
 
 def cmd_submit(client: Client, ns: argparse.Namespace) -> int:
-    job: JobView = client.request("submit", submit_args(ns))
+    args, mapped = submit_request(ns, lambda: local_gpus(client))
+    for note in mapped.notes:
+        print(f"elasticctl: {note}", file=sys.stderr)
+    job: JobView = client.request("submit", args)
     print(job["id"], flush=True)
     if job["state"] == JobState.PENDING and job.get("waits_for") == WaitsFor.CAPACITY:
         print(f"elasticctl: {job['id']} is PENDING: {job['reason']}", file=sys.stderr)
     if not ns.follow:
         return 0
-    return _follow_to_end(client, job["id"], None)
+    ranks, nproc = mapped.local_ranks, args.nproc_per_node
+    show = (lambda rank: rank % nproc in ranks) if ranks is not None else None
+    return _follow_to_end(client, job["id"], None, show)
 
 
-def _follow_to_end(client: Client, job_id: str, rank: int | None) -> int:
+def _follow_to_end(
+    client: Client, job_id: str, rank: int | None, show: Callable[[int], bool] | None = None
+) -> int:
     try:
-        follow(client, job_id, rank)
+        follow(client, job_id, rank, show=show)
     except KeyboardInterrupt:
         print(f"\nelasticctl: stopped following; {job_id} keeps running", file=sys.stderr)
         return 130
@@ -130,6 +151,12 @@ def cmd_status(client: Client, ns: argparse.Namespace) -> int:
         print(render.job_detail(result["job"]))
     else:
         print(render.jobs_table(result["jobs"]))
+    return 0
+
+
+def cmd_rm(client: Client, ns: argparse.Namespace) -> int:
+    reply: RmReply = client.request("rm", RmArgs(ns.job))
+    print(f"{reply['job']} removed")
     return 0
 
 
@@ -199,6 +226,15 @@ def _connection_options(p: argparse.ArgumentParser, after_command: bool) -> None
                    help="seconds to wait for the daemon (default 15)")  # fmt: skip
 
 
+def _nproc(text: str) -> int | str:
+    """``--nproc-per-node``: a number, or gpu, cpu or auto (resolved at submit, as torchrun does)."""
+    if text.isdigit():
+        return int(text)
+    if text in ("gpu", "cpu", "auto"):
+        return text
+    raise argparse.ArgumentTypeError(f"takes a number, gpu, cpu or auto, got {text!r}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="elasticctl", description="Control the local elasticd.")
     p.add_argument("--version", action="version", version=f"elasticctl {__version__}")
@@ -227,12 +263,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--nproc-per-node",
-        type=int,
+        "--nproc_per_node",
+        type=_nproc,
         default=job("nproc_per_node"),
-        help="workers per node (default %(default)s)",
+        help="workers per node: N, gpu, cpu or auto, as torchrun (default %(default)s)",
     )
     s.add_argument(
         "--max-restarts",
+        "--max_restarts",
         type=int,
         default=job("max_restarts"),
         help="job-wide restart budget (default %(default)s)",
@@ -265,10 +303,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--follow", "-f", action="store_true", help="stream output; exit with the job's result")
     s.add_argument("-m", "--module", action="store_true", help="TARGET is a module (python -m)")
-    s.add_argument("--no-python", action="store_true", help="TARGET is an executable, run without python")
+    s.add_argument(
+        "--no-python", "--no_python", action="store_true", help="TARGET is an executable, run without python"
+    )
+    # torchrun's other flags, in both spellings: mapped, or accepted with a note (elasticctl.torchrun).
+    torchrun.add_flags(s, skip=frozenset({"nnodes", "nproc_per_node", "max_restarts", "module", "no_python"}))
     s.add_argument("target", metavar="SCRIPT.py|MODULE|EXE")
     s.add_argument("script_args", nargs=argparse.REMAINDER, metavar="-- ARGS")
-    s.set_defaults(func=cmd_submit)
+    s.set_defaults(func=cmd_submit, local_ranks=None)
 
     st = add("status", help="show one job, or all jobs")
     st.add_argument("job", nargs="?", default=default(StatusArgs, "job"))
@@ -278,6 +320,10 @@ def build_parser() -> argparse.ArgumentParser:
     k = add("kill", help="kill a job and every process it started")
     k.add_argument("job")
     k.set_defaults(func=cmd_kill)
+
+    r = add("rm", help="remove an ended job: its records, and its logs (kept for job_retention otherwise)")
+    r.add_argument("job")
+    r.set_defaults(func=cmd_rm)
 
     lg = add("logs", help="print a job's output")
     lg.add_argument("job")
@@ -330,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     client = Client(ns.socket or default_socket_path(), timeout_s=ns.timeout)
     try:
         return int(ns.func(client, ns))
-    except UsageError as exc:
+    except (UsageError, torchrun.FlagError) as exc:
         print(f"elasticctl: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except Unreachable as exc:

@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _gpus(client: Client) -> int:
+def local_gpus(client: Client) -> int:
     """How many GPUs this node has (as its daemon counts them), for ``--nproc-per-node gpu``."""
     node = client.request("ping", NoArgs())["node"]
     nodes: NodesReply = client.request("nodes", NoArgs())
@@ -58,7 +58,7 @@ def _gpus(client: Client) -> int:
 def submit_args(
     ns: argparse.Namespace, client: Client
 ) -> tuple[SubmitArgs, frozenset[int] | None, list[str]]:
-    mapped = interpret(ns, lambda: _gpus(client))
+    mapped = interpret(ns, lambda: local_gpus(client))
     cwd = os.getcwd()
     env = dict(os.environ)
     kind, entry, python = resolve_entry(ns.training_script, ns.module, ns.no_python, cwd, env, None)

@@ -52,6 +52,7 @@ class Settings:
     fake_gpus: int | None = None  # tests: pretend to have N GPUs instead of asking NVML
     slots: int | None = None  # CPU slots when there are no GPUs; default os.cpu_count()
     stop_grace: float = 10.0  # SIGTERM -> SIGKILL for worker trees
+    job_retention: float = 7 * 86400.0  # seconds an ended job's records and logs are kept (0: forever)
     allow_root_jobs: bool = False  # run specs that ask for uid 0 (off: a root job is refused and fails)
     log_group: str | None = None  # job log files 0640 to this group (default: 0600, the submitter only)
     log_format: str = "auto"  # auto | json | console
@@ -66,6 +67,8 @@ class Settings:
             raise ConfigError("slots must be >= 1")
         if not self.stop_grace >= 0:
             raise ConfigError("stop_grace must be >= 0")
+        if not self.job_retention >= 0:
+            raise ConfigError("job_retention must be >= 0 seconds (0: keep ended jobs forever)")
         if self.log_format not in LOG_FORMATS:
             raise ConfigError("log_format must be auto, json or console")
         if self.log_level.lower() not in LOG_LEVELS:
@@ -186,6 +189,9 @@ OPTIONS: dict[str, Option] = {
     "fake_gpus": Option(_optional(int), "pretend to have N GPUs (tests)", "N"),
     "slots": Option(_optional(int), "CPU slots when there are no GPUs (default: CPU count)", "N"),
     "stop_grace": Option(float, "seconds between SIGTERM and SIGKILL for workers (default 10)", "SECONDS"),
+    "job_retention": Option(
+        float, "seconds an ended job's records and logs are kept (default 7 days; 0: forever)", "SECONDS"
+    ),
     "allow_root_jobs": Option(_bool, "run jobs submitted by root as root (off by default: they are refused)"),
     "log_group": Option(_optional(str), "job log files are 0640 to this group (default 0600)", "GROUP"),
     "log_format": Option(str, "daemon log format (default auto: console on a TTY)", choices=LOG_FORMATS),

@@ -153,7 +153,9 @@ class Daemon:
                 ),
                 reaper=self._reaper,
             )
-            self.manager = JobManager(rt, self.etcd, self.keys, self._state, self.registry, s.allow_root_jobs)
+            retention = s.job_retention or None
+            self.manager = JobManager(rt, self.etcd, self.keys, self._state, self.registry, s.allow_root_jobs,
+                                      retention_s=retention)  # fmt: skip
             await self.registry.start()
             await self.manager.recover()
             background.append(asyncio.create_task(self.registry.run(), name="registry"))

@@ -80,7 +80,8 @@ def test_bash_completion(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> 
     )
     res = subprocess.run(["bash", "-c", probe], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.splitlines() == ["submit", "--nproc-per-node", "bash zsh", "drain"]
+    # (torchrun's underscore spelling is a flag too)
+    assert res.stdout.splitlines() == ["submit", "--nproc-per-node --nproc_per_node", "bash zsh", "drain"]
 
 
 def test_zsh_completion(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -99,3 +100,20 @@ def test_completion_of_an_unknown_shell_is_a_usage_error() -> None:
     with pytest.raises(SystemExit) as info:
         main(["completion", "cmd.exe"])
     assert info.value.code == 2
+
+
+def test_submit_speaks_torchruns_vocabulary(tmp_path: Path) -> None:
+    from elasticctl.cli import submit_request
+
+    script = tmp_path / "train.py"
+    script.write_text("")
+    argv = ["submit", "--nproc_per_node", "auto", "--max_restarts", "1", "--standalone", "--rdzv-id", "exp-3",
+            "--rdzv_conf", "join_timeout=30", "--shutdown_timeout", "4", "--local-ranks-filter", "1",
+            "--cwd", str(tmp_path), "train.py"]  # fmt: skip
+    ns = build_parser().parse_args(argv)
+    args, mapped = submit_request(ns, lambda: 3)
+    assert (args.nproc_per_node, args.max_restarts, args.job_id) == (3, 1, "exp-3")
+    assert (args.join_timeout_s, args.stop_grace_s) == (30.0, 4.0)
+    assert mapped.local_ranks == frozenset({1}) and [n.split(":")[0] for n in mapped.notes] == [
+        "--standalone"
+    ]

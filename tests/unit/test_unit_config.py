@@ -60,6 +60,7 @@ SAMPLES: dict[str, tuple[str, str, str | None]] = {
     "fake_gpus": ("1", "2", "3"),
     "slots": ("1", "2", "3"),
     "stop_grace": ("0", "1.5", "30"),
+    "job_retention": ("0", "60", "86400"),
     "allow_root_jobs": ("false", "true", None),  # the flag: --no-allow-root-jobs
     "log_group": ("lg-file", "lg-env", "lg-flag"),
     "log_format": ("json", "console", "auto"),
