@@ -178,8 +178,8 @@ def _default_like(flag: Flag, value: Any) -> bool:
 def nproc(text: str, gpus: Callable[[], int]) -> int:
     """``--nproc-per-node``: a number, or ``gpu`` (this node's GPUs), ``cpu`` (its CPUs) or
     ``auto`` (GPUs if it has any, else CPUs), as torchrun reads it."""
-    if text.isdigit() and int(text) > 0:
-        return int(text)
+    if text.isdigit():
+        return int(text)  # the daemon checks the range, with every other field of the spec
     if text in ("gpu", "auto"):
         count = gpus()
         if count:
