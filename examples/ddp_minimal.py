@@ -36,6 +36,10 @@ def main() -> None:
     dist.all_reduce(total)
     if rank == 0:
         print(f"done: sum of ranks {int(total.item())}")
+    # Every rank is past its last collective before any tears its process group down: without
+    # this, gloo can abort a rank at exit ("terminate called without an active exception") when
+    # its peer's sockets close first, under any launcher.
+    dist.barrier()
     dist.destroy_process_group()
 
 
