@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from elasticctl import completion, render, torchrun
-from elasticctl.client import Client, DaemonError, Unreachable
+from elasticctl.client import Client, ExitCodes, guarded
 from elasticctl.entry import UsageError, resolve_entry
 from elasticctl.follow import follow
 from elasticctl.run import local_gpus
@@ -374,16 +374,5 @@ def main(argv: list[str] | None = None) -> int:
         print(completion.script(parser, ns.shell), end="")
         return 0
     client = Client(ns.socket or default_socket_path(), timeout_s=ns.timeout)
-    try:
-        return int(ns.func(client, ns))
-    except (UsageError, torchrun.FlagError) as exc:
-        print(f"elasticctl: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except Unreachable as exc:
-        print(f"elasticctl: {exc}", file=sys.stderr)
-        return EXIT_UNREACHABLE
-    except DaemonError as exc:
-        print(f"elasticctl: error [{exc.code}]: {exc.message}", file=sys.stderr)
-        return EXIT_DAEMON_ERROR
-    finally:
-        client.close()
+    codes = ExitCodes(EXIT_USAGE, EXIT_UNREACHABLE, EXIT_DAEMON_ERROR)
+    return guarded("elasticctl", client, lambda: int(ns.func(client, ns)), codes)

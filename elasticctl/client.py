@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import zmq
 
+from elasticctl.entry import UsageError
 from elasticd.control.address import endpoint
 from elasticd.control.envelope import encode_request
 from elasticd.wire import COMMANDS, request
@@ -92,3 +96,29 @@ class Client:
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None
+
+
+@dataclass(frozen=True)
+class ExitCodes:
+    """What a command line exits with when it cannot do its work."""
+
+    usage: int
+    unreachable: int
+    daemon_error: int
+
+
+def guarded(prog: str, client: Client, body: Callable[[], int], codes: ExitCodes) -> int:
+    """Run ``body``, turning the CLI's errors into one line on stderr and an exit code."""
+    try:
+        return body()
+    except UsageError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return codes.usage
+    except Unreachable as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return codes.unreachable
+    except DaemonError as exc:
+        print(f"{prog}: error [{exc.code}]: {exc.message}", file=sys.stderr)
+        return codes.daemon_error
+    finally:
+        client.close()

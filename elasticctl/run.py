@@ -17,10 +17,10 @@ import sys
 from types import FrameType
 
 from elasticctl import render
-from elasticctl.client import Client, DaemonError, Unreachable
-from elasticctl.entry import UsageError, resolve_entry
+from elasticctl.client import Client, DaemonError, ExitCodes, guarded
+from elasticctl.entry import resolve_entry
 from elasticctl.follow import follow
-from elasticctl.torchrun import FlagError, add_flags, interpret
+from elasticctl.torchrun import add_flags, interpret
 from elasticd import __version__
 from elasticd.control.address import default_socket_path
 from elasticd.wire import JobReply, JobState, JobView, KillArgs, NoArgs, NodesReply, StatusArgs, SubmitArgs
@@ -120,16 +120,6 @@ def run(client: Client, ns: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     client = Client(default_socket_path())
-    try:
-        return run(client, ns)
-    except (UsageError, FlagError) as exc:
-        print(f"elasticrun: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except Unreachable as exc:
-        print(f"elasticrun: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    except DaemonError as exc:
-        print(f"elasticrun: error [{exc.code}]: {exc.message}", file=sys.stderr)
-        return EXIT_FAILED
-    finally:
-        client.close()
+    return guarded(
+        "elasticrun", client, lambda: run(client, ns), ExitCodes(EXIT_USAGE, EXIT_FAILED, EXIT_FAILED)
+    )

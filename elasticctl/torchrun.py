@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from elasticctl.entry import UsageError
+
 
 class Treat(StrEnum):
     MAPPED = "mapped"
@@ -126,7 +128,7 @@ def add_flags(parser: argparse.ArgumentParser, skip: frozenset[str] = frozenset(
             )
 
 
-class FlagError(Exception):
+class FlagError(UsageError):
     """A flag that elasticd refuses, or a value it cannot use; the message says why."""
 
 
