@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from elasticctl import completion, render, torchrun
+from elasticctl import completion, render, status_cmd, torchrun
 from elasticctl.client import Client, ExitCodes, guarded
 from elasticctl.entry import UsageError, resolve_entry
 from elasticctl.follow import follow
@@ -36,7 +36,6 @@ from elasticd.wire import (
     RmArgs,
     RmReply,
     StatusArgs,
-    StatusReply,
     SubmitArgs,
     UndrainArgs,
     WaitsFor,
@@ -140,17 +139,6 @@ def _follow_to_end(
         if detail:
             print(detail, file=sys.stderr)
         return EXIT_JOB_FAILED
-    return 0
-
-
-def cmd_status(client: Client, ns: argparse.Namespace) -> int:
-    result: StatusReply = client.request("status", StatusArgs(ns.job))
-    if ns.json:
-        _print_json(result["job"] if ns.job else result["jobs"])
-    elif ns.job:
-        print(render.job_detail(result["job"]))
-    else:
-        print(render.jobs_table(result["jobs"]))
     return 0
 
 
@@ -312,10 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("script_args", nargs=argparse.REMAINDER, metavar="-- ARGS")
     s.set_defaults(func=cmd_submit, local_ranks=None)
 
-    st = add("status", help="show one job, or all jobs")
-    st.add_argument("job", nargs="?", default=default(StatusArgs, "job"))
-    st.add_argument("--json", action="store_true")
-    st.set_defaults(func=cmd_status)
+    status_cmd.add_arguments(add("status", help="show one job, or all jobs (filters, JSON, ids, --watch)"))
 
     k = add("kill", help="kill a job and every process it started")
     k.add_argument("job")

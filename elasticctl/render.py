@@ -1,24 +1,70 @@
-"""Human-readable output for status, nodes and failures."""
+"""Human-readable output for status, nodes and failures; times for people (local) and programs (ISO)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from elasticd.jobs.state import exit_text
-from elasticd.wire import FailureView, JobView, NodeView
+from elasticd.wire import TIME_FIELDS, FailureView, JobView, NodeView
 
 
-def _age(ts: float | None) -> str:
+def iso_times(value: Any) -> Any:
+    """``value`` (a reply, as JSON) with every time (a number in one of the wire's ``TIME_FIELDS``)
+    in ISO 8601, UTC with its offset and milliseconds: ``2026-11-23T16:40:00.123+00:00``. The wire
+    keeps epoch seconds: programs talking to the socket compute with them."""
+    if isinstance(value, list):
+        return [iso_times(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out = {}
+    for key, item in value.items():
+        is_time = key in TIME_FIELDS and isinstance(item, int | float) and not isinstance(item, bool)
+        out[key] = iso(item) if is_time else iso_times(item)
+    return out
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds")
+
+
+def short_time(ts: float | None, now: float) -> str:
+    """A local time for a table: the time of day today, the day and minute this year, else the date."""
     if not ts:
         return "-"
-    secs = max(0, int(time.time() - ts))
-    if secs < 120:
-        return f"{secs}s"
-    if secs < 7200:
-        return f"{secs // 60}m"
-    return f"{secs // 3600}h"
+    at, today = datetime.fromtimestamp(ts), datetime.fromtimestamp(now)
+    if at.date() == today.date():
+        return at.strftime("%H:%M:%S")
+    return at.strftime("%b %d %H:%M" if at.year == today.year else "%Y-%m-%d")
+
+
+def long_time(ts: float | None) -> str:
+    """A local time in full, with its zone: ``2026-11-23 17:40:00 CET``."""
+    return datetime.fromtimestamp(ts).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z") if ts else "-"
+
+
+def duration(seconds: float | None) -> str:
+    """``42s``, ``3m05s``, ``1h02m``, ``2d03h``; ``-`` when unknown."""
+    if seconds is None:
+        return "-"
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def run_time(job: JobView, now: float) -> float | None:
+    """How long the job ran: until it ended, or until ``now`` while it runs; None if it never ran."""
+    started = job.get("started_at")
+    if not started:
+        return None
+    return (job.get("ended_at") or now) - started
 
 
 def table(rows: list[list[str]]) -> str:
@@ -28,8 +74,9 @@ def table(rows: list[list[str]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
 
-def jobs_table(jobs: list[JobView]) -> str:
-    rows = [["JOB", "STATE", "USER", "NODES", "WORLD", "RESTARTS", "AGE", "REASON"]]
+def jobs_table(jobs: list[JobView], now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    rows = [["JOB", "STATE", "USER", "NODES", "WORLD", "RESTARTS", "STARTED", "ENDED", "DURATION", "REASON"]]
     for j in jobs:
         rows.append(
             [
@@ -39,7 +86,9 @@ def jobs_table(jobs: list[JobView]) -> str:
                 ",".join(j.get("nodes") or []) or "-",
                 str(j.get("world_size", 0)),
                 f"{j.get('restarts', 0)}/{j.get('max_restarts', 0)}",
-                _age(j.get("submitted_at")),
+                short_time(j.get("started_at"), now),
+                short_time(j.get("ended_at"), now),
+                duration(run_time(j, now)),
                 (j.get("error") or j.get("reason") or "")[:60],
             ]
         )
@@ -87,11 +136,18 @@ DETAIL_KEYS = [
     "pids",
     "waiting_nodes",
 ]
+TIME_KEYS = ["submitted_at", "started_at", "ended_at", "updated_at"]
 
 
-def job_detail(job: JobView) -> str:
+def job_detail(job: JobView, now: float | None = None) -> str:
+    now = time.time() if now is None else now
     fields: Mapping[str, Any] = job
     lines = [f"{k + ':':16}{fields.get(k)}" for k in DETAIL_KEYS if fields.get(k) not in (None, "", [])]
+    for key in TIME_KEYS:
+        if fields.get(key):
+            lines.append(f"{key.removesuffix('_at') + ':':16}{long_time(fields[key])}")
+    if job.get("started_at"):
+        lines.append(f"{'duration:':16}{duration(run_time(job, now))}")
     lines.append(f"{'command:':16}{' '.join(job.get('argv') or [])}")
     if job.get("error") and job["error"] != job.get("reason"):
         lines.append(f"{'error:':16}{job['error']}")

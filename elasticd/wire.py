@@ -7,6 +7,8 @@ the daemon builds it, the CLI reads it, mypy checks both against the same keys, 
 ``elasticd.decode`` can check a reply at run time. The job states, which of them are terminal, and
 the machine-readable fields a client needs (``JobView.waits_for``, ``JobView.code``, the error
 ``code``) are here too, so no client ever has to read a message's text to decide what to do.
+Every time in a reply is seconds since the epoch (a float) in a field named ``*_at`` (all listed in
+``TIME_FIELDS``; ``elasticctl status --json`` shows them in ISO 8601); durations are ``*_s`` seconds.
 
 This module imports nothing heavy (no zmq, grpc, etcd3 or psutil): a client can use it alone.
 
@@ -26,6 +28,7 @@ from elasticd.jobs.state import EndReason, JobState
 __all__ = [
     "COMMANDS",
     "TERMINAL_STATES",
+    "TIME_FIELDS",
     "CallerView",
     "CommandSchema",
     "DrainArgs",
@@ -46,6 +49,7 @@ __all__ = [
     "LogChunk",
     "LogsArgs",
     "LogsReply",
+    "MemberEndState",
     "MemberView",
     "NoArgs",
     "NodeView",
@@ -83,6 +87,21 @@ class WaitsFor(StrEnum):
     NODES = "nodes"  # fewer than its minimum of nodes have joined the current round
 
 
+class MemberEndState(StrEnum):
+    """How a member's part in the job's last round ended: ``MemberView.state`` once the job has
+    ended (while it runs, that is the member's agent state, or GONE when it publishes none)."""
+
+    SUCCEEDED = "SUCCEEDED"  # its workers all exited 0 (its ``done`` marker)
+    FAILED = "FAILED"  # its workers failed: the job's root cause is there, or it reported a failure
+    KILLED = "KILLED"  # the job was killed: its workers were stopped
+    STOPPED = "STOPPED"  # the job ended otherwise (another member failed, ...): its workers were stopped
+    LOST = "LOST"  # no status from it: its daemon was gone at the end (or has restarted since)
+
+
+# Every field of a reply that holds a time (seconds since the epoch), in any reply type.
+TIME_FIELDS = frozenset({"submitted_at", "started_at", "ended_at", "updated_at", "failed_at"})
+
+
 # -- arguments ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class NoArgs:
@@ -118,7 +137,9 @@ class RmArgs:
 
 @dataclass(frozen=True)
 class StatusArgs:
-    job: str | None = None  # None: every job
+    job: str | None = None  # None: every job (the filters below apply to that list only)
+    states: list[JobState] = field(default_factory=list)  # only jobs in one of these states ([]: any)
+    user: str | None = None  # only this user's jobs
 
 
 @dataclass(frozen=True)
@@ -217,7 +238,7 @@ class MemberView(TypedDict):
     address: str
     group_rank: int
     ranks: list[int]  # [first, last] global rank of the node's workers
-    state: str  # the node's agent state, or GONE when it publishes none
+    state: str  # the node's agent state, or GONE when it publishes none; a MemberEndState once ended
     devices: str
     pids: list[int]
 
@@ -229,6 +250,9 @@ class InvalidRecordView(TypedDict):
 
 class JobView(TypedDict):
     """One job, as ``submit``, ``status`` and ``kill`` show it (``elasticd.jobs.view.job_view``).
+
+    Once the job has ended, ``world_size``, ``members`` and ``master`` are its last round's, and
+    each member's ``state`` is a ``MemberEndState``.
 
     When etcd cannot be reached, ``status`` of a job this node takes part in answers with this
     node's own view instead: ``stale`` is true and only ``id``, ``state``, ``reason``, ``round``,
@@ -249,6 +273,7 @@ class JobView(TypedDict):
     master: str  # host:port, "" before the first round closed
     devices: str  # this node's devices for the job
     pids: list[int]  # this node's live workers
+    started_at: float | None  # round 0's close (else submitted_at, once that is deleted); None: never ran
     ended_at: float | None
     code: str | None  # an EndReason value once the job ended (or has an invalid record)
     waits_for: WaitsFor | None

@@ -1,13 +1,21 @@
-"""What ``status`` shows for a job, derived from its etcd snapshot (no stored, duplicated state)."""
+"""What ``status`` shows for a job, derived from its etcd snapshot (no stored, duplicated state).
+
+An ended job keeps what its records still say after the end: the last round's result (old rounds
+are deleted only before the previous one), its ``done`` markers, the nodes' statuses (while their
+daemons live) and the failure of the final record. Its world is the last round's, and each member's
+state says how its part ended (``MemberEndState``), not the ``STOPPING`` its agent last published.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any, cast
 
 from elasticd.decode import DecodeError, decode
 from elasticd.jobs.state import EndReason, JobState, WorkerFailure
+from elasticd.rendezvous.model import RoundResult
 from elasticd.rendezvous.snapshot import JobSnapshot
-from elasticd.wire import FailureView, JobView, MemberView, WaitsFor
+from elasticd.wire import FailureView, JobView, MemberEndState, MemberView, WaitsFor
 
 
 def job_state(snap: JobSnapshot) -> JobState:
@@ -62,6 +70,52 @@ def _code(snap: JobSnapshot) -> str | None:
     return EndReason.INVALID_RECORD.value if snap.invalid else None
 
 
+def selected(snap: JobSnapshot, states: Collection[JobState], user: str | None) -> bool:
+    """Whether ``status``'s filters keep the job: one of ``states`` (any when empty), ``user``'s
+    (any when None; a job whose spec is unreadable has no user)."""
+    if states and job_state(snap) not in states:
+        return False
+    return user is None or (snap.spec is not None and snap.spec.user == user)
+
+
+def started_at(snap: JobSnapshot) -> float | None:
+    """When the job's workers first started: round 0's close; once that record is deleted (when
+    round 2 closes), its submission time stands in. None for a job no round of which closed."""
+    first = snap.results.get(0)
+    if first is not None and first.closed_at > 0:
+        return first.closed_at
+    if not snap.results and snap.current == 0:
+        return None
+    return snap.spec.submitted_at if snap.spec is not None else None
+
+
+def last_result(snap: JobSnapshot, state: JobState) -> RoundResult | None:
+    """The round a view shows: the current one while the job lives, the last that closed once it ended."""
+    if not state.terminal:
+        return snap.result
+    return snap.results[max(snap.results)] if snap.results else None
+
+
+def end_state(snap: JobSnapshot, state: JobState, result: RoundResult, node: str) -> MemberEndState:
+    """How ``node``'s part in ``result``, the last round of the ended job, ended."""
+    if node in snap.done.get(result.round, set()):
+        return MemberEndState.SUCCEEDED
+    status = snap.node_status.get(node)
+    failures = [_failure(snap), status.failure if status else None]
+    if any(f and f.get("node") == node and f.get("attempt") == result.round for f in failures):
+        return MemberEndState.FAILED  # the job's root cause, or this node's own failure, in that round
+    if status is None:
+        return MemberEndState.LOST
+    if status.round == result.round and status.state == JobState.FAILED.value:
+        return MemberEndState.FAILED  # its workers failed, before it could describe the failure
+    return MemberEndState.KILLED if state is JobState.KILLED else MemberEndState.STOPPED
+
+
+def _failure(snap: JobSnapshot) -> dict[str, Any] | None:
+    """The job's failure: the final record's, else the one that opened the current round."""
+    return (snap.final.failure if snap.final else None) or (snap.round.failure if snap.round else None)
+
+
 def job_view(snap: JobSnapshot, local_node: str) -> dict[str, Any]:
     """The ``JobView`` of ``elasticd.wire`` (as a plain dict: callers pass it on as JSON)."""
     return dict(_view(snap, local_node))
@@ -70,23 +124,24 @@ def job_view(snap: JobSnapshot, local_node: str) -> dict[str, Any]:
 def _view(snap: JobSnapshot, local_node: str) -> JobView:
     spec = snap.spec
     state = job_state(snap)
-    result = snap.result
+    result = last_result(snap, state)
     members: list[MemberView] = []
     if result is not None:
         for m in result.members:
             status = snap.node_status.get(m.node)
+            live = status.state if status else "GONE"
             members.append(
                 {
                     "node": m.node,
                     "address": m.address,
                     "group_rank": m.group_rank,
                     "ranks": [m.rank_offset, m.rank_offset + m.local_world_size - 1],
-                    "state": status.state if status else "GONE",
+                    "state": end_state(snap, state, result, m.node).value if state.terminal else live,
                     "devices": status.devices if status else "",
                     "pids": list(status.pids) if status else [],
                 }
             )
-    failure = (snap.final.failure if snap.final else None) or (snap.round.failure if snap.round else None)
+    failure = _failure(snap)
     local = snap.node_status.get(local_node)
     waiting = waits_for(snap, state)
     view: JobView = {
@@ -96,7 +151,7 @@ def _view(snap: JobSnapshot, local_node: str) -> JobView:
         "round": snap.current,
         "attempt": snap.current,
         "restarts": snap.restarts,
-        "world_size": result.world_size if result is not None and not state.terminal else 0,
+        "world_size": result.world_size if result is not None else 0,
         "members": members,
         "nodes": [m["node"] for m in members],
         "waiting_nodes": sorted(snap.waiting),
@@ -104,7 +159,8 @@ def _view(snap: JobSnapshot, local_node: str) -> JobView:
         "master": f"{result.master_addr}:{result.master_port}" if result is not None else "",
         "devices": local.devices if local else "",
         "pids": list(local.pids) if local and not state.terminal else [],
-        "ended_at": snap.final.ended_at if snap.final else None,
+        "started_at": started_at(snap),
+        "ended_at": (snap.final.ended_at or None) if snap.final else None,  # 0: an old record, unknown
         "code": _code(snap),
         "waits_for": waiting,
         "short_of_capacity": sorted(snap.pending) if waiting is WaitsFor.CAPACITY else [],

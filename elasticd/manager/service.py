@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from elasticd.jobs import logdir
 from elasticd.jobs.logs import Chunk, read_new
 from elasticd.jobs.spec import JobSpec, valid_job_id
 from elasticd.jobs.state import EndReason, JobState
-from elasticd.jobs.view import job_view
+from elasticd.jobs.view import job_view, selected
 from elasticd.manager.access import Access, Caller, authorize
 from elasticd.manager.jobs import JobManager
 from elasticd.node.registry import NodeRecord, NodeRegistry
@@ -109,9 +110,11 @@ class CommandService:
                 "reason": "etcd is unreachable: this node's own view",
             } | agent.local_view()
 
-    async def views(self) -> list[dict[str, Any]]:
+    async def views(self, states: Collection[JobState] = (), user: str | None = None) -> list[dict[str, Any]]:
+        """Every job (unreadable ones too), oldest first; only those in ``states`` (when given) and
+        ``user``'s (when given)."""
         snaps = await self._manager.snapshots()
-        views = [job_view(s, self.facts.node_id) for s in snaps.values()]  # unreadable ones too
+        views = [job_view(s, self.facts.node_id) for s in snaps.values() if selected(s, states, user)]
         return sorted(views, key=lambda v: v.get("submitted_at") or 0)
 
     async def kill(self, job_id: str, user: str) -> dict[str, Any]:

@@ -233,7 +233,7 @@ def test_view_failed(final: FinalRecord, error: str) -> None:
     assert view["error"] == error
     assert view["reason"] == final.reason
     assert view["code"] == "worker_failed"
-    assert view["world_size"] == 0  # terminal
+    assert view["world_size"] == 4  # the last round's world, kept after the end
     assert view["pids"] == []  # terminal: no live workers shown
     assert view["ended_at"] == final.ended_at
 
@@ -257,7 +257,7 @@ def test_view_ended_without_error(state: str) -> None:
     view = job_view(snap, "n1")
     assert view["state"] == state
     assert "error" not in view
-    assert view["world_size"] == 0
+    assert view["world_size"] == 2  # the last round's
     assert view["ended_at"] == 99.0
     assert view["reason"] == ("killed by u" if state == "KILLED" else "")
 

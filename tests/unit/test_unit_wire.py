@@ -196,7 +196,7 @@ def test_submit_option_defaults_are_the_wire_defaults() -> None:
         (["drain", "n1"], DrainArgs, {"job": "job", "grace": "grace_s", "force": "force"}),
         (["undrain", "n1"], UndrainArgs, {"job": "job"}),
         (["logs", "j"], LogsArgs, {"rank": "rank"}),
-        (["status"], StatusArgs, {"job": "job"}),
+        (["status"], StatusArgs, {"job": "job", "states": "states", "user": "user"}),
     ],
 )
 def test_other_option_defaults_are_the_wire_defaults(
@@ -305,6 +305,8 @@ CLI_CALLS = [
     ["submit", "--no-python", "/bin/true"],
     ["status"],
     ["status", "j1"],
+    ["status", "--state", "running,Failed", "--user", "u", "-q"],
+    ["status", "j1", "--json"],
     ["kill", "j1"],
     ["logs", "j1", "--rank", "2"],
     ["nodes"],

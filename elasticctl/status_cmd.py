@@ -1,0 +1,119 @@
+"""``elasticctl status``: one job or a table of them, filtered, as JSON or ids, once or ``--watch``.
+
+``refresh`` is one look: a request and its rendering, as text (unit-tested against a canned
+client); ``cmd_status`` prints it once, or redraws it every few seconds until Ctrl-C (exit 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from elasticctl import render
+from elasticctl.entry import UsageError
+from elasticd.wire import JobState, StatusArgs, StatusReply, default
+
+WATCH_DEFAULT_S = 2.0
+CLEAR = "\033[H\033[2J"  # cursor home, clear the screen
+
+
+class Requester(Protocol):
+    def request(self, cmd: str, args: object, timeout_s: float | None = None) -> Any: ...
+
+
+def _states(text: str) -> list[JobState]:
+    """``--state RUNNING,pending``: job states, in any case."""
+    out = []
+    for word in text.split(","):
+        try:
+            out.append(JobState(word.strip().upper()))
+        except ValueError:
+            choices = ", ".join(s.value for s in JobState)
+            raise argparse.ArgumentTypeError(f"{word.strip()!r} is not a job state ({choices})") from None
+    return out
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.1 <= value <= 86400:
+        raise argparse.ArgumentTypeError(f"takes seconds between 0.1 and 86400, not {text!r}")
+    return value
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The status command's options; every default of a request's argument comes from the wire."""
+    p.add_argument("job", nargs="?", default=default(StatusArgs, "job"), metavar="JOB", help="one job")
+    p.add_argument(
+        "--state",
+        dest="states",
+        type=_states,
+        default=default(StatusArgs, "states"),
+        metavar="STATE[,STATE]",
+        help="only jobs in these states (e.g. RUNNING,PENDING)",
+    )
+    p.add_argument("--user", default=default(StatusArgs, "user"), help="only this user's jobs")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="as JSON, times in ISO 8601 (UTC)")
+    out.add_argument("-q", "--quiet", action="store_true", help="only job ids, one per line")
+    p.add_argument(
+        "--watch",
+        nargs="?",
+        type=_seconds,
+        const=WATCH_DEFAULT_S,
+        default=None,
+        metavar="SECONDS",
+        help=f"redraw every SECONDS (default {WATCH_DEFAULT_S:g}) until Ctrl-C (a JOB goes before it)",
+    )
+    p.set_defaults(func=cmd_status)
+
+
+def status_args(ns: argparse.Namespace) -> StatusArgs:
+    if ns.job is not None and (ns.states or ns.user is not None):
+        raise UsageError("--state and --user filter the list of jobs: give no JOB with them")
+    return StatusArgs(ns.job, list(ns.states), ns.user)
+
+
+def render_reply(reply: StatusReply, ns: argparse.Namespace, now: float) -> str:
+    """The text for one reply: JSON (times in ISO 8601), ids, a job's detail, or the jobs' table."""
+    one = ns.job is not None
+    if ns.json:
+        return json.dumps(render.iso_times(reply["job"] if one else reply["jobs"]), indent=2, sort_keys=True)
+    jobs = [reply["job"]] if one else reply["jobs"]
+    if ns.quiet:
+        return "\n".join(j["id"] for j in jobs)
+    return render.job_detail(reply["job"], now) if one else render.jobs_table(reply["jobs"], now)
+
+
+def refresh(client: Requester, ns: argparse.Namespace, now: Callable[[], float] = time.time) -> str:
+    """One look at the job(s): what ``status`` prints, or what ``--watch`` draws each time."""
+    reply: StatusReply = client.request("status", status_args(ns))
+    return render_reply(reply, ns, now())
+
+
+def cmd_status(client: Requester, ns: argparse.Namespace) -> int:
+    if ns.watch is None:
+        text = refresh(client, ns)
+        if text:
+            print(text)
+        return 0
+    tty = sys.stdout.isatty()
+    try:
+        while True:
+            text = refresh(client, ns)
+            if tty:  # redraw in place, as watch(1)
+                print(f"{CLEAR}every {ns.watch:g}s, {render.long_time(time.time())} (Ctrl-C to stop)\n")
+            if text:
+                print(text)
+            if not tty:
+                print()  # an empty line between one look and the next
+            sys.stdout.flush()
+            time.sleep(ns.watch)
+    except KeyboardInterrupt:
+        return 0
