@@ -1,7 +1,7 @@
 """``elasticctl``: submit, status, kill, logs, nodes, drain, undrain, ping.
 
-Exit codes: 0 success; 1 the daemon cannot be reached; 2 usage error; 3 the daemon reported an
-error; 4 a followed job ended FAILED or KILLED.
+Exit codes (``elasticctl.exits``): 0 success; 1 the daemon cannot be reached; 2 usage error; 3 the
+daemon reported an error; 4 a followed job ended FAILED or KILLED.
 """
 
 from __future__ import annotations
@@ -15,10 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from elasticctl import completion, render, status_cmd, torchrun
+from elasticctl import completion, logs_cmd, render, status_cmd, torchrun
 from elasticctl.client import Client, ExitCodes, guarded
 from elasticctl.entry import UsageError, resolve_entry
-from elasticctl.follow import follow
+from elasticctl.exits import EXIT_DAEMON_ERROR, EXIT_UNREACHABLE, EXIT_USAGE
+from elasticctl.exits import EXIT_JOB_FAILED as EXIT_JOB_FAILED  # tests and scripts read it here
+from elasticctl.follow import FollowOptions, follow_to_end
 from elasticctl.run import local_gpus
 from elasticd import __version__
 from elasticd.control.address import default_socket_path
@@ -29,24 +31,17 @@ from elasticd.wire import (
     JobState,
     JobView,
     KillArgs,
-    LogsArgs,
     NoArgs,
     NodesReply,
     PingReply,
     RmArgs,
     RmReply,
-    StatusArgs,
     SubmitArgs,
     UndrainArgs,
     WaitsFor,
     default,
 )
 from elasticd.workers.limits import parse_size
-
-EXIT_UNREACHABLE = 1
-EXIT_USAGE = 2
-EXIT_DAEMON_ERROR = 3
-EXIT_JOB_FAILED = 4
 
 
 def _env_pairs(pairs: list[str]) -> dict[str, str]:
@@ -112,34 +107,13 @@ def cmd_submit(client: Client, ns: argparse.Namespace) -> int:
         print(f"elasticctl: {note}", file=sys.stderr)
     job: JobView = client.request("submit", args)
     print(job["id"], flush=True)
-    if job["state"] == JobState.PENDING and job.get("waits_for") == WaitsFor.CAPACITY:
-        print(f"elasticctl: {job['id']} is PENDING: {job['reason']}", file=sys.stderr)
     if not ns.follow:
+        if job["state"] == JobState.PENDING and job.get("waits_for") == WaitsFor.CAPACITY:
+            print(f"elasticctl: {job['id']} is PENDING: {job['reason']}", file=sys.stderr)
         return 0
     ranks, nproc = mapped.local_ranks, args.nproc_per_node
     show = (lambda rank: rank % nproc in ranks) if ranks is not None else None
-    return _follow_to_end(client, job["id"], None, show)
-
-
-def _follow_to_end(
-    client: Client, job_id: str, rank: int | None, show: Callable[[int], bool] | None = None
-) -> int:
-    try:
-        follow(client, job_id, rank, show=show)
-    except KeyboardInterrupt:
-        print(f"\nelasticctl: stopped following; {job_id} keeps running", file=sys.stderr)
-        return 130
-    reply: JobReply = client.request("status", StatusArgs(job_id))
-    final = reply["job"]
-    print(
-        f"elasticctl: {job_id} {final['state']} after {final.get('restarts', 0)} restart(s)", file=sys.stderr
-    )
-    if final["state"] != JobState.SUCCEEDED:
-        detail = render.failure(final) or final.get("error") or final.get("reason", "")
-        if detail:
-            print(detail, file=sys.stderr)
-        return EXIT_JOB_FAILED
-    return 0
+    return logs_cmd.exit_status(follow_to_end(client, job["id"], FollowOptions(show=show, life=True)))
 
 
 def cmd_rm(client: Client, ns: argparse.Namespace) -> int:
@@ -152,17 +126,6 @@ def cmd_kill(client: Client, ns: argparse.Namespace) -> int:
     reply: JobReply = client.request("kill", KillArgs(ns.job), timeout_s=max(60.0, client.timeout_s))
     job = reply["job"]
     print(f"{job['id']} {job['state']}")
-    return 0
-
-
-def cmd_logs(client: Client, ns: argparse.Namespace) -> int:
-    if ns.follow:
-        try:
-            follow(client, ns.job, ns.rank)
-        except KeyboardInterrupt:
-            return 130
-        return 0
-    follow(client, ns.job, ns.rank, until_end=False)
     return 0
 
 
@@ -192,16 +155,6 @@ def cmd_ping(client: Client, ns: argparse.Namespace) -> int:
     result: PingReply = client.request("ping", NoArgs(), timeout_s=ns.timeout)
     _print_json(result) if ns.json else print(f"elasticd {result['version']} on node {result['node']}: ok")
     return 0
-
-
-def _rank(text: str) -> int:
-    try:
-        rank = int(text)
-    except ValueError:
-        rank = -1
-    if rank < 0:
-        raise argparse.ArgumentTypeError(f"a rank is an integer >= 0, not {text!r}")
-    return rank
 
 
 def _connection_options(p: argparse.ArgumentParser, after_command: bool) -> None:
@@ -310,11 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("job")
     r.set_defaults(func=cmd_rm)
 
-    lg = add("logs", help="print a job's output")
-    lg.add_argument("job")
-    lg.add_argument("--rank", type=_rank, default=default(LogsArgs, "rank"), help="only this global rank")
-    lg.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
-    lg.set_defaults(func=cmd_logs)
+    logs_cmd.add_parser(add)
 
     n = add("nodes", help="list the cluster's live nodes")
     n.add_argument("--json", action="store_true")

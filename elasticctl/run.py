@@ -19,7 +19,7 @@ from types import FrameType
 from elasticctl import render
 from elasticctl.client import Client, DaemonError, ExitCodes, guarded
 from elasticctl.entry import resolve_entry
-from elasticctl.follow import follow
+from elasticctl.follow import FollowOptions, follow
 from elasticctl.torchrun import add_flags, interpret
 from elasticd import __version__
 from elasticd.control.address import default_socket_path
@@ -98,7 +98,7 @@ def run(client: Client, ns: argparse.Namespace) -> int:
     for sig in STOP_SIGNALS:
         signal.signal(sig, _on_signal)
     try:
-        follow(client, job_id, None, show=show)
+        follow(client, job_id, FollowOptions(show=show, life=True, prog="elasticrun"))
     except (KeyboardInterrupt, Stop) as exc:
         why = "Ctrl-C" if isinstance(exc, KeyboardInterrupt) else str(exc)
         print(f"\nelasticrun: {why}: stopping job {job_id}", file=sys.stderr)

@@ -24,6 +24,8 @@ class ErrorCode(StrEnum):
     INSUFFICIENT_CAPACITY = "insufficient_capacity"  # more GPUs/slots than the host has
     JOB_NOT_FOUND = "job_not_found"
     NODE_NOT_FOUND = "node_not_found"
+    RANK_NOT_FOUND = "rank_not_found"  # ``logs --rank``: the job has no such rank, and never will
+    ATTEMPT_NOT_FOUND = "attempt_not_found"  # ``logs --attempt``: the job has not come to it
     PERMISSION_DENIED = "permission_denied"
     CONFLICT = "conflict"  # the job is in a state where the request makes no sense
     ETCD_UNAVAILABLE = "etcd_unavailable"
@@ -85,6 +87,14 @@ class JobNotFound(ElasticdError):
 
 class NodeNotFound(ElasticdError):
     code = ErrorCode.NODE_NOT_FOUND
+
+
+class RankNotFound(ElasticdError):
+    code = ErrorCode.RANK_NOT_FOUND
+
+
+class AttemptNotFound(ElasticdError):
+    code = ErrorCode.ATTEMPT_NOT_FOUND
 
 
 class PermissionDenied(ElasticdError):

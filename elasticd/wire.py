@@ -57,6 +57,7 @@ __all__ = [
     "PingReply",
     "RmArgs",
     "RmReply",
+    "RoundView",
     "StatusArgs",
     "StatusReply",
     "SubmitArgs",
@@ -99,7 +100,18 @@ class MemberEndState(StrEnum):
 
 
 # Every field of a reply that holds a time (seconds since the epoch), in any reply type.
-TIME_FIELDS = frozenset({"submitted_at", "started_at", "ended_at", "updated_at", "failed_at"})
+TIME_FIELDS = frozenset(
+    {
+        "submitted_at",
+        "started_at",
+        "ended_at",
+        "updated_at",
+        "failed_at",
+        "opened_at",
+        "closed_at",
+        "attempt_started_at",
+    }
+)
 
 
 # -- arguments ----------------------------------------------------------------------------------
@@ -150,8 +162,18 @@ class KillArgs:
 @dataclass(frozen=True)
 class LogsArgs:
     job: str
-    rank: int | None = None
+    rank: int | None = None  # only this global rank
     cursor: dict[str, int] = field(default_factory=dict)  # from the previous reply
+    attempt: int | None = None  # only this attempt (None: every one)
+    since: float | None = None  # only attempts that started (here) at or after this time, epoch seconds
+    tail: int | None = None  # logs the cursor does not name start at their rank's last N lines
+    partial: bool = False  # send unfinished lines too (a progress bar's ``\r`` updates), not whole lines only
+
+    def __post_init__(self) -> None:
+        for name in ("rank", "attempt", "tail"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"argument {name!r} must be >= 0, got {value}")
 
 
 @dataclass(frozen=True)
@@ -310,14 +332,29 @@ class StatusReply(TypedDict, total=False):
 class LogChunk(TypedDict):
     attempt: int
     rank: int
-    text: str  # whole lines, unless the job ended
+    text: str  # whole lines, unless the job ended or ``partial`` was asked for
+
+
+class RoundView(TypedDict):
+    """The job's current round: why it was opened, and when it opened and closed."""
+
+    round: int
+    reason: str  # why it was opened: start, worker_failed, member_lost, scale_up or member_left
+    detail: str  # for people: what happened (a failure's summary, the nodes that left or wait)
+    spends_restart: bool  # a failure: it spent one of the job's restarts
+    opened_at: float
+    closed_at: float | None  # when its ranks were assigned; None while it is open
 
 
 class LogsReply(TypedDict):
     chunks: list[LogChunk]
     cursor: dict[str, int]  # pass it back to get what follows
     state: str | None  # the job's JobState value
-    node: str | None
+    node: str | None  # the node that answered: the logs are the ones it holds
+    more: NotRequired[bool]  # this and the rest: absent from older daemons. More is there to read now
+    job: NotRequired[JobView]  # the job, as ``status`` shows it
+    round_info: NotRequired[RoundView | None]  # None when the job's round record cannot be read
+    attempt_started_at: NotRequired[dict[str, float]]  # attempts with logs here, and when each started
 
 
 class GpuView(TypedDict):

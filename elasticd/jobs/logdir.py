@@ -340,13 +340,19 @@ def read_range(log_dir: Path, parts: tuple[str, ...], offset: int, limit: int) -
         return None if fd is None else _pread(fd, limit, max(0, offset))
 
 
-def read_tail(log_dir: Path, parts: tuple[str, ...], limit: int) -> bytes:
-    """The last ``limit`` bytes of a file of the tree (empty if it cannot be read)."""
+def read_end(log_dir: Path, parts: tuple[str, ...], limit: int) -> tuple[bytes, int]:
+    """The last ``limit`` bytes of a file of the tree and the offset they start at ((b"", 0) if it
+    cannot be read): with ``limit`` 0, its size."""
     with _opened(log_dir, parts) as fd:
         if fd is None:
-            return b""
-        size = os.fstat(fd).st_size
-        return _pread(fd, limit, max(0, size - limit))
+            return b"", 0
+        start = max(0, os.fstat(fd).st_size - limit)
+        return _pread(fd, limit, start), start
+
+
+def read_tail(log_dir: Path, parts: tuple[str, ...], limit: int) -> bytes:
+    """The last ``limit`` bytes of a file of the tree (empty if it cannot be read)."""
+    return read_end(log_dir, parts, limit)[0]
 
 
 def read_small(log_dir: Path, parts: tuple[str, ...], limit: int = MAX_ERROR_FILE) -> bytes:
@@ -366,6 +372,25 @@ def list_dir(log_dir: Path, parts: tuple[str, ...]) -> list[str]:
         return os.listdir(fd)
     finally:
         os.close(fd)
+
+
+def dir_times(log_dir: Path, parts: tuple[str, ...]) -> dict[str, float]:
+    """The directories in a directory of the tree, with their mtimes (links are left out)."""
+    try:
+        fd = open_dir(log_dir, parts, create=False)
+    except (OSError, SetupFailure):
+        return {}
+    times: dict[str, float] = {}
+    if fd is not None:
+        try:
+            for name in os.listdir(fd):
+                with contextlib.suppress(OSError):
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    if stat.S_ISDIR(st.st_mode):
+                        times[name] = st.st_mtime
+        finally:
+            os.close(fd)
+    return times
 
 
 def remove_job(log_dir: Path, job_id: str) -> bool:

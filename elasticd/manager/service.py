@@ -20,7 +20,8 @@ from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.types import Query
 from elasticd.jobs import logdir
-from elasticd.jobs.logs import Chunk, read_new
+from elasticd.jobs.logs import Read, attempt_starts, log_files, read_logs
+from elasticd.jobs.logscope import check_scope, round_view
 from elasticd.jobs.spec import JobSpec, valid_job_id
 from elasticd.jobs.state import EndReason, JobState
 from elasticd.jobs.view import job_view, selected
@@ -28,11 +29,22 @@ from elasticd.manager.access import Access, Caller, authorize
 from elasticd.manager.jobs import JobManager
 from elasticd.node.registry import NodeRecord, NodeRegistry
 from elasticd.rendezvous.snapshot import JobSnapshot
-from elasticd.wire import is_terminal
+from elasticd.wire import LogsArgs, RoundView, is_terminal
 
 _log = log.get("elasticd.jobs")
 
 KILL_WAIT_S = 60.0
+
+
+@dataclass(frozen=True)
+class LogsRead:
+    """What ``logs`` answers: the job as ``status`` shows it, its current round, the output read,
+    and when each attempt with logs here started."""
+
+    view: dict[str, Any]
+    round: RoundView | None
+    read: Read
+    starts: dict[int, float]
 
 
 @dataclass(frozen=True)
@@ -100,15 +112,21 @@ class CommandService:
         try:
             return job_view(await self.snapshot(job_id), self.facts.node_id)
         except EtcdUnavailable:
-            agent = self._manager.agents.get(job_id)
-            if agent is None:
+            if (own := self._own_view(job_id)) is None:
                 raise
-            return {
-                "id": job_id,
-                "state": agent.state.value,
-                "stale": True,
-                "reason": "etcd is unreachable: this node's own view",
-            } | agent.local_view()
+            return own
+
+    def _own_view(self, job_id: str) -> dict[str, Any] | None:
+        """This node's own view of a job it takes part in, for when etcd cannot be asked."""
+        agent = self._manager.agents.get(job_id)
+        if agent is None:
+            return None
+        return {
+            "id": job_id,
+            "state": agent.state.value,
+            "stale": True,
+            "reason": "etcd is unreachable: this node's own view",
+        } | agent.local_view()
 
     async def views(self, states: Collection[JobState] = (), user: str | None = None) -> list[dict[str, Any]]:
         """Every job (unreadable ones too), oldest first; only those in ``states`` (when given) and
@@ -135,15 +153,38 @@ class CommandService:
             await asyncio.sleep(0.1)
         return job_view(await self.snapshot(job_id), self.facts.node_id)
 
-    async def logs(
-        self, job_id: str, cursor: dict[str, int], rank: int | None
-    ) -> tuple[dict[str, Any], list[Chunk], dict[str, int]]:
-        view = await self.view(job_id)
+    async def logs(self, args: LogsArgs) -> LogsRead:
+        """A job's output on this node from ``args.cursor``; a rank or attempt the job does not
+        have is an error (when etcd can be asked)."""
+        snap: JobSnapshot | None = None
+        try:
+            snap = await self.snapshot(args.job)
+            view = job_view(snap, self.facts.node_id)
+        except EtcdUnavailable:
+            if (own := self._own_view(args.job)) is None:
+                raise
+            view = own
         ended = is_terminal(view.get("state"))
-        chunks, new_cursor = await asyncio.to_thread(
-            read_new, self.facts.log_dir, job_id, cursor, rank, whole=ended
-        )
-        return view, chunks, new_cursor
+
+        def read() -> tuple[Read, dict[int, float]]:
+            files = log_files(self.facts.log_dir, args.job)
+            if snap is not None:
+                check_scope(snap, args.rank, args.attempt, files)
+            starts = attempt_starts(self.facts.log_dir, args.job)
+            since = args.since
+            attempts = {
+                a
+                for a, _ in files
+                if (args.attempt is None or a == args.attempt)
+                and (since is None or starts.get(a, since) >= since)
+            }
+            got = read_logs(self.facts.log_dir, args.job, args.cursor, files=files, rank=args.rank,
+                            attempts=attempts, tail=args.tail, whole=ended, partial=args.partial)  # fmt: skip
+            here = {a for a, _ in files}
+            return got, {a: t for a, t in starts.items() if a in here}
+
+        got, starts = await asyncio.to_thread(read)
+        return LogsRead(view, round_view(snap) if snap is not None else None, got, starts)
 
     async def rm(self, job_id: str) -> dict[str, Any]:
         """Delete an ended job's records, and this node's logs of it (each node drops its own logs

@@ -35,6 +35,8 @@ PURE = (
     "elasticd.jobs.view",
     "elasticd.jobs.decider",
     "elasticd.jobs.rootcause",
+    "elasticd.jobs.logscope",
+    "elasticd.jobs.ranktext",
     "elasticd.jobs.state",
     "elasticd.wire",
 )

@@ -1,4 +1,4 @@
-"""elasticd.jobs.logs.read_new: cursor-based reading of a job's per-rank logs."""
+"""elasticd.jobs.logs: cursor-based reading of a job's per-rank logs (whole lines, partial reads, tails)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from elasticd.jobs.logs import Chunk, log_files, read_new
+from elasticd.jobs import logs
+from elasticd.jobs.logs import Chunk, attempt_starts, log_files, read_logs, read_new, tail_start
 
 JOB = "train-1"
 A0R0 = "attempt_0/rank_0.log"
@@ -209,3 +210,106 @@ def test_job_names_cannot_leave_the_tree(log_dir: Path, job: str) -> None:
 def test_a_writable_attempt_dir_is_not_read(log_dir: Path) -> None:
     (log_dir / JOB / "attempt_1").chmod(0o777)
     assert log_files(log_dir, JOB) == [(0, 0), (0, 1)]
+
+
+# -- tail, attempts, partial reads ---------------------------------------------------------------------
+def lines(n: int, tag: str) -> str:
+    return "".join(f"{tag} {i}\n" for i in range(n))
+
+
+@pytest.mark.parametrize(
+    ("data", "asked", "expected"),
+    [
+        ("a\nb\nc\n", 2, ("b\nc\n", 2)),
+        ("a\nb\nc", 2, ("b\nc", 2)),  # an unfinished last line is one
+        ("a\nb\nc\n", 3, ("a\nb\nc\n", 3)),
+        ("a\nb\nc\n", 9, ("a\nb\nc\n", 3)),  # fewer than asked: the whole file
+        ("a\nb\nc\n", 0, ("", 0)),
+        ("\n\n", 1, ("\n", 1)),
+        ("", 4, ("", 0)),
+    ],
+)
+def test_tail_start(tmp_path: Path, data: str, asked: int, expected: tuple[str, int]) -> None:
+    write(tmp_path, A0R0, data)
+    offset, found = tail_start(tmp_path, (JOB, "attempt_0", "rank_0.log"), asked)
+    assert (data.encode()[offset:].decode(), found) == expected
+
+
+def test_tail_start_reads_back_block_by_block(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(logs, "TAIL_BLOCK", 7)
+    write(tmp_path, A0R0, lines(50, "line"))
+    offset, found = tail_start(tmp_path, (JOB, "attempt_0", "rank_0.log"), 12)
+    assert found == 12 and (tmp_path / JOB / A0R0).read_bytes()[offset:].decode() == "".join(
+        f"line {i}\n" for i in range(38, 50)
+    )
+
+
+def test_tail_is_per_rank_over_attempts(tmp_path: Path) -> None:
+    write(tmp_path, A0R0, lines(5, "a0r0"))
+    write(tmp_path, A0R1, lines(5, "a0r1"))
+    write(tmp_path, A1R0, lines(2, "a1r0"))  # rank 0's last 3 lines: one of attempt 0, two of 1
+    write(tmp_path, "attempt_2/rank_1.log", lines(4, "a2r1"))  # rank 1: all in attempt 2
+    read = read_logs(tmp_path, JOB, {}, tail=3)
+    assert [(c.attempt, c.rank, c.text) for c in read.chunks] == [
+        (0, 0, "a0r0 4\n"),
+        (1, 0, "a1r0 0\na1r0 1\n"),
+        (2, 1, "a2r1 1\na2r1 2\na2r1 3\n"),
+    ]
+    # Every chosen log is in the cursor (attempt 0 of rank 1 at its end): no later read shows it.
+    assert read.cursor[A0R1] == len(lines(5, "a0r1"))
+    assert read_logs(tmp_path, JOB, read.cursor).chunks == []
+    write(tmp_path, A1R0, "more\n", append=True)
+    assert [c.text for c in read_logs(tmp_path, JOB, read.cursor, tail=1).chunks] == ["more\n"]
+
+
+def test_tail_applies_to_logs_the_cursor_does_not_name(tmp_path: Path) -> None:
+    write(tmp_path, A0R0, lines(3, "old"))
+    cursor = read_logs(tmp_path, JOB, {}).cursor
+    write(tmp_path, A1R0, lines(3, "new"))  # a new attempt while following: shown whole
+    assert [c.text for c in read_logs(tmp_path, JOB, cursor).chunks] == [lines(3, "new")]
+
+
+def test_attempts_and_rank_filter(log_dir: Path) -> None:
+    read = read_logs(log_dir, JOB, {}, attempts={0})
+    assert [(c.attempt, c.rank) for c in read.chunks] == [(0, 0), (0, 1)]
+    read = read_logs(log_dir, JOB, {}, attempts={1}, rank=1)
+    assert read.chunks == [] and read.cursor == {}
+
+
+def test_more_says_the_budget_ran_out(log_dir: Path) -> None:
+    first = read_logs(log_dir, JOB, {}, max_bytes=30)
+    assert first.more
+    rest = read_logs(log_dir, JOB, first.cursor)
+    assert not rest.more and [c.attempt for c in rest.chunks] == [0, 1]
+
+
+def test_partial_reads_send_unfinished_lines_but_no_cut_character(tmp_path: Path) -> None:
+    write(tmp_path, A0R0, "done\n\r 10%|#")
+    read = read_logs(tmp_path, JOB, {}, partial=True)
+    assert [c.text for c in read.chunks] == ["done\n\r 10%|#"]
+    bar = "\r 20%|█".encode()
+    path = tmp_path / JOB / A0R0
+    with open(path, "ab") as f:
+        f.write(bar[:-1])  # "█" is 3 bytes: 2 of them are there
+    again = read_logs(tmp_path, JOB, read.cursor, partial=True)
+    assert [c.text for c in again.chunks] == ["\r 20%|"]
+    with open(path, "ab") as f:
+        f.write(bar[-1:])
+    assert [c.text for c in read_logs(tmp_path, JOB, again.cursor, partial=True).chunks] == ["█"]
+
+
+@pytest.mark.parametrize(
+    ("data", "kept"),
+    [(b"abc", 3), ("é".encode(), 2), ("é".encode()[:1], 0), ("a€".encode()[:-1], 1), ("a𝄞".encode(), 5),
+     ("a𝄞".encode()[:-1], 1), (b"\x80\x80", 2), (b"", 0)],
+)  # fmt: skip
+def test_complete_chars(data: bytes, kept: int) -> None:
+    assert logs._complete_chars(data) == kept
+
+
+def test_attempt_starts_are_their_directories_mtimes(log_dir: Path) -> None:
+    os.utime(log_dir / JOB / "attempt_0", (1000.0, 1000.0))
+    os.utime(log_dir / JOB / "attempt_1", (2000.0, 2000.0))
+    (log_dir / JOB / "attempt_x").mkdir()
+    os.symlink(log_dir / JOB / "attempt_1", log_dir / JOB / "attempt_7")
+    assert attempt_starts(log_dir, JOB) == {0: 1000.0, 1: 2000.0}

@@ -20,11 +20,13 @@ from elasticd import wire
 from elasticd.control.commands import REGISTRY, logs, nodes, ping
 from elasticd.control.params import parse_args
 from elasticd.decode import DecodeError, Unknown, decode
+from elasticd.jobs.logs import Chunk, Read
+from elasticd.jobs.logscope import round_view
 from elasticd.jobs.spec import NodeRange
 from elasticd.jobs.state import EndReason, JobState, WorkerFailure
 from elasticd.jobs.view import job_view
 from elasticd.manager.access import Caller
-from elasticd.manager.service import NodeFacts
+from elasticd.manager.service import LogsRead, NodeFacts
 from elasticd.node.inventory import Gpu
 from elasticd.node.registry import InventoryRecord, NodeRecord
 from elasticd.rendezvous.decider import build_result
@@ -195,7 +197,7 @@ def test_submit_option_defaults_are_the_wire_defaults() -> None:
     [
         (["drain", "n1"], DrainArgs, {"job": "job", "grace": "grace_s", "force": "force"}),
         (["undrain", "n1"], UndrainArgs, {"job": "job"}),
-        (["logs", "j"], LogsArgs, {"rank": "rank"}),
+        (["logs", "j"], LogsArgs, {"rank": "rank", "attempt": "attempt", "tail": "tail", "since": "since"}),
         (["status"], StatusArgs, {"job": "job", "states": "states", "user": "user"}),
     ],
 )
@@ -309,6 +311,7 @@ CLI_CALLS = [
     ["status", "j1", "--json"],
     ["kill", "j1"],
     ["logs", "j1", "--rank", "2"],
+    ["logs", "j1", "--rank", "0", "--attempt", "1", "--tail", "5", "--since", "10m", "-t"],
     ["nodes"],
     ["drain", "n1"],
     ["drain", "n1", "--job", "j1", "--grace", "5", "--force"],
@@ -402,8 +405,10 @@ def test_waits_for_ignores_the_text_of_notes() -> None:
 def _service(tmp_path: Path) -> Any:
     """A stand-in for ``CommandService`` with what these handlers use."""
 
-    async def logs(job: str, cursor: dict[str, int], rank: int | None) -> tuple[Any, ...]:
-        return {"id": job, "state": "RUNNING"}, [], cursor
+    async def logs(args: LogsArgs) -> LogsRead:
+        snap = SNAPSHOTS["running"]()
+        read = Read([Chunk(1, 0, "x\n")], args.cursor | {"attempt_1/rank_0.log": 2}, False)
+        return LogsRead(job_view(snap, "n1"), round_view(snap), read, {1: 5.0})
 
     async def records() -> list[NodeRecord]:
         return [record]

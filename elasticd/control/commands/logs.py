@@ -10,12 +10,16 @@ from elasticd.wire import LogsArgs
 
 async def logs(service: CommandService, args: LogsArgs, caller: Caller) -> dict[str, Any]:
     """Read a job's output from a cursor; poll with the returned cursor to follow."""
-    view, chunks, cursor = await service.logs(args.job, args.cursor, args.rank)
+    got = await service.logs(args)
     return {
-        "chunks": [{"attempt": c.attempt, "rank": c.rank, "text": c.text} for c in chunks],
-        "cursor": cursor,
-        "state": view.get("state"),
-        "node": view.get("node"),
+        "chunks": [{"attempt": c.attempt, "rank": c.rank, "text": c.text} for c in got.read.chunks],
+        "cursor": got.read.cursor,
+        "state": got.view.get("state"),
+        "node": service.facts.node_id,
+        "more": got.read.more,
+        "job": got.view,
+        "round_info": got.round,
+        "attempt_started_at": {str(a): t for a, t in sorted(got.starts.items())},
     }
 
 

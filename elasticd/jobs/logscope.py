@@ -1,0 +1,74 @@
+"""What a ``logs`` request may ask for, and what it is told about the job besides its output.
+
+Pure: a job snapshot and the logs this node holds in, an answer or an error out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from elasticd.errors import AttemptNotFound, RankNotFound
+from elasticd.rendezvous.snapshot import JobSnapshot
+from elasticd.wire import RoundView
+
+
+def round_view(snap: JobSnapshot) -> RoundView | None:
+    """The current round, as a following client reports the job's life from it."""
+    info = snap.round
+    if info is None:
+        return None
+    result = snap.result
+    return {
+        "round": info.round,
+        "reason": info.reason.value,
+        "detail": info.detail,
+        "spends_restart": info.reason.spends_budget,
+        "opened_at": info.opened_at,
+        "closed_at": result.closed_at if result is not None and result.closed_at else None,
+    }
+
+
+def spans(ranks: Collection[int]) -> str:
+    """``0-3, 6`` for {0, 1, 2, 3, 6}."""
+    runs: list[list[int]] = []
+    for r in sorted(set(ranks)):
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return ", ".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in runs)
+
+
+def check_scope(
+    snap: JobSnapshot, rank: int | None, attempt: int | None, here: Collection[tuple[int, int]]
+) -> None:
+    """Refuse a rank the job does not have and never will, and an attempt it has not come to.
+
+    ``here``: (attempt, rank) of the logs this node holds. A rank exists when it has logs here or
+    is in one of the rounds etcd still holds (the current one and the one before); a rank the job
+    could still get (an elastic job below its maximum) is not refused while the job runs."""
+    if attempt is not None and attempt > snap.current and all(a != attempt for a, _ in here):
+        so_far = spans(range(snap.current + 1))
+        raise AttemptNotFound(
+            f"job {snap.job_id} has no attempt {attempt} (its attempts so far: {so_far})",
+            attempt=attempt,
+            last=snap.current,
+        )
+    if rank is None or any(r == rank for _, r in here):
+        return
+    ran = {r for _, r in here}
+    for result in snap.results.values():
+        for m in result.members:
+            ran.update(range(m.rank_offset, m.rank_offset + m.local_world_size))
+    if rank in ran:
+        return  # on another node: the client says where
+    spec = snap.spec
+    if spec is not None and rank >= spec.nnodes.max * spec.nproc_per_node:
+        raise RankNotFound(
+            f"job {snap.job_id} has no rank {rank}: it has at most {spec.nnodes.max * spec.nproc_per_node} "
+            f"({spec.nnodes.max} node(s) x {spec.nproc_per_node} per node)",
+            rank=rank,
+        )
+    if snap.ended:
+        known = f"its ranks were {spans(ran)}" if ran else "no rank of it ever ran"
+        raise RankNotFound(f"job {snap.job_id} has no rank {rank}: {known}", rank=rank)
