@@ -12,18 +12,30 @@ from __future__ import annotations
 
 import argparse
 import os
+import pwd
 import signal
 import sys
 from types import FrameType
 
 from elasticctl import render
 from elasticctl.client import Client, DaemonError, ExitCodes, guarded
-from elasticctl.entry import resolve_entry
+from elasticctl.entry import UsageError, resolve_entry
 from elasticctl.follow import FollowOptions, follow
 from elasticctl.torchrun import add_flags, interpret
 from elasticd import __version__
 from elasticd.control.address import default_socket_path
-from elasticd.wire import JobReply, JobState, JobView, KillArgs, NoArgs, NodesReply, StatusArgs, SubmitArgs
+from elasticd.wire import (
+    ErrorCode,
+    JobReply,
+    JobState,
+    JobView,
+    KillArgs,
+    NoArgs,
+    NodesReply,
+    StatusArgs,
+    SubmitArgs,
+    is_terminal,
+)
 
 EXIT_FAILED = 1  # torchrun's exit status for a failed job (ChildFailedError)
 EXIT_USAGE = 2
@@ -76,6 +88,26 @@ def submit_args(
     return args, mapped.local_ranks, mapped.notes
 
 
+def pwd_name() -> str:
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
+
+
+def joinable(job: JobView, user: str) -> JobView:
+    """The job another node's identical line (same ``--rdzv-id``) submitted, if this line may join
+    it: it is the same user's, and it has not ended (a rerun must not report an old result)."""
+    if job.get("user") != user:
+        raise UsageError(f"--rdzv-id {job['id']} names a job of another user; choose another id")
+    if is_terminal(job["state"]):
+        raise UsageError(
+            f"--rdzv-id {job['id']} names a job that has ended ({job['state']}); choose another id, "
+            f"or remove it with `elasticctl rm {job['id']}`"
+        )
+    return job
+
+
 def _on_signal(signum: int, frame: FrameType | None) -> None:
     raise Stop(signal.Signals(signum).name)
 
@@ -87,9 +119,9 @@ def run(client: Client, ns: argparse.Namespace) -> int:
     try:
         job: JobView = client.request("submit", args)
     except DaemonError as exc:
-        if exc.code != "conflict" or args.job_id is None:
+        if exc.code != ErrorCode.CONFLICT or args.job_id is None:
             raise
-        job = client.request("status", StatusArgs(args.job_id))["job"]  # another node's line made it
+        job = joinable(client.request("status", StatusArgs(args.job_id))["job"], pwd_name())
         print(f"elasticrun: joining job {job['id']}, submitted by another node", file=sys.stderr)
     job_id = job["id"]
     print(f"elasticrun: job {job_id} ({job['state']})", file=sys.stderr)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -103,3 +104,15 @@ def test_rdzv_conf_ignores_keys_of_other_backends_and_checks_numbers() -> None:
 
 def test_the_readme_has_the_table() -> None:
     assert torchrun.table() in README.read_text()
+
+
+def test_a_line_joins_only_a_live_job_of_its_own_user() -> None:
+    from elasticctl.entry import UsageError
+    from elasticctl.run import joinable
+
+    job: Any = {"id": "exp7", "user": "alice", "state": "RUNNING"}
+    assert joinable(job, "alice") is job
+    with pytest.raises(UsageError, match="another user"):
+        joinable(job, "bob")
+    with pytest.raises(UsageError, match=r"has ended \(SUCCEEDED\).*elasticctl rm exp7"):
+        joinable(job | {"state": "SUCCEEDED"}, "alice")
