@@ -33,6 +33,7 @@ from elasticd.node.registry import NodeRegistry
 from elasticd.node.statedir import StateDir
 from elasticd.workers.limits import detect
 from elasticd.workers.reaper import Reaper
+from elasticd.workers.tracking import detect as detect_tracking
 
 _log = log.get("elasticd.daemon")
 
@@ -115,7 +116,8 @@ class Daemon:
             self.node_id = self._state.node_id(s.node_id)
             # Before any child exists: on cgroup v2 the daemon may have to move itself into a leaf.
             limits = detect(instance=self.node_id)
-            self._reaper = Reaper(self.node_id)
+            tracking = detect_tracking(instance=self.node_id)  # after limits: both see the same cgroup
+            self._reaper = Reaper(self.node_id, tracking.base)
             self._reaper.start()
             self.etcd = await self._connect_etcd()
             inventory = discover(self.node_id, s.fake_gpus, s.slots)
@@ -137,6 +139,7 @@ class Daemon:
                 log_gid=log_group_gid(s.log_group),
                 worker_ports=s.worker_ports,
                 single_host_only=s.single_host_only,
+                tracking=tracking,
             )
             # The lease has its own client with short calls: a keep-alive stuck on a dead etcd member
             # must fail over well within the TTL, or the node would fence itself for nothing.
@@ -204,6 +207,7 @@ class Daemon:
         await server.close()
         await self.manager.shutdown()
         self.manager.rt.limits.release()
+        self.manager.rt.tracking.release()
         await self.registry.stop()
         if self._liveness is not None:
             await self._liveness.close()  # last: peers read our death only once we have left

@@ -28,6 +28,7 @@ from elasticd.rendezvous.model import Member, RoundResult
 from elasticd.workers.group import Launch, Worker, WorkerGroup, wall_clock
 from elasticd.workers.limits import LimitBackend, LimitError, Placement, ResourceLimits, RlimitBackend
 from elasticd.workers.reaper import Reaper
+from elasticd.workers.tracking import NoTracker, Tracker
 
 TAIL_BYTES = 4096
 TAIL_LINES = 30
@@ -48,6 +49,7 @@ class NodeRuntime:
     log_gid: int | None = None  # the operator's log_group: job logs 0640 to it (logdir.log_group_gid)
     worker_ports: PortRange | None = None  # the operator's worker_ports: MASTER_PORT comes from there
     single_host_only: bool = False  # address left at loopback with an external etcd (Settings)
+    tracking: Tracker = field(default_factory=NoTracker)  # a cgroup per job where allowed (tracking.detect)
 
 
 def master_port(rt: NodeRuntime) -> int:
@@ -143,7 +145,8 @@ def start_group(
             if launch.limits is not None:
                 launch.limits.close()
         raise
-    group = WorkerGroup(launches, rt.reaper, spec.stop_grace_s, fence=fence)
+    tracked = rt.tracking.job(spec.id)
+    group = WorkerGroup(launches, rt.reaper, spec.stop_grace_s, fence=fence, tracking=tracked)
     group.start()  # closes every log fd
     return group
 

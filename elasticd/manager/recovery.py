@@ -1,8 +1,9 @@
 """Crash recovery: clean up after a predecessor daemon that died, before taking new work.
 
-Its processes (marked with our node id, or in process groups the state dir recorded) are killed,
-every job cgroup is swept, and each job it ran is told: the round it was in cannot go on without
-it (the round is bumped, spending a restart), or the job fails when no restart is left.
+Its processes (in this daemon's tracking cgroups, marked with our node id, or in process groups the
+state dir recorded) are killed, every job cgroup is swept, and each job it ran is told: the round it
+was in cannot go on without it (the round is bumped, spending a restart), or the job fails when no
+restart is left.
 """
 
 from __future__ import annotations
@@ -38,7 +39,11 @@ async def recover(
     if leftovers or pgids:
         _log.warning("recover.killing", pids=[p.pid for p in leftovers], pgids=pgids)
         await proctree.terminate(leftovers, pgids, grace_s=2.0)
-    rt.limits.sweep(())  # no worker of ours is alive yet: every job cgroup is stale
+    # No worker of ours is alive yet: every job cgroup is stale, and what is in one escaped the rest.
+    swept = await asyncio.to_thread(rt.tracking.sweep)
+    if swept:
+        _log.warning("recover.swept", cgroups=[str(p) for p in swept])
+    rt.limits.sweep(())  # after the tracking sweep: a v2 leaf is shared
     for job_id in records:
         state.drop_job(job_id)
         try:

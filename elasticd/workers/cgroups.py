@@ -93,7 +93,7 @@ def _fresh(fs: CgroupFs, path: Path) -> None:
         fs.mkdir(path)
 
 
-def _remove(fs: CgroupFs, path: Path, tries: int = 1) -> bool:
+def remove_cgroup(fs: CgroupFs, path: Path, tries: int = 1) -> bool:
     """rmdir, tolerating a missing directory; False while it stays busy (processes, children).
 
     A leaf can stay busy for a moment after its last process was reaped, hence ``tries``.
@@ -116,8 +116,8 @@ def _remove(fs: CgroupFs, path: Path, tries: int = 1) -> bool:
 def _release(fs: CgroupFs, base: Path) -> None:
     """A stopping daemon removes its (empty) base, and the shared parent when it is the last."""
     _sweep(fs, base, ())
-    if _remove(fs, base) and base.parent.name in (V2_JOBS, V1_JOBS):
-        _remove(fs, base.parent)  # busy while other daemons of this host use it: fine
+    if remove_cgroup(fs, base) and base.parent.name in (V2_JOBS, V1_JOBS):
+        remove_cgroup(fs, base.parent)  # busy while other daemons of this host use it: fine
 
 
 def _oom_kills(fs: CgroupFs, path: Path) -> int:
@@ -134,8 +134,8 @@ def _sweep(fs: CgroupFs, base: Path, alive: Collection[str]) -> list[Path]:
     jobs = [p for p in base.iterdir() if p.is_dir() and p.name not in alive] if base.is_dir() else []
     for job in jobs:
         for leaf in (p for p in job.iterdir() if p.is_dir()):
-            _remove(fs, leaf)
-        if _remove(fs, job):
+            remove_cgroup(fs, leaf)
+        if remove_cgroup(fs, job):
             removed.append(job)
             _log.info("limits.swept", path=str(job))
         else:
@@ -190,8 +190,8 @@ class CgroupPlacement:
             with contextlib.suppress(OSError):
                 os.close(fd)
         for leaf in self._leaves:
-            if _remove(self._fs, leaf, tries=5):
-                _remove(self._fs, leaf.parent)  # the job's directory, once its last rank is gone
+            if remove_cgroup(self._fs, leaf, tries=5):
+                remove_cgroup(self._fs, leaf.parent)  # the job's directory, once its last rank is gone
             else:
                 _log.warning("limits.cgroup_busy", path=str(leaf))
 
@@ -201,8 +201,8 @@ def _abandon(fs: CgroupFs, fds: list[int], leaves: list[Path]) -> None:
         with contextlib.suppress(OSError):
             os.close(fd)
     for leaf in leaves:
-        if _remove(fs, leaf):
-            _remove(fs, leaf.parent)
+        if remove_cgroup(fs, leaf):
+            remove_cgroup(fs, leaf.parent)
 
 
 def _no_cgroup(limits: ResourceLimits) -> CgroupPlacement | None:

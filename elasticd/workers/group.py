@@ -1,8 +1,10 @@
 """A local worker group: one process tree per local rank, supervised and stopped as a unit.
 
 Each worker is a session leader (its own process group), carries a parent-death signal, writes
-stdout and stderr to its append-only per-attempt log, and is tracked by the reaper sidecar. Exits
-are noticed through a pidfd on the event loop, with no polling and no watcher threads.
+stdout and stderr to its append-only per-attempt log, and is tracked by the reaper sidecar and,
+where the daemon may create one, by the job's tracking cgroup (``tracking``), which nothing it
+forks can leave. Exits are noticed through a pidfd on the event loop, with no polling and no
+watcher threads.
 
 The group never opens a path under the log directory: ``jobs.logdir`` hands it an open log fd,
 because opening by path as root would follow whatever the job (running as the user) planted there.
@@ -15,6 +17,7 @@ import contextlib
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +26,7 @@ from elasticd.workers import proctree
 from elasticd.workers.limits import Placement
 from elasticd.workers.reaper import Reaper
 from elasticd.workers.spawn import SPAWN_FAILED, Identity, worker_preexec
+from elasticd.workers.tracking import JobTracking, NoJobTracking
 
 _log = log.get("elasticd.workers")
 
@@ -104,15 +108,38 @@ def _watch_exit(proc: subprocess.Popen[bytes]) -> asyncio.Future[int]:
     return fut
 
 
+def _before_drop(procs_fd: int | None, limits: Placement | None) -> Callable[[], None] | None:
+    """The child's root-only step: join the tracking cgroup (first, so nothing escapes it), then
+    the limits. Only writes to fds the parent opened: no path is resolved after the fork."""
+    if procs_fd is None:
+        return limits.preexec if limits is not None else None
+
+    def join() -> None:
+        os.write(procs_fd, b"0")
+        if limits is not None:
+            limits.preexec()
+
+    return join
+
+
 class WorkerGroup:
-    def __init__(self, launches: list[Launch], reaper: Reaper, grace_s: float, fence: bool = False) -> None:
+    def __init__(
+        self,
+        launches: list[Launch],
+        reaper: Reaper,
+        grace_s: float,
+        fence: bool = False,
+        tracking: JobTracking | None = None,
+    ) -> None:
         """``fence``: the reaper kills this group when the node's lease deadline passes (multi-node
-        jobs, whose peers go on without us once our lease is gone)."""
+        jobs, whose peers go on without us once our lease is gone). ``tracking``: the job's
+        tracking cgroup on this node (``Tracker.job``); None: the fallback alone."""
         self.launches = launches
         self.workers: list[Worker] = []
         self._reaper = reaper
         self._grace_s = grace_s
         self._fence = fence
+        self._tracking: JobTracking = tracking if tracking is not None else NoJobTracking()
 
     def start(self) -> None:
         """Spawn every worker, once. Must run on the event-loop thread (see ``spawn``). Closes
@@ -125,7 +152,17 @@ class WorkerGroup:
                 with contextlib.suppress(OSError):
                     os.close(launch.log_fd)
 
+    def _join_fd(self, launch: Launch) -> int | None:
+        """The tracking leaf's ``cgroup.procs`` for this worker; on failure it runs untracked (the
+        fallback still finds its tree) rather than not at all."""
+        try:
+            return self._tracking.join(launch.rank, launch.limits.cgroups if launch.limits else ())
+        except OSError as exc:
+            _log.error("tracking.join_failed", rank=launch.rank, error=str(exc))
+            return None
+
     def _spawn(self, launch: Launch) -> Worker:
+        procs_fd = self._join_fd(launch)
         try:
             proc = subprocess.Popen(
                 list(launch.argv),
@@ -134,9 +171,7 @@ class WorkerGroup:
                 stderr=subprocess.STDOUT,
                 env=launch.env,
                 start_new_session=True,
-                preexec_fn=worker_preexec(
-                    launch.cwd, launch.identity, launch.limits.preexec if launch.limits else None
-                ),
+                preexec_fn=worker_preexec(launch.cwd, launch.identity, _before_drop(procs_fd, launch.limits)),
                 close_fds=True,
             )
         except (OSError, subprocess.SubprocessError) as exc:
@@ -148,6 +183,9 @@ class WorkerGroup:
             failed: asyncio.Future[int] = asyncio.get_running_loop().create_future()
             failed.set_result(SPAWN_FAILED)
             return Worker(launch, None, failed)
+        finally:
+            if procs_fd is not None:
+                os.close(procs_fd)
         self._reaper.track(proc.pid, launch.env.get(proctree.JOB_ENV) if self._fence else None)
         _log.debug("worker.started", rank=launch.rank, pid=proc.pid)
         return Worker(launch, proc.pid, _watch_exit(proc))
@@ -189,6 +227,8 @@ class WorkerGroup:
                 tree.extend(proctree.group_members(w.pid))
         own = asyncio.gather(*(w.exited for w in self.workers))
         stuck = await proctree.terminate(tree, pgids, grace, extra_wait=own)
+        # What is left in the job's cgroup escaped every other way (new session, no marker).
+        stuck += [pid for pid in await asyncio.to_thread(self._tracking.kill) if pid not in stuck]
         stuck += await self._sweep_escapees()
         for pgid in pgids:
             self._reaper.untrack(pgid)
@@ -197,4 +237,5 @@ class WorkerGroup:
         for launch in self.launches:  # the trees are gone: their cgroups can go too
             if launch.limits is not None:
                 launch.limits.close()
+        await asyncio.to_thread(self._tracking.close)  # after the limits: a v2 leaf is shared
         return stuck

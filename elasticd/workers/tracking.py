@@ -1,0 +1,298 @@
+"""Tracking cgroups: every process a job starts on this node stays findable, and dies with the job.
+
+A worker can leave everything the fallback looks for: its process group and session (``setsid``),
+its parent (a double fork), its environment marker (``env -i``). It cannot leave its cgroup: a
+fork inherits it, and moving needs write access to another ``cgroup.procs``, which only root has.
+So where the daemon may create cgroups in the unified (v2) hierarchy, each worker joins one:
+
+    ``<own>/elasticd.jobs/[<instance>/]<job>/rank_<k>``
+
+the same leaves the v2 limit backend uses (``cgroups.py``): with v2 limits one leaf serves both.
+Tracking needs no controller, so it also works on a hybrid host whose unified hierarchy has none.
+As with limits, the parent opens the leaf's ``cgroup.procs`` and the child writes ``"0"`` to it
+before exec (``WorkerGroup``): nothing is resolved by path after the fork.
+
+Killing a job's processes is one write of ``"1"`` to ``cgroup.kill`` of its directory (kernel
+5.14+): SIGKILL to everything below, with no race against forks. Then ``cgroup.events`` is polled
+until ``populated 0`` (bounded) and the directories are removed. The same kill is used when a
+group stops (``kill``, a restart, the job's end, a drain), by the reaper sidecar (a fence kills
+``<base>/<job>``, the daemon's death kills ``<base>``) and by a restarted daemon (``sweep``).
+
+Where there is no unified hierarchy, no ``cgroup.kill``, or no right to create cgroups, ``detect``
+returns ``NoTracker`` and the fallback alone applies (``proctree``: descendants, process groups and
+the environment marker). That fallback is kept everywhere, in addition.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Collection
+from pathlib import Path
+from typing import Protocol
+
+from elasticd import log
+from elasticd.workers.cgroups import V2_DAEMON, V2_JOBS, CgroupFs, KernelFs, remove_cgroup
+from elasticd.workers.limits import LimitError, check_name, own_dir, parse_mountinfo, parse_proc_cgroup
+
+_log = log.get("elasticd.tracking")
+
+KILL_WAIT_S = 5.0  # how long a kill waits for the kernel to report the cgroup empty
+
+
+# --- the kernel's part ---------------------------------------------------------------------------
+
+
+def populated(fs: CgroupFs, cgroup: Path) -> bool:
+    """Whether any process is in ``cgroup`` or below (``cgroup.events``); a missing one is empty."""
+    try:
+        text = fs.read(cgroup / "cgroup.events")
+    except FileNotFoundError:
+        return False
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "populated":
+            return value.strip() != "0"
+    return False
+
+
+def kill_cgroup(
+    fs: CgroupFs, cgroup: Path, wait_s: float = KILL_WAIT_S, sleep: Callable[[float], None] = time.sleep
+) -> bool:
+    """SIGKILL every process in ``cgroup`` and below; True once none is left (or it never existed).
+
+    ``wait_s`` bounds the wait for the kernel to finish (0: do not wait, e.g. the reaper's fence).
+    """
+    try:
+        fs.write(cgroup / "cgroup.kill", "1")
+    except FileNotFoundError:
+        return True
+    except OSError as exc:
+        _log.error("tracking.kill_failed", cgroup=str(cgroup), error=str(exc))
+        return False
+    deadline = time.monotonic() + wait_s
+    delay = 0.005
+    while populated(fs, cgroup):
+        if time.monotonic() >= deadline:
+            return False
+        sleep(delay)
+        delay = min(delay * 2, 0.05)
+    return True
+
+
+def members(fs: CgroupFs, cgroup: Path) -> list[int]:
+    """The pids in ``cgroup`` and below (for reports: they can be gone by the time they are read)."""
+    pids: list[int] = []
+    for procs in sorted(cgroup.rglob("cgroup.procs")) if cgroup.is_dir() else []:
+        with contextlib.suppress(OSError, ValueError):
+            pids += [int(pid) for pid in fs.read(procs).split()]
+    return pids
+
+
+def remove_tree(fs: CgroupFs, cgroup: Path) -> bool:
+    """rmdir ``cgroup`` and its children, deepest first; False if one stayed busy (a process left).
+
+    A cgroup can stay busy for a moment after its last process died, hence the retries.
+    """
+    children = [p for p in cgroup.iterdir() if p.is_dir()] if cgroup.is_dir() else []
+    emptied = all([remove_tree(fs, child) for child in children])
+    return remove_cgroup(fs, cgroup, tries=5) and emptied
+
+
+# --- one job's processes on this node ------------------------------------------------------------
+
+
+class JobTracking(Protocol):
+    """A job's processes on this node, from its workers' spawn until the last of them is gone."""
+
+    def join(self, rank: int, joined: Collection[Path] = ()) -> int | None:
+        """In the daemon, before the fork: make rank ``rank``'s leaf and open its ``cgroup.procs``.
+
+        Returns the fd the child writes ``"0"`` to (the caller closes it after the spawn), or None
+        when there is nothing to join: no tracking here, or the leaf is among ``joined`` (the v2
+        limit placement's cgroups, which the child joins anyway). Raises ``OSError``.
+        """
+        ...
+
+    def kill(self) -> list[int]:
+        """SIGKILL whatever is still in the job's cgroup; returns pids that outlived the wait."""
+        ...
+
+    def close(self) -> None:
+        """After ``kill`` (and after the limit placements closed): remove the job's cgroups."""
+        ...
+
+
+class CgroupJob:
+    """``<base>/<job>``, with one leaf per rank below it."""
+
+    def __init__(self, fs: CgroupFs, path: Path) -> None:
+        self.path = path
+        self._fs = fs
+
+    def join(self, rank: int, joined: Collection[Path] = ()) -> int | None:
+        leaf = self.path / f"rank_{int(rank)}"
+        if leaf in joined:
+            return None
+        with contextlib.suppress(FileExistsError):
+            self._fs.mkdir(self.path)
+        try:
+            self._fs.mkdir(leaf)
+        except FileExistsError:  # an earlier attempt's, which stop() could not remove: start clean
+            kill_cgroup(self._fs, leaf)
+            remove_tree(self._fs, leaf)
+            self._fs.mkdir(leaf)
+        return self._fs.open_procs(leaf)
+
+    def kill(self) -> list[int]:
+        if kill_cgroup(self._fs, self.path):
+            return []
+        left = members(self._fs, self.path)
+        _log.error("tracking.unkillable", cgroup=str(self.path), pids=left)
+        return left
+
+    def close(self) -> None:
+        if not remove_tree(self._fs, self.path):
+            _log.warning("tracking.cgroup_busy", cgroup=str(self.path))
+
+
+class NoJobTracking:
+    """No tracking cgroup: the fallback (``proctree``) alone finds the job's processes."""
+
+    def join(self, rank: int, joined: Collection[Path] = ()) -> int | None:
+        return None
+
+    def kill(self) -> list[int]:
+        return []
+
+    def close(self) -> None:
+        return None
+
+
+# --- this daemon's part of the host --------------------------------------------------------------
+
+
+class Tracker(Protocol):
+    name: str  # "cgroup2" or "none"
+
+    @property
+    def base(self) -> Path | None:
+        """The cgroup holding every job of this daemon (None without tracking); the reaper kills it."""
+        ...
+
+    def job(self, job_id: str) -> JobTracking: ...
+
+    def sweep(self) -> tuple[Path, ...]:
+        """At start, before any worker of ours runs: kill and remove what a predecessor left.
+
+        Returns the job cgroups removed.
+        """
+        ...
+
+    def release(self) -> None:
+        """On a clean stop, after every worker is gone: remove this daemon's (empty) cgroups."""
+        ...
+
+
+class CgroupTracker:
+    name = "cgroup2"
+
+    def __init__(self, base: Path, fs: CgroupFs) -> None:
+        self._base = base
+        self._fs = fs
+
+    @property
+    def base(self) -> Path:
+        return self._base
+
+    def job(self, job_id: str) -> CgroupJob:
+        return CgroupJob(self._fs, self._base / check_name("job_id", job_id))
+
+    def sweep(self) -> tuple[Path, ...]:
+        if not self._base.is_dir():
+            return ()
+        if not kill_cgroup(self._fs, self._base):
+            _log.error("tracking.unkillable", cgroup=str(self._base), pids=members(self._fs, self._base))
+        removed = []
+        for job in sorted(p for p in self._base.iterdir() if p.is_dir()):
+            if remove_tree(self._fs, job):
+                removed.append(job)
+                _log.info("tracking.swept", cgroup=str(job))
+            else:
+                _log.warning("tracking.cgroup_busy", cgroup=str(job))
+        return tuple(removed)
+
+    def release(self) -> None:
+        if remove_cgroup(self._fs, self._base) and self._base.parent.name == V2_JOBS:
+            remove_cgroup(self._fs, self._base.parent)  # busy while other daemons of this host use it
+
+
+class NoTracker:
+    name = "none"
+
+    @property
+    def base(self) -> None:
+        return None
+
+    def job(self, job_id: str) -> NoJobTracking:
+        return NoJobTracking()
+
+    def sweep(self) -> tuple[Path, ...]:
+        return ()
+
+    def release(self) -> None:
+        return None
+
+
+def detect(
+    *,
+    instance: str = "",
+    proc_cgroup: Path = Path("/proc/self/cgroup"),
+    mountinfo: Path = Path("/proc/self/mountinfo"),
+    fs: CgroupFs | None = None,
+) -> Tracker:
+    """Tracking cgroups below this process's v2 cgroup if it may create them there, else NoTracker.
+
+    Call it after ``limits.detect`` (which may move the daemon into ``elasticd.daemon``): both then
+    agree on ``<own>``. ``instance`` (the node id) keeps several daemons of one host apart.
+    """
+    if instance:
+        check_name("instance", instance)
+    cgfs = fs if fs is not None else KernelFs()
+    try:
+        base = _prepare(cgfs, instance, proc_cgroup, mountinfo)
+    except (OSError, LimitError) as exc:
+        why = exc.message if isinstance(exc, LimitError) else f"{exc.filename}: {exc.strerror}"
+        _log.info("tracking.backend", backend=NoTracker.name, why=why)
+        return NoTracker()
+    _log.info("tracking.backend", backend=CgroupTracker.name, cgroup=str(base))
+    return CgroupTracker(base, cgfs)
+
+
+def _prepare(fs: CgroupFs, instance: str, proc_cgroup: Path, mountinfo: Path) -> Path:
+    """The base cgroup, created, with a child made (and checked for ``cgroup.kill``) and removed."""
+    own = own_dir(parse_mountinfo(mountinfo.read_text()), parse_proc_cgroup(proc_cgroup.read_text()), None)
+    if own is None:
+        raise LimitError("no unified (v2) cgroup hierarchy mounted")
+    if own.name == V2_DAEMON:  # moved there by the v2 limit backend: jobs live beside it
+        own = own.parent
+    levels = (own / V2_JOBS, own / V2_JOBS / instance) if instance else (own / V2_JOBS,)
+    created: list[Path] = []
+    try:
+        for level in levels:
+            with contextlib.suppress(FileExistsError):
+                fs.mkdir(level)
+                created.append(level)
+        probe = levels[-1] / f"_probe-{os.getpid()}"  # names starting with "_" are never job ids
+        with contextlib.suppress(FileExistsError):
+            fs.mkdir(probe)
+        killable = (probe / "cgroup.kill").exists()
+        fs.rmdir(probe)
+        if not killable:
+            raise LimitError(f"no cgroup.kill in {levels[-1]} (kernel older than 5.14)")
+    except (OSError, LimitError):
+        for level in reversed(created):
+            remove_cgroup(fs, level)
+        raise
+    return levels[-1]
