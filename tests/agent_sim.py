@@ -6,9 +6,9 @@ worker groups. A ``tick`` wakes every node and lets them step in turn, one step 
 wait. Every node's store is an ``InlineJobStore`` over its own ``Link`` to one shared
 ``MemoryKV``, whose clock is the ``now`` the steps get. Around the agents the sim plays the
 daemon as ``elasticd.manager`` and ``elasticd.node.registry`` do: admission, the lease's
-keep-alive and its loss (a fence), the reaper (it kills multi-node workers at the lease
-deadline), crash recovery, and the janitor (the real ``Janitor.sweep``), on the fake clock where
-those read ``time.time()``.
+keep-alive and its loss (a fence), the reaper (it kills the workers of rounds with several
+members at the lease deadline), crash recovery, and the janitor (the real ``Janitor.sweep``, on
+the fake clock, with a grace for a round's only member longer than any partition).
 
 Timing: a lease lives 2 s and its deadline is 1.6 s after a keep-alive; a tick moves time by at
 most 0.5 s and an outage lasts a few requests (a node makes one a tick while failing), so a node
@@ -21,8 +21,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable
 from dataclasses import replace
-from types import SimpleNamespace
-from unittest import mock
 
 from elasticd.agent.record import AgentRecord, Leave
 from elasticd.errors import EtcdUnavailable
@@ -43,6 +41,7 @@ __all__ = ["KEYS", "T0", "Checker", "Daemon", "Node", "Sim"]
 T0 = 1_000_000.0
 TTL_S = 2  # MemoryKV's shortest lease
 MARGIN_S = min(1.0, TTL_S * 0.2)  # NodeRegistry.margin_s: the deadline comes this long before etcd's
+SOLO_GRACE_S = 5 * TTL_S  # the janitor's grace for a round's only member (longer than any partition)
 MAX_STEPS = 30  # steps a node may take in a tick before it must wait: more is a livelock
 
 
@@ -52,7 +51,14 @@ class Sim:
         self.now = T0  # the fake clock: the MemoryKV's, and every step's ``now``
         self.kv = MemoryKV(lambda: self.now)
         self.store = InlineJobStore(self.kv, KEYS, spec.id)
-        self.janitor = janitors.Janitor(self.kv, KEYS, "janitor", lambda _job: self.store)
+        self.janitor = janitors.Janitor(
+            self.kv,
+            KEYS,
+            "janitor",
+            lambda _job: self.store,
+            clock=lambda: self.now,
+            solo_grace_s=SOLO_GRACE_S,
+        )
         self.checker = Checker()
         self.spending = 0  # events that may spend a restart: a failure, a node lost, ...
         self.unheard: list[str] = []  # nodes that left while the store was unreachable
@@ -197,7 +203,7 @@ class Sim:
     def _keep_alive(self, node: Node) -> None:
         """``NodeRegistry.run`` with a keep-alive each tick; the reaper holds the same deadline."""
         now = self.now
-        if node.group is not None and self.spec.nnodes.max > 1 and now >= node.deadline:
+        if node.group is not None and node.group.fenced and now >= node.deadline:
             node.group.exit(-9)  # the reaper's SIGKILL, before the lease expires on the server
         if node.lease is not None and now >= node.deadline:
             self._lost(node)
@@ -217,7 +223,7 @@ class Sim:
         node.lease = None
         if node.agent is not None:
             self.spending += 1
-            if node.agent.rec.multi_node:  # JobAgent.fence
+            if node.agent.rec.fenceable:  # JobAgent.fence
                 node.agent.rec = replace(node.agent.rec, fenced=True)
 
     def _register(self, node: Node) -> None:
@@ -241,8 +247,7 @@ class Sim:
 
     def _sweep(self) -> None:
         """The janitor's sweep (the real one, on the fake clock; its node is never cut off)."""
-        with mock.patch.object(janitors, "time", SimpleNamespace(time=lambda: self.now)):
-            run_inline(self.janitor.sweep({self.spec.id: self.snapshot()}))
+        run_inline(self.janitor.sweep({self.spec.id: self.snapshot()}))
 
     def _scan(self, node: Node) -> None:
         """``JobManager.scan``: take part in the job where ``admit`` says there is a seat."""

@@ -65,6 +65,7 @@ class FakeGroup:
     member: Member
     outcome: GroupOutcome = GroupOutcome.RUNNING
     failure: WorkerFailure | None = None
+    fenced: bool = True  # the reaper kills it at the lease deadline: its round has several members
 
     def observe(self, describe: bool) -> Group:
         return Group(self.outcome, self.failure if describe else None)
@@ -190,12 +191,14 @@ class Node:
             case act.StartWorkers(result, member):
                 if self.broken_setup:
                     raise SetupFailure(EndReason.SPAWN_FAILED, f"cannot start workers on {name}")
-                self.group = FakeGroup(result.round, member)
+                self.group = FakeGroup(result.round, member, fenced=len(result.nodes) > 1)
             case act.Publish():
                 self._publish(agent, now)
             case act.Join(round_no) if lease is not None:
                 i, nproc = self.index, agent.rec.spec.nproc_per_node
                 join = Join(name, f"10.0.0.{i + 1}", 29500 + i, nproc, liveness_port=4000 + i)
+                run_inline(store.join(round_no, join, lease))
+            case act.Reassert(round_no, join) if lease is not None:
                 run_inline(store.join(round_no, join, lease))
             case act.Withdraw(round_no):
                 run_inline(store.withdraw(round_no, name))
@@ -216,8 +219,8 @@ class Node:
                 run_inline(store.mark_done(round_no, name))
             case act.MarkLeft(round_no):
                 run_inline(store.mark_left(round_no, name))
-            case act.Wait() | act.WatchPeers() | act.Join() | act.SetWaiting():
-                pass  # (peers are proven dead by Crash; a Join or SetWaiting without a lease: nothing)
+            case act.Wait() | act.WatchPeers() | act.Join() | act.Reassert() | act.SetWaiting():
+                pass  # (peers are proven dead by Crash; a (re)join or SetWaiting without a lease: nothing)
             case _:
                 assert_never(action)
         return None

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from elasticd.jobs.state import EndReason, JobState
+from elasticd.rendezvous.model import Join as JoinRecord
 from elasticd.rendezvous.model import Member, RoundInfo, RoundResult
 from elasticd.rendezvous.store import Seen
 
@@ -68,6 +69,15 @@ class Publish:
 @dataclass(frozen=True)
 class Join:
     round: int
+
+
+@dataclass(frozen=True)
+class Reassert:
+    """Put our join of round ``round`` back, as its result recorded it, under our current lease:
+    the round's only member keeps its place through a lost lease (no restart, no bump)."""
+
+    round: int
+    join: JoinRecord
 
 
 @dataclass(frozen=True)
@@ -133,6 +143,7 @@ Action = (
     | StartWorkers
     | Publish
     | Join
+    | Reassert
     | Withdraw
     | SetWaiting
     | ClearWaiting

@@ -90,8 +90,9 @@ class JobAgent:
         self._wake.set()
 
     def fence(self) -> None:
-        """Our lease is gone: stop multi-node workers before anything else, rejoin as a newcomer."""
-        if self.rec.multi_node:
+        """Our lease is gone: stop multi-node workers before anything else, rejoin as a newcomer.
+        (A round whose only member is this node runs on: ``step`` re-asserts it under the new lease.)"""
+        if self.rec.fenceable:
             self.rec = replace(self.rec, fenced=True)
             self.wake()
 
@@ -214,6 +215,10 @@ class JobAgent:
                         liveness_port=rt.liveness_port,
                     )
                     await store.join(round_no, join, lease)
+            case act.Reassert(round_no, join):
+                if lease is not None:
+                    await store.join(round_no, join, lease)
+                    _log.info("agent.reasserted", job=self.spec.id, node=node, round=round_no, lease=lease)
             case act.Withdraw(round_no):
                 await store.withdraw(round_no, node)
             case act.SetWaiting():

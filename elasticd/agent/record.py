@@ -61,6 +61,8 @@ class AgentRecord:
     failure: WorkerFailure | None = None
     fenced: bool = False  # our lease was lost: stop multi-node workers, rejoin as a newcomer
     fenced_round: int = -1  # the round whose workers a fence stopped: report it once back
+    solo: bool = False  # the workers we run are of a round whose only member is this node
+    lease: int | None = None  # the lease our join (and status) of our round were last put under
     leave: Leave | None = None
     joined_round: int = -1
     leading: bool = False  # whether we lead the round being filled
@@ -72,6 +74,13 @@ class AgentRecord:
     @property
     def multi_node(self) -> bool:
         return self.spec.nnodes.max > 1
+
+    @property
+    def fenceable(self) -> bool:
+        """Whether a lost lease must stop what we run. Only when peers exist: a round whose only
+        member is this node cannot split, so its workers run on through an outage or a lost lease
+        and the node re-asserts its part under its new lease (see ``step``)."""
+        return self.multi_node and not self.solo
 
     def grace(self, snap: JobSnapshot) -> float:
         """How long workers get between SIGTERM and SIGKILL when the round moves on."""

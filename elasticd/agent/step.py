@@ -11,7 +11,9 @@ The rules are the round protocol of docs/architecture.md:
   newcomer) bumps the round once by compare-and-swap, or ends the job when the budget is spent;
 - workers are stopped before the node joins the next round, and a leaving node reports ``left``;
 - a fenced node (lost lease) stops its multi-node workers before anything else and comes back
-  as a newcomer; a failure that is not the job's fault ends the job with its own code.
+  as a newcomer; a failure that is not the job's fault ends the job with its own code;
+- a round whose only member is this node is not fenced: its workers run on through an outage or
+  a lost lease, and the node re-asserts its join and status under its new lease.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from elasticd.agent.actions import (
     Publish,
     ReadGlance,
     ReadSnapshot,
+    Reassert,
     SetWaiting,
     StartWorkers,
     StopWorkers,
@@ -43,6 +46,7 @@ from elasticd.agent.record import AgentRecord, AgentState, Group, Local, Observe
 from elasticd.jobs.decider import GroupOutcome
 from elasticd.jobs.state import EndReason, JobState
 from elasticd.rendezvous import decider as rdzv
+from elasticd.rendezvous.model import Join as JoinRecord
 from elasticd.rendezvous.model import RoundInfo, RoundReason, RoundResult
 from elasticd.rendezvous.snapshot import Glance, JobSnapshot
 from elasticd.rendezvous.store import Seen
@@ -86,7 +90,7 @@ class _Step:
             if self.rec.state is AgentState.DONE:
                 self._set(state=AgentState.STOPPING)
             return
-        self._set(state=AgentState.STOPPING)
+        self._set(state=AgentState.STOPPING, solo=False)
         self._do(StopWorkers(grace_s))
         self.group = None
 
@@ -175,10 +179,36 @@ class _Step:
         if self.rec.round != snap.current:
             if self.group is not None or self.rec.state is AgentState.DONE:
                 self._stop(self.rec.grace(snap))
-            self._set(round=snap.current, failure=None, state=AgentState.RUNNING)
+            solo = result.nodes == (self.rec.node,)
+            self._set(round=snap.current, failure=None, state=AgentState.RUNNING, solo=solo)
             self._do(StartWorkers(result, me, snap.restarts), Publish())
             self.group = Group(GroupOutcome.RUNNING)
+        self._reassert(snap, result)
         self._supervise(snap, result, seen.alive)
+
+    def _reassert(self, snap: JobSnapshot, result: RoundResult) -> None:
+        """The round's only member keeps it through a lost lease (an etcd outage past the TTL, a
+        frozen daemon): there is no peer to split from, so nothing was fenced. Once a new lease
+        exists, put our join and status of the round back under it, as the result recorded the
+        join, so that the old lease's expiry takes nothing and the janitor, which gives a round's
+        only member a grace to come back (``manager/janitor.py``), finds it. No restart, no bump.
+        A round that moved on meanwhile takes the normal path before this is reached."""
+        rec, lease = self.rec, self.local.lease
+        if not rec.solo or lease is None or self.group is None or rec.state is not AgentState.RUNNING:
+            return
+        counted = snap.join_counts.get(snap.current)
+        if counted is not None:
+            missing = counted == 0
+        else:
+            missing = rec.node not in {j.node for j in snap.current_joins}
+        if lease == rec.lease and not missing:
+            return
+        me = result.members[0]
+        join = JoinRecord(
+            me.node, me.address, result.master_port, me.local_world_size, liveness_port=me.liveness_port
+        )
+        self._set(lease=lease)
+        self._do(Reassert(snap.current, join), Publish())
 
     def _follow_peers(self, snap: JobSnapshot) -> None:
         """While our workers run, watch our ring neighbours' daemons for a death."""
@@ -197,7 +227,7 @@ class _Step:
             return
         joins = snap.current_joins
         if rec.node not in {j.node for j in joins}:
-            self._set(state=AgentState.JOINING, joined_round=info.round)
+            self._set(state=AgentState.JOINING, joined_round=info.round, lease=self.local.lease)
             self._do(ClearWaiting(), Join(info.round), Publish())
             return
         names = tuple(j.node for j in joins)
@@ -252,7 +282,10 @@ class _Step:
         if group is not None and rec.state is not AgentState.STOPPING:
             if group.outcome is GroupOutcome.FAILED:
                 if rec.multi_node and not self.local.lease_valid:
-                    self._set(fenced=True)  # killed by the reaper's fence, not a failure of theirs
+                    # Killed by the reaper's fence, not a failure of theirs. (Also for a round we
+                    # are the only member of: whether the reaper fences its workers is the
+                    # launcher's choice, and a failure seen exactly then costs a restart either way.)
+                    self._set(fenced=True)
                     return
                 if rec.failure is None:
                     self._set(failure=group.failure)

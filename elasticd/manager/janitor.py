@@ -7,6 +7,14 @@ Every clean-up write is a compare-and-swap, so a brief overlap of two janitors i
 It ends jobs that have an invalid record (naming the key), restarts or fails jobs that no live
 member looks after, fails jobs that no node joined within the join timeout, and deletes the
 records of jobs that ended longer ago than the retention (each node then drops its own logs).
+
+A round whose only member is gone gets a grace first (``SOLO_GRACE_S``): that node's workers are
+not fenced (there are no peers to split from), so a daemon that was frozen or cut off from etcd
+past its lease TTL still runs them, and re-asserts its join under its new lease when it is back
+(``elasticd.agent.step``). Only a member that stays gone for the whole grace is given up (the
+round restarts, spending a restart, or the job fails), as at once before: a node that died for
+good still does not leave its job RUNNING for ever. Rounds with several members are handled at
+once, as ever: their members were fenced before their leases could expire.
 """
 
 from __future__ import annotations
@@ -29,6 +37,11 @@ from elasticd.rendezvous.store import JobStore, Seen
 
 _log = log.get("elasticd.janitor")
 
+# How long a round's only member may be gone (no join key: its lease expired) before the janitor
+# gives it up. It covers a daemon frozen or cut off from etcd for about this long past its TTL; a
+# janitor that takes the role over starts counting afresh (later, never sooner).
+SOLO_GRACE_S = 60.0
+
 
 class Janitor:
     def __init__(
@@ -39,8 +52,11 @@ class Janitor:
         store_of: Callable[[str], JobStore],
         retention_s: float | None = None,
         clock: Callable[[], float] = time.time,
+        solo_grace_s: float = SOLO_GRACE_S,
     ) -> None:
         self._kv = kv
+        self._solo_grace_s = solo_grace_s
+        self._missing: dict[tuple[str, int], float] = {}  # (job, round) -> since when its member is gone
         self._retention_s = retention_s  # how long an ended job's records are kept (None: forever)
         self._clock = clock
         self._keys = keys
@@ -62,10 +78,14 @@ class Janitor:
         if holding != self.holding:
             _log.info("janitor.elected" if holding else "janitor.other", node=self._node)
             self.holding = holding
+            self._missing.clear()  # counted afresh by whoever holds the role
         return holding
 
     async def sweep(self, snaps: dict[str, JobSnapshot]) -> None:
+        missing, self._missing = self._missing, {}
         for snap in snaps.values():
+            if (snap.job_id, snap.current) in missing and not snap.ended:
+                self._missing[(snap.job_id, snap.current)] = missing[(snap.job_id, snap.current)]
             if snap.final is not None and self._expired(snap.final.ended_at):
                 await asyncio.to_thread(self._kv.delete_prefix, self._keys.job(snap.job_id))
                 _log.info("job.expired", job=snap.job_id, ended_at=snap.final.ended_at)
@@ -96,19 +116,37 @@ class Janitor:
                 await store.finalize(JobState.SUCCEEDED, EndReason.SUCCEEDED, "")
                 return
             joined = {j.node for j in snap.current_joins}
+            key = (snap.job_id, snap.current)
             if any(n in joined for n in result.nodes if n not in done):
+                if self._missing.pop(key, None) is not None:
+                    _log.info("job.member_back", job=snap.job_id, round=snap.current, node=result.nodes[0])
                 return  # a member that has work left is alive: it looks after the job
+            if len(result.nodes) == 1 and self._waiting_for(key, result.nodes[0]):
+                return
             why = f"every node of round {snap.current} was lost"
             plan = rdzv.plan_bump(RoundReason.MEMBER_LOST, snap.restarts, spec.max_restarts, why)
             if plan.fail:
                 await store.finalize(JobState.FAILED, EndReason.NODES_LOST, plan.why)
                 return
-            info = RoundInfo(snap.current + 1, RoundReason.MEMBER_LOST, time.time(), (), plan.why)
+            info = RoundInfo(snap.current + 1, RoundReason.MEMBER_LOST, self._clock(), (), plan.why)
             if await store.bump(Seen.of(snap), info, plan.spend):
                 _log.warning("job.orphaned", job=snap.job_id, round=snap.current, action="restart")
-        elif not snap.current_joins and time.time() - snap.round.opened_at > spec.join_timeout_s:
+        elif not snap.current_joins and self._clock() - snap.round.opened_at > spec.join_timeout_s:
             why = f"only 0 of the {spec.nnodes.min} nodes needed joined within {spec.join_timeout_s:g}s"
             await store.finalize(JobState.FAILED, EndReason.JOIN_TIMEOUT, why)
+
+    def _waiting_for(self, key: tuple[str, int], node: str) -> bool:
+        """Whether a round's only member, gone, is still within its grace to come back."""
+        now = self._clock()
+        if key not in self._missing:
+            self._missing[key] = now
+            _log.warning(
+                "job.member_missing", job=key[0], round=key[1], node=node, grace_s=self._solo_grace_s
+            )
+        if now - self._missing[key] < self._solo_grace_s:
+            return True
+        del self._missing[key]
+        return False
 
 
 def report(snaps: dict[str, JobSnapshot]) -> None:

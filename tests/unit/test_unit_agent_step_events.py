@@ -15,6 +15,7 @@ from elasticd.agent.actions import (
     MarkLeft,
     Publish,
     ReadSnapshot,
+    Reassert,
     StartWorkers,
     StopWorkers,
     Wait,
@@ -23,11 +24,13 @@ from elasticd.agent.actions import (
 from elasticd.agent.record import AgentState, Group, Leave
 from elasticd.agent.step import step
 from elasticd.jobs.state import EndReason, JobState, SetupFailure
+from elasticd.rendezvous.model import Join as JoinRecord
 from elasticd.rendezvous.model import RoundInfo, RoundReason
 from elasticd.rendezvous.snapshot import Glance
 from elasticd.rendezvous.store import Seen
 from tests.agent_steps import (
     ALL,
+    LEASE,
     NOW,
     RUNNING,
     SUCCEEDED,
@@ -344,3 +347,75 @@ def test_quiet_glance_after_an_outage_clears_it() -> None:
     new, actions = step(rec, Glance(2, False, False, "n2", True), local(), NOW)
     assert actions == [Wait()]
     assert new.etcd_down_since is None
+
+
+# -- a round whose only member is this node: no fence, re-asserted under a new lease ------------------
+OLD_LEASE = 1111
+SOLO_JOIN = JoinRecord("n1", "h-n1", 29510, 2)  # as the result recorded it (tests.agent_steps.result)
+
+
+@pytest.mark.parametrize("nnodes", ["1:1", "1:3"], ids=["single-node", "may-grow"])
+def test_only_member_runs_on_through_a_lost_lease_and_is_not_fenced(nnodes: str) -> None:
+    job = spec(nnodes)
+    snap = snapshot(1, job=job, joins=("n1",), members=("n1",))
+    rec, actions = decide(joining(1, job=job, lease=OLD_LEASE), snap, local(None, lease=OLD_LEASE))
+    assert rec.solo and not rec.fenceable and any(isinstance(a, StartWorkers) for a in actions)
+    # The lease is lost and not yet granted again (etcd is down, or the daemon was frozen).
+    rec, actions = step(rec, None, local(RUNNING, lease=None, lease_valid=False, etcd_error="down"), NOW)
+    assert actions == [Wait(NOW + 1.0)]
+    rec, actions = decide(
+        rec, snapshot(1, job=job, members=("n1",), counted=True), local(RUNNING, lease=None)
+    )
+    assert acts(actions) == [ReadSnapshot()] and rec.state is AgentState.RUNNING  # nothing re-put yet
+
+
+def test_only_member_reasserts_its_join_and_status_under_a_new_lease_once() -> None:
+    job = spec("1:1")
+    rec = record(AgentState.RUNNING, 1, job=job, solo=True, lease=OLD_LEASE)
+    # etcd is back: the old lease still holds our join (it expires a TTL later), the new one exists.
+    snap = snapshot(1, job=job, joins=("n1",), members=("n1",), counted=True)
+    rec, actions = cycle(rec, snap, local(RUNNING))
+    assert acts(actions) == [Reassert(1, SOLO_JOIN), Publish(), Wait(on_exits=True)]
+    assert (rec.lease, rec.round, rec.state) == (LEASE, 1, AgentState.RUNNING)
+    _, again = cycle(rec, snap, local(RUNNING))
+    assert acts(again) == [Wait(on_exits=True)]  # once
+
+
+def test_only_member_whose_join_expired_reasserts_it_then_reads_it_back() -> None:
+    job = spec("1:1")
+    rec = record(AgentState.RUNNING, 1, job=job, solo=True, lease=OLD_LEASE)
+    gone = snapshot(1, job=job, members=("n1",), counted=True)  # the old lease expired with the join
+    rec, actions = cycle(rec, gone, local(RUNNING))
+    assert acts(actions) == [Reassert(1, SOLO_JOIN), Publish(), ReadSnapshot()]
+    back = snapshot(1, job=job, joins=("n1",), members=("n1",))
+    _, actions = decide(rec, back, local(RUNNING))
+    assert acts(actions) == [Wait(on_exits=True)]
+    # Under the same lease, a join found missing (on a full read) is put back too.
+    _, actions = decide(rec, snapshot(1, job=job, members=("n1",)), local(RUNNING))
+    assert acts(actions) == [Reassert(1, SOLO_JOIN), Publish(), Wait(on_exits=True)]
+
+
+def test_only_member_of_a_job_that_may_grow_reasserts_then_scales_up_for_a_waiting_newcomer() -> None:
+    job = spec("1:3")
+    rec = record(AgentState.RUNNING, 1, job=job, solo=True, lease=OLD_LEASE)
+    snap = snapshot(1, job=job, joins=("n1",), members=("n1",), counted=True, waiting=("n2",))
+    _, actions = cycle(rec, snap, local(RUNNING))
+    info = RoundInfo(2, RoundReason.SCALE_UP, NOW, ("n1", "n2"), "node(s) n2 waiting")
+    assert acts(actions) == [Reassert(1, SOLO_JOIN), Publish(), Bump(Seen(101, 50, 0), info, False)]
+
+
+def test_only_member_whose_round_moved_on_meanwhile_takes_the_normal_path() -> None:
+    job = spec("1:1")
+    rec = record(AgentState.RUNNING, 1, job=job, solo=True, lease=OLD_LEASE)
+    moved = snapshot(2, job=job, reason=RoundReason.MEMBER_LOST)
+    rec, actions = cycle(rec, moved, local(RUNNING))
+    assert acts(actions) == [StopWorkers(10.0), ClearWaiting(), Join(2), Publish()]
+    assert (rec.solo, rec.lease, rec.state) == (False, LEASE, AgentState.JOINING)
+
+
+def test_member_of_a_round_with_peers_never_reasserts_it_is_fenced() -> None:
+    rec = record(AgentState.RUNNING, 1, lease=OLD_LEASE)  # the 2:3 job, its round with n2
+    assert rec.fenceable
+    snap = snapshot(1, joins=("n1", "n2"), members=("n1", "n2"), counted=True)
+    _, actions = cycle(rec, snap, local(RUNNING))
+    assert not any(isinstance(a, Reassert) for a in actions)

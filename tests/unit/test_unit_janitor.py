@@ -10,7 +10,7 @@ from elasticd.etcd.keys import Keys
 from elasticd.etcd.memory import MemoryKV
 from elasticd.jobs.spec import NodeRange
 from elasticd.jobs.state import EndReason, JobState
-from elasticd.manager.janitor import Janitor
+from elasticd.manager.janitor import SOLO_GRACE_S, Janitor
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.model import Join
 from elasticd.rendezvous.store import InlineJobStore, JobStore, run_inline
@@ -39,26 +39,72 @@ def test_one_node_is_elected_and_the_next_takes_over_when_its_lease_goes() -> No
     assert not asyncio.run(a.elected(kv.grant_lease(30)))  # back with a new lease: not janitor
 
 
-def test_a_job_whose_every_member_is_gone_is_restarted_once_then_failed() -> None:
+def _running(kv: MemoryKV, nodes: tuple[str, ...], nnodes: NodeRange, round_no: int = 0) -> list[int]:
+    """Round ``round_no`` of the job closed with ``nodes`` as members; their leases."""
+    store = InlineJobStore(kv, KEYS, JOB)
+    if round_no == 0:
+        run_inline(store.create(make_spec(nnodes=nnodes, max_restarts=1)))
+    leases = [kv.grant_lease(30) for _ in nodes]
+    for i, (node, lease) in enumerate(zip(nodes, leases, strict=True)):
+        run_inline(store.join(round_no, Join(node, "127.0.0.1", 29500 + i, 2), lease))
+    joins = run_inline(store.snapshot()).current_joins
+    run_inline(store.close(rdzv.build_result(round_no, joins, 1.0 + round_no)))
+    return leases
+
+
+def test_a_job_whose_only_member_stays_gone_past_the_grace_is_restarted_once_then_failed() -> None:
     kv = MemoryKV()
     store = InlineJobStore(kv, KEYS, JOB)
-    run_inline(store.create(make_spec(nnodes=NodeRange(1, 1), max_restarts=1)))
-    lease = kv.grant_lease(30)
-    run_inline(store.join(0, Join("n1", "127.0.0.1", 29500, 2), lease))
-    run_inline(store.close(rdzv.build_result(0, run_inline(store.snapshot()).current_joins, 1.0)))
-    kv.revoke_lease(lease)  # the only member's daemon died
-    j = janitor(kv, "n2")
+    now = [1000.0]
+    j = Janitor(kv, KEYS, "n2", lambda job: InlineJobStore(kv, KEYS, job), clock=lambda: now[0])
+    (lease,) = _running(kv, ("n1",), NodeRange(1, 1))
+    kv.revoke_lease(lease)  # the only member's daemon died (or is frozen, or cut off from etcd)
+    asyncio.run(j.sweep({JOB: run_inline(store.snapshot())}))
+    now[0] += SOLO_GRACE_S - 1
+    asyncio.run(j.sweep({JOB: run_inline(store.snapshot())}))
+    assert run_inline(store.snapshot()).current == 0  # within the grace: it may still come back
+    now[0] += 1
     snaps = {JOB: run_inline(store.snapshot())}
     asyncio.run(j.sweep(snaps))
     asyncio.run(j.sweep(snaps))  # a second sweep of the same snapshot changes nothing
     snap = run_inline(store.snapshot())
     assert snap.current == 1 and snap.restarts == 1 and snap.final is None
-    run_inline(store.join(1, Join("n1", "127.0.0.1", 29501, 2), lease2 := kv.grant_lease(30)))
-    run_inline(store.close(rdzv.build_result(1, run_inline(store.snapshot()).current_joins, 2.0)))
+    (lease2,) = _running(kv, ("n1",), NodeRange(1, 1), round_no=1)
     kv.revoke_lease(lease2)
+    asyncio.run(j.sweep({JOB: run_inline(store.snapshot())}))  # a new round: a new grace
+    assert run_inline(store.snapshot()).final is None
+    now[0] += SOLO_GRACE_S
     asyncio.run(j.sweep({JOB: run_inline(store.snapshot())}))
     final = run_inline(store.snapshot()).final
     assert final is not None and final.state is JobState.FAILED and final.code is EndReason.NODES_LOST
+
+
+def test_an_only_member_that_reasserts_within_the_grace_keeps_its_round() -> None:
+    kv = MemoryKV()
+    store = InlineJobStore(kv, KEYS, JOB)
+    now = [1000.0]
+    j = Janitor(kv, KEYS, "n2", lambda job: InlineJobStore(kv, KEYS, job), clock=lambda: now[0])
+    (lease,) = _running(kv, ("n1",), NodeRange(1, 3))  # the job may grow: still its only member
+    kv.revoke_lease(lease)
+    asyncio.run(j.sweep({JOB: run_inline(store.snapshot())}))
+    now[0] += SOLO_GRACE_S - 1
+    run_inline(store.join(0, Join("n1", "127.0.0.1", 29500, 2), kv.grant_lease(30)))  # back
+    asyncio.run(j.sweep({JOB: run_inline(store.snapshot())}))
+    now[0] += SOLO_GRACE_S
+    asyncio.run(j.sweep({JOB: run_inline(store.snapshot())}))
+    snap = run_inline(store.snapshot())
+    assert (snap.current, snap.restarts, snap.final) == (0, 0, None)
+
+
+def test_a_round_whose_several_members_are_all_gone_is_restarted_at_once() -> None:
+    kv = MemoryKV()
+    store = InlineJobStore(kv, KEYS, JOB)
+    j = Janitor(kv, KEYS, "n3", lambda job: InlineJobStore(kv, KEYS, job), clock=lambda: 1000.0)
+    for lease in _running(kv, ("n1", "n2"), NodeRange(2, 2)):
+        kv.revoke_lease(lease)  # fenced before their leases expired: nothing of theirs runs
+    asyncio.run(j.sweep({JOB: run_inline(store.snapshot())}))
+    snap = run_inline(store.snapshot())
+    assert snap.current == 1 and snap.restarts == 1
 
 
 def test_a_job_with_an_invalid_record_is_failed_naming_the_key() -> None:
