@@ -139,6 +139,7 @@ class SubmitArgs:
     memory_limit_bytes: int | None = None
     cpu_limit: float | None = None
     nofile: int | None = None
+    hang_timeout: str | None = None  # SECONDS or "auto"; None: no hang detection
     job_id: str | None = None  # a job id of the submitter's choosing (torchrun's --rdzv-id)
 
 
@@ -253,6 +254,8 @@ class FailureView(TypedDict):
     failed_at: NotRequired[float | None]  # its error file's timestamp, else when its exit was seen
     also_failed: NotRequired[list[FailedRankView]]  # the node's other failed ranks, first failed first
     also_failed_more: NotRequired[int]  # failed ranks beyond those listed
+    kind: NotRequired[str]  # "hang": no progress within the hang timeout (the workers still ran)
+    frame: NotRequired[str]  # a hung rank's innermost frame, "train.py:42 in step"
 
 
 class MemberView(TypedDict):

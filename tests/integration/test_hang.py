@@ -1,0 +1,46 @@
+"""Hang detection with real daemons and workers: a rank that reports steps and then stops, and
+a plain torchrun script (no reports) whose ranks block, are found by the watch; every local
+rank's stacks land in the attempt's log directory, status names the rank and its frame, and the
+job restarts through the normal failure path. Waits are for events, never fixed sleeps."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.support import REPO, DaemonProc, wait_job, wait_log
+
+SCRIPTS = REPO / "tests" / "scripts"
+
+
+def _line(script: Path, marker: str) -> int:
+    return next(i for i, text in enumerate(script.read_text().splitlines(), 1) if marker in text)
+
+
+@pytest.mark.timeout(180)
+def test_a_rank_that_stops_reporting_is_found_dumped_and_restarted(daemon: DaemonProc, tmp_path: Path) -> None:
+    script = SCRIPTS / "hang_after_step.py"
+    res = daemon.ctl(
+        "submit", "--hang-timeout", "3", "--max-restarts", "1", str(script), cwd=tmp_path
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    job_id = res.stdout.splitlines()[0]
+
+    event = wait_log(daemon, "worker.hung", timeout_s=90)
+    line = _line(script, "HANG LINE")
+    assert event["rank"] == 0 and event["frame"] == f"hang_after_step.py:{line} in stuck", event
+    job = wait_job(daemon, job_id, lambda j: j["state"] == "SUCCEEDED", "the restarted job to succeed", 90)
+    assert job["restarts"] == 1
+
+    stacks = (daemon.log_dir / job_id / "attempt_0" / "rank_0.stacks.txt").read_text()
+    assert f"stuck ({script}:{line})" in stacks, stacks
+    failure = json.loads(daemon.ctl("status", job_id, "--json").stdout)["failure"]
+    assert failure["kind"] == "hang" and failure["rank"] == 0 and failure["attempt"] == 0
+    assert failure["frame"] == f"hang_after_step.py:{line} in stuck"
+    assert failure["message"].startswith("rank 0 hung: no progress for ")
+    assert failure["message"].endswith(f" s in hang_after_step.py:{line} in stuck")
+    text = daemon.ctl("status", job_id).stdout
+    assert f"rank 0 hung: no progress for" in text and f"hang_after_step.py:{line} in stuck" in text
