@@ -6,7 +6,6 @@ job restarts through the normal failure path. Waits are for events, never fixed 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,9 @@ def _line(script: Path, marker: str) -> int:
 
 
 @pytest.mark.timeout(180)
-def test_a_rank_that_stops_reporting_is_found_dumped_and_restarted(daemon: DaemonProc, tmp_path: Path) -> None:
+def test_a_rank_that_stops_reporting_is_found_dumped_and_restarted(
+    daemon: DaemonProc, tmp_path: Path
+) -> None:
     script = SCRIPTS / "hang_after_step.py"
     res = daemon.ctl(
         "submit", "--hang-timeout", "3", "--max-restarts", "1", str(script), cwd=tmp_path
@@ -43,4 +44,4 @@ def test_a_rank_that_stops_reporting_is_found_dumped_and_restarted(daemon: Daemo
     assert failure["message"].startswith("rank 0 hung: no progress for ")
     assert failure["message"].endswith(f" s in hang_after_step.py:{line} in stuck")
     text = daemon.ctl("status", job_id).stdout
-    assert f"rank 0 hung: no progress for" in text and f"hang_after_step.py:{line} in stuck" in text
+    assert "rank 0 hung: no progress for" in text and f"hang_after_step.py:{line} in stuck" in text
