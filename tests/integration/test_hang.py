@@ -45,3 +45,33 @@ def test_a_rank_that_stops_reporting_is_found_dumped_and_restarted(
     assert failure["message"].endswith(f" s in hang_after_step.py:{line} in stuck")
     text = daemon.ctl("status", job_id).stdout
     assert "rank 0 hung: no progress for" in text and f"hang_after_step.py:{line} in stuck" in text
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(240)
+def test_a_torchrun_script_that_never_reports_is_judged_by_cpu_and_stacks(
+    daemon: DaemonProc, tmp_path: Path
+) -> None:
+    pytest.importorskip("torch")
+    script = SCRIPTS / "hang_collective.py"
+    res = daemon.ctl(
+        "submit", "--nproc-per-node", "2", "--hang-timeout", "4", "--max-restarts", "1", str(script),
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    job_id = res.stdout.splitlines()[0]
+
+    event = wait_log(daemon, "worker.hung", timeout_s=150)
+    line = _line(script, "HANG LINE")
+    # Both ranks stand still; the one waiting inside the collective is not the cause.
+    assert event["rank"] == 1 and event["frame"] == f"hang_collective.py:{line} in wander_off", event
+    job = wait_job(daemon, job_id, lambda j: j["state"] == "SUCCEEDED", "the restarted job to succeed", 150)
+    assert job["restarts"] == 1
+    attempt = daemon.log_dir / job_id / "attempt_0"
+    assert f"wander_off ({script}:{line})" in (attempt / "rank_1.stacks.txt").read_text()
+    assert "all_reduce" in (attempt / "rank_0.stacks.txt").read_text()
+    failure = json.loads(daemon.ctl("status", job_id, "--json").stdout)["failure"]
+    assert failure["kind"] == "hang" and failure["rank"] == 1
+    assert [(f["rank"], f["message"].startswith("rank 0 hung: ")) for f in failure["also_failed"]] == [
+        (0, True)
+    ]
