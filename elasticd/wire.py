@@ -110,6 +110,7 @@ TIME_FIELDS = frozenset(
         "opened_at",
         "closed_at",
         "attempt_started_at",
+        "last_step_at",
     }
 )
 
@@ -258,6 +259,19 @@ class FailureView(TypedDict):
     frame: NotRequired[str]  # a hung rank's innermost frame, "train.py:42 in step"
 
 
+class RankProgressView(TypedDict):
+    """A rank's progress, as its node last published it (``elasticd.progress.tracker``)."""
+
+    rank: int
+    step: int | None  # the last step it reported; None: none yet (or it never reports)
+    last_step_at: float | None  # when (its node's clock); "time since the last step" is now minus this
+    steps_per_s: float | None
+    step_time_s: float | None  # its median seconds per step, recently
+    samples: int
+    phase: str  # startup, step or checkpoint
+    straggler: bool  # its step time is far above the job's median (elasticd.progress.tracker.stragglers)
+
+
 class MemberView(TypedDict):
     node: str
     address: str
@@ -266,6 +280,7 @@ class MemberView(TypedDict):
     state: str  # the node's agent state, or GONE when it publishes none; a MemberEndState once ended
     devices: str
     pids: list[int]
+    progress: NotRequired[list[RankProgressView]]  # its ranks' progress in this round, when published
 
 
 class InvalidRecordView(TypedDict):

@@ -172,6 +172,7 @@ def start_group(
         ],
         hang_policy(spec),
         identity,
+        spec.id,
         rt.node_id,
         attempt,
         functools.partial(_write_stacks, rt, spec.id, attempt, owner),

@@ -86,8 +86,8 @@ def judge(
     timeout = timeouts[ev.phase]
     frame = ev.stacks[-1].frame if ev.stacks else ""
     if ev.last_report_at is not None:
-        silent = now - ev.last_report_at
-        return Hung(ev.rank, ev.last_report_at, silent, frame, True) if silent >= timeout else None
+        due = now >= ev.last_report_at + timeout
+        return Hung(ev.rank, ev.last_report_at, now - ev.last_report_at, frame, True) if due else None
     since = flat_since(ev.cpu, now, timeout, fraction)
     if since is None:
         return None

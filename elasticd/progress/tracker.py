@@ -8,16 +8,24 @@ not of a tracker.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from elasticd.progress.protocol import MAX_STEP, Phase, PhaseReport, Report, StepReport
 
 WINDOW = 64  # step durations kept per rank
 STRAGGLER_FACTOR = 2.0  # a rank's median step time above this multiple of the job's median
 STRAGGLER_MIN_SAMPLES = 5  # step durations a rank needs before it can be called a straggler
+MAX_RANK = 2**31 - 1
+
+
+def _finite(value: float | None, what: str) -> None:
+    if value is not None and not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{what} must be a non-negative number or null")
 
 
 @dataclass(frozen=True)
@@ -31,6 +39,22 @@ class RankProgress:
     step_time_s: float | None  # median seconds per step over the window
     samples: int  # step durations in the window
     phase: Phase
+
+    def __post_init__(self) -> None:
+        """Read back from etcd, where anyone with access could have written it."""
+        if not 0 <= self.rank <= MAX_RANK:
+            raise ValueError(f"rank must be 0..{MAX_RANK}")
+        if self.step is not None and not 0 <= self.step <= MAX_STEP:
+            raise ValueError(f"step must be 0..{MAX_STEP} or null")
+        if not 0 <= self.samples <= WINDOW:
+            raise ValueError(f"samples must be 0..{WINDOW}")
+        for name in ("last_step_at", "steps_per_s", "step_time_s"):
+            _finite(getattr(self, name), name)
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["phase"] = self.phase.value
+        return out
 
 
 class RankTracker:

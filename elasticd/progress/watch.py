@@ -89,6 +89,7 @@ class HangWatch:
         ranks: list[WatchedRank],
         policy: HangPolicy | None,
         identity: Identity | None,
+        job: str,
         node: str,
         attempt: int,
         write_stacks: Callable[[int, str], None],
@@ -98,6 +99,7 @@ class HangWatch:
         self._specs = ranks
         self._policy = policy
         self._identity = identity
+        self._job = job
         self._node = node
         self._attempt = attempt
         self._write_stacks = write_stacks
@@ -136,7 +138,13 @@ class HangWatch:
         if self._task is not None:
             self._task.cancel()
         for spec in self._specs:
-            spec.channel.close()
+            ch = spec.channel
+            if ch.junk or ch.pauses:
+                _log.info(
+                    "progress.junk", job=self._job, attempt=self._attempt, rank=spec.rank, lines=ch.junk,
+                    pauses=ch.pauses,
+                )  # fmt: skip
+            ch.close()
 
     # -- the watch -----------------------------------------------------------------------------
     async def _run(self) -> None:
@@ -244,6 +252,7 @@ class HangWatch:
         )
         _log.warning(
             "worker.hung",
+            job=self._job,
             attempt=self._attempt,
             rank=first.rank,
             frame=frame,
