@@ -1,11 +1,13 @@
 """The progress line protocol: what a worker writes on its progress pipe. Pure.
 
-Tiny and versionless, so a script in any language can speak it (``echo step 12 >&$FD``)::
+Tiny and versionless, so a script in any language can speak it::
 
     step 12            the worker finished step 12 (any non-negative number below 10**18)
     step               one more step than the last one reported
     phase checkpoint   a checkpoint is being written (a phase with its own timeout)
     phase step         back to training steps
+
+(from a shell: ``echo step 12 > "$ELASTICD_HEARTBEAT_FILE"``).
 
 A line is at most ``MAX_LINE`` bytes with its newline. The other end is untrusted: anything else
 (a longer line, another word, a second space, a non-digit) is junk, dropped and counted, and a
