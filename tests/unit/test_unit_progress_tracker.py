@@ -102,3 +102,23 @@ def test_a_straggler_is_always_slower_than_the_median(times: list[float]) -> Non
     slow = stragglers(ranks)
     assert len(slow) < len(times)
     assert all(times[r] > 2 * min(times) for r in slow)
+
+
+def test_status_renders_progress_per_rank() -> None:
+    from elasticctl.render import progress_table
+
+    member = {
+        "node": "n1",
+        "progress": [
+            {"rank": 1, "step": 40, "last_step_at": 990.0, "steps_per_s": 0.5, "step_time_s": 2.0,
+             "samples": 9, "phase": "step", "straggler": True},
+            {"rank": 0, "step": None, "last_step_at": None, "steps_per_s": None, "step_time_s": None,
+             "samples": 0, "phase": "startup", "straggler": False},
+        ],
+    }  # fmt: skip
+    text = progress_table({"members": [member]}, now=1000.0)  # type: ignore[typeddict-item]
+    rows = [line.split() for line in text.splitlines()]
+    assert rows[0][:4] == ["RANK", "NODE", "STEP", "STEPS/S"]
+    assert rows[1] == ["0", "n1", "-", "-", "-", "startup"]
+    assert rows[2] == ["1", "n1", "40", "0.5", "10s", "ago", "step", "straggler"]
+    assert progress_table({"members": [{"node": "n1", "progress": [member["progress"][1]]}]}, 0.0) == ""  # type: ignore[typeddict-item]
