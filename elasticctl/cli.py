@@ -92,6 +92,7 @@ def submit_request(ns: argparse.Namespace, gpus: Callable[[], int]) -> tuple[Sub
         memory_limit_bytes=memory_limit,
         cpu_limit=ns.cpu_limit,
         nofile=ns.nofile,
+        hang_timeout=ns.hang_timeout,
         job_id=fields.get("job_id"),
     )
     return args, mapped
@@ -242,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=job("nofile"),
         help="open files per worker process (RLIMIT_NOFILE)",
     )
+    torchrun.add_hang_timeout(s)
     s.add_argument("--follow", "-f", action="store_true", help="stream output; exit with the job's result")
     s.add_argument("-m", "--module", action="store_true", help="TARGET is a module (python -m)")
     s.add_argument(

@@ -159,10 +159,37 @@ def job_detail(job: JobView, now: float | None = None) -> str:
             rows.append([m["node"], str(m["group_rank"]), ranks, m["state"], m.get("devices") or "-"])
         lines.append("members:")
         lines.extend("  " + line for line in table(rows).splitlines())
+    steps = progress_table(job, now)
+    if steps:
+        lines.append("progress:")
+        lines.extend("  " + line for line in steps.splitlines())
     detail = failure(job)
     if detail:
         lines.append(detail)
     return "\n".join(lines)
+
+
+def progress_table(job: JobView, now: float) -> str:
+    """Each rank's last step, steps/s and time since its last step, stragglers flagged; empty when
+    no rank has reported (a script that does not call ``elasticd.worker.step``)."""
+    rows = [["RANK", "NODE", "STEP", "STEPS/S", "LAST STEP", "PHASE", ""]]
+    for m in job.get("members") or []:
+        for p in m.get("progress") or []:
+            rate, at = p.get("steps_per_s"), p.get("last_step_at")
+            rows.append(
+                [
+                    str(p["rank"]),
+                    m["node"],
+                    "-" if p.get("step") is None else str(p["step"]),
+                    "-" if rate is None else f"{rate:.3g}",
+                    "-" if at is None else f"{duration(now - at)} ago",
+                    p.get("phase", ""),
+                    "straggler" if p.get("straggler") else "",
+                ]
+            )
+    if all(r[2] == "-" for r in rows[1:]):
+        return ""
+    return table([rows[0], *sorted(rows[1:], key=lambda r: int(r[0]))])
 
 
 def nodes_table(nodes: list[NodeView]) -> str:

@@ -128,6 +128,18 @@ def add_flags(parser: argparse.ArgumentParser, skip: frozenset[str] = frozenset(
             )
 
 
+def add_hang_timeout(parser: argparse.ArgumentParser) -> None:
+    """``--hang-timeout SECONDS|auto``: elasticd's own flag (torchrun has none), for both commands."""
+    parser.add_argument(
+        "--hang-timeout",
+        "--hang_timeout",
+        metavar="SECONDS|auto",
+        default=None,
+        help="a rank without progress this long counts as hung: its stacks are dumped and the job "
+        "restarts; auto learns it from the job's step times (default: off)",
+    )
+
+
 class FlagError(UsageError):
     """A flag that elasticd refuses, or a value it cannot use; the message says why."""
 

@@ -110,6 +110,7 @@ TIME_FIELDS = frozenset(
         "opened_at",
         "closed_at",
         "attempt_started_at",
+        "last_step_at",
     }
 )
 
@@ -139,6 +140,7 @@ class SubmitArgs:
     memory_limit_bytes: int | None = None
     cpu_limit: float | None = None
     nofile: int | None = None
+    hang_timeout: str | None = None  # SECONDS or "auto"; None: no hang detection
     job_id: str | None = None  # a job id of the submitter's choosing (torchrun's --rdzv-id)
 
 
@@ -253,6 +255,21 @@ class FailureView(TypedDict):
     failed_at: NotRequired[float | None]  # its error file's timestamp, else when its exit was seen
     also_failed: NotRequired[list[FailedRankView]]  # the node's other failed ranks, first failed first
     also_failed_more: NotRequired[int]  # failed ranks beyond those listed
+    kind: NotRequired[str]  # "hang": no progress within the hang timeout (the workers still ran)
+    frame: NotRequired[str]  # a hung rank's innermost frame, "train.py:42 in step"
+
+
+class RankProgressView(TypedDict):
+    """A rank's progress, as its node last published it (``elasticd.progress.tracker``)."""
+
+    rank: int
+    step: int | None  # the last step it reported; None: none yet (or it never reports)
+    last_step_at: float | None  # when (its node's clock); "time since the last step" is now minus this
+    steps_per_s: float | None
+    step_time_s: float | None  # its median seconds per step, recently
+    samples: int
+    phase: str  # startup, step or checkpoint
+    straggler: bool  # its step time is far above the job's median (elasticd.progress.tracker.stragglers)
 
 
 class MemberView(TypedDict):
@@ -263,6 +280,7 @@ class MemberView(TypedDict):
     state: str  # the node's agent state, or GONE when it publishes none; a MemberEndState once ended
     devices: str
     pids: list[int]
+    progress: NotRequired[list[RankProgressView]]  # its ranks' progress in this round, when published
 
 
 class InvalidRecordView(TypedDict):

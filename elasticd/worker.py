@@ -18,6 +18,11 @@ The pattern (see ``examples/elastic_train.py``)::
         if (step + 1) % every == 0:
             worker.save_checkpoint({"step": step + 1, ...}, CKPT)
 
+Progress: ``worker.step()`` after each step (or ``worker.step(n)``) tells the daemon; ``status``
+shows each rank's last step, steps/s and stragglers, and ``--hang-timeout`` judges hangs by it.
+Without elasticd (plain ``torchrun``), it does nothing. A script in another language writes the
+same lines (``step 12``) to ``$ELASTICD_HEARTBEAT_FILE``.
+
 When elasticd changes the membership of a job (a drain, a node joining), every worker gets
 SIGTERM and the stop grace period: with this pattern no completed step is lost. A crash (SIGKILL,
 a lost node) loses the steps since the last periodic checkpoint, as always.
@@ -25,13 +30,70 @@ a lost node) loses the steps since the last periodic checkpoint, as always.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import signal
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
+
+from elasticd.progress.protocol import MAX_STEP, PROGRESS_FD_ENV
+
+
+class _Progress:
+    """The progress pipe of ``ELASTICD_PROGRESS_FD``, if the daemon gave one. Writes never block
+    and never raise: a full pipe or a closed one drops the report, training goes on."""
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+        self._checked = False
+
+    def _open(self) -> int | None:
+        if not self._checked:
+            self._checked = True
+            text = os.environ.get(PROGRESS_FD_ENV, "")
+            if text.isdigit():
+                fd = int(text)
+                try:
+                    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+                    fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+                    os.set_inheritable(fd, False)  # our own children are not this rank
+                    self._fd = fd
+                except OSError:
+                    self._fd = None
+        return self._fd
+
+    def send(self, line: str) -> None:
+        fd = self._open()
+        if fd is None:
+            return
+        with contextlib.suppress(OSError):  # EAGAIN (the daemon is behind), EPIPE, EBADF: dropped
+            os.write(fd, line.encode())  # one short write: atomic on a pipe
+
+
+_progress = _Progress()
+
+
+def step(n: int | None = None) -> None:
+    """Report that step ``n`` finished (None: one more than the last). Cheap (one write, no
+    torch), never blocks or raises, and does nothing outside elasticd."""
+    if n is None:
+        _progress.send("step\n")
+    elif isinstance(n, int) and 0 <= n <= MAX_STEP:
+        _progress.send(f"step {n}\n")
+
+
+@contextlib.contextmanager
+def checkpointing() -> Iterator[None]:
+    """Around a checkpoint: it runs under the checkpoint phase's hang timeout, not a step's."""
+    _progress.send("phase checkpoint\n")
+    try:
+        yield
+    finally:
+        _progress.send("phase step\n")
 
 
 def _dist() -> Any:
@@ -85,9 +147,13 @@ def _rank() -> int:
 def save_checkpoint(state: Any, path: str | os.PathLike[str], *, rank: int = 0) -> None:
     """Write ``state`` atomically (temporary file, fsync, rename, fsync of the directory) from one
     rank, then wait for every rank: when this returns, the checkpoint is durable for everyone."""
+    with checkpointing():
+        _save(state, Path(path), rank)
+
+
+def _save(state: Any, target: Path, rank: int) -> None:
     import torch
 
-    target = Path(path)
     if _rank() == rank:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)

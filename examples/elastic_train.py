@@ -74,6 +74,7 @@ def main() -> None:
         loss.backward()
         opt.step()
         time.sleep(args.step_time)
+        worker.step(step)  # progress for `elasticctl status` and --hang-timeout; a no-op elsewhere
         if rank == 0 and ledger:
             with open(ledger, "a") as f:
                 f.write(f"{step} {world}\n")

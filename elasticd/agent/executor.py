@@ -32,6 +32,7 @@ from elasticd.rendezvous.store import JobStore
 _log = log.get("elasticd.agent")
 
 POLL_S = 1.0  # safety net under the watch
+PROGRESS_PUBLISH_S = 5.0  # running workers' progress reaches etcd at most this often, when it changed
 LEADER_BATCH_S = 0.05
 
 
@@ -65,6 +66,8 @@ class JobAgent:
         self._peers = PeerWatch(spec.id, store, self.wake)
         self._wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
+        self._progress_at = 0.0  # when progress was last published (our clock)
+        self._progress_sent: list[dict[str, Any]] = []
 
     @property
     def node(self) -> str:
@@ -122,6 +125,7 @@ class JobAgent:
             "pids": workers.pids() if workers is not None else [],
             "failure": rec.failure.to_json() if rec.failure else None,
             "updated_at": self._clock.time(),
+            "progress": [p.to_json() for p in workers.progress()] if workers is not None else [],
         }
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -191,6 +195,7 @@ class JobAgent:
                 snap = await store.snapshot(counted)
                 return Observed(snap, await self._lease.alive())
             case act.Wait(until, on_exits, batch):
+                await self._publish_progress()
                 if batch:
                     await asyncio.sleep(LEADER_BATCH_S)  # joins arriving together are then read together
                 await self._sleep(until, on_exits)
@@ -303,6 +308,23 @@ class JobAgent:
             _log.error("attempt.unkillable", job=self.spec.id, pids=stuck)
         _log.info("attempt.stopped", job=self.spec.id, round=self.rec.round)
         await self._publish_quietly()
+
+    async def _publish_progress(self) -> None:
+        """While our workers run, publish their progress: at most every ``PROGRESS_PUBLISH_S``,
+        and only when it changed, so a stepping job costs etcd one small put per node that often."""
+        workers, lease = self.workers, self._lease.lease_id
+        if workers is None or lease is None or self.rec.state is not AgentState.RUNNING:
+            return
+        now = self._clock.time()
+        if now - self._progress_at < PROGRESS_PUBLISH_S:
+            return
+        view = self.local_view()
+        if view["progress"] == self._progress_sent:
+            return
+        self._progress_at = now
+        with contextlib.suppress(EtcdUnavailable):
+            await self._store.put_node_status(self.node, view, lease)
+            self._progress_sent = view["progress"]
 
     async def _publish_quietly(self) -> None:
         lease = self._lease.lease_id

@@ -12,6 +12,7 @@ from typing import Protocol
 
 from elasticd.agent.record import Group
 from elasticd.jobs.spec import JobSpec
+from elasticd.progress.tracker import RankProgress
 from elasticd.rendezvous.model import Member, RoundResult
 
 
@@ -28,6 +29,10 @@ class Workers(Protocol):
 
     def exits(self) -> set[asyncio.Future[int]]:
         """Futures that complete when a still-running worker exits."""
+        ...
+
+    def progress(self) -> list[RankProgress]:
+        """Each local rank's progress, as its reports say (``elasticd.progress``)."""
         ...
 
     def observe(self, describe: bool) -> Group:

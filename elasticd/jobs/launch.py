@@ -7,9 +7,10 @@ anything under the log directory that a job could have touched must never be ope
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +25,12 @@ from elasticd.jobs.spec import JobSpec
 from elasticd.jobs.state import EndReason, FailedRank, SetupFailure, WorkerFailure
 from elasticd.netaddr import NoFreePort, PortRange, pick_port
 from elasticd.node.inventory import Inventory
+from elasticd.progress import stackfile
+from elasticd.progress.channel import ProgressChannel
+from elasticd.progress.protocol import HEARTBEAT_FILE_ENV, PROGRESS_FD_ENV
+from elasticd.progress.timeouts import HangPolicy
+from elasticd.progress.tracker import RankProgress
+from elasticd.progress.watch import HangWatch, WatchedRank
 from elasticd.rendezvous.model import Member, RoundResult
 from elasticd.workers.group import Launch, Worker, WorkerGroup, wall_clock
 from elasticd.workers.limits import LimitBackend, LimitError, Placement, ResourceLimits, RlimitBackend
@@ -89,6 +96,12 @@ def _place(rt: NodeRuntime, spec: JobSpec, rank: int) -> Placement | None:
         raise SetupFailure(EndReason.SPAWN_FAILED, f"on node {rt.node_id}: {exc.message}") from exc
 
 
+def hang_policy(spec: JobSpec) -> HangPolicy | None:
+    if spec.hang_timeout_auto:
+        return HangPolicy(None)
+    return HangPolicy(spec.hang_timeout_s) if spec.hang_timeout_s is not None else None
+
+
 def start_group(
     rt: NodeRuntime,
     spec: JobSpec,
@@ -97,8 +110,9 @@ def start_group(
     restart_count: int,
     slots: tuple[int, ...],
     fence: bool,
-) -> WorkerGroup:
-    """Spawn this node's workers for one round (on the event-loop thread).
+) -> tuple[WorkerGroup, HangWatch]:
+    """Spawn this node's workers for one round (on the event-loop thread), each with its progress
+    pipe, and the watch that reads them (and judges hangs, when the job asks).
 
     Raises ``SetupFailure`` (LOG_DIR_UNSAFE, LOG_DISK_FULL) when the attempt's logs cannot be
     created safely: the caller ends the job with that reason instead of spending restarts.
@@ -110,9 +124,12 @@ def start_group(
     ranks = [layout.rank_offset + local_rank for local_rank in range(layout.local_world_size)]
     files = logdir.create_attempt(rt.log_dir, spec.id, attempt, ranks, owner, rt.node_id)
     launches: list[Launch] = []
+    channels: list[ProgressChannel] = []
     try:
         visible = rt.inventory.visible_devices(slots)
         for local_rank, f in enumerate(files):
+            channel = ProgressChannel((identity.uid, identity.gid) if identity else None)
+            channels.append(channel)
             env = worker_env(
                 base=spec.env,
                 layout=layout,
@@ -124,6 +141,8 @@ def start_group(
                 error_file=str(f.error_path),
                 owner=rt.node_id,
             )
+            env[PROGRESS_FD_ENV] = str(channel.write_fd)
+            env[HEARTBEAT_FILE_ENV] = f"/dev/fd/{channel.write_fd}"
             launches.append(
                 Launch(
                     local_rank=local_rank,
@@ -136,6 +155,7 @@ def start_group(
                     error_file=f.error_path,
                     identity=identity,
                     limits=_place(rt, spec, f.rank),
+                    progress_fd=channel.write_fd,
                 )
             )
     except BaseException:
@@ -144,11 +164,41 @@ def start_group(
         for launch in launches:
             if launch.limits is not None:
                 launch.limits.close()
+        for channel in channels:
+            channel.close()
         raise
+    watch = HangWatch(
+        [
+            WatchedRank(launch.rank, launch.local_rank, ch)
+            for launch, ch in zip(launches, channels, strict=True)
+        ],
+        hang_policy(spec),
+        identity,
+        spec.id,
+        rt.node_id,
+        attempt,
+        functools.partial(_write_stacks, rt, spec.id, attempt, owner),
+        wall_clock,
+    )
     tracked = rt.tracking.job(spec.id)
     group = WorkerGroup(launches, rt.reaper, spec.stop_grace_s, fence=fence, tracking=tracked)
-    group.start()  # closes every log fd
-    return group
+    try:
+        group.start()  # closes every log fd
+    finally:
+        for channel in channels:  # the workers have theirs: ours would hide their end
+            channel.close_write()
+    watch.attach([(w.pid, _runs(w)) for w in group.workers])
+    return group, watch
+
+
+def _runs(worker: Worker) -> Callable[[], bool]:
+    return lambda: worker.running
+
+
+def _write_stacks(
+    rt: NodeRuntime, job_id: str, attempt: int, owner: logdir.Owner, rank: int, text: str
+) -> None:
+    stackfile.write_stacks(rt.log_dir, job_id, attempt, rank, text, owner, rt.node_id)
 
 
 def _in_tree(path: Path) -> tuple[Path, tuple[str, ...]]:
@@ -223,10 +273,13 @@ class ProcessWorkers:
     and the report must name the first to fail, not the first noticed, and list the others.
     """
 
-    def __init__(self, group: WorkerGroup, rt: NodeRuntime, attempt: int) -> None:
+    def __init__(
+        self, group: WorkerGroup, rt: NodeRuntime, attempt: int, watch: HangWatch | None = None
+    ) -> None:
         self._group = group
         self._rt = rt
         self._attempt = attempt
+        self._watch = watch
         self._settled: asyncio.Future[int] | None = None
 
     def pids(self) -> list[int]:
@@ -244,8 +297,10 @@ class ProcessWorkers:
         return 0.0 if first is None else max(0.0, first + SETTLE_S - wall_clock())
 
     def exits(self) -> set[asyncio.Future[int]]:
-        """The running workers' exits, and the end of a failure's settling time."""
+        """The running workers' exits, the end of a failure's settling time, and a hang."""
         futures = {w.exited for w in self._group.running}
+        if self._watch is not None and not self._watch.hung.done():
+            futures.add(self._watch.hung)
         left = self._settling()
         if left > 0:
             if self._settled is None:
@@ -264,6 +319,9 @@ class ProcessWorkers:
     def observe(self, describe: bool) -> Group:
         exited = [w for w in self._group.workers if not w.running]
         outcome = group_outcome([w.exited.result() for w in exited], len(self._group.running))
+        hang = self._watch.failure if self._watch is not None else None
+        if hang is not None and outcome is not GroupOutcome.FAILED:  # exits, when there are, say more
+            return Group(GroupOutcome.FAILED, hang if describe else None)
         if outcome is GroupOutcome.FAILED and self._settling() > 0:
             return Group(GroupOutcome.RUNNING)  # not yet: a sibling may be failing too
         if outcome is not GroupOutcome.FAILED or not describe:
@@ -273,7 +331,13 @@ class ProcessWorkers:
         full = logdir.log_disk_full(self._rt.log_dir)
         return Group(outcome, failure, logdir.disk_full(self._rt.log_dir, self._rt.node_id) if full else None)
 
+    def progress(self) -> list[RankProgress]:
+        """Each local rank's progress, as its reports say."""
+        return self._watch.progress() if self._watch is not None else []
+
     async def stop(self, grace_s: float) -> list[int]:
+        if self._watch is not None:
+            self._watch.close()
         return await self._group.stop(grace_s)
 
 
@@ -289,13 +353,13 @@ class ProcessLauncher:
         problem = await asyncio.to_thread(check_paths, spec)  # as the submitter, as exec will see them
         if problem is not None:
             raise problem.to_setup_failure(self._rt.node_id)
-        group = start_group(
+        group, watch = start_group(
             self._rt,
             spec,
             layout_for(result, member),
             attempt=result.round,
             restart_count=restarts,
             slots=slots,
-            fence=spec.nnodes.max > 1,
+            fence=len(result.nodes) > 1,  # a one-member round has no peers to fence it from
         )
-        return ProcessWorkers(group, self._rt, result.round)
+        return ProcessWorkers(group, self._rt, result.round, watch)

@@ -28,6 +28,8 @@ MAX_NPROC_PER_NODE = 1024
 MAX_NODES = 4096
 DEFAULT_LAST_CALL_S = 2.0
 DEFAULT_JOIN_TIMEOUT_S = 600.0
+MIN_HANG_TIMEOUT_S = 1.0
+MAX_HANG_TIMEOUT_S = 86400.0
 MIN_MEMORY = 16 << 20
 MAX_MEMORY = 1 << 50
 
@@ -68,6 +70,22 @@ class NodeRange:
 
     def __str__(self) -> str:
         return str(self.min) if self.min == self.max else f"{self.min}:{self.max}"
+
+
+def parse_hang_timeout(text: str | None) -> tuple[float | None, bool]:
+    """``--hang-timeout SECONDS|auto`` as the spec's (``hang_timeout_s``, ``hang_timeout_auto``);
+    None or "" or "off": no hang detection. The range is checked with the rest of the spec."""
+    if text is None or text.strip().lower() in ("", "off"):
+        return None, False
+    if text.strip().lower() == "auto":
+        return None, True
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise InvalidSpec(f"hang_timeout must be a number of seconds or auto, got {text[:40]!r}") from None
+    if not math.isfinite(seconds):
+        raise InvalidSpec(f"hang_timeout must be a finite number of seconds, got {text[:40]!r}")
+    return seconds, False
 
 
 def valid_node_id(text: str) -> bool:
@@ -118,6 +136,8 @@ class JobSpec:
     memory_limit_bytes: int | None = None  # per worker (its whole process tree)
     cpu_limit: float | None = None  # CPUs per worker (cgroup quota; pinned cores without cgroups)
     nofile: int | None = None  # RLIMIT_NOFILE of every worker process
+    hang_timeout_s: float | None = None  # a rank without progress this long hangs; None: see auto
+    hang_timeout_auto: bool = False  # learn the hang timeout from the job's own step times
 
     def __post_init__(self) -> None:
         for name in ("id", "name", "entry", "python", "cwd", "user"):
@@ -163,6 +183,7 @@ class JobSpec:
             raise InvalidSpec(f"cpu_limit must be 0.01..4096 CPUs, got {self.cpu_limit}")
         if self.nofile is not None and not 16 <= self.nofile <= 1 << 20:
             raise InvalidSpec(f"nofile must be 16..{1 << 20}, got {self.nofile}")
+        self._check_hang_timeout()
         bad = [k for k in self.env if not _ENV_KEY.match(k)]
         if bad:
             raise InvalidSpec(f"invalid environment variable names: {bad[:5]}")
@@ -176,6 +197,25 @@ class JobSpec:
                 raise InvalidSpec(f"{name} must be an integer 0..{MAX_ID}, got {value!r}")
         if not _USER.match(self.user):
             raise InvalidSpec(f"user must be a plain user name, got {self.user[:80]!r}")
+
+    def _check_hang_timeout(self) -> None:
+        if type(self.hang_timeout_auto) is not bool:
+            raise InvalidSpec("hang_timeout_auto must be true or false")
+        seconds = self.hang_timeout_s
+        if seconds is None:
+            return
+        if self.hang_timeout_auto:
+            raise InvalidSpec("hang_timeout is either a number of seconds or auto, not both")
+        if not MIN_HANG_TIMEOUT_S <= seconds <= MAX_HANG_TIMEOUT_S:
+            raise InvalidSpec(
+                f"hang_timeout must be {MIN_HANG_TIMEOUT_S:g}..{MAX_HANG_TIMEOUT_S:g} seconds or auto, "
+                f"got {seconds}"
+            )
+
+    @property
+    def hang_watch(self) -> bool:
+        """Whether this job's ranks are watched for hangs (``--hang-timeout``)."""
+        return self.hang_timeout_auto or self.hang_timeout_s is not None
 
     @property
     def argv(self) -> list[str]:

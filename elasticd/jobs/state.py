@@ -122,8 +122,10 @@ def _signal_name(returncode: int) -> str | None:
 def exit_text(exit_code: int | None, sig: str | None, message: str = "") -> str:
     """``exit code 1``, ``signal SIGKILL``, followed by ``: message`` only when the message says
     more than the exit itself (a failure without an error file carries its exit as its message)."""
-    how = f"signal {sig}" if sig else f"exit code {exit_code}"
     text = " ".join(message.split())
+    if exit_code is None and not sig:  # it did not exit (it hung): the message is all there is
+        return text or "no exit"
+    how = f"signal {sig}" if sig else f"exit code {exit_code}"
     same = {"", how, f"exit code {exit_code}", f"killed by {sig}", f"killed by signal {sig}"}
     return how if text in same else f"{how}: {text}"
 
@@ -179,6 +181,8 @@ class WorkerFailure:
     failed_at: float | None = None  # the error file's timestamp (whole seconds), else the exit's
     also_failed: tuple[FailedRank, ...] = ()  # this node's other failed ranks, first failed first
     also_failed_more: int = 0  # further failed ranks, beyond MAX_ALSO_FAILED, only counted
+    kind: str = ""  # a FailureKind value ("hang": it made no progress; its workers still ran)
+    frame: str = ""  # a hung rank's innermost frame of its main thread, "train.py:42 in step"
 
     @classmethod
     def from_exit(
@@ -213,6 +217,9 @@ class WorkerFailure:
     def summary(self) -> str:
         what = exit_text(self.exit_code, self.signal, self.message)
         text = f"rank {self.rank} (local {self.local_rank} on {self.node}) failed with {what}"
+        if self.kind == "hang":
+            detail = self.message.removeprefix(f"rank {self.rank} ")
+            text = f"rank {self.rank} (local {self.local_rank} on {self.node}) {detail}"
         others = [f"rank {f.rank}" for f in self.also_failed]
         if self.also_failed_more:
             others.append(f"{self.also_failed_more} more")

@@ -13,9 +13,10 @@ from typing import Any, cast
 
 from elasticd.decode import DecodeError, decode
 from elasticd.jobs.state import EndReason, JobState, WorkerFailure
+from elasticd.progress.tracker import RankProgress, stragglers
 from elasticd.rendezvous.model import RoundResult
 from elasticd.rendezvous.snapshot import JobSnapshot
-from elasticd.wire import FailureView, JobView, MemberEndState, MemberView, WaitsFor
+from elasticd.wire import FailureView, JobView, MemberEndState, MemberView, RankProgressView, WaitsFor
 
 
 def job_state(snap: JobSnapshot) -> JobState:
@@ -116,6 +117,21 @@ def _failure(snap: JobSnapshot) -> dict[str, Any] | None:
     return (snap.final.failure if snap.final else None) or (snap.round.failure if snap.round else None)
 
 
+def progress_of(snap: JobSnapshot, result: RoundResult) -> dict[str, list[RankProgressView]]:
+    """Each member's ranks' progress in ``result``'s round (a status of another round says nothing
+    about this one), with stragglers flagged job-wide: against every node's ranks."""
+    ranks: dict[str, list[RankProgress]] = {}
+    for m in result.members:
+        status = snap.node_status.get(m.node)
+        if status is not None and status.round == result.round and status.progress:
+            ranks[m.node] = list(status.progress)
+    slow = stragglers([(p.rank, p.step_time_s, p.samples) for ps in ranks.values() for p in ps])
+    out: dict[str, list[RankProgressView]] = {}
+    for node, ps in ranks.items():
+        out[node] = [cast(RankProgressView, p.to_json() | {"straggler": p.rank in slow}) for p in ps]
+    return out
+
+
 def job_view(snap: JobSnapshot, local_node: str) -> dict[str, Any]:
     """The ``JobView`` of ``elasticd.wire`` (as a plain dict: callers pass it on as JSON)."""
     return dict(_view(snap, local_node))
@@ -127,6 +143,7 @@ def _view(snap: JobSnapshot, local_node: str) -> JobView:
     result = last_result(snap, state)
     members: list[MemberView] = []
     if result is not None:
+        progress = progress_of(snap, result)
         for m in result.members:
             status = snap.node_status.get(m.node)
             live = status.state if status else "GONE"
@@ -141,6 +158,8 @@ def _view(snap: JobSnapshot, local_node: str) -> JobView:
                     "pids": list(status.pids) if status else [],
                 }
             )
+            if m.node in progress:
+                members[-1]["progress"] = progress[m.node]
     failure = _failure(snap)
     local = snap.node_status.get(local_node)
     waiting = waits_for(snap, state)

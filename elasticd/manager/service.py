@@ -144,12 +144,14 @@ class CommandService:
         agent = self._manager.agents.get(job_id)
         if agent is None:
             return None
+        own = agent.local_view()
+        own.pop("progress", None)  # published per member; not a field of the job's own view
         return {
             "id": job_id,
             "state": agent.state.value,
             "stale": True,
             "reason": "etcd is unreachable: this node's own view",
-        } | agent.local_view()
+        } | own
 
     async def views(self, states: Collection[JobState] = (), user: str | None = None) -> list[dict[str, Any]]:
         """Every job (unreadable ones too), oldest first; only those in ``states`` (when given) and

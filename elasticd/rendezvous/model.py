@@ -17,6 +17,7 @@ from typing import Any
 from elasticd.decode import DecodeError, decode
 from elasticd.jobs.spec import MAX_NPROC_PER_NODE, valid_node_id
 from elasticd.jobs.state import EndReason, JobState, WorkerFailure
+from elasticd.progress.tracker import RankProgress
 
 MAX_ROUND = 2**31 - 1
 MAX_GRACE_S = 3600.0
@@ -292,9 +293,11 @@ class NodeStatus:
     pids: tuple[int, ...]
     updated_at: float
     failure: dict[str, Any] | None = None
+    progress: tuple[RankProgress, ...] = ()  # each local rank's reports (elasticd.progress)
 
     def __post_init__(self) -> None:
         _need(bool(_STATE.match(self.state)), f"state must be an upper-case name, got {self.state[:40]!r}")
+        _need(len(self.progress) <= MAX_NPROC_PER_NODE, f"progress lists at most {MAX_NPROC_PER_NODE} ranks")
         _need(-1 <= self.round <= MAX_ROUND, f"round must be -1..{MAX_ROUND}, got {self.round}")
         _need(bool(_DEVICES.match(self.devices)), "devices must be a list of device indices")
         _need(all(0 < p < 2**31 for p in self.pids), "pids must be process ids")

@@ -57,6 +57,9 @@ class Launch:
     error_file: Path  # TORCHELASTIC_ERROR_FILE, pre-created for the worker; same rule as log_path
     identity: Identity | None = None  # switch to the submitter (a root daemon); None: stay as we are
     limits: Placement | None = None  # cgroups and rlimits, joined in the child as root before the switch
+    progress_fd: int | None = (
+        None  # inherited by the worker (elasticd.progress.channel); the caller closes it
+    )
 
 
 class Worker:
@@ -173,6 +176,7 @@ class WorkerGroup:
                 start_new_session=True,
                 preexec_fn=worker_preexec(launch.cwd, launch.identity, _before_drop(procs_fd, launch.limits)),
                 close_fds=True,
+                pass_fds=() if launch.progress_fd is None else (launch.progress_fd,),
             )
         except (OSError, subprocess.SubprocessError) as exc:
             with contextlib.suppress(OSError):

@@ -20,6 +20,7 @@ from elasticd.jobs.launch import NodeRuntime
 from elasticd.jobs.spec import JobSpec, NodeRange
 from elasticd.jobs.state import EndReason, JobState, SetupFailure, WorkerFailure
 from elasticd.node.inventory import Inventory
+from elasticd.progress.tracker import RankProgress
 from elasticd.rendezvous.model import Member, RoundResult
 from elasticd.rendezvous.store import InlineJobStore, run_inline
 from tests.fakes import JOB, make_spec
@@ -46,6 +47,9 @@ class FakeWorkers:
 
     def exits(self) -> set[asyncio.Future[int]]:
         return {f for f in self.exited if not f.done()}
+
+    def progress(self) -> list[RankProgress]:
+        return []
 
     def observe(self, describe: bool) -> Group:
         codes = [f.result() for f in self.exited if f.done()]

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from elasticd.errors import InvalidSpec
-from elasticd.jobs.spec import EntryKind, JobSpec, NodeRange, new_job_id
+from elasticd.jobs.spec import EntryKind, JobSpec, NodeRange, new_job_id, parse_hang_timeout
 from tests import fakes
 
 
@@ -232,3 +232,29 @@ def test_from_json_wrong_types_raise_invalid_spec(key: str, value: Any) -> None:
     data = _good_json() | {key: value}
     with pytest.raises(InvalidSpec):
         JobSpec.from_json(data)
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [(None, (None, False)), ("", (None, False)), ("off", (None, False)), ("auto", (None, True)),
+     ("AUTO", (None, True)), ("30", (30.0, False)), ("2.5", (2.5, False))],
+)  # fmt: skip
+def test_parse_hang_timeout(text: str | None, parsed: tuple[float | None, bool]) -> None:
+    assert parse_hang_timeout(text) == parsed
+
+
+@pytest.mark.parametrize("text", ["soon", "nan", "inf", "-inf", "1e999"])
+def test_parse_hang_timeout_rejects(text: str) -> None:
+    with pytest.raises(InvalidSpec):
+        parse_hang_timeout(text)
+
+
+def test_hang_timeout_in_the_spec() -> None:
+    assert not make_spec().hang_watch
+    assert make_spec(hang_timeout_s=30.0).hang_watch and make_spec(hang_timeout_auto=True).hang_watch
+    for bad in ({"hang_timeout_s": 0.5}, {"hang_timeout_s": 1e6},
+                {"hang_timeout_s": 5.0, "hang_timeout_auto": True}, {"hang_timeout_auto": 1}):  # fmt: skip
+        with pytest.raises(InvalidSpec):
+            make_spec(**bad)
+    spec = make_spec(hang_timeout_s=12.0)
+    assert JobSpec.from_json(spec.to_json()) == spec

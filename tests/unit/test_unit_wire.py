@@ -302,7 +302,8 @@ CLI_CALLS = [
     ["submit", "train.py"],
     ["submit", "--nnodes", "1:3", "--nproc-per-node", "4", "--max-restarts", "0", "--nodes", "a, b,",
      "--last-call", "0", "--join-timeout", "5", "--memory-limit", "1G", "--cpu-limit", "0.5",
-     "--nofile", "64", "--stop-grace", "1", "--name", "x", "--env", "K=V", "train.py", "--", "--lr", "1"],
+     "--nofile", "64", "--stop-grace", "1", "--name", "x", "--env", "K=V", "--hang-timeout", "30",
+     "train.py", "--", "--lr", "1"],
     ["submit", "-m", "pkg.mod"],
     ["submit", "--no-python", "/bin/true"],
     ["status"],
@@ -338,6 +339,7 @@ def test_submit_request_carries_every_option(sent: list[tuple[str, dict[str, Any
     assert (args.nnodes, args.nproc_per_node, args.max_restarts, args.nodes) == ("1:3", 4, 0, ["a", "b"])
     assert (args.last_call_s, args.join_timeout_s, args.stop_grace_s, args.name) == (0.0, 5.0, 1.0, "x")
     assert (args.memory_limit_bytes, args.cpu_limit, args.nofile) == (1 << 30, 0.5, 64)
+    assert args.hang_timeout == "30"
     assert args.args == ["--lr", "1"] and args.env["K"] == "V" and args.entry_kind == "script"
 
 

@@ -14,6 +14,7 @@ from elasticd.jobs.spec import (
     JobSpec,
     NodeRange,
     new_job_id,
+    parse_hang_timeout,
     valid_job_id,
 )
 from elasticd.manager.access import Access, Caller
@@ -53,6 +54,7 @@ async def submit(service: CommandService, args: SubmitArgs, caller: Caller) -> d
     )
     name = "".join(c if c.isalnum() or c in "_.-" else "-" for c in name).lstrip("-_.")[:48] or "job"
     nnodes = NodeRange.parse(args.nnodes)
+    hang_s, hang_auto = parse_hang_timeout(args.hang_timeout)
     # A single-node job runs where it was submitted (as with torchrun) unless told otherwise.
     nodes = tuple(args.nodes) or ((service.facts.node_id,) if nnodes.max == 1 else ())
     spec = JobSpec(
@@ -79,6 +81,8 @@ async def submit(service: CommandService, args: SubmitArgs, caller: Caller) -> d
         memory_limit_bytes=args.memory_limit_bytes,
         cpu_limit=args.cpu_limit,
         nofile=args.nofile,
+        hang_timeout_s=hang_s,
+        hang_timeout_auto=hang_auto,
     )
     # Refuse at submit what could never start, instead of failing every attempt later; the
     # paths are checked as the caller, never with the daemon's (root's) permissions.
