@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from elasticd.jobs.state import EndReason, JobState
-from elasticd.rendezvous.model import Member, RoundInfo, RoundResult
+from elasticd.rendezvous.model import FinalRecord, Member, RoundInfo, RoundResult
 from elasticd.rendezvous.store import Seen
 
 
@@ -99,6 +99,15 @@ class Bump:
 
 
 @dataclass(frozen=True)
+class Amend:
+    """Rewrite the round's or the final record (``record``) if it is still at ``seen_mod``: this
+    node's failure came first and the record must name it (the root cause by time, across nodes)."""
+
+    seen_mod: int
+    record: RoundInfo | FinalRecord
+
+
+@dataclass(frozen=True)
 class Finalize:
     state: JobState
     code: EndReason
@@ -138,6 +147,7 @@ Action = (
     | ClearWaiting
     | CloseRound
     | Bump
+    | Amend
     | Finalize
     | MarkDone
     | MarkLeft

@@ -19,7 +19,7 @@ from elasticd.jobs.decider import GroupOutcome, group_outcome
 from elasticd.jobs.env import WorldLayout, worker_env
 from elasticd.jobs.identity import switch_to
 from elasticd.jobs.pathcheck import check_paths
-from elasticd.jobs.rootcause import Exit, by_first_failure, parse_error_file
+from elasticd.jobs.rootcause import Exit, by_first_failure, exception_of, parse_error_file
 from elasticd.jobs.spec import JobSpec
 from elasticd.jobs.state import EndReason, FailedRank, SetupFailure, WorkerFailure
 from elasticd.netaddr import NoFreePort, PortRange, pick_port
@@ -171,7 +171,9 @@ def read_error_file(path: Path) -> tuple[str, float | None]:
     return parse_error_file(data)
 
 
-def describe_failure(node: str, attempt: int, failed: Sequence[Worker]) -> WorkerFailure:
+def describe_failure(
+    node: str, attempt: int, failed: Sequence[Worker], started_at: float | None = None
+) -> WorkerFailure:
     """The root cause among ``failed`` (workers that exited non-zero, at least one): the first to
     fail by time (see ``jobs.rootcause``), with the others as ``also_failed``."""
     errors = {w.launch.rank: read_error_file(w.launch.error_file) for w in failed}
@@ -198,6 +200,7 @@ def describe_failure(node: str, attempt: int, failed: Sequence[Worker]) -> Worke
         )
         for e in others
     )
+    tail = read_tail(launch.log_path)
     return WorkerFailure.from_exit(
         oom=launch.limits is not None and launch.limits.oom_killed(),
         node=node,
@@ -206,9 +209,12 @@ def describe_failure(node: str, attempt: int, failed: Sequence[Worker]) -> Worke
         local_rank=root.local_rank,
         returncode=root.returncode,
         message=errors[root.rank][0],
-        tail=read_tail(launch.log_path),
+        tail=tail,
         failed_at=root.failed_at,
         also_failed=also,
+        exception=exception_of(errors[root.rank][0], tail),
+        exited_at=root.exited_at,
+        ran_s=None if started_at is None else max(0.0, root.exited_at - started_at),
     )
 
 
@@ -224,6 +230,7 @@ class ProcessWorkers:
         self._group = group
         self._rt = rt
         self._attempt = attempt
+        self._started_at = wall_clock()
         self._settled: asyncio.Future[int] | None = None
 
     def pids(self) -> list[int]:
@@ -261,12 +268,13 @@ class ProcessWorkers:
     def observe(self, describe: bool) -> Group:
         exited = [w for w in self._group.workers if not w.running]
         outcome = group_outcome([w.exited.result() for w in exited], len(self._group.running))
-        if outcome is GroupOutcome.FAILED and self._settling() > 0:
-            return Group(GroupOutcome.RUNNING)  # not yet: a sibling may be failing too
+        settling = outcome is GroupOutcome.FAILED and self._settling() > 0
         if outcome is not GroupOutcome.FAILED or not describe:
-            return Group(outcome)
+            return Group(GroupOutcome.RUNNING if settling else outcome)
         failed = [w for w in exited if w.exited.result() != 0]
-        failure = describe_failure(self._rt.node_id, self._attempt, failed)
+        failure = describe_failure(self._rt.node_id, self._attempt, failed, self._started_at)
+        if settling:  # not reported yet (a sibling may be failing too), but known if the round moves
+            return Group(GroupOutcome.RUNNING, failure)
         full = logdir.log_disk_full(self._rt.log_dir)
         return Group(outcome, failure, logdir.disk_full(self._rt.log_dir, self._rt.node_id) if full else None)
 

@@ -118,6 +118,7 @@ class JobSpec:
     memory_limit_bytes: int | None = None  # per worker (its whole process tree)
     cpu_limit: float | None = None  # CPUs per worker (cgroup quota; pinned cores without cgroups)
     nofile: int | None = None  # RLIMIT_NOFILE of every worker process
+    max_same_failures: int = 3  # stop after failing the same way this often with no progress; 0: never
 
     def __post_init__(self) -> None:
         for name in ("id", "name", "entry", "python", "cwd", "user"):
@@ -139,6 +140,8 @@ class JobSpec:
             raise InvalidSpec(f"nproc_per_node must be 1..{MAX_NPROC_PER_NODE}, got {self.nproc_per_node}")
         if not 0 <= self.max_restarts <= 10_000:
             raise InvalidSpec(f"max_restarts must be 0..10000, got {self.max_restarts}")
+        if not 0 <= self.max_same_failures <= 10_000:
+            raise InvalidSpec(f"max_same_failures must be 0..10000, got {self.max_same_failures}")
         if not 0 <= self.stop_grace_s <= 3600:
             raise InvalidSpec(f"stop_grace_s must be 0..3600, got {self.stop_grace_s}")
         if not self.entry:

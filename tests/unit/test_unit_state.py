@@ -131,4 +131,9 @@ def test_to_json_has_every_field() -> None:
         "failed_at": None,
         "also_failed": [],
         "also_failed_more": 0,
+        "kind": "signal",
+        "exception": "",
+        "exited_at": None,
+        "step": None,
+        "ran_s": None,
     }
