@@ -107,6 +107,7 @@ TIME_FIELDS = frozenset(
         "ended_at",
         "updated_at",
         "failed_at",
+        "exited_at",
         "opened_at",
         "closed_at",
         "attempt_started_at",
@@ -238,6 +239,7 @@ class FailedRankView(TypedDict):
     signal: str | None
     message: str  # one line
     failed_at: float | None
+    node: NotRequired[str]  # set when it ran on another node than the root cause
 
 
 class FailureView(TypedDict):
@@ -255,7 +257,11 @@ class FailureView(TypedDict):
     failed_at: NotRequired[float | None]  # its error file's timestamp, else when its exit was seen
     also_failed: NotRequired[list[FailedRankView]]  # the node's other failed ranks, first failed first
     also_failed_more: NotRequired[int]  # failed ranks beyond those listed
-    kind: NotRequired[str]  # "hang": no progress within the hang timeout (the workers still ran)
+    kind: NotRequired[str]  # a FailureKind: user_code, oom, signal, hang, node_lost, infrastructure
+    exception: NotRequired[str]  # the exception's type, when the output names one
+    exited_at: NotRequired[float | None]
+    step: NotRequired[int | None]  # the furthest step the failing node's ranks reported
+    ran_s: NotRequired[float | None]  # how long the attempt ran before it failed
     frame: NotRequired[str]  # a hung rank's innermost frame, "train.py:42 in step"
 
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from elasticd.jobs.state import EndReason, JobState
+from elasticd.rendezvous.model import FinalRecord, Member, RoundInfo, RoundResult
 from elasticd.rendezvous.model import Join as JoinRecord
-from elasticd.rendezvous.model import Member, RoundInfo, RoundResult
 from elasticd.rendezvous.store import Seen
 
 
@@ -109,6 +109,15 @@ class Bump:
 
 
 @dataclass(frozen=True)
+class Amend:
+    """Rewrite the round's or the final record (``record``) if it is still at ``seen_mod``: this
+    node's failure came first and the record must name it (the root cause by time, across nodes)."""
+
+    seen_mod: int
+    record: RoundInfo | FinalRecord
+
+
+@dataclass(frozen=True)
 class Finalize:
     state: JobState
     code: EndReason
@@ -149,6 +158,7 @@ Action = (
     | ClearWaiting
     | CloseRound
     | Bump
+    | Amend
     | Finalize
     | MarkDone
     | MarkLeft

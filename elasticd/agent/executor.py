@@ -253,6 +253,9 @@ class JobAgent:
                         restarts=seen.restarts + int(spend),
                         detail=info.detail,
                     )
+            case act.Amend(seen_mod, record):
+                if await store.amend(seen_mod, record):
+                    _log.info("root_cause.amended", job=self.spec.id, node=node, record=type(record).__name__)
             case act.Finalize(state, code, reason, failure):
                 if await store.finalize(state, code, reason, failure):
                     say = _log.info if state is JobState.SUCCEEDED else _log.warning

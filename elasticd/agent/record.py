@@ -94,7 +94,7 @@ class Group:
     """This node's worker group as observed before a step (the executor owns the processes)."""
 
     outcome: GroupOutcome
-    failure: WorkerFailure | None = None  # described once the group failed
+    failure: WorkerFailure | None = None  # described once the group failed (or while it settles)
     disk_full: SetupFailure | None = None  # the log disk is full: the likely cause of a failure
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from elasticd.agent import blame
 from elasticd.agent.actions import (
     Action,
     Bump,
@@ -44,7 +45,7 @@ from elasticd.agent.actions import (
 )
 from elasticd.agent.record import AgentRecord, AgentState, Group, Local, Observed, View
 from elasticd.jobs.decider import GroupOutcome
-from elasticd.jobs.state import EndReason, JobState
+from elasticd.jobs.state import EndReason, JobState, WorkerFailure
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.model import Join as JoinRecord
 from elasticd.rendezvous.model import RoundInfo, RoundReason, RoundResult
@@ -151,6 +152,10 @@ class _Step:
             # evidence stays until the final record is written.
             self._do(Wait())
             return
+        mine = self.rec.failure or (self.group.failure if self.group is not None else None)
+        amend = blame.amendment(snap, mine)
+        if amend is not None:
+            self._do(amend)
         ending = self.rec.ending
         if ending is not None and not snap.ended:
             self._do(Finalize(JobState.FAILED, ending.reason, ending.message))
@@ -296,13 +301,7 @@ class _Step:
                     return
                 failure = self.rec.failure
                 summary = failure.summary() if failure is not None else "a worker failed"
-                self._event(
-                    snap,
-                    alive,
-                    RoundReason.WORKER_FAILED,
-                    summary,
-                    failure.to_json() if failure is not None else None,
-                )
+                self._event(snap, alive, RoundReason.WORKER_FAILED, summary, failure)
                 return
             if group.outcome is GroupOutcome.SUCCEEDED:
                 self._set(state=AgentState.DONE)
@@ -339,21 +338,32 @@ class _Step:
         alive: frozenset[str],
         reason: RoundReason,
         detail: str,
-        failure: dict[str, Any] | None = None,
+        failure: WorkerFailure | None = None,
         extra: tuple[str, ...] = (),
         grace_s: float | None = None,
     ) -> None:
-        """Open the next round for ``reason`` (once, whoever sees it first) or end the job."""
+        """Open the next round for ``reason`` (once, whoever sees it first) or end the job: when
+        the budget is spent, or when a failure repeats itself ``max_same_failures`` times."""
         spec = self.rec.spec
         plan = rdzv.plan_bump(reason, snap.restarts, spec.max_restarts, detail)
+        stored = failure.to_json() if failure is not None else None
         if plan.fail:
             code = EndReason.NODES_LOST
             if reason is RoundReason.WORKER_FAILED:
-                code = EndReason.OOM if failure and failure.get("oom") else EndReason.WORKER_FAILED
-            self._do(Finalize(JobState.FAILED, code, plan.why, failure))
+                code = EndReason.OOM if failure and failure.oom else EndReason.WORKER_FAILED
+            self._do(Finalize(JobState.FAILED, code, plan.why, stored))
+            return
+        repeats = blame.repeats(snap.round, failure) if failure is not None else 0
+        if spec.max_same_failures and repeats >= spec.max_same_failures:
+            left = spec.max_restarts - snap.restarts
+            why = (
+                f"{detail}; failed the same way {repeats} times in a row with no progress,"
+                f" so it stopped with {left} of {spec.max_restarts} restarts left"
+            )
+            self._do(Finalize(JobState.FAILED, EndReason.REPEATED_FAILURE, why, stored))
             return
         expect = rdzv.next_expect(snap.result, alive, extra)
-        info = RoundInfo(snap.current + 1, reason, self.now, expect, detail, failure, grace_s)
+        info = RoundInfo(snap.current + 1, reason, self.now, expect, detail, stored, grace_s, repeats)
         self._do(Bump(Seen.of(snap), info, plan.spend))
 
     def _leave_job(self, snap: JobSnapshot, alive: frozenset[str]) -> None:

@@ -11,7 +11,7 @@ import functools
 import json
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from elasticd.agent.record import Group
@@ -20,7 +20,7 @@ from elasticd.jobs.decider import GroupOutcome, group_outcome
 from elasticd.jobs.env import WorldLayout, worker_env
 from elasticd.jobs.identity import switch_to
 from elasticd.jobs.pathcheck import check_paths
-from elasticd.jobs.rootcause import Exit, by_first_failure, parse_error_file
+from elasticd.jobs.rootcause import Exit, by_first_failure, exception_of, parse_error_file
 from elasticd.jobs.spec import JobSpec
 from elasticd.jobs.state import EndReason, FailedRank, SetupFailure, WorkerFailure
 from elasticd.netaddr import NoFreePort, PortRange, pick_port
@@ -224,7 +224,9 @@ def read_error_file(path: Path) -> tuple[str, float | None]:
     return parse_error_file(data)
 
 
-def describe_failure(node: str, attempt: int, failed: Sequence[Worker]) -> WorkerFailure:
+def describe_failure(
+    node: str, attempt: int, failed: Sequence[Worker], started_at: float | None = None
+) -> WorkerFailure:
     """The root cause among ``failed`` (workers that exited non-zero, at least one): the first to
     fail by time (see ``jobs.rootcause``), with the others as ``also_failed``."""
     errors = {w.launch.rank: read_error_file(w.launch.error_file) for w in failed}
@@ -251,6 +253,7 @@ def describe_failure(node: str, attempt: int, failed: Sequence[Worker]) -> Worke
         )
         for e in others
     )
+    tail = read_tail(launch.log_path)
     return WorkerFailure.from_exit(
         oom=launch.limits is not None and launch.limits.oom_killed(),
         node=node,
@@ -259,9 +262,12 @@ def describe_failure(node: str, attempt: int, failed: Sequence[Worker]) -> Worke
         local_rank=root.local_rank,
         returncode=root.returncode,
         message=errors[root.rank][0],
-        tail=read_tail(launch.log_path),
+        tail=tail,
         failed_at=root.failed_at,
         also_failed=also,
+        exception=exception_of(errors[root.rank][0], tail),
+        exited_at=root.exited_at,
+        ran_s=None if started_at is None else max(0.0, root.exited_at - started_at),
     )
 
 
@@ -280,6 +286,7 @@ class ProcessWorkers:
         self._rt = rt
         self._attempt = attempt
         self._watch = watch
+        self._started_at = wall_clock()
         self._settled: asyncio.Future[int] | None = None
 
     def pids(self) -> list[int]:
@@ -321,15 +328,25 @@ class ProcessWorkers:
         outcome = group_outcome([w.exited.result() for w in exited], len(self._group.running))
         hang = self._watch.failure if self._watch is not None else None
         if hang is not None and outcome is not GroupOutcome.FAILED:  # exits, when there are, say more
-            return Group(GroupOutcome.FAILED, hang if describe else None)
-        if outcome is GroupOutcome.FAILED and self._settling() > 0:
-            return Group(GroupOutcome.RUNNING)  # not yet: a sibling may be failing too
+            return Group(GroupOutcome.FAILED, self._with_progress(hang) if describe else None)
+        settling = outcome is GroupOutcome.FAILED and self._settling() > 0
         if outcome is not GroupOutcome.FAILED or not describe:
-            return Group(outcome)
+            return Group(GroupOutcome.RUNNING if settling else outcome)
         failed = [w for w in exited if w.exited.result() != 0]
-        failure = describe_failure(self._rt.node_id, self._attempt, failed)
+        failure = self._with_progress(
+            describe_failure(self._rt.node_id, self._attempt, failed, self._started_at)
+        )
+        if settling:  # not reported yet (a sibling may be failing too), but known if the round moves
+            return Group(GroupOutcome.RUNNING, failure)
         full = logdir.log_disk_full(self._rt.log_dir)
         return Group(outcome, failure, logdir.disk_full(self._rt.log_dir, self._rt.node_id) if full else None)
+
+    def _with_progress(self, failure: WorkerFailure) -> WorkerFailure:
+        """``failure`` with how far the attempt got: its furthest reported step and run time (to
+        tell a failure that repeats itself with no progress, see ``jobs.rootcause.same_way``)."""
+        steps = [p.step for p in self.progress() if p.step is not None]
+        ran = failure.ran_s if failure.ran_s is not None else max(0.0, wall_clock() - self._started_at)
+        return replace(failure, step=max(steps, default=None), ran_s=ran)
 
     def progress(self) -> list[RankProgress]:
         """Each local rank's progress, as its reports say."""

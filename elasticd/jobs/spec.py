@@ -138,6 +138,7 @@ class JobSpec:
     nofile: int | None = None  # RLIMIT_NOFILE of every worker process
     hang_timeout_s: float | None = None  # a rank without progress this long hangs; None: see auto
     hang_timeout_auto: bool = False  # learn the hang timeout from the job's own step times
+    max_same_failures: int = 3  # stop after failing the same way this often with no progress; 0: never
 
     def __post_init__(self) -> None:
         for name in ("id", "name", "entry", "python", "cwd", "user"):
@@ -159,6 +160,8 @@ class JobSpec:
             raise InvalidSpec(f"nproc_per_node must be 1..{MAX_NPROC_PER_NODE}, got {self.nproc_per_node}")
         if not 0 <= self.max_restarts <= 10_000:
             raise InvalidSpec(f"max_restarts must be 0..10000, got {self.max_restarts}")
+        if not 0 <= self.max_same_failures <= 10_000:
+            raise InvalidSpec(f"max_same_failures must be 0..10000, got {self.max_same_failures}")
         if not 0 <= self.stop_grace_s <= 3600:
             raise InvalidSpec(f"stop_grace_s must be 0..3600, got {self.stop_grace_s}")
         if not self.entry:

@@ -66,6 +66,7 @@ class EndReason(StrEnum):
     INVALID_RECORD = "invalid_record"  # a key of the job in etcd did not parse or validate
     ROOT_NOT_ALLOWED = "root_not_allowed"  # the spec asks for uid 0 and allow_root_jobs is off
     SPAWN_FAILED = "spawn_failed"  # setup: the worker process could not be created
+    REPEATED_FAILURE = "repeated_failure"  # failed the same way N times in a row with no progress
 
     @property
     def setup(self) -> bool:
@@ -106,8 +107,32 @@ def describe_exit(returncode: int) -> str:
     return f"exit code {returncode}"
 
 
+class FailureKind(StrEnum):
+    """What kind of failure a round ended with, for people and dashboards (``status``, events).
+
+    A worker's failure is USER_CODE (it exited non-zero: an exception, ``sys.exit``), OOM (the
+    OOM killer), SIGNAL (killed by another signal) or HANG (no progress for the hang timeout).
+    A round can also end because a member was lost (NODE_LOST) or because the node could not run
+    the job at all (INFRASTRUCTURE: setup failures, a full log disk, an invalid record).
+    """
+
+    USER_CODE = "user_code"
+    OOM = "oom"
+    SIGNAL = "signal"
+    HANG = "hang"
+    NODE_LOST = "node_lost"
+    INFRASTRUCTURE = "infrastructure"
+
+
+def kind_of_exit(returncode: int, oom: bool) -> FailureKind:
+    if oom:
+        return FailureKind.OOM
+    return FailureKind.SIGNAL if returncode < 0 else FailureKind.USER_CODE
+
+
 MAX_ALSO_FAILED = 8  # other failed ranks a failure lists; the rest are only counted
 MAX_MESSAGE = 300  # an "also failed" rank's message, one line
+MAX_EXCEPTION = 200
 
 
 def _signal_name(returncode: int) -> str | None:
@@ -145,6 +170,7 @@ class FailedRank:
     signal: str | None
     message: str = ""  # one line: the error file's message, else the exit
     failed_at: float | None = None  # seconds since the epoch (see WorkerFailure.failed_at)
+    node: str = ""  # set when the rank ran on another node than the root cause
 
     @classmethod
     def from_exit(
@@ -159,12 +185,16 @@ class FailedRank:
             failed_at=failed_at,
         )
 
+    def describe(self) -> str:
+        return f"rank {self.rank} on {self.node}" if self.node else f"rank {self.rank}"
+
 
 @dataclass(frozen=True)
 class WorkerFailure:
     """The root cause of a failed attempt on a node: the worker that failed first, by the time in
     its error file (torch's ``@record``), else by when its exit was seen. Like torchelastic's
-    ``ProcessFailure``; the node's other failed ranks of the round are in ``also_failed``.
+    ``ProcessFailure``; the round's other failed ranks (this node's, and other nodes' once the
+    root cause is settled across nodes, see ``jobs.rootcause``) are in ``also_failed``.
 
     Fields added after the first release have defaults: records of older daemons still decode.
     """
@@ -181,8 +211,16 @@ class WorkerFailure:
     failed_at: float | None = None  # the error file's timestamp (whole seconds), else the exit's
     also_failed: tuple[FailedRank, ...] = ()  # this node's other failed ranks, first failed first
     also_failed_more: int = 0  # further failed ranks, beyond MAX_ALSO_FAILED, only counted
-    kind: str = ""  # a FailureKind value ("hang": it made no progress; its workers still ran)
+    kind: FailureKind = FailureKind.USER_CODE
     frame: str = ""  # a hung rank's innermost frame of its main thread, "train.py:42 in step"
+    exception: str = ""  # the exception's type (``ZeroDivisionError``), when the output names one
+    exited_at: float | None = None  # when the exit was seen (orders failures within a second)
+    step: int | None = None  # the furthest training step this node's ranks reported, if any
+    ran_s: float | None = None  # how long the attempt's workers ran before this failure
+
+    def __post_init__(self) -> None:
+        if len(self.exception) > MAX_EXCEPTION:
+            raise ValueError(f"exception must be at most {MAX_EXCEPTION} characters")
 
     @classmethod
     def from_exit(
@@ -198,6 +236,9 @@ class WorkerFailure:
         oom: bool = False,
         failed_at: float | None = None,
         also_failed: tuple[FailedRank, ...] = (),
+        exception: str = "",
+        exited_at: float | None = None,
+        ran_s: float | None = None,
     ) -> WorkerFailure:
         return cls(
             node=node,
@@ -212,15 +253,19 @@ class WorkerFailure:
             failed_at=failed_at,
             also_failed=also_failed[:MAX_ALSO_FAILED],
             also_failed_more=max(0, len(also_failed) - MAX_ALSO_FAILED),
+            kind=kind_of_exit(returncode, oom),
+            exception=exception[:MAX_EXCEPTION],
+            exited_at=exited_at,
+            ran_s=ran_s,
         )
 
     def summary(self) -> str:
         what = exit_text(self.exit_code, self.signal, self.message)
         text = f"rank {self.rank} (local {self.local_rank} on {self.node}) failed with {what}"
-        if self.kind == "hang":
+        if self.kind is FailureKind.HANG:
             detail = self.message.removeprefix(f"rank {self.rank} ")
             text = f"rank {self.rank} (local {self.local_rank} on {self.node}) {detail}"
-        others = [f"rank {f.rank}" for f in self.also_failed]
+        others = [f.describe() for f in self.also_failed]
         if self.also_failed_more:
             others.append(f"{self.also_failed_more} more")
         return f"{text}; also failed: {', '.join(others)}" if others else text

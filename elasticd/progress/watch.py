@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from elasticd import log
-from elasticd.jobs.state import FailedRank, WorkerFailure
+from elasticd.jobs.state import FailedRank, FailureKind, WorkerFailure
 from elasticd.progress import stacks
 from elasticd.progress.channel import ProgressChannel
 from elasticd.progress.decider import (
@@ -41,7 +41,6 @@ _log = log.get("elasticd.progress")
 
 TICK_S = 1.0
 MAX_SAMPLES = 1024  # per rank: samples are thinned to span the longest timeout
-HANG_KIND = "hang"  # WorkerFailure.kind (elasticd.jobs.state's FailureKind value)
 
 
 @dataclass(frozen=True)
@@ -247,7 +246,7 @@ class HangWatch:
                 for h in others[:8]
             ),
             also_failed_more=max(0, len(others) - 8),
-            kind=HANG_KIND,
+            kind=FailureKind.HANG,
             frame=frame,
         )
         _log.warning(

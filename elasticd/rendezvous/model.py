@@ -92,9 +92,11 @@ class RoundInfo:
     detail: str = ""  # human-readable cause, e.g. the first failure's summary
     failure: dict[str, Any] | None = None  # the WorkerFailure that opened it, if any
     grace_s: float | None = None  # SIGTERM -> SIGKILL for the previous round's workers (drain --grace)
+    repeats: int = 0  # rounds in a row, this one included, opened by the same failure (see rootcause)
 
     def __post_init__(self) -> None:
         _need(0 <= self.round <= MAX_ROUND, f"round must be 0..{MAX_ROUND}, got {self.round}")
+        _need(0 <= self.repeats <= MAX_ROUND, f"repeats must be 0..{MAX_ROUND}, got {self.repeats}")
         _check_time("opened_at", self.opened_at)
         for node in self.expect:
             _check_node("expect", node)

@@ -59,6 +59,7 @@ class JobSnapshot:
     restarts: int = 0
     restarts_mod: int = 0
     final: FinalRecord | None = None
+    final_mod: int = 0
     results: dict[int, RoundResult] = field(default_factory=dict)
     joins: dict[int, list[Join]] = field(default_factory=dict)
     done: dict[int, set[str]] = field(default_factory=dict)
@@ -140,7 +141,7 @@ class JobSnapshot:
                     raise DecodeError("", f"restarts must be 0..{MAX_RESTARTS_VALUE}")
                 self.restarts, self.restarts_mod = restarts, kv.mod_revision
             case KeyKind.FINAL:
-                self.final = FinalRecord.from_json(value)
+                self.final, self.final_mod = FinalRecord.from_json(value), kv.mod_revision
             case KeyKind.RESULT:
                 result = RoundResult.from_json(value)
                 if result.round != r:

@@ -64,6 +64,7 @@ class JobStore(Protocol):
     async def withdraw(self, round_no: int, node: str) -> None: ...
     async def close(self, result: RoundResult) -> bool: ...
     async def bump(self, seen: Seen, info: RoundInfo, spend: bool) -> bool: ...
+    async def amend(self, seen_mod: int, record: RoundInfo | FinalRecord) -> bool: ...
     async def mark_done(self, round_no: int, node: str) -> None: ...
     async def mark_left(self, round_no: int, node: str) -> None: ...
     async def join_of(self, round_no: int, node: str) -> Join | None: ...
@@ -190,6 +191,15 @@ class KVJobStore:
             Compare(k.job_final(j), "create", 0),
         ]
         return await self._run(lambda: self._kv.txn(compare, puts))
+
+    async def amend(self, seen_mod: int, record: RoundInfo | FinalRecord) -> bool:
+        """Rewrite the round (a ``RoundInfo``) or the final record if it is still at revision
+        ``seen_mod``; a round that moved on, or a final written meanwhile, is left alone."""
+        k, j = self._keys, self.job_id
+        key = k.job_round(j) if isinstance(record, RoundInfo) else k.job_final(j)
+        return await self._run(
+            lambda: self._kv.txn([Compare(key, "mod", seen_mod)], [Put(key, record.to_json())])
+        )
 
     async def mark_done(self, round_no: int, node: str) -> None:
         key = self._keys.done(self.job_id, round_no, node)

@@ -64,7 +64,7 @@ def test_worker_failure_is_recorded_published_and_bumps_spending_guarded_by_the_
     why = failure(oom=oom)
     snap = snapshot(1, joins=("n1", "n2"), members=("n1", "n2"), counted=True, restarts=1)
     rec, actions = decide(record(AgentState.RUNNING, 1), snap, local(failed(why)))
-    info = RoundInfo(2, RoundReason.WORKER_FAILED, NOW, ("n1", "n2"), why.summary(), why.to_json())
+    info = RoundInfo(2, RoundReason.WORKER_FAILED, NOW, ("n1", "n2"), why.summary(), why.to_json(), repeats=1)
     assert actions == [WatchPeers(1, (member(snap, "n2"),)), Publish(), Bump(Seen(101, 51, 1), info, True)]
     assert rec.failure == why
 
@@ -290,7 +290,7 @@ def test_single_node_job_ignores_the_fence_a_failure_is_a_failure() -> None:
     why = failure()
     snap = snapshot(1, job=job, joins=("n1",), members=("n1",), counted=True)
     rec, actions = decide(record(AgentState.RUNNING, 1, job=job), snap, local(failed(why), lease_valid=False))
-    info = RoundInfo(2, RoundReason.WORKER_FAILED, NOW, ("n1",), why.summary(), why.to_json())
+    info = RoundInfo(2, RoundReason.WORKER_FAILED, NOW, ("n1",), why.summary(), why.to_json(), repeats=1)
     assert actions == [WatchPeers(1, ()), Publish(), Bump(Seen(101, 50, 0), info, True)]
     assert (rec.fenced, rec.failure) == (False, why)
 

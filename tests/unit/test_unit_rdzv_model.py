@@ -91,6 +91,7 @@ def test_round_info_to_json_is_plain_json() -> None:
         "detail": "why",
         "failure": _FAILURE,
         "grace_s": 7.5,
+        "repeats": 0,
     }
     assert type(info.to_json()["reason"]) is str
 

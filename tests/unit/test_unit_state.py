@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from elasticd.jobs.state import JobState, WorkerFailure, can_transition, describe_exit, exit_text
+from elasticd.jobs.state import FailureKind, JobState, WorkerFailure, can_transition, describe_exit, exit_text
 
 S = JobState
 ALLOWED: set[tuple[JobState, JobState]] = {
@@ -131,8 +131,12 @@ def test_to_json_has_every_field() -> None:
         "failed_at": None,
         "also_failed": [],
         "also_failed_more": 0,
-        "kind": "",
+        "kind": "signal",
         "frame": "",
+        "exception": "",
+        "exited_at": None,
+        "step": None,
+        "ran_s": None,
     }
 
 
@@ -140,7 +144,7 @@ def test_a_hang_says_so_and_where() -> None:
     f = WorkerFailure(
         node="n1", attempt=0, rank=3, local_rank=1, exit_code=None, signal=None,
         message="rank 3 hung: no progress for 30 s in train.py:42 in step", output_tail="",
-        kind="hang", frame="train.py:42 in step",
+        kind=FailureKind.HANG, frame="train.py:42 in step",
     )  # fmt: skip
     assert f.summary() == "rank 3 (local 1 on n1) hung: no progress for 30 s in train.py:42 in step"
     assert exit_text(None, None, f.message) == f.message

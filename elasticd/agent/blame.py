@@ -1,0 +1,64 @@
+"""Which failure a round is blamed on, across nodes and across rounds. Pure: no I/O.
+
+Every node describes its own root cause (``jobs.rootcause``), and the first node to act on a
+failure writes it into the next round's record (or the final one). That node is not always the
+one whose worker failed first: a crash on node B breaks the collective of node A's ranks, and A
+may bump first with their "Connection closed by peer". So a node that reads a record naming
+another node's failure of the same round, later than its own, amends the record by
+compare-and-swap (``amendment``): the first failure by time wins, whoever wrote first, and the
+one it displaced is listed among the also-failed. ``repeats`` counts a failure that repeats
+itself round after round with no progress, so that the job can stop instead of burning its budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from elasticd.agent.actions import Amend
+from elasticd.decode import DecodeError, decode
+from elasticd.jobs.rootcause import earlier, same_way, with_also_failed
+from elasticd.jobs.state import WorkerFailure
+from elasticd.rendezvous.model import RoundInfo, RoundReason
+from elasticd.rendezvous.snapshot import JobSnapshot
+
+
+def _failure(data: dict[str, object] | None) -> WorkerFailure | None:
+    if data is None:
+        return None
+    try:
+        return decode(WorkerFailure, data)
+    except DecodeError:  # validated when the record was read; defensive only
+        return None
+
+
+def amendment(snap: JobSnapshot, mine: WorkerFailure | None) -> Amend | None:
+    """The write that makes the job's record name ``mine`` (this node's root cause) if it failed
+    before the failure the record names, in the same round; else None."""
+    if mine is None:
+        return None
+    final, info = snap.final, snap.round
+    if final is not None:
+        theirs = _failure(final.failure)
+        if theirs is None or not earlier(mine, theirs):
+            return None
+        root = with_also_failed(mine, theirs)
+        reason = final.reason.replace(theirs.summary(), root.summary())
+        return Amend(snap.final_mod, replace(final, failure=root.to_json(), reason=reason))
+    if info is None or info.reason is not RoundReason.WORKER_FAILED:
+        return None
+    theirs = _failure(info.failure)
+    if theirs is None or not earlier(mine, theirs):
+        return None
+    root = with_also_failed(mine, theirs)
+    detail = root.summary() if info.detail == theirs.summary() else info.detail
+    return Amend(snap.round_mod, replace(info, failure=root.to_json(), detail=detail))
+
+
+def repeats(previous: RoundInfo | None, failure: WorkerFailure) -> int:
+    """How many rounds in a row, the one ``failure`` would open included, fail the same way."""
+    if previous is None or previous.reason is not RoundReason.WORKER_FAILED:
+        return 1
+    before = _failure(previous.failure)
+    if before is None or not same_way(before, failure):
+        return 1
+    return max(previous.repeats, 1) + 1
