@@ -102,14 +102,22 @@ def failure(job: JobView) -> str:
     if not f:
         return ""
     what = exit_text(f.get("exit_code"), f.get("signal"), f.get("message", ""))
+    exception = f.get("exception")
+    if exception and exception not in what:
+        what = f"{what} ({exception})"
     lines = [
         f"first failure: rank {f['rank']} (local rank {f['local_rank']} on {f['node']}), "
         f"attempt {f['attempt']}, {what}"
     ]
+    if f.get("frame"):
+        lines.append(
+            f"  hung in: {f['frame']} (every local rank's stacks: rank_<k>.stacks.txt in its log dir)"
+        )
     also = f.get("also_failed") or []
     for other in also:
         text = exit_text(other.get("exit_code"), other.get("signal"), other.get("message", ""))
-        lines.append(f"  also failed: rank {other['rank']} (local rank {other['local_rank']}), {text}")
+        where = f"on {other['node']}" if other.get("node") else f"local rank {other['local_rank']}"
+        lines.append(f"  also failed: rank {other['rank']} ({where}), {text}")
     if f.get("also_failed_more"):
         lines.append(f"  also failed: {f['also_failed_more']} more rank(s)")
     if f.get("output_tail"):
@@ -122,6 +130,7 @@ DETAIL_KEYS = [
     "id",
     "state",
     "reason",
+    "cause",
     "waits_for",
     "user",
     "submitted_on",

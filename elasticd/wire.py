@@ -335,6 +335,7 @@ class JobView(TypedDict):
     submitted_on: NotRequired[str]
     allowed_nodes: NotRequired[list[str]]
     failure: NotRequired[FailureView | None]
+    cause: NotRequired[str | None]  # a FailureKind: what ended the job or opened its round; None: nothing
     error: NotRequired[str]  # FAILED jobs only
     stale: NotRequired[bool]
     updated_at: NotRequired[float]

@@ -12,9 +12,9 @@ from collections.abc import Collection
 from typing import Any, cast
 
 from elasticd.decode import DecodeError, decode
-from elasticd.jobs.state import EndReason, JobState, WorkerFailure
+from elasticd.jobs.state import EndReason, FailureKind, JobState, WorkerFailure
 from elasticd.progress.tracker import RankProgress, stragglers
-from elasticd.rendezvous.model import RoundResult
+from elasticd.rendezvous.model import RoundReason, RoundResult
 from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.wire import FailureView, JobView, MemberEndState, MemberView, RankProgressView, WaitsFor
 
@@ -69,6 +69,29 @@ def _code(snap: JobSnapshot) -> str | None:
     if snap.final is not None:
         return snap.final.code.value
     return EndReason.INVALID_RECORD.value if snap.invalid else None
+
+
+_NOT_THE_JOBS = frozenset({EndReason.INVALID_RECORD, EndReason.JOIN_TIMEOUT})
+
+
+def cause_of(snap: JobSnapshot) -> FailureKind | None:
+    """The kind of failure that ended the job, or opened its current round (None: none did)."""
+    final = snap.final
+    if final is not None:
+        if final.code in (EndReason.SUCCEEDED, EndReason.KILLED):
+            return None
+        if final.code.setup or final.code in _NOT_THE_JOBS:
+            return FailureKind.INFRASTRUCTURE
+        if final.code is EndReason.NODES_LOST:
+            return FailureKind.NODE_LOST
+    elif snap.invalid:
+        return FailureKind.INFRASTRUCTURE
+    failure = _failure(snap)
+    if failure is not None:
+        return FailureKind(failure.get("kind") or FailureKind.USER_CODE)  # validated when read
+    if snap.round is not None and snap.round.reason is RoundReason.MEMBER_LOST:
+        return FailureKind.NODE_LOST
+    return None
 
 
 def selected(snap: JobSnapshot, states: Collection[JobState], user: str | None) -> bool:
@@ -161,6 +184,7 @@ def _view(snap: JobSnapshot, local_node: str) -> JobView:
             if m.node in progress:
                 members[-1]["progress"] = progress[m.node]
     failure = _failure(snap)
+    cause = cause_of(snap)
     local = snap.node_status.get(local_node)
     waiting = waits_for(snap, state)
     view: JobView = {
@@ -181,6 +205,7 @@ def _view(snap: JobSnapshot, local_node: str) -> JobView:
         "started_at": started_at(snap),
         "ended_at": (snap.final.ended_at or None) if snap.final else None,  # 0: an old record, unknown
         "code": _code(snap),
+        "cause": cause.value if cause is not None else None,
         "waits_for": waiting,
         "short_of_capacity": sorted(snap.pending) if waiting is WaitsFor.CAPACITY else [],
     }

@@ -367,3 +367,59 @@ def test_watch_defaults_and_stops_with_exit_0_on_ctrl_c(
     assert status_cmd.cmd_status(client, parse("-q", "--state", "SUCCEEDED", "--watch", "0.5")) == 0
     assert capsys.readouterr().out == "a\n\na\n\n"  # two looks, an empty line after each
     assert sleeps == [0.5, 0.5]
+
+
+# -- the cause: failures classified --------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("code", "fail", "cause"),
+    [
+        (EndReason.SUCCEEDED, None, None),
+        (EndReason.KILLED, None, None),
+        (EndReason.WORKER_FAILED, "user_code", "user_code"),
+        (EndReason.REPEATED_FAILURE, "hang", "hang"),
+        (EndReason.OOM, "oom", "oom"),
+        (EndReason.NODES_LOST, None, "node_lost"),
+        (EndReason.ENTRY_UNAVAILABLE, None, "infrastructure"),
+        (EndReason.LOG_DISK_FULL, None, "infrastructure"),
+        (EndReason.JOIN_TIMEOUT, None, "infrastructure"),
+    ],
+)
+def test_status_classifies_what_ended_the_job(code: EndReason, fail: str | None, cause: str | None) -> None:
+    stored = failure("a", 0) | {"kind": fail} if fail else None
+    state = {EndReason.SUCCEEDED: JobState.SUCCEEDED, EndReason.KILLED: JobState.KILLED}.get(
+        code, JobState.FAILED
+    )
+    view = job_view(snapshot(0, ("a",), final=final(state, code, stored)), "a")
+    assert view["cause"] == cause
+
+
+def test_status_of_a_running_job_names_the_cause_of_its_last_restart() -> None:
+    snap = snapshot(1, ("a",), failure=failure("a", 0) | {"kind": "signal"})
+    assert job_view(snap, "a")["cause"] == "signal"
+    lost = snapshot(1, ("a",))
+    assert lost.round is not None
+    lost.round = RoundInfo(1, RoundReason.MEMBER_LOST, 0.0)
+    assert job_view(lost, "a")["cause"] == "node_lost"
+    assert job_view(snapshot(0, ("a",)), "a")["cause"] is None
+
+
+def test_the_failure_text_names_the_exception_the_hang_frame_and_other_nodes_ranks() -> None:
+    fail = failure("b", 2) | {
+        "exception": "ZeroDivisionError",
+        "frame": "train.py:42 in step",
+        "also_failed": [
+            {
+                "rank": 0,
+                "local_rank": 0,
+                "exit_code": 1,
+                "signal": None,
+                "message": "",
+                "failed_at": None,
+                "node": "a",
+            }
+        ],
+    }
+    text = render.failure(typing.cast(JobView, {"failure": fail}))
+    assert "exit code 3 (ZeroDivisionError)" in text
+    assert "hung in: train.py:42 in step" in text
+    assert "also failed: rank 0 (on a), exit code 1" in text
