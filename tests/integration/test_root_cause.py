@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.support import REPO, DaemonProc
+from tests.support import REPO, DaemonProc, start_cluster, submit_job, wait_for, wait_job, wait_log
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
@@ -53,3 +56,41 @@ def test_the_first_rank_to_fail_is_the_root_cause(daemon: DaemonProc, tmp_path: 
         assert "exit code 1: exit code 1" not in text and "[rank1]: [rank1]:" not in text
     assert status.stdout.count("rank 1 (local 1 on") == 1  # reason and error: one line
     assert job["error"].startswith("rank 1 (local 1 on") and "also failed: rank 0" in job["error"]
+
+
+BLAME = REPO / "tests" / "scripts" / "blame_across.py"
+
+
+@pytest.mark.timeout(180)
+def test_the_first_failure_across_nodes_is_the_root_cause_even_if_its_node_spoke_last(
+    daemon_factory: Callable[..., DaemonProc], tmp_path: Path
+) -> None:
+    """Node B's rank crashes first, but B is frozen: node A ends the job naming its own later
+    failure. When B comes back it amends the final record: the root cause is B's rank, by time,
+    and A's rank is listed as also failed, on its node."""
+    a, b = start_cluster(daemon_factory, 2, ttl=15.0)
+    job_id = submit_job(
+        a, tmp_path, "--nnodes", "2", "--nproc-per-node", "2", "--max-restarts", "0",
+        "--python", sys.executable, str(BLAME),
+    )  # fmt: skip
+    wait_for(lambda: len(list(tmp_path.glob("started.*"))) == 4, 60, what="4 workers started")
+    members = {m["group_rank"]: m["node"] for m in a.job(job_id)["members"]}
+    first, second = (a, b) if members[1] == b.node_id else (b, a)  # second: the node of group rank 1
+    assert second.proc is not None
+    os.kill(second.proc.pid, signal.SIGSTOP)
+    try:
+        (tmp_path / "go").write_text("")
+        ended = wait_job(first, job_id, lambda j: j["state"] == "FAILED", "the job to fail", 60)
+        assert ended["failure"]["node"] == first.node_id, ended["failure"]  # the later failure, first
+    finally:
+        os.kill(second.proc.pid, signal.SIGCONT)
+    job = wait_job(
+        first, job_id, lambda j: j["failure"]["node"] == second.node_id, "the root cause amended", 60
+    )
+    failure = job["failure"]
+    assert failure["rank"] == 2 and failure["message"] == "RuntimeError: the real crash", failure
+    assert failure["exception"] == "RuntimeError" and failure["kind"] == "user_code"
+    assert {(f["rank"], f.get("node")) for f in failure["also_failed"]} >= {(0, first.node_id)}
+    assert job["reason"].startswith(f"rank 2 (local 0 on {second.node_id}) failed"), job["reason"]
+    assert job["cause"] == "user_code"
+    wait_log(second, "root_cause.amended", job=job_id)
