@@ -93,6 +93,7 @@ def submit_request(ns: argparse.Namespace, gpus: Callable[[], int]) -> tuple[Sub
         cpu_limit=ns.cpu_limit,
         nofile=ns.nofile,
         hang_timeout=ns.hang_timeout,
+        max_same_failures=ns.max_same_failures,
         job_id=fields.get("job_id"),
     )
     return args, mapped
@@ -243,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=job("nofile"),
         help="open files per worker process (RLIMIT_NOFILE)",
     )
-    torchrun.add_hang_timeout(s)
+    torchrun.add_elasticd_flags(s)
     s.add_argument("--follow", "-f", action="store_true", help="stream output; exit with the job's result")
     s.add_argument("-m", "--module", action="store_true", help="TARGET is a module (python -m)")
     s.add_argument(

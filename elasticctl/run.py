@@ -21,7 +21,7 @@ from elasticctl import render
 from elasticctl.client import Client, DaemonError, ExitCodes, guarded
 from elasticctl.entry import UsageError, resolve_entry
 from elasticctl.follow import FollowOptions, follow
-from elasticctl.torchrun import add_flags, add_hang_timeout, interpret
+from elasticctl.torchrun import add_elasticd_flags, add_flags, interpret
 from elasticd import __version__
 from elasticd.control.address import default_socket_path
 from elasticd.wire import (
@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     add_flags(p)
-    add_hang_timeout(p)
+    add_elasticd_flags(p)
     p.add_argument("--version", action="version", version=f"elasticrun (elasticd) {__version__}")
     p.add_argument("training_script", metavar="SCRIPT.py|MODULE|EXE")
     p.add_argument("training_script_args", nargs=argparse.REMAINDER)
@@ -85,6 +85,7 @@ def submit_args(
         nnodes=str(ns.nnodes),
         max_restarts=int(ns.max_restarts),
         hang_timeout=ns.hang_timeout,
+        max_same_failures=ns.max_same_failures,
         **mapped.fields,
     )
     return args, mapped.local_ranks, mapped.notes

@@ -128,8 +128,8 @@ def add_flags(parser: argparse.ArgumentParser, skip: frozenset[str] = frozenset(
             )
 
 
-def add_hang_timeout(parser: argparse.ArgumentParser) -> None:
-    """``--hang-timeout SECONDS|auto``: elasticd's own flag (torchrun has none), for both commands."""
+def add_elasticd_flags(parser: argparse.ArgumentParser) -> None:
+    """elasticd's own failure handling (torchrun has none of these), for both commands."""
     parser.add_argument(
         "--hang-timeout",
         "--hang_timeout",
@@ -137,6 +137,15 @@ def add_hang_timeout(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="a rank without progress this long counts as hung: its stacks are dumped and the job "
         "restarts; auto learns it from the job's step times (default: off)",
+    )
+    parser.add_argument(
+        "--max-same-failures",
+        "--max_same_failures",
+        metavar="N",
+        type=int,
+        default=3,
+        help="end the job when it fails the same way N times in a row with no progress, instead "
+        "of spending the rest of its restarts (0: never; default: 3)",
     )
 
 

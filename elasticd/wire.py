@@ -142,6 +142,7 @@ class SubmitArgs:
     cpu_limit: float | None = None
     nofile: int | None = None
     hang_timeout: str | None = None  # SECONDS or "auto"; None: no hang detection
+    max_same_failures: int = 3  # end the job after failing the same way this often; 0: never
     job_id: str | None = None  # a job id of the submitter's choosing (torchrun's --rdzv-id)
 
 

@@ -94,3 +94,20 @@ def test_the_first_failure_across_nodes_is_the_root_cause_even_if_its_node_spoke
     assert job["reason"].startswith(f"rank 2 (local 0 on {second.node_id}) failed"), job["reason"]
     assert job["cause"] == "user_code"
     wait_log(second, "root_cause.amended", job=job_id)
+
+
+@pytest.mark.timeout(120)
+def test_a_job_failing_the_same_way_with_no_progress_stops_before_its_budget_is_spent(
+    daemon: DaemonProc, tmp_path: Path
+) -> None:
+    script = tmp_path / "same.py"
+    script.write_text("d = {}\nd['missing']\n")
+    res = daemon.ctl("submit", "--max-restarts", "9", "--follow", str(script), timeout_s=100, cwd=tmp_path)
+    assert res.returncode == 4, res.stdout + res.stderr
+    job = daemon.job(res.stdout.splitlines()[0])
+    assert (job["state"], job["code"], job["restarts"]) == ("FAILED", "repeated_failure", 2), job
+    assert job["failure"]["exception"] == "KeyError" and job["cause"] == "user_code"
+    assert "failed the same way 3 times in a row with no progress" in job["reason"]
+    assert "7 of 9 restarts left" in job["reason"]
+    status = daemon.ctl("status", job["id"])
+    assert "failed the same way 3 times" in status.stdout and "(KeyError)" in status.stdout
