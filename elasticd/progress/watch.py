@@ -39,7 +39,7 @@ from elasticd.workers.spawn import Identity
 
 _log = log.get("elasticd.progress")
 
-TICK_S = 1.0
+TICK_S = 0.5  # a rank is judged at most this long after its evidence spans the timeout
 MAX_SAMPLES = 1024  # per rank: samples are thinned to span the longest timeout
 
 
