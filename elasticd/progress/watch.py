@@ -231,7 +231,8 @@ class HangWatch:
             signal=None,
             message=hang_message(first, frame, no_stacks),
             output_tail="",
-            failed_at=now,
+            failed_at=first.since,  # when it went silent: across nodes, the first to go silent is blamed
+            exited_at=first.since,
             also_failed=tuple(
                 FailedRank(
                     rank=h.rank,
@@ -241,7 +242,7 @@ class HangWatch:
                     message=hang_message(
                         h, frames.get(h.rank, h.frame), by_rank.get(h.rank, Dump(None)).error
                     ),
-                    failed_at=now,
+                    failed_at=h.since,
                 )
                 for h in others[:8]
             ),

@@ -6,11 +6,13 @@ job restarts through the normal failure path. Waits are for events, never fixed 
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.support import REPO, DaemonProc, wait_job, wait_log
+from tests.support import REPO, DaemonProc, start_cluster, submit_job, wait_job, wait_log
 
 SCRIPTS = REPO / "tests" / "scripts"
 
@@ -75,3 +77,29 @@ def test_a_torchrun_script_that_never_reports_is_judged_by_cpu_and_stacks(
     assert [(f["rank"], f["message"].startswith("rank 0 hung: ")) for f in failure["also_failed"]] == [
         (0, True)
     ]
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(240)
+def test_a_hang_on_one_node_restarts_the_other_through_etcd(
+    daemon_factory: Callable[..., DaemonProc], tmp_path: Path
+) -> None:
+    """The rank that hangs is on one node; its peer on the other node waits in a collective that
+    gloo would time out after 30 minutes. The job restarts on both within the hang timeout's
+    reach, so the other node learned of the hang from the round in etcd."""
+    pytest.importorskip("torch")
+    a, b = start_cluster(daemon_factory, 2)
+    script = SCRIPTS / "hang_across.py"
+    job_id = submit_job(
+        a, tmp_path, "--nnodes", "2", "--hang-timeout", "3", "--max-restarts", "1",
+        "--python", sys.executable, str(script),
+    )  # fmt: skip
+    job = wait_job(a, job_id, lambda j: j["state"] == "SUCCEEDED", "the restarted job to succeed", 200)
+    assert job["restarts"] == 1
+    failure = job["failure"]
+    assert failure["kind"] == "hang" and failure["rank"] == 1, failure
+    assert failure["frame"] == f"hang_across.py:{_line(script, 'HANG LINE')} in <module>"
+    hung_on = failure["node"]
+    peer = a if hung_on == b.node_id else b
+    assert peer.node_id != hung_on
+    wait_log(peer, "attempt.started", job=job_id, round=1)  # the peer took part in the next round
