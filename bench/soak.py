@@ -48,9 +48,11 @@ from soak_check import (
     check_ledger,
     check_own_orphans,
 )
-from soak_cluster import PYTHON, REPO, Cluster, JobSettings, wait_until
+from soak_cluster import REPO, Cluster, JobSettings, wait_until
 from soak_faults import FaultResult, run_fault
 from soak_plan import FaultKind, make_plan, parse_kinds
+
+from tests.support import PYTHON
 
 NODES = 3
 TAIL_STEPS = 30  # steps the job runs after the last fault before it finishes
@@ -135,7 +137,8 @@ def run(ns: argparse.Namespace) -> int:
     plan = make_plan(seed, ns.duration, kinds, nodes=NODES, gap_s=ns.gap)
     root = Path(tempfile.mkdtemp(prefix="elasticd-soak-"))
     print(
-        f"soak: seed={seed} duration={ns.duration:.0f}s kinds={','.join(kinds)} planned={len(plan)} dir={root}"
+        f"soak: seed={seed} duration={ns.duration:.0f}s kinds={','.join(kinds)} "
+        f"planned={len(plan)} dir={root}"
     )
     for n in notes:
         print(f"soak: {n}")
@@ -145,6 +148,7 @@ def run(ns: argparse.Namespace) -> int:
     checks: list[Check] = []
     state = "?"
     skipped = 0
+    keys_at_end: list[str] = []
     t_start = time.time()
     try:
         c.start()
@@ -161,7 +165,8 @@ def run(ns: argparse.Namespace) -> int:
             time.sleep(max(0.0, clock0 + fault.at_s - time.time()))
             r = run_fault(c, fault, clock0, ns.recover_timeout)
             results.append(r)
-            print(f"  #{fault.index:<3} t={r.started_s:>6.1f}s {fault.kind:<13} {'ok  ' if r.survived else 'FAIL'} "
+            verdict = "ok  " if r.survived else "FAIL"
+            print(f"  #{fault.index:<3} t={r.started_s:>6.1f}s {fault.kind:<13} {verdict} "
                   f"recover={r.recover_s}s resumed={r.resumed_s}s rounds={r.rounds} | {r.detail}; {r.note}",
                   flush=True)  # fmt: skip
             if not r.survived:
@@ -181,6 +186,7 @@ def run(ns: argparse.Namespace) -> int:
         checks.append(check_crash_loss(c.progress.poll(), settings.every))
         checks.append(check_job_orphans(job))
         checks.append(check_keys(c))
+        keys_at_end = [k.removeprefix(c.prefix + "/") for k in c.etcd_keys()]
         injected = {r.fault.kind for r in results if not r.note.startswith("injector error")}
         missing = [k.value for k in kinds if k not in injected]
         checks.append(
@@ -216,7 +222,7 @@ def run(ns: argparse.Namespace) -> int:
             "ok": ok, "seed": seed, "duration_s": ns.duration, "kinds": list(kinds), "notes": notes,
             "plan": [asdict(f) for f in plan], "faults": [asdict(r) for r in results], "table": rows,
             "checks": [asdict(ch) for ch in checks], "daemon_complaints": complaints, "dir": str(root),
-            "job": c.job_id, "state": state,
+            "job": c.job_id, "state": state, "keys_at_end": keys_at_end,
         }, indent=2, default=str))  # fmt: skip
     if ok and not ns.keep:
         shutil.rmtree(root, ignore_errors=True)

@@ -5,6 +5,7 @@ Each check is a ``Check`` (name, ok, detail); the soak passes only when every on
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +46,8 @@ def check_ledger(ckpt: Path, target: int) -> Check:
     missing = sorted(set(range(final)) - set(steps))
     ok = steps == list(range(final)) and bool(state.get("finished")) and final >= target
     detail = (
-        f"{len(steps)} steps committed, final step {final} (asked {target}), finished={state.get('finished')}, "
+        f"{len(steps)} steps committed, final step {final} (asked {target}), "
+        f"finished={state.get('finished')}, "
         f"duplicates={dups}, missing={len(missing)}{' e.g. ' + str(missing[:5]) if missing else ''}"
         f"{'' if steps == sorted(steps) else ', out of order'}"
     )
@@ -55,7 +57,7 @@ def check_ledger(ckpt: Path, target: int) -> Check:
 def rollbacks(steps: list[Step]) -> list[tuple[int, int]]:
     """(last step reported, step resumed at) for every time the progress log went back or skipped."""
     out = []
-    for prev, cur in zip(steps, steps[1:], strict=False):
+    for prev, cur in itertools.pairwise(steps):
         if cur.step != prev.step + 1:
             out.append((prev.step, cur.step))
     return out
@@ -138,7 +140,7 @@ def check_keys(c: Cluster, timeout_s: float = 30.0) -> Check:
     round_key = keys.job_round(c.job_id)
 
     def leaked() -> list[str]:
-        found = c.keys()
+        found = c.etcd_keys()
         last = _round(c, round_key)
         return [k for k in found if not allowed_key(keys, k, c.job_id, last, live)]
 
@@ -147,9 +149,9 @@ def check_keys(c: Cluster, timeout_s: float = 30.0) -> Check:
     return Check(
         "no leaked etcd key",
         not extra,
-        f"{len(c.keys())} keys; leaked: {[keys.relative(k) for k in extra]}"
+        f"{len(c.etcd_keys())} keys; leaked: {[keys.relative(k) for k in extra]}"
         if extra
-        else f"{len(c.keys())} keys",
+        else f"{len(c.etcd_keys())} keys",
     )
 
 

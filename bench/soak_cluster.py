@@ -199,7 +199,7 @@ class Cluster:
         (self.out / f"hang.{rank}").touch()
 
     # -- etcd ---------------------------------------------------------------------------------
-    def keys(self) -> list[str]:
+    def etcd_keys(self) -> list[str]:
         client = EtcdClient([self.etcd.endpoint], self.etcd.client_auth(), timeout_s=5)
         try:
             return sorted(kv.key for kv in client.get_prefix(self.prefix + "/"))

@@ -29,6 +29,7 @@ Control files the soak writes into DIR:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -94,7 +95,7 @@ def main() -> None:
     if state is not None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
-        ledger = [tuple(e) for e in state["ledger"]]  # type: ignore[misc]
+        ledger = [(int(e[0]), int(e[1]), int(e[2])) for e in state["ledger"]]
         if state.get("finished"):
             print(f"rank {rank}: already finished at step {state['step']}", flush=True)
             dist.destroy_process_group()
@@ -104,12 +105,18 @@ def main() -> None:
     if rank == 0:
         print(f"round {round_no} world {world}: resuming at step {step}", flush=True)
 
+    # Progress reports for `elasticctl status` and `submit --hang-timeout`, where this elasticd has
+    # them (elasticd.worker.step / checkpointing); nothing otherwise.
+    report_step = getattr(worker, "step", lambda n: None)
+    checkpointing = getattr(worker, "checkpointing", contextlib.nullcontext)
+
     def commit(next_step: int, finished: bool = False) -> None:
-        worker.save_checkpoint(
-            {"model": model.state_dict(), "opt": opt.state_dict(), "step": next_step,
-             "ledger": ledger, "finished": finished},
-            ckpt,
-        )  # fmt: skip
+        with checkpointing():
+            worker.save_checkpoint(
+                {"model": model.state_dict(), "opt": opt.state_dict(), "step": next_step,
+                 "ledger": ledger, "finished": finished},
+                ckpt,
+            )  # fmt: skip
 
     while True:
         if hang.exists():
@@ -117,7 +124,7 @@ def main() -> None:
         x, y = batch(step, rank, world)
         loss = torch.nn.functional.mse_loss(ddp(x), y)
         opt.zero_grad()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         opt.step()
         time.sleep(args.step_time)
         if rank == 0:
@@ -125,6 +132,7 @@ def main() -> None:
             with open(progress, "a") as f:
                 f.write(f"{step} {world} {round_no} {time.time():.3f}\n")
         step += 1
+        report_step(step)
         target = agreed_target(finish)
         if 0 <= target <= step:
             commit(step, finished=True)
