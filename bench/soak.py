@@ -14,7 +14,8 @@ same node id and state dir), daemon_stop (SIGSTOP past the lease TTL, then SIGCO
 (kill -9, restart on the same data dir), drain (then undrain), hung_rank (only when
 ``elasticctl submit`` has ``--hang-timeout``; otherwise disabled, and the output says so).
 
-At the end (after ``--duration`` seconds of faults) the soak asks the job to finish and checks:
+Every requested kind is injected once, first, even if that takes longer than ``--duration``; then
+more faults from the plan while the duration lasts. At the end the soak asks the job to finish and checks:
 job SUCCEEDED; the committed ledger has every step once, in order; no rollback beyond the
 checkpoint interval; no worker of the job left; no etcd key beyond the job's history and the live
 nodes' own; every requested fault kind injected; after stopping everything, none of the soak's
@@ -159,7 +160,7 @@ def run(ns: argparse.Namespace) -> int:
             raise RuntimeError(f"the job never ran at full strength: {c.status()}")
         clock0 = time.time()
         for fault in plan:
-            if time.time() - clock0 > ns.duration:
+            if fault.index >= len(kinds) and time.time() - clock0 > ns.duration:  # each kind once, always
                 skipped += 1
                 continue
             time.sleep(max(0.0, clock0 + fault.at_s - time.time()))
