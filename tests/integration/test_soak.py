@@ -24,7 +24,11 @@ BENCH = REPO / "bench"
 sys.path.append(str(BENCH))  # bench/ is scripts, not a package
 
 from bench_single import sweep  # noqa: E402
+from soak_check import allowed_key, check_crash_loss  # noqa: E402
+from soak_cluster import Step  # noqa: E402
 from soak_plan import ALL_KINDS, FaultKind, make_plan, parse_kinds  # noqa: E402
+
+from elasticd.etcd.keys import Keys  # noqa: E402
 
 SEED = 20240610
 DURATION_S = 90
@@ -42,6 +46,23 @@ def test_plan_is_seeded_and_covers_every_kind_first() -> None:
     assert parse_kinds("drain, worker_kill,drain") == (FaultKind.DRAIN, FaultKind.WORKER_KILL)
     with pytest.raises(ValueError, match="unknown fault kind"):
         parse_kinds("meteor")
+
+
+def test_crash_loss_bound_and_allowed_keys() -> None:
+    def log(*steps: int) -> list[Step]:
+        return [Step(s, 3, 0, float(i)) for i, s in enumerate(steps)]
+
+    assert check_crash_loss(log(0, 1, 2, 3, 4), every=2).ok
+    assert check_crash_loss(log(0, 1, 2, 3, 2, 3, 4), every=2).ok  # 2 redone: within the bound
+    assert not check_crash_loss(log(0, 1, 2, 3, 1, 2), every=2).ok  # 3 redone
+    assert not check_crash_loss(log(0, 1, 3), every=2).ok  # a step never run
+    k, job, live = Keys("/p"), "job-1", {"n1"}
+    ok = [k.job_spec(job), k.job_final(job), k.result(job, 7), k.done(job, 7, "n2"), k.left(job, 6, "n2"),
+          k.node("n1"), k.janitor(), k.node_status(job, "n1")]  # fmt: skip
+    leaked = [k.result(job, 5), k.waiting(job, "n1"), k.drain("n2"), k.node("n2"), k.job_drain(job, "n1"),
+              k.pending_note(job, "n1"), k.job_spec("other"), "/p/junk"]  # fmt: skip
+    assert all(allowed_key(k, key, job, 7, live) for key in ok)
+    assert not any(allowed_key(k, key, job, 7, live) for key in leaked)
 
 
 @pytest.mark.torch
