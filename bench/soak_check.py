@@ -1,0 +1,166 @@
+"""The soak's end checks: the committed ledger, the crash-loss bound, orphans, leaked etcd keys.
+
+Each check is a ``Check`` (name, ok, detail); the soak passes only when every one holds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+from bench_single import own_processes
+from soak_cluster import Cluster, Step, wait_until
+
+from elasticd.decode import DecodeError
+from elasticd.etcd.keys import KeyKind, Keys
+from elasticd.workers import proctree
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+def load_ledger(ckpt: Path) -> dict[str, Any] | None:
+    """The committed checkpoint (torch is imported here only: the soak itself does not need it)."""
+    if not ckpt.exists():
+        return None
+    import torch
+
+    return dict(torch.load(ckpt, map_location="cpu", weights_only=False))
+
+
+def check_ledger(ckpt: Path, target: int) -> Check:
+    state = load_ledger(ckpt)
+    if state is None:
+        return Check("ledger", False, "no checkpoint")
+    steps = [int(e[0]) for e in state["ledger"]]
+    final = int(state["step"])
+    dups = len(steps) - len(set(steps))
+    missing = sorted(set(range(final)) - set(steps))
+    ok = steps == list(range(final)) and bool(state.get("finished")) and final >= target
+    detail = (
+        f"{len(steps)} steps committed, final step {final} (asked {target}), "
+        f"finished={state.get('finished')}, "
+        f"duplicates={dups}, missing={len(missing)}{' e.g. ' + str(missing[:5]) if missing else ''}"
+        f"{'' if steps == sorted(steps) else ', out of order'}"
+    )
+    return Check("ledger: no gap, no duplicate", ok, detail)
+
+
+def rollbacks(steps: list[Step]) -> list[tuple[int, int]]:
+    """(last step reported, step resumed at) for every time the progress log went back or skipped."""
+    out = []
+    for prev, cur in itertools.pairwise(steps):
+        if cur.step != prev.step + 1:
+            out.append((prev.step, cur.step))
+    return out
+
+
+def check_crash_loss(steps: list[Step], every: int) -> Check:
+    """Each rollback redoes at most ``every`` steps (the checkpoint interval); none skips ahead."""
+    backs = rollbacks(steps)
+    redone = [last - resumed + 1 for last, resumed in backs]
+    skipped = [(a, b) for a, b in backs if b > a + 1]
+    too_many = [r for r in redone if r > every]
+    ok = not skipped and not too_many
+    detail = (
+        f"{len(backs)} resumptions, {sum(r for r in redone if r > 0)} steps redone "
+        f"(max {max(redone, default=0)} per crash, bound {every})"
+        + (f", skipped ahead: {skipped[:5]}" if skipped else "")
+    )
+    return Check("crash loss within the contract", ok, detail)
+
+
+def job_processes(job_id: str) -> list[psutil.Process]:
+    """Every process carrying the job's marker, whichever node started it."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(proctree.JOB_ENV) == job_id:
+                found.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def check_job_orphans(job_id: str, timeout_s: float = 30.0) -> Check:
+    """After the end: no worker of the job is left (waits for the last exits, then looks)."""
+    wait_until(lambda: not job_processes(job_id), timeout_s, 0.2)
+    left = [f"{p.pid} {' '.join(p.cmdline())[:100]}" for p in job_processes(job_id)]
+    return Check("no orphan worker after the end", not left, "; ".join(left) or "none")
+
+
+def check_own_orphans(c: Cluster, timeout_s: float = 15.0) -> Check:
+    """After the shutdown: nothing the soak started (daemons, reapers, etcd, workers) still runs."""
+
+    def leftovers() -> list[str]:
+        procs = [f"{pid} {cmd[:100]}" for pid, cmd in own_processes(c.markers())]
+        for node in c.node_ids:
+            procs += [f"{p.pid} (marked {node})" for p in proctree.marked(node)]
+        return procs
+
+    wait_until(lambda: not leftovers(), timeout_s, 0.2)
+    left = leftovers()
+    return Check("no orphan process after the shutdown", not left, "; ".join(left) or "none")
+
+
+def allowed_key(keys: Keys, key: str, job_id: str, last_round: int, live_nodes: set[str]) -> bool:
+    """Whether ``key`` may outlive the job: its history (spec, round, restarts, final, the last two
+    rounds' records) and the live daemons' own records."""
+    try:
+        ref = keys.parse(key)
+    except DecodeError:
+        return False
+    if ref.kind is KeyKind.NODE:
+        return ref.node in live_nodes
+    if ref.kind is KeyKind.JANITOR:
+        return True
+    if ref.job != job_id:
+        return False
+    if ref.kind in (KeyKind.SPEC, KeyKind.ROUND, KeyKind.RESTARTS, KeyKind.FINAL):
+        return True
+    if ref.kind in (KeyKind.RESULT, KeyKind.DONE, KeyKind.LEFT, KeyKind.JOIN):
+        return ref.round is not None and last_round - 1 <= ref.round <= last_round
+    if ref.kind is KeyKind.NODE_STATUS:
+        return ref.node in live_nodes
+    return False  # waiting, pending, job drain, node drain: nothing to keep once the job ended
+
+
+def check_keys(c: Cluster, timeout_s: float = 30.0) -> Check:
+    """The keys under the prefix, once the job ended, are the job's history and live nodes only."""
+    keys = Keys(c.prefix)
+    live = {c.node_ids[i] for i in range(len(c.daemons)) if c.running(i)}
+    round_key = keys.job_round(c.job_id)
+
+    def leaked() -> list[str]:
+        found = c.etcd_keys()
+        last = _round(c, round_key)
+        return [k for k in found if not allowed_key(keys, k, c.job_id, last, live)]
+
+    wait_until(lambda: not leaked(), timeout_s, 0.5)  # agents may still be tidying up
+    extra = leaked()
+    return Check(
+        "no leaked etcd key",
+        not extra,
+        f"{len(c.etcd_keys())} keys; leaked: {[keys.relative(k) for k in extra]}"
+        if extra
+        else f"{len(c.etcd_keys())} keys",
+    )
+
+
+def _round(c: Cluster, round_key: str) -> int:
+    from elasticd.etcd.client import EtcdClient
+
+    client = EtcdClient([c.etcd.endpoint], c.etcd.client_auth(), timeout_s=5)
+    try:
+        kv = client.get(round_key)
+        return int(json.loads(kv.value)["round"]) if kv is not None else -1
+    finally:
+        client.close()

@@ -1,0 +1,153 @@
+"""The chaos soak's job: tiny DDP (gloo, CPU) that keeps a ledger of every step it completed.
+
+    SOAK_OUT=DIR  python soak_job.py [--every 25] [--step-time 0.05]   (run by elasticd, see soak.py)
+
+The crash-loss contract (what ``soak_check.py`` holds the job to):
+
+- The **ledger** is the list of completed steps (step, world size, round), kept in memory by
+  rank 0 and written *inside* the checkpoint (``DIR/ckpt.pt``, ``elasticd.worker.save_checkpoint``:
+  temporary file, fsync, rename). The ledger and the model state therefore commit together,
+  atomically: the committed ledger is exactly the steps the committed model has seen, each once,
+  in order, with no gap and no duplicate, whatever kills the job and when.
+- A **crash** (kill -9 of a worker, a fenced node, a hung rank killed after its grace) loses the
+  steps done since the last checkpoint, at most ``--every`` steps per crash: they are not in the
+  committed ledger and are run again by the next round.
+- A **graceful stop** (SIGTERM from a drain, a node joining, a daemon stop:
+  ``elasticd.worker.GracefulStop``) loses nothing: every rank stops after the same step and rank 0
+  commits before leaving.
+- ``DIR/progress`` is an *uncommitted* log, one line per completed step appended by rank 0
+  (``step world round time``), so the soak can see the job advance and measure recovery. After a
+  crash it shows the redone steps twice; the soak checks that each rollback is at most ``--every``.
+
+Control files the soak writes into DIR:
+- ``finish``: a total step count (written atomically); the job ends after that many steps. Ranks
+  agree on it with an all_reduce, so all of them stop after the same step.
+- ``hang.<RANK>``: the rank with that global rank removes the file and hangs (sleeps forever,
+  ignoring SIGTERM), as a rank stuck in a collective or a dead data loader would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from elasticd import worker
+
+FEATURES = 8
+GLOBAL_BATCH = 12  # divisible by 1, 2, 3, 4 and 6 ranks
+
+
+def batch(step: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1000 + step)
+    x = torch.randn(GLOBAL_BATCH, FEATURES, generator=gen)
+    y = x.sum(dim=1, keepdim=True)
+    per = GLOBAL_BATCH // world
+    return x[rank * per : (rank + 1) * per], y[rank * per : (rank + 1) * per]
+
+
+def read_target(path: Path) -> int:
+    """The total step count the soak asked for, or -1 (not yet)."""
+    try:
+        return int(path.read_text().strip() or "-1")
+    except (OSError, ValueError):
+        return -1
+
+
+def agreed_target(path: Path) -> int:
+    """The finish target every rank agrees on (MAX over ranks' reads): a collective."""
+    t = torch.tensor([read_target(path)], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def hang_forever(trigger: Path) -> None:
+    trigger.unlink(missing_ok=True)
+    print(f"rank {dist.get_rank()}: hanging on request", flush=True)
+    while True:  # SIGTERM only sets GracefulStop's flag: the daemon has to SIGKILL us
+        time.sleep(3600)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--every", type=int, default=25, help="checkpoint (commit) interval in steps")
+    p.add_argument("--step-time", type=float, default=0.05, help="pretend each step takes this long")
+    args = p.parse_args()
+    out = Path(os.environ["SOAK_OUT"])
+    ckpt, progress, finish = out / "ckpt.pt", out / "progress", out / "finish"
+    round_no = int(os.environ.get("ELASTICD_ROUND", "0"))
+
+    stop = worker.GracefulStop()
+    dist.init_process_group("gloo", init_method="env://")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    hang = out / f"hang.{rank}"
+    torch.manual_seed(0)
+    model = torch.nn.Linear(FEATURES, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    state = worker.load_checkpoint(ckpt)
+    ledger: list[tuple[int, int, int]] = []
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        ledger = [(int(e[0]), int(e[1]), int(e[2])) for e in state["ledger"]]
+        if state.get("finished"):
+            print(f"rank {rank}: already finished at step {state['step']}", flush=True)
+            dist.destroy_process_group()
+            return
+    step = worker.resume_step(state)
+    ddp = DDP(model)
+    if rank == 0:
+        print(f"round {round_no} world {world}: resuming at step {step}", flush=True)
+
+    # Progress reports for `elasticctl status` and `submit --hang-timeout`, where this elasticd has
+    # them (elasticd.worker.step / checkpointing); nothing otherwise.
+    report_step = getattr(worker, "step", lambda n: None)
+    checkpointing = getattr(worker, "checkpointing", contextlib.nullcontext)
+
+    def commit(next_step: int, finished: bool = False) -> None:
+        with checkpointing():
+            worker.save_checkpoint(
+                {"model": model.state_dict(), "opt": opt.state_dict(), "step": next_step,
+                 "ledger": ledger, "finished": finished},
+                ckpt,
+            )  # fmt: skip
+
+    while True:
+        if hang.exists():
+            hang_forever(hang)
+        x, y = batch(step, rank, world)
+        loss = torch.nn.functional.mse_loss(ddp(x), y)
+        opt.zero_grad()
+        loss.backward()  # type: ignore[no-untyped-call]
+        opt.step()
+        time.sleep(args.step_time)
+        if rank == 0:
+            ledger.append((step, world, round_no))
+            with open(progress, "a") as f:
+                f.write(f"{step} {world} {round_no} {time.time():.3f}\n")
+        step += 1
+        report_step(step)
+        target = agreed_target(finish)
+        if 0 <= target <= step:
+            commit(step, finished=True)
+            if rank == 0:
+                print(f"finished: {step} steps", flush=True)
+            break
+        if stop.should_stop():
+            commit(step)
+            if rank == 0:
+                print(f"asked to leave: committed at step {step}", flush=True)
+            break
+        if step % args.every == 0:
+            commit(step)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
