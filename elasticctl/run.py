@@ -55,6 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_flags(p)
     add_elasticd_flags(p)
+    p.add_argument(
+        "--nodes",
+        help="elasticd: comma-separated nodes allowed to take part (default: any; e.g. a Slurm "
+        "allocation's, so that no daemon outside it takes a seat)",
+    )
     p.add_argument("--version", action="version", version=f"elasticrun (elasticd) {__version__}")
     p.add_argument("training_script", metavar="SCRIPT.py|MODULE|EXE")
     p.add_argument("training_script_args", nargs=argparse.REMAINDER)
@@ -83,6 +88,7 @@ def submit_args(
         python=python,
         env=env,
         nnodes=str(ns.nnodes),
+        nodes=[n.strip() for n in (ns.nodes or "").split(",") if n.strip()],
         max_restarts=int(ns.max_restarts),
         hang_timeout=ns.hang_timeout,
         max_same_failures=ns.max_same_failures,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -116,3 +116,14 @@ def test_a_line_joins_only_a_live_job_of_its_own_user() -> None:
         joinable(job, "bob")
     with pytest.raises(UsageError, match=r"has ended \(SUCCEEDED\).*elasticctl rm exp7"):
         joinable(job | {"state": "SUCCEEDED"}, "alice")
+
+
+def test_elasticrun_nodes_limits_where_the_job_may_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """elasticd's own flag, for an sbatch line run on every node of an allocation."""
+    (tmp_path / "train.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    args, _, _ = run.submit_args(parse("--nodes", "n1, n2,"), cast(Any, None))
+    assert args.nodes == ["n1", "n2"]
+    assert run.submit_args(parse(), cast(Any, None))[0].nodes == []
