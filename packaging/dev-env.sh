@@ -23,7 +23,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     {
         "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip &&
         "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-            -c "$repo/packaging/constraints.txt" -e "$repo[$extras]"
+            -c "$repo/packaging/constraints.txt" -e "${repo}[${extras}]"
     } > "$log" 2>&1 || { cat "$log" >&2; exit 1; }
     echo "$want" > "$stamp"
 fi
