@@ -97,7 +97,7 @@ class EventLog:
             try:
                 stored = self._decode(kv)
             except DecodeError as exc:
-                skipped.append(Skipped(name, exc.why))
+                skipped.append(Skipped(name, str(exc)))
                 continue
             if last is not None and stored.seq <= last - self.keep:
                 continue
