@@ -1,4 +1,4 @@
-"""``elasticctl``: submit, status, kill, logs, nodes, drain, undrain, ping.
+"""``elasticctl``: submit, status, kill, logs, events, nodes, drain, undrain, ping.
 
 Exit codes (``elasticctl.exits``): 0 success; 1 the daemon cannot be reached; 2 usage error; 3 the
 daemon reported an error; 4 a followed job ended FAILED or KILLED.
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from elasticctl import completion, logs_cmd, render, status_cmd, torchrun
+from elasticctl import completion, events_cmd, logs_cmd, render, status_cmd, torchrun
 from elasticctl.client import Client, ExitCodes, guarded
 from elasticctl.entry import UsageError, resolve_entry
 from elasticctl.exits import EXIT_DAEMON_ERROR, EXIT_UNREACHABLE, EXIT_USAGE
@@ -267,6 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_rm)
 
     logs_cmd.add_parser(add)
+    events_cmd.add_parser(add)
 
     n = add("nodes", help="list the cluster's live nodes")
     n.add_argument("--json", action="store_true")

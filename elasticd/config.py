@@ -15,6 +15,7 @@ from typing import Any
 
 from elasticd.control.address import default_socket_path
 from elasticd.errors import ConfigError
+from elasticd.metrics.address import HostPort
 from elasticd.netaddr import PortRange, is_loopback
 
 DEFAULT_CONFIG_FILE = Path("/etc/elasticd/elasticd.toml")
@@ -55,6 +56,7 @@ class Settings:
     job_retention: float = 7 * 86400.0  # seconds an ended job's records and logs are kept (0: forever)
     allow_root_jobs: bool = False  # run specs that ask for uid 0 (off: a root job is refused and fails)
     log_group: str | None = None  # job log files 0640 to this group (default: 0600, the submitter only)
+    metrics_address: HostPort | None = None  # the Prometheus endpoint (off by default)
     log_format: str = "auto"  # auto | json | console
     log_level: str = "info"
 
@@ -194,6 +196,11 @@ OPTIONS: dict[str, Option] = {
     ),
     "allow_root_jobs": Option(_bool, "run jobs submitted by root as root (off by default: they are refused)"),
     "log_group": Option(_optional(str), "job log files are 0640 to this group (default 0600)", "GROUP"),
+    "metrics_address": Option(
+        _optional(HostPort.parse),
+        "serve Prometheus metrics at HOST:PORT (a port alone: 127.0.0.1; default: off)",
+        "HOST:PORT",
+    ),
     "log_format": Option(str, "daemon log format (default auto: console on a TTY)", choices=LOG_FORMATS),
     "log_level": Option(str, "daemon log level (default info)", choices=LOG_LEVELS),
 }

@@ -22,6 +22,7 @@ from enum import StrEnum
 from typing import Any, NotRequired, TypedDict
 
 from elasticd.errors import ErrorCode
+from elasticd.events.schema import EventsArgs, EventsReply, EventView, SkippedEventView
 from elasticd.jobs.spec import DEFAULT_JOIN_TIMEOUT_S, DEFAULT_LAST_CALL_S, EntryKind
 from elasticd.jobs.state import EndReason, JobState
 
@@ -37,6 +38,9 @@ __all__ = [
     "EntryKind",
     "ErrorCode",
     "ErrorReply",
+    "EventView",
+    "EventsArgs",
+    "EventsReply",
     "FailedRankView",
     "FailureView",
     "GpuView",
@@ -58,6 +62,7 @@ __all__ = [
     "RmArgs",
     "RmReply",
     "RoundView",
+    "SkippedEventView",
     "StatusArgs",
     "StatusReply",
     "SubmitArgs",
@@ -112,6 +117,7 @@ TIME_FIELDS = frozenset(
         "closed_at",
         "attempt_started_at",
         "last_step_at",
+        "happened_at",
     }
 )
 
@@ -468,4 +474,5 @@ COMMANDS: dict[str, CommandSchema] = {
     "drain": CommandSchema(DrainArgs, DrainReply),
     "undrain": CommandSchema(UndrainArgs, UndrainReply),
     "rm": CommandSchema(RmArgs, RmReply),
+    "events": CommandSchema(EventsArgs, EventsReply),  # schema in elasticd.events.schema
 }

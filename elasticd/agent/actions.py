@@ -7,7 +7,7 @@ and is called again with what was read. A list of actions ends with ``Wait`` (un
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from elasticd.jobs.state import EndReason, JobState
@@ -99,6 +99,8 @@ class ClearWaiting:
 class CloseRound:
     result: RoundResult
     why: str
+    # The round it closes, for the log (how long the rendezvous took, and why it was opened).
+    opened: RoundInfo | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,13 @@ from elasticd.agent import actions as act
 from elasticd.agent.record import AgentRecord, AgentState, Leave, Local, Observed, View
 from elasticd.agent.seams import Clock, Launcher, Lease, SystemClock, Workers
 from elasticd.agent.step import step
+from elasticd.decode import DecodeError, decode
 from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keys import Change, KeyKind
 from elasticd.jobs.decider import GroupOutcome
 from elasticd.jobs.launch import NodeRuntime, ProcessLauncher, master_port
 from elasticd.jobs.spec import JobSpec
-from elasticd.jobs.state import JobState, SetupFailure
+from elasticd.jobs.state import JobState, SetupFailure, WorkerFailure
 from elasticd.node.peers import PeerWatch
 from elasticd.rendezvous.model import Join, RoundReason
 from elasticd.rendezvous.store import JobStore
@@ -34,6 +35,17 @@ _log = log.get("elasticd.agent")
 POLL_S = 1.0  # safety net under the watch
 PROGRESS_PUBLISH_S = 5.0  # running workers' progress reaches etcd at most this often, when it changed
 LEADER_BATCH_S = 0.05
+
+
+def _root_cause(failure: dict[str, Any] | None) -> dict[str, str]:
+    """A final failure's cause and summary, for the log line (and the event history)."""
+    if failure is None:
+        return {}
+    try:
+        found = decode(WorkerFailure, failure)
+    except DecodeError:
+        return {}
+    return {"cause": found.kind.value, "root_cause": found.summary()}
 
 
 class _Exited(Exception):
@@ -176,7 +188,10 @@ class JobAgent:
         if new.state is not old.state:
             _log.info("agent.state", job=job, node=node, state=new.state.value, round=new.round)
         if new.failure is not None and old.failure is None:
-            _log.warning("worker.failed", job=job, summary=new.failure.summary())
+            _log.warning(
+                "worker.failed", job=job, node=node, round=new.round, cause=new.failure.kind.value,
+                summary=new.failure.summary(),
+            )  # fmt: skip
         if new.ending is not None and old.ending is None:
             _log.error(
                 "job.setup_failed", job=job, node=node, code=new.ending.reason.value, why=new.ending.message
@@ -231,7 +246,7 @@ class JobAgent:
                     await store.set_waiting(node, lease)
             case act.ClearWaiting():
                 await store.clear_waiting(node)
-            case act.CloseRound(result, why):
+            case act.CloseRound(result, why, opened):
                 if await store.close(result):
                     _log.info(
                         "round.complete",
@@ -240,6 +255,8 @@ class JobAgent:
                         world_size=result.world_size,
                         members=list(result.nodes),
                         why=why,
+                        reason=opened.reason.value if opened else None,
+                        rendezvous_s=round(result.closed_at - opened.opened_at, 3) if opened else None,
                     )
                     await store.forget_rounds_before(result.round)
             case act.Bump(seen, info, spend):
@@ -265,6 +282,7 @@ class JobAgent:
                         code=code.value,
                         reason=reason,
                         round=self.rec.round,
+                        **_root_cause(failure),
                     )
             case act.MarkDone(round_no):
                 await store.mark_done(round_no, node)

@@ -257,7 +257,7 @@ class _Step:
         )
         if decision.verdict is rdzv.Close.NOW:
             ordered = rdzv.order_members(joins, snap.previous_result, spec.nnodes.max)
-            self._do(CloseRound(rdzv.build_result(info.round, ordered, self.now), decision.why))
+            self._do(CloseRound(rdzv.build_result(info.round, ordered, self.now), decision.why, info))
         elif decision.verdict is rdzv.Close.FAIL:
             self._do(Finalize(JobState.FAILED, EndReason.JOIN_TIMEOUT, decision.why))
         else:

@@ -17,6 +17,7 @@ from elasticd import log
 from elasticd.config import Settings
 from elasticd.control.server import ControlServer
 from elasticd.daemon import systemd
+from elasticd.daemon.observe import Observability
 from elasticd.errors import ConfigError, EtcdUnavailable
 from elasticd.etcd.client import EtcdClient
 from elasticd.etcd.embedded import EmbeddedEtcd
@@ -51,6 +52,7 @@ class Daemon:
         self._embedded: EmbeddedEtcd | None = None
         self._reaper: Reaper | None = None
         self._liveness: LivenessServer | None = None
+        self._observe: Observability | None = None
         self.node_id = ""
         self.etcd_endpoints: list[str] = list(settings.etcd_endpoints)
         # Set during start(); typed as non-optional for the commands that use them.
@@ -159,6 +161,8 @@ class Daemon:
             retention = s.job_retention or None
             self.manager = JobManager(rt, self.etcd, self.keys, self._state, self.registry, s.allow_root_jobs,
                                       retention_s=retention)  # fmt: skip
+            self._observe = Observability(self.node_id, self.etcd, self.keys, s.metrics_address)
+            await self._observe.start(self.manager, self.registry)
             await self.registry.start()
             await self.manager.recover()
             background.append(asyncio.create_task(self.registry.run(), name="registry"))
@@ -194,6 +198,8 @@ class Daemon:
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
+            if self._observe is not None:
+                await self._observe.close()  # before etcd closes: the last events are written
             self._final_cleanup()
 
     async def _first_crash(self, tasks: list[asyncio.Task[Any]]) -> None:

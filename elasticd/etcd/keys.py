@@ -32,6 +32,11 @@ class KeyKind(StrEnum):
     NODE_STATUS = "node_status"  # jobs/<job>/nodes/<node>
     PENDING = "pending"  # jobs/<job>/pending/<node>
     JOB_DRAIN = "job_drain"  # jobs/<job>/drain/<node>
+    EVENT = "event"  # events/<seq>: the cluster's event history (elasticd.events)
+    EVENT_SEQ = "event_seq"  # event_seq: the last event's sequence number
+
+
+EVENT_SEQ_DIGITS = 16  # events/<seq> zero-padded, so that key order is sequence order
 
 
 _JOB_LEAVES = {
@@ -142,6 +147,15 @@ class Keys:
     def job_drain(self, job_id: str, node: str) -> str:
         return f"{self.prefix}/jobs/{job_id}/drain/{node}"
 
+    def events(self) -> str:
+        return f"{self.prefix}/events/"
+
+    def event(self, seq: int) -> str:
+        return f"{self.prefix}/events/{seq:0{EVENT_SEQ_DIGITS}d}"
+
+    def event_seq(self) -> str:
+        return f"{self.prefix}/event_seq"
+
     # -- parse ---------------------------------------------------------------------------------
     def relative(self, key: str) -> str:
         """``key`` without the prefix, as keys are named in messages (``jobs/<job>/spec``)."""
@@ -158,6 +172,11 @@ class Keys:
                 return KeyRef(KeyKind.NODE_DRAIN, node=_node(node))
             case ["janitor"]:
                 return KeyRef(KeyKind.JANITOR)
+            case ["events", seq]:
+                event_seq(seq)
+                return KeyRef(KeyKind.EVENT)
+            case ["event_seq"]:
+                return KeyRef(KeyKind.EVENT_SEQ)
             case ["jobs", job, *rest]:
                 return _job_key(_job(job), rest)
             case _:
@@ -202,6 +221,13 @@ def round_no(text: str) -> int:
     if number > MAX_ROUND:
         raise DecodeError("", f"round {number} in the key is out of range")
     return number
+
+
+def event_seq(text: str) -> int:
+    """An event's sequence number in its key: exactly ``EVENT_SEQ_DIGITS`` decimal digits, > 0."""
+    if not (len(text) == EVENT_SEQ_DIGITS and text.isascii() and text.isdigit()) or int(text) == 0:
+        raise DecodeError("", f"{text[:20]!r} in the key is not an event sequence number")
+    return int(text)
 
 
 def _node(text: str) -> str:

@@ -9,6 +9,11 @@ runs, with the caller's kernel-verified credentials. Handlers contain no permiss
 | CONNECTED | anyone who can open the socket                         | ping, submit, status, nodes      |
 | OWNER     | the named job's owner, or root; with no job named: root | kill, logs, drain, undrain      |
 | ROOT      | root only                                              | (none yet)                       |
+| HISTORY   | anyone; a job's events only to its owner and root      | events                           |
+
+``events`` shows the history of jobs that may be gone (removed, expired): an event of a job is
+shown to root, and to the job's owner while the job exists (``may_read_job``); events of no job
+(a node started, was drained) to anyone, as ``nodes`` shows nodes to anyone.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ class Access(StrEnum):
     CONNECTED = "connected"
     OWNER = "owner"
     ROOT = "root"
+    HISTORY = "history"  # events: filtered per job by ``may_read_job``, and a named job is checked
 
 
 async def authorize(access: Access, caller: Caller, job_id: str | None, owner_of: OwnerLookup) -> None:
@@ -66,6 +72,10 @@ async def authorize(access: Access, caller: Caller, job_id: str | None, owner_of
     The job is looked up even for root, so that an unknown job is ``job_not_found`` for everyone.
     """
     if access is Access.CONNECTED:
+        return
+    if access is Access.HISTORY:
+        if job_id is not None and caller.uid != ROOT_UID:
+            await authorize(Access.OWNER, caller, job_id, owner_of)  # a job that is gone: root only
         return
     if access is Access.ROOT or job_id is None:
         if caller.uid != ROOT_UID:
@@ -79,3 +89,9 @@ async def authorize(access: Access, caller: Caller, job_id: str | None, owner_of
     uid, user = owner
     if caller.uid != uid:
         raise PermissionDenied(f"job {job_id} belongs to {user}; only they or root may do this")
+
+
+def may_read_job(caller: Caller, owner: tuple[int, str] | None) -> bool:
+    """Whether ``caller`` may read a job's events (``owner``: None when the job is gone or its spec
+    cannot be read: root only)."""
+    return caller.uid == ROOT_UID or (owner is not None and owner[0] == caller.uid)

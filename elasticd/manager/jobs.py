@@ -37,6 +37,8 @@ _log = log.get("elasticd.jobs")
 SCAN_S = 2.0  # safety net under the watch
 # Only these can change whether this node should join a job (or whether a job needs clean-up).
 SCAN_KINDS = frozenset({KeyKind.SPEC, KeyKind.ROUND, KeyKind.FINAL, KeyKind.RESULT, KeyKind.JOB_DRAIN})
+# The event history (elasticd.events) changes nothing any job or scan acts on.
+QUIET_KINDS = frozenset({KeyKind.EVENT, KeyKind.EVENT_SEQ})
 
 
 class JobManager:
@@ -78,6 +80,8 @@ class JobManager:
     # -- wake-ups ---------------------------------------------------------------------------------
     def wake(self, change: Change | None = None) -> None:
         """Something changed: for one job (``change.job``), or anywhere (None, or a node key)."""
+        if change is not None and change.kind in QUIET_KINDS:
+            return
         if change is None or change.job is None:
             for agent in self.agents.values():
                 agent.wake()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +27,15 @@ from elasticd.errors import (
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.types import Query
+from elasticd.events.schema import EventsArgs
+from elasticd.events.store import EventLog, Page
 from elasticd.jobs import logdir
 from elasticd.jobs.logs import Read, attempt_starts, log_files, read_logs
 from elasticd.jobs.logscope import check_scope, round_view
 from elasticd.jobs.spec import JobSpec, valid_job_id
 from elasticd.jobs.state import EndReason, JobState
 from elasticd.jobs.view import job_view, selected
-from elasticd.manager.access import Access, Caller, authorize
+from elasticd.manager.access import ROOT_UID, Access, Caller, authorize, may_read_job
 from elasticd.manager.jobs import JobManager
 from elasticd.node.registry import NodeRecord, NodeRegistry
 from elasticd.rendezvous.snapshot import JobSnapshot
@@ -77,6 +79,7 @@ class CommandService:
         self._registry = registry
         self._kv = kv
         self._keys = keys
+        self._events = EventLog(kv, keys)
 
     # -- permissions ----------------------------------------------------------------------------
     async def authorize(self, access: Access, caller: Caller, job_id: str | None) -> None:
@@ -97,11 +100,28 @@ class CommandService:
         spec, keys = await asyncio.to_thread(self._kv.read_many, queries)
         if not keys.count:
             raise JobNotFound(f"no job {job_id!r}")
-        try:
-            found = JobSpec.from_json(parse_json(spec.kvs[0].value)) if spec.kvs else None
-        except (DecodeError, InvalidSpec):
-            return None  # the janitor fails the job naming the key; only root may act on it meanwhile
-        return (found.uid, found.user) if found is not None and found.id == job_id else None
+        return _owner(job_id, spec.kvs[0].value if spec.kvs else None)
+
+    async def owners_of(self, jobs: Collection[str]) -> dict[str, tuple[int, str] | None]:
+        """Each job's owner, as ``owner_of`` but in one read and with None for a job that is gone."""
+        wanted = sorted(j for j in set(jobs) if valid_job_id(j))
+        found = await asyncio.to_thread(self._kv.read_many, [Query(self._keys.job_spec(j)) for j in wanted])
+        return {j: _owner(j, f.kvs[0].value if f.kvs else None) for j, f in zip(wanted, found, strict=True)}
+
+    # -- the event history ------------------------------------------------------------------------
+    async def events(self, args: EventsArgs, caller: Caller) -> Page:
+        """The history after ``args.after``: the named job's, or all; only the events ``caller``
+        may read (``access.may_read_job``)."""
+        page = await asyncio.to_thread(self._events.read, args.after)
+        chosen = [e for e in page.events if args.job is None or e.event.job == args.job]
+        if caller.uid != ROOT_UID:
+            owners = await self.owners_of({e.event.job for e in chosen if e.event.job is not None})
+            chosen = [
+                e for e in chosen if e.event.job is None or may_read_job(caller, owners.get(e.event.job))
+            ]
+        if args.limit is not None:
+            chosen = chosen[-args.limit :] if args.limit else []
+        return replace(page, events=chosen)
 
     # -- jobs -------------------------------------------------------------------------------------
     async def submit(self, spec: JobSpec) -> dict[str, Any]:
@@ -164,7 +184,10 @@ class CommandService:
         snap = await self.snapshot(job_id)
         if snap.final is not None:
             raise Conflict(f"job {job_id} already ended as {snap.final.state.value}")
-        await self._manager.store_of(job_id).finalize(JobState.KILLED, EndReason.KILLED, f"killed by {user}")
+        if await self._manager.store_of(job_id).finalize(
+            JobState.KILLED, EndReason.KILLED, f"killed by {user}"
+        ):
+            _log.info("job.killed", job=job_id, by=user)
         self._manager.wake()
         deadline = time.monotonic() + KILL_WAIT_S
         while time.monotonic() < deadline:  # until no node runs its workers any more
@@ -282,3 +305,12 @@ class CommandService:
             raise Conflict(f"node {node} is not drained{where}")
         _log.info("node.undrain", node=node, job=job_id)
         return {"node": node, "job": job_id}
+
+
+def _owner(job_id: str, spec: bytes | None) -> tuple[int, str] | None:
+    """The owner a stored spec names; None when it is missing, unreadable or of another job."""
+    try:
+        found = JobSpec.from_json(parse_json(spec)) if spec is not None else None
+    except (DecodeError, InvalidSpec):
+        return None  # the janitor fails the job naming the key; only root may act on it meanwhile
+    return (found.uid, found.user) if found is not None and found.id == job_id else None

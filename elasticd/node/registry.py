@@ -122,6 +122,7 @@ class NodeRegistry:
         self._reaper = reaper
         self.lease_id: int | None = None
         self.deadline = 0.0  # CLOCK_MONOTONIC
+        self.renewals = 0  # keep-alives that extended the lease (the metrics endpoint reports it)
         self.on_lost: Callable[[], None] = lambda: None
         self.on_granted: Callable[[], None] = lambda: None
         self._dirty = asyncio.Event()
@@ -211,6 +212,7 @@ class NodeRegistry:
                         await self._register()
                         continue
                     self._extend(sent, remaining)
+                    self.renewals += 1
                     next_keepalive = sent + interval
                 record = self.full_record()
                 if record != self._published:

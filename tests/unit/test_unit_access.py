@@ -10,7 +10,7 @@ import pytest
 
 from elasticd.control.commands import REGISTRY
 from elasticd.errors import JobNotFound, PermissionDenied
-from elasticd.manager.access import Access, Caller, authorize
+from elasticd.manager.access import Access, Caller, authorize, may_read_job
 
 ROOT = Caller(0, 0, 1)
 OWNER = Caller(1000, 1000, 2)
@@ -27,6 +27,7 @@ EXPECTED = {
     "drain": Access.OWNER,
     "undrain": Access.OWNER,
     "rm": Access.OWNER,
+    "events": Access.HISTORY,
 }
 
 
@@ -91,3 +92,21 @@ def test_job_is_read_from_the_job_argument() -> None:
     command = REGISTRY["drain"]
     assert command.job_of(_JobArgs("j1")) == "j1"
     assert command.job_of(_JobArgs(None)) is None
+
+
+def test_history_all_for_everyone_a_named_job_for_its_owner_and_root() -> None:
+    for caller in (ROOT, OWNER, OTHER):
+        _run(Access.HISTORY, caller, None)  # filtered per job by the service (may_read_job)
+    _run(Access.HISTORY, OWNER, "mine")
+    _run(Access.HISTORY, ROOT, "no-such-job")  # a removed job's history: root may read it
+    with pytest.raises(PermissionDenied, match="belongs to owner"):
+        _run(Access.HISTORY, OTHER, "mine")
+    with pytest.raises(JobNotFound):
+        _run(Access.HISTORY, OWNER, "no-such-job")
+
+
+def test_may_read_job_events() -> None:
+    assert may_read_job(ROOT, None) and may_read_job(ROOT, (OWNER.uid, "owner"))
+    assert may_read_job(OWNER, (OWNER.uid, "owner"))
+    assert not may_read_job(OTHER, (OWNER.uid, "owner"))
+    assert not may_read_job(OWNER, None)  # a job that is gone: root only

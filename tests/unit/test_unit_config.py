@@ -63,6 +63,7 @@ SAMPLES: dict[str, tuple[str, str, str | None]] = {
     "job_retention": ("0", "60", "86400"),
     "allow_root_jobs": ("false", "true", None),  # the flag: --no-allow-root-jobs
     "log_group": ("lg-file", "lg-env", "lg-flag"),
+    "metrics_address": ("9464", ":9465", "0.0.0.0:9466"),
     "log_format": ("json", "console", "auto"),
     "log_level": ("debug", "warning", "error"),
 }

@@ -1,0 +1,78 @@
+"""``elasticctl events [-f] [JOB] [--json]``: the cluster's event history, oldest first.
+
+Text: one line per event, in local time. ``--json``: JSON lines, one event each, with ``time`` in
+ISO 8601 (UTC), ``kind``, ``job``, ``node``, ``message``, ``seq`` and the event's ``fields``.
+``-f`` keeps polling with the reply's cursor and prints each new event once, until Ctrl-C.
+Events that did not decode are named on stderr, once each, and never shown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, Protocol
+
+from elasticctl import render
+from elasticctl.exits import EXIT_INTERRUPTED
+from elasticd.wire import EventsArgs, EventsReply, EventView, default
+
+POLL_S = 1.0
+
+
+class Requester(Protocol):
+    def request(self, cmd: str, args: object, timeout_s: float | None = None) -> Any: ...
+
+
+def add_parser(add: Callable[..., argparse.ArgumentParser]) -> None:
+    ev = add("events", help="the cluster's event history: submits, rounds, failures, drains, hangs")
+    ev.add_argument("job", nargs="?", default=default(EventsArgs, "job"), metavar="JOB", help="only this job")
+    ev.add_argument("-f", "--follow", action="store_true", help="keep printing new events until Ctrl-C")
+    ev.add_argument("--json", action="store_true", help="JSON lines, times in ISO 8601 (UTC)")
+    ev.set_defaults(func=cmd_events)
+
+
+def as_json(event: EventView) -> str:
+    out = {
+        "time": render.iso(event["happened_at"]),
+        "kind": event["kind"],
+        "job": event["job"],
+        "node": event["node"],
+        "message": event["message"],
+        "seq": event["seq"],
+        "fields": event["fields"],
+    }
+    return json.dumps(out, sort_keys=False)
+
+
+def as_text(event: EventView) -> str:
+    at = datetime.fromtimestamp(event["happened_at"]).strftime("%Y-%m-%d %H:%M:%S")
+    return f"{at}  {event['kind']:<13} {event['job'] or '-'}  {event['node'] or '-'}  {event['message']}"
+
+
+def show(reply: EventsReply, as_json_lines: bool, seen_bad: set[str]) -> None:
+    for bad in reply["skipped"]:
+        if bad["key"] not in seen_bad:
+            seen_bad.add(bad["key"])
+            print(f"elasticctl: skipped event {bad['key']}: {bad['why']}", file=sys.stderr)
+    for event in reply["events"]:
+        print(as_json(event) if as_json_lines else as_text(event))
+    sys.stdout.flush()
+
+
+def cmd_events(client: Requester, ns: argparse.Namespace, sleep: Callable[[float], None] = time.sleep) -> int:
+    cursor = 0
+    seen_bad: set[str] = set()
+    try:
+        while True:
+            reply: EventsReply = client.request("events", EventsArgs(ns.job, after=cursor))
+            show(reply, ns.json, seen_bad)
+            cursor = max(cursor, reply["cursor"])
+            if not ns.follow:
+                return 0
+            sleep(POLL_S)
+    except KeyboardInterrupt:
+        return 0 if ns.follow else EXIT_INTERRUPTED

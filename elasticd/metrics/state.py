@@ -1,0 +1,142 @@
+"""The gauges read from the daemon's state when Prometheus scrapes, not counted as things happen.
+
+``gather`` takes one look at the daemon (its agents, their workers' progress, the registry, and
+one read of the cluster's jobs and nodes, as ``status`` and ``nodes`` make) into a frozen
+``NodeState``; ``StateCollector`` renders the last look. The scrape handler gathers first, on the
+daemon's loop, then renders: prometheus_client's ``collect`` is synchronous and must not block.
+
+Jobs by state and the node count are the cluster's, as this node reads them: every node reports
+the same values, so aggregate them with ``max`` (not ``sum``) across nodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from elasticd.agent.record import AgentState
+from elasticd.errors import EtcdUnavailable
+from elasticd.jobs.state import JobState
+from elasticd.jobs.view import job_state
+
+if TYPE_CHECKING:
+    from elasticd.manager.jobs import JobManager
+    from elasticd.node.registry import NodeRegistry
+
+
+@dataclass(frozen=True)
+class NodeState:
+    node: str
+    etcd_up: bool = True
+    jobs: dict[str, int] = field(default_factory=dict)  # JobState value -> jobs (cluster-wide)
+    nodes: int = 0  # live nodes (cluster-wide)
+    nodes_draining: int = 0
+    groups: dict[str, int] = field(default_factory=dict)  # AgentState value -> this node's jobs
+    workers: dict[str, int] = field(default_factory=dict)  # job -> live worker processes here
+    steps_per_s: dict[str, float] = field(default_factory=dict)  # job -> its ranks' here, summed
+    slots: int = 0
+    free_slots: int = 0
+    lease_renewals: int = 0
+    lease_held: bool = False
+
+
+async def gather(manager: JobManager, registry: NodeRegistry) -> NodeState:
+    """One look at the daemon (reads etcd twice, in threads)."""
+    groups = Counter(agent.state.value for agent in manager.agents.values())
+    workers: dict[str, int] = {}
+    rates: dict[str, float] = {}
+    for job, agent in manager.agents.items():
+        if agent.workers is None:
+            continue
+        workers[job] = len(agent.workers.pids())
+        progress = agent.workers.progress()
+        if any(p.steps_per_s is not None for p in progress):
+            rates[job] = sum(p.steps_per_s or 0.0 for p in progress)
+    capacity = manager.capacity()
+    local = NodeState(
+        node=registry.node_id,
+        groups={s.value: groups.get(s.value, 0) for s in AgentState},
+        workers=workers,
+        steps_per_s=rates,
+        slots=int(capacity["slots"]),
+        free_slots=int(capacity["free_slots"]),
+        lease_renewals=registry.renewals,
+        lease_held=registry.lease_id is not None,
+    )
+    try:
+        snaps, records = await asyncio.gather(manager.snapshots(), asyncio.to_thread(registry.records))
+    except EtcdUnavailable:
+        return replace(local, etcd_up=False)
+    states = Counter(job_state(s).value for s in snaps.values())
+    return replace(
+        local,
+        jobs={s.value: states.get(s.value, 0) for s in JobState},
+        nodes=len(records),
+        nodes_draining=sum(1 for r in records if r.draining),
+    )
+
+
+class StateCollector(Collector):
+    """Renders the last ``NodeState`` it was given (``update``)."""
+
+    def __init__(self) -> None:
+        self.state: NodeState | None = None
+
+    def update(self, state: NodeState) -> None:
+        self.state = state
+
+    def describe(self) -> list[Metric]:
+        return []  # families are built per scrape: nothing to check at registration
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.state
+        if s is None:
+            return
+        yield _gauge("elasticd_etcd_up", "Whether this node could read etcd at the scrape", int(s.etcd_up))
+        if s.etcd_up:
+            jobs = GaugeMetricFamily(
+                "elasticd_jobs", "Jobs in the cluster by state (the same on every node)", labels=["state"]
+            )
+            for state, n in sorted(s.jobs.items()):
+                jobs.add_metric([state], n)
+            yield jobs
+            yield _gauge("elasticd_nodes", "Live nodes in the cluster (the same on every node)", s.nodes)
+            yield _gauge("elasticd_nodes_draining", "Live nodes that are drained", s.nodes_draining)
+        groups = GaugeMetricFamily(
+            "elasticd_worker_groups",
+            "This node's part in jobs (its worker group), by state",
+            labels=["state"],
+        )
+        for state, n in sorted(s.groups.items()):
+            groups.add_metric([state], n)
+        yield groups
+        workers = GaugeMetricFamily(
+            "elasticd_worker_processes", "Live worker processes on this node, by job", labels=["job"]
+        )
+        for job, n in sorted(s.workers.items()):
+            workers.add_metric([job], n)
+        yield workers
+        rate = GaugeMetricFamily(
+            "elasticd_steps_per_second",
+            "Training steps per second of this node's ranks, summed, by job (from their progress reports)",
+            labels=["job"],
+        )
+        for job, r in sorted(s.steps_per_s.items()):
+            rate.add_metric([job], r)
+        yield rate
+        yield _gauge("elasticd_slots", "This node's slots", s.slots)
+        yield _gauge("elasticd_free_slots", "This node's free slots", s.free_slots)
+        yield CounterMetricFamily(
+            "elasticd_lease_renewals", "Keep-alives that renewed this node's lease", value=s.lease_renewals
+        )
+        yield _gauge("elasticd_lease_held", "Whether this node holds its lease", int(s.lease_held))
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)

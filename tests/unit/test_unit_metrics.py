@@ -1,0 +1,126 @@
+"""Metrics: the address setting, the counters fed by events, the gauges rendered from one look at
+the daemon, and the endpoint itself (a real HTTP server on loopback, with a fake look)."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from elasticd.errors import ConfigError
+from elasticd.metrics.address import HostPort
+from elasticd.metrics.counters import EventMetrics
+from elasticd.metrics.server import MetricsServer
+from elasticd.metrics.state import NodeState, StateCollector
+from elasticd.netaddr import free_port
+
+
+@pytest.mark.parametrize(
+    ("text", "host", "port"),
+    [("9464", "127.0.0.1", 9464), (":9464", "127.0.0.1", 9464), ("0.0.0.0:1", "0.0.0.0", 1),
+     ("[::1]:9464", "::1", 9464), ("metrics.example:80", "metrics.example", 80)],
+)  # fmt: skip
+def test_metrics_address(text: str, host: str, port: int) -> None:
+    assert HostPort.parse(text) == HostPort(host, port)
+
+
+@pytest.mark.parametrize("text", ["", "0", "65536", "host:", "a b:1", "::1:9464", "[x]:1", "h:9x", "1.2.3.4"])
+def test_bad_metrics_address_is_a_clear_config_error(text: str) -> None:
+    with pytest.raises(ConfigError, match=r"metrics_address .*HOST:PORT"):
+        HostPort.parse(text)
+
+
+def _value(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
+    return registry.get_sample_value(name, labels)
+
+
+def test_counters_and_histograms_follow_the_events() -> None:
+    registry = CollectorRegistry()
+    m = EventMetrics(registry)
+    m.observe("round.bumped", {"reason": "worker_failed", "spend": True})
+    m.observe("round.bumped", {"reason": "worker_failed"})
+    m.observe("round.bumped", {"reason": "made_up"})
+    m.observe("job.orphaned", {"round": 3})
+    m.observe("round.complete", {"reason": "start", "rendezvous_s": 0.4})
+    m.observe("round.complete", {"reason": "worker_failed", "rendezvous_s": 2.0})
+    m.observe("round.complete", {"reason": "start", "rendezvous_s": "soon"})  # ignored
+    m.observe("job.failed", {"code": "worker_failed"})
+    m.observe("worker.failed", {"cause": "oom"})
+    m.observe("lease.granted", {})  # not counted
+    assert _value(registry, "elasticd_restarts_total", reason="worker_failed") == 2
+    assert _value(registry, "elasticd_restarts_total", reason="other") == 1
+    assert _value(registry, "elasticd_restarts_total", reason="member_lost") == 1
+    assert _value(registry, "elasticd_rendezvous_duration_seconds_count") == 2
+    assert _value(registry, "elasticd_rendezvous_duration_seconds_sum") == pytest.approx(2.4)
+    assert _value(registry, "elasticd_recovery_duration_seconds_count") == 1
+    assert _value(registry, "elasticd_jobs_ended_total", state="FAILED") == 1
+    assert _value(registry, "elasticd_worker_failures_total", cause="oom") == 1
+
+
+def test_gauges_render_the_last_look() -> None:
+    registry = CollectorRegistry()
+    collector = StateCollector()
+    registry.register(collector)
+    assert generate_latest(registry) == b""  # no look yet
+    collector.update(
+        NodeState("n1", jobs={"RUNNING": 2, "FAILED": 1}, nodes=3, groups={"RUNNING": 2}, workers={"j": 4},
+                  steps_per_s={"j": 12.5}, slots=8, free_slots=4, lease_renewals=7, lease_held=True)
+    )  # fmt: skip
+    assert _value(registry, "elasticd_jobs", state="RUNNING") == 2
+    assert _value(registry, "elasticd_nodes") == 3
+    assert _value(registry, "elasticd_worker_groups", state="RUNNING") == 2
+    assert _value(registry, "elasticd_worker_processes", job="j") == 4
+    assert _value(registry, "elasticd_steps_per_second", job="j") == 12.5
+    assert _value(registry, "elasticd_lease_renewals_total") == 7
+    collector.update(NodeState("n1", etcd_up=False))
+    assert _value(registry, "elasticd_etcd_up") == 0 and _value(registry, "elasticd_nodes") is None
+
+
+def test_the_endpoint_serves_metrics_after_a_fresh_look_and_nothing_else() -> None:
+    registry = CollectorRegistry()
+    collector = StateCollector()
+    registry.register(collector)
+    looks = []
+
+    async def refresh() -> None:
+        looks.append(1)
+        collector.update(NodeState("n1", nodes=len(looks)))
+
+    def get(url: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(url, timeout=10) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, ""
+
+    async def run() -> list[tuple[int, str]]:
+        server = MetricsServer(HostPort("127.0.0.1", free_port()), registry, refresh)
+        await server.start()
+        try:
+            base = f"http://127.0.0.1:{server.port}"
+            return [await asyncio.to_thread(get, base + path) for path in ("/metrics", "/metrics?x", "/")]
+        finally:
+            await server.close()
+
+    (ok, body), (again, body2), (missing, _) = asyncio.run(run())
+    assert (ok, again, missing) == (200, 200, 404)
+    assert "elasticd_nodes 1.0" in body and "elasticd_nodes 2.0" in body2  # a look per scrape
+
+
+def test_an_address_in_use_is_a_config_error() -> None:
+    async def run() -> None:
+        port = free_port()
+        first = MetricsServer(HostPort("127.0.0.1", port), CollectorRegistry(), lambda: asyncio.sleep(0))
+        await first.start()
+        try:
+            with pytest.raises(ConfigError, match="cannot listen"):
+                await MetricsServer(
+                    HostPort("127.0.0.1", port), CollectorRegistry(), lambda: asyncio.sleep(0)
+                ).start()
+        finally:
+            await first.close()
+
+    asyncio.run(run())
