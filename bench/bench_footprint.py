@@ -46,18 +46,20 @@ MB = 1024 * 1024
 
 
 def _client_main(argv: list[str]) -> int:
-    """One RPC client process: ``_client SOCKET REQUESTS THINK_MS START_AT CMD[,CMD...]``.
+    """One RPC client process: ``_client SOCKET REQUESTS THINK_MS CMD[,CMD...]``.
 
-    Imports only what ``elasticctl`` imports to talk to the daemon; prints its latencies (ms) as
-    one JSON line. ``START_AT`` (``time.time()``) lines every client up on one moment.
+    Imports only what ``elasticctl`` imports to talk to the daemon, connects, says ``ready`` on
+    stdout and starts when a line arrives on stdin (so that every client starts at once, after
+    all of them have started up); prints its latencies (ms) as one JSON line.
     """
     from elasticctl.client import Client
 
-    socket, requests, think_ms, start_at, commands = argv
+    socket, requests, think_ms, commands = argv
     client = Client(Path(socket), timeout_s=30.0)
     cmds = commands.split(",")
     client.call("ping")  # connected before the clock starts
-    time.sleep(max(0.0, float(start_at) - time.time()))
+    print("ready", flush=True)
+    sys.stdin.readline()
     latencies = []
     for i in range(int(requests)):
         cmd = cmds[i % len(cmds)]
@@ -127,11 +129,11 @@ def measure_mem(phase: str, daemon: Any, reaper: Any) -> MemSample:
 
 
 def measure_rpc(socket: Path, clients: int, requests: int, think_ms: float, commands: str) -> RpcResult:
-    start_at = time.time() + 1.0 + clients * 0.05  # every client has imported zmq and connected by then
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     procs = [
         subprocess.Popen(
-            [sys.executable, __file__, "_client", str(socket), str(requests), str(think_ms), str(start_at), commands],
+            [sys.executable, __file__, "_client", str(socket), str(requests), str(think_ms), commands],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -139,6 +141,14 @@ def measure_rpc(socket: Path, clients: int, requests: int, think_ms: float, comm
         )
         for _ in range(clients)
     ]
+    for p in procs:
+        assert p.stdout is not None
+        p.stdout.readline()  # "ready" (or EOF: the error shows below)
+    start_at = time.time()
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
     latencies: list[float] = []
     errors: list[str] = []
     for p in procs:
