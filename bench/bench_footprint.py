@@ -252,11 +252,15 @@ class Setup:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--idle-seconds", type=float, default=60.0, help="each idle CPU window (default 60)")
-    p.add_argument("--settle", type=float, default=5.0, help="seconds after start / job start before measuring")
+    p.add_argument(
+        "--settle", type=float, default=5.0, help="seconds after start / job start before measuring"
+    )
     p.add_argument("--clients", type=int, default=50, help="concurrent RPC client processes (default 50)")
     p.add_argument("--requests", type=int, default=100, help="requests per client (default 100)")
     p.add_argument("--think-ms", type=float, default=0.0, help="pause between a reply and the next request")
-    p.add_argument("--commands", default="ping,status", help="round-robin, comma-separated (default ping,status)")
+    p.add_argument(
+        "--commands", default="ping,status", help="round-robin, comma-separated (default ping,status)"
+    )
     p.add_argument("--no-job", action="store_true", help="skip the phase with one running job")
     p.add_argument("--json", type=Path, help="write every figure here")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (daemon log, job logs)")
@@ -325,20 +329,24 @@ def _mark(ok: bool) -> str:
 
 def report(cpu: list[CpuSample], mem: list[MemSample], rpc: RpcResult | None) -> None:
     print()
-    print(f"{'idle CPU (% of one core)':<26} {'window':>7} {'daemon':>8} {'reaper':>8} {'threads':>8}  target")
+    print(
+        f"{'idle CPU (% of one core)':<26} {'window':>7} {'daemon':>8} {'reaper':>8} {'threads':>8}  target"
+    )
     for c in cpu:
         ok = c.daemon_pct <= CPU_TARGET_PCT
         print(
-            f"{c.phase:<26} {c.seconds:>6.0f}s {c.daemon_pct:>7.3f}% {c.reaper_pct:>7.3f}% {c.daemon_threads:>8}"
+            f"{c.phase:<26} {c.seconds:>6.0f}s {c.daemon_pct:>7.3f}% {c.reaper_pct:>7.3f}%"
+            f" {c.daemon_threads:>8}"
             f"  <= {CPU_TARGET_PCT}% {_mark(ok)}"
         )
     print()
-    print(f"{'memory (MB)':<26} {'RSS d+r':>8} {'d RSS':>7} {'d USS':>7} {'d PSS':>7} {'r RSS':>7} {'r USS':>7}"
-          f" {'r PSS':>7}  target")  # fmt: skip
+    print(f"{'memory (MB)':<26} {'RSS d+r':>8} {'d RSS':>7} {'d USS':>7} {'d PSS':>7}"
+          f" {'r RSS':>7} {'r USS':>7} {'r PSS':>7}  target")  # fmt: skip
     for m in mem:
         d, r = m.daemon, m.reaper
         print(
-            f"{m.phase:<26} {m.total_rss_mb:>8.1f} {d['rss_mb']:>7.1f} {d['uss_mb']:>7.1f} {d['pss_mb']:>7.1f}"
+            f"{m.phase:<26} {m.total_rss_mb:>8.1f} {d['rss_mb']:>7.1f} {d['uss_mb']:>7.1f}"
+            f" {d['pss_mb']:>7.1f}"
             f" {r['rss_mb']:>7.1f} {r['uss_mb']:>7.1f} {r['pss_mb']:>7.1f}"
             f"  <= {RSS_TARGET_MB:.0f} {_mark(m.total_rss_mb <= RSS_TARGET_MB)}"
         )
@@ -346,7 +354,8 @@ def report(cpu: list[CpuSample], mem: list[MemSample], rpc: RpcResult | None) ->
         print()
         n = rpc.clients * rpc.requests
         print(
-            f"control RPC: {rpc.clients} clients x {rpc.requests} requests ({rpc.commands}, think {rpc.think_ms:g} ms):"
+            f"control RPC: {rpc.clients} clients x {rpc.requests} requests ({rpc.commands},"
+            f" think {rpc.think_ms:g} ms):"
             f" p50 {rpc.p50_ms:.2f} ms, p99 {rpc.p99_ms:.2f} ms, max {rpc.max_ms:.2f} ms,"
             f" {n / rpc.wall_s:.0f} req/s  p99 < {P99_TARGET_MS:g} ms {_mark(rpc.p99_ms < P99_TARGET_MS)}"
         )

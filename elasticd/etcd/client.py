@@ -48,7 +48,7 @@ import etcd3.etcdrpc
 import etcd3.events
 import etcd3.exceptions
 import etcd3.utils
-import grpc._common
+import grpc._common  # type: ignore[import-untyped]
 
 # grpc's blocking waits (a watch stream's next event, a stream call's request iterator) wake every
 # MAXIMUM_WAIT_TIMEOUT (0.1 s) only so that a *main* thread blocked in grpc can run signal handlers;

@@ -92,9 +92,13 @@ class Janitor:
             if snap.final is not None:
                 if self._retention_s is not None:
                     due.append(snap.final.ended_at + self._retention_s)
-            elif snap.spec is not None and snap.round is not None and snap.result is None:
-                if not snap.current_joins:
-                    due.append(snap.round.opened_at + snap.spec.join_timeout_s)
+            elif (
+                snap.spec is not None
+                and snap.round is not None
+                and not snap.result
+                and not snap.current_joins
+            ):
+                due.append(snap.round.opened_at + snap.spec.join_timeout_s)
         now = self._clock()
         return min((t for t in due if t > now), default=None)
 

@@ -34,6 +34,7 @@ root. So it repeats, in a few lines, the kernel mechanics it needs from ``worker
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import select
@@ -169,10 +170,8 @@ def _marked(owner: str, job: str | None = None) -> list[tuple[int, int | None]]:
 def _kill_now(procs: list[tuple[int, int | None]], pgids: list[int]) -> None:
     """SIGKILL the tracked groups, then every marked process."""
     for pgid in pgids:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
     for pid, fd in procs:
         try:
             if fd is not None:

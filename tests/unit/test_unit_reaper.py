@@ -30,7 +30,10 @@ def _limits_accepts(name: str) -> bool:
         return False
 
 
-@given(st.text(alphabet="aZ09_.-/ \n\x00é", max_size=210) | st.sampled_from(["", ".", "..", "a" * 200, "a" * 201]))
+@given(
+    st.text(alphabet="aZ09_.-/ \n\x00é", max_size=210)
+    | st.sampled_from(["", ".", "..", "a" * 200, "a" * 201])
+)
 def test_job_name_rule_agrees_with_limits(name: str) -> None:
     # limits' regex ends in "$", which also matches before a final newline; the reaper is stricter
     # there (a job id never ends in one: jobs.spec validates them first).
@@ -78,7 +81,9 @@ def test_a_marked_process_dies_with_the_pipe_and_a_fenced_group_at_the_deadline(
     proc = _run(owner)
     try:
         assert proc.stdin is not None
-        proc.stdin.write(f"track {fenced.pid} job-b\ntrack {unrelated.pid}\nuntrack {unrelated.pid}\n".encode())
+        proc.stdin.write(
+            f"track {fenced.pid} job-b\ntrack {unrelated.pid}\nuntrack {unrelated.pid}\n".encode()
+        )
         proc.stdin.write(f"deadline {time.monotonic() + 0.3:.3f}\n".encode())
         proc.stdin.flush()
         assert fenced.wait(10) == -signal.SIGKILL  # fenced: its job's marked processes (none) with it
