@@ -128,8 +128,9 @@ def _participant_proc(argv: list[str]) -> int:
     threads = [threading.Thread(target=node.run, args=(spec, timeout), daemon=True) for node in nodes]
     for t in threads:
         t.start()
+    deadline = time.monotonic() + timeout + 5
     for t in threads:
-        t.join(timeout + 5)
+        t.join(max(0.0, deadline - time.monotonic()))
     print(json.dumps([node.report() for node in nodes]), flush=True)
     for node in nodes:
         node.close()
@@ -267,7 +268,11 @@ def run_elasticd(endpoint: str, n: int, procs: int, timeout_s: float, watch: str
     reports: list[dict[str, Any]] = []
     errors: list[str] = []
     for c in children:
-        out, _ = c.communicate(timeout=timeout_s + 60)
+        try:
+            out, _ = c.communicate(timeout=max(1.0, t0 + timeout_s + 90 - time.time()))
+        except subprocess.TimeoutExpired:  # counted as not finished, not a crash of the bench
+            c.kill()
+            out, _ = c.communicate()
         lines = out.strip().splitlines()
         if c.returncode != 0 or not lines:
             errors.append(f"participant process exited {c.returncode}")
