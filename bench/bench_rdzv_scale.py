@@ -1,30 +1,37 @@
-"""Rendezvous at scale: N simulated participants against one etcd, next to torch's c10d handler.
+"""Rendezvous at scale: N participants against one etcd, spread over several processes.
 
-elasticd side: each participant runs the join path of ``elasticd.agent.step`` with the
-real ``JobStore`` (etcd I/O) and the real pure deciders (``leader``, ``decide_close``,
-``order_members``, ``build_result``): it puts its join key under its own lease, reads the job
-snapshot, and either leads (closes the round when MAX have joined) or waits for the result.
-As in the daemon, one watch per process turns etcd events into wake-ups, and a participant that
-does not lead is not woken by other joins. The etcd requests of every participant are counted
-(unary calls; each participant's share of the watch is reported separately).
+elasticd side: each participant is a *node*: its own etcd client (one grpc channel, as one
+daemon has), its own lease, its own watch on the job's prefix (as every daemon watches the whole
+prefix), and it runs the join path of ``elasticd.agent.step`` with the real ``JobStore`` (etcd
+I/O) and the real pure deciders (``leader``, ``decide_close``, ``order_members``,
+``build_result``): it puts its join key under its lease, glances at the round while someone else
+leads (woken by its watch only for what the agent wakes for: not other nodes' joins), and the
+leader closes the round when MAX have joined. The participants run as threads in ``--procs``
+separate processes (default: one per 128 participants), so that no single Python interpreter
+carries them all: the harness is not what is measured. The unary etcd requests of every
+participant are counted in its own client (the watch is one stream per node, counted apart).
 
-torch side: ``DynamicRendezvousHandler`` over ``C10dRendezvousBackend`` on one ``TCPStore``,
-one handler (and store client) per participant, all calling ``next_rendezvous()``; backend
-``get_state``/``set_state`` calls are counted as its requests.
+Reported per N: the time from the *last join* (the last participant's join put returned) to the
+moment *every* participant holds the round's result; the time from the start signal; unary
+requests per participant (median and max); and whether that stays O(1) (the max does not grow
+with N).
 
-Both sides run N threads in one process, started together, with min = max = N; the clock runs
-from the start signal until every participant holds the round's result. A side that does not
-finish within ``--timeout`` seconds is reported as such.
+torch side (``--torch``, off by default at N > 256 where it does not finish): the
+``DynamicRendezvousHandler`` over ``C10dRendezvousBackend`` on one ``TCPStore``, one handler per
+participant, threads of one process; ``get_state``/``set_state`` calls count as its requests.
 
-    .venv/bin/python bench/bench_rdzv_scale.py [--sizes 64,256,1024] [--timeout 180] [--json PATH]
+    .venv/bin/python bench/bench_rdzv_scale.py [--sizes 64,256,1024] [--procs P] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
+import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -34,7 +41,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from elasticd.agent.executor import LEADER_BATCH_S
+from elasticd.agent.executor import LEADER_BATCH_S, POLL_S
 from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.client import EtcdClient
 from elasticd.etcd.embedded import EmbeddedEtcd
@@ -45,15 +52,22 @@ from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.model import Join
 from elasticd.rendezvous.store import InlineJobStore, run_inline
 
+REPO = Path(__file__).resolve().parent.parent
+
 
 @dataclass
 class Outcome:
     side: str
     n: int
     finished: int
-    seconds: float | None
-    requests_per_participant: float
+    seconds: float | None  # start signal -> every participant holds the result
+    requests_per_participant: float  # median
     note: str = ""
+    procs: int = 1
+    requests_max: float = 0.0  # over the participants that did not lead
+    leader_requests: float = 0.0  # the leader reads the joins again per batch of joins it is woken for
+    last_join: float | None = None  # start signal -> the last join put returned
+    after_last_join: float | None = None  # the last join -> every participant holds the result
 
 
 class CountingClient(EtcdClient):
@@ -89,79 +103,104 @@ def spec_for(n: int, job_id: str) -> JobSpec:
     )
 
 
-def run_elasticd(endpoint: str, n: int, timeout_s: float) -> Outcome:
-    keys = Keys(f"/bench/{n}-{time.time_ns()}")
-    client = CountingClient([endpoint], timeout_s=30)
-    job_id = f"scale-{n}"
-    store = InlineJobStore(client, keys, job_id)
+def _participant_proc(argv: list[str]) -> int:
+    """One process of participants: ``_node ENDPOINT PREFIX JOB N FIRST COUNT TIMEOUT WATCH``.
+
+    Prints ``ready`` once every participant has its client, lease and watch, starts on a line on
+    stdin, and prints one JSON line: per participant its join time, done time (``time.time()``,
+    one clock for every process of the host), requests, and error if any.
+    """
+    endpoint, prefix, job_id, n_s, first_s, count_s, timeout_s, watch = argv
+    n, first, count, timeout = int(n_s), int(first_s), int(count_s), float(timeout_s)
+    keys = Keys(prefix)
     spec = spec_for(n, job_id)
-    assert run_inline(store.create(spec))
-    leases = [client.grant_lease(120) for _ in range(n)]  # each node's lease exists before the job
-    setup_requests = client.requests
-    wake = [threading.Event() for _ in range(n)]
-    leading = [False] * n
     join_prefix = f"{keys.job(job_id)}rdzv/0/join/"
+    nodes = [
+        Node(i, endpoint, keys, job_id, join_prefix, watch == "node") for i in range(first, first + count)
+    ]
+    if watch == "process":  # one stream for the process, fanned out to its nodes' wake-ups
+        shared = EtcdClient([endpoint], timeout_s=60)
+        shared.watch_prefix(
+            keys.job(job_id), lambda k, d: [node.on_change(k, d) for node in nodes], lambda: None
+        )
+    print("ready", flush=True)
+    sys.stdin.readline()
+    threads = [threading.Thread(target=node.run, args=(spec, timeout), daemon=True) for node in nodes]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout + 5
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    print(json.dumps([node.report() for node in nodes]), flush=True)
+    for node in nodes:
+        node.close()
+    return 0
 
-    def on_change(key: str, deleted: bool) -> None:  # the daemon's per-process watch, filtered
-        if key.startswith(join_prefix):
-            for i in range(n):
-                if leading[i]:
-                    wake[i].set()
-        else:
-            for event in wake:
-                event.set()
 
-    cancel = client.watch_prefix(keys.job(job_id), on_change, lambda: None)
-    setup_requests = client.requests  # the watch is reported per participant, not counted here
-    start = threading.Event()
-    done_at: list[float | None] = [None] * n
+class Node:
+    """One participant: a daemon's etcd client, lease and watch, and its agent's join path."""
 
-    errors: list[str] = []
+    def __init__(self, i: int, endpoint: str, keys: Keys, job_id: str, join_prefix: str, watch: bool) -> None:
+        self.me = f"node-{i:05d}"
+        self.client = CountingClient([endpoint], timeout_s=60)
+        self.store = InlineJobStore(self.client, keys, job_id)
+        self.lease = self.client.grant_lease(300)
+        self.wake = threading.Event()
+        self.leading = False
+        self.joined_at: float | None = None
+        self.done_at: float | None = None
+        self.error = ""
 
-    def participant(i: int) -> None:
-        try:
-            run_participant(i)
-        except Exception as exc:  # reported, not hidden: a participant that fails does not finish
-            errors.append(f"{type(exc).__name__}: {exc}"[:200])
+        self._join_prefix = join_prefix
+        self._cancel = (
+            self.client.watch_prefix(keys.job(job_id), self.on_change, lambda: None)
+            if watch
+            else lambda: None
+        )
+        self.setup_requests = self.client.requests
 
-    def run_participant(i: int) -> None:
-        me = f"node-{i:05d}"
-        start.wait()
+    def on_change(self, key: str, deleted: bool) -> None:  # the agent's wake(): not others' joins
+        if not key.startswith(self._join_prefix) or self.leading:
+            self.wake.set()
+
+    def run(self, spec: JobSpec, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        state = {"joined": False, "seen": (), "last_join_at": time.time()}
-        while time.monotonic() < deadline:
-            try:  # as the agent's executor: an etcd error means "try again in a moment"
-                if step(i, me, state):
-                    return
-            except EtcdUnavailable:
-                time.sleep(1.0)
+        state: dict[str, Any] = {"seen": (), "last_join_at": time.time()}
+        try:
+            while time.monotonic() < deadline:
+                try:  # as the agent's executor: an etcd error means "try again in a moment"
+                    if self.step(spec, state):
+                        return
+                except EtcdUnavailable:
+                    time.sleep(1.0)
+        except Exception as exc:  # reported, not hidden: a participant that fails does not finish
+            self.error = f"{type(exc).__name__}: {exc}"[:200]
 
-    def step(i: int, me: str, state: dict[str, Any]) -> bool:
-        if not state["joined"]:
-            run_inline(store.join(0, Join(me, "127.0.0.1", 29500, 1), leases[i]))
-            state["joined"] = True
-        wake[i].clear()
-        if not leading[i]:  # the agent's glance: one small read while someone else leads
-            glance = run_inline(store.glance(0, me))
+    def step(self, spec: JobSpec, state: dict[str, Any]) -> bool:
+        store = self.store
+        if self.joined_at is None:
+            run_inline(store.join(0, Join(self.me, "127.0.0.1", 29500, 1), self.lease))
+            self.joined_at = time.time()
+        self.wake.clear()
+        if not self.leading:  # the agent's glance: one small read while someone else leads
+            glance = run_inline(store.glance(0, self.me))
             if glance.closed:
-                run_inline(
-                    store.snapshot(joins_counted_of=0)
-                )  # the member then reads the job, result included
-                done_at[i] = time.monotonic()
+                run_inline(store.snapshot(joins_counted_of=0))  # the member then reads the job
+                self.done_at = time.time()
                 return True
-            if glance.quiet(0, me):
-                wake[i].wait(1.0)
+            if glance.quiet(0, self.me):
+                self.wake.wait(POLL_S)
                 return False
         snap = run_inline(store.snapshot())
         if snap.result is not None:
-            done_at[i] = time.monotonic()
+            self.done_at = time.time()
             return True
         joins = snap.current_joins
         names = tuple(j.node for j in joins)
         if names != state["seen"]:
             state["seen"], state["last_join_at"] = names, time.time()
-        leading[i] = rdzv.leader(joins) == me
-        if leading[i] and snap.round is not None:
+        self.leading = rdzv.leader(joins) == self.me
+        if self.leading and snap.round is not None:
             decision = rdzv.decide_close(
                 snap.round,
                 joins,
@@ -178,25 +217,81 @@ def run_elasticd(endpoint: str, n: int, timeout_s: float) -> Outcome:
                 run_inline(store.close(rdzv.build_result(0, ordered, time.time())))
                 return False
             time.sleep(LEADER_BATCH_S)
-        wake[i].wait(1.0)
+        self.wake.wait(POLL_S)
         return False
 
-    threads = [threading.Thread(target=participant, args=(i,), daemon=True) for i in range(n)]
-    for t in threads:
-        t.start()
-    t0 = time.monotonic()
-    start.set()
-    for t in threads:
-        t.join(max(0.0, t0 + timeout_s - time.monotonic()))
-    cancel()
-    finished = [d for d in done_at if d is not None]
-    seconds = max(finished) - t0 if len(finished) == n else None
-    requests = (client.requests - setup_requests) / n
-    for lease in leases:
-        client.revoke_lease(lease)
-    client.close()
-    note = f"{len(errors)} errors, first: {errors[0]}" if errors else "+1 watch per daemon"
-    return Outcome("elasticd", n, len(finished), seconds, requests, note)
+    def report(self) -> dict[str, Any]:
+        return {
+            "node": self.me,
+            "joined_at": self.joined_at,
+            "done_at": self.done_at,
+            "requests": self.client.requests - self.setup_requests,
+            "leader": self.leading,
+            "error": self.error,
+        }
+
+    def close(self) -> None:
+        self._cancel()
+        with contextlib.suppress(Exception):
+            self.client.revoke_lease(self.lease)
+        self.client.close()
+
+
+def run_elasticd(endpoint: str, n: int, procs: int, timeout_s: float, watch: str) -> Outcome:
+    prefix = f"/bench/{n}-{time.time_ns()}"
+    job_id = f"scale-{n}"
+    setup = EtcdClient([endpoint], timeout_s=30)
+    assert run_inline(InlineJobStore(setup, Keys(prefix), job_id).create(spec_for(n, job_id)))
+    setup.close()
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    per = -(-n // procs)
+    children = []
+    for first in range(0, n, per):
+        argv = [endpoint, prefix, job_id, str(n), str(first), str(min(per, n - first)), str(timeout_s), watch]
+        children.append(
+            subprocess.Popen(
+                [sys.executable, __file__, "_node", *argv],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+        )
+    for c in children:  # every node has its client, lease and watch before the clock starts
+        assert c.stdout is not None
+        c.stdout.readline()
+    t0 = time.time()
+    for c in children:
+        assert c.stdin is not None
+        c.stdin.write("go\n")
+        c.stdin.flush()
+    reports: list[dict[str, Any]] = []
+    errors: list[str] = []
+    for c in children:
+        try:
+            out, _ = c.communicate(timeout=max(1.0, t0 + timeout_s + 90 - time.time()))
+        except subprocess.TimeoutExpired:  # counted as not finished, not a crash of the bench
+            c.kill()
+            out, _ = c.communicate()
+        lines = out.strip().splitlines()
+        if c.returncode != 0 or not lines:
+            errors.append(f"participant process exited {c.returncode}")
+            continue
+        reports.extend(json.loads(lines[-1]))
+    errors += [r["error"] for r in reports if r["error"]]
+    finished = [r for r in reports if r["done_at"] is not None]
+    requests = sorted(r["requests"] for r in reports if not r["leader"]) or [0]
+    outcome = Outcome("elasticd", n, len(finished), None, statistics.median(requests), procs=len(children))
+    outcome.requests_max = requests[-1]
+    outcome.leader_requests = max((r["requests"] for r in reports if r["leader"]), default=0)
+    if len(finished) == n:
+        last_join = max(r["joined_at"] for r in reports)
+        closed = max(r["done_at"] for r in reports)
+        outcome.seconds = closed - t0
+        outcome.after_last_join = closed - last_join
+        outcome.last_join = last_join - t0
+    outcome.note = f"{len(errors)} errors, first: {errors[0]}" if errors else f"+1 watch stream per {watch}"
+    return outcome
 
 
 def run_torch(n: int, timeout_s: float) -> Outcome:
@@ -257,14 +352,21 @@ def run_torch(n: int, timeout_s: float) -> Outcome:
     seconds = max(finished) - t0 if len(finished) == n else None
     note = errors[0] if errors else ("timed out" if seconds is None else "")
     del server
-    return Outcome("torch c10d", n, len(finished), seconds, counter["calls"] / n, note)
+    outcome = Outcome("torch c10d", n, len(finished), seconds, counter["calls"] / n, note)
+    outcome.requests_max = outcome.requests_per_participant  # (a mean: the backend counts all calls)
+    return outcome
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--sizes", default="64,256,1024")
+    p.add_argument("--procs", type=int, default=0, help="participant processes (default: one per 128)")
+    p.add_argument(
+        "--watch", choices=["node", "process"], default="node",
+        help="node: every node its own watch stream, as daemons have (default); process: one per process",
+    )  # fmt: skip
     p.add_argument("--timeout", type=float, default=180.0, help="per side and size, seconds")
-    p.add_argument("--only", choices=["elasticd", "torch"])
+    p.add_argument("--torch", action="store_true", help="also run torch's c10d rendezvous (N <= 256)")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -274,28 +376,45 @@ def main(argv: list[str] | None = None) -> int:
         etcd.start()
         try:
             for n in sizes:
-                if args.only != "torch":
-                    outcomes.append(run_elasticd(etcd.endpoint, n, args.timeout))
-                    print(outcomes[-1], flush=True)
-                if args.only != "elasticd":
+                procs = args.procs or max(1, -(-n // 128))
+                outcomes.append(run_elasticd(etcd.endpoint, n, min(procs, n), args.timeout, args.watch))
+                print(outcomes[-1], flush=True)
+                if args.torch and n <= 256:
                     outcomes.append(run_torch(n, args.timeout))
                     print(outcomes[-1], flush=True)
         finally:
             etcd.stop()
-    print()
-    print(f"{'N':>6}  {'side':<11} {'round complete (s)':>19} {'requests/participant':>21}  note")
-    for o in outcomes:
-        secs = f"{o.seconds:.3f}" if o.seconds is not None else f"DNF ({o.finished}/{o.n})"
-        print(f"{o.n:>6}  {o.side:<11} {secs:>19} {o.requests_per_participant:>21.1f}  {o.note}")
-    for n in sizes:
-        pair = {o.side: o for o in outcomes if o.n == n}
-        e, t = pair.get("elasticd"), pair.get("torch c10d")
-        if e and t and e.seconds and t.seconds:
-            print(f"N={n}: elasticd/torch time ratio {e.seconds / t.seconds:.2f}")
+    report(outcomes)
     if args.json:
         args.json.write_text(json.dumps([o.__dict__ for o in outcomes], indent=2))
     return 0
 
 
+def _s(x: float | None) -> str:
+    return f"{x:.3f}" if x is not None else "-"
+
+
+def report(outcomes: list[Outcome]) -> None:
+    print()
+    print(
+        f"{'N':>6}  {'side':<11} {'procs':>5} {'last join (s)':>13} {'closed after last join (s)':>27}"
+        f" {'total (s)':>10} {'req/participant med':>20} {'max':>5} {'leader':>6}  note"
+    )
+    for o in outcomes:
+        total = _s(o.seconds) if o.seconds is not None else f"DNF ({o.finished}/{o.n})"
+        print(
+            f"{o.n:>6}  {o.side:<11} {o.procs:>5} {_s(o.last_join):>13} {_s(o.after_last_join):>27}"
+            f" {total:>10} {o.requests_per_participant:>20.1f} {o.requests_max:>5.0f}"
+            f" {o.leader_requests:>6.0f}  {o.note}"
+        )
+    mine = [o for o in outcomes if o.side == "elasticd" and o.seconds is not None]
+    if len(mine) > 1:
+        flat = max(o.requests_max for o in mine) <= min(o.requests_max for o in mine) + 2
+        print(f"O(1) requests per participant (not leading): {'yes' if flat else 'NO'} (max per N: "
+              + ", ".join(f"{o.n}: {o.requests_max:.0f}" for o in mine) + ")")  # fmt: skip
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "_node":
+        sys.exit(_participant_proc(sys.argv[2:]))
     sys.exit(main())

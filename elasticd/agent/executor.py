@@ -32,7 +32,11 @@ from elasticd.rendezvous.store import JobStore
 
 _log = log.get("elasticd.agent")
 
-POLL_S = 1.0  # safety net under the watch
+# Safety net under the watch. Everything the agent acts on wakes it at once: the job's keys and
+# the nodes' (the watch), its workers' exits and hangs (futures), a fence or a leave (``wake``), a
+# peer's death (``PeerWatch``), a decision's deadline (``Wait.until``); progress is published when
+# due (below). This only bounds how long a wake-up lost to a silently stalled watch could go unseen.
+POLL_S = 5.0
 PROGRESS_PUBLISH_S = 5.0  # running workers' progress reaches etcd at most this often, when it changed
 LEADER_BATCH_S = 0.05
 
@@ -293,8 +297,12 @@ class JobAgent:
         return None
 
     async def _sleep(self, until: float | None, on_exits: bool) -> None:
-        """Wait for a wake-up, a worker exit (``on_exits``), or ``until`` (wall clock), at most POLL_S."""
-        timeout = POLL_S if until is None else max(0.0, min(POLL_S, until - self._clock.time()))
+        """Wait for a wake-up, a worker exit (``on_exits``), or ``until`` (wall clock), at most POLL_S,
+        and while workers run, at most until their progress is next due to be published."""
+        now = self._clock.time()
+        timeout = POLL_S if until is None else max(0.0, min(POLL_S, until - now))
+        if self.workers is not None and self.rec.state is AgentState.RUNNING:
+            timeout = min(timeout, max(0.0, self._progress_at + PROGRESS_PUBLISH_S - now) + 0.01)
         waiter: asyncio.Future[Any] = asyncio.ensure_future(self._wake.wait())
         futures: set[asyncio.Future[Any]] = {waiter}
         if on_exits and self.workers is not None:
@@ -331,18 +339,19 @@ class JobAgent:
         await self._publish_quietly()
 
     async def _publish_progress(self) -> None:
-        """While our workers run, publish their progress: at most every ``PROGRESS_PUBLISH_S``,
-        and only when it changed, so a stepping job costs etcd one small put per node that often."""
+        """While our workers run, publish their progress: every ``PROGRESS_PUBLISH_S``, when it
+        changed, so a stepping job costs etcd one small put per node that often (and a change is
+        published at most that long after it happened)."""
         workers, lease = self.workers, self._lease.lease_id
         if workers is None or lease is None or self.rec.state is not AgentState.RUNNING:
             return
         now = self._clock.time()
         if now - self._progress_at < PROGRESS_PUBLISH_S:
             return
+        self._progress_at = now  # checked: the next check is due PROGRESS_PUBLISH_S from now
         view = self.local_view()
         if view["progress"] == self._progress_sent:
             return
-        self._progress_at = now
         with contextlib.suppress(EtcdUnavailable):
             await self._store.put_node_status(self.node, view, lease)
             self._progress_sent = view["progress"]

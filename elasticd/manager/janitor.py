@@ -81,6 +81,27 @@ class Janitor:
             self._missing.clear()  # counted afresh by whoever holds the role
         return holding
 
+    def next_due(self, snaps: dict[str, JobSnapshot]) -> float | None:
+        """The earliest time (this clock) at which a decision of ``sweep`` over ``snaps`` can change
+        by time alone: a solo member's grace ends, a round's join timeout, a record's retention.
+        Everything else it decides on changes a key, and the watch wakes the scan for that. Times
+        already past are left out: ``sweep`` acted on them (a write that lost a race is retried at
+        the next change or by the safety net, never in a tight loop)."""
+        due = [since + self._solo_grace_s for since in self._missing.values()]
+        for snap in snaps.values():
+            if snap.final is not None:
+                if self._retention_s is not None:
+                    due.append(snap.final.ended_at + self._retention_s)
+            elif (
+                snap.spec is not None
+                and snap.round is not None
+                and not snap.result
+                and not snap.current_joins
+            ):
+                due.append(snap.round.opened_at + snap.spec.join_timeout_s)
+        now = self._clock()
+        return min((t for t in due if t > now), default=None)
+
     async def sweep(self, snaps: dict[str, JobSnapshot]) -> None:
         missing, self._missing = self._missing, {}
         for snap in snaps.values():
@@ -93,6 +114,9 @@ class Janitor:
                 await self._fail_invalid(snap)
             elif snap.spec is not None and not snap.ended:
                 await self._orphan(snap)
+
+    def now(self) -> float:
+        return self._clock()
 
     def _expired(self, ended_at: float) -> bool:
         return self._retention_s is not None and ended_at < self._clock() - self._retention_s

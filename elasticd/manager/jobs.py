@@ -34,7 +34,11 @@ from elasticd.rendezvous.store import EtcdJobStore, JobStore
 
 _log = log.get("elasticd.jobs")
 
-SCAN_S = 2.0  # safety net under the watch
+# The scan's safety net under the watch. Every key change wakes the scan at once (the watch), and
+# the janitor's decisions that come due by time alone wake it when they do (``Janitor.next_due``),
+# so this only bounds how long a change could go unseen if the watch stream stalled silently.
+SCAN_S = 10.0
+DUE_SLACK_S = 0.05  # wake just after a janitor deadline, not just before it
 # Only these can change whether this node should join a job (or whether a job needs clean-up).
 SCAN_KINDS = frozenset({KeyKind.SPEC, KeyKind.ROUND, KeyKind.FINAL, KeyKind.RESULT, KeyKind.JOB_DRAIN})
 # The event history (elasticd.events) changes nothing any job or scan acts on.
@@ -63,6 +67,7 @@ class JobManager:
         self.janitor = Janitor(kv, keys, rt.node_id, self.store_of, retention_s)
         self.agents: dict[str, JobAgent] = {}
         self._wake = asyncio.Event()
+        self._due: float | None = None  # when the janitor's next decision by time alone comes due
         self._stopping = False
         registry.on_lost = self.fence_all
         registry.on_granted = self.wake
@@ -126,11 +131,15 @@ class JobManager:
     async def run(self) -> None:
         """Look for jobs to join (woken by the watch, with a slow poll under it) until cancelled."""
         while True:
+            self._due = None
             try:
                 await self.scan()
             except EtcdUnavailable as exc:
                 _log.warning("jobs.scan_failed", error=str(exc))
-            await wait_event(self._wake, SCAN_S)
+            timeout = SCAN_S
+            if self._due is not None:
+                timeout = min(SCAN_S, max(0.0, self._due - self.janitor.now()) + DUE_SLACK_S)
+            await wait_event(self._wake, timeout)
             self._wake.clear()
 
     async def snapshots(self) -> dict[str, JobSnapshot]:
@@ -159,6 +168,7 @@ class JobManager:
                 await self._consider(snap, lease)
         if clean_up and await self.janitor.elected(lease):
             await self.janitor.sweep(snaps)
+            self._due = self.janitor.next_due(snaps)
         if clean_up:
             await asyncio.to_thread(self.sweep_logs, set(snaps))
         self._registry.publish_soon()

@@ -1,0 +1,53 @@
+"""The benches run, at CI size: they print their tables and exit 0. (Their figures are measured by
+running them, never asserted here: a loaded 2-core CI machine says nothing about them.)"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support import REPO, etcd_available
+
+pytestmark = pytest.mark.skipif(not etcd_available(), reason="needs the etcd binary")
+
+
+def _bench(name: str, *args: str, timeout_s: float = 240) -> str:
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    res = subprocess.run(
+        [sys.executable, str(REPO / "bench" / name), *args],
+        capture_output=True, text=True, timeout=timeout_s, env=env, cwd=REPO,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return res.stdout
+
+
+def test_bench_footprint_prints_its_table(tmp_path: Path) -> None:
+    out = _bench(
+        "bench_footprint.py", "--idle-seconds", "1", "--settle", "0.5", "--clients", "3", "--requests", "5",
+        "--json", str(tmp_path / "fp.json"),
+    )  # fmt: skip
+    for line in (
+        "idle CPU (% of one core)",
+        "idle, no job",
+        "one running job",
+        "memory (MB)",
+        "control RPC:",
+    ):
+        assert line in out, out
+    assert (tmp_path / "fp.json").read_text().startswith("{")
+
+
+def test_bench_rdzv_scale_prints_its_table(tmp_path: Path) -> None:
+    out = _bench("bench_rdzv_scale.py", "--sizes", "4,8", "--procs", "2", "--timeout", "60",
+                 "--json", str(tmp_path / "rdzv.json"))  # fmt: skip
+    assert "closed after last join (s)" in out, out
+    rows = [
+        line.split()
+        for line in out.splitlines()
+        if line.split()[:2] in (["4", "elasticd"], ["8", "elasticd"])
+    ]
+    assert len(rows) == 2 and all("DNF" not in r for r in rows), out
