@@ -251,6 +251,7 @@ class JobSpec:
         out["args"] = list(self.args)
         out["nnodes"] = str(self.nnodes)
         out["nodes"] = list(self.nodes)
+        out["preload"] = list(self.preload)
         return out
 
     def allows(self, node: str) -> bool:
