@@ -380,7 +380,7 @@ def run_entry(cfg: dict[str, Any]) -> None:
     import types
 
     main = types.ModuleType("__main__")
-    main.__dict__["__builtins__"] = builtins
+    main.__dict__.update(__builtins__=builtins, __annotations__={})  # as the interpreter's __main__
     sys.modules["__main__"] = main
     try:
         if cfg["kind"] == "module":
