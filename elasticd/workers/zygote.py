@@ -79,10 +79,11 @@ class ZygoteSetup:
     env: dict[str, str]
     identity: Identity | None
     preload: tuple[str, ...] = ()
+    torch: bool = True  # import torch too, when the interpreter has it
 
     def config(self) -> bytes:
         return json.dumps(
-            {"kind": self.kind, "entry": self.entry, "preload": list(self.preload), "torch": True}
+            {"kind": self.kind, "entry": self.entry, "preload": list(self.preload), "torch": self.torch}
         ).encode()
 
 
@@ -197,9 +198,12 @@ class _Child:
 class Zygote:
     """One job's zygote on this node. Methods run on the event-loop thread."""
 
-    def __init__(self, setup: ZygoteSetup, reaper: Reaper, procs_fd: int | None = None) -> None:
+    def __init__(
+        self, setup: ZygoteSetup, reaper: Reaper, procs_fd: int | None = None, source: bytes | None = None
+    ) -> None:
         """``procs_fd``: the job's tracking cgroup leaf for the zygote (``JobTracking.join_zygote``);
-        the zygote joins it, so it dies with the job's cgroup."""
+        the zygote joins it, so it dies with the job's cgroup. ``source``: the program (tests pass
+        fake zygotes); ``zygote_boot``'s by default."""
         self.setup = setup
         self.state = ZygoteState.STARTING
         self.reason = ""
@@ -217,6 +221,7 @@ class Zygote:
         self._bogus = 0
         self._started = 0.0
         self._reaping: asyncio.Future[int] | None = None
+        self._source = source
 
     # -- start -----------------------------------------------------------------------------------
     def spawn(self) -> None:
@@ -227,7 +232,7 @@ class Zygote:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         src_r, src_w = os.pipe2(os.O_CLOEXEC)
         try:
-            source = boot_source()
+            source = self._source if self._source is not None else boot_source()
             if len(source) >= 65536:  # written whole before the child reads: must fit the pipe
                 raise ZygoteError("bootstrap larger than a pipe's buffer")
             os.write(src_w, source)

@@ -25,6 +25,7 @@ Messages to the daemon are single JSON objects (``ready``, ``unavailable``, ``fo
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -227,6 +228,9 @@ def main(ctl_fd: int) -> None:
         torch="torch" in sys.modules,
         preloaded=[m for m in cfg["preload"] if m in sys.modules],
     )
+    # What is imported now stays: keep the collector off it, so a child's collections (and its
+    # interpreter's finalisation) neither walk it nor copy its pages (the gc module's advice).
+    gc.freeze()
     req = serve(ctl)  # returns in a forked child only
     become_worker(req, cfg, signals)
     run_entry(cfg)
