@@ -364,13 +364,24 @@ class Zygote:
             raise ZygoteError(f"zygote {self.state.value}")
         rid = self._next_id
         self._next_id += 1
-        names, fds = ["log"], [launch.log_fd]
+        go_r, go_w = os.pipe2(os.O_CLOEXEC)
+        names, fds = ["log", "go"], [launch.log_fd, go_r]
         if launch.progress_fd is not None:
             names.append("progress")
             fds.append(launch.progress_fd)
-        if procs_fd is not None:
-            names.append("procs")
-            fds.append(procs_fd)
+        try:
+            pid = await self._request(rid, launch, names, fds)
+            exited = self._adopt(pid)
+            self._place(self._children.get(pid), procs_fd)
+            with contextlib.suppress(OSError):  # EPIPE: it has ended already (its exit follows)
+                os.write(go_w, b"1")
+        finally:
+            os.close(go_r)
+            os.close(go_w)  # before "1": the child ends itself (SPAWN_FAILED)
+        return pid, exited
+
+    async def _request(self, rid: int, launch: Launch, names: list[str], fds: list[int]) -> int:
+        assert self._sock is not None and self._loop is not None
         request = {
             "op": "fork",
             "id": rid,
@@ -395,7 +406,23 @@ class Zygote:
             raise ZygoteError("the zygote did not answer") from None
         if isinstance(answer, ForkFailed):
             raise ZygoteError(f"the zygote could not fork: {answer.error}")
-        return answer.pid, self._adopt(answer.pid)
+        return answer.pid
+
+    def _place(self, child: _Child | None, procs_fd: int | None) -> None:
+        """Move the new worker into its rank's tracking cgroup while it waits for its go.
+
+        The daemon writes the pid itself: a ``cgroup.procs`` fd opened by root would let whoever
+        holds it move *any* process there (the kernel checks the opener's credentials), so it is
+        never handed to the zygote. The pid is the zygote's child, pinned by a pidfd: alive
+        before and after the write, it is the process the write moved."""
+        if procs_fd is None or child is None or child.pidfd < 0 or _ended(child.pidfd):
+            return
+        try:
+            os.write(procs_fd, str(child.pid).encode())
+        except OSError as exc:  # it ended meanwhile, or the leaf is gone: it runs in the zygote's
+            _log.error("tracking.join_failed", job=self.setup.job_id, pid=child.pid, error=str(exc))
+        if _ended(child.pidfd):  # it ended during the write: in theory its pid named another process
+            _log.error("zygote.placement_raced", job=self.setup.job_id, pid=child.pid)
 
     def _adopt(self, pid: int) -> asyncio.Future[int]:
         """Pin the reported pid with a pidfd and check it is the zygote's child, or give up on it."""

@@ -41,7 +41,7 @@ MAX_REQUEST = 4 << 20  # a fork request: argv and env of one rank
 MAX_FDS = 8
 SPAWN_FAILED = 127  # as elasticd.workers.spawn: the worker never got to run its entry point
 PARENT_GONE = 70
-FD_NAMES = ("log", "progress", "procs")
+FD_NAMES = ("log", "progress", "go")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 BOOT_FILE = "<elasticd-zygote>"  # the name this source is compiled under (tracebacks are cut there)
 
@@ -104,8 +104,8 @@ def parse_request(data: bytes, nfds: int) -> dict[str, Any]:
     names = _strings(req.get("fds"), "fds")
     if len(names) != nfds or len(set(names)) != len(names) or not set(names) <= set(FD_NAMES):
         raise BadRequest(f"fds must name each attached fd once {FD_NAMES}, got {names!r} for {nfds}")
-    if "log" not in names:
-        raise BadRequest("a log fd is required")
+    if "log" not in names or "go" not in names:
+        raise BadRequest("a log fd and a go pipe are required")
     target = req.get("progress_fd")
     if ("progress" in names) != (target is not None):
         raise BadRequest("progress_fd goes with a progress fd")
@@ -306,18 +306,22 @@ def become_worker(req: dict[str, Any], cfg: dict[str, Any], signals: tuple[dict[
     fds = req["fds"]
     try:
         os.setsid()
-        if "procs" in fds:  # the tracking cgroup first, so nothing of the worker is outside it
-            os.write(fds["procs"], b"0")
-            os.close(fds.pop("procs"))
         _die_with_zygote(req["zygote"])
         log = fds.pop("log")
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.close(log)
+        # The daemon puts us in the rank's tracking cgroup (it never hands a root-opened
+        # cgroup.procs to the zygote), then says go: nothing of the worker runs before.
+        go = fds.pop("go")
+        said = os.read(go, 1)
+        os.close(go)
     except OSError as exc:
         if "log" in fds:  # fd 2 is still the zygote's (/dev/null): say it in the log instead
             os.dup2(fds["log"], 2)
         _fail(exc)
+    if said != b"1":
+        _fail("the daemon did not place it in its cgroup")
     try:
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)

@@ -60,7 +60,7 @@ def spawned_modes(d: DaemonProc, job: str) -> list[str]:
 SAME = [
     "main_name", "main_file", "main_spec", "main_loader", "main_keys", "argv", "orig_argv", "executable",
     "flags", "path", "cwd", "ids", "rlimits", "umask", "fds", "signals", "sigmask", "threads",
-    "session_leader", "pdeathsig", "stdin", "cuda_initialized",
+    "session_leader", "pdeathsig", "stdin", "cgroup", "cuda_initialized",
 ]  # fmt: skip
 
 
@@ -76,6 +76,9 @@ def test_a_warm_worker_is_indistinguishable_from_a_cold_one(daemon: DaemonProc, 
         assert sorted(w_env) == sorted(c_env), f"env names of {where}: {set(w_env) ^ set(c_env)}"
         differ = {k for k in c_env if w_env[k] != c_env[k]} - JOB_SPECIFIC
         assert not differ, f"env of {where}: {[(k, w_env[k], c_env[k]) for k in sorted(differ)]}"
+    if log_events(daemon, "tracking.backend", backend="cgroup2"):
+        for (_, rank), r in warm.items():
+            assert r["cgroup"][0].endswith(f"/<job>/rank_{rank}"), f"not in its rank's cgroup: {r['cgroup']}"
     assert all("torch" in r["preloaded"] for r in warm.values()), "torch not imported before the script"
     assert all(r["preloaded"] == [] for r in cold.values()), "a cold worker found torch imported"
     assert all(r["threads"] == 1 for r in warm.values()), "a thread of the zygote survived the fork"

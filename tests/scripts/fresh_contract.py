@@ -67,6 +67,7 @@ record = {
     "session_leader": os.getsid(0) == os.getpid() == os.getpgid(0),
     "pdeathsig": pdeathsig.value,
     "stdin": os.readlink("/proc/self/fd/0"),
+    "cgroup": [line for line in open("/proc/self/cgroup").read().splitlines() if line.startswith("0::")],
     "pid": os.getpid(),
     "ppid": os.getppid(),
     "random": random.random(),
