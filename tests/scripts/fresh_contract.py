@@ -37,6 +37,8 @@ def disposition(sig):
     return getattr(handler, "name", None) or getattr(handler, "__name__", repr(handler))
 
 
+with open("/proc/self/cgroup") as f:
+    cgroups = f.read()
 pdeathsig = ctypes.c_int(0)
 ctypes.CDLL(None).prctl(2, ctypes.byref(pdeathsig), 0, 0, 0)  # PR_GET_PDEATHSIG
 record = {
@@ -67,7 +69,7 @@ record = {
     "session_leader": os.getsid(0) == os.getpid() == os.getpgid(0),
     "pdeathsig": pdeathsig.value,
     "stdin": os.readlink("/proc/self/fd/0"),
-    "cgroup": [line for line in open("/proc/self/cgroup").read().splitlines() if line.startswith("0::")],
+    "cgroup": [line for line in cgroups.splitlines() if line.startswith("0::")],
     "pid": os.getpid(),
     "ppid": os.getppid(),
     "random": random.random(),
