@@ -354,6 +354,9 @@ def become_worker(req: dict[str, Any], cfg: dict[str, Any], signals: tuple[dict[
     if sys.path and sys.path[0] != "" and not getattr(sys.flags, "safe_path", False):
         sys.path[0] = path0(cfg["kind"], cfg["entry"], os.getcwd())
     _reseed()
+    import importlib
+
+    importlib.invalidate_caches()  # directory listings the zygote cached may be stale by now
 
 
 def _reseed() -> None:
