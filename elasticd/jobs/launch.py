@@ -443,6 +443,10 @@ class ProcessLauncher:
     async def close(self) -> None:
         """The job ended on this node, or this node left it: its workers are stopped; stop its zygote."""
         zygote, self._zygote = self._zygote, None
-        if zygote is not None:
+        if zygote is None:
+            return
+        try:
             await zygote.close()
             await asyncio.to_thread(self._rt.tracking.job(self._job).drop_zygote)
+        except Exception as exc:  # the agent is leaving: say so, never stop it from leaving
+            _log.error("zygote.close_failed", job=self._job, error=str(exc))
