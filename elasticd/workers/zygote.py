@@ -45,8 +45,8 @@ from elasticd.workers.spawn import Identity, worker_preexec
 _log = log.get("elasticd.zygote")
 
 READY_TIMEOUT_S = 60.0  # importing torch on a loaded node can take a while; longer means no zygote
-FORK_TIMEOUT_S = 10.0  # for the zygote's reply to one fork request
-EXIT_REPORT_S = 5.0  # for the exit status of a worker the kernel says has ended
+FORK_TIMEOUT_S = 30.0  # for the zygote's reply to one fork request (milliseconds, unless the node is swamped)
+EXIT_REPORT_S = 30.0  # for the exit status of a worker the kernel says has ended (idem)
 MAX_MESSAGE = 4096  # from the zygote
 MAX_BOGUS = 100  # nonsense messages before the zygote is given up
 SNDBUF = 4 << 20  # a fork request carries one rank's argv and env
