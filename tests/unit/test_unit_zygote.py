@@ -18,6 +18,7 @@ import pytest
 
 from elasticd.workers import zygote as zy
 from elasticd.workers import zygote_boot as boot
+from elasticd.workers import zygote_wire as wire
 from elasticd.workers.group import Launch
 
 pytestmark = pytest.mark.timeout(60)
@@ -98,13 +99,13 @@ def test_argv_and_path_are_the_interpreters() -> None:
 )  # fmt: skip
 def test_garbage_from_the_zygote_is_refused(data: bytes) -> None:
     with pytest.raises(ValueError):
-        zy.parse_message(data)
+        wire.parse_message(data)
 
 
 def test_messages_from_the_zygote_are_typed() -> None:
-    assert zy.parse_message(b'{"ev": "exit", "pid": 5, "status": 256}') == zy.Exited(5, 256)
-    assert zy.parse_message(b'{"ev": "forked", "id": 0, "pid": 9}') == zy.Forked(0, 9)
-    assert zy.parse_message(b'{"ev": "unavailable", "reason": "' + b"x" * 900 + b'"}') == zy.Unavailable(
+    assert wire.parse_message(b'{"ev": "exit", "pid": 5, "status": 256}') == wire.Exited(5, 256)
+    assert wire.parse_message(b'{"ev": "forked", "id": 0, "pid": 9}') == wire.Forked(0, 9)
+    assert wire.parse_message(b'{"ev": "unavailable", "reason": "' + b"x" * 900 + b'"}') == wire.Unavailable(
         "x" * 500
     )
 
