@@ -94,6 +94,8 @@ def submit_request(ns: argparse.Namespace, gpus: Callable[[], int]) -> tuple[Sub
         nofile=ns.nofile,
         hang_timeout=ns.hang_timeout,
         max_same_failures=ns.max_same_failures,
+        warm=ns.warm,
+        preload=ns.preload,
         job_id=fields.get("job_id"),
     )
     return args, mapped

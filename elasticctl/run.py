@@ -92,6 +92,8 @@ def submit_args(
         max_restarts=int(ns.max_restarts),
         hang_timeout=ns.hang_timeout,
         max_same_failures=ns.max_same_failures,
+        warm=ns.warm,
+        preload=ns.preload,
         **mapped.fields,
     )
     return args, mapped.local_ranks, mapped.notes

@@ -18,6 +18,7 @@ from enum import StrEnum
 from typing import Any
 
 from elasticctl.entry import UsageError
+from elasticd.jobs.spec import MODULE_NAME
 
 
 class Treat(StrEnum):
@@ -147,6 +148,30 @@ def add_elasticd_flags(parser: argparse.ArgumentParser) -> None:
         help="end the job when it fails the same way N times in a row with no progress, instead "
         "of spending the rest of its restarts (0: never; default: 3)",
     )
+    parser.add_argument(
+        "--no-warm",
+        "--no_warm",
+        dest="warm",
+        action="store_false",
+        help="exec every worker afresh instead of forking it from the job's warm zygote, which "
+        "imports torch once per job and node (default: warm)",
+    )
+    parser.add_argument(
+        "--preload",
+        metavar="MOD[,MOD]",
+        type=_modules,
+        action="extend",
+        default=[],
+        help="modules the warm zygote imports besides torch, so workers start with them loaded",
+    )
+
+
+def _modules(text: str) -> list[str]:
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in names if not MODULE_NAME.match(m)]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"not module names: {text!r}")
+    return names
 
 
 class FlagError(UsageError):

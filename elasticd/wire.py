@@ -149,6 +149,8 @@ class SubmitArgs:
     nofile: int | None = None
     hang_timeout: str | None = None  # SECONDS or "auto"; None: no hang detection
     max_same_failures: int = 3  # end the job after failing the same way this often; 0: never
+    warm: bool = True  # fork workers from a per-job zygote that imported torch once
+    preload: list[str] = field(default_factory=list)  # modules the zygote imports besides torch
     job_id: str | None = None  # a job id of the submitter's choosing (torchrun's --rdzv-id)
 
 

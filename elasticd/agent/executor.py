@@ -95,6 +95,7 @@ class JobAgent:
 
     # -- control from the manager ---------------------------------------------------------------
     def start(self) -> None:
+        self._launcher.prepare(self.spec)
         self.task = asyncio.create_task(self._main(), name=f"agent-{self.spec.id}")
 
     def wake(self, change: Change | None = None) -> None:
@@ -157,6 +158,7 @@ class JobAgent:
             if self.workers is not None:
                 workers, self.workers = self.workers, None
                 await workers.stop(0)
+            await self._launcher.close()
             self._transition(self.rec, replace(self.rec, state=AgentState.LEFT))
             with contextlib.suppress(EtcdUnavailable):
                 await self._store.clear_waiting(self.node)

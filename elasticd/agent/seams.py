@@ -45,6 +45,16 @@ class Workers(Protocol):
 
 
 class Launcher(Protocol):
+    """One job's workers on this node, attempt after attempt."""
+
+    def prepare(self, spec: JobSpec) -> None:
+        """The job was admitted here: get ready to start its workers (a warm zygote)."""
+        ...
+
+    async def close(self) -> None:
+        """The agent has left the job (its workers are stopped): release what ``prepare`` made."""
+        ...
+
     async def start(
         self, spec: JobSpec, result: RoundResult, member: Member, restarts: int, slots: tuple[int, ...]
     ) -> Workers:

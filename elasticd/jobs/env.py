@@ -40,7 +40,7 @@ def worker_env(
     error_file: str,
     owner: str,
 ) -> dict[str, str]:
-    env = dict(base)
+    env = zygote_env(base, run_id, owner)
     rank = layout.rank_offset + local_rank
     env |= {
         "LOCAL_RANK": str(local_rank),
@@ -61,10 +61,19 @@ def worker_env(
         "TORCHELASTIC_ERROR_FILE": error_file,
         "CUDA_VISIBLE_DEVICES": visible_devices,
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # so CUDA's indices are NVML's indices
-        OWNER_ENV: owner,
-        JOB_ENV: run_id,
         "ELASTICD_ROUND": str(layout.round),  # rendezvous round (log dirs are attempt_<round>)
     }
+    return env
+
+
+def zygote_env(base: Mapping[str, str], run_id: str, owner: str) -> dict[str, str]:
+    """What every worker of the job on this node has in common, whatever its rank and attempt: the
+    environment of the job's zygote (``elasticd.workers.zygote``), which imports torch with what
+    libraries read at load time (``OMP_NUM_THREADS``: OpenMP and OpenBLAS size their pools then).
+    It carries the node's and job's markers, which its forked workers keep in their
+    ``/proc/<pid>/environ`` (what ``proctree.marked`` reads) whatever their ``os.environ``."""
+    env = dict(base)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    env |= {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", OWNER_ENV: owner, JOB_ENV: run_id}
     return env

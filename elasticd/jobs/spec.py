@@ -30,6 +30,8 @@ DEFAULT_LAST_CALL_S = 2.0
 DEFAULT_JOIN_TIMEOUT_S = 600.0
 MIN_HANG_TIMEOUT_S = 1.0
 MAX_HANG_TIMEOUT_S = 86400.0
+MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}(\.[A-Za-z_][A-Za-z0-9_]{0,99}){0,15}$")
+MAX_PRELOAD = 32
 MIN_MEMORY = 16 << 20
 MAX_MEMORY = 1 << 50
 
@@ -139,6 +141,8 @@ class JobSpec:
     hang_timeout_s: float | None = None  # a rank without progress this long hangs; None: see auto
     hang_timeout_auto: bool = False  # learn the hang timeout from the job's own step times
     max_same_failures: int = 3  # stop after failing the same way this often with no progress; 0: never
+    warm: bool = True  # fork workers from a per-job zygote that imported torch once (workers.zygote)
+    preload: tuple[str, ...] = ()  # modules the zygote imports besides torch
 
     def __post_init__(self) -> None:
         for name in ("id", "name", "entry", "python", "cwd", "user"):
@@ -187,6 +191,7 @@ class JobSpec:
         if self.nofile is not None and not 16 <= self.nofile <= 1 << 20:
             raise InvalidSpec(f"nofile must be 16..{1 << 20}, got {self.nofile}")
         self._check_hang_timeout()
+        self._check_warm()
         bad = [k for k in self.env if not _ENV_KEY.match(k)]
         if bad:
             raise InvalidSpec(f"invalid environment variable names: {bad[:5]}")
@@ -200,6 +205,15 @@ class JobSpec:
                 raise InvalidSpec(f"{name} must be an integer 0..{MAX_ID}, got {value!r}")
         if not _USER.match(self.user):
             raise InvalidSpec(f"user must be a plain user name, got {self.user[:80]!r}")
+
+    def _check_warm(self) -> None:
+        if type(self.warm) is not bool:
+            raise InvalidSpec("warm must be true or false")
+        if not isinstance(self.preload, tuple) or len(self.preload) > MAX_PRELOAD:
+            raise InvalidSpec(f"preload must be a list of at most {MAX_PRELOAD} module names")
+        bad = [m for m in self.preload if not isinstance(m, str) or not MODULE_NAME.match(m)]
+        if bad:
+            raise InvalidSpec(f"preload must name modules (a.b.c), got {[str(m)[:80] for m in bad[:5]]}")
 
     def _check_hang_timeout(self) -> None:
         if type(self.hang_timeout_auto) is not bool:
@@ -237,6 +251,7 @@ class JobSpec:
         out["args"] = list(self.args)
         out["nnodes"] = str(self.nnodes)
         out["nodes"] = list(self.nodes)
+        out["preload"] = list(self.preload)
         return out
 
     def allows(self, node: str) -> bool:

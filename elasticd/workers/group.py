@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from elasticd import log
 from elasticd.workers import proctree
@@ -30,7 +31,7 @@ from elasticd.workers.tracking import JobTracking, NoJobTracking
 
 _log = log.get("elasticd.workers")
 
-__all__ = ["SPAWN_FAILED", "Launch", "Worker", "WorkerGroup", "wall_clock"]
+__all__ = ["SPAWN_FAILED", "ColdSpawner", "Launch", "Spawner", "Worker", "WorkerGroup", "wall_clock"]
 
 _EPOCH = time.time() - time.monotonic()
 
@@ -111,7 +112,7 @@ def _watch_exit(proc: subprocess.Popen[bytes]) -> asyncio.Future[int]:
     return fut
 
 
-def _before_drop(procs_fd: int | None, limits: Placement | None) -> Callable[[], None] | None:
+def before_drop(procs_fd: int | None, limits: Placement | None) -> Callable[[], None] | None:
     """The child's root-only step: join the tracking cgroup (first, so nothing escapes it), then
     the limits. Only writes to fds the parent opened: no path is resolved after the fork."""
     if procs_fd is None:
@@ -125,6 +126,49 @@ def _before_drop(procs_fd: int | None, limits: Placement | None) -> Callable[[],
     return join
 
 
+class Spawner(Protocol):
+    """How a group's workers come to be: exec'd afresh (``ColdSpawner``) or forked from the job's
+    warm zygote (``elasticd.workers.zygote.WarmSpawner``). Both give a session leader with the
+    launch's identity, cwd, env, log and fds, in its tracking cgroup, with a parent-death signal."""
+
+    @property
+    def mode(self) -> str:
+        """ "cold" or "warm", for logs."""
+        ...
+
+    async def spawn(self, launch: Launch, procs_fd: int | None) -> tuple[int, asyncio.Future[int]]:
+        """Start one worker (on the event-loop thread): its pid and exit future (a returncode as
+        Popen's). Raises ``OSError`` or ``subprocess.SubprocessError`` when it did not start."""
+        ...
+
+    def spared(self) -> frozenset[int]:
+        """Pids a group's clean-up must leave alone though they carry the job's marker (the zygote)."""
+        ...
+
+
+class ColdSpawner:
+    """``python -u SCRIPT`` (or the executable) exec'd for every worker, as torchrun does."""
+
+    mode = "cold"
+
+    async def spawn(self, launch: Launch, procs_fd: int | None) -> tuple[int, asyncio.Future[int]]:
+        proc = subprocess.Popen(
+            list(launch.argv),
+            stdin=subprocess.DEVNULL,
+            stdout=launch.log_fd,
+            stderr=subprocess.STDOUT,
+            env=launch.env,
+            start_new_session=True,
+            preexec_fn=worker_preexec(launch.cwd, launch.identity, before_drop(procs_fd, launch.limits)),
+            close_fds=True,
+            pass_fds=() if launch.progress_fd is None else (launch.progress_fd,),
+        )
+        return proc.pid, _watch_exit(proc)
+
+    def spared(self) -> frozenset[int]:
+        return frozenset()
+
+
 class WorkerGroup:
     def __init__(
         self,
@@ -133,27 +177,43 @@ class WorkerGroup:
         grace_s: float,
         fence: bool = False,
         tracking: JobTracking | None = None,
+        spawner: Spawner | None = None,
     ) -> None:
         """``fence``: the reaper kills this group when the node's lease deadline passes (multi-node
         jobs, whose peers go on without us once our lease is gone). ``tracking``: the job's
-        tracking cgroup on this node (``Tracker.job``); None: the fallback alone."""
+        tracking cgroup on this node (``Tracker.job``, or its ranks alone when a zygote lives
+        beside them); None: the fallback alone. ``spawner``: cold unless given."""
         self.launches = launches
         self.workers: list[Worker] = []
         self._reaper = reaper
         self._grace_s = grace_s
         self._fence = fence
         self._tracking: JobTracking = tracking if tracking is not None else NoJobTracking()
+        self._spawner: Spawner = spawner if spawner is not None else ColdSpawner()
 
-    def start(self) -> None:
+    @property
+    def _job(self) -> str | None:
+        return self.launches[0].env.get(proctree.JOB_ENV) if self.launches else None
+
+    async def start(self) -> None:
         """Spawn every worker, once. Must run on the event-loop thread (see ``spawn``). Closes
         every launch's log fd, also when a spawn raises, so none leaks into later children."""
+        began = time.monotonic()
         try:
             for launch in self.launches:
-                self.workers.append(self._spawn(launch))
+                self.workers.append(await self._spawn(launch))
         finally:
             for launch in self.launches:
                 with contextlib.suppress(OSError):
                     os.close(launch.log_fd)
+        spawn_s = round(time.monotonic() - began, 4)
+        _log.info(
+            "group.spawned",
+            job=self._job,
+            mode=self._spawner.mode,
+            workers=len(self.workers),
+            spawn_s=spawn_s,
+        )
 
     def _join_fd(self, launch: Launch) -> int | None:
         """The tracking leaf's ``cgroup.procs`` for this worker; on failure it runs untracked (the
@@ -164,20 +224,10 @@ class WorkerGroup:
             _log.error("tracking.join_failed", rank=launch.rank, error=str(exc))
             return None
 
-    def _spawn(self, launch: Launch) -> Worker:
+    async def _spawn(self, launch: Launch) -> Worker:
         procs_fd = self._join_fd(launch)
         try:
-            proc = subprocess.Popen(
-                list(launch.argv),
-                stdin=subprocess.DEVNULL,
-                stdout=launch.log_fd,
-                stderr=subprocess.STDOUT,
-                env=launch.env,
-                start_new_session=True,
-                preexec_fn=worker_preexec(launch.cwd, launch.identity, _before_drop(procs_fd, launch.limits)),
-                close_fds=True,
-                pass_fds=() if launch.progress_fd is None else (launch.progress_fd,),
-            )
+            pid, exited = await self._spawner.spawn(launch, procs_fd)
         except (OSError, subprocess.SubprocessError) as exc:
             with contextlib.suppress(OSError):
                 os.write(
@@ -190,9 +240,13 @@ class WorkerGroup:
         finally:
             if procs_fd is not None:
                 os.close(procs_fd)
-        self._reaper.track(proc.pid, launch.env.get(proctree.JOB_ENV) if self._fence else None)
-        _log.debug("worker.started", rank=launch.rank, pid=proc.pid)
-        return Worker(launch, proc.pid, _watch_exit(proc))
+        self._reaper.track(pid, launch.env.get(proctree.JOB_ENV) if self._fence else None)
+        _log.debug("worker.started", rank=launch.rank, pid=pid, mode=self._spawner.mode)
+        rank = launch.rank
+        exited.add_done_callback(
+            lambda f: _log.info("worker.exited", rank=rank, pid=pid, returncode=f.result())
+        )
+        return Worker(launch, pid, exited)
 
     @property
     def running(self) -> list[Worker]:
@@ -217,12 +271,15 @@ class WorkerGroup:
         owner, job = env.get(proctree.OWNER_ENV), env.get(proctree.JOB_ENV)
         if owner is None:
             return []
-        leftovers = await asyncio.to_thread(proctree.marked, owner, job)
+        spared = self._spawner.spared()
+        found = await asyncio.to_thread(proctree.marked, owner, job)
+        leftovers = [p for p in found if p.pid not in spared]
         return await proctree.terminate(leftovers, [], 0.0) if leftovers else []
 
     async def stop(self, grace_s: float | None = None) -> list[int]:
         """Stop every process of every worker tree; returns pids that could not be killed."""
         grace = self._grace_s if grace_s is None else grace_s
+        began = time.monotonic()
         pgids = [w.pid for w in self.workers if w.pid is not None]
         tree = [p for w in self.running if w.pid is not None for p in proctree.descendants(w.pid)]
         # Orphans of workers that already exited keep their process group; find them there.
@@ -242,4 +299,6 @@ class WorkerGroup:
             if launch.limits is not None:
                 launch.limits.close()
         await asyncio.to_thread(self._tracking.close)  # after the limits: a v2 leaf is shared
+        stop_s = round(time.monotonic() - began, 4)
+        _log.info("group.stopped", job=self._job, mode=self._spawner.mode, stop_s=stop_s, grace_s=grace)
         return stuck

@@ -38,6 +38,7 @@ from elasticd.workers.limits import LimitError, check_name, own_dir, parse_mount
 
 _log = log.get("elasticd.tracking")
 
+ZYGOTE_LEAF = "zygote"  # a job's zygote's leaf, beside its ranks' (never a rank_<k> name)
 KILL_WAIT_S = 5.0  # how long a kill waits for the kernel to report the cgroup empty
 
 
@@ -123,6 +124,20 @@ class JobTracking(Protocol):
         """After ``kill`` (and after the limit placements closed): remove the job's cgroups."""
         ...
 
+    def join_zygote(self) -> int | None:
+        """Like ``join`` for the job's zygote (``workers.zygote``): its own leaf beside the ranks'."""
+        ...
+
+    def drop_zygote(self) -> None:
+        """The job ended here: kill what is left in the zygote's leaf and remove it (and the job's
+        cgroup, once empty)."""
+        ...
+
+    def ranks(self) -> JobTracking:
+        """The ranks' leaves alone: what a worker group kills and removes while the job's zygote,
+        which outlives attempts, stays (the whole job's cgroup goes when the job ends here)."""
+        ...
+
 
 class CgroupJob:
     """``<base>/<job>``, with one leaf per rank below it."""
@@ -156,6 +171,62 @@ class CgroupJob:
         if not remove_tree(self._fs, self.path):
             _log.warning("tracking.cgroup_busy", cgroup=str(self.path))
 
+    def join_zygote(self) -> int | None:
+        leaf = self.path / ZYGOTE_LEAF
+        with contextlib.suppress(FileExistsError):
+            self._fs.mkdir(self.path)
+        with contextlib.suppress(FileExistsError):
+            self._fs.mkdir(leaf)
+        return self._fs.open_procs(leaf)
+
+    def drop_zygote(self) -> None:
+        leaf = self.path / ZYGOTE_LEAF
+        if not kill_cgroup(self._fs, leaf) or not remove_tree(self._fs, leaf):
+            _log.warning("tracking.cgroup_busy", cgroup=str(leaf))
+        if self.path.is_dir() and not any(p.is_dir() for p in self.path.iterdir()):
+            remove_cgroup(self._fs, self.path, tries=1)
+
+    def ranks(self) -> CgroupRanks:
+        return CgroupRanks(self._fs, self.path)
+
+
+class CgroupRanks:
+    """The ``rank_<k>`` leaves of a job's cgroup (``JobTracking.ranks``)."""
+
+    def __init__(self, fs: CgroupFs, path: Path) -> None:
+        self._job = CgroupJob(fs, path)
+        self._fs = fs
+
+    def _leaves(self) -> list[Path]:
+        path = self._job.path
+        return sorted(p for p in path.glob("rank_*") if p.is_dir()) if path.is_dir() else []
+
+    def join(self, rank: int, joined: Collection[Path] = ()) -> int | None:
+        return self._job.join(rank, joined)
+
+    def kill(self) -> list[int]:
+        left: list[int] = []
+        for leaf in self._leaves():
+            if not kill_cgroup(self._fs, leaf):
+                left += members(self._fs, leaf)
+        if left:
+            _log.error("tracking.unkillable", cgroup=str(self._job.path), pids=left)
+        return left
+
+    def close(self) -> None:
+        for leaf in self._leaves():
+            if not remove_tree(self._fs, leaf):
+                _log.warning("tracking.cgroup_busy", cgroup=str(leaf))
+
+    def join_zygote(self) -> int | None:
+        return self._job.join_zygote()
+
+    def drop_zygote(self) -> None:
+        self._job.drop_zygote()
+
+    def ranks(self) -> CgroupRanks:
+        return self
+
 
 class NoJobTracking:
     """No tracking cgroup: the fallback (``proctree``) alone finds the job's processes."""
@@ -168,6 +239,15 @@ class NoJobTracking:
 
     def close(self) -> None:
         return None
+
+    def join_zygote(self) -> int | None:
+        return None
+
+    def drop_zygote(self) -> None:
+        return None
+
+    def ranks(self) -> NoJobTracking:
+        return self
 
 
 # --- this daemon's part of the host --------------------------------------------------------------

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import PYTHON, DaemonProc, alive_pid, unique, wait_for
+from tests.support import PYTHON, DaemonProc, alive_pid, log_events, unique, wait_for
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(240)]
@@ -50,8 +50,9 @@ def contracts(out: Path) -> list[dict[str, object]]:
         ["--nproc-per-node", "2", "--max-restarts", "2", "--log-dir", "/tmp/not-used", "-r", "3"],
     ],
 )  # fmt: skip
+@pytest.mark.parametrize("mode", ["warm", "cold"])
 def test_a_torchrun_line_gives_the_same_contract_under_elasticrun(
-    daemon: DaemonProc, tmp_path: Path, line: list[str]
+    daemon: DaemonProc, tmp_path: Path, line: list[str], mode: str
 ) -> None:
     for launcher in ("torchrun", "elasticrun"):
         out = tmp_path / launcher
@@ -60,15 +61,18 @@ def test_a_torchrun_line_gives_the_same_contract_under_elasticrun(
         if launcher == "torchrun":
             res = torchrun(tmp_path, *argv, env={"OUT": str(out)})
         else:
-            res = elasticrun(daemon, tmp_path, *argv, env={"OUT": str(out)})
+            flags = ["--no-warm"] if mode == "cold" else []
+            res = elasticrun(daemon, tmp_path, *flags, *argv, env={"OUT": str(out)})
         assert res.returncode == 0, (launcher, res.stderr[-3000:])
     under_torchrun, under_elasticrun = contracts(tmp_path / "torchrun"), contracts(tmp_path / "elasticrun")
     assert len(under_torchrun) == 2 and under_elasticrun == under_torchrun
     assert all(c["is_torchelastic_launched"] and c["sum_of_ranks"] == 1 for c in under_elasticrun)
+    assert [e["mode"] for e in log_events(daemon, "group.spawned")] == [mode], "not spawned " + mode
 
 
+@pytest.mark.parametrize("mode", ["warm", "cold"])
 def test_a_snapshotting_ddp_trainer_recovers_to_the_weights_of_a_clean_torchrun(
-    daemon: DaemonProc, tmp_path: Path
+    daemon: DaemonProc, tmp_path: Path, mode: str
 ) -> None:
     clean, crashed = tmp_path / "torchrun", tmp_path / "elasticrun"
     clean.mkdir()
@@ -79,9 +83,11 @@ def test_a_snapshotting_ddp_trainer_recovers_to_the_weights_of_a_clean_torchrun(
     )
     assert res.returncode == 0, res.stderr[-3000:]
     # Under elasticrun, rank 1 crashes once; the job resumes from its snapshot (one restart).
-    res = elasticrun(daemon, tmp_path, "--standalone", "--nproc_per_node=2", "--max_restarts=1", script,
-                     env={"OUT": str(crashed), "CRASH_STEP": "12"})  # fmt: skip
+    flags = ["--no-warm"] if mode == "cold" else []
+    res = elasticrun(daemon, tmp_path, *flags, "--standalone", "--nproc_per_node=2", "--max_restarts=1",
+                     script, env={"OUT": str(crashed), "CRASH_STEP": "12"})  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
+    assert [e["mode"] for e in log_events(daemon, "group.spawned")] == [mode, mode]
     a, b = (json.loads((d / "result.json").read_text()) for d in (clean, crashed))
     flat = [[w for layer in r["weights"] for w in layer] for r in (a, b)]
     assert b["attempt"] == 1 and flat[0] == pytest.approx(flat[1], abs=1e-6)

@@ -78,6 +78,14 @@ class FakeLauncher:
         self.groups: list[FakeWorkers] = []
         self.started = asyncio.Event()
         self.failure = failure
+        self.prepared: list[str] = []
+        self.closed = 0
+
+    def prepare(self, spec: JobSpec) -> None:
+        self.prepared.append(spec.id)
+
+    async def close(self) -> None:
+        self.closed += 1
 
     async def start(self, spec: JobSpec, result: RoundResult, member: Member, restarts: int,
                     slots: tuple[int, ...]) -> FakeWorkers:  # fmt: skip

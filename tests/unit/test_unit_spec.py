@@ -258,3 +258,24 @@ def test_hang_timeout_in_the_spec() -> None:
             make_spec(**bad)
     spec = make_spec(hang_timeout_s=12.0)
     assert JobSpec.from_json(spec.to_json()) == spec
+
+
+def test_warm_is_on_by_default_and_preload_names_modules() -> None:
+    assert fakes.make_spec().warm is True and fakes.make_spec().preload == ()
+    assert fakes.make_spec(preload=("numpy", "a.b_c")).to_json()["preload"] == ["numpy", "a.b_c"]
+    for bad in (("os; rm",), ("../x",), ("",), ("a..b",), tuple(f"m{i}" for i in range(33))):
+        with pytest.raises(InvalidSpec):
+            fakes.make_spec(preload=bad)
+    with pytest.raises(InvalidSpec):
+        fakes.make_spec(warm="yes")
+
+
+def test_no_warm_and_preload_on_both_command_lines() -> None:
+    from elasticctl.run import build_parser
+
+    ns = build_parser().parse_args(["--no-warm", "--preload", "numpy,json", "--preload", "a.b", "t.py"])
+    assert ns.warm is False and ns.preload == ["numpy", "json", "a.b"]
+    ns = build_parser().parse_args(["t.py"])
+    assert ns.warm is True and ns.preload == []
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--preload", "os;rm", "t.py"])

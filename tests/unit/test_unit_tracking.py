@@ -270,7 +270,7 @@ def _run_group(tmp_path: Path, tracker: Tracker) -> tuple[int, list[int]]:
 
     async def run() -> tuple[int, list[int]]:
         group = WorkerGroup([launch], _NoReaper(), 5.0, tracking=tracker.job("job-1"))  # type: ignore[arg-type]
-        group.start()
+        await group.start()
         try:
             for _ in range(600):
                 if pid_file.exists() and pid_file.read_text():

@@ -84,6 +84,8 @@ async def submit(service: CommandService, args: SubmitArgs, caller: Caller) -> d
         hang_timeout_s=hang_s,
         hang_timeout_auto=hang_auto,
         max_same_failures=args.max_same_failures,
+        warm=args.warm,
+        preload=tuple(args.preload),
     )
     # Refuse at submit what could never start, instead of failing every attempt later; the
     # paths are checked as the caller, never with the daemon's (root's) permissions.
