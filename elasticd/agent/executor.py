@@ -68,6 +68,7 @@ class JobAgent:
         *,
         launcher: Launcher | None = None,
         clock: Clock | None = None,
+        on_invalid: Callable[[], None] | None = None,
     ) -> None:
         self.spec = spec
         self.slots = slots
@@ -75,6 +76,7 @@ class JobAgent:
         self._store = store
         self._lease = lease
         self._on_change = on_change  # told when workers start and when the agent has left
+        self._on_invalid = on_invalid  # told when a read shows an invalid record the janitor must end
         self._launcher = launcher or ProcessLauncher(rt)
         self._clock = clock or SystemClock()
         self.rec = AgentRecord(spec, rt.node_id, last_join_at=self._clock.time())
@@ -214,6 +216,8 @@ class JobAgent:
                 return await store.glance(round_no, node)
             case act.ReadSnapshot(counted):
                 snap = await store.snapshot(counted)
+                if snap.invalid and snap.final is None and self._on_invalid is not None:
+                    self._on_invalid()  # the janitor ends the job: now, not at its next poll
                 return Observed(snap, await self._lease.alive())
             case act.Wait(until, on_exits, batch):
                 await self._publish_progress()

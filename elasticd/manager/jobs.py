@@ -188,7 +188,9 @@ class JobManager:
         slots = await self.admitter.consider(snap, store, lease)
         if slots is None:
             return
-        agent = JobAgent(spec, self.rt, store, self._registry, slots, self._agent_changed)
+        agent = JobAgent(
+            spec, self.rt, store, self._registry, slots, self._agent_changed, on_invalid=self._wake.set
+        )
         self.agents[spec.id] = agent
         self._agent_changed(agent)
         _log.info(

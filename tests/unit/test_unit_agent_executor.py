@@ -117,7 +117,8 @@ async def until(what: Callable[[], Any], timeout_s: float = 10.0) -> Any:
 
 
 def scenario(body: Callable[[JobAgent, FakeLauncher, InlineJobStore, MemoryKV], Awaitable[None]],
-             spec: JobSpec | None = None, launcher_failure: SetupFailure | None = None) -> None:  # fmt: skip
+             spec: JobSpec | None = None, launcher_failure: SetupFailure | None = None,
+             invalid: list[int] | None = None) -> None:  # fmt: skip
     async def main() -> None:
         kv = MemoryKV()
         store = InlineJobStore(kv, KEYS, JOB)
@@ -127,7 +128,8 @@ def scenario(body: Callable[[JobAgent, FakeLauncher, InlineJobStore, MemoryKV], 
         launcher = FakeLauncher(launcher_failure)
         changes: list[AgentState] = []
         agent = JobAgent(job, rt, store, FakeLease(kv), (0, 1), lambda a: changes.append(a.state),
-                         launcher=launcher)  # fmt: skip
+                         launcher=launcher,
+                         on_invalid=None if invalid is None else lambda: invalid.append(1))  # fmt: skip
         loop = asyncio.get_running_loop()
 
         def on_change(key: str, deleted: bool) -> None:
@@ -222,3 +224,19 @@ def test_a_leave_request_marks_left_and_spends_no_restart() -> None:
         assert snap.current == 1 and snap.left == {1: {"n1"}} and snap.final is None
 
     scenario(body)
+
+
+def test_an_invalid_record_tells_the_manager_at_once_and_the_agent_acts_on_nothing_until_it_ends() -> None:
+    """The janitor ends a job with an invalid record; the agent that reads one wakes the janitor's
+    scan instead of leaving the job to its next poll, and changes nothing meanwhile."""
+    told: list[int] = []
+
+    async def body(agent: JobAgent, launcher: FakeLauncher, store: InlineJobStore, kv: MemoryKV) -> None:
+        await until(lambda: launcher.groups)
+        kv.put_json(KEYS.job_restarts(JOB), "not a count")
+        await until(lambda: told)
+        snap = run_inline(store.snapshot())
+        assert snap.final is None and snap.restarts == 0  # nothing acted on meanwhile
+        assert run_inline(store.fail_invalid(snap))  # what the janitor does
+
+    scenario(body, invalid=told)
