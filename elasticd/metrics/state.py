@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -100,36 +100,24 @@ class StateCollector(Collector):
             return
         yield _gauge("elasticd_etcd_up", "Whether this node could read etcd at the scrape", int(s.etcd_up))
         if s.etcd_up:
-            jobs = GaugeMetricFamily(
-                "elasticd_jobs", "Jobs in the cluster by state (the same on every node)", labels=["state"]
+            yield _by(
+                "elasticd_jobs", "Jobs in the cluster by state (the same on every node)", "state", s.jobs
             )
-            for state, n in sorted(s.jobs.items()):
-                jobs.add_metric([state], n)
-            yield jobs
             yield _gauge("elasticd_nodes", "Live nodes in the cluster (the same on every node)", s.nodes)
             yield _gauge("elasticd_nodes_draining", "Live nodes that are drained", s.nodes_draining)
-        groups = GaugeMetricFamily(
+        yield _by(
             "elasticd_worker_groups",
             "This node's part in jobs (its worker group), by state",
-            labels=["state"],
+            "state",
+            s.groups,
         )
-        for state, n in sorted(s.groups.items()):
-            groups.add_metric([state], n)
-        yield groups
-        workers = GaugeMetricFamily(
-            "elasticd_worker_processes", "Live worker processes on this node, by job", labels=["job"]
-        )
-        for job, n in sorted(s.workers.items()):
-            workers.add_metric([job], n)
-        yield workers
-        rate = GaugeMetricFamily(
+        yield _by("elasticd_worker_processes", "Live worker processes on this node, by job", "job", s.workers)
+        yield _by(
             "elasticd_steps_per_second",
             "Training steps per second of this node's ranks, summed, by job (from their progress reports)",
-            labels=["job"],
+            "job",
+            s.steps_per_s,
         )
-        for job, r in sorted(s.steps_per_s.items()):
-            rate.add_metric([job], r)
-        yield rate
         yield _gauge("elasticd_slots", "This node's slots", s.slots)
         yield _gauge("elasticd_free_slots", "This node's free slots", s.free_slots)
         yield CounterMetricFamily(
@@ -140,3 +128,11 @@ class StateCollector(Collector):
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, value=value)
+
+
+def _by(name: str, doc: str, label: str, values: Mapping[str, float]) -> GaugeMetricFamily:
+    """A gauge with one sample per ``label`` value, in a stable order."""
+    family = GaugeMetricFamily(name, doc, labels=[label])
+    for key, value in sorted(values.items()):
+        family.add_metric([key], value)
+    return family
