@@ -1,0 +1,235 @@
+"""Every reply, as a ``TypedDict``: the daemon builds it, the CLI reads it, mypy checks both
+against the same keys, and ``elasticd.decode`` can check a reply at run time.
+
+No ``from __future__ import annotations`` here, on purpose: Python 3.11 computes a TypedDict's
+``__required_keys__`` wrongly when its annotations are strings, and tests read those.
+"""
+
+from typing import Any, NotRequired, TypedDict
+
+from elasticd.wire.states import WaitsFor
+
+
+class ErrorReply(TypedDict):
+    """The ``error`` of a failed reply; clients decide on ``code`` (an ErrorCode value) only."""
+
+    code: str
+    message: str
+    details: NotRequired[dict[str, Any]]
+
+
+class FailedRankView(TypedDict):
+    """Another rank that failed in the same round (``elasticd.jobs.state.FailedRank``)."""
+
+    rank: int
+    local_rank: int
+    exit_code: int | None
+    signal: str | None
+    message: str  # one line
+    failed_at: float | None
+    node: NotRequired[str]  # set when it ran on another node than the root cause
+
+
+class FailureView(TypedDict):
+    """The root cause: the first worker to fail (``elasticd.jobs.state.WorkerFailure.to_json``)."""
+
+    node: str
+    attempt: int
+    rank: int
+    local_rank: int
+    exit_code: int | None  # None when killed by a signal
+    signal: str | None
+    message: str
+    output_tail: str
+    oom: NotRequired[bool]  # this and the rest: absent in failures recorded by older daemons
+    failed_at: NotRequired[float | None]  # its error file's timestamp, else when its exit was seen
+    also_failed: NotRequired[list[FailedRankView]]  # the node's other failed ranks, first failed first
+    also_failed_more: NotRequired[int]  # failed ranks beyond those listed
+    kind: NotRequired[str]  # a FailureKind: user_code, oom, signal, hang, node_lost, infrastructure
+    exception: NotRequired[str]  # the exception's type, when the output names one
+    exited_at: NotRequired[float | None]
+    step: NotRequired[int | None]  # the furthest step the failing node's ranks reported
+    ran_s: NotRequired[float | None]  # how long the attempt ran before it failed
+    frame: NotRequired[str]  # a hung rank's innermost frame, "train.py:42 in step"
+
+
+class RankProgressView(TypedDict):
+    """A rank's progress, as its node last published it (``elasticd.progress.tracker``)."""
+
+    rank: int
+    step: int | None  # the last step it reported; None: none yet (or it never reports)
+    last_step_at: float | None  # when (its node's clock); "time since the last step" is now minus this
+    steps_per_s: float | None
+    step_time_s: float | None  # its median seconds per step, recently
+    samples: int
+    phase: str  # startup, step or checkpoint
+    straggler: bool  # its step time is far above the job's median (elasticd.progress.tracker.stragglers)
+
+
+class MemberView(TypedDict):
+    node: str
+    address: str
+    group_rank: int
+    ranks: list[int]  # [first, last] global rank of the node's workers
+    state: str  # the node's agent state, or GONE when it publishes none; a MemberEndState once ended
+    devices: str
+    pids: list[int]
+    progress: NotRequired[list[RankProgressView]]  # its ranks' progress in this round, when published
+
+
+class InvalidRecordView(TypedDict):
+    key: str
+    why: str
+
+
+class JobView(TypedDict):
+    """One job, as ``submit``, ``status`` and ``kill`` show it (``elasticd.jobs.view.job_view``).
+
+    Once the job has ended, ``world_size``, ``members`` and ``master`` are its last round's, and
+    each member's ``state`` is a ``MemberEndState``.
+
+    When etcd cannot be reached, ``status`` of a job this node takes part in answers with this
+    node's own view instead: ``stale`` is true and only ``id``, ``state``, ``reason``, ``round``,
+    ``devices``, ``pids``, ``failure`` and ``updated_at`` are given.
+    """
+
+    id: str
+    state: str  # a JobState value
+    reason: str  # for people: never parse it (``waits_for`` and ``code`` are for programs)
+    round: int
+    attempt: int
+    restarts: int
+    world_size: int
+    members: list[MemberView]
+    nodes: list[str]
+    waiting_nodes: list[str]  # nodes that asked to join the running job at its next round
+    node_states: dict[str, str]
+    master: str  # host:port, "" before the first round closed
+    devices: str  # this node's devices for the job
+    pids: list[int]  # this node's live workers
+    started_at: float | None  # round 0's close (else submitted_at, once that is deleted); None: never ran
+    ended_at: float | None
+    code: str | None  # an EndReason value once the job ended (or has an invalid record)
+    waits_for: WaitsFor | None
+    short_of_capacity: list[str]  # nodes allowed to take part that lack free slots now
+    invalid_records: NotRequired[list[InvalidRecordView]]
+    name: NotRequired[str]  # this and the rest up to ``allowed_nodes``: when the spec is readable
+    user: NotRequired[str]
+    max_restarts: NotRequired[int]
+    nnodes: NotRequired[str]
+    nproc_per_node: NotRequired[int]
+    argv: NotRequired[list[str]]
+    submitted_at: NotRequired[float]
+    submitted_on: NotRequired[str]
+    allowed_nodes: NotRequired[list[str]]
+    failure: NotRequired[FailureView | None]
+    cause: NotRequired[str | None]  # a FailureKind: what ended the job or opened its round; None: nothing
+    error: NotRequired[str]  # FAILED jobs only
+    stale: NotRequired[bool]
+    updated_at: NotRequired[float]
+
+
+class JobReply(TypedDict):
+    """``kill``, and ``status`` of one job."""
+
+    job: JobView
+
+
+class StatusReply(TypedDict, total=False):
+    """``status``: ``job`` when one was asked for, ``jobs`` (oldest first) otherwise."""
+
+    job: JobView
+    jobs: list[JobView]
+
+
+class LogChunk(TypedDict):
+    attempt: int
+    rank: int
+    text: str  # whole lines, unless the job ended or ``partial`` was asked for
+
+
+class RoundView(TypedDict):
+    """The job's current round: why it was opened, and when it opened and closed."""
+
+    round: int
+    reason: str  # why it was opened: start, worker_failed, member_lost, scale_up or member_left
+    detail: str  # for people: what happened (a failure's summary, the nodes that left or wait)
+    spends_restart: bool  # a failure: it spent one of the job's restarts
+    opened_at: float
+    closed_at: float | None  # when its ranks were assigned; None while it is open
+
+
+class LogsReply(TypedDict):
+    chunks: list[LogChunk]
+    cursor: dict[str, int]  # pass it back to get what follows
+    state: str | None  # the job's JobState value
+    node: str | None  # the node that answered: the logs are the ones it holds
+    more: NotRequired[bool]  # this and the rest: absent from older daemons. More is there to read now
+    job: NotRequired[JobView]  # the job, as ``status`` shows it
+    round_info: NotRequired[RoundView | None]  # None when the job's round record cannot be read
+    attempt_started_at: NotRequired[dict[str, float]]  # attempts with logs here, and when each started
+
+
+class GpuView(TypedDict):
+    index: int
+    uuid: str
+    name: str
+    memory_mib: int
+
+
+class InventoryView(TypedDict):
+    kind: str
+    slots: int
+    gpus: list[GpuView]
+
+
+class NodeView(TypedDict):
+    """A live node (``elasticd.node.registry.NodeRecord.to_json``)."""
+
+    node: str
+    slots: int
+    host: str
+    version: str
+    address: str
+    inventory: InventoryView
+    free_slots: int
+    free_devices: str
+    jobs: list[str]
+    draining: bool
+
+
+class NodesReply(TypedDict):
+    nodes: list[NodeView]
+
+
+class RmReply(TypedDict):
+    job: str
+    logs_removed: bool  # this node held logs of the job (other nodes drop theirs on their own)
+
+
+class DrainReply(TypedDict):
+    node: str
+    job: str | None
+    jobs: list[str]  # running jobs the node leaves
+    forced: bool  # some job went below its minimum (``force``)
+
+
+class UndrainReply(TypedDict):
+    node: str
+    job: str | None
+
+
+class CallerView(TypedDict):
+    uid: int
+    gid: int
+    user: str
+
+
+class PingReply(TypedDict):
+    node: str
+    version: str
+    pid: int
+    uptime_s: float
+    etcd: list[str]
+    embedded_etcd: bool
+    you: CallerView
