@@ -13,8 +13,10 @@ seconds after the daemon answers, and measures:
   split among their users), from ``memory_full_info``;
 - **control RPC latency**: ``--clients`` separate client processes (each one ZeroMQ DEALER on the
   real socket, like ``elasticctl``), started together, each sending ``--requests`` requests
-  (``--commands``, round-robin), waiting ``--think-ms`` between a reply and its next request;
-  latency is per request, send to reply, in the client. p50 / p99 / max over all of them.
+  (``--commands``, round-robin), waiting ``--think-ms`` (default 200) between a reply and its
+  next request, the first one at a random point of its first think time (independent users, not
+  one synchronised burst); latency is per request, send to reply, in the client. p50 / p99 / max
+  over all of them.
 
     .venv/bin/python bench/bench_footprint.py [--idle-seconds 60] [--clients 50] [--json PATH]
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -49,8 +52,10 @@ def _client_main(argv: list[str]) -> int:
     """One RPC client process: ``_client SOCKET REQUESTS THINK_MS CMD[,CMD...]``.
 
     Imports only what ``elasticctl`` imports to talk to the daemon, connects, says ``ready`` on
-    stdout and starts when a line arrives on stdin (so that every client starts at once, after
-    all of them have started up); prints its latencies (ms) as one JSON line.
+    stdout and starts when a line arrives on stdin (after all of them have started up), at a
+    random point within its first think time (so that the clients' requests interleave as
+    independent users' would, instead of arriving as one burst of ``--clients`` requests at each
+    step); prints its latencies (ms) as one JSON line.
     """
     from elasticctl.client import Client
 
@@ -60,6 +65,7 @@ def _client_main(argv: list[str]) -> int:
     client.call("ping")  # connected before the clock starts
     print("ready", flush=True)
     sys.stdin.readline()
+    time.sleep(random.uniform(0.0, float(think_ms) / 1000))
     latencies = []
     for i in range(int(requests)):
         cmd = cmds[i % len(cmds)]
@@ -257,7 +263,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--clients", type=int, default=50, help="concurrent RPC client processes (default 50)")
     p.add_argument("--requests", type=int, default=100, help="requests per client (default 100)")
-    p.add_argument("--think-ms", type=float, default=0.0, help="pause between a reply and the next request")
+    p.add_argument(
+        "--think-ms",
+        type=float,
+        default=200.0,
+        help="pause after a reply (default 200)",
+    )
     p.add_argument(
         "--commands", default="ping,status", help="round-robin, comma-separated (default ping,status)"
     )

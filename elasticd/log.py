@@ -15,9 +15,10 @@ import logging
 import sys
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import structlog
+if TYPE_CHECKING:
+    from structlog.typing import EventDict
 
 Subscriber = Callable[[str, Mapping[str, Any]], None]
 """Called with an event's name and its fields, on the thread that logged it: it must be quick,
@@ -53,23 +54,26 @@ def publish(event: str, fields: Mapping[str, Any]) -> None:
         _publishing.active = False
 
 
-def _publish(_logger: Any, _method: str, event_dict: structlog.typing.EventDict) -> Any:
+def _publish(_logger: Any, _method: str, event_dict: EventDict) -> Any:
     if _subscribers:
         publish(str(event_dict.get("event", "")), event_dict)
     return event_dict
 
 
 class _LevelFilter:
-    def __init__(self, level: int) -> None:
+    def __init__(self, level: int, drop: type[BaseException]) -> None:
         self._level = level
+        self._drop = drop
 
-    def __call__(self, _logger: Any, method: str, event_dict: structlog.typing.EventDict) -> Any:
+    def __call__(self, _logger: Any, method: str, event_dict: EventDict) -> Any:
         if logging.getLevelNamesMapping().get(method.upper(), logging.ERROR) < self._level:
-            raise structlog.DropEvent
+            raise self._drop
         return event_dict
 
 
 def configure(fmt: str = "auto", level: str = "info") -> None:
+    import structlog
+
     use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
     renderer: Any = (
         structlog.processors.JSONRenderer() if use_json else structlog.dev.ConsoleRenderer(colors=False)
@@ -80,7 +84,7 @@ def configure(fmt: str = "auto", level: str = "info") -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             _publish,
-            _LevelFilter(logging.getLevelNamesMapping()[level.upper()]),
+            _LevelFilter(logging.getLevelNamesMapping()[level.upper()], structlog.DropEvent),
             structlog.processors.format_exc_info,
             renderer,
         ],
@@ -94,5 +98,27 @@ def configure(fmt: str = "auto", level: str = "info") -> None:
     )
 
 
+class _Logger:
+    """structlog's logger for ``name``, looked up on its first use.
+
+    ``import structlog`` (and the asyncio it imports) costs ~45 ms; every ``elasticctl`` call
+    would pay it for the modules it shares with the daemon (``decode``, ``workers.limits``)
+    although it never logs through them. So modules keep ``_log = log.get(...)`` at import time,
+    and structlog is imported when something is first logged (or ``configure`` runs)."""
+
+    __slots__ = ("_logger", "_name")
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._logger: Any = None
+
+    def __getattr__(self, method: str) -> Any:
+        if self._logger is None:
+            import structlog
+
+            self._logger = structlog.get_logger(self._name)
+        return getattr(self._logger, method)
+
+
 def get(name: str) -> Any:
-    return structlog.get_logger(name)
+    return _Logger(name)

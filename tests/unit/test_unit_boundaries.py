@@ -19,6 +19,26 @@ def test_daemon_and_cli_do_not_import_torch() -> None:
     assert out.stdout.strip() == "False"
 
 
+# What every elasticctl call would load for nothing: the daemon's logging (structlog, and the
+# asyncio it imports), shell completion (shtab: only ``elasticctl completion``), etcd, psutil.
+CLI_NEVER = ("structlog", "asyncio", "shtab", "psutil", "etcd3", "grpc", "torch")
+
+
+@pytest.mark.parametrize("module", ["elasticctl.cli", "elasticctl.run"])
+def test_the_cli_starts_without_the_daemons_libraries(module: str) -> None:
+    """``elasticctl submit`` is on the path of every job's start: its imports are start-up time."""
+    code = f"import sys, {module}; print(sorted(m for m in {CLI_NEVER!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]", f"{module} loads {out.stdout.strip()}"
+
+
+def test_completion_still_works_with_shtab_imported_late() -> None:
+    from elasticctl import cli, completion
+
+    text = completion.script(cli.build_parser(), "bash")
+    assert "elasticctl" in text and "submit" in text
+
+
 PURE = (
     "elasticd.agent.step",
     "elasticd.agent.record",
