@@ -16,7 +16,7 @@ from pathlib import Path
 
 from elasticd import log
 from elasticd.agent.record import Group
-from elasticd.jobs import logdir
+from elasticd.jobs import logdir, logread
 from elasticd.jobs.decider import GroupOutcome, group_outcome
 from elasticd.jobs.env import WorldLayout, worker_env, zygote_env
 from elasticd.jobs.identity import switch_to
@@ -219,7 +219,7 @@ def _in_tree(path: Path) -> tuple[Path, tuple[str, ...]]:
 def read_tail(path: Path) -> str:
     """The last lines of a rank's log (``path`` as in ``Launch.log_path``), read safely."""
     root, parts = _in_tree(path)
-    lines = logdir.read_tail(root, parts, TAIL_BYTES).decode(errors="replace").splitlines()
+    lines = logread.read_tail(root, parts, TAIL_BYTES).decode(errors="replace").splitlines()
     return "\n".join(lines[-TAIL_LINES:])
 
 
@@ -228,7 +228,7 @@ def read_error_file(path: Path) -> tuple[str, float | None]:
     (the daemon pre-creates the file empty, so empty means no message)."""
     root, parts = _in_tree(path)
     try:
-        data = json.loads(logdir.read_small(root, parts))
+        data = json.loads(logread.read_small(root, parts))
     except ValueError:
         return "", None
     return parse_error_file(data)

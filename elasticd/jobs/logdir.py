@@ -29,7 +29,6 @@ import grp
 import os
 import shutil
 import stat
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,9 +41,7 @@ _log = log.get("elasticd.logdir")
 
 DIR_MODE = 0o755
 DISK_FULL_BYTES = 64 * 1024  # less than this left for unprivileged writers: the disk is full
-MAX_ERROR_FILE = 1024 * 1024
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CREATE = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _REUSE = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -111,7 +108,7 @@ def _full_or_raise(exc: OSError, where: Path, node: str) -> None:
         raise disk_full(where, node) from exc
 
 
-def _check_name(name: str, where: Path) -> None:
+def check_name(name: str, where: Path) -> None:
     if not name or name in (".", "..") or "/" in name or "\0" in name:
         raise _unsafe(where / name, "not a plain file name")
 
@@ -137,7 +134,7 @@ def _check_dir(fd: int, path: Path, ancestor: bool) -> None:
 
 def _step(parent: int, name: str, path: Path, create: bool, node: str, ancestor: bool = False) -> int | None:
     """Open (making it if ``create``) directory ``name`` under the ``parent`` fd; None if missing."""
-    _check_name(name, path.parent)
+    check_name(name, path.parent)
     made = False
     for _ in range(3):  # mkdir and open race with a concurrent creator or remover: retry a little
         try:
@@ -248,7 +245,7 @@ def _open_existing(dir_fd: int, name: str, path: Path, owner: Owner, truncate: b
 def create_file(dir_fd: int, name: str, path: Path, owner: Owner, node: str, truncate: bool = False) -> int:
     """Create ``name`` under ``dir_fd`` for ``owner`` (or reuse it, see ``_open_existing``); an fd
     open for appending. ``truncate`` empties a reused file (a stale error file from before)."""
-    _check_name(name, path.parent)
+    check_name(name, path.parent)
     try:
         fd = os.open(name, _CREATE, 0o600, dir_fd=dir_fd)
     except FileExistsError:
@@ -293,104 +290,6 @@ def create_attempt(
     finally:
         os.close(dir_fd)
     return files
-
-
-# -- reading -----------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _opened(log_dir: Path, parts: tuple[str, ...]) -> Iterator[int | None]:
-    """A regular file of the tree, open for reading; None when missing or anything but safe."""
-    fd: int | None = None
-    try:
-        dir_fd = open_dir(log_dir, parts[:-1], create=False)
-        if dir_fd is not None:
-            try:
-                _check_name(parts[-1], log_dir)
-                fd = os.open(parts[-1], _READ, dir_fd=dir_fd)
-            finally:
-                os.close(dir_fd)
-    except (OSError, SetupFailure):
-        fd = None
-    if fd is not None and not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        fd = None
-    try:
-        yield fd
-    finally:
-        if fd is not None:
-            os.close(fd)
-
-
-def _pread(fd: int, limit: int, offset: int) -> bytes:
-    chunks: list[bytes] = []
-    while limit > 0:
-        data = os.pread(fd, limit, offset)
-        if not data:
-            break
-        chunks.append(data)
-        limit -= len(data)
-        offset += len(data)
-    return b"".join(chunks)
-
-
-def read_range(log_dir: Path, parts: tuple[str, ...], offset: int, limit: int) -> bytes | None:
-    """Up to ``limit`` bytes at ``offset`` of ``<log_dir>/<parts...>``; None if it cannot be read."""
-    with _opened(log_dir, parts) as fd:
-        return None if fd is None else _pread(fd, limit, max(0, offset))
-
-
-def read_end(log_dir: Path, parts: tuple[str, ...], limit: int) -> tuple[bytes, int]:
-    """The last ``limit`` bytes of a file of the tree and the offset they start at ((b"", 0) if it
-    cannot be read): with ``limit`` 0, its size."""
-    with _opened(log_dir, parts) as fd:
-        if fd is None:
-            return b"", 0
-        start = max(0, os.fstat(fd).st_size - limit)
-        return _pread(fd, limit, start), start
-
-
-def read_tail(log_dir: Path, parts: tuple[str, ...], limit: int) -> bytes:
-    """The last ``limit`` bytes of a file of the tree (empty if it cannot be read)."""
-    return read_end(log_dir, parts, limit)[0]
-
-
-def read_small(log_dir: Path, parts: tuple[str, ...], limit: int = MAX_ERROR_FILE) -> bytes:
-    """A whole small file of the tree (the first ``limit`` bytes; empty if it cannot be read)."""
-    return read_range(log_dir, parts, 0, limit) or b""
-
-
-def list_dir(log_dir: Path, parts: tuple[str, ...]) -> list[str]:
-    """Names in a directory of the tree; empty when it is missing or unsafe."""
-    try:
-        fd = open_dir(log_dir, parts, create=False)
-    except (OSError, SetupFailure):
-        return []
-    if fd is None:
-        return []
-    try:
-        return os.listdir(fd)
-    finally:
-        os.close(fd)
-
-
-def dir_times(log_dir: Path, parts: tuple[str, ...]) -> dict[str, float]:
-    """The directories in a directory of the tree, with their mtimes (links are left out)."""
-    try:
-        fd = open_dir(log_dir, parts, create=False)
-    except (OSError, SetupFailure):
-        return {}
-    times: dict[str, float] = {}
-    if fd is not None:
-        try:
-            for name in os.listdir(fd):
-                with contextlib.suppress(OSError):
-                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                    if stat.S_ISDIR(st.st_mode):
-                        times[name] = st.st_mtime
-        finally:
-            os.close(fd)
-    return times
 
 
 def remove_job(log_dir: Path, job_id: str) -> bool:

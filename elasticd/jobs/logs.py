@@ -9,7 +9,7 @@ Workers write straight to their files, so a line has no time of its own; an atte
 this node created its directory (the daemon makes every file of an attempt when it starts it, and
 nothing else can write there), which is the directory's mtime (``attempt_starts``).
 
-Everything goes through ``jobs.logdir`` (directory fds, no symlinks followed, regular files only):
+Everything goes through ``jobs.logread`` (directory fds, no symlinks followed, regular files only):
 the daemon reads as root on behalf of whoever asks, so a path must never lead outside the tree.
 """
 
@@ -20,7 +20,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from elasticd.jobs import logdir
+from elasticd.jobs import logread
 from elasticd.jobs.ranktext import rank_prefixed as rank_prefixed  # kept importable from here
 
 _ATTEMPT = re.compile(r"^attempt_(\d+)$")
@@ -47,9 +47,9 @@ class Read:
 def log_files(log_dir: Path, job_id: str) -> list[tuple[int, int]]:
     """(attempt, rank) of every log the job has, in numeric order; unsafe entries are left out."""
     found = []
-    for name in logdir.list_dir(log_dir, (job_id,)):
+    for name in logread.list_dir(log_dir, (job_id,)):
         if a := _ATTEMPT.match(name):
-            for file in logdir.list_dir(log_dir, (job_id, name)):
+            for file in logread.list_dir(log_dir, (job_id, name)):
                 if r := _RANK.match(file):
                     found.append((int(a.group(1)), int(r.group(1))))
     return sorted(found)
@@ -57,7 +57,7 @@ def log_files(log_dir: Path, job_id: str) -> list[tuple[int, int]]:
 
 def attempt_starts(log_dir: Path, job_id: str) -> dict[int, float]:
     """When each attempt of the job that has logs here started on this node (see the module doc)."""
-    times = logdir.dir_times(log_dir, (job_id,))
+    times = logread.dir_times(log_dir, (job_id,))
     return {int(a.group(1)): t for name, t in times.items() if (a := _ATTEMPT.match(name))}
 
 
@@ -97,7 +97,7 @@ def _cut(data: bytes, at_eof: bool, ended: bool, partial: bool) -> bytes:
 def tail_start(log_dir: Path, parts: tuple[str, ...], lines: int) -> tuple[int, int]:
     """Where the last ``lines`` lines of a log start, and how many lines that is (fewer than asked:
     the whole file). An unfinished last line counts as one. Looks back at most MAX_TAIL_SCAN bytes."""
-    data, start = logdir.read_end(log_dir, parts, TAIL_BLOCK if lines > 0 else 0)
+    data, start = logread.read_end(log_dir, parts, TAIL_BLOCK if lines > 0 else 0)
     size = start + len(data)
     if lines <= 0 or size == 0:
         return size, 0
@@ -116,7 +116,7 @@ def tail_start(log_dir: Path, parts: tuple[str, ...], lines: int) -> tuple[int, 
         if size - start >= MAX_TAIL_SCAN:
             return start, lines
         earlier = max(0, start - TAIL_BLOCK)
-        data = logdir.read_range(log_dir, parts, earlier, start - earlier) or b""
+        data = logread.read_range(log_dir, parts, earlier, start - earlier) or b""
         if len(data) != start - earlier:  # changed under us (a log is only appended to): stop here
             return start, lines
         start, cut = earlier, len(data)
@@ -172,7 +172,7 @@ def read_logs(
             break
         name = _name(attempt, r)
         offset = max(0, out.get(name, 0))
-        data = logdir.read_range(log_dir, _parts(job_id, attempt, r), offset, budget)
+        data = logread.read_range(log_dir, _parts(job_id, attempt, r), offset, budget)
         if data is None:
             continue
         at_eof = len(data) < budget

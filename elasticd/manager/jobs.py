@@ -20,7 +20,7 @@ from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keys import Change, KeyKind, Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.types import KeyValue
-from elasticd.jobs import logdir
+from elasticd.jobs import logdir, logread
 from elasticd.jobs.launch import NodeRuntime
 from elasticd.manager import janitor as janitors
 from elasticd.manager.admitter import Admitter
@@ -175,7 +175,7 @@ class JobManager:
 
     def sweep_logs(self, known: set[str]) -> list[str]:
         """Drop this node's logs of jobs whose records are gone (removed, or past retention)."""
-        gone = [j for j in logdir.list_dir(self.rt.log_dir, ()) if j not in known and j not in self.agents]
+        gone = [j for j in logread.list_dir(self.rt.log_dir, ()) if j not in known and j not in self.agents]
         removed = [j for j in gone if logdir.remove_job(self.rt.log_dir, j)]
         if removed:
             _log.info("logs.removed", jobs=removed)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from elasticd.errors import ConfigError
-from elasticd.jobs import logdir
+from elasticd.jobs import logdir, logread
 from elasticd.jobs.logdir import Owner, create_attempt
 from elasticd.jobs.state import EndReason, SetupFailure
 
@@ -239,20 +239,20 @@ def test_reads_skip_links_fifos_and_names_that_leave_the_tree(logs: Path, secret
     os.symlink(secret, d / "rank_1.log")
     os.mkfifo(d / "rank_2.log")
     parts = (JOB, "attempt_0")
-    assert logdir.read_range(logs, (*parts, "rank_0.log"), 2, 3) == b"234"
-    assert logdir.read_tail(logs, (*parts, "rank_0.log"), 4) == b"789\n"
-    assert logdir.read_range(logs, (*parts, "rank_1.log"), 0, 100) is None
-    assert logdir.read_range(logs, (*parts, "rank_2.log"), 0, 100) is None
-    assert logdir.read_tail(logs, (*parts, "rank_1.log"), 100) == b""
-    assert logdir.read_small(logs, ("..", "secret", "key")) == b""
-    assert logdir.read_small(logs / JOB, ("..", JOB, "attempt_0", "rank_0.log")) == b""
-    assert sorted(logdir.list_dir(logs, parts)) == [
+    assert logread.read_range(logs, (*parts, "rank_0.log"), 2, 3) == b"234"
+    assert logread.read_tail(logs, (*parts, "rank_0.log"), 4) == b"789\n"
+    assert logread.read_range(logs, (*parts, "rank_1.log"), 0, 100) is None
+    assert logread.read_range(logs, (*parts, "rank_2.log"), 0, 100) is None
+    assert logread.read_tail(logs, (*parts, "rank_1.log"), 100) == b""
+    assert logread.read_small(logs, ("..", "secret", "key")) == b""
+    assert logread.read_small(logs / JOB, ("..", JOB, "attempt_0", "rank_0.log")) == b""
+    assert sorted(logread.list_dir(logs, parts)) == [
         "rank_0.error.json",
         "rank_0.log",
         "rank_1.log",
         "rank_2.log",
     ]
-    assert logdir.list_dir(logs, ("nope",)) == []
+    assert logread.list_dir(logs, ("nope",)) == []
 
 
 # -- a full disk -----------------------------------------------------------------------------------
