@@ -10,7 +10,7 @@ the machine-readable fields a client needs (``JobView.waits_for``, ``JobView.cod
 Every time in a reply is seconds since the epoch (a float) in a field named ``*_at`` (all listed in
 ``TIME_FIELDS``; ``elasticctl status --json`` shows them in ISO 8601); durations are ``*_s`` seconds.
 
-This module imports nothing heavy (no zmq, grpc, etcd3 or psutil): a client can use it alone.
+This module imports nothing heavy (no zmq, etcd client or psutil): a client can use it alone.
 
 No ``from __future__ import annotations`` here, on purpose: Python 3.11 computes a TypedDict's
 ``__required_keys__`` wrongly when its annotations are strings, and tests read those.

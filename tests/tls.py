@@ -1,7 +1,7 @@
 """A throwaway certificate authority for tests: a CA, server and client certificates, as PEM files.
 
 Generated at test time with ``cryptography`` so that no key material lives in the repository and
-nothing expires between runs. EC P-256 keys: fast to generate, accepted by etcd (Go) and grpc.
+nothing expires between runs. EC P-256 keys: fast to generate, accepted by etcd (Go) and Python's ssl.
 """
 
 from __future__ import annotations
