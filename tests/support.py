@@ -57,8 +57,10 @@ class EtcdServer:
     """A real etcd on loopback with free ports and its own data dir.
 
     With ``tls`` (the server's certificate, also used towards peers) every listener speaks TLS
-    and requires a client certificate signed by the same CA; ``admin`` is the client identity
-    ``start`` uses to wait for health (and what tests use for etcdctl).
+    and requires a client certificate signed by the same CA; ``admin`` is the client certificate
+    that ``start`` uses to wait for health (and tests for etcdctl). Once a test has turned etcd
+    auth on, it sets ``admin_password``: the password of etcd's ``root``, which clients then log
+    in as (the JSON gateway takes no identity from a certificate).
     """
 
     def __init__(
@@ -72,6 +74,7 @@ class EtcdServer:
         self.name = name
         self.tls = tls
         self.admin = admin
+        self.admin_password: str | None = None
         self.client_port = free_port()
         self.peer_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -112,7 +115,10 @@ class EtcdServer:
 
     def client_auth(self) -> EtcdAuth:
         a = self.admin
-        return EtcdAuth() if a is None else EtcdAuth(ca=a.ca, cert=a.cert, key=a.key)
+        user = None if self.admin_password is None else "root"
+        if a is None:
+            return EtcdAuth(user=user, password=self.admin_password)
+        return EtcdAuth(ca=a.ca, cert=a.cert, key=a.key, user=user, password=self.admin_password)
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)

@@ -44,7 +44,7 @@ def _encode(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
 
 
-def unavailable(exc: GatewayError) -> EtcdUnavailable:
+def refused(exc: GatewayError) -> EtcdUnavailable:
     """Our error for an answer that another endpoint would give as well (no failover)."""
     if exc.failure is Failure.DENIED:
         # RBAC said no. Every member enforces the same roles, and "unreachable" would send an
@@ -130,7 +130,7 @@ class EtcdClient:
                     self._forget_token(token)
                     continue
                 if exc.failure is not Failure.UNREACHABLE:
-                    raise unavailable(exc) from exc
+                    raise refused(exc) from exc
                 last = exc
             self._fail_over(index)
             attempts += 1
