@@ -19,6 +19,8 @@ could not pass the CN on as the user; etcd-io/etcd#10392), so the certificate on
 we may connect (mutual TLS) and the etcd user comes from a password login
 (``/v3/auth/authenticate``), whose token goes in the ``Authorization`` header. etcd forgets a
 token when it restarts or after its TTL: on "invalid auth token" the call logs in again, once.
+A user configured before ``etcdctl auth enable`` works too: while etcd says auth is off, calls go
+without a token (logged once), and a denial then means auth came on: the call logs in, once.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from elasticd import log
 from elasticd.errors import ConfigError, EtcdUnavailable
 from elasticd.etcd import gateway as gw
 from elasticd.etcd.gateway import Failure, GatewayError
@@ -36,8 +39,11 @@ from elasticd.etcd.transport import ConnectionLost, Endpoint, Transport, parse_e
 from elasticd.etcd.types import Compare, EtcdAuth, Found, KeyValue, Put, Query
 from elasticd.etcd.watch import open_watch
 
+_log = log.get("elasticd.etcd")
+
 T = TypeVar("T")
 Op = Callable[[Transport, str | None], T]
+NO_AUTH = ""  # the token while etcd's auth is off: no Authorization header
 
 
 def _encode(value: Any) -> bytes:
@@ -84,6 +90,7 @@ class EtcdClient:
         self._index = 0
         self._token: str | None = None  # of the current endpoint (simple tokens are per member)
         self._watches: set[Callable[[], None]] = set()
+        self._warned_auth_off = False
 
     # -- endpoints, login and errors: the one place ---------------------------------------------
     def _current(self) -> tuple[int, Transport, str | None]:
@@ -91,12 +98,28 @@ class EtcdClient:
             index, token = self._index, self._token
         transport = self._transports[index]
         if self._auth.user is not None and token is None:
-            body = {"name": self._auth.user, "password": self._auth.password or ""}
-            token = gw.parse_token(transport.post("/v3/auth/authenticate", _encode(body), None))
+            token = self._login(transport)
             with self._lock:
                 if self._index == index:
                     self._token = token
         return index, transport, token
+
+    def _login(self, transport: Transport) -> str:
+        body = {"name": self._auth.user, "password": self._auth.password or ""}
+        try:
+            return gw.parse_token(transport.post("/v3/auth/authenticate", _encode(body), None))
+        except GatewayError as exc:
+            if not gw.auth_disabled(exc):
+                raise
+        if not self._warned_auth_off:
+            self._warned_auth_off = True
+            _log.warning(
+                "etcd.auth_off",
+                endpoint=str(transport.endpoint),
+                user=self._auth.user,
+                consequence="requests go without a user: anyone who may connect may write",
+            )
+        return NO_AUTH
 
     def _fail_over(self, failed_index: int) -> None:
         """Drop the failed endpoint's idle connections and move to the next endpoint (unless
@@ -125,7 +148,10 @@ class EtcdClient:
             except ConnectionLost as exc:
                 last = exc
             except GatewayError as exc:
-                if exc.failure is Failure.UNAUTHENTICATED and self._auth.user is not None and not relogged:
+                stale = exc.failure is Failure.UNAUTHENTICATED or (
+                    exc.failure is Failure.DENIED and token == NO_AUTH  # auth came on since
+                )
+                if stale and self._auth.user is not None and not relogged:
                     relogged = True  # etcd forgot the token (a restart, its TTL): log in again
                     self._forget_token(token)
                     continue

@@ -31,6 +31,7 @@ from elasticd.etcd.types import Compare, Found, KeyValue, Put, Query
 PERMISSION_DENIED = 7
 UNAUTHENTICATED = 16
 NOT_FOUND = 5
+FAILED_PRECONDITION = 9
 # cancelled, deadline exceeded, resource exhausted, aborted, internal, unavailable: worth another member
 _TRANSIENT = frozenset({1, 4, 8, 10, 13, 14})
 
@@ -239,6 +240,11 @@ def stream_result(obj: dict[str, Any]) -> dict[str, Any]:
 def parse_keepalive(obj: dict[str, Any]) -> int:
     """The remaining TTL after a keep-alive; 0 (the field left out) when the lease is gone."""
     return _int(stream_result(obj), "TTL")
+
+
+def auth_disabled(exc: GatewayError) -> bool:
+    """The answer to a login while etcd's auth is off (then requests need no token)."""
+    return exc.code == FAILED_PRECONDITION and "authentication is not enabled" in exc.message
 
 
 def parse_token(obj: dict[str, Any]) -> str:

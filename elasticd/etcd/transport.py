@@ -7,8 +7,9 @@ which urllib3 keeps to itself. What urllib3 would add is this module's pool: tak
 connection or open one, give it back unless the server said it closes, and drop an idle one
 whose socket became readable (the server closed it, e.g. when etcd restarted) before reuse.
 
-A request that fails on the wire raises ``ConnectionLost``; it is never repeated here (a put or
-a transaction may have been applied): the client decides, by failing over.
+A request that fails on the wire raises ``ConnectionLost``. It is repeated here only when a
+reused connection was closed under it before any answer (see ``Transport.post``); otherwise a
+put or a transaction may have been applied, and the client decides, by failing over.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ IDLE_CONNECTIONS = 4  # kept open per endpoint; more concurrent calls open (and 
 # A watch waits in recv for as long as nothing changes; TCP keep-alive (in the kernel, no wake-up
 # of ours) notices a peer that vanished without a FIN within ~1 min and breaks the watch.
 _KEEPALIVE = (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3))
+
+
+# What sending on a connection the server had closed looks like (no byte of an answer came).
+_CLOSED_WHILE_IDLE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
 
 
 class ConnectionLost(Exception):
@@ -140,8 +145,23 @@ class Transport:
         return conn
 
     def post(self, path: str, body: bytes, token: str | None) -> dict[str, object]:
-        """POST a JSON body; the JSON object answered. Raises ConnectionLost or GatewayError."""
-        conn = self._take() or self.connect()
+        """POST a JSON body; the JSON object answered. Raises ConnectionLost or GatewayError.
+
+        A kept-alive connection that the server closed just as we sent (its close raced our
+        check) fails with no answer at all; a server closes an idle connection without reading
+        what arrives on it, so the request is sent once more, on a new connection."""
+        conn = self._take()
+        if conn is not None:
+            try:
+                return self._exchange(conn, path, body, token)
+            except ConnectionLost as exc:
+                if not isinstance(exc.__cause__, _CLOSED_WHILE_IDLE):
+                    raise
+        return self._exchange(self.connect(), path, body, token)
+
+    def _exchange(
+        self, conn: http.client.HTTPConnection, path: str, body: bytes, token: str | None
+    ) -> dict[str, object]:
         try:
             conn.request("POST", path, body, headers(token))
             response = conn.getresponse()
@@ -184,7 +204,7 @@ class Transport:
 
 def headers(token: str | None) -> dict[str, str]:
     h = {"Content-Type": "application/json"}
-    if token is not None:
+    if token:
         h["Authorization"] = token
     return h
 

@@ -182,3 +182,16 @@ def test_keepalive_and_revoke_answers(gateways: tuple[ScriptedGateway, ScriptedG
     assert client.refresh_lease(7) == 9 and client.refresh_lease(7) == 0
     client.revoke_lease(7)  # already gone: no error
     assert a.requests[-1] == ("/v3/lease/revoke", None, {"ID": "7"})
+
+
+def test_a_user_configured_before_auth_is_enabled(gateways: tuple[ScriptedGateway, ScriptedGateway]) -> None:
+    a, _ = gateways
+    off = "etcdserver: authentication is not enabled"
+    a.answer(LOGIN, 400, {"error": off, "code": 9, "message": off})
+    client = EtcdClient([a.endpoint], USER)
+    client.get("/k")  # auth is off: no token
+    a.answer(RANGE, 403, DENIED)  # `etcdctl auth enable` meanwhile: a request without a user is denied
+    client.get("/k")
+    assert [(p, token) for p, token, _ in a.requests] == [
+        (LOGIN, None), (RANGE, None), (RANGE, None), (LOGIN, None), (RANGE, "token-1"),
+    ]  # fmt: skip
