@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from elasticctl.client import Client
+from elasticd.etcd import gateway as gw
 from elasticd.etcd.client import EtcdClient
 from elasticd.etcd.embedded import find_etcd_binary
 from elasticd.etcd.types import EtcdAuth
@@ -144,6 +145,17 @@ class EtcdServer:
             self.proc.kill()
             self.proc.wait(10)
             self.proc = None
+
+
+def gateway_post(client: EtcdClient, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """Any etcd v3 JSON gateway call, through the client's failover and login (for what the KV
+    seam deliberately cannot do, like writing bytes that are not JSON)."""
+    data = json.dumps(body).encode()
+    return client.call(lambda transport, token: transport.post(path, data, token))
+
+
+def put_raw(client: EtcdClient, key: str, value: bytes) -> None:
+    gateway_post(client, "/v3/kv/put", gw.put_request(key, value, None))
 
 
 def _healthy(client: Any) -> bool:
