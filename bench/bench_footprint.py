@@ -9,6 +9,9 @@ seconds after the daemon answers, and measures:
   (user + system, every thread) over ``--idle-seconds``, divided by the wall time. CPU *time*
   is what the process itself consumed, so it does not depend on what else runs on the machine
   (load only stretches it a little through cache and scheduler effects);
+- **wake-ups** of each daemon thread over the same windows: voluntary context switches per
+  second from ``/proc/<pid>/task/*/status``, named by ``py-spy dump`` (Python thread names; the
+  etcd watch thread is ``etcd-watch`` and should stay at 0 when nothing changes);
 - **memory** of daemon + reaper: RSS, USS (pages only this process holds) and PSS (shared pages
   split among their users), from ``memory_full_info``;
 - **control RPC latency**: ``--clients`` separate client processes (each one ZeroMQ DEALER on the
@@ -86,6 +89,7 @@ class CpuSample:
     daemon_pct: float
     reaper_pct: float
     daemon_threads: int
+    wakeups: dict[str, float] = field(default_factory=dict)  # thread name -> voluntary switches/s
 
 
 @dataclass
@@ -117,12 +121,48 @@ def _cpu_s(proc: Any) -> float:
     return float(t.user + t.system)
 
 
+def _switches(pid: int) -> dict[str, tuple[str, int]]:
+    """tid -> (kernel thread name, voluntary context switches so far)."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            status = (task / "status").read_text()
+        except OSError:
+            continue  # the thread ended
+        fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+        out[task.name] = (fields["Name"].strip(), int(fields["voluntary_ctxt_switches"]))
+    return out
+
+
+def _python_thread_names(pid: int) -> dict[str, str]:
+    """tid -> Python thread name, from ``py-spy dump`` (empty if py-spy cannot attach)."""
+    py_spy = Path(sys.executable).parent / "py-spy"
+    try:
+        out = subprocess.run([str(py_spy), "dump", "--pid", str(pid)], capture_output=True, text=True,
+                             timeout=30).stdout  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    names = {}
+    for line in out.splitlines():
+        words = line.split('"')
+        if line.startswith("Thread ") and len(words) >= 2:
+            names[line.split()[1]] = words[1]
+    return names
+
+
 def measure_cpu(phase: str, daemon: Any, reaper: Any, seconds: float) -> CpuSample:
-    d0, r0, t0 = _cpu_s(daemon), _cpu_s(reaper), time.monotonic()
+    d0, r0, t0, s0 = _cpu_s(daemon), _cpu_s(reaper), time.monotonic(), _switches(daemon.pid)
     time.sleep(seconds)
-    d1, r1, t1 = _cpu_s(daemon), _cpu_s(reaper), time.monotonic()
+    d1, r1, t1, s1 = _cpu_s(daemon), _cpu_s(reaper), time.monotonic(), _switches(daemon.pid)
     wall = t1 - t0
-    return CpuSample(phase, wall, 100 * (d1 - d0) / wall, 100 * (r1 - r0) / wall, daemon.num_threads())
+    names = _python_thread_names(daemon.pid)
+    wakeups = {
+        f"{names.get(tid, comm)}[{tid}]": (n - s0.get(tid, (comm, 0))[1]) / wall
+        for tid, (comm, n) in s1.items()
+    }
+    return CpuSample(
+        phase, wall, 100 * (d1 - d0) / wall, 100 * (r1 - r0) / wall, daemon.num_threads(), wakeups
+    )
 
 
 def _mem(proc: Any) -> dict[str, float]:
@@ -350,6 +390,10 @@ def report(cpu: list[CpuSample], mem: list[MemSample], rpc: RpcResult | None) ->
             f" {c.daemon_threads:>8}"
             f"  <= {CPU_TARGET_PCT}% {_mark(ok)}"
         )
+    for c in cpu:
+        busiest = sorted(c.wakeups.items(), key=lambda kv: -kv[1])
+        print(f"  wake-ups/s, {c.phase}: {sum(c.wakeups.values()):.1f} in all; "
+              + ", ".join(f"{name} {rate:.2f}" for name, rate in busiest))  # fmt: skip
     print()
     print(f"{'memory (MB)':<26} {'RSS d+r':>8} {'d RSS':>7} {'d USS':>7} {'d PSS':>7}"
           f" {'r RSS':>7} {'r USS':>7} {'r PSS':>7}  target")  # fmt: skip

@@ -1,6 +1,6 @@
 """Rendezvous at scale: N participants against one etcd, spread over several processes.
 
-elasticd side: each participant is a *node*: its own etcd client (one grpc channel, as one
+elasticd side: each participant is a *node*: its own etcd client (its own connections, as one
 daemon has), its own lease, its own watch on the job's prefix (as every daemon watches the whole
 prefix), and it runs the join path of ``elasticd.agent.step`` with the real ``JobStore`` (etcd
 I/O) and the real pure deciders (``leader``, ``decide_close``, ``order_members``,

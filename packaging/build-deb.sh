@@ -73,8 +73,7 @@ if [ "${ELASTICD_DEB_INNER:-}" = 1 ]; then
     # The daemon never installs anything: pip and setuptools would only be dead weight that dpkg
     # then owns (and an invitation to pip-install into a dpkg-managed tree).
     "${pip[@]}" uninstall --quiet --yes pip setuptools
-    "$PREFIX/bin/python" -c 'import elasticd.etcd.client, elasticd.daemon.main, elasticctl.cli, elasticctl.run, grpc, zmq, psutil'
-    # (elasticd.etcd.client picks the pure-Python protobuf that etcd3's old generated code needs.)
+    "$PREFIX/bin/python" -c 'import elasticd.etcd.client, elasticd.daemon.main, elasticctl.cli, elasticctl.run, zmq, psutil'
     # Ship sources only, as Debian's Python packages do: postinst compiles the bytecode with the
     # installed interpreter and prerm removes it.
     find "$PREFIX" -depth -type d -name __pycache__ -exec rm -rf {} +

@@ -10,7 +10,7 @@ from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.client import EtcdClient
 from elasticd.etcd.embedded import find_etcd_binary
 from elasticd.netaddr import free_port
-from tests.support import stop_process, wait_for
+from tests.support import gateway_post, stop_process, wait_for
 
 HOST = "127.0.0.1"
 
@@ -118,13 +118,15 @@ class EtcdCluster:
                 continue
             client = EtcdClient([self.endpoints[i]], timeout_s=1.0)
             try:
-                leader = client.call(lambda c: c.status().leader)
+                leader = gateway_post(client, "/v3/maintenance/status", {}).get("leader")
+                members = gateway_post(client, "/v3/cluster/member/list", {}).get("members", [])
             except EtcdUnavailable:
                 continue
             finally:
                 client.close()
-            if leader is not None and leader.name in self.names:
-                return self.names.index(leader.name)
+            names = [m.get("name") for m in members if m.get("ID") == leader]
+            if names and names[0] in self.names:
+                return self.names.index(names[0])
         return None
 
     def alive(self, i: int) -> bool:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import threading
+from collections import defaultdict, deque
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from elasticd.jobs.spec import EntryKind, JobSpec, NodeRange
@@ -28,3 +32,66 @@ def make_spec(**overrides: Any) -> JobSpec:
         "submitted_at": 1700000000.5,
     }
     return JobSpec(**(fields | overrides))
+
+
+class ScriptedGateway:
+    """A stand-in for etcd's JSON gateway on loopback: each POST gets the next answer scripted
+    for its path (``answer``), else 200 with ``{}`` (a fresh token for a login). It records every
+    request as (path, Authorization header, JSON body) and counts connections."""
+
+    def __init__(self) -> None:
+        self.script: defaultdict[str, deque[tuple[int, str]]] = defaultdict(deque)
+        self.requests: list[tuple[str, str | None, Any]] = []
+        self.connections = 0
+        self.close_after_reply = False  # close each connection without saying so (an idle timeout)
+        self._logins = 0
+        gateway = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def setup(self) -> None:
+                gateway.connections += 1
+                super().setup()
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"null")
+                gateway.requests.append((self.path, self.headers.get("Authorization"), body))
+                status, text = gateway.next_answer(self.path)
+                data = text.encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                self.close_connection = gateway.close_after_reply
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self._thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True)
+        self._thread.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.server.server_address[1]}"
+
+    def answer(self, path: str, status: int, body: Any) -> None:
+        self.script[path].append((status, body if isinstance(body, str) else json.dumps(body)))
+
+    def next_answer(self, path: str) -> tuple[int, str]:
+        if self.script[path]:
+            return self.script[path].popleft()
+        if path == "/v3/auth/authenticate":
+            self._logins += 1
+            return 200, json.dumps({"token": f"token-{self._logins}"})
+        return 200, "{}"
+
+    def paths(self) -> list[str]:
+        return [path for path, _, _ in self.requests]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from elasticctl.client import Client
+from elasticd.etcd import gateway as gw
 from elasticd.etcd.client import EtcdClient
 from elasticd.etcd.embedded import find_etcd_binary
 from elasticd.etcd.types import EtcdAuth
@@ -57,8 +58,10 @@ class EtcdServer:
     """A real etcd on loopback with free ports and its own data dir.
 
     With ``tls`` (the server's certificate, also used towards peers) every listener speaks TLS
-    and requires a client certificate signed by the same CA; ``admin`` is the client identity
-    ``start`` uses to wait for health (and what tests use for etcdctl).
+    and requires a client certificate signed by the same CA; ``admin`` is the client certificate
+    that ``start`` uses to wait for health (and tests for etcdctl). Once a test has turned etcd
+    auth on, it sets ``admin_password``: the password of etcd's ``root``, which clients then log
+    in as (the JSON gateway takes no identity from a certificate).
     """
 
     def __init__(
@@ -72,6 +75,7 @@ class EtcdServer:
         self.name = name
         self.tls = tls
         self.admin = admin
+        self.admin_password: str | None = None
         self.client_port = free_port()
         self.peer_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -112,7 +116,10 @@ class EtcdServer:
 
     def client_auth(self) -> EtcdAuth:
         a = self.admin
-        return EtcdAuth() if a is None else EtcdAuth(ca=a.ca, cert=a.cert, key=a.key)
+        user = None if self.admin_password is None else "root"
+        if a is None:
+            return EtcdAuth(user=user, password=self.admin_password)
+        return EtcdAuth(ca=a.ca, cert=a.cert, key=a.key, user=user, password=self.admin_password)
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -138,6 +145,17 @@ class EtcdServer:
             self.proc.kill()
             self.proc.wait(10)
             self.proc = None
+
+
+def gateway_post(client: EtcdClient, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """Any etcd v3 JSON gateway call, through the client's failover and login (for what the KV
+    seam deliberately cannot do, like writing bytes that are not JSON)."""
+    data = json.dumps(body).encode()
+    return client.call(lambda transport, token: transport.post(path, data, token))
+
+
+def put_raw(client: EtcdClient, key: str, value: bytes) -> None:
+    gateway_post(client, "/v3/kv/put", gw.put_request(key, value, None))
 
 
 def _healthy(client: Any) -> bool:

@@ -1,7 +1,7 @@
 """A throwaway certificate authority for tests: a CA, server and client certificates, as PEM files.
 
 Generated at test time with ``cryptography`` so that no key material lives in the repository and
-nothing expires between runs. EC P-256 keys: fast to generate, accepted by etcd (Go) and grpc.
+nothing expires between runs. EC P-256 keys: fast to generate, accepted by etcd (Go) and Python's ssl.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ class CertFiles:
     ca: Path
 
 
-def _name(cn: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+def _name(cn: str | None) -> x509.Name:
+    return x509.Name([] if cn is None else [x509.NameAttribute(NameOID.COMMON_NAME, cn)])
 
 
 def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
@@ -79,16 +79,24 @@ class TestCA:
         self.ca_path.write_bytes(self._cert.public_bytes(serialization.Encoding.PEM))
 
     def issue(
-        self, cn: str, *, server: bool = False, client: bool = True, hosts: tuple[str, ...] = ()
+        self,
+        cn: str,
+        *,
+        server: bool = False,
+        client: bool = True,
+        hosts: tuple[str, ...] = (),
+        subject_cn: bool = True,
     ) -> CertFiles:
-        """A leaf certificate for ``cn``; ``hosts`` (IPs or DNS names) go into the SAN."""
+        """A leaf certificate for ``cn``; ``hosts`` (IPs or DNS names) go into the SAN. Without
+        ``subject_cn`` the subject is empty and ``cn`` is only a DNS name of the (then critical)
+        SAN: a client certificate that etcd's JSON gateway accepts with auth on."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)
         usages = [ExtendedKeyUsageOID.SERVER_AUTH] if server else []
         usages += [ExtendedKeyUsageOID.CLIENT_AUTH] if client else []
         builder = (
             x509.CertificateBuilder()
-            .subject_name(_name(cn))
+            .subject_name(_name(cn if subject_cn else None))
             .issuer_name(self._cert.subject)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
@@ -100,14 +108,15 @@ class TestCA:
                 x509.AuthorityKeyIdentifier.from_issuer_public_key(self._key.public_key()), critical=False
             )
         )
-        if hosts:
+        sans = hosts if subject_cn else (*hosts, cn)
+        if sans:
             names: list[x509.GeneralName] = []
-            for host in hosts:
+            for host in sans:
                 try:
                     names.append(x509.IPAddress(ipaddress.ip_address(host)))
                 except ValueError:
                     names.append(x509.DNSName(host))
-            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=not subject_cn)
         cert = builder.sign(self._key, hashes.SHA256())
         stem = cn.replace("/", "_")
         files = CertFiles(self.directory / f"{stem}.pem", self.directory / f"{stem}-key.pem", self.ca_path)

@@ -32,6 +32,7 @@ from elasticd.node.inventory import discover
 from elasticd.node.liveness import LivenessServer
 from elasticd.node.registry import NodeRegistry
 from elasticd.node.statedir import StateDir
+from elasticd.trustedpath import read_secret
 from elasticd.workers.limits import detect
 from elasticd.workers.reaper import Reaper
 from elasticd.workers.tracking import detect as detect_tracking
@@ -57,6 +58,7 @@ class Daemon:
         self.etcd_endpoints: list[str] = list(settings.etcd_endpoints)
         # Set during start(); typed as non-optional for the commands that use them.
         self.etcd: EtcdClient
+        self._etcd_auth = EtcdAuth()
         self._lease_etcd: EtcdClient
         self.manager: JobManager
         self.registry: NodeRegistry
@@ -65,10 +67,14 @@ class Daemon:
         _log.info("daemon.stopping", reason=reason)
         self._stop.set()
 
-    @property
-    def _auth(self) -> EtcdAuth:
+    def _read_auth(self) -> EtcdAuth:
+        """The etcd credentials; the password file is read once, here (a ConfigError if it is not
+        root's alone, see ``elasticd.trustedpath``)."""
         s = self.settings
-        return EtcdAuth(s.etcd_ca, s.etcd_cert, s.etcd_key, s.etcd_user, s.etcd_password)
+        password = s.etcd_password
+        if s.etcd_password_file is not None:
+            password = read_secret(s.etcd_password_file, "etcd_password_file")
+        return EtcdAuth(s.etcd_ca, s.etcd_cert, s.etcd_key, s.etcd_user, password)
 
     async def _connect_etcd(self) -> EtcdClient:
         s = self.settings
@@ -76,7 +82,7 @@ class Daemon:
             self._embedded = EmbeddedEtcd(s.state_dir / "etcd", s.etcd_binary)
             await asyncio.to_thread(self._embedded.start)
             self.etcd_endpoints = [self._embedded.endpoint]
-        client = EtcdClient(self.etcd_endpoints, self._auth)
+        client = EtcdClient(self.etcd_endpoints, self._etcd_auth)
         deadline = time.monotonic() + ETCD_CONNECT_TIMEOUT_S
         while True:
             try:
@@ -121,6 +127,7 @@ class Daemon:
             tracking = detect_tracking(instance=self.node_id)  # after limits: both see the same cgroup
             self._reaper = Reaper(self.node_id, tracking.base)
             self._reaper.start()
+            self._etcd_auth = self._read_auth()
             self.etcd = await self._connect_etcd()
             inventory = discover(self.node_id, s.fake_gpus, s.slots)
             address = s.effective_address
@@ -146,7 +153,7 @@ class Daemon:
             # The lease has its own client with short calls: a keep-alive stuck on a dead etcd member
             # must fail over well within the TTL, or the node would fence itself for nothing.
             self._lease_etcd = EtcdClient(
-                self.etcd_endpoints, self._auth, timeout_s=max(0.5, s.lease_ttl / 5)
+                self.etcd_endpoints, self._etcd_auth, timeout_s=max(0.5, s.lease_ttl / 5)
             )
             self.registry = NodeRegistry(
                 self._lease_etcd,

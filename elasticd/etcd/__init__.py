@@ -1,1 +1,1 @@
-"""etcd v3: the client (the only importer of ``etcd3``), the key layout, and the embedded server."""
+"""etcd v3: the KV seam, its HTTP/JSON client and in-memory fake, the key layout, the embedded server."""

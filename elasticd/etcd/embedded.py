@@ -126,7 +126,7 @@ class EmbeddedEtcd:
 
     @property
     def endpoint(self) -> str:
-        """What ``EtcdClient`` connects to: grpc's ``unix:/abs/path`` target form."""
+        """What ``EtcdClient`` connects to: ``unix:`` and the client socket's absolute path."""
         if self.socket_dir is None:
             raise EtcdUnavailable("the embedded etcd has not been started")
         return f"unix:{self.socket_dir / CLIENT_SOCKET}"

@@ -6,6 +6,8 @@ revisions per key, leases that own keys, transactions that compare revisions). T
 contract tests (``tests/contract/test_kv_contract.py``) run against both.
 
 Calls block (the etcd client waits on the network): async code runs them in a thread.
+Ranges are etcd's: [start, end) in key order (UTF-8 byte order, which is code-point order),
+with the end ``ALL_KEYS`` ("\\0") meaning every key from start on.
 """
 
 from __future__ import annotations
@@ -14,6 +16,21 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from elasticd.etcd.types import Compare, Found, KeyValue, Put, Query
+
+ALL_KEYS = "\0"
+
+
+def prefix_end(prefix: str) -> str:
+    """The end of the range of every key that starts with ``prefix``: its last character that
+    can be incremented, incremented (``ALL_KEYS`` for the empty prefix)."""
+    chars = list(prefix)
+    while chars:
+        code = ord(chars.pop()) + 1
+        if code == 0xD800:  # surrogates are no key characters: the next one is U+E000
+            code = 0xE000
+        if code <= 0x10FFFF:
+            return "".join(chars) + chr(code)
+    return ALL_KEYS
 
 
 class KV(Protocol):
@@ -43,11 +60,18 @@ class KV(Protocol):
 
     def delete_prefix(self, prefix: str) -> None: ...
 
+    def watch_range(
+        self, start: str, end: str, on_change: Callable[[str, bool], None], on_broken: Callable[[], None]
+    ) -> Callable[[], None]:
+        """Call ``on_change(key, deleted)`` for each later change of a key in [start, end) (from
+        another thread); ``on_broken`` once if the watch breaks, and nothing after it. Returns a
+        function that cancels the watch: no callback runs once it returned, and never on_broken."""
+        ...
+
     def watch_prefix(
         self, prefix: str, on_change: Callable[[str, bool], None], on_broken: Callable[[], None]
     ) -> Callable[[], None]:
-        """Call ``on_change(key, deleted)`` for each later change under ``prefix`` (from another
-        thread); ``on_broken`` once if the watch breaks. Returns a function that cancels it."""
+        """``watch_range`` over every key under ``prefix``."""
         ...
 
     def grant_lease(self, ttl_s: float) -> int: ...

@@ -8,7 +8,7 @@ one after a delete. Leases have whole-second TTLs of at least 2 s (what a defaul
 on an injected clock, are expired at the start of every call, and delete their keys as they end.
 
 Refusals are what ``EtcdClient`` raises today: a put on an unknown lease, or a transaction that
-names a key twice, is ``EtcdUnavailable`` (the client wraps every grpc error so), writing nothing.
+names a key twice, is ``EtcdUnavailable`` (the client wraps every refusal so), writing nothing.
 Watch callbacks run in revision order from a caller's thread, outside the lock, so they may call
 the store. For outages: ``available = False``, ``fail_next(n)`` and ``break_watches()``.
 """
@@ -26,6 +26,7 @@ from typing import Any
 
 from elasticd import log
 from elasticd.errors import EtcdUnavailable
+from elasticd.etcd.kv import ALL_KEYS, prefix_end
 from elasticd.etcd.types import Compare, Found, KeyValue, Put, Query
 
 _log = log.get("elasticd.etcd.memory")
@@ -42,10 +43,19 @@ class _Lease:
 
 @dataclass(eq=False)
 class _Watch:
-    prefix: str
+    start: str
+    end: str
     on_change: Callable[[str, bool], None]
     on_broken: Callable[[], None]
     active: bool = True
+
+    def covers(self, key: str) -> bool:
+        return in_range(key, self.start, self.end)
+
+
+def in_range(key: str, start: str, end: str) -> bool:
+    """[start, end) in code-point order, which is UTF-8 byte order: etcd's key order."""
+    return start <= key and (end == ALL_KEYS or key < end)
 
 
 _Event = tuple[_Watch, str | None, bool]  # key None: the watch broke
@@ -79,7 +89,7 @@ class MemoryKV:
             self._failures = n
 
     def break_watches(self) -> None:
-        """Every watch is told ``on_broken`` once and gets nothing more (etcd3 forgets it)."""
+        """Every watch is told ``on_broken`` once and gets nothing more (its stream ended)."""
         with self._lock:
             self._pending.extend((w, None, False) for w in self._watches)
             self._watches.clear()
@@ -140,10 +150,10 @@ class MemoryKV:
             if keys:
                 self._revision += 1
 
-    def watch_prefix(
-        self, prefix: str, on_change: Callable[[str, bool], None], on_broken: Callable[[], None]
+    def watch_range(
+        self, start: str, end: str, on_change: Callable[[str, bool], None], on_broken: Callable[[], None]
     ) -> Callable[[], None]:
-        watch = _Watch(prefix, on_change, on_broken)
+        watch = _Watch(start, end, on_change, on_broken)
         with self._op():
             self._watches.append(watch)
 
@@ -154,6 +164,11 @@ class MemoryKV:
                     self._watches.remove(watch)
 
         return cancel
+
+    def watch_prefix(
+        self, prefix: str, on_change: Callable[[str, bool], None], on_broken: Callable[[], None]
+    ) -> Callable[[], None]:
+        return self.watch_range(prefix, prefix_end(prefix), on_change, on_broken)
 
     # -- leases ------------------------------------------------------------------------------
     def grant_lease(self, ttl_s: float) -> int:
@@ -198,11 +213,11 @@ class MemoryKV:
     def _read(self, q: Query) -> Found:
         if q.prefix:
             kvs = [kv for k, kv in self._kvs.items() if k.startswith(q.key)]
-        elif q.end is not None:  # code-point order is UTF-8 byte order, etcd's key order
-            kvs = [kv for k, kv in self._kvs.items() if q.key <= k and (q.end == "\0" or k < q.end)]
+        elif q.end is not None:
+            kvs = [kv for k, kv in self._kvs.items() if in_range(k, q.key, q.end)]
         else:
             kvs = [self._kvs[q.key]] if q.key in self._kvs else []
-        if q.count_only:  # no keys, as Query says (EtcdClient, through etcd3 0.12, returns them)
+        if q.count_only:  # no keys, as Query says
             return Found([], len(kvs))
         if q.oldest_only:
             return Found(sorted(kvs, key=lambda kv: kv.create_revision)[:1], len(kvs))
@@ -246,7 +261,7 @@ class MemoryKV:
         self._revision += 1
 
     def _notify(self, key: str, deleted: bool) -> None:
-        self._pending.extend((w, key, deleted) for w in self._watches if key.startswith(w.prefix))
+        self._pending.extend((w, key, deleted) for w in self._watches if w.covers(key))
 
     # -- watch delivery (without the lock) ---------------------------------------------------
     def _flush(self) -> None:
@@ -263,8 +278,8 @@ class MemoryKV:
                     watch.on_broken()
                 else:
                     watch.on_change(key, deleted)
-            except Exception:  # as etcd3 does: logged, and the writer and later events carry on
-                _log.exception("watch.callback_failed", prefix=watch.prefix, key=key)
+            except Exception:  # as EtcdClient does: logged, and the writer and later events carry on
+                _log.exception("watch.callback_failed", start=watch.start, key=key)
 
     def _next_event(self) -> _Event | None:
         with self._lock:

@@ -1,13 +1,13 @@
 """The values that cross the etcd seam: plain frozen records, with no etcd client behind them.
 
 Kept apart from ``elasticd.etcd.client`` so that pure modules (snapshots, deciders, views) and
-their tests can use them without loading grpc or etcd3.
+their tests can use them without loading the HTTP client.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ class EtcdAuth:
     cert: Path | None = None
     key: Path | None = None
     user: str | None = None
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)  # never in a log line
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The ``events`` command's arguments and reply: part of the control protocol's schema
 (``elasticd.wire`` lists the command), kept here to keep ``wire`` from growing.
 
-Light on purpose (no etcd, zmq or grpc): clients import it through ``elasticd.wire``. No
+Light on purpose (no etcd client, no zmq): clients import it through ``elasticd.wire``. No
 ``from __future__ import annotations`` (as in ``elasticd.wire``: TypedDicts read at run time).
 """
 

@@ -32,7 +32,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from elasticd import log
+from elasticd import log, trustedpath
 from elasticd.errors import ConfigError
 from elasticd.jobs.spec import valid_job_id
 from elasticd.jobs.state import EndReason, SetupFailure
@@ -117,15 +117,15 @@ def _check_dir(fd: int, path: Path, ancestor: bool) -> None:
     """Ours alone (the tree), or root's or ours and not writable by all unless sticky (above it)."""
     st = os.fstat(fd)
     euid = os.geteuid()
-    if not stat.S_ISDIR(st.st_mode):
+    if ancestor:
+        why = trustedpath.ancestor_problem(st)
+        if why is None:
+            return
+    elif not stat.S_ISDIR(st.st_mode):
         why = "not a directory"
-    elif ancestor and st.st_uid not in (0, euid):
-        why = f"owned by uid {st.st_uid}, not root"
-    elif ancestor and st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
-        why = "writable by everyone"
-    elif not ancestor and st.st_uid != euid:
+    elif st.st_uid != euid:
         why = f"owned by uid {st.st_uid}, not uid {euid}"
-    elif not ancestor and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         why = f"group- or other-writable (mode {stat.S_IMODE(st.st_mode):04o})"
     else:
         return
@@ -169,29 +169,10 @@ def _step(parent: int, name: str, path: Path, create: bool, node: str, ancestor:
 def _resolve(log_dir: Path) -> Path:
     """``log_dir`` with its symlinks resolved, following only those of root or our euid. A race
     with this (a name swapped afterwards) is caught by the ``O_NOFOLLOW`` walk in ``open_dir``."""
-    done, rest, hops = Path("/"), list(Path(os.path.abspath(log_dir)).parts[1:]), 40
-    while rest:
-        name = rest.pop(0)
-        if name in ("", "."):
-            continue
-        if name == "..":
-            done = done.parent
-            continue
-        candidate = done / name
-        try:
-            st = os.lstat(candidate)
-        except FileNotFoundError:
-            return candidate.joinpath(*rest)
-        if not stat.S_ISLNK(st.st_mode):
-            done = candidate
-            continue
-        hops -= 1
-        if st.st_uid not in (0, os.geteuid()) or hops < 0:
-            raise _unsafe(candidate, f"a symbolic link of uid {st.st_uid} (or a loop)")
-        target = Path(os.readlink(candidate))
-        rest = list(target.parts[1:] if target.is_absolute() else target.parts) + rest
-        done = Path("/") if target.is_absolute() else done
-    return done
+    try:
+        return trustedpath.resolve(log_dir)
+    except trustedpath.UnsafePath as exc:
+        raise _unsafe(exc.path, exc.why) from None
 
 
 def open_dir(log_dir: Path, parts: tuple[str, ...], create: bool, node: str = "") -> int | None:

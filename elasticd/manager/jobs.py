@@ -100,12 +100,12 @@ class JobManager:
         loop = asyncio.get_running_loop()
         broken = asyncio.Event()
 
-        def on_change(key: str, deleted: bool) -> None:  # on a grpc thread
+        def on_change(key: str, deleted: bool) -> None:  # on the watch's thread
             change = self._keys.route(key, deleted)
             if change is not None:
                 loop.call_soon_threadsafe(self.wake, change)
 
-        def on_broken() -> None:  # on a grpc thread
+        def on_broken() -> None:  # on the watch's thread
             loop.call_soon_threadsafe(broken.set)
 
         while True:

@@ -10,7 +10,7 @@ the machine-readable fields a client needs (``JobView.waits_for``, ``JobView.cod
 Every time in a reply is seconds since the epoch (a float) in a field named ``*_at`` (all listed in
 ``TIME_FIELDS``; ``elasticctl status --json`` shows them in ISO 8601); durations are ``*_s`` seconds.
 
-This package imports nothing heavy (no zmq, grpc, etcd3 or psutil): a client can use it alone.
+This package imports nothing heavy (no zmq, etcd client or psutil): a client can use it alone.
 
 Modules: ``states`` (job states as replies carry them), ``args`` (every command's arguments),
 ``replies`` (every reply), and here the table of commands; every name is importable from here.

@@ -1,5 +1,6 @@
 #!/bin/sh
-# Make the certificates of the etcd in etcd.yaml and of elasticd's client identity, with openssl.
+# Make the certificates of the etcd in etcd.yaml, elasticd's client certificate and the etcd
+# passwords, with openssl.
 #
 #   packaging/k8s/gen-certs.sh DIR [NAMESPACE]     (default namespace: elasticd)
 #
@@ -7,14 +8,18 @@
 #   ca.crt ca.key            a CA for this etcd cluster only (keep ca.key offline)
 #   server.crt server.key    etcd members' serving certificate (clients -> etcd)
 #   peer.crt peer.key        etcd members' peer certificate (etcd <-> etcd, both directions)
-#   elasticd.crt elasticd.key  elasticd's client certificate, CN "elasticd" (with etcd
-#                            authentication on, that CN is the etcd user)
+#   elasticd.crt elasticd.key  elasticd's client certificate: mutual TLS only, so its subject has
+#                            no CN (with etcd auth on, etcd's JSON gateway, which elasticd speaks,
+#                            refuses a certificate with a CN)
+#   elasticd.password        the password of the etcd user "elasticd", elasticd's identity
+#   root.password            the password of etcd's "root" user (for etcdctl; keep it offline)
 # The server and peer certificates name every member (etcd-N.etcd.NAMESPACE.svc and
 # .svc.cluster.local), the Service, localhost and 127.0.0.1. Then, as docs/kubernetes.md says:
 #   kubectl -n elasticd create secret generic etcd-tls --from-file=DIR/ca.crt \
 #       --from-file=DIR/server.crt --from-file=DIR/server.key --from-file=DIR/peer.crt --from-file=DIR/peer.key
 #   kubectl -n elasticd create secret generic elasticd-etcd-client --from-file=DIR/ca.crt \
-#       --from-file=tls.crt=DIR/elasticd.crt --from-file=tls.key=DIR/elasticd.key
+#       --from-file=tls.crt=DIR/elasticd.crt --from-file=tls.key=DIR/elasticd.key \
+#       --from-file=password=DIR/elasticd.password
 # Environment: DAYS (validity, default 825), MEMBERS (default 3), CLUSTER_DOMAIN (default cluster.local).
 set -eu
 
@@ -36,7 +41,8 @@ case $MEMBERS in *[!0-9]* | '' | 0) die "MEMBERS must be a positive number: $MEM
 
 umask 077
 mkdir -p -- "$DIR"
-for f in ca.crt ca.key server.crt server.key peer.crt peer.key elasticd.crt elasticd.key; do
+for f in ca.crt ca.key server.crt server.key peer.crt peer.key elasticd.crt elasticd.key \
+    elasticd.password root.password; do
     [ ! -e "$DIR/$f" ] || die "$DIR/$f exists; not overwriting (use an empty directory)"
 done
 
@@ -74,8 +80,11 @@ subjectAltName=$sans"
 sign peer "/CN=etcd-peer" "$leaf
 extendedKeyUsage=serverAuth,clientAuth
 subjectAltName=$sans"
-sign elasticd "/CN=elasticd" "$leaf
+sign elasticd "/O=elasticd" "$leaf
 extendedKeyUsage=clientAuth"
 rm -f -- "$DIR/ca.srl"
+for user in elasticd root; do
+    openssl rand -base64 24 >"$DIR/$user.password"
+done
 
-printf 'certificates for %s etcd members in namespace %s written to %s\n' "$MEMBERS" "$NS" "$DIR"
+printf 'certificates and passwords for %s etcd members in namespace %s written to %s\n' "$MEMBERS" "$NS" "$DIR"

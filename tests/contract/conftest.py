@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from elasticd.etcd.client import EtcdClient
 from elasticd.etcd.kv import KV
 from elasticd.etcd.memory import MemoryKV
-from tests.support import EtcdServer, unique
+from tests.support import EtcdServer, unique, wait_for
 
 WAIT_S = 10.0
+
+
+def watch_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "etcd-watch"]
 
 
 @pytest.fixture(params=["memory", "etcd"])
@@ -21,13 +26,10 @@ def kv(request: pytest.FixtureRequest) -> Iterator[KV]:
         yield MemoryKV()
         return
     server: EtcdServer = request.getfixturevalue("etcd_server")
-    before = set(threading.enumerate())
     client = EtcdClient([server.endpoint])
     yield client
-    client.close()
-    for thread in set(threading.enumerate()) - before:  # its watch thread ends within this test
-        if thread.name.startswith("etcd3_watch"):
-            thread.join(WAIT_S)
+    client.close()  # cancels the watches a test left open: their threads end at once
+    assert watch_threads() == []
 
 
 @pytest.fixture
@@ -36,3 +38,22 @@ def base(kv: KV) -> Iterator[str]:
     prefix = f"/contract/{unique('kv')}"
     yield prefix
     kv.delete_prefix(prefix + "/")
+
+
+@pytest.fixture(params=["memory", "etcd"])
+def breakable(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[KV, Callable[[], None]]]:
+    """A KV and a way to break its watches: ``break_watches`` in memory; for etcd, a private
+    server (not the session's) that is stopped."""
+    if request.param == "memory":
+        memory = MemoryKV()
+        yield memory, memory.break_watches
+        return
+    server = EtcdServer(tmp_path / "etcd", unique("breakable"))
+    server.start()
+    client = EtcdClient([server.endpoint], timeout_s=2)
+    try:
+        yield client, server.stop
+    finally:
+        client.close()
+        server.stop()
+    wait_for(lambda: watch_threads() == [], WAIT_S, 0.01, "watch threads to end")

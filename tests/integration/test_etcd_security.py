@@ -1,5 +1,5 @@
 """Who can write job specs: the embedded etcd is closed to other local users, and an external
-etcd with TLS, client certificates and RBAC admits the daemon to its prefix and nobody else.
+etcd with mutual TLS, a password user and RBAC admits the daemon to its prefix and nobody else.
 
 Whoever writes a job spec chooses the uid the root daemon runs it as, so these are the tests
 of "no local privilege escalation through etcd" and of the multi-host deployment in SECURITY.md.
@@ -24,9 +24,9 @@ import pytest
 from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.client import EtcdClient
 from elasticd.etcd.embedded import CLIENT_SOCKET, PEER_SOCKET, EmbeddedEtcd, find_etcd_binary
-from elasticd.etcd.types import EtcdAuth
+from elasticd.etcd.types import EtcdAuth, Query
 from tests.conftest import DaemonFactory
-from tests.support import REPO, DaemonProc, EtcdServer, etcd_available, submit_job, unique
+from tests.support import REPO, DaemonProc, EtcdServer, etcd_available, submit_job, unique, wait_for
 from tests.tls import CertFiles, TestCA
 
 NOBODY = 65534
@@ -169,8 +169,10 @@ def test_long_state_dir_puts_sockets_in_a_private_temp_dir(tmp_path: Path) -> No
     assert not (data_dir / "ports.json").exists()
 
 
-# -- an external etcd with TLS, client certificates and RBAC ---------------------------------------
+# -- an external etcd with mutual TLS, password users and RBAC -------------------------------------
 PREFIX = "/secure/v1"
+NODE_USER, NODE_PASSWORD, ROOT_PASSWORD = "elasticd-node", "n0de-pw-7f3a", "r00t-pw-c2d9"
+CN_ERROR = "client certificates must have an empty subject CN; use etcd_user/etcd_password_file for identity"
 
 
 def etcdctl(server: EtcdServer, who: CertFiles | None, *argv: str) -> subprocess.CompletedProcess[str]:
@@ -178,6 +180,8 @@ def etcdctl(server: EtcdServer, who: CertFiles | None, *argv: str) -> subprocess
     creds = ["--cacert", str(ca)] if ca else []
     if who is not None:
         creds += ["--cert", str(who.cert), "--key", str(who.key)]
+    if server.admin_password is not None and who is server.admin:
+        creds += ["--user", f"root:{server.admin_password}"]
     return subprocess.run(
         [str(find_etcd_binary().parent / "etcdctl"), "--endpoints", server.endpoint, "--dial-timeout", "3s",
          "--command-timeout", "5s", *creds, *argv],
@@ -185,44 +189,71 @@ def etcdctl(server: EtcdServer, who: CertFiles | None, *argv: str) -> subprocess
     )  # fmt: skip
 
 
-def setup_rbac(server: EtcdServer, root: CertFiles, *users: str) -> None:
-    """root (admin), role ``elasticd`` = readwrite on PREFIX/, ``users`` with that role, auth on."""
+def setup_rbac(server: EtcdServer, users: dict[str, str]) -> None:
+    """root (admin, with a password), role ``elasticd`` = readwrite on PREFIX/ only, ``users``
+    (name: password) with that role; then auth on, and ``server`` logs in as root from now on."""
     steps = [
-        ("user", "add", "root", "--no-password"),
+        ("user", "add", "root", "--new-user-password", ROOT_PASSWORD),
         ("user", "grant-role", "root", "root"),
         ("role", "add", "elasticd"),
         ("role", "grant-permission", "elasticd", "readwrite", "--prefix=true", f"{PREFIX}/"),
     ]
-    for user in users:
-        steps += [("user", "add", user, "--no-password"), ("user", "grant-role", user, "elasticd")]
+    for user, password in users.items():
+        steps += [
+            ("user", "add", user, "--new-user-password", password),
+            ("user", "grant-role", user, "elasticd"),
+        ]
     steps.append(("auth", "enable"))
+    assert server.admin is not None
     for step in steps:
-        res = etcdctl(server, root, *step)
+        res = etcdctl(server, server.admin, *step)
         assert res.returncode == 0, (step, res.stderr)
+    server.admin_password = ROOT_PASSWORD
 
 
 @pytest.fixture
-def tls_etcd(tmp_path: Path) -> Iterator[tuple[EtcdServer, dict[str, CertFiles]]]:
+def pki(tmp_path: Path) -> tuple[TestCA, dict[str, CertFiles]]:
+    """Client certificates with an empty subject (what the gateway accepts with auth on), and one
+    with a CN (what the deployment used to identify a node by)."""
     ca = TestCA(tmp_path / "pki")
-    ids = {cn: ca.issue(cn) for cn in ("root", "elasticd-node", "intruder")}
-    server = EtcdServer(tmp_path / "etcd-tls", "tls", tls=ca.server(), admin=ids["root"])
+    ids = {name: ca.issue(name, subject_cn=False) for name in ("admin", "node", "intruder")}
+    ids["with-cn"] = ca.issue(NODE_USER)
+    return ca, ids
+
+
+@pytest.fixture
+def tls_etcd(
+    tmp_path: Path, pki: tuple[TestCA, dict[str, CertFiles]]
+) -> Iterator[tuple[EtcdServer, dict[str, CertFiles]]]:
+    ca, ids = pki
+    server = EtcdServer(tmp_path / "etcd-tls", "tls", tls=ca.server(), admin=ids["admin"])
     server.start()
     try:
-        setup_rbac(server, ids["root"], "elasticd-node")
+        setup_rbac(server, {NODE_USER: NODE_PASSWORD})
         yield server, ids
     finally:
         server.stop()
 
 
-def cert_auth(c: CertFiles) -> EtcdAuth:
-    return EtcdAuth(ca=c.ca, cert=c.cert, key=c.key)
+def cert_auth(c: CertFiles, password: str | None = None) -> EtcdAuth:
+    """The certificate for the transport; with a password, the node's user for its identity."""
+    user = None if password is None else NODE_USER
+    return EtcdAuth(ca=c.ca, cert=c.cert, key=c.key, user=user, password=password)
 
 
-def test_daemon_runs_a_job_on_tls_etcd_with_client_certs_and_rbac(tls_etcd: Any, tmp_path: Path) -> None:
+def password_file(directory: Path) -> Path:
+    path = directory / "etcd-password"
+    path.write_text(NODE_PASSWORD + "\n")
+    path.chmod(0o600)
+    return path
+
+
+def test_daemon_runs_a_job_on_tls_etcd_with_a_password_user_and_rbac(tls_etcd: Any, tmp_path: Path) -> None:
     server, ids = tls_etcd
-    node = ids["elasticd-node"]
+    node = ids["node"]
     env = dict(os.environ, ELASTICD_ETCD_CA=str(node.ca), ELASTICD_ETCD_CERT=str(node.cert))
-    env["ELASTICD_ETCD_KEY"] = str(node.key)
+    env |= {"ELASTICD_ETCD_KEY": str(node.key), "ELASTICD_ETCD_USER": NODE_USER}
+    env["ELASTICD_ETCD_PASSWORD_FILE"] = str(password_file(tmp_path))
     args = ["--etcd-endpoints", server.endpoint, "--etcd-prefix", PREFIX, "--slots", "2", "--lease-ttl", "3"]
     d = DaemonProc(unique("tls"), tmp_path / "daemon", args, env)
     admin = EtcdClient([server.endpoint], server.client_auth())
@@ -243,6 +274,7 @@ def test_daemon_runs_a_job_on_tls_etcd_with_client_certs_and_rbac(tls_etcd: Any,
         admin.close()
     assert d.proc is not None and d.proc.returncode == 0, d.log_text()[-2000:]
     assert not d.leftovers()
+    assert NODE_PASSWORD not in d.log_text()
     admin = EtcdClient([server.endpoint], server.client_auth())
     try:  # the daemon's records are there, and only under PREFIX (where RBAC let it write)
         keys = [kv.key for kv in admin.get_prefix("/")]
@@ -252,41 +284,49 @@ def test_daemon_runs_a_job_on_tls_etcd_with_client_certs_and_rbac(tls_etcd: Any,
     assert all(k.startswith(f"{PREFIX}/") for k in keys), keys
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # closed watch
 def test_rbac_confines_the_node_and_shuts_out_intruders(tls_etcd: Any) -> None:
     server, ids = tls_etcd
-    node = EtcdClient([server.endpoint], cert_auth(ids["elasticd-node"]), timeout_s=3)
+    node = EtcdClient([server.endpoint], cert_auth(ids["node"], NODE_PASSWORD), timeout_s=3)
     intruder = EtcdClient([server.endpoint], cert_auth(ids["intruder"]), timeout_s=3)
+    guesser = EtcdClient([server.endpoint], cert_auth(ids["intruder"], "guessed"), timeout_s=3)
     anonymous = EtcdClient([server.endpoint], EtcdAuth(ca=server.tls.ca), timeout_s=3)
     seen: list[str] = []
     try:
-        # The node's identity: its prefix, with a lease and a watch; nothing outside it.
+        # The node's user: its prefix, with a lease, a watch and transactions; nothing outside it.
         lease = node.grant_lease(5)
         cancel = node.watch_prefix(f"{PREFIX}/", lambda key, _deleted: seen.append(key), lambda: None)
         assert node.create_json(f"{PREFIX}/jobs/j/spec", {"uid": 1000}, lease=lease)
+        assert not node.create_json(f"{PREFIX}/jobs/j/spec", {"uid": 0})
+        assert node.read_many([Query(f"{PREFIX}/jobs/", prefix=True, count_only=True)])[0].count == 1
         assert node.refresh_lease(lease) > 0
         assert node.health()
         with pytest.raises(EtcdUnavailable, match="permission denied"):
             node.put_json("/elsewhere", 1)
-        # Another certificate from the same CA, with no role: no read, no write, no watch.
         with pytest.raises(EtcdUnavailable, match="permission denied"):
-            intruder.get(f"{PREFIX}/jobs/j/spec")
-        with pytest.raises(EtcdUnavailable, match="permission denied"):
-            intruder.put_json(f"{PREFIX}/jobs/evil/spec", {"uid": 0})
-        with pytest.raises(EtcdUnavailable, match="permission denied"):
-            intruder.get_prefix(f"{PREFIX}/")
+            node.watch_prefix("/", lambda _k, _d: None, lambda: None)
+        # Another certificate from the same CA, with no user: no read, no write, no watch.
+        for attempt in (
+            lambda: intruder.get(f"{PREFIX}/jobs/j/spec"),
+            lambda: intruder.put_json(f"{PREFIX}/jobs/evil/spec", {"uid": 0}),
+            lambda: intruder.get_prefix(f"{PREFIX}/"),
+            lambda: intruder.watch_prefix(f"{PREFIX}/", lambda _k, _d: None, lambda: None),
+        ):
+            with pytest.raises(EtcdUnavailable, match="permission denied"):
+                attempt()
         assert etcdctl(server, ids["intruder"], "put", f"{PREFIX}/jobs/evil/spec", "{}").returncode != 0
+        with pytest.raises(EtcdUnavailable, match="authentication failed"):  # and a wrong password
+            guesser.get(f"{PREFIX}/jobs/j/spec")
         # No client certificate: the TLS handshake fails; no connection at all.
-        with pytest.raises(EtcdUnavailable):
+        with pytest.raises(EtcdUnavailable, match="unreachable"):
             anonymous.get(f"{PREFIX}/jobs/j/spec")
         assert etcdctl(server, None, "get", f"{PREFIX}/jobs/j/spec").returncode != 0
         # Plain HTTP to the TLS port gets nowhere either.
-        with pytest.raises(EtcdUnavailable):
-            plain = EtcdClient([f"127.0.0.1:{server.client_port}"], timeout_s=2)
-            try:
+        plain = EtcdClient([f"127.0.0.1:{server.client_port}"], timeout_s=2)
+        try:
+            with pytest.raises(EtcdUnavailable, match="unreachable"):
                 plain.get(f"{PREFIX}/jobs/j/spec")
-            finally:
-                plain.close()
+        finally:
+            plain.close()
         cancel()
         assert f"{PREFIX}/jobs/j/spec" in seen
         admin = EtcdClient([server.endpoint], server.client_auth())
@@ -295,33 +335,59 @@ def test_rbac_confines_the_node_and_shuts_out_intruders(tls_etcd: Any) -> None:
         finally:
             admin.close()
     finally:
-        for c in (node, intruder, anonymous):
+        for c in (node, intruder, guesser, anonymous):
             c.close()
 
 
-def test_password_auth_survives_an_etcd_restart(tls_etcd: Any) -> None:
-    """etcd3 0.12 authenticates once; etcd forgets simple tokens when it restarts. The client
-    re-authenticates on "invalid auth token" instead of failing every call from then on."""
+def test_a_certificate_with_a_cn_gets_a_clear_error(tls_etcd: Any, tmp_path: Path) -> None:
+    """With auth on, etcd's gateway refuses a certificate with a CN (etcd-io/etcd#10392), with or
+    without a password: the client, and a daemon started with it, say what to change."""
     server, ids = tls_etcd
-    root = ids["root"]
-    for step in (
-        ("user", "add", "pw-node", "--new-user-password", "s3cret-pw"),
-        ("user", "grant-role", "pw-node", "elasticd"),
-    ):
-        res = etcdctl(server, root, *step)
-        assert res.returncode == 0, res.stderr
-    # The TLS handshake still needs a certificate; the password's user (not the CN) is used.
-    client = EtcdClient(
-        [server.endpoint],
-        EtcdAuth(
-            ca=root.ca,
-            cert=ids["intruder"].cert,
-            key=ids["intruder"].key,
-            user="pw-node",
-            password="s3cret-pw",
-        ),
-        timeout_s=3,
-    )
+    for password in (None, NODE_PASSWORD):
+        client = EtcdClient([server.endpoint], cert_auth(ids["with-cn"], password), timeout_s=3)
+        try:
+            with pytest.raises(EtcdUnavailable, match=CN_ERROR):
+                client.get(f"{PREFIX}/x")
+        finally:
+            client.close()
+    cert = ids["with-cn"]
+    env = dict(os.environ, ELASTICD_ETCD_CA=str(cert.ca), ELASTICD_ETCD_CERT=str(cert.cert))
+    env |= {"ELASTICD_ETCD_KEY": str(cert.key), "ELASTICD_ETCD_USER": NODE_USER}
+    env["ELASTICD_ETCD_PASSWORD_FILE"] = str(password_file(tmp_path))
+    d = DaemonProc(unique("cn"), tmp_path / "daemon", ["--etcd-endpoints", server.endpoint], env)
+    try:
+        d.start(wait=False)
+        wait_for(lambda: any(CN_ERROR in e.get("error", "") for e in d.events("etcd.waiting")), 30, 0.1,
+                 "the daemon to say why etcd refuses it")  # fmt: skip
+    finally:
+        d.stop()
+    assert NODE_PASSWORD not in d.log_text()
+
+
+def test_mtls_without_auth_accepts_a_certificate_with_a_cn(tmp_path: Path, pki: Any) -> None:
+    """The Slurm per-allocation etcd: client certificates, no etcd auth. The gateway refuses CN
+    certificates only when auth is on, so its certificates need no change."""
+    ca, ids = pki
+    server = EtcdServer(tmp_path / "etcd-mtls", "mtls", tls=ca.server(), admin=ids["with-cn"])
+    server.start()
+    client = EtcdClient([server.endpoint], cert_auth(ids["with-cn"]), timeout_s=3)
+    seen: list[str] = []
+    try:
+        cancel = client.watch_prefix("/j/", lambda key, _deleted: seen.append(key), lambda: None)
+        client.put_json("/j/spec", {"uid": 1000})
+        assert client.get_json("/j/spec") == {"uid": 1000}
+        wait_for(lambda: seen == ["/j/spec"], 10, 0.01, "the watch event")
+        cancel()
+    finally:
+        client.close()
+        server.stop()
+
+
+def test_password_auth_survives_an_etcd_restart(tls_etcd: Any) -> None:
+    """etcd forgets its (simple) tokens when it restarts: the client logs in again on "invalid auth
+    token" instead of failing every call from then on."""
+    server, ids = tls_etcd
+    client = EtcdClient([server.endpoint], cert_auth(ids["node"], NODE_PASSWORD), timeout_s=3)
     try:
         client.put_json(f"{PREFIX}/pw", 1)
         server.stop()

@@ -23,7 +23,7 @@ from elasticd.rendezvous.store import InlineJobStore, run_inline
 from tests import fakes
 from tests.conftest import DaemonFactory
 from tests.strategies import stored_values
-from tests.support import REPO, DaemonProc, EtcdServer, wait_for
+from tests.support import REPO, DaemonProc, EtcdServer, put_raw, wait_for
 
 SLEEPER = REPO / "tests" / "scripts" / "sleeper.py"
 ORPHAN_REASON = "every node of round 0 was lost"
@@ -123,7 +123,7 @@ def test_garbage_under_any_key_fails_its_job_and_the_daemon_serves_on(
             wait_for(lambda: _running_and_published(d, job), 30, 0.05, f"{job} running")
             key = keys.job(job) + kind.format(node=d.node_id)
             invalid = _is_invalid(keys, job, etcd.get_prefix(keys.job(job)), key, value)
-            etcd.call(lambda c: c.put(key, value))
+            put_raw(etcd, key, value)
             shown = key[len(keys.prefix) + 1 :]
             if invalid:
                 bad_keys.append(shown)
@@ -148,11 +148,11 @@ def test_garbage_under_any_key_fails_its_job_and_the_daemon_serves_on(
         # Node-level keys: a bad node record is skipped, a bad node drain still drains.
         ghost, bad_name = keys.node("ghost-1"), keys.prefix + "/nodes/bad name"
         for key in (ghost, bad_name, keys.drain("ghost-1")):
-            etcd.call(lambda c, k=key: c.put(k, b"\xffgarbage"))
+            put_raw(etcd, key, b"\xffgarbage")
         nodes = d.call("nodes")["nodes"]
         assert [n["node"] for n in nodes] == [d.node_id]
         drain = keys.drain(d.node_id)
-        etcd.call(lambda c: c.put(drain, b'["not", "a", "drain"]'))
+        put_raw(etcd, drain, b'["not", "a", "drain"]')
         wait_for(lambda: d.call("nodes")["nodes"][0]["draining"], 20, 0.1, "the bad drain record to drain")
         node_keys = [k[len(keys.prefix) + 1 :] for k in (ghost, bad_name, drain)]
         wait_for(lambda: all(k in _counts(d) for k in node_keys), 20, 0.1, "node keys to be reported")

@@ -55,6 +55,7 @@ SAMPLES: dict[str, tuple[str, str, str | None]] = {
     "etcd_key": ("/f/key.pem", "/e/key.pem", "/c/key.pem"),
     "etcd_user": ("u-file", "u-env", "u-flag"),
     "etcd_password": ("p-file", "p-env", "p-flag"),
+    "etcd_password_file": ("/f/pw", "/e/pw", "/c/pw"),
     "etcd_binary": ("/f/etcd", "/e/etcd", "/c/etcd"),
     "lease_ttl": ("4", "5.5", "7"),
     "fake_gpus": ("1", "2", "3"),
@@ -147,7 +148,7 @@ def test_defaults() -> None:
     assert (s.log_format, s.log_level) == ("auto", "info")
     none_by_default = (
         "log_dir", "node_id", "address", "etcd_ca", "etcd_cert", "etcd_key",
-        "etcd_user", "etcd_password", "etcd_binary", "fake_gpus", "slots",
+        "etcd_user", "etcd_password", "etcd_password_file", "etcd_binary", "fake_gpus", "slots",
     )  # fmt: skip
     assert all(getattr(s, name) is None for name in none_by_default)
 
@@ -348,3 +349,10 @@ def test_every_example_setting_is_valid(tmp_path: Path) -> None:
     assert any(line.startswith("worker_ports") for line in lines)
     for line in lines:
         load_settings(toml(tmp_path, line + "\n"), {}, {})
+
+
+def test_one_etcd_password_source_and_never_in_a_repr() -> None:
+    with pytest.raises(ConfigError, match="not both"):
+        load_settings(None, {"ELASTICD_ETCD_PASSWORD": "s3cret"}, {"etcd_password_file": "/etc/pw"})
+    s = load_settings(None, {"ELASTICD_ETCD_PASSWORD": "s3cret"}, {"etcd_user": "node"})
+    assert s.etcd_password == "s3cret" and "s3cret" not in repr(s)

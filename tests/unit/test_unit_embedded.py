@@ -1,5 +1,4 @@
-"""The embedded etcd's private directories, its socket path fallback, and the etcd client's
-handling of RBAC denials and forgotten auth tokens (with fake etcd3 clients)."""
+"""The embedded etcd's private directories and its socket path fallback."""
 
 from __future__ import annotations
 
@@ -9,14 +8,11 @@ import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import grpc
 import pytest
 
 from elasticd.errors import ConfigError, EtcdUnavailable
-from elasticd.etcd import client as client_module
-from elasticd.etcd.client import EtcdClient, parse_endpoint
+from elasticd.etcd.client import parse_endpoint
 from elasticd.etcd.embedded import (
     CLIENT_SOCKET,
     PEER_SOCKET,
@@ -121,7 +117,7 @@ def test_sockets_in_the_data_dir_when_the_path_fits(short_dir: Path) -> None:
     assert etcd.socket_dir == data / "sock" and mode(data / "sock") == 0o700 and mode(data) == 0o700
     assert not (data / "sock" / CLIENT_SOCKET).exists()
     assert etcd.endpoint == f"unix:{data}/sock/{CLIENT_SOCKET}"
-    assert parse_endpoint(etcd.endpoint) == (f"unix:{data}/sock/localhost", 2379)
+    assert parse_endpoint(etcd.endpoint).path == f"{data}/sock/{CLIENT_SOCKET}"
     etcd.stop()  # never started: nothing to stop, and the data dir's sockets dir stays
     assert (data / "sock").is_dir()
 
@@ -150,96 +146,3 @@ def test_no_short_enough_temp_dir_is_a_config_error(tmp_path: Path, monkeypatch:
     with pytest.raises(ConfigError, match="short enough"):
         etcd.start()
     assert list(deep.iterdir()) == []  # the useless private dir was removed
-
-
-# -- the client under RBAC and token auth (fake etcd3 clients) -----------------------------------
-class FakeRpcError(grpc.RpcError):
-    """What etcd3 0.12 lets through untranslated: a grpc error with a status code."""
-
-    __module__ = "grpc._channel"
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(details)
-        self._code = code
-
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-
-class Status:
-    version = "3.5.1"
-
-
-class FakeRaw:
-    """A raw etcd3 client whose calls raise the queued errors, then succeed."""
-
-    def __init__(self, errors: list[BaseException]) -> None:
-        self.errors = errors
-
-    def get(self, key: str) -> tuple[bytes, Any]:
-        if self.errors:
-            raise self.errors.pop(0)
-        return b"1", type("Meta", (), {"create_revision": 1, "mod_revision": 1, "lease_id": 0})()
-
-    def status(self) -> Status:
-        if self.errors:
-            raise self.errors.pop(0)
-        return Status()
-
-    def close(self) -> None:
-        pass
-
-
-def fake_client(monkeypatch: pytest.MonkeyPatch, errors: list[BaseException]) -> list[int]:
-    """An EtcdClient over fakes sharing ``errors``; returns the endpoint index of every connect."""
-    connects: list[int] = []
-
-    def connect(self: EtcdClient, index: int) -> FakeRaw:
-        connects.append(index)
-        return FakeRaw(errors)
-
-    monkeypatch.setattr(EtcdClient, "_connect", connect)
-    return connects
-
-
-def denied() -> FakeRpcError:
-    return FakeRpcError(grpc.StatusCode.PERMISSION_DENIED, "etcdserver: permission denied")
-
-
-def bad_token() -> FakeRpcError:
-    return FakeRpcError(grpc.StatusCode.UNAUTHENTICATED, "etcdserver: invalid auth token")
-
-
-def test_permission_denied_is_reported_as_such_without_failing_over(monkeypatch: pytest.MonkeyPatch) -> None:
-    connects = fake_client(monkeypatch, [denied(), denied()])
-    client = EtcdClient(["a:1", "b:2"])
-    with pytest.raises(EtcdUnavailable, match="permission denied"):
-        client.get("/k")
-    assert connects == [0]  # the second member enforces the same roles: not tried
-
-
-def test_forgotten_token_reauthenticates_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    connects = fake_client(monkeypatch, [bad_token()])
-    client = EtcdClient(["a:1"])
-    assert client.get("/k") is not None
-    assert connects == [0, 0]  # a new etcd3 client: it authenticates in its constructor
-
-
-def test_a_token_refused_twice_is_not_retried_forever(monkeypatch: pytest.MonkeyPatch) -> None:
-    connects = fake_client(monkeypatch, [bad_token(), bad_token(), bad_token()])
-    client = EtcdClient(["a:1"])
-    with pytest.raises(EtcdUnavailable):
-        client.get("/k")
-    assert connects == [0, 0]
-
-
-def test_health_accepts_a_status_reserved_to_admins(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake_client(monkeypatch, [denied()])
-    client = EtcdClient(["a:1"])
-    assert client.health().startswith("unknown")
-    assert client.health() == "3.5.1"
-
-
-def test_grpc_status_of_other_errors_is_empty() -> None:
-    assert client_module._grpc_status(ValueError("x")) == ""
-    assert client_module._grpc_status(denied()) == "PERMISSION_DENIED"

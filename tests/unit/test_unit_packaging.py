@@ -195,11 +195,14 @@ def test_daemonset_runs_elasticd_on_the_host_network_with_etcd_client_certs() ->
     assert mounts["config"]["mountPath"] == "/etc/elasticd/elasticd.toml"
     settings = _settings_from(toml)
     certs = Path(mounts["etcd-client"]["mountPath"])
-    assert (settings.etcd_ca, settings.etcd_cert, settings.etcd_key) == (
+    assert (settings.etcd_ca, settings.etcd_cert, settings.etcd_key, settings.etcd_password_file) == (
         certs / "ca.crt",
         certs / "tls.crt",
         certs / "tls.key",
+        certs / "password",
     )
+    assert settings.etcd_user == "elasticd" and settings.etcd_password is None
+    assert volumes["etcd-client"]["secret"]["defaultMode"] == 0o400  # read_secret wants it root-only
     sts_flags = objs[("StatefulSet", "etcd")]["spec"]["template"]["spec"]["containers"][0]["args"]
     advertised = next(a for a in sts_flags if a.startswith("--advertise-client-urls="))
     assert advertised.endswith("$(POD_NAME).etcd.elasticd.svc:2379")
@@ -207,6 +210,9 @@ def test_daemonset_runs_elasticd_on_the_host_network_with_etcd_client_certs() ->
     guide = (REPO / "docs/kubernetes.md").read_text()
     assert "create secret generic elasticd-etcd-client" in guide
     assert "--from-file=tls.crt=$CERTS/elasticd.crt --from-file=tls.key=$CERTS/elasticd.key" in guide
+    assert "--from-file=password=$CERTS/elasticd.password" in guide
+    assert 'etcdctl user add elasticd --interactive=false <"$CERTS/elasticd.password"' in guide
+    assert "etcdctl role grant-permission elasticd readwrite --prefix=true /elasticd/v1/" in guide
 
 
 def _settings_from(toml: str, environ: dict[str, str] | None = None) -> Any:
@@ -223,8 +229,14 @@ def test_gen_certs_makes_a_chain_that_names_every_member(tmp_path: Path) -> None
     out = tmp_path / "certs"
     check(["sh", str(K8S / "gen-certs.sh"), str(out)])
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        f"{n}.{e}" for n in ("ca", "server", "peer", "elasticd") for e in ("crt", "key")
+        [f"{n}.{e}" for n in ("ca", "server", "peer", "elasticd") for e in ("crt", "key")]
+        + ["elasticd.password", "root.password"]
     )
+    for name in ("elasticd.password", "root.password"):
+        assert (
+            len((out / name).read_text().strip()) >= 32
+            and oct((out / name).stat().st_mode & 0o777) == "0o600"
+        )
     assert oct(out.stat().st_mode & 0o777) == "0o700"
     check(
         [
@@ -240,8 +252,9 @@ def test_gen_certs_makes_a_chain_that_names_every_member(tmp_path: Path) -> None
         assert f"DNS:etcd-{i}.etcd.elasticd.svc," in sans
     usage = check(["openssl", "x509", "-noout", "-ext", "extendedKeyUsage", "-in", str(out / "peer.crt")])
     assert "TLS Web Server Authentication" in usage and "TLS Web Client Authentication" in usage
+    # No CN: with etcd auth on, the JSON gateway refuses a client certificate that has one.
     subject = check(["openssl", "x509", "-noout", "-subject", "-in", str(out / "elasticd.crt")])
-    assert "CN = elasticd" in subject
+    assert "O = elasticd" in subject and "CN" not in subject
     # It never overwrites keys.
     proc = subprocess.run(
         ["sh", str(K8S / "gen-certs.sh"), str(out)], capture_output=True, text=True, timeout=60

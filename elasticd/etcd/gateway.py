@@ -1,0 +1,291 @@
+"""etcd's v3 API as its JSON gateway speaks it: request bodies, response parsing, error mapping.
+
+Pure (no I/O): ``elasticd.etcd.client`` sends what these functions build and hands back what
+it receives. The gateway is grpc-gateway over the same v3 API as grpc: keys and values are
+base64, 64-bit integers are JSON strings, and fields at their zero value are left out (no
+``kvs`` for an empty range, no ``count`` when it is 0, no ``succeeded`` for a failed txn, no
+``TTL`` for an expired lease). Streaming calls (``/v3/watch``, ``/v3/lease/keepalive``) answer
+one JSON object per line, each ``{"result": ...}`` or ``{"error": {...}}``.
+
+Every response is untrusted input: a shape we do not expect is a ``GatewayError`` with
+``Failure.UNREACHABLE`` (a proxy or an old server answered, not etcd's gateway), never a crash.
+
+Errors are mapped here, once: ``error_of`` turns an HTTP status and body into a ``GatewayError``
+whose ``failure`` tells the client what to do (fail over, log in again, or give up).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from elasticd.etcd.kv import prefix_end
+from elasticd.etcd.types import Compare, Found, KeyValue, Put, Query
+
+# grpc status codes, as the gateway reports them in "code" / "grpc_code"
+PERMISSION_DENIED = 7
+UNAUTHENTICATED = 16
+NOT_FOUND = 5
+FAILED_PRECONDITION = 9
+# cancelled, deadline exceeded, resource exhausted, aborted, internal, unavailable: worth another member
+_TRANSIENT = frozenset({1, 4, 8, 10, 13, 14})
+
+CN_REJECTED_TEXT = "CommonName of client sending a request against gateway"
+
+
+class Failure(Enum):
+    """What a failed request means, and so what the client does about it."""
+
+    UNREACHABLE = "unreachable"  # this endpoint cannot serve now: try the next one
+    DENIED = "denied"  # RBAC said no: every member says the same, no failover
+    UNAUTHENTICATED = "unauthenticated"  # the token was forgotten or expired: log in again, once
+    CN_CERT = "cn_cert"  # auth is on and our client certificate has a CN: the gateway refuses it
+    REFUSED = "refused"  # the request itself is wrong (unknown lease, duplicate key, bad login)
+
+
+class GatewayError(Exception):
+    def __init__(self, failure: Failure, message: str, code: int = 0) -> None:
+        super().__init__(message)
+        self.failure = failure
+        self.message = message
+        self.code = code
+
+
+def failure_of(code: int) -> Failure:
+    if code == PERMISSION_DENIED:
+        return Failure.DENIED
+    if code == UNAUTHENTICATED:
+        return Failure.UNAUTHENTICATED
+    return Failure.UNREACHABLE if code in _TRANSIENT else Failure.REFUSED
+
+
+def error_of(status: int, body: bytes) -> GatewayError:
+    """The error of a non-200 answer: unary calls say ``{"error", "code", "message"}``; anything
+    that is not such JSON (a plain-text refusal, a proxy's page) is named by its first line."""
+    text = body.decode("utf-8", "replace").strip()
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        obj = None
+    if isinstance(obj, dict) and "code" in obj:
+        return _error(obj.get("code"), obj.get("message") or obj.get("error"))
+    first = text.splitlines()[0][:200] if text else "(empty body)"
+    if status == 400 and first.startswith(CN_REJECTED_TEXT):
+        return GatewayError(Failure.CN_CERT, first)
+    return GatewayError(Failure.UNREACHABLE, f"HTTP {status}: {first}")
+
+
+def _error(code: Any, message: Any) -> GatewayError:
+    number = code if isinstance(code, int) and not isinstance(code, bool) else -1
+    return GatewayError(failure_of(number), str(message or f"grpc code {code}")[:500], number)
+
+
+# -- encoding ------------------------------------------------------------------------------------
+def b64(data: str | bytes) -> str:
+    return base64.b64encode(data.encode() if isinstance(data, str) else data).decode("ascii")
+
+
+def key_range(key: str, *, prefix: bool = False, end: str | None = None) -> dict[str, str]:
+    """``{"key", "range_end"}`` for one key, a prefix, or [key, end)."""
+    body = {"key": b64(key)}
+    if prefix:
+        body["range_end"] = b64(prefix_end(key))
+    elif end is not None:
+        body["range_end"] = b64(end)
+    return body
+
+
+def range_request(q: Query) -> dict[str, Any]:
+    """A RangeRequest. Without a sort etcd returns keys in key order."""
+    body: dict[str, Any] = key_range(q.key, prefix=q.prefix, end=q.end)
+    if q.oldest_only:
+        body |= {"sort_order": "ASCEND", "sort_target": "CREATE", "limit": "1"}
+    if q.count_only:
+        body["count_only"] = True
+    return body
+
+
+def put_request(key: str, value: bytes, lease: int | None) -> dict[str, Any]:
+    body = {"key": b64(key), "value": b64(value)}
+    if lease:
+        body["lease"] = str(lease)
+    return body
+
+
+def txn_request(
+    compare: Sequence[Compare], puts: Sequence[tuple[Put, bytes]], deletes: Sequence[str]
+) -> dict[str, Any]:
+    """If every compare holds (create or mod revision EQUAL), the puts (with their encoded values)
+    and the deletes; nothing otherwise."""
+    checks = []
+    for c in compare:
+        target = "CREATE" if c.target == "create" else "MOD"
+        checks.append(
+            {"key": b64(c.key), "target": target, "result": "EQUAL", f"{c.target}_revision": str(c.revision)}
+        )
+    success: list[dict[str, Any]] = [{"request_put": put_request(p.key, v, p.lease)} for p, v in puts]
+    success += [{"request_delete_range": {"key": b64(k)}} for k in deletes]
+    return {"compare": checks, "success": success}
+
+
+def read_many_request(queries: Sequence[Query]) -> dict[str, Any]:
+    """A transaction of ranges only: several reads at one revision, in one round trip."""
+    return {"success": [{"request_range": range_request(q)} for q in queries]}
+
+
+def watch_request(start: str, end: str) -> dict[str, Any]:
+    return {"create_request": key_range(start, end=end)}
+
+
+def lease_request(lease_id: int) -> dict[str, str]:
+    return {"ID": str(lease_id)}
+
+
+# -- decoding ------------------------------------------------------------------------------------
+def _malformed(what: str) -> GatewayError:
+    return GatewayError(Failure.UNREACHABLE, f"not an etcd gateway answer: {what}")
+
+
+def parse_json(body: bytes) -> dict[str, Any]:
+    try:
+        obj = json.loads(body)
+    except ValueError as exc:
+        raise _malformed(f"invalid JSON ({exc})") from exc
+    if not isinstance(obj, dict):
+        raise _malformed("not a JSON object")
+    return obj
+
+
+def _int(obj: dict[str, Any], name: str) -> int:
+    value = obj.get(name, "0")
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise _malformed(f"{name} is not an integer")
+    try:
+        return int(value)
+    except ValueError as exc:
+        raise _malformed(f"{name} is not an integer") from exc
+
+
+def _bytes(obj: dict[str, Any], name: str) -> bytes:
+    value = obj.get(name, "")
+    if not isinstance(value, str):
+        raise _malformed(f"{name} is not base64")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise _malformed(f"{name} is not base64") from exc
+
+
+def _list(obj: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    value = obj.get(name, [])
+    if not isinstance(value, list) or not all(isinstance(x, dict) for x in value):
+        raise _malformed(f"{name} is not a list of objects")
+    return value
+
+
+def _object(obj: dict[str, Any], name: str) -> dict[str, Any]:
+    value = obj.get(name, {})
+    if not isinstance(value, dict):
+        raise _malformed(f"{name} is not an object")
+    return value
+
+
+def parse_kv(obj: dict[str, Any]) -> KeyValue:
+    key = _bytes(obj, "key").decode("utf-8", "replace")
+    return KeyValue(key, _bytes(obj, "value"), _int(obj, "create_revision"), _int(obj, "mod_revision"),
+                    _int(obj, "lease"))  # fmt: skip
+
+
+def parse_range(obj: dict[str, Any]) -> Found:
+    return Found([parse_kv(kv) for kv in _list(obj, "kvs")], _int(obj, "count"))
+
+
+def parse_txn(obj: dict[str, Any]) -> bool:
+    return obj.get("succeeded") is True
+
+
+def parse_read_many(obj: dict[str, Any], n: int) -> list[Found]:
+    responses = _list(obj, "responses")
+    if len(responses) != n:
+        raise _malformed(f"{len(responses)} responses to {n} ranges")
+    return [parse_range(_object(r, "response_range")) for r in responses]
+
+
+def parse_deleted(obj: dict[str, Any]) -> int:
+    return _int(obj, "deleted")
+
+
+def parse_lease_id(obj: dict[str, Any]) -> int:
+    lease_id = _int(obj, "ID")
+    if lease_id <= 0:
+        raise _malformed("no lease ID")
+    return lease_id
+
+
+def stream_result(obj: dict[str, Any]) -> dict[str, Any]:
+    """One line of a streaming answer: its ``result``, or its ``error`` raised."""
+    if "error" in obj:
+        error = obj["error"]
+        if isinstance(error, dict):
+            raise _error(error.get("grpc_code"), error.get("message"))
+        raise _error(obj.get("code"), obj.get("message") or error)
+    return _object(obj, "result")
+
+
+def parse_keepalive(obj: dict[str, Any]) -> int:
+    """The remaining TTL after a keep-alive; 0 (the field left out) when the lease is gone."""
+    return _int(stream_result(obj), "TTL")
+
+
+def auth_disabled(exc: GatewayError) -> bool:
+    """The answer to a login while etcd's auth is off (then requests need no token)."""
+    return exc.code == FAILED_PRECONDITION and "authentication is not enabled" in exc.message
+
+
+def parse_token(obj: dict[str, Any]) -> str:
+    token = obj.get("token")
+    if not isinstance(token, str) or not token or not token.isprintable():
+        raise _malformed("no auth token")
+    return token
+
+
+def parse_version(obj: dict[str, Any]) -> str:
+    version = obj.get("version")
+    if not isinstance(version, str):
+        raise _malformed("no version")
+    return version[:64]
+
+
+def watch_canceled(reason: str) -> GatewayError:
+    """A watch that etcd canceled as it was created (it says why only in words)."""
+    failure = Failure.DENIED if "permission denied" in reason else Failure.REFUSED
+    return GatewayError(failure, reason[:500])
+
+
+@dataclass(frozen=True)
+class WatchMessage:
+    """One line of a watch stream. ``canceled`` (compaction, permission) ends the watch."""
+
+    created: bool = False
+    canceled: bool = False
+    reason: str = ""
+    events: list[tuple[str, bool]] = field(default_factory=list)  # (key, deleted), in order
+
+
+def parse_watch(line: bytes) -> WatchMessage:
+    result = stream_result(parse_json(line))
+    events = []
+    for event in _list(result, "events"):
+        kv = _object(event, "kv")
+        events.append((_bytes(kv, "key").decode("utf-8", "replace"), event.get("type") == "DELETE"))
+    reason = result.get("cancel_reason", "")
+    if result.get("canceled") is True and result.get("compact_revision"):
+        reason = reason or f"compacted at revision {result['compact_revision']}"
+    return WatchMessage(
+        result.get("created") is True, result.get("canceled") is True, str(reason)[:500], events
+    )
