@@ -39,6 +39,7 @@ PURE = (
     "elasticd.jobs.ranktext",
     "elasticd.jobs.state",
     "elasticd.wire",
+    "elasticd.workers.pool_decider",
 )
 HEAVY = ("etcd3", "grpc", "zmq", "google.protobuf", "psutil", "torch")
 

@@ -253,7 +253,7 @@ FORK_ESCAPEE = (
 
 
 class _NoReaper:
-    def track(self, pgid: int, fence_job: str | None = None) -> None:
+    def track(self, pgid: int, fence_job: str | None = None, markers: object = ()) -> None:
         return None
 
     def untrack(self, pgid: int) -> None:

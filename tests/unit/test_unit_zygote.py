@@ -18,6 +18,7 @@ import pytest
 
 from elasticd.workers import zygote as zy
 from elasticd.workers import zygote_boot as boot
+from elasticd.workers import zygote_child as child
 from elasticd.workers import zygote_wire as wire
 from elasticd.workers.group import Launch
 
@@ -80,10 +81,10 @@ def test_config_names_modules_only() -> None:
 
 def test_argv_and_path_are_the_interpreters() -> None:
     argv = ["/py", "-u", "/w/s.py", "--lr", "-m"]
-    assert boot.script_argv("script", "/w/s.py", argv) == ["/w/s.py", "--lr", "-m"]
-    assert boot.script_argv("module", "pkg.m", ["/py", "-u", "-m", "pkg.m", "x"]) == ["-m", "x"]
-    assert boot.path0("module", "pkg.m", "/cwd") == "/cwd"
-    assert boot.path0("script", "/etc/../etc/hosts", "/cwd") == "/etc"
+    assert child.script_argv("script", "/w/s.py", argv) == ["/w/s.py", "--lr", "-m"]
+    assert child.script_argv("module", "pkg.m", ["/py", "-u", "-m", "pkg.m", "x"]) == ["-m", "x"]
+    assert child.path0("module", "pkg.m", "/cwd") == "/cwd"
+    assert child.path0("script", "/etc/../etc/hosts", "/cwd") == "/etc"
 
 
 # --- messages from the zygote ----------------------------------------------------------------------
@@ -136,7 +137,7 @@ READY = "send(ev='ready', pid=os.getpid(), import_s=0.1)\n"
 
 
 class _NoReaper:
-    def track(self, pgid: int, fence_job: str | None = None) -> None:
+    def track(self, pgid: int, fence_job: str | None = None, markers: object = ()) -> None:
         return None
 
     def untrack(self, pgid: int) -> None:
