@@ -24,6 +24,7 @@ from elasticd.workers.tracking import (
     kill_cgroup,
     members,
 )
+from tests.fakes import NoReaper
 
 
 class FakeUnified(KernelFs):
@@ -252,14 +253,6 @@ FORK_ESCAPEE = (
 )
 
 
-class _NoReaper:
-    def track(self, pgid: int, fence_job: str | None = None, markers: object = ()) -> None:
-        return None
-
-    def untrack(self, pgid: int) -> None:
-        return None
-
-
 def _run_group(tmp_path: Path, tracker: Tracker) -> tuple[int, list[int]]:
     """Start one worker that leaves a marked escapee in a new session, stop it; (escapee, stuck)."""
     pid_file = tmp_path / "escapee"
@@ -269,7 +262,7 @@ def _run_group(tmp_path: Path, tracker: Tracker) -> tuple[int, list[int]]:
     launch = Launch(0, 0, argv, env, str(tmp_path), log_fd, tmp_path / "log", tmp_path / "error.json")
 
     async def run() -> tuple[int, list[int]]:
-        group = WorkerGroup([launch], _NoReaper(), 5.0, tracking=tracker.job("job-1"))  # type: ignore[arg-type]
+        group = WorkerGroup([launch], NoReaper(), 5.0, tracking=tracker.job("job-1"))  # type: ignore[arg-type]
         await group.start()
         try:
             for _ in range(600):
