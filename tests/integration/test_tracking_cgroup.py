@@ -147,6 +147,38 @@ def test_recovery_takes_what_a_crashed_daemon_and_its_reaper_left(
     assert d.ctl("kill", job_id).returncode == 0
 
 
+def test_recovery_takes_a_parked_zygote_that_outlived_its_daemon_and_reaper(
+    daemon_factory: DaemonFactory, tmp_path: Path
+) -> None:
+    """A parked zygote whose preload cleared its parent-death signal, its daemon and reaper killed:
+    it lives on in the pool's cgroup until the next daemon's recovery, which leaves nothing."""
+    (tmp_path / "keepalive.py").write_text(
+        "import ctypes\nctypes.CDLL(None).prctl(1, 0, 0, 0, 0)  # PR_SET_PDEATHSIG 0\n"
+    )
+    script = tmp_path / "noop.py"
+    script.write_text("pass\n")
+    d = daemon_factory(None)
+    res = d.ctl("submit", "--preload", "keepalive", str(script))
+    assert res.returncode == 0, res.stderr
+    job_id = res.stdout.split()[0]
+    assert d.wait_state(job_id, ("SUCCEEDED", "FAILED"), 120)["state"] == "SUCCEEDED"
+    parked = next(iter(d.events("zygote.parked")), None)
+    assert parked is not None, d.log_text()[-2000:]
+    pid = parked["pid"]
+    assert v2_cgroup(pid).endswith(f"/elasticd.jobs/{d.node_id}/{tracking.POOL_LEAF}")
+    assert d.proc is not None
+    reapers = [p for p in psutil.Process(d.proc.pid).children() if "elasticd.workers.reaper" in p.cmdline()]
+    reapers[0].kill()
+    wait_for(lambda: not alive_pid(reapers[0].pid), 15, what="the reaper to die")
+    d.kill9()
+    assert alive_pid(pid)  # no death signal, no reaper: only the next daemon can take it
+    d.start()
+    wait_dead(pid, "recovery to kill the parked zygote")
+    assert not d.leftovers()
+    d.stop()
+    assert instance_cgroup_gone(d)
+
+
 def test_the_reapers_fence_takes_the_jobs_cgroup(tmp_path: Path) -> None:
     """The fence, without a cluster: the real sidecar, told a fenced job and a deadline now past."""
     node = f"fence-{secrets.token_hex(3)}"
