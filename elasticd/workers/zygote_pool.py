@@ -146,9 +146,9 @@ class ZygotePool:
         zygote = parked.zygote
         try:
             answer = await zygote.check()
-            fresh, changed = answer.fresh, answer.changed
+            fresh, changed, files = answer.fresh, answer.changed, answer.files
         except ZygoteError as exc:
-            fresh, changed = False, f"({exc})"
+            fresh, changed, files = False, f"({exc})", 0
         actions = self._apply(pd.checked(self._pool, check.id, fresh), keep=check.id)
         if any(isinstance(a, pd.Stop) for a in actions):
             _log.info("zygote.stale", job=setup.job_id, pid=zygote.pid, from_job=parked.job, changed=changed)
@@ -158,6 +158,7 @@ class ZygotePool:
         self._parked.pop(check.id)
         zygote.on_lost(None)
         if not self._move(zygote, tracking):
+            _log.warning("zygote.dropped", job=parked.job, pid=zygote.pid, why="cgroup")
             self._background(zygote.close())
             return None
         zygote.job = setup.job_id
@@ -167,7 +168,7 @@ class ZygotePool:
             pid=zygote.pid,
             from_job=parked.job,
             parked_s=round(self._clock() - parked.parked_at, 3),
-            files=answer.files,
+            files=files,
         )
         return zygote
 
