@@ -6,13 +6,9 @@ workers are forked from it, so a restart costs a fork instead of an import. When
 a healthy zygote may be parked for the next identical job (``zygote_pool``).
 
 Everything the zygote says is untrusted: it runs the user's interpreter and imports the user's
-modules. So the daemon
-- accepts a pid only for a fork it asked for, and only while that pid is a child of the zygote
-  (``/proc/<pid>/stat``, read after a pidfd pins the process); from then on it holds a pidfd,
-  which names that process and no other, whatever happens to the pid;
-- believes an exit status only once the pidfd says the process has ended, and when the report
-  does not come (``EXIT_REPORT_S``), or the zygote is gone, counts the worker as killed;
-- bounds every message, and gives up on a zygote that says too much nonsense (``zygote.lost``).
+modules. So the daemon accepts a pid only for a fork it asked for and only while it is the
+zygote's child, believes an exit only once the kernel agrees (``zygote_children``), bounds every
+message (``zygote_wire``), and gives up on a zygote that says too much nonsense (``zygote.lost``).
 
 States (``ZygoteState``): STARTING → READY when its ``ready`` message came, → UNAVAILABLE when it
 could not start (import error, threads, CUDA, timeout: workers are spawned cold, with a
