@@ -19,6 +19,7 @@ import pytest
 from elasticd.workers import zygote as zy
 from elasticd.workers import zygote_boot as boot
 from elasticd.workers import zygote_child as child
+from elasticd.workers import zygote_spawn
 from elasticd.workers import zygote_wire as wire
 from elasticd.workers.group import Launch
 from tests.fakes import FAKE_ZYGOTE_HEAD, READY, NoReaper, until
@@ -78,6 +79,13 @@ def test_config_names_modules_only() -> None:
     for bad in bads:
         with pytest.raises(boot.BadRequest):
             boot.parse_config(json.dumps(bad).encode())
+
+
+def test_the_program_is_its_parts_and_fits_the_pipe() -> None:
+    source = zygote_spawn.boot_source()
+    parts = source.split(b"\0")
+    assert len(parts) == len(zygote_spawn.BOOT_PARTS) and len(source) < 65536
+    assert all(compile(p, zygote_spawn.BOOT_FILE, "exec") for p in parts)
 
 
 def test_argv_and_path_are_the_interpreters() -> None:
