@@ -204,6 +204,7 @@ class Trial:
     wall_s: float | None = None  # launch -> launcher exit
     state: str | None = None  # elasticd job state
     job: str | None = None  # elasticd job id
+    zygote: str | None = None  # elasticd: "adopted" (a parked one), "started" (its own), "none"
     attempts_seen: list[int] = field(default_factory=list)
     leftovers_killed: list[str] = field(default_factory=list)
     error: str = ""
@@ -398,16 +399,17 @@ class Bench:
         mode = "start" if scenario == "start" else "crash"
         d, out = self.trial_dir(scenario, "elasticd", index)
         tr = Trial(scenario, "elasticd", index)
-        env = self.base_env | {"ELASTICD_SOCKET": str(self.socket), "BENCH_OUT": str(out)}
+        # The output dir goes on the command line (not in the environment, for both launchers): a
+        # job's environment is part of what makes its zygote, and it is the same for every trial.
+        env = self.base_env | {"ELASTICD_SOCKET": str(self.socket)}
         argv = [
             str(self.bin / "elasticctl"), "submit",
             "--nproc-per-node", str(NPROC),
             "--max-restarts", str(MAX_RESTARTS),
             "--python", self.python,
-            "--env", f"BENCH_OUT={out}",
             "--env", "OMP_NUM_THREADS=1",
             "--follow",
-            str(WORKER), "--", "--mode", mode, "--tag", str(d),
+            str(WORKER), "--", "--mode", mode, "--tag", str(d), "--out", str(out),
         ]  # fmt: skip
         log = d / "elasticctl.log"
         if self.daemon is None or self.daemon.poll() is not None:
@@ -444,6 +446,7 @@ class Bench:
         if rc is not None and (rc == 0) != (tr.state == "SUCCEEDED"):
             tr.note(f"elasticctl --follow exited {rc} but the job is {tr.state}")
         self._measure(tr, out, t0)
+        tr.zygote = self.zygote_of(tr.job, since)
         tr.leftovers_killed = sweep([str(d)], wait_s=5.0)
         if not tr.ok or tr.leftovers_killed:
             self._explain_elasticd(tr, log, since)
@@ -453,11 +456,11 @@ class Bench:
         mode = "start" if scenario == "start" else "crash"
         d, out = self.trial_dir(scenario, "torchrun", index)
         tr = Trial(scenario, "torchrun", index)
-        env = self.base_env | {"BENCH_OUT": str(out)}
+        env = self.base_env
         argv = [str(self.bin / "torchrun"), "--standalone", "--nproc-per-node", str(NPROC)]
         if mode == "crash":
             argv += ["--max-restarts", str(MAX_RESTARTS), "--monitor-interval", "0.1"]
-        argv += [str(WORKER), "--mode", mode, "--tag", str(d)]
+        argv += [str(WORKER), "--mode", mode, "--tag", str(d), "--out", str(out)]
         log = d / "torchrun.log"
         t0 = time.time()
         proc = _popen(argv, env=env, log=log)
@@ -481,6 +484,21 @@ class Bench:
         tr.restarts = max(by_files, by_log)
         tr.leftovers_killed = sweep([str(d)], wait_s=5.0)  # workers run in their own sessions
         return tr
+
+    def zygote_of(self, job: str | None, since: int) -> str | None:
+        """Where the job's zygote came from, by the daemon's log: adopted from the pool (a previous
+        trial's, parked), started for it, or none (cold workers)."""
+        if job is None:
+            return None
+        found = "none"
+        for line in self.daemon_lines(job=job, since=since):
+            with contextlib.suppress(ValueError, AttributeError):
+                event = json.loads(line)
+                if event.get("job") == job and event.get("event") == "zygote.adopted":
+                    return "adopted"
+                if event.get("job") == job and event.get("event") == "zygote.spawned":
+                    found = "started"
+        return found
 
     @staticmethod
     def _measure(tr: Trial, out: Path, t0: float) -> None:
@@ -552,6 +570,8 @@ def fmt_trial(tr: Trial) -> str:
     parts.append(f"attempts={tr.attempts_seen} wall={fmt_secs(tr.wall_s)}")
     if tr.state:
         parts.append(f"state={tr.state}")
+    if tr.zygote:
+        parts.append(f"zygote={tr.zygote}")
     if tr.leftovers_killed:
         parts.append(f"leftovers_killed={len(tr.leftovers_killed)}")
     if tr.error:
@@ -586,6 +606,9 @@ def summarize(trials: list[Trial]) -> list[dict[str, Any]]:
                 "timed_out": sum(t.timed_out for t in ts),
                 "flaky": sum(t.flaky for t in ts) if scenario == "restart" else None,
                 "samples_s": [getattr(t, metric) for t in ts],
+                "zygotes": {z: sum(t.zygote == z for t in ts) for z in ("adopted", "started", "none")}
+                if launcher == "elasticd"
+                else None,
             }
         e, r = row["elasticd"]["median_s"], row["torchrun"]["median_s"]
         row["ratio"] = e / r if e is not None and r else None
@@ -616,6 +639,12 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         "  n = trials with a sample / trials run; fail = launcher did not report success "
         "(incl. timeouts); flaky = failed or needed >1 restart"
     )
+    for row in rows:
+        z = row["elasticd"]["zygotes"]
+        print(
+            f"  {row['scenario']}: elasticd zygotes adopted from the pool {z['adopted']}, "
+            f"started {z['started']}, none {z['none']}"
+        )
 
 
 def print_samples(rows: list[dict[str, Any]]) -> None:

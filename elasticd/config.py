@@ -23,6 +23,8 @@ ENV_PREFIX = "ELASTICD_"
 DEFAULT_ADDRESS = "127.0.0.1"
 LOG_FORMATS = ("auto", "json", "console")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+MAX_WARM_POOL = 64  # each parked zygote holds its memory (torch imported: a few hundred MB)
+MAX_WARM_KEEP_S = 86400.0
 
 
 def _default_state_dir() -> Path:
@@ -56,6 +58,8 @@ class Settings:
     stop_grace: float = 10.0  # SIGTERM -> SIGKILL for worker trees
     job_retention: float = 7 * 86400.0  # seconds an ended job's records and logs are kept (0: forever)
     allow_root_jobs: bool = False  # run specs that ask for uid 0 (off: a root job is refused and fails)
+    warm_pool_size: int = 2  # zygotes kept for the next identical job, on this node (0: none)
+    warm_keep_s: float = 120.0  # seconds a zygote is kept for the next identical job (0: none)
     log_group: str | None = None  # job log files 0640 to this group (default: 0600, the submitter only)
     metrics_address: HostPort | None = None  # the Prometheus endpoint (off by default)
     log_format: str = "auto"  # auto | json | console
@@ -72,6 +76,10 @@ class Settings:
             raise ConfigError("stop_grace must be >= 0")
         if not self.job_retention >= 0:
             raise ConfigError("job_retention must be >= 0 seconds (0: keep ended jobs forever)")
+        if not 0 <= self.warm_pool_size <= MAX_WARM_POOL:
+            raise ConfigError(f"warm_pool_size must be 0..{MAX_WARM_POOL} (0: keep no zygote)")
+        if not 0 <= self.warm_keep_s <= MAX_WARM_KEEP_S:
+            raise ConfigError(f"warm_keep_s must be 0..{MAX_WARM_KEEP_S:g} seconds (0: keep no zygote)")
         if self.log_format not in LOG_FORMATS:
             raise ConfigError("log_format must be auto, json or console")
         if self.log_level.lower() not in LOG_LEVELS:
@@ -201,6 +209,12 @@ OPTIONS: dict[str, Option] = {
         float, "seconds an ended job's records and logs are kept (default 7 days; 0: forever)", "SECONDS"
     ),
     "allow_root_jobs": Option(_bool, "run jobs submitted by root as root (off by default: they are refused)"),
+    "warm_pool_size": Option(
+        int, "zygotes kept on this node for the next identical job, 1 per user (default 2; 0: none)", "N"
+    ),
+    "warm_keep_s": Option(
+        float, "seconds a zygote is kept for the next identical job (default 120; 0: none)", "SECONDS"
+    ),
     "log_group": Option(_optional(str), "job log files are 0640 to this group (default 0600)", "GROUP"),
     "metrics_address": Option(
         _optional(HostPort.parse),

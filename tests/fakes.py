@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from collections import defaultdict, deque
+from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -95,3 +97,40 @@ class ScriptedGateway:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+# --- fake zygotes: small programs run by the real loader in place of zygote_boot ------------------
+
+FAKE_ZYGOTE_HEAD = """
+import json, os, signal, socket, sys, time
+ctl = socket.socket(fileno=CTL_FD)
+cfg = ctl.recv(65536)
+def send(**m):
+    ctl.send(json.dumps(m).encode())
+def request():
+    data, fds, _, _ = socket.recv_fds(ctl, 1 << 22, 8)
+    for fd in fds:
+        os.close(fd)
+    return json.loads(data)
+def child():
+    pid = os.fork()
+    if pid == 0:
+        signal.pause()
+        os._exit(0)
+    return pid
+"""
+READY = "send(ev='ready', pid=os.getpid(), import_s=0.1)\n"
+
+
+class NoReaper:
+    def track(self, pgid: int, fence_job: str | None = None, markers: Sequence[str] = ()) -> None:
+        return None
+
+    def untrack(self, pgid: int) -> None:
+        return None
+
+
+async def until(what: Callable[[], Any]) -> None:
+    """Wait (on the event loop) until ``what()`` holds; the caller bounds the wait."""
+    while not what():
+        await asyncio.sleep(0.01)

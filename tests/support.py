@@ -295,6 +295,11 @@ class DaemonProc:
     def leftovers(self) -> list[psutil.Process]:
         return proctree.marked(self.node_id)
 
+    def workers_left(self) -> list[psutil.Process]:
+        """``leftovers`` but the zygotes the daemon keeps for the next identical job (alive by design)."""
+        parked = parked_zygotes(self)
+        return [p for p in self.leftovers() if p.pid not in parked]
+
 
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
@@ -372,6 +377,15 @@ def log_events(daemon: DaemonProc, name: str | None = None, **fields: Any) -> li
         if all(event.get(k) == v for k, v in fields.items()):
             found.append(event)
     return found
+
+
+def parked_zygotes(daemon: DaemonProc) -> set[int]:
+    """Pids of the zygotes ``daemon`` parked (``workers.zygote_pool``) and has not let go since."""
+    last: dict[int, str] = {}
+    for event in log_events(daemon):
+        if str(event.get("event", "")).startswith("zygote.") and isinstance(event.get("pid"), int):
+            last[event["pid"]] = event["event"]
+    return {pid for pid, name in last.items() if name == "zygote.parked"}
 
 
 def wait_log(daemon: DaemonProc, name: str, timeout_s: float = 30.0, **fields: Any) -> dict[str, Any]:

@@ -23,7 +23,8 @@ from elasticd.decode import DecodeError, decode
 from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keys import Change, KeyKind
 from elasticd.jobs.decider import GroupOutcome
-from elasticd.jobs.launch import NodeRuntime, ProcessLauncher, master_port
+from elasticd.jobs.launch import NodeRuntime, master_port
+from elasticd.jobs.launcher import ProcessLauncher
 from elasticd.jobs.spec import JobSpec
 from elasticd.jobs.state import JobState, SetupFailure, WorkerFailure
 from elasticd.node.peers import PeerWatch

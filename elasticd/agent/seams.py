@@ -1,6 +1,6 @@
 """What the agent's executor needs of the node, as protocols: processes, the lease, time.
 
-Real implementations: ``elasticd.jobs.launch.ProcessLauncher`` (worker process trees),
+Real implementations: ``elasticd.jobs.launcher.ProcessLauncher`` (worker process trees),
 ``elasticd.node.registry.NodeRegistry`` (the lease), ``SystemClock``. Tests pass fakes.
 """
 
@@ -48,11 +48,13 @@ class Launcher(Protocol):
     """One job's workers on this node, attempt after attempt."""
 
     def prepare(self, spec: JobSpec) -> None:
-        """The job was admitted here: get ready to start its workers (a warm zygote)."""
+        """The job was admitted here: get ready to start its workers (a warm zygote: the node's
+        parked one for identical jobs, or a new one)."""
         ...
 
     async def close(self) -> None:
-        """The agent has left the job (its workers are stopped): release what ``prepare`` made."""
+        """The agent has left the job (its workers are stopped): release what ``prepare`` made (the
+        zygote is offered to the node's pool)."""
         ...
 
     async def start(

@@ -34,8 +34,10 @@ from elasticd.node.registry import NodeRegistry
 from elasticd.node.statedir import StateDir
 from elasticd.trustedpath import read_secret
 from elasticd.workers.limits import detect
+from elasticd.workers.pool_decider import Limits
 from elasticd.workers.reaper import Reaper
 from elasticd.workers.tracking import detect as detect_tracking
+from elasticd.workers.zygote_pool import ZygotePool
 
 _log = log.get("elasticd.daemon")
 
@@ -149,6 +151,7 @@ class Daemon:
                 worker_ports=s.worker_ports,
                 single_host_only=s.single_host_only,
                 tracking=tracking,
+                zygotes=ZygotePool(Limits(s.warm_pool_size, s.warm_keep_s), tracking),
             )
             # The lease has its own client with short calls: a keep-alive stuck on a dead etcd member
             # must fail over well within the TTL, or the node would fence itself for nothing.
@@ -218,6 +221,7 @@ class Daemon:
     async def _shutdown(self, server: ControlServer) -> None:
         systemd.notify("STOPPING=1")
         await server.close()
+        await self.manager.rt.zygotes.close()  # first: leaving jobs stop their zygotes, none is parked
         await self.manager.shutdown()
         self.manager.rt.limits.release()
         self.manager.rt.tracking.release()

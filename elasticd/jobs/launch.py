@@ -18,11 +18,10 @@ from elasticd import log
 from elasticd.agent.record import Group
 from elasticd.jobs import logdir, logread
 from elasticd.jobs.decider import GroupOutcome, group_outcome
-from elasticd.jobs.env import WorldLayout, worker_env, zygote_env
+from elasticd.jobs.env import WorldLayout, worker_env
 from elasticd.jobs.identity import switch_to
-from elasticd.jobs.pathcheck import check_paths
 from elasticd.jobs.rootcause import Exit, by_first_failure, exception_of, parse_error_file
-from elasticd.jobs.spec import EntryKind, JobSpec
+from elasticd.jobs.spec import JobSpec
 from elasticd.jobs.state import EndReason, FailedRank, SetupFailure, WorkerFailure
 from elasticd.netaddr import NoFreePort, PortRange, pick_port
 from elasticd.node.inventory import Inventory
@@ -37,7 +36,9 @@ from elasticd.workers.group import ColdSpawner, Launch, Spawner, Worker, WorkerG
 from elasticd.workers.limits import LimitBackend, LimitError, Placement, ResourceLimits, RlimitBackend
 from elasticd.workers.reaper import Reaper
 from elasticd.workers.tracking import NoTracker, Tracker
-from elasticd.workers.zygote import WarmSpawner, Zygote, ZygoteSetup
+from elasticd.workers.warm import WarmSpawner
+from elasticd.workers.zygote import Zygote
+from elasticd.workers.zygote_pool import ZygotePool
 
 _log = log.get("elasticd.launch")
 
@@ -61,6 +62,7 @@ class NodeRuntime:
     worker_ports: PortRange | None = None  # the operator's worker_ports: MASTER_PORT comes from there
     single_host_only: bool = False  # address left at loopback with an external etcd (Settings)
     tracking: Tracker = field(default_factory=NoTracker)  # a cgroup per job where allowed (tracking.detect)
+    zygotes: ZygotePool = field(default_factory=ZygotePool.disabled)  # parked for the next identical job
 
 
 def master_port(rt: NodeRuntime) -> int:
@@ -366,87 +368,3 @@ class ProcessWorkers:
         if self._watch is not None:
             self._watch.close()
         return await self._group.stop(grace_s)
-
-
-def zygote_setup(rt: NodeRuntime, spec: JobSpec) -> ZygoteSetup | str:
-    """What the job's zygote is started with, or why the job has none here."""
-    if not spec.warm:
-        return "off (--no-warm)"
-    if spec.entry_kind is EntryKind.EXEC:
-        return "not a python entry point (--no-python)"
-    if not ResourceLimits.from_spec(spec.memory_limit_bytes, spec.cpu_limit, spec.nofile).empty:
-        return "resource limits are applied to each worker as root before it starts"
-    return ZygoteSetup(
-        job_id=spec.id,
-        python=spec.python,
-        kind="module" if spec.entry_kind is EntryKind.MODULE else "script",
-        entry=spec.entry,
-        cwd=spec.cwd,
-        env=zygote_env(spec.env, spec.id, rt.node_id),
-        identity=switch_to(spec),
-        preload=spec.preload,
-    )
-
-
-class ProcessLauncher:
-    """Starts worker process trees as the submitter (``elasticd.agent.seams.Launcher``), one job's on
-    this node: forked from the job's zygote while there is one (``prepare`` starts it, ``close``
-    stops it), cold otherwise."""
-
-    def __init__(self, rt: NodeRuntime) -> None:
-        self._rt = rt
-        self._zygote: Zygote | None = None
-        self._job = ""
-
-    def prepare(self, spec: JobSpec) -> None:
-        """The job was admitted here: start its zygote now, so its imports overlap the rendezvous."""
-        if self._zygote is not None:
-            return
-        self._job = spec.id
-        setup = zygote_setup(self._rt, spec)
-        if isinstance(setup, str):
-            _log.info("zygote.none", job=spec.id, reason=setup)
-            return
-        tracking = self._rt.tracking.job(spec.id)
-        try:
-            procs_fd = tracking.join_zygote()
-        except OSError as exc:
-            _log.error("tracking.join_failed", job=spec.id, rank="zygote", error=str(exc))
-            procs_fd = None
-        self._zygote = Zygote(setup, self._rt.reaper, procs_fd)
-        self._zygote.spawn()
-
-    async def start(
-        self, spec: JobSpec, result: RoundResult, member: Member, restarts: int, slots: tuple[int, ...]
-    ) -> ProcessWorkers:
-        problem = await asyncio.to_thread(check_paths, spec)  # as the submitter, as exec will see them
-        if problem is not None:
-            raise problem.to_setup_failure(self._rt.node_id)
-        zygote = self._zygote
-        if zygote is not None and not await zygote.ready():
-            _log.info(
-                "zygote.cold", job=spec.id, round=result.round, state=zygote.state.value, why=zygote.reason
-            )
-            zygote = None
-        group, watch = await start_group(
-            self._rt,
-            spec,
-            layout_for(result, member),
-            attempt=result.round,
-            restart_count=restarts,
-            slots=slots,
-            fence=len(result.nodes) > 1,  # a one-member round has no peers to fence it from
-            zygote=zygote,
-        )
-        return ProcessWorkers(group, self._rt, result.round, watch)
-
-    async def close(self) -> None:
-        """The job ended on this node, or this node left it: its workers are stopped; stop its zygote."""
-        zygote, self._zygote = self._zygote, None
-        if zygote is None:
-            return
-        try:
-            await zygote.close()
-            await asyncio.to_thread(self._rt.tracking.job(self._job).drop_zygote)
-        except Exception as exc:  # the agent is leaving: say so, never stop it from leaving
-            _log.error("zygote.close_failed", job=self._job, error=str(exc))

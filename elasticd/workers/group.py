@@ -128,7 +128,7 @@ def before_drop(procs_fd: int | None, limits: Placement | None) -> Callable[[], 
 
 class Spawner(Protocol):
     """How a group's workers come to be: exec'd afresh (``ColdSpawner``) or forked from the job's
-    warm zygote (``elasticd.workers.zygote.WarmSpawner``). Both give a session leader with the
+    warm zygote (``elasticd.workers.warm.WarmSpawner``). Both give a session leader with the
     launch's identity, cwd, env, log and fds, in its tracking cgroup, with a parent-death signal."""
 
     @property
@@ -142,7 +142,12 @@ class Spawner(Protocol):
         ...
 
     def spared(self) -> frozenset[int]:
-        """Pids a group's clean-up must leave alone though they carry the job's marker (the zygote)."""
+        """Pids a group's clean-up must leave alone though they carry one of its markers (the zygote)."""
+        ...
+
+    def markers(self) -> frozenset[str]:
+        """``ELASTICD_JOB`` values besides the job id that its workers' ``/proc/<pid>/environ``
+        carries (a zygote's own: a forked worker keeps its parent's), for the sweeps and the fence."""
         ...
 
 
@@ -166,6 +171,9 @@ class ColdSpawner:
         return proc.pid, _watch_exit(proc)
 
     def spared(self) -> frozenset[int]:
+        return frozenset()
+
+    def markers(self) -> frozenset[str]:
         return frozenset()
 
 
@@ -240,7 +248,8 @@ class WorkerGroup:
         finally:
             if procs_fd is not None:
                 os.close(procs_fd)
-        self._reaper.track(pid, launch.env.get(proctree.JOB_ENV) if self._fence else None)
+        job = launch.env.get(proctree.JOB_ENV)
+        self._reaper.track(pid, job if self._fence else None, sorted(self._spawner.markers()))
         _log.debug("worker.started", rank=launch.rank, pid=pid, mode=self._spawner.mode)
         rank = launch.rank
         exited.add_done_callback(
@@ -269,10 +278,10 @@ class WorkerGroup:
             return []
         env = self.launches[0].env
         owner, job = env.get(proctree.OWNER_ENV), env.get(proctree.JOB_ENV)
-        if owner is None:
+        if owner is None or job is None:
             return []
         spared = self._spawner.spared()
-        found = await asyncio.to_thread(proctree.marked, owner, job)
+        found = await asyncio.to_thread(proctree.marked, owner, job, *self._spawner.markers())
         leftovers = [p for p in found if p.pid not in spared]
         return await proctree.terminate(leftovers, [], 0.0) if leftovers else []
 

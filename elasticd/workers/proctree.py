@@ -45,8 +45,9 @@ def group_members(pgid: int) -> list[psutil.Process]:
     return members
 
 
-def marked(owner: str, job: str | None = None) -> list[psutil.Process]:
-    """Processes whose environment says they belong to this node (and job, when given)."""
+def marked(owner: str, *jobs: str) -> list[psutil.Process]:
+    """Processes whose environment says they belong to this node (and to one of ``jobs``: a job
+    id or a zygote's marker, when given)."""
     found = []
     me = os.getpid()
     for proc in psutil.process_iter():
@@ -56,7 +57,7 @@ def marked(owner: str, job: str | None = None) -> list[psutil.Process]:
             env = proc.environ()
         except (psutil.Error, OSError):
             continue
-        if env.get(OWNER_ENV) == owner and (job is None or env.get(JOB_ENV) == job):
+        if env.get(OWNER_ENV) == owner and (not jobs or env.get(JOB_ENV) in jobs):
             found.append(proc)
     return found
 

@@ -1,7 +1,8 @@
 """The reaper sidecar: it outlives a crashed or frozen daemon just long enough to kill its workers.
 
 The daemon starts it with a pipe on stdin and tells it, one line at a time:
-- ``track <pgid> [<job>]``: a worker's process group; with a job id the group is *fenced*;
+- ``track <pgid> [<job> [<marker>...]]``: a worker's process group; with a job id the group is
+  *fenced*; markers: other ``ELASTICD_JOB`` values its processes carry (its zygote's);
 - ``untrack <pgid>``;
 - ``deadline <t>``: CLOCK_MONOTONIC time at which the node's etcd lease may have expired.
 
@@ -14,7 +15,8 @@ Two things make it act:
 - The deadline passes without a newer one: the daemon could not renew its lease in time (frozen,
   stuck, cut off from etcd). Its peers will go on without this node, so fenced groups (multi-node
   jobs) are killed *before* the lease can expire: two rounds of a job never run at once. A fenced
-  job's tracking cgroup ``<base>/<job>`` is killed with them.
+  job's tracking cgroup ``<base>/<job>`` is killed with them, and every process marked with the
+  job or one of its groups' markers.
 
 Run as ``python -I -S -c <import this module> elasticd.workers.reaper OWNER [CGROUP_BASE]``
 (``Reaper.start``; ``python -m elasticd.workers.reaper OWNER [CGROUP_BASE]`` works too);
@@ -45,6 +47,7 @@ import time
 TYPE_CHECKING = False  # (not typing's: the sidecar does without importing it)
 if TYPE_CHECKING:
     import subprocess
+    from collections.abc import Sequence
     from pathlib import Path
     from typing import Any
 
@@ -142,13 +145,14 @@ def _pidfd(pid: int) -> int | None:
         return None
 
 
-def _marked(owner: str, job: str | None = None) -> list[tuple[int, int | None]]:
-    """(pid, pidfd) of the processes whose environment says they belong to this node (and job).
+def _marked(owner: str, jobs: frozenset[str] = frozenset()) -> list[tuple[int, int | None]]:
+    """(pid, pidfd) of the processes whose environment says they belong to this node (and to one of
+    ``jobs``, when given: job ids or zygotes' markers).
 
     The pidfd is opened before the environment is read, so that a pid reused in between is never
     signalled by mistake: the fd names the process that was read (or one that is gone).
     """
-    want = {OWNER_ENV.encode(): owner.encode()} | ({JOB_ENV.encode(): job.encode()} if job else {})
+    wanted = {job.encode() for job in jobs}
     me = os.getpid()
     found = []
     for name in os.listdir("/proc"):
@@ -160,7 +164,11 @@ def _marked(owner: str, job: str | None = None) -> list[tuple[int, int | None]]:
                 env = {k: v for k, _, v in (item.partition(b"=") for item in f.read().split(b"\0"))}
         except OSError:
             env = {}
-        if env and all(env.get(k) == v for k, v in want.items()):
+        if (
+            env
+            and env.get(OWNER_ENV.encode()) == owner.encode()
+            and (not wanted or env.get(JOB_ENV.encode()) in wanted)
+        ):
             found.append((int(name), fd))
         elif fd is not None:
             os.close(fd)
@@ -185,12 +193,13 @@ def _kill_now(procs: list[tuple[int, int | None]], pgids: list[int]) -> None:
                 os.close(fd)
 
 
-def _fence(owner: str, fenced: dict[int, str], base: str | None) -> None:
-    jobs = set(fenced.values())
+def _fence(owner: str, fenced: dict[int, tuple[str, ...]], base: str | None) -> None:
+    jobs = {marks[0] for marks in fenced.values()}
     for job in sorted(jobs):
         if base is not None and valid_job(job):  # the daemon sends only job ids
             _kill_cgroup(os.path.join(base, job), wait_s=0)  # the kernel takes it from here
-    _kill_now([p for job in sorted(jobs) for p in _marked(owner, job)], sorted(fenced))
+    marks = frozenset(m for ms in fenced.values() for m in ms)
+    _kill_now(_marked(owner, marks), sorted(fenced))
     fenced.clear()
 
 
@@ -215,7 +224,7 @@ def main(argv: list[str]) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     tracked: set[int] = set()
-    fenced: dict[int, str] = {}
+    fenced: dict[int, tuple[str, ...]] = {}
     deadline = 0.0
     buffer = b""
     stdin = sys.stdin.fileno()
@@ -235,7 +244,7 @@ def main(argv: list[str]) -> int:
             if verb == "track" and args and args[0].isdigit():
                 tracked.add(int(args[0]))
                 if len(args) > 1:
-                    fenced[int(args[0])] = args[1]
+                    fenced[int(args[0])] = tuple(args[1:])
             elif verb == "untrack" and args and args[0].isdigit():
                 tracked.discard(int(args[0]))
                 fenced.pop(int(args[0]), None)
@@ -292,8 +301,9 @@ class Reaper:
         except (BrokenPipeError, ValueError):
             pass
 
-    def track(self, pgid: int, fence_job: str | None = None) -> None:
-        self._send(f"track {pgid} {fence_job}" if fence_job else f"track {pgid}")
+    def track(self, pgid: int, fence_job: str | None = None, markers: Sequence[str] = ()) -> None:
+        """``markers``: of a fenced group only (a job id or a marker is one word: no spaces)."""
+        self._send(" ".join(["track", str(pgid), fence_job, *markers]) if fence_job else f"track {pgid}")
 
     def untrack(self, pgid: int) -> None:
         self._send(f"untrack {pgid}")

@@ -27,78 +27,21 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from pathlib import Path
 from typing import Protocol
 
 from elasticd import log
+from elasticd.workers.cgroupkill import KILL_WAIT_S, kill_cgroup, members, populated, remove_tree
 from elasticd.workers.cgroups import V2_DAEMON, V2_JOBS, CgroupFs, KernelFs, remove_cgroup
 from elasticd.workers.limits import LimitError, check_name, own_dir, parse_mountinfo, parse_proc_cgroup
 
 _log = log.get("elasticd.tracking")
 
+__all__ = ["KILL_WAIT_S", "detect", "kill_cgroup", "members", "populated", "remove_tree"]
+
 ZYGOTE_LEAF = "zygote"  # a job's zygote's leaf, beside its ranks' (never a rank_<k> name)
-KILL_WAIT_S = 5.0  # how long a kill waits for the kernel to report the cgroup empty
-
-
-# --- the kernel's part ---------------------------------------------------------------------------
-
-
-def populated(fs: CgroupFs, cgroup: Path) -> bool:
-    """Whether any process is in ``cgroup`` or below (``cgroup.events``); a missing one is empty."""
-    try:
-        text = fs.read(cgroup / "cgroup.events")
-    except FileNotFoundError:
-        return False
-    for line in text.splitlines():
-        key, _, value = line.partition(" ")
-        if key == "populated":
-            return value.strip() != "0"
-    return False
-
-
-def kill_cgroup(
-    fs: CgroupFs, cgroup: Path, wait_s: float = KILL_WAIT_S, sleep: Callable[[float], None] = time.sleep
-) -> bool:
-    """SIGKILL every process in ``cgroup`` and below; True once none is left (or it never existed).
-
-    ``wait_s`` bounds the wait for the kernel to finish (0: do not wait, e.g. the reaper's fence).
-    """
-    try:
-        fs.write(cgroup / "cgroup.kill", "1")
-    except FileNotFoundError:
-        return True
-    except OSError as exc:
-        _log.error("tracking.kill_failed", cgroup=str(cgroup), error=str(exc))
-        return False
-    deadline = time.monotonic() + wait_s
-    delay = 0.005
-    while populated(fs, cgroup):
-        if time.monotonic() >= deadline:
-            return False
-        sleep(delay)
-        delay = min(delay * 2, 0.05)
-    return True
-
-
-def members(fs: CgroupFs, cgroup: Path) -> list[int]:
-    """The pids in ``cgroup`` and below (for reports: they can be gone by the time they are read)."""
-    pids: list[int] = []
-    for procs in sorted(cgroup.rglob("cgroup.procs")) if cgroup.is_dir() else []:
-        with contextlib.suppress(OSError, ValueError):
-            pids += [int(pid) for pid in fs.read(procs).split()]
-    return pids
-
-
-def remove_tree(fs: CgroupFs, cgroup: Path) -> bool:
-    """rmdir ``cgroup`` and its children, deepest first; False if one stayed busy (a process left).
-
-    A cgroup can stay busy for a moment after its last process died, hence the retries.
-    """
-    children = [p for p in cgroup.iterdir() if p.is_dir()] if cgroup.is_dir() else []
-    emptied = all([remove_tree(fs, child) for child in children])
-    return remove_cgroup(fs, cgroup, tries=5) and emptied
+POOL_LEAF = "_zygotes"  # parked zygotes (zygote_pool), beside the jobs: "_" never starts a job id
 
 
 # --- one job's processes on this node ------------------------------------------------------------
@@ -274,6 +217,15 @@ class Tracker(Protocol):
         """On a clean stop, after every worker is gone: remove this daemon's (empty) cgroups."""
         ...
 
+    def pool_procs(self) -> int | None:
+        """The parked zygotes' leaf ``<base>/_zygotes`` (made if needed): its ``cgroup.procs``,
+        opened for the daemon to write a pid to (the caller closes it). Raises ``OSError``."""
+        ...
+
+    def drop_pool(self) -> None:
+        """The pool is closed: kill what is left in its leaf and remove it."""
+        ...
+
 
 class CgroupTracker:
     name = "cgroup2"
@@ -307,6 +259,17 @@ class CgroupTracker:
         if remove_cgroup(self._fs, self._base) and self._base.parent.name == V2_JOBS:
             remove_cgroup(self._fs, self._base.parent)  # busy while other daemons of this host use it
 
+    def pool_procs(self) -> int:
+        leaf = self._base / POOL_LEAF
+        with contextlib.suppress(FileExistsError):
+            self._fs.mkdir(leaf)
+        return self._fs.open_procs(leaf)
+
+    def drop_pool(self) -> None:
+        leaf = self._base / POOL_LEAF
+        if not kill_cgroup(self._fs, leaf) or not remove_tree(self._fs, leaf):
+            _log.warning("tracking.cgroup_busy", cgroup=str(leaf))
+
 
 class NoTracker:
     name = "none"
@@ -322,6 +285,12 @@ class NoTracker:
         return ()
 
     def release(self) -> None:
+        return None
+
+    def pool_procs(self) -> None:
+        return None
+
+    def drop_pool(self) -> None:
         return None
 
 

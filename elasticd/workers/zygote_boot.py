@@ -1,26 +1,27 @@
 """The zygote's own program: it runs in the *job's* interpreter, as the submitter, never in the daemon.
 
-Stdlib only, and never imported there by elasticd: the daemon reads this file's source from its own
-package and hands it over a pipe (``zygote.LOADER``), because the job's python (Debian's
-``/usr/bin/python3``, say) need not be able to import elasticd, nor enter the daemon's venv.
+Stdlib only, and never imported there by elasticd: the daemon reads this file's source (after
+``zygote_child``'s, the part a forked child runs) from its own package and hands both over a pipe
+(``zygote_spawn.LOADER``), because the job's python (Debian's ``/usr/bin/python3``, say) need not
+be able to import elasticd, nor enter the daemon's venv. The loader runs the parts in one
+namespace, so ``zygote_child``'s names are globals here.
 
-What it does, once per job and node:
+What it does, once per zygote (a job's on a node, and the next identical job's when the daemon
+parked it between the two: ``zygote_pool``):
 1. read its configuration (the entry point, ``--preload`` modules) from the control socket;
 2. set ``sys.path[0]`` as the worker's interpreter will, import torch (if there is one) and the
    preload modules, and check it is fit to fork: exactly one OS thread, CUDA not initialised;
-3. serve fork requests (one ``SOCK_SEQPACKET`` message each, the rank's fds attached with
-   ``SCM_RIGHTS``), report each child's pid, and reap its children, reporting ``exit`` with the
-   raw wait status.
-
-A forked child makes itself what a fresh ``python -u SCRIPT ARGS`` (or ``-m MODULE``) would be
-(``become_worker``) and runs the entry point as ``__main__`` (``run_entry``). Exit semantics are
-the interpreter's own: ``SystemExit`` propagates to the top, an uncaught exception prints its
-traceback (the zygote's frames cut off) and exits 1, and the interpreter's normal finalisation
-runs the script's atexit handlers and waits for its threads. The zygote registers no atexit
-handler of its own.
+3. record what each file behind ``sys.modules`` (and the interpreter) looked like
+   (``stamps``): a worker forked later runs that code, so a job may adopt this zygote only while
+   none of them changed;
+4. serve requests (one ``SOCK_SEQPACKET`` message each): ``fork`` (the rank's fds attached with
+   ``SCM_RIGHTS``) reports the child's pid, ``check`` re-reads the recorded files' stamps (as the
+   submitter: the daemon never opens a user's files) and says whether they are unchanged; and
+   reap its children, reporting ``exit`` with the raw wait status.
 
 Messages to the daemon are single JSON objects (``ready``, ``unavailable``, ``forked``,
-``fork_failed``, ``exit``); the daemon treats every one of them as untrusted.
+``fork_failed``, ``exit``, ``checked``); the daemon treats every one of them as untrusted
+(``zygote_wire``).
 """
 
 from __future__ import annotations
@@ -34,16 +35,17 @@ import signal
 import socket
 import sys
 import time
-from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # (annotations only: the job's python may be older than the daemon's)
+    Stamp = tuple[int, int, int, int]  # st_dev, st_ino, st_mtime_ns, st_size of one file
+if __name__ != "__elasticd_zygote__":  # the daemon's tests and mypy; in the zygote, a global already
+    from elasticd.workers.zygote_child import become_worker, path0, run_entry
 
 MAX_REQUEST = 4 << 20  # a fork request: argv and env of one rank
 MAX_FDS = 8
-SPAWN_FAILED = 127  # as elasticd.workers.spawn: the worker never got to run its entry point
-PARENT_GONE = 70
 FD_NAMES = ("log", "progress", "go")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-BOOT_FILE = "<elasticd-zygote>"  # the name this source is compiled under (tracebacks are cut there)
 
 
 class BadRequest(ValueError):
@@ -111,26 +113,72 @@ def parse_request(data: bytes, nfds: int) -> dict[str, Any]:
         raise BadRequest("progress_fd goes with a progress fd")
     if target is not None and (type(target) is not int or not 3 <= target < 65536):
         raise BadRequest("progress_fd must be 3..65535")
-    return {"id": rid, "argv": argv, "env": env, "cwd": cwd, "fds": names, "progress_fd": target}
+    return {
+        "op": "fork",
+        "id": rid,
+        "argv": argv,
+        "env": env,
+        "cwd": cwd,
+        "fds": names,
+        "progress_fd": target,
+    }
 
 
-def script_argv(kind: str, entry: str, argv: list[str]) -> list[str]:
-    """``sys.argv`` as the interpreter sets it before running the entry point (``-m`` replaces
-    ``argv[0]`` with the module's file once found, as runpy does). ``argv`` is the worker's whole
-    command line: ``python -u SCRIPT ARGS`` or ``python -u -m MODULE ARGS``."""
-    if kind == "script":
-        at = argv.index(entry, 1)
-        return [entry, *argv[at + 1 :]]
-    at = argv.index("-m", 1)
-    return ["-m", *argv[at + 2 :]]
+def parse_op(data: bytes, nfds: int) -> dict[str, Any]:
+    """A request: a fork (``parse_request``) or ``{"op": "check", "id"}`` (no fds)."""
+    try:
+        req = json.loads(data)
+    except ValueError as exc:
+        raise BadRequest(f"request is not JSON: {exc}") from None
+    if isinstance(req, dict) and req.get("op") == "check":
+        rid = req.get("id")
+        if type(rid) is not int or rid < 0 or nfds:
+            raise BadRequest("a check request has a non-negative integer id and no fds")
+        return {"op": "check", "id": rid}
+    return parse_request(data, nfds)
 
 
-def path0(kind: str, entry: str, cwd: str) -> str:
-    """What the interpreter puts first on ``sys.path``: the script's real directory, or the
-    working directory for ``-m``."""
-    if kind == "script":
-        return os.path.dirname(os.path.realpath(entry))
-    return cwd
+# --- what the zygote's workers would run: the files behind its modules --------------------------------
+
+
+def module_files() -> list[str]:
+    """The interpreter and the file of every loaded module (absolute paths, sorted)."""
+    files = {sys.executable} if sys.executable else set()
+    for mod in list(sys.modules.values()):
+        try:
+            path = getattr(mod, "__file__", None)
+        except Exception:  # a lazy module's __getattr__
+            continue
+        if isinstance(path, str) and path:
+            files.add(os.path.abspath(path))
+    return sorted(files)
+
+
+def stamps(paths: list[str], since_ns: int) -> dict[str, Stamp]:
+    """Each path's ``(st_dev, st_ino, st_mtime_ns, st_size)``; paths that are not files are left
+    out (a zip import's member). A file modified at or after ``since_ns`` (when the imports began)
+    may have changed after it was imported: its stamp never matches (``st_mtime_ns`` -1)."""
+    found: dict[str, Stamp] = {}
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        mtime = st.st_mtime_ns if st.st_mtime_ns < since_ns else -1
+        found[path] = (st.st_dev, st.st_ino, mtime, st.st_size)
+    return found
+
+
+def changed(recorded: dict[str, Stamp]) -> str | None:
+    """The first recorded file that is gone, replaced or edited since (None: all as they were)."""
+    for path, stamp in recorded.items():
+        try:
+            st = os.stat(path)
+        except OSError:
+            return path
+        if (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size) != stamp:
+            return path
+    return None
 
 
 # --- the zygote ----------------------------------------------------------------------------------
@@ -200,7 +248,7 @@ def _saved_signals() -> tuple[dict[int, Any], set[int]]:
 
 def main(ctl_fd: int) -> None:
     ctl = socket.socket(fileno=ctl_fd)
-    started = time.monotonic()
+    started, since_ns = time.monotonic(), time.time_ns()
     try:
         cfg = parse_config(ctl.recv(65536))
     except BadRequest as exc:
@@ -220,6 +268,7 @@ def main(ctl_fd: int) -> None:
     if reason is not None:
         _send(ctl, ev="unavailable", reason=reason)
         return
+    files = stamps(module_files(), since_ns)
     _send(
         ctl,
         ev="ready",
@@ -227,17 +276,18 @@ def main(ctl_fd: int) -> None:
         import_s=round(time.monotonic() - started, 4),
         torch="torch" in sys.modules,
         preloaded=[m for m in cfg["preload"] if m in sys.modules],
+        files=len(files),
     )
     # What is imported now stays: keep the collector off it, so a child's collections (and its
     # interpreter's finalisation) neither walk it nor copy its pages (the gc module's advice).
     gc.freeze()
-    req = serve(ctl)  # returns in a forked child only
+    req = serve(ctl, files)  # returns in a forked child only
     become_worker(req, cfg, signals)
     run_entry(cfg)
 
 
-def serve(ctl: socket.socket) -> dict[str, Any]:
-    """Fork on request and reap; returns only in a child (its request, with ``fds`` open)."""
+def serve(ctl: socket.socket, files: dict[str, Stamp]) -> dict[str, Any]:
+    """Serve requests and reap; returns only in a child (its request, with ``fds`` open)."""
     children: dict[int, int] = {}  # pid -> pidfd
     me = os.getpid()
     while True:
@@ -258,11 +308,15 @@ def serve(ctl: socket.socket) -> dict[str, Any]:
         if not data:  # the daemon is gone: our children die with us (their parent-death signal)
             os._exit(0)
         try:
-            req = parse_request(data, len(fds))
+            req = parse_op(data, len(fds))
         except BadRequest as exc:
             for fd in fds:
                 os.close(fd)
             _send(ctl, ev="fork_failed", id=-1, error=str(exc))
+            continue
+        if req["op"] == "check":
+            stale = changed(files)
+            _send(ctl, ev="checked", id=req["id"], fresh=stale is None, files=len(files), changed=stale or "")
             continue
         req["fds"] = {name: fds[i] for i, name in enumerate(req["fds"])}
         try:
@@ -280,140 +334,6 @@ def serve(ctl: socket.socket) -> dict[str, Any]:
         if pid > 0:
             children[pid] = os.pidfd_open(pid)
             _send(ctl, ev="forked", id=req["id"], pid=pid)
-
-
-def _fail(message: object) -> None:
-    try:
-        os.write(2, f"elasticd: cannot prepare the worker: {message}\n".encode(errors="replace"))
-    finally:
-        os._exit(SPAWN_FAILED)
-
-
-def _die_with_zygote(zygote: int) -> None:
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-    if os.getppid() != zygote:
-        os._exit(PARENT_GONE)
-
-
-def become_worker(req: dict[str, Any], cfg: dict[str, Any], signals: tuple[dict[int, Any], set[int]]) -> None:
-    """In the child: what a fresh worker gets from its spawn (elasticd.workers.spawn) and from the
-    interpreter's start. Any failure ends the child with ``SPAWN_FAILED`` and a line in its log."""
-    fds = req["fds"]
-    try:
-        os.setsid()
-        _die_with_zygote(req["zygote"])
-        log = fds.pop("log")
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.close(log)
-        # The daemon puts us in the rank's tracking cgroup (it never hands a root-opened
-        # cgroup.procs to the zygote), then says go: nothing of the worker runs before.
-        go = fds.pop("go")
-        said = os.read(go, 1)
-        os.close(go)
-    except OSError as exc:
-        if "log" in fds:  # fd 2 is still the zygote's (/dev/null): say it in the log instead
-            os.dup2(fds["log"], 2)
-        _fail(exc)
-    if said != b"1":
-        _fail("the daemon did not place it in its cgroup")
-    try:
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.close(null)
-        keep = 2
-        if "progress" in fds:
-            keep = req["progress_fd"]
-            if fds["progress"] != keep:
-                os.dup2(fds["progress"], keep)  # inheritable, as pass_fds makes it
-                os.close(fds["progress"])
-            os.set_inheritable(keep, True)
-        os.closerange(3, keep)
-        os.closerange(max(3, keep + 1), os.sysconf("SC_OPEN_MAX"))
-        os.chdir(req["cwd"])
-    except OSError as exc:
-        _fail(exc)
-    handlers, mask = signals
-    for sig, handler in handlers.items():
-        try:
-            if handler is not None and signal.getsignal(sig) != handler:
-                signal.signal(sig, handler)
-        except (ValueError, OSError, TypeError):
-            continue
-    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    os.environ.clear()
-    os.environ.update(req["env"])
-    sys.argv = script_argv(cfg["kind"], cfg["entry"], req["argv"])
-    if hasattr(sys, "orig_argv"):
-        sys.orig_argv = list(req["argv"])
-    if sys.path and sys.path[0] != "" and not getattr(sys.flags, "safe_path", False):
-        sys.path[0] = path0(cfg["kind"], cfg["entry"], os.getcwd())
-    _reseed()
-    import importlib
-
-    importlib.invalidate_caches()  # directory listings the zygote cached may be stale by now
-
-
-def _reseed() -> None:
-    """What a fresh process gets afresh: ``random`` reseeds itself at fork (os.register_at_fork);
-    numpy's legacy global generator and torch's default CPU generator are seeded from the OS at
-    start, so they are here."""
-    np_random = sys.modules.get("numpy.random")
-    if np_random is not None and hasattr(np_random, "seed"):
-        np_random.seed()
-    torch = sys.modules.get("torch")
-    gen = getattr(torch, "default_generator", None)
-    if gen is not None:
-        gen.seed()
-
-
-def _trimmed(tb: TracebackType | None) -> TracebackType | None:
-    """A traceback without the zygote's frames (and runpy's, for a script): as ``python SCRIPT``
-    would print it."""
-    import runpy
-
-    skip = {BOOT_FILE, getattr(runpy, "__file__", None)}
-    while tb is not None and tb.tb_frame.f_code.co_filename in skip:
-        tb = tb.tb_next
-    return tb
-
-
-def run_entry(cfg: dict[str, Any]) -> None:
-    """Run the entry point as ``__main__`` in a fresh module, as the interpreter would."""
-    import builtins
-    import importlib.machinery
-    import runpy
-    import types
-
-    main = types.ModuleType("__main__")
-    main.__dict__.update(__builtins__=builtins, __annotations__={})  # as the interpreter's __main__
-    sys.modules["__main__"] = main
-    try:
-        if cfg["kind"] == "module":
-            runpy._run_module_as_main(cfg["entry"], alter_argv=True)  # type: ignore[attr-defined]  # what -m runs
-        elif os.path.isfile(cfg["entry"]):
-            entry = cfg["entry"]
-            main.__dict__.update(
-                __file__=entry,
-                __cached__=None,
-                __loader__=importlib.machinery.SourceFileLoader("__main__", entry),
-            )
-            with open(entry, "rb") as f:
-                source = f.read()
-            exec(compile(source, entry, "exec", dont_inherit=True), main.__dict__)
-        else:  # a directory or zip file with a __main__.py
-            runpy.run_path(cfg["entry"], run_name="__main__")
-    except (SystemExit, KeyboardInterrupt):
-        raise
-    except BaseException as exc:
-        tb = _trimmed(exc.__traceback__)
-        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
-        raise SystemExit(1) from None
 
 
 if __name__ == "__elasticd_zygote__":

@@ -16,6 +16,7 @@ class Ready:
     pid: int
     import_s: float
     torch: bool
+    files: int = 0  # files behind its modules whose stamps it recorded (for ``check``)
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,19 @@ class Exited:
     status: int
 
 
-Message = Ready | Unavailable | Forked | ForkFailed | Exited
+@dataclass(frozen=True)
+class Checked:
+    """The answer to a ``check``: whether every recorded file is as it was when the zygote was
+    ready (``changed``: the first that is not). A zygote could lie here, but only to its own user:
+    it is adopted only by a job of the same identity, whose workers it would run anyway."""
+
+    id: int
+    fresh: bool
+    files: int
+    changed: str
+
+
+Message = Ready | Unavailable | Forked | ForkFailed | Exited | Checked
 
 
 def _int(value: Any, low: int, high: int) -> int:
@@ -69,7 +82,8 @@ def parse_message(data: bytes) -> Message:
             import_s = msg.get("import_s")
             if not isinstance(import_s, int | float) or not 0 <= import_s < 1e6:
                 raise ValueError("bad import_s")
-            return Ready(_int(msg.get("pid"), 2, pid_max), float(import_s), msg.get("torch") is True)
+            files = _int(msg.get("files", 0), 0, 1 << 24)
+            return Ready(_int(msg.get("pid"), 2, pid_max), float(import_s), msg.get("torch") is True, files)
         case "unavailable":
             return Unavailable(_text(msg.get("reason")))
         case "forked":
@@ -78,4 +92,13 @@ def parse_message(data: bytes) -> Message:
             return ForkFailed(_int(msg.get("id"), -1, 1 << 31), _text(msg.get("error")))
         case "exit":
             return Exited(_int(msg.get("pid"), 2, pid_max), _int(msg.get("status"), 0, 0xFFFF))
+        case "checked":
+            fresh = msg.get("fresh")
+            if not isinstance(fresh, bool):
+                raise ValueError("fresh must be true or false")
+            changed = _text(msg.get("changed"))
+            if fresh == bool(changed):
+                raise ValueError("a fresh zygote names no changed file, a stale one names one")
+            files = _int(msg.get("files"), 0, 1 << 24)
+            return Checked(_int(msg.get("id"), 0, 1 << 31), fresh, files, changed)
     raise ValueError("unknown message")

@@ -126,4 +126,4 @@ def test_allreduce_across_network_namespaces(netns_cluster: NetnsCluster, tmp_pa
     view = ds[0].job(job)
     assert view["state"] == "SUCCEEDED"
     assert all(d.answers() for d in ds)
-    wait_for(lambda: not any(d.leftovers() for d in ds), 10, 0.1, "workers to be gone")
+    wait_for(lambda: not any(d.workers_left() for d in ds), 10, 0.1, "workers to be gone")

@@ -22,7 +22,7 @@ from elasticd.workers.cgroups import V2_JOBS, KernelFs
 from elasticd.workers.limits import own_dir, parse_mountinfo, parse_proc_cgroup
 from elasticd.workers.reaper import Reaper
 from tests.conftest import DaemonFactory
-from tests.support import REPO, DaemonProc, alive_pid, wait_for
+from tests.support import REPO, DaemonProc, alive_pid, wait_for, wait_log
 
 pytestmark = [pytest.mark.root, pytest.mark.timeout(180)]
 
@@ -145,6 +145,36 @@ def test_recovery_takes_what_a_crashed_daemon_and_its_reaper_left(
     assert d.events("recover.swept")
     assert d.wait_state(job_id, ("RUNNING",), 30)["restarts"] == 1
     assert d.ctl("kill", job_id).returncode == 0
+
+
+def test_recovery_takes_a_parked_zygote_that_outlived_its_daemon_and_reaper(
+    daemon_factory: DaemonFactory, tmp_path: Path
+) -> None:
+    """A parked zygote whose preload cleared its parent-death signal, its daemon and reaper killed:
+    it lives on in the pool's cgroup until the next daemon's recovery, which leaves nothing."""
+    (tmp_path / "keepalive.py").write_text(
+        "import ctypes\nctypes.CDLL(None).prctl(1, 0, 0, 0, 0)  # PR_SET_PDEATHSIG 0\n"
+    )
+    script = tmp_path / "noop.py"
+    script.write_text("pass\n")
+    d = daemon_factory(None)
+    res = d.ctl("submit", "--preload", "keepalive", str(script))
+    assert res.returncode == 0, res.stderr
+    job_id = res.stdout.split()[0]
+    assert d.wait_state(job_id, ("SUCCEEDED", "FAILED"), 120)["state"] == "SUCCEEDED"
+    pid = wait_log(d, "zygote.parked", job=job_id)["pid"]
+    assert v2_cgroup(pid).endswith(f"/elasticd.jobs/{d.node_id}/{tracking.POOL_LEAF}")
+    assert d.proc is not None
+    reapers = [p for p in psutil.Process(d.proc.pid).children() if "elasticd.workers.reaper" in p.cmdline()]
+    reapers[0].kill()
+    wait_for(lambda: not alive_pid(reapers[0].pid), 15, what="the reaper to die")
+    d.kill9()
+    assert alive_pid(pid)  # no death signal, no reaper: only the next daemon can take it
+    d.start()
+    wait_dead(pid, "recovery to kill the parked zygote")
+    assert not d.leftovers()
+    d.stop()
+    assert instance_cgroup_gone(d)
 
 
 def test_the_reapers_fence_takes_the_jobs_cgroup(tmp_path: Path) -> None:

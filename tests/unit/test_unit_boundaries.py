@@ -60,6 +60,7 @@ PURE = (
     "elasticd.jobs.ranktext",
     "elasticd.jobs.state",
     "elasticd.wire",
+    "elasticd.workers.pool_decider",
 )
 HEAVY = ("elasticd.etcd.client", "http.client", "zmq", "psutil", "torch")
 

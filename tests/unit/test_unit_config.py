@@ -63,6 +63,8 @@ SAMPLES: dict[str, tuple[str, str, str | None]] = {
     "stop_grace": ("0", "1.5", "30"),
     "job_retention": ("0", "60", "86400"),
     "allow_root_jobs": ("false", "true", None),  # the flag: --no-allow-root-jobs
+    "warm_pool_size": ("0", "1", "8"),
+    "warm_keep_s": ("0", "30", "600.5"),
     "log_group": ("lg-file", "lg-env", "lg-flag"),
     "metrics_address": ("9464", ":9465", "0.0.0.0:9466"),
     "log_format": ("json", "console", "auto"),
@@ -146,6 +148,7 @@ def test_defaults() -> None:
     assert s.lease_ttl == 10.0
     assert s.stop_grace == 10.0
     assert (s.log_format, s.log_level) == ("auto", "info")
+    assert (s.warm_pool_size, s.warm_keep_s) == (2, 120.0)
     none_by_default = (
         "log_dir", "node_id", "address", "etcd_ca", "etcd_cert", "etcd_key",
         "etcd_user", "etcd_password", "etcd_password_file", "etcd_binary", "fake_gpus", "slots",
@@ -301,6 +304,13 @@ def test_paths_and_optionals_are_converted(tmp_path: Path) -> None:
         ("socket_mode", "rw-r--r--"),
         ("socket_mode", "0999"),
         ("log_format", "xml"),
+        ("warm_pool_size", "-1"),
+        ("warm_pool_size", "1.5"),
+        ("warm_pool_size", "65"),
+        ("warm_keep_s", "-1"),
+        ("warm_keep_s", "nan"),
+        ("warm_keep_s", "inf"),
+        ("warm_keep_s", "a while"),
     ],
 )
 def test_bad_values(key: str, value: str) -> None:

@@ -99,6 +99,34 @@ def test_a_marked_process_dies_with_the_pipe_and_a_fenced_group_at_the_deadline(
                 p.wait()
 
 
+def test_a_fence_takes_what_carries_its_groups_zygote_marker() -> None:
+    """A warm worker's escapee carries its zygote's ``ELASTICD_JOB`` (``zygote-<random>``), not the
+    job id: the fence of a group told that marker takes it, and no other zygote's."""
+    owner = f"unit-reaper-z-{os.getpid()}"
+
+    def marked(job: str) -> subprocess.Popen[bytes]:
+        env = dict(os.environ, **{proctree.OWNER_ENV: owner, proctree.JOB_ENV: job})
+        return subprocess.Popen(["sleep", "60"], env=env, start_new_session=True)
+
+    ours, theirs = marked("zygote-0a1b"), marked("zygote-2c3d")
+    fenced = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    proc = _run(owner)
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write(f"track {fenced.pid} job-b zygote-0a1b\n".encode())
+        proc.stdin.write(f"deadline {time.monotonic() + 0.3:.3f}\n".encode())
+        proc.stdin.flush()
+        assert fenced.wait(10) == -signal.SIGKILL and ours.wait(10) == -signal.SIGKILL
+        assert theirs.poll() is None
+        proc.stdin.close()
+        assert theirs.wait(10) == -signal.SIGKILL and proc.wait(10) == 0
+    finally:
+        for p in (ours, theirs, fenced, proc):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 def test_python_m_still_runs_it() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "elasticd.workers.reaper", "unit-reaper-m"], input=b"", timeout=30, check=False

@@ -12,10 +12,12 @@ from pathlib import Path
 import psutil
 import pytest
 
+from elasticd.jobs.spec import valid_job_id
 from elasticd.workers import proctree
 from elasticd.workers.cgroups import V2_DAEMON, V2_JOBS, KernelFs
-from elasticd.workers.group import Launch, WorkerGroup
+from elasticd.workers.group import ColdSpawner, Launch, WorkerGroup
 from elasticd.workers.tracking import (
+    POOL_LEAF,
     CgroupJob,
     CgroupTracker,
     NoTracker,
@@ -24,6 +26,7 @@ from elasticd.workers.tracking import (
     kill_cgroup,
     members,
 )
+from tests.fakes import NoReaper
 
 
 class FakeUnified(KernelFs):
@@ -232,6 +235,28 @@ def test_sweep_kills_and_removes_every_job_and_release_the_levels(
     assert not (tmp_path / "unified" / V2_JOBS).exists()
 
 
+def test_the_pools_leaf_holds_parked_zygotes_and_goes_with_the_base(
+    tmp_path: Path, tracker: CgroupTracker, fs: FakeUnified
+) -> None:
+    """Parked zygotes (zygote_pool) live in ``<base>/_zygotes``, which no job id can name; the pool's
+    close kills and removes it, and so does a restarted daemon's sweep of the base."""
+    for bad in (POOL_LEAF, "_probe-1"):
+        assert not valid_job_id(bad)
+    fd = tracker.pool_procs()
+    try:
+        os.write(fd, b"30")
+    finally:
+        os.close(fd)
+    assert pids(tracker.base / POOL_LEAF) == ["30"]
+    tracker.drop_pool()
+    assert fs.killed == ["30"] and not (tracker.base / POOL_LEAF).exists()
+    os.close(tracker.pool_procs())
+    fs.write(tracker.base / POOL_LEAF / "cgroup.procs", "31")
+    assert [p.name for p in tracker.sweep()] == [POOL_LEAF] and fs.killed == ["30", "31"]
+    tracker.release()
+    assert not (tmp_path / "unified" / V2_JOBS).exists()
+
+
 def test_release_keeps_the_shared_level_another_daemon_uses(tmp_path: Path, tracker: CgroupTracker) -> None:
     other = detect(
         instance="node-2", mountinfo=tmp_path / "mountinfo", proc_cgroup=tmp_path / "cgroup", fs=tracker._fs
@@ -244,32 +269,37 @@ def test_release_keeps_the_shared_level_another_daemon_uses(tmp_path: Path, trac
 
 # --- the group with either kind of tracking, real processes --------------------------------------
 
+# An orphan in a session of its own (not a descendant, not in the worker's group): only the
+# environment marker it keeps finds it.
 FORK_ESCAPEE = (
     "import os, subprocess, sys, time\n"
-    "p = subprocess.Popen(['/bin/sleep', '1000'], start_new_session=True)\n"  # keeps the marker
-    "open(sys.argv[1], 'w').write(str(p.pid))\n"
+    "env = dict(os.environ, ELASTICD_JOB=sys.argv[2]) if sys.argv[2:] else None\n"  # a zygote's marker
+    "sh = subprocess.run(['/bin/sh', '-c', 'sleep 1000 >/dev/null 2>&1 & echo $!'], start_new_session=True,\n"
+    "                    env=env, capture_output=True, text=True)\n"
+    "open(sys.argv[1], 'w').write(sh.stdout.strip())\n"
     "time.sleep(1000)\n"
 )
 
 
-class _NoReaper:
-    def track(self, pgid: int, fence_job: str | None = None) -> None:
-        return None
+class _MarkedSpawner(ColdSpawner):
+    """As a zygote's ``WarmSpawner``: its workers' processes may carry the zygote's own marker."""
 
-    def untrack(self, pgid: int) -> None:
-        return None
+    def markers(self) -> frozenset[str]:
+        return frozenset({"zygote-0a1b"})
 
 
-def _run_group(tmp_path: Path, tracker: Tracker) -> tuple[int, list[int]]:
-    """Start one worker that leaves a marked escapee in a new session, stop it; (escapee, stuck)."""
+def _run_group(tmp_path: Path, tracker: Tracker, marker: str = "") -> tuple[int, list[int]]:
+    """Start one worker that leaves a marked escapee in a new session, stop it; (escapee, stuck).
+    ``marker``: the escapee's ``ELASTICD_JOB`` is that of the group's zygote instead of the job's."""
     pid_file = tmp_path / "escapee"
     log_fd = os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     env = dict(os.environ, **{proctree.OWNER_ENV: f"unit-{os.getpid()}", proctree.JOB_ENV: "job-1"})
-    argv = (sys.executable, "-c", FORK_ESCAPEE, str(pid_file))
+    argv = (sys.executable, "-c", FORK_ESCAPEE, str(pid_file), *([marker] if marker else []))
     launch = Launch(0, 0, argv, env, str(tmp_path), log_fd, tmp_path / "log", tmp_path / "error.json")
 
     async def run() -> tuple[int, list[int]]:
-        group = WorkerGroup([launch], _NoReaper(), 5.0, tracking=tracker.job("job-1"))  # type: ignore[arg-type]
+        spawner = _MarkedSpawner() if marker else None
+        group = WorkerGroup([launch], NoReaper(), 5.0, tracking=tracker.job("job-1"), spawner=spawner)  # type: ignore[arg-type]
         await group.start()
         try:
             for _ in range(600):
@@ -292,11 +322,12 @@ def _gone(pid: int) -> bool:
         return True
 
 
-def test_without_v2_the_fallback_still_stops_a_marked_escapee(tmp_path: Path) -> None:
+@pytest.mark.parametrize("marker", ["", "zygote-0a1b"])
+def test_without_v2_the_fallback_still_stops_a_marked_escapee(tmp_path: Path, marker: str) -> None:
     fs = FakeUnified(tmp_path / "unified")
     tracker = detect_on(tmp_path, fs, v2=False)
     assert isinstance(tracker, NoTracker)
-    escapee, stuck = _run_group(tmp_path, tracker)
+    escapee, stuck = _run_group(tmp_path, tracker, marker)
     try:
         assert stuck == [] and _gone(escapee)
     finally:

@@ -18,8 +18,11 @@ import pytest
 
 from elasticd.workers import zygote as zy
 from elasticd.workers import zygote_boot as boot
+from elasticd.workers import zygote_child as child
+from elasticd.workers import zygote_spawn
 from elasticd.workers import zygote_wire as wire
 from elasticd.workers.group import Launch
+from tests.fakes import FAKE_ZYGOTE_HEAD, READY, NoReaper, until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -78,12 +81,19 @@ def test_config_names_modules_only() -> None:
             boot.parse_config(json.dumps(bad).encode())
 
 
+def test_the_program_is_its_parts_and_fits_the_pipe() -> None:
+    source = zygote_spawn.boot_source()
+    parts = source.split(b"\0")
+    assert len(parts) == len(zygote_spawn.BOOT_PARTS) and len(source) < 65536
+    assert all(compile(p, zygote_spawn.BOOT_FILE, "exec") for p in parts)
+
+
 def test_argv_and_path_are_the_interpreters() -> None:
     argv = ["/py", "-u", "/w/s.py", "--lr", "-m"]
-    assert boot.script_argv("script", "/w/s.py", argv) == ["/w/s.py", "--lr", "-m"]
-    assert boot.script_argv("module", "pkg.m", ["/py", "-u", "-m", "pkg.m", "x"]) == ["-m", "x"]
-    assert boot.path0("module", "pkg.m", "/cwd") == "/cwd"
-    assert boot.path0("script", "/etc/../etc/hosts", "/cwd") == "/etc"
+    assert child.script_argv("script", "/w/s.py", argv) == ["/w/s.py", "--lr", "-m"]
+    assert child.script_argv("module", "pkg.m", ["/py", "-u", "-m", "pkg.m", "x"]) == ["-m", "x"]
+    assert child.path0("module", "pkg.m", "/cwd") == "/cwd"
+    assert child.path0("script", "/etc/../etc/hosts", "/cwd") == "/etc"
 
 
 # --- messages from the zygote ----------------------------------------------------------------------
@@ -112,36 +122,6 @@ def test_messages_from_the_zygote_are_typed() -> None:
 
 # --- the daemon's side, against fake zygotes -------------------------------------------------------
 
-FAKE_HEAD = """
-import json, os, signal, socket, sys, time
-ctl = socket.socket(fileno=CTL_FD)
-cfg = ctl.recv(65536)
-def send(**m):
-    ctl.send(json.dumps(m).encode())
-def request():
-    data, fds, _, _ = socket.recv_fds(ctl, 1 << 22, 8)
-    for fd in fds:
-        os.close(fd)
-    return json.loads(data)
-def child():
-    pid = os.fork()
-    if pid == 0:
-        signal.pause()
-        os._exit(0)
-    return pid
-"""
-
-
-READY = "send(ev='ready', pid=os.getpid(), import_s=0.1)\n"
-
-
-class _NoReaper:
-    def track(self, pgid: int, fence_job: str | None = None) -> None:
-        return None
-
-    def untrack(self, pgid: int) -> None:
-        return None
-
 
 def launch(tmp_path: Path) -> Launch:
     fd = os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -153,7 +133,7 @@ def with_zygote(tmp_path: Path, body: str, test: Callable[[zy.Zygote], Awaitable
     setup = zy.ZygoteSetup("job-1", sys.executable, "script", "/s.py", str(tmp_path), dict(os.environ), None)
 
     async def run() -> None:
-        z = zy.Zygote(setup, _NoReaper(), source=(FAKE_HEAD + body).encode())  # type: ignore[arg-type]
+        z = zy.Zygote(setup, NoReaper(), source=(FAKE_ZYGOTE_HEAD + body).encode())  # type: ignore[arg-type]
         z.spawn()
         try:
             async with asyncio.timeout(30):
@@ -162,11 +142,6 @@ def with_zygote(tmp_path: Path, body: str, test: Callable[[zy.Zygote], Awaitable
             await z.close()
 
     asyncio.run(run())
-
-
-async def until(what: Callable[[], Any]) -> None:
-    while not what():
-        await asyncio.sleep(0.01)
 
 
 def test_a_pid_that_is_not_the_zygotes_child_is_never_adopted(tmp_path: Path) -> None:
@@ -264,7 +239,7 @@ def test_the_real_program_refuses_to_serve_with_a_second_thread(tmp_path: Path) 
                            preload=("threadstarter",), torch=False)  # fmt: skip
 
     async def run() -> None:
-        z = zy.Zygote(setup, _NoReaper())  # type: ignore[arg-type]
+        z = zy.Zygote(setup, NoReaper())  # type: ignore[arg-type]
         z.spawn()
         try:
             assert not await z.ready()

@@ -1,0 +1,120 @@
+"""One job's workers on this node, attempt after attempt (``elasticd.agent.seams.Launcher``), and
+the job's zygote: adopted from the node's pool or started when the job is admitted, offered back
+to the pool when the agent leaves (``elasticd.workers.zygote_pool``)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from elasticd import log
+from elasticd.jobs.env import zygote_env
+from elasticd.jobs.identity import switch_to
+from elasticd.jobs.launch import NodeRuntime, ProcessWorkers, layout_for, start_group
+from elasticd.jobs.pathcheck import check_paths
+from elasticd.jobs.spec import EntryKind, JobSpec
+from elasticd.rendezvous.model import Member, RoundResult
+from elasticd.workers.limits import ResourceLimits
+from elasticd.workers.zygote import Zygote, ZygoteSetup
+
+_log = log.get("elasticd.launch")
+
+
+def zygote_setup(rt: NodeRuntime, spec: JobSpec) -> ZygoteSetup | str:
+    """What the job's zygote is started with, or why the job has none here."""
+    if not spec.warm:
+        return "off (--no-warm)"
+    if spec.entry_kind is EntryKind.EXEC:
+        return "not a python entry point (--no-python)"
+    if not ResourceLimits.from_spec(spec.memory_limit_bytes, spec.cpu_limit, spec.nofile).empty:
+        return "resource limits are applied to each worker as root before it starts"
+    return ZygoteSetup(
+        job_id=spec.id,
+        python=spec.python,
+        kind="module" if spec.entry_kind is EntryKind.MODULE else "script",
+        entry=spec.entry,
+        cwd=spec.cwd,
+        env=zygote_env(spec.env, spec.id, rt.node_id),
+        identity=switch_to(spec),
+        preload=spec.preload,
+        uid=spec.uid,
+    )
+
+
+class ProcessLauncher:
+    """Starts worker process trees as the submitter (``elasticd.agent.seams.Launcher``), one job's on
+    this node: forked from the job's zygote while there is one (``prepare`` adopts a parked one or
+    starts it, ``close`` offers it back to the pool or stops it), cold otherwise."""
+
+    def __init__(self, rt: NodeRuntime) -> None:
+        self._rt = rt
+        self._zygote: asyncio.Task[Zygote] | None = None
+        self._job = ""
+
+    def prepare(self, spec: JobSpec) -> None:
+        """The job was admitted here: get its zygote now, so its imports overlap the rendezvous."""
+        if self._zygote is not None:
+            return
+        self._job = spec.id
+        setup = zygote_setup(self._rt, spec)
+        if isinstance(setup, str):
+            _log.info("zygote.none", job=spec.id, reason=setup)
+            return
+        self._zygote = asyncio.ensure_future(self._obtain(setup))
+
+    async def _obtain(self, setup: ZygoteSetup) -> Zygote:
+        """A parked zygote identical to the one ``setup`` starts, or a new one (spawned on the event
+        loop's thread: its parent-death signal is tied to that thread)."""
+        tracking = self._rt.tracking.job(setup.job_id)
+        try:
+            adopted = await self._rt.zygotes.take(setup, tracking)
+        except Exception as exc:  # a bug of the pool's must not cost the job its zygote
+            _log.exception("zygote.take_failed", job=setup.job_id, error=str(exc))
+            adopted = None
+        if adopted is not None:
+            return adopted
+        try:
+            procs_fd = tracking.join_zygote()
+        except OSError as exc:
+            _log.error("tracking.join_failed", job=setup.job_id, rank="zygote", error=str(exc))
+            procs_fd = None
+        zygote = Zygote(setup, self._rt.reaper, procs_fd)
+        zygote.spawn()
+        return zygote
+
+    async def start(
+        self, spec: JobSpec, result: RoundResult, member: Member, restarts: int, slots: tuple[int, ...]
+    ) -> ProcessWorkers:
+        problem = await asyncio.to_thread(check_paths, spec)  # as the submitter, as exec will see them
+        if problem is not None:
+            raise problem.to_setup_failure(self._rt.node_id)
+        zygote = await self._zygote if self._zygote is not None else None
+        if zygote is not None and not await zygote.ready():
+            _log.info(
+                "zygote.cold", job=spec.id, round=result.round, state=zygote.state.value, why=zygote.reason
+            )
+            zygote = None
+        group, watch = await start_group(
+            self._rt,
+            spec,
+            layout_for(result, member),
+            attempt=result.round,
+            restart_count=restarts,
+            slots=slots,
+            fence=len(result.nodes) > 1,  # a one-member round has no peers to fence it from
+            zygote=zygote,
+        )
+        return ProcessWorkers(group, self._rt, result.round, watch)
+
+    async def close(self) -> None:
+        """The job ended on this node, or this node left it: its workers are stopped. Its zygote
+        goes to the node's pool if it takes it (moved out of the job's cgroup first), else stops."""
+        task, self._zygote = self._zygote, None
+        if task is None:
+            return
+        try:
+            zygote = await task
+            if not self._rt.zygotes.offer(zygote):
+                await zygote.close()
+            await asyncio.to_thread(self._rt.tracking.job(self._job).drop_zygote)
+        except Exception as exc:  # the agent is leaving: say so, never stop it from leaving
+            _log.error("zygote.close_failed", job=self._job, error=str(exc))

@@ -1,0 +1,39 @@
+"""A group's workers forked from a zygote (``elasticd.workers.group.Spawner``), cold when it cannot."""
+
+from __future__ import annotations
+
+import asyncio
+
+from elasticd import log
+from elasticd.workers.group import Launch, Spawner
+from elasticd.workers.zygote import Zygote, ZygoteError, ZygoteState
+
+_log = log.get("elasticd.zygote")
+
+
+class WarmSpawner:
+    """Workers forked from the job's zygote while it is usable; cold otherwise, and for any fork it
+    does not carry out (``elasticd.workers.group.Spawner``)."""
+
+    def __init__(self, zygote: Zygote, cold: Spawner) -> None:
+        self._zygote = zygote
+        self._cold = cold
+
+    @property
+    def mode(self) -> str:
+        return "warm" if self._zygote.usable else "cold"
+
+    async def spawn(self, launch: Launch, procs_fd: int | None) -> tuple[int, asyncio.Future[int]]:
+        if self._zygote.usable:
+            try:
+                return await self._zygote.fork(launch, procs_fd)
+            except ZygoteError as exc:
+                _log.warning("zygote.fork_failed", job=self._zygote.job, rank=launch.rank, error=str(exc))
+        return await self._cold.spawn(launch, procs_fd)
+
+    def spared(self) -> frozenset[int]:
+        z = self._zygote
+        return frozenset({z.pid}) if z.pid is not None and z.state is ZygoteState.READY else frozenset()
+
+    def markers(self) -> frozenset[str]:
+        return frozenset({self._zygote.marker})
