@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from elasticd.errors import ConfigError, EtcdUnavailable
+from elasticd.etcd.kv import prefix_end
 from elasticd.etcd.types import Compare, EtcdAuth, Found, KeyValue, Put, Query
 
 if "google.protobuf" in sys.modules:
@@ -311,7 +312,12 @@ class EtcdClient:
     def watch_prefix(
         self, prefix: str, on_change: Callable[[str, bool], None], on_broken: Callable[[], None]
     ) -> Callable[[], None]:
-        """From a grpc thread, call ``on_change(key, deleted)`` for each change under ``prefix``.
+        return self.watch_range(prefix, prefix_end(prefix), on_change, on_broken)
+
+    def watch_range(
+        self, start: str, end: str, on_change: Callable[[str, bool], None], on_broken: Callable[[], None]
+    ) -> Callable[[], None]:
+        """From a grpc thread, call ``on_change(key, deleted)`` for each change in [start, end).
 
         etcd3 reports a broken stream once and then forgets the watch: ``on_broken`` is called
         and the caller re-arms. Returns a function that cancels the watch.
@@ -327,7 +333,7 @@ class EtcdClient:
 
         def op(c: Any) -> Any:
             holder["client"] = c
-            return c.add_watch_prefix_callback(prefix, callback)
+            return c.add_watch_callback(start, callback, range_end=end)
 
         watch_id = self.call(op)
 

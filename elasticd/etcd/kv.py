@@ -16,6 +16,15 @@ from typing import Any, Protocol
 from elasticd.etcd.types import Compare, Found, KeyValue, Put, Query
 
 
+def prefix_end(prefix: str) -> str:
+    """The exclusive end of the range of keys that start with ``prefix`` (its last character
+    plus one: code-point order is UTF-8 byte order, etcd's key order); "\\0", etcd's "to the
+    end of the key space", for the empty prefix."""
+    if not prefix:
+        return "\0"
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
+
+
 class KV(Protocol):
     def get(self, key: str) -> KeyValue | None:
         """The key, or None if it does not exist."""
@@ -43,11 +52,19 @@ class KV(Protocol):
 
     def delete_prefix(self, prefix: str) -> None: ...
 
+    def watch_range(
+        self, start: str, end: str, on_change: Callable[[str, bool], None], on_broken: Callable[[], None]
+    ) -> Callable[[], None]:
+        """Call ``on_change(key, deleted)`` for each later change of a key in [start, end) (from
+        another thread), in revision order; ``on_broken`` once if the watch breaks (it then gets
+        nothing more: the caller watches again, and reads what it may have missed). Returns a
+        function that cancels it."""
+        ...
+
     def watch_prefix(
         self, prefix: str, on_change: Callable[[str, bool], None], on_broken: Callable[[], None]
     ) -> Callable[[], None]:
-        """Call ``on_change(key, deleted)`` for each later change under ``prefix`` (from another
-        thread); ``on_broken`` once if the watch breaks. Returns a function that cancels it."""
+        """``watch_range`` over every key under ``prefix``: [prefix, prefix_end(prefix))."""
         ...
 
     def grant_lease(self, ttl_s: float) -> int: ...

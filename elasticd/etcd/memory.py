@@ -26,6 +26,7 @@ from typing import Any
 
 from elasticd import log
 from elasticd.errors import EtcdUnavailable
+from elasticd.etcd.kv import prefix_end
 from elasticd.etcd.types import Compare, Found, KeyValue, Put, Query
 
 _log = log.get("elasticd.etcd.memory")
@@ -42,13 +43,22 @@ class _Lease:
 
 @dataclass(eq=False)
 class _Watch:
-    prefix: str
+    start: str
+    end: str  # exclusive; "\0": to the end of the key space
     on_change: Callable[[str, bool], None]
     on_broken: Callable[[], None]
     active: bool = True
 
+    def covers(self, key: str) -> bool:
+        return _in_range(key, self.start, self.end)
+
 
 _Event = tuple[_Watch, str | None, bool]  # key None: the watch broke
+
+
+def _in_range(key: str, start: str, end: str) -> bool:
+    """``key`` in [start, end); code-point order is UTF-8 byte order, etcd's key order."""
+    return start <= key and (end == "\0" or key < end)
 
 
 def _encode(value: Any) -> bytes:
@@ -143,7 +153,12 @@ class MemoryKV:
     def watch_prefix(
         self, prefix: str, on_change: Callable[[str, bool], None], on_broken: Callable[[], None]
     ) -> Callable[[], None]:
-        watch = _Watch(prefix, on_change, on_broken)
+        return self.watch_range(prefix, prefix_end(prefix), on_change, on_broken)
+
+    def watch_range(
+        self, start: str, end: str, on_change: Callable[[str, bool], None], on_broken: Callable[[], None]
+    ) -> Callable[[], None]:
+        watch = _Watch(start, end, on_change, on_broken)
         with self._op():
             self._watches.append(watch)
 
@@ -198,8 +213,8 @@ class MemoryKV:
     def _read(self, q: Query) -> Found:
         if q.prefix:
             kvs = [kv for k, kv in self._kvs.items() if k.startswith(q.key)]
-        elif q.end is not None:  # code-point order is UTF-8 byte order, etcd's key order
-            kvs = [kv for k, kv in self._kvs.items() if q.key <= k and (q.end == "\0" or k < q.end)]
+        elif q.end is not None:
+            kvs = [kv for k, kv in self._kvs.items() if _in_range(k, q.key, q.end)]
         else:
             kvs = [self._kvs[q.key]] if q.key in self._kvs else []
         if q.count_only:  # no keys, as Query says (EtcdClient, through etcd3 0.12, returns them)
@@ -246,7 +261,7 @@ class MemoryKV:
         self._revision += 1
 
     def _notify(self, key: str, deleted: bool) -> None:
-        self._pending.extend((w, key, deleted) for w in self._watches if key.startswith(w.prefix))
+        self._pending.extend((w, key, deleted) for w in self._watches if w.covers(key))
 
     # -- watch delivery (without the lock) ---------------------------------------------------
     def _flush(self) -> None:
@@ -264,7 +279,7 @@ class MemoryKV:
                 else:
                     watch.on_change(key, deleted)
             except Exception:  # as etcd3 does: logged, and the writer and later events carry on
-                _log.exception("watch.callback_failed", prefix=watch.prefix, key=key)
+                _log.exception("watch.callback_failed", start=watch.start, end=watch.end, key=key)
 
     def _next_event(self) -> _Event | None:
         with self._lock:

@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from elasticd.errors import ElasticdError, EtcdUnavailable
-from elasticd.etcd.kv import KV
+from elasticd.etcd.kv import KV, prefix_end
 from elasticd.etcd.memory import MemoryKV
 from elasticd.etcd.types import Compare, Found, KeyValue, Put, Query
 from tests.support import wait_for
@@ -321,6 +321,71 @@ def test_a_failing_callback_neither_fails_the_writer_nor_ends_the_watch(kv: KV, 
         assert events.wait(f"{w}second", False) == [(f"{w}first", False), (f"{w}second", False)]
     finally:
         cancel()
+
+
+@CLOSED_WATCH
+def test_watch_range_sees_exactly_the_keys_from_start_to_before_end(kv: KV, base: str) -> None:
+    start, end = f"{base}/r/b", f"{base}/r/d"
+    events = Events()
+    cancel = kv.watch_range(start, end, events.on_change, events.on_broken)
+    try:
+        lease = kv.grant_lease(30)
+        for key in ("r/a", "r/az", "r/b", "r/b/x", "r/c", "r/cz", "r/d", "r/d/x", "r/e", "s"):
+            kv.put_json(f"{base}/{key}", key)
+        kv.txn([], [Put(f"{base}/r/bb", 1, lease), Put(f"{base}/r/e2", 2, lease)], [f"{base}/r/c"])
+        kv.delete(f"{base}/r/d")
+        kv.revoke_lease(lease)
+        kv.put_json(f"{base}/r/c~", "last")
+        seen = events.wait(f"{base}/r/c~", False)
+    finally:
+        cancel()
+    inside = [f"{base}/r/{k}" for k in ("b", "b/x", "c", "cz")]
+    assert seen == [
+        *((key, False) for key in inside),
+        (f"{base}/r/bb", False),
+        (f"{base}/r/c", True),
+        (f"{base}/r/bb", True),  # its lease was revoked (r/e2 too, outside)
+        (f"{base}/r/c~", False),
+    ]
+    assert events.broken == 0
+
+
+@CLOSED_WATCH
+def test_two_ranges_watch_a_prefix_but_a_subtree_and_watch_prefix_is_the_whole_range(
+    kv: KV, base: str
+) -> None:
+    """What a daemon watches (``Keys.watched``): all but one subtree, each key once."""
+    skip = f"{base}/p/s/"
+    ranges, whole = Events(), Events()
+    cancels = [
+        kv.watch_range(f"{base}/p/", skip, ranges.on_change, ranges.on_broken),
+        kv.watch_range(prefix_end(skip), prefix_end(f"{base}/p/"), ranges.on_change, ranges.on_broken),
+        kv.watch_prefix(f"{base}/p/", whole.on_change, whole.on_broken),
+    ]
+    try:
+        keys = [f"{base}/p/{k}" for k in ("a", "r", "s", "s/1", "s/2/x", "s0", "t", "z/1")]
+        for key in keys:
+            kv.put_json(key, 0)
+        kv.put_json(f"{base}/p0", 0)  # outside the prefix, just past its end
+        kv.put_json(f"{base}/p/~end", 0)
+        whole.wait(f"{base}/p/~end", False)
+        seen = ranges.wait(f"{base}/p/~end", False)
+    finally:
+        for cancel in cancels:
+            cancel()
+    assert sorted(k for k, _ in seen) == sorted(
+        [k for k in keys if not k.startswith(skip)] + [f"{base}/p/~end"]
+    )
+    assert [k for k, _ in whole.seen()] == [*keys, f"{base}/p/~end"]
+
+
+def test_prefix_end_bounds_a_prefix_as_etcd_does(kv: KV, base: str) -> None:
+    for key in ("q/", "q/a", "q/\u00e9", "q/\u00ff/x", "q0", "q.", "qa"):
+        kv.put_json(f"{base}/{key}", 0)
+    for prefix in (f"{base}/q/", f"{base}/q/\u00ff"):
+        (ranged,) = kv.read_many([Query(prefix, end=prefix_end(prefix))])
+        assert ranged.kvs == kv.get_prefix(prefix) != []
+    assert prefix_end("/a/") == "/a0" and prefix_end("") == "\0"
 
 
 # -- the memory KV alone: exact revisions, time, outages ---------------------------------------
