@@ -121,14 +121,14 @@ class KVJobStore:
         queries = [
             Query(k.job_round(j)),
             Query(k.job_final(j)),
-            Query(k.result(j, round_no)),
+            Query(k.result(j, round_no), count_only=True),  # whether it closed: O(N) bytes if read
             Query(k.joins(j, round_no), prefix=True, oldest_only=True),
             Query(k.join(j, round_no, node)),
         ]
         round_kv, final, result, oldest, mine = await self._run(lambda: self._kv.read_many(queries))
         first = round_kv.kvs[0] if round_kv.kvs else None
         lead = oldest.kvs[0] if oldest.kvs else None
-        return Glance.parse(first, bool(final.kvs), bool(result.kvs), lead, bool(mine.kvs))
+        return Glance.parse(first, bool(final.kvs), result.count > 0, lead, bool(mine.kvs))
 
     async def join_of(self, round_no: int, node: str) -> Join | None:
         kv = await self._run(lambda: self._kv.get(self._keys.join(self.job_id, round_no, node)))
