@@ -34,6 +34,7 @@ import contextlib
 import json
 import logging
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -45,6 +46,8 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from elasticd.agent.executor import LEADER_BATCH_S, POLL_S
 from elasticd.agent.record import AgentRecord
@@ -75,9 +78,17 @@ class Outcome:
     leader_requests: float = 0.0  # the leader reads the joins again per batch of joins it is woken for
     last_join: float | None = None  # start signal -> the last join put returned
     after_last_join: float | None = None  # the last join -> every participant holds the result
-    closed: float | None = None  # the last join -> the leader's close returned
+    closed: float | None = None  # the last join -> the leader sends its close
     events: int = 0  # watch events the participants received (the leader's join watch included)
     join_events: int = 0  # ... of which joins
+    # Where the time after the close goes: the leader's close -> each participant's watch
+    # delivered the result, and that -> it had read the job (median, max); CPU seconds of etcd
+    # and of the participants' processes (the harness) over the whole run.
+    result_event: tuple[float, float] | None = None
+    result_read: tuple[float, float] | None = None
+    result_read_cpu: tuple[float, float] | None = None  # that last step's CPU time, in its thread
+    etcd_cpu_s: float = 0.0
+    harness_cpu_s: float = 0.0
 
 
 class CountingClient(EtcdClient):
@@ -163,6 +174,8 @@ class Node:
         self.joined_at: float | None = None
         self.done_at: float | None = None
         self.closed_at: float | None = None
+        self.result_at: float | None = None  # when the watch delivered the result
+        self.last_step_cpu_s = 0.0  # the CPU time of the step that read the result
         self.error = ""
         self.events = 0
         self.join_events = 0
@@ -185,6 +198,8 @@ class Node:
         if change is None or change.kind in QUIET_KINDS:
             return
         self.join_events += change.kind is KeyKind.JOIN
+        if change.kind is KeyKind.RESULT and self.result_at is None:
+            self.result_at = time.time()
         if change.job is None or self.rec.woken_by(change):
             self.wake.set()
 
@@ -213,6 +228,12 @@ class Node:
             self._unwatch_joins = None
 
     def step(self, state: dict[str, Any]) -> bool:
+        started = time.thread_time()
+        done = self._step(state)
+        self.last_step_cpu_s = time.thread_time() - started
+        return done
+
+    def _step(self, state: dict[str, Any]) -> bool:
         store, spec = self.store, self.spec
         if self.joined_at is None:
             run_inline(store.join(0, Join(self.me, "127.0.0.1", 29500, 1), self.lease))
@@ -261,8 +282,8 @@ class Node:
             )
             if decision.verdict is rdzv.Close.NOW:
                 ordered = rdzv.order_members(joins, None, spec.nnodes.max)
-                run_inline(store.close(rdzv.build_result(0, ordered, time.time())))
-                self.closed_at = time.time()
+                self.closed_at = time.time()  # (the close is sent now; it is written before it returns)
+                run_inline(store.close(rdzv.build_result(0, ordered, self.closed_at)))
                 self.follow_joins(False)
                 return False
             time.sleep(LEADER_BATCH_S)
@@ -275,6 +296,8 @@ class Node:
             "joined_at": self.joined_at,
             "done_at": self.done_at,
             "closed_at": self.closed_at,
+            "result_at": self.result_at,
+            "last_step_cpu_s": self.last_step_cpu_s,
             "requests": self.client.requests - self.setup_requests,
             "leader": self.leading,
             "events": self.events,
@@ -348,9 +371,25 @@ def run_elasticd(endpoint: str, n: int, procs: int, timeout_s: float, watch: str
         outcome.last_join = last_join - t0
         leader = max((r["closed_at"] for r in reports if r["closed_at"] is not None), default=None)
         outcome.closed = leader - last_join if leader is not None else None
+        told = [r for r in reports if r["result_at"] is not None]
+        if leader is not None and told:
+            outcome.result_event = _median_max([r["result_at"] - leader for r in told])
+            outcome.result_read = _median_max([r["done_at"] - r["result_at"] for r in told])
+            outcome.result_read_cpu = _median_max([r["last_step_cpu_s"] for r in told])
     outcome.note = f"{len(errors)} errors, first: {errors[0]}" if errors else f"+1 watch stream per {watch}"
     outcome.note += "" if publish else ", no status publish"
     return outcome
+
+
+def _median_max(values: list[float]) -> tuple[float, float]:
+    return statistics.median(values), max(values)
+
+
+def _cpu_s(pid: int | None) -> float:
+    if pid is None:
+        return 0.0
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
 
 
 def run_torch(n: int, timeout_s: float) -> Outcome:
@@ -440,8 +479,14 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for n in sizes:
                 procs = args.procs or max(1, -(-n // 128))
+                etcd_cpu, children = _cpu_s(etcd.pid), resource.getrusage(resource.RUSAGE_CHILDREN)
                 outcomes.append(
                     run_elasticd(etcd.endpoint, n, min(procs, n), args.timeout, args.watch, args.publish)
+                )
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                outcomes[-1].etcd_cpu_s = _cpu_s(etcd.pid) - etcd_cpu
+                outcomes[-1].harness_cpu_s = (after.ru_utime + after.ru_stime) - (
+                    children.ru_utime + children.ru_stime
                 )
                 print(outcomes[-1], flush=True)
                 if args.torch and n <= 256:
@@ -473,6 +518,14 @@ def report(outcomes: list[Outcome]) -> None:
             f" {_s(o.closed):>8} {total:>10} {o.requests_per_participant:>20.1f} {o.requests_max:>5.0f}"
             f" {o.leader_requests:>6.0f} {o.events:>8} {o.join_events:>8}  {o.note}"
         )
+    for o in outcomes:
+        if o.result_event is not None and o.result_read is not None and o.result_read_cpu is not None:
+            print(
+                f"{o.n:>6}  after the close: result event {o.result_event[0]:.3f}/{o.result_event[1]:.3f} s,"
+                f" then read {o.result_read[0]:.3f}/{o.result_read[1]:.3f} s (median/max; CPU"
+                f" {o.result_read_cpu[0] * 1000:.0f}/{o.result_read_cpu[1] * 1000:.0f} ms);"
+                f" CPU of the run: etcd {o.etcd_cpu_s:.1f} s, participants {o.harness_cpu_s:.1f} s"
+            )
     mine = [o for o in outcomes if o.side == "elasticd" and o.seconds is not None]
     if len(mine) > 1:
         flat = max(o.requests_max for o in mine) <= min(o.requests_max for o in mine) + 2
