@@ -226,20 +226,12 @@ class _Step:
         self._do(WatchPeers(snap.current, peers))
 
     def _follow_joins(self, snap: JobSnapshot) -> None:
-        """While we lead a round that is still open, follow its joins as they arrive: no other
-        watch carries them (only the leader needs them), so the round costs each node O(1). A
-        node that becomes the oldest join (the leader left or died: the main watch says so)
-        starts here, from the snapshot it just read, and reads again once the watch exists;
-        the watch goes when the round closes, we leave, or the job ends. A watch that broke or
-        could not be opened is followed again at the next read (``Local.joins_followed``)."""
+        """While we lead a round that is still open, follow its joins (no other watch carries
+        them). A node that becomes the oldest join starts here, from the snapshot it just read;
+        a watch that broke or failed to open is asked for again (``Local.joins_followed``)."""
         rec, joins = self.rec, snap.current_joins
-        leads = (
-            snap.result is None
-            and not snap.ended
-            and rec.leave is None
-            and self.local.lease is not None
-            and rdzv.leader(joins) == rec.node
-        )
+        open_ = snap.result is None and not snap.ended and rec.leave is None
+        leads = open_ and self.local.lease is not None and rdzv.leader(joins) == rec.node
         want = snap.current if leads else None
         if want != self.local.joins_followed:
             self._do(WatchJoins(want))
