@@ -1,26 +1,30 @@
 """Rendezvous at scale: N participants against one etcd, spread over several processes.
 
 elasticd side: each participant is a *node*: its own etcd client (its own connections, as one
-daemon has), its own lease, its own watch on the job's prefix (as every daemon watches the whole
-prefix), and it runs the join path of ``elasticd.agent.step`` with the real ``JobStore`` (etcd
-I/O) and the real pure deciders (``leader``, ``decide_close``, ``order_members``,
-``build_result``): it puts its join key under its lease, glances at the round while someone else
-leads (woken by its watch only for what the agent wakes for: not other nodes' joins), and the
-leader closes the round when MAX have joined. The participants run as threads in ``--procs``
-separate processes (default: one per 128 participants), so that no single Python interpreter
-carries them all: the harness is not what is measured. The unary etcd requests of every
+daemon has), its own lease, and the watch a daemon has: the manager's ranges (``Keys.watched``:
+the whole prefix but the joins), routed by the real codec and filtered as the agent's ``wake``
+filters (``AgentRecord.woken_by``). It runs the join path of ``elasticd.agent.step`` with the
+real ``JobStore`` (etcd I/O) and the real pure deciders (``leader``, ``decide_close``,
+``order_members``, ``build_result``): it puts its join key under its lease and (as the agent's
+``Publish``; ``--no-publish`` leaves it out) its status, glances at the round while someone else
+leads, and the leader, which alone watches the round's joins (``JobStore.watch_joins``, opened
+when it finds it leads, then a read of what came before), closes the round when MAX have joined.
+The participants run as threads in ``--procs`` separate processes (default: one per 128
+participants), so that no single Python interpreter carries them all: the harness is not what
+is measured. The unary etcd requests of every
 participant are counted in its own client (the watch is one stream per node, counted apart).
 
 Reported per N: the time from the *last join* (the last participant's join put returned) to the
 moment *every* participant holds the round's result; the time from the start signal; unary
-requests per participant (median and max); and whether that stays O(1) (the max does not grow
-with N).
+requests per participant (median and max); whether that stays O(1) (the max does not grow
+with N); and the watch events the participants received (all of them, and joins among them).
 
 torch side (``--torch``, off by default at N > 256 where it does not finish): the
 ``DynamicRendezvousHandler`` over ``C10dRendezvousBackend`` on one ``TCPStore``, one handler per
 participant, threads of one process; ``get_state``/``set_state`` calls count as its requests.
 
-    .venv/bin/python bench/bench_rdzv_scale.py [--sizes 64,256,1024] [--procs P] [--json PATH]
+    .venv/bin/python bench/bench_rdzv_scale.py [--sizes 64,256,1024] [--procs P] [--no-publish]
+        [--json PATH]
 """
 
 from __future__ import annotations
@@ -30,23 +34,29 @@ import contextlib
 import json
 import logging
 import os
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from elasticd.agent.executor import LEADER_BATCH_S, POLL_S
+from elasticd.agent.record import AgentRecord
 from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.client import EtcdClient
 from elasticd.etcd.embedded import EmbeddedEtcd
-from elasticd.etcd.keys import Keys
+from elasticd.etcd.keys import KeyKind, Keys
 from elasticd.jobs.spec import EntryKind, JobSpec, NodeRange
+from elasticd.manager.jobs import QUIET_KINDS
 from elasticd.netaddr import free_port
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.model import Join
@@ -68,6 +78,17 @@ class Outcome:
     leader_requests: float = 0.0  # the leader reads the joins again per batch of joins it is woken for
     last_join: float | None = None  # start signal -> the last join put returned
     after_last_join: float | None = None  # the last join -> every participant holds the result
+    closed: float | None = None  # the last join -> the leader sends its close
+    events: int = 0  # watch events the participants received (the leader's join watch included)
+    join_events: int = 0  # ... of which joins
+    # Where the time after the close goes: the leader's close -> each participant's watch
+    # delivered the result, and that -> it had read the job (median, max); CPU seconds of etcd
+    # and of the participants' processes (the harness) over the whole run.
+    result_event: tuple[float, float] | None = None
+    result_read: tuple[float, float] | None = None
+    result_read_cpu: tuple[float, float] | None = None  # that last step's CPU time, in its thread
+    etcd_cpu_s: float = 0.0
+    harness_cpu_s: float = 0.0
 
 
 class CountingClient(EtcdClient):
@@ -104,28 +125,28 @@ def spec_for(n: int, job_id: str) -> JobSpec:
 
 
 def _participant_proc(argv: list[str]) -> int:
-    """One process of participants: ``_node ENDPOINT PREFIX JOB N FIRST COUNT TIMEOUT WATCH``.
+    """One process of participants: ``_node ENDPOINT PREFIX JOB N FIRST COUNT TIMEOUT WATCH PUBLISH``.
 
     Prints ``ready`` once every participant has its client, lease and watch, starts on a line on
     stdin, and prints one JSON line: per participant its join time, done time (``time.time()``,
-    one clock for every process of the host), requests, and error if any.
+    one clock for every process of the host), requests, watch events, and error if any.
     """
-    endpoint, prefix, job_id, n_s, first_s, count_s, timeout_s, watch = argv
+    endpoint, prefix, job_id, n_s, first_s, count_s, timeout_s, watch, publish = argv
     n, first, count, timeout = int(n_s), int(first_s), int(count_s), float(timeout_s)
     keys = Keys(prefix)
     spec = spec_for(n, job_id)
-    join_prefix = f"{keys.job(job_id)}rdzv/0/join/"
     nodes = [
-        Node(i, endpoint, keys, job_id, join_prefix, watch == "node") for i in range(first, first + count)
+        Node(i, endpoint, keys, spec, watch == "node", publish == "1") for i in range(first, first + count)
     ]
     if watch == "process":  # one stream for the process, fanned out to its nodes' wake-ups
         shared = EtcdClient([endpoint], timeout_s=60)
-        shared.watch_prefix(
-            keys.job(job_id), lambda k, d: [node.on_change(k, d) for node in nodes], lambda: None
-        )
+        for start, end in keys.watched():
+            shared.watch_range(
+                start, end, lambda k, d: [node.on_change(k, d) for node in nodes], lambda: None
+            )
     print("ready", flush=True)
     sys.stdin.readline()
-    threads = [threading.Thread(target=node.run, args=(spec, timeout), daemon=True) for node in nodes]
+    threads = [threading.Thread(target=node.run, args=(timeout,), daemon=True) for node in nodes]
     for t in threads:
         t.start()
     deadline = time.monotonic() + timeout + 5
@@ -140,47 +161,93 @@ def _participant_proc(argv: list[str]) -> int:
 class Node:
     """One participant: a daemon's etcd client, lease and watch, and its agent's join path."""
 
-    def __init__(self, i: int, endpoint: str, keys: Keys, job_id: str, join_prefix: str, watch: bool) -> None:
+    def __init__(self, i: int, endpoint: str, keys: Keys, spec: JobSpec, watch: bool, publish: bool) -> None:
         self.me = f"node-{i:05d}"
+        self.spec = spec
+        self.keys = keys
+        self.publish = publish
         self.client = CountingClient([endpoint], timeout_s=60)
-        self.store = InlineJobStore(self.client, keys, job_id)
+        self.store = InlineJobStore(self.client, keys, spec.id)
         self.lease = self.client.grant_lease(300)
         self.wake = threading.Event()
-        self.leading = False
+        self.rec = AgentRecord(spec, self.me)  # for the agent's wake-up filter (``woken_by``)
         self.joined_at: float | None = None
         self.done_at: float | None = None
+        self.closed_at: float | None = None
+        self.result_at: float | None = None  # when the watch delivered the result
+        self.last_step_cpu_s = 0.0  # the CPU time of the step that read the result
         self.error = ""
-
-        self._join_prefix = join_prefix
-        self._cancel = (
-            self.client.watch_prefix(keys.job(job_id), self.on_change, lambda: None)
+        self.events = 0
+        self.join_events = 0
+        self._cancels = (
+            [self.client.watch_range(a, b, self.on_change, lambda: None) for a, b in keys.watched()]
             if watch
-            else lambda: None
+            else []
         )
+        self._unwatch_joins: Callable[[], None] | None = None
         self.setup_requests = self.client.requests
 
-    def on_change(self, key: str, deleted: bool) -> None:  # the agent's wake(): not others' joins
-        if not key.startswith(self._join_prefix) or self.leading:
+    @property
+    def leading(self) -> bool:
+        return self.rec.leading
+
+    def on_change(self, key: str, deleted: bool) -> None:
+        """The manager's watch, routed as ``JobManager.wake`` and ``JobAgent.wake`` do."""
+        self.events += 1
+        change = self.keys.route(key, deleted)
+        if change is None or change.kind in QUIET_KINDS:
+            return
+        self.join_events += change.kind is KeyKind.JOIN
+        if change.kind is KeyKind.RESULT and self.result_at is None:
+            self.result_at = time.time()
+        if change.job is None or self.rec.woken_by(change):
             self.wake.set()
 
-    def run(self, spec: JobSpec, timeout_s: float) -> None:
+    def run(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         state: dict[str, Any] = {"seen": (), "last_join_at": time.time()}
         try:
             while time.monotonic() < deadline:
                 try:  # as the agent's executor: an etcd error means "try again in a moment"
-                    if self.step(spec, state):
+                    if self.step(state):
                         return
                 except EtcdUnavailable:
                     time.sleep(1.0)
         except Exception as exc:  # reported, not hidden: a participant that fails does not finish
             self.error = f"{type(exc).__name__}: {exc}"[:200]
+        finally:
+            self.follow_joins(False)
 
-    def step(self, spec: JobSpec, state: dict[str, Any]) -> bool:
-        store = self.store
+    def follow_joins(self, leading: bool) -> None:
+        """``JoinWatch.follow``: the leader alone watches its round's joins."""
+        if leading and self._unwatch_joins is None:
+            self._unwatch_joins = run_inline(self.store.watch_joins(0, self.on_change, lambda: None))
+            self.wake.set()  # read what came before the watch existed
+        elif not leading and self._unwatch_joins is not None:
+            self._unwatch_joins()
+            self._unwatch_joins = None
+
+    def step(self, state: dict[str, Any]) -> bool:
+        started = time.thread_time()
+        done = self._step(state)
+        self.last_step_cpu_s = time.thread_time() - started
+        return done
+
+    def _step(self, state: dict[str, Any]) -> bool:
+        store, spec = self.store, self.spec
         if self.joined_at is None:
             run_inline(store.join(0, Join(self.me, "127.0.0.1", 29500, 1), self.lease))
             self.joined_at = time.time()
+            self.rec = replace(self.rec, joined_round=0)
+            if self.publish:  # the agent's Publish: its status, JOINING, under its lease
+                status = {
+                    "state": "JOINING",
+                    "round": -1,
+                    "devices": "",
+                    "pids": [],
+                    "updated_at": time.time(),
+                }
+                run_inline(store.put_node_status(self.me, status, self.lease))
         self.wake.clear()
         if not self.leading:  # the agent's glance: one small read while someone else leads
             glance = run_inline(store.glance(0, self.me))
@@ -199,7 +266,8 @@ class Node:
         names = tuple(j.node for j in joins)
         if names != state["seen"]:
             state["seen"], state["last_join_at"] = names, time.time()
-        self.leading = rdzv.leader(joins) == self.me
+        self.rec = replace(self.rec, leading=rdzv.leader(joins) == self.me)
+        self.follow_joins(self.leading)
         if self.leading and snap.round is not None:
             decision = rdzv.decide_close(
                 snap.round,
@@ -214,7 +282,9 @@ class Node:
             )
             if decision.verdict is rdzv.Close.NOW:
                 ordered = rdzv.order_members(joins, None, spec.nnodes.max)
-                run_inline(store.close(rdzv.build_result(0, ordered, time.time())))
+                self.closed_at = time.time()  # (the close is sent now; it is written before it returns)
+                run_inline(store.close(rdzv.build_result(0, ordered, self.closed_at)))
+                self.follow_joins(False)
                 return False
             time.sleep(LEADER_BATCH_S)
         self.wake.wait(POLL_S)
@@ -225,19 +295,25 @@ class Node:
             "node": self.me,
             "joined_at": self.joined_at,
             "done_at": self.done_at,
+            "closed_at": self.closed_at,
+            "result_at": self.result_at,
+            "last_step_cpu_s": self.last_step_cpu_s,
             "requests": self.client.requests - self.setup_requests,
             "leader": self.leading,
+            "events": self.events,
+            "join_events": self.join_events,
             "error": self.error,
         }
 
     def close(self) -> None:
-        self._cancel()
+        for cancel in self._cancels:
+            cancel()
         with contextlib.suppress(Exception):
             self.client.revoke_lease(self.lease)
         self.client.close()
 
 
-def run_elasticd(endpoint: str, n: int, procs: int, timeout_s: float, watch: str) -> Outcome:
+def run_elasticd(endpoint: str, n: int, procs: int, timeout_s: float, watch: str, publish: bool) -> Outcome:
     prefix = f"/bench/{n}-{time.time_ns()}"
     job_id = f"scale-{n}"
     setup = EtcdClient([endpoint], timeout_s=30)
@@ -248,6 +324,7 @@ def run_elasticd(endpoint: str, n: int, procs: int, timeout_s: float, watch: str
     children = []
     for first in range(0, n, per):
         argv = [endpoint, prefix, job_id, str(n), str(first), str(min(per, n - first)), str(timeout_s), watch]
+        argv.append("1" if publish else "0")
         children.append(
             subprocess.Popen(
                 [sys.executable, __file__, "_node", *argv],
@@ -284,14 +361,35 @@ def run_elasticd(endpoint: str, n: int, procs: int, timeout_s: float, watch: str
     outcome = Outcome("elasticd", n, len(finished), None, statistics.median(requests), procs=len(children))
     outcome.requests_max = requests[-1]
     outcome.leader_requests = max((r["requests"] for r in reports if r["leader"]), default=0)
+    outcome.events = sum(r["events"] for r in reports)
+    outcome.join_events = sum(r["join_events"] for r in reports)
     if len(finished) == n:
         last_join = max(r["joined_at"] for r in reports)
         closed = max(r["done_at"] for r in reports)
         outcome.seconds = closed - t0
         outcome.after_last_join = closed - last_join
         outcome.last_join = last_join - t0
+        leader = max((r["closed_at"] for r in reports if r["closed_at"] is not None), default=None)
+        outcome.closed = leader - last_join if leader is not None else None
+        told = [r for r in reports if r["result_at"] is not None]
+        if leader is not None and told:
+            outcome.result_event = _median_max([r["result_at"] - leader for r in told])
+            outcome.result_read = _median_max([r["done_at"] - r["result_at"] for r in told])
+            outcome.result_read_cpu = _median_max([r["last_step_cpu_s"] for r in told])
     outcome.note = f"{len(errors)} errors, first: {errors[0]}" if errors else f"+1 watch stream per {watch}"
+    outcome.note += "" if publish else ", no status publish"
     return outcome
+
+
+def _median_max(values: list[float]) -> tuple[float, float]:
+    return statistics.median(values), max(values)
+
+
+def _cpu_s(pid: int | None) -> float:
+    if pid is None:
+        return 0.0
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
 
 
 def run_torch(n: int, timeout_s: float) -> Outcome:
@@ -365,6 +463,10 @@ def main(argv: list[str] | None = None) -> int:
         "--watch", choices=["node", "process"], default="node",
         help="node: every node its own watch stream, as daemons have (default); process: one per process",
     )  # fmt: skip
+    p.add_argument(
+        "--no-publish", dest="publish", action="store_false",
+        help="leave out the status a joining agent publishes (jobs/<job>/nodes/<node>, watched by all)",
+    )  # fmt: skip
     p.add_argument("--timeout", type=float, default=180.0, help="per side and size, seconds")
     p.add_argument("--torch", action="store_true", help="also run torch's c10d rendezvous (N <= 256)")
     p.add_argument("--json", type=Path)
@@ -377,7 +479,15 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for n in sizes:
                 procs = args.procs or max(1, -(-n // 128))
-                outcomes.append(run_elasticd(etcd.endpoint, n, min(procs, n), args.timeout, args.watch))
+                etcd_cpu, children = _cpu_s(etcd.pid), resource.getrusage(resource.RUSAGE_CHILDREN)
+                outcomes.append(
+                    run_elasticd(etcd.endpoint, n, min(procs, n), args.timeout, args.watch, args.publish)
+                )
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                outcomes[-1].etcd_cpu_s = _cpu_s(etcd.pid) - etcd_cpu
+                outcomes[-1].harness_cpu_s = (after.ru_utime + after.ru_stime) - (
+                    children.ru_utime + children.ru_stime
+                )
                 print(outcomes[-1], flush=True)
                 if args.torch and n <= 256:
                     outcomes.append(run_torch(n, args.timeout))
@@ -398,15 +508,24 @@ def report(outcomes: list[Outcome]) -> None:
     print()
     print(
         f"{'N':>6}  {'side':<11} {'procs':>5} {'last join (s)':>13} {'closed after last join (s)':>27}"
-        f" {'total (s)':>10} {'req/participant med':>20} {'max':>5} {'leader':>6}  note"
+        f" {'(leader)':>8} {'total (s)':>10} {'req/participant med':>20} {'max':>5} {'leader':>6}"
+        f" {'events':>8} {'join ev.':>8}  note"
     )
     for o in outcomes:
         total = _s(o.seconds) if o.seconds is not None else f"DNF ({o.finished}/{o.n})"
         print(
             f"{o.n:>6}  {o.side:<11} {o.procs:>5} {_s(o.last_join):>13} {_s(o.after_last_join):>27}"
-            f" {total:>10} {o.requests_per_participant:>20.1f} {o.requests_max:>5.0f}"
-            f" {o.leader_requests:>6.0f}  {o.note}"
+            f" {_s(o.closed):>8} {total:>10} {o.requests_per_participant:>20.1f} {o.requests_max:>5.0f}"
+            f" {o.leader_requests:>6.0f} {o.events:>8} {o.join_events:>8}  {o.note}"
         )
+    for o in outcomes:
+        if o.result_event is not None and o.result_read is not None and o.result_read_cpu is not None:
+            print(
+                f"{o.n:>6}  after the close: result event {o.result_event[0]:.3f}/{o.result_event[1]:.3f} s,"
+                f" then read {o.result_read[0]:.3f}/{o.result_read[1]:.3f} s (median/max; CPU"
+                f" {o.result_read_cpu[0] * 1000:.0f}/{o.result_read_cpu[1] * 1000:.0f} ms);"
+                f" CPU of the run: etcd {o.etcd_cpu_s:.1f} s, participants {o.harness_cpu_s:.1f} s"
+            )
     mine = [o for o in outcomes if o.side == "elasticd" and o.seconds is not None]
     if len(mine) > 1:
         flat = max(o.requests_max for o in mine) <= min(o.requests_max for o in mine) + 2

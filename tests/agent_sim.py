@@ -10,6 +10,11 @@ keep-alive and its loss (a fence), the reaper (it kills the workers of rounds wi
 members at the lease deadline), crash recovery, and the janitor (the real ``Janitor.sweep``, on
 the fake clock, with a grace for a round's only member longer than any partition).
 
+Wake-ups: with ``wakes``, a node's agent steps only when the daemon's executor would (see
+``tests.agent_sim_node``): woken by the manager's watch (which carries no joins), its own join
+watch while it leads, its workers, a fence or a leave, or at its deadline or the executor's poll.
+Without, every node steps on every tick (more interleavings, and no lost wake-up can show).
+
 Timing: a lease lives 2 s and its deadline is 1.6 s after a keep-alive; a tick moves time by at
 most 0.5 s and an outage lasts a few requests (a node makes one a tick while failing), so a node
 the next round expects is heard from, or past its deadline, before the round's expect grace
@@ -46,8 +51,9 @@ MAX_STEPS = 30  # steps a node may take in a tick before it must wait: more is a
 
 
 class Sim:
-    def __init__(self, spec: JobSpec, initial: int, pool: int = 5) -> None:
+    def __init__(self, spec: JobSpec, initial: int, pool: int = 5, wakes: bool = False) -> None:
         self.spec = spec
+        self.wakes = wakes
         self.now = T0  # the fake clock: the MemoryKV's, and every step's ``now``
         self.kv = MemoryKV(lambda: self.now)
         self.store = InlineJobStore(self.kv, KEYS, spec.id)
@@ -66,7 +72,10 @@ class Sim:
         self.nodes: list[Node] = []
         for i in range(pool):
             link = Link(self.kv, lambda: self.now)
-            self.nodes.append(Node(i, f"n{i}", link, InlineJobStore(link, KEYS, spec.id), note=self.note))
+            node = Node(i, f"n{i}", link, InlineJobStore(link, KEYS, spec.id), note=self.note)
+            for start, end in KEYS.watched():  # the manager's watch (the daemon's, once it runs)
+                self.kv.watch_range(start, end, node.on_change, lambda: None)
+            self.nodes.append(node)
         for node in self.nodes[:initial]:
             node.daemon = Daemon.UP
 
@@ -94,11 +103,13 @@ class Sim:
         node = self._up(i)
         if node is not None and node.group is not None and node.group.exit(returncode):
             self.spending += 1
+            node.wake()
             self.note(f"{node.name}'s workers failed")
 
     def succeed(self, i: int) -> None:
         node = self._up(i)
         if node is not None and node.group is not None and node.group.exit(0):
+            node.wake()
             self.note(f"{node.name}'s workers succeeded")
 
     def crash(self, i: int, revoke: bool = True) -> None:
@@ -110,6 +121,7 @@ class Sim:
         self.spending += int(node.agent is not None)
         if revoke and node.lease is not None:
             self.kv.revoke_lease(node.lease)
+        node.drop_join_watch()
         node.daemon, node.agent, node.group, node.lease = Daemon.DOWN, None, None, None
 
     def restart(self, i: int) -> None:
@@ -176,11 +188,16 @@ class Sim:
         for node in nodes:
             if node.daemon is Daemon.UP:
                 self._scan(node)
-        busy = [n for n in nodes if n.agent is not None]
+        if not self.wakes:
+            for node in nodes:
+                node.waiting = False
         for _ in range(MAX_STEPS):
-            busy = [n for n in busy if n.daemon is Daemon.UP and n.agent is not None and not self._step(n)]
+            busy = [n for n in nodes if n.agent is not None and n.runnable(self.now, self.wakes)]
             if not busy:
                 return
+            for node in busy:
+                if node.daemon is Daemon.UP and node.agent is not None:
+                    self._step(node)
         raise AssertionError(f"{[n.name for n in busy]} took {MAX_STEPS} steps without waiting")
 
     def run(self, ticks: int, dt: float = 0.25) -> None:
@@ -205,6 +222,7 @@ class Sim:
         now = self.now
         if node.group is not None and node.group.fenced and now >= node.deadline:
             node.group.exit(-9)  # the reaper's SIGKILL, before the lease expires on the server
+            node.wake()
         if node.lease is not None and now >= node.deadline:
             self._lost(node)
         try:
@@ -225,11 +243,13 @@ class Sim:
             self.spending += 1
             if node.agent.rec.fenceable:  # JobAgent.fence
                 node.agent.rec = replace(node.agent.rec, fenced=True)
+                node.wake()
 
     def _register(self, node: Node) -> None:
         lease = node.link.stream().grant_lease(TTL_S)
         node.link.stream().put_json(KEYS.node(node.name), {"node": node.name}, lease)
         node.lease, node.deadline = lease, self.now + TTL_S - MARGIN_S
+        node.wake()  # NodeRegistry.on_granted: JobManager.wake
 
     def _recover(self, node: Node) -> None:
         """``manager.recovery``: a restarted daemon reports the round its predecessor was in."""
@@ -259,11 +279,12 @@ class Sim:
             return
         if snap.spec is not None and not snap.ended and admit(snap, node.name, 8, 8, "CPU slots").join:
             node.agent = Agent(AgentRecord(self.spec, node.name, last_join_at=self.now))
-            node.ran_job = True
+            node.ran_job, node.waiting = True, False
 
     def _leave(self, node: Node, leave: Leave) -> None:
         if node.agent is not None and node.agent.rec.leave is None:  # JobAgent.leave
             node.agent.rec = replace(node.agent.rec, leave=leave)
+            node.wake()
 
     def _shut_down(self, node: Node) -> None:
         """``NodeRegistry.stop``: revoke the lease if etcd can be told (else it runs out)."""

@@ -1,24 +1,32 @@
 """One simulated node of ``tests.agent_sim``: its link to the shared store, its fake workers, and
 its agent, stepped by an executor that carries the actions out as ``elasticd.agent.executor``
 does: after a failure the rest of the list is dropped, and the next step gets it in ``Local``.
+
+Its wake-ups are the daemon's: the manager's watch (``Keys.watched``: every key but the joins,
+routed as ``JobManager.wake`` does, filtered by ``AgentRecord.woken_by``), the join watch that a
+``WatchJoins`` opens, worker exits, fences, leaves and new leases, a ``Wait``'s deadline and the
+executor's poll (``POLL_S``). The sim steps only the nodes these wake when it models them
+(``Sim(wakes=True)``); otherwise every node steps on every tick.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, assert_never
 
 from elasticd.agent import actions as act
+from elasticd.agent.executor import POLL_S
 from elasticd.agent.record import AgentRecord, AgentState, Group, Local, Observed, View
 from elasticd.agent.step import step
 from elasticd.errors import EtcdUnavailable
-from elasticd.etcd.keys import Keys
+from elasticd.etcd.keys import KeyKind, Keys
 from elasticd.etcd.memory import MemoryKV
 from elasticd.jobs.decider import GroupOutcome
 from elasticd.jobs.state import EndReason, SetupFailure, WorkerFailure
+from elasticd.manager.jobs import QUIET_KINDS
 from elasticd.rendezvous.model import Join, Member
 from elasticd.rendezvous.store import InlineJobStore, run_inline
 
@@ -131,6 +139,60 @@ class Node:
     broken_setup: bool = False  # starting workers raises SetupFailure
     unheard: bool = False  # its agent left while the store was unreachable
     note: Callable[[str], None] = lambda _text: None  # the sim's trace
+    # Wake-ups (see the module's docstring):
+    woken: bool = False  # something ``JobAgent.wake`` lets through happened since the last step
+    waiting: bool = False  # the last step's actions ended in a ``Wait`` (or an exit)
+    until: float | None = None  # ... and that Wait's deadline
+    stepped_at: float = 0.0
+    joins: tuple[int, Callable[[], None]] | None = None  # the join watch: its round, its cancel
+    join_events: list[str] = field(default_factory=list)  # joins its join watch told it of
+    main_joins: list[str] = field(default_factory=list)  # joins the manager's watch told it of: none
+
+    def wake(self) -> None:
+        self.woken = True
+
+    def runnable(self, now: float, wakes: bool) -> bool:
+        """Whether the executor would step now: mid-list, or (``wakes``) woken, due or polling."""
+        if not self.waiting:
+            return True
+        due = self.until is not None and now >= self.until
+        return wakes and (self.woken or due or now - self.stepped_at >= POLL_S)
+
+    def on_change(self, key: str, deleted: bool) -> None:
+        """The manager's watch (``JobManager.watch`` then ``wake``)."""
+        change = KEYS.route(key, deleted)
+        if change is None or change.kind in QUIET_KINDS:
+            return
+        if change.kind is KeyKind.JOIN:
+            self.main_joins.append(key)
+        if change.job is None or (self.agent is not None and self.agent.rec.woken_by(change)):
+            self.woken = True
+
+    def _on_join(self, key: str, deleted: bool) -> None:
+        """The join watch (``JoinWatch``)."""
+        self.join_events.append(key)
+        change = KEYS.route(key, deleted)
+        if change is not None and self.agent is not None and self.agent.rec.woken_by(change):
+            self.woken = True
+
+    def drop_join_watch(self) -> None:
+        if self.joins is not None:
+            self.joins[1]()
+            self.joins = None
+
+    def _join_watch_broke(self) -> None:
+        self.drop_join_watch()
+        self.woken = True
+
+    def _follow_joins(self, round_no: int | None) -> None:
+        """``JoinWatch.follow``."""
+        if self.joins is not None and self.joins[0] == round_no:
+            return
+        self.drop_join_watch()
+        if round_no is not None:
+            cancel = run_inline(self.store.watch_joins(round_no, self._on_join, self._join_watch_broke))
+            self.joins = (round_no, cancel)
+            self.woken = True  # to read what came before the watch existed
 
     def alive(self) -> frozenset[str]:
         """``NodeRegistry.alive``: the nodes whose lease holds their record."""
@@ -142,13 +204,19 @@ class Node:
         assert agent is not None
         group = self.group.observe(describe=agent.rec.failure is None) if self.group else None
         valid = self.lease is not None and now < self.deadline
-        local = Local(self.lease, valid, group, agent.setup, agent.etcd_error)
+        followed = self.joins[0] if self.joins is not None else None
+        local = Local(self.lease, valid, group, agent.setup, agent.etcd_error, followed)
+        if self.waiting:  # its Wait returned: the executor clears its wake-up then (a wake-up
+            self.woken = False  # that comes while it steps makes its next Wait return at once)
+        self.stepped_at = now
         agent.rec, actions = step(agent.rec, agent.view, local, now)
         agent.view, agent.setup, agent.etcd_error = None, None, None
         waited = False
         try:
             for action in actions:
                 waited = isinstance(action, act.Wait)
+                if isinstance(action, act.Wait):
+                    self.until = action.until
                 agent.view = self._execute(agent, action, now) or agent.view
                 checker.after(self, action)
         except EtcdUnavailable as exc:
@@ -159,6 +227,7 @@ class Node:
             self._exit(agent, unheard=agent.rec.leave is not None and local.etcd_error is not None)
             waited = True
         checker.check()
+        self.waiting = waited
         return waited
 
     def _exit(self, agent: Agent, unheard: bool) -> None:
@@ -166,6 +235,7 @@ class Node:
         self.note(f"{self.name} exits ({agent.rec.state.value} in round {agent.rec.round})")
         self.unheard = unheard
         self.group = None
+        self.drop_join_watch()
         agent.rec = replace(agent.rec, state=AgentState.LEFT)
         with contextlib.suppress(EtcdUnavailable):
             run_inline(self.store.clear_waiting(self.name))
@@ -219,6 +289,8 @@ class Node:
                 run_inline(store.mark_done(round_no, name))
             case act.MarkLeft(round_no):
                 run_inline(store.mark_left(round_no, name))
+            case act.WatchJoins(round_no):
+                self._follow_joins(round_no)
             case act.Wait() | act.WatchPeers() | act.Join() | act.Reassert() | act.SetWaiting():
                 pass  # (peers are proven dead by Crash; a (re)join or SetWaiting without a lease: nothing)
             case _:

@@ -170,6 +170,11 @@ def local(group: Group | None = None, **fields: Any) -> Local:
     return Local(**({"lease": LEASE} | fields), group=group)
 
 
+def following(round_no: int, group: Group | None = None) -> Local:
+    """What a leader knows while its watch follows round ``round_no``'s joins."""
+    return local(group, joins_followed=round_no)
+
+
 def member(snap: JobSnapshot, node: str = ME) -> Member:
     res = snap.result
     assert res is not None

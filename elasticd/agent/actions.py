@@ -145,6 +145,15 @@ class WatchPeers:
     peers: tuple[Member, ...]
 
 
+@dataclass(frozen=True)
+class WatchJoins:
+    """Follow round ``round``'s joins as they arrive (None: none). Only a round's leader needs
+    them, and no other watch carries them (``Keys.watched``); once the watch exists the agent
+    is woken, to read what came before it."""
+
+    round: int | None
+
+
 Action = (
     ReadGlance
     | ReadSnapshot
@@ -165,4 +174,5 @@ Action = (
     | MarkDone
     | MarkLeft
     | WatchPeers
+    | WatchJoins
 )

@@ -16,12 +16,13 @@ from typing import Any
 
 from elasticd import log
 from elasticd.agent import actions as act
+from elasticd.agent.joinwatch import JoinWatch
 from elasticd.agent.record import AgentRecord, AgentState, Leave, Local, Observed, View
 from elasticd.agent.seams import Clock, Launcher, Lease, SystemClock, Workers
 from elasticd.agent.step import step
 from elasticd.decode import DecodeError, decode
 from elasticd.errors import EtcdUnavailable
-from elasticd.etcd.keys import Change, KeyKind
+from elasticd.etcd.keys import Change
 from elasticd.jobs.decider import GroupOutcome
 from elasticd.jobs.launch import NodeRuntime, master_port
 from elasticd.jobs.launcher import ProcessLauncher
@@ -34,9 +35,10 @@ from elasticd.rendezvous.store import JobStore
 _log = log.get("elasticd.agent")
 
 # Safety net under the watch. Everything the agent acts on wakes it at once: the job's keys and
-# the nodes' (the watch), its workers' exits and hangs (futures), a fence or a leave (``wake``), a
-# peer's death (``PeerWatch``), a decision's deadline (``Wait.until``); progress is published when
-# due (below). This only bounds how long a wake-up lost to a silently stalled watch could go unseen.
+# the nodes' (the manager's watch; a round's joins: its leader's ``JoinWatch``), its workers' exits
+# and hangs (futures), a fence or a leave (``wake``), a peer's death (``PeerWatch``), a decision's
+# deadline (``Wait.until``); progress is published when due (below). This only bounds how long a
+# wake-up lost to a silently stalled watch could go unseen.
 POLL_S = 5.0
 PROGRESS_PUBLISH_S = 5.0  # running workers' progress reaches etcd at most this often, when it changed
 LEADER_BATCH_S = 0.05
@@ -83,6 +85,7 @@ class JobAgent:
         self.rec = AgentRecord(spec, rt.node_id, last_join_at=self._clock.time())
         self.workers: Workers | None = None
         self._peers = PeerWatch(spec.id, store, self.wake)
+        self._joins = JoinWatch(store, self.wake)
         self._wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         self._progress_at = 0.0  # when progress was last published (our clock)
@@ -102,15 +105,9 @@ class JobAgent:
         self.task = asyncio.create_task(self._main(), name=f"agent-{self.spec.id}")
 
     def wake(self, change: Change | None = None) -> None:
-        """A key of the job changed. While a round fills up, each join would wake every joiner;
-        only the leader needs those (the others wait for the result), which keeps a round's cost
-        per participant constant instead of linear in the number of nodes."""
-        if change is not None and change.kind in (KeyKind.NODE_STATUS, KeyKind.PENDING):
-            return
-        joining = self.rec.state is AgentState.JOINING and not self.rec.leading
-        if change is not None and change.kind is KeyKind.JOIN and not change.deleted and joining:
-            return
-        self._wake.set()
+        """A key of the job changed (None: anything may have: look)."""
+        if change is None or self.rec.woken_by(change):
+            self._wake.set()
 
     def fence(self) -> None:
         """Our lease is gone: stop multi-node workers before anything else, rejoin as a newcomer.
@@ -158,6 +155,7 @@ class JobAgent:
             _log.exception("agent.crashed", job=self.spec.id, node=self.node)
         finally:
             self._peers.close()
+            self._joins.close()
             if self.workers is not None:
                 workers, self.workers = self.workers, None
                 await workers.stop(0)
@@ -176,7 +174,9 @@ class JobAgent:
         while True:
             workers = self.workers
             group = workers.observe(describe=self.rec.failure is None) if workers is not None else None
-            local = Local(self._lease.lease_id, self._lease.lease_valid(), group, setup, etcd_error)
+            local = Local(
+                self._lease.lease_id, self._lease.lease_valid(), group, setup, etcd_error, self._joins.round
+            )
             rec, actions = step(self.rec, view, local, self._clock.time())
             self._transition(self.rec, rec)
             view, setup, etcd_error = None, None, None
@@ -301,6 +301,8 @@ class JobAgent:
                 await store.mark_left(round_no, node)
             case act.WatchPeers(round_no, peers):
                 self._peers.follow(round_no, peers)
+            case act.WatchJoins(round_no):
+                await self._joins.follow(round_no)
         return None
 
     async def _sleep(self, until: float | None, on_exits: bool) -> None:

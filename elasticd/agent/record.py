@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from elasticd.etcd.keys import Change, KeyKind
 from elasticd.jobs.decider import GroupOutcome
 from elasticd.jobs.spec import JobSpec
 from elasticd.jobs.state import SetupFailure, WorkerFailure
@@ -82,6 +83,16 @@ class AgentRecord:
         and the node re-asserts its part under its new lease (see ``step``)."""
         return self.multi_node and not self.solo
 
+    def woken_by(self, change: Change) -> bool:
+        """Whether a change of the job's keys can matter to this agent. Statuses and notes never
+        do; other nodes' joins only to a round's leader (only its watch carries them, and one
+        that arrives as it stops leading is dropped): that keeps a round's cost per participant
+        constant instead of linear in the number of nodes."""
+        if change.kind in (KeyKind.NODE_STATUS, KeyKind.PENDING):
+            return False
+        joining = self.state is AgentState.JOINING and not self.leading
+        return not (change.kind is KeyKind.JOIN and not change.deleted and joining)
+
     def grace(self, snap: JobSnapshot) -> float:
         """How long workers get between SIGTERM and SIGKILL when the round moves on."""
         if snap.round is not None and snap.round.grace_s is not None:
@@ -107,6 +118,7 @@ class Local:
     group: Group | None = None  # None: no workers of ours exist
     setup_failed: SetupFailure | None = None  # starting our workers failed (not the job's fault)
     etcd_error: str | None = None  # the last action could not reach the store
+    joins_followed: int | None = None  # the round whose joins our watch follows (None: none)
 
 
 @dataclass(frozen=True)

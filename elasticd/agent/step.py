@@ -40,6 +40,7 @@ from elasticd.agent.actions import (
     StartWorkers,
     StopWorkers,
     Wait,
+    WatchJoins,
     WatchPeers,
     Withdraw,
 )
@@ -147,6 +148,7 @@ class _Step:
         snap = seen.snap
         self._set(etcd_down_since=None)
         self._follow_peers(snap)
+        self._follow_joins(snap)
         if snap.final is None and snap.invalid:
             # The janitor fails the job naming the bad key; act on nothing meanwhile, so that the
             # evidence stays until the final record is written.
@@ -222,6 +224,17 @@ class _Step:
         running = self.group is not None and result is not None and node in result.nodes
         peers = tuple(rdzv.ring_neighbours(result, node)) if running and result and not snap.ended else ()
         self._do(WatchPeers(snap.current, peers))
+
+    def _follow_joins(self, snap: JobSnapshot) -> None:
+        """While we lead a round that is still open, follow its joins (no other watch carries
+        them). A node that becomes the oldest join starts here, from the snapshot it just read;
+        a watch that broke or failed to open is asked for again (``Local.joins_followed``)."""
+        rec, joins = self.rec, snap.current_joins
+        open_ = snap.result is None and not snap.ended and rec.leave is None
+        leads = open_ and self.local.lease is not None and rdzv.leader(joins) == rec.node
+        want = snap.current if leads else None
+        if want != self.local.joins_followed:
+            self._do(WatchJoins(want))
 
     def _open_round(self, snap: JobSnapshot, alive: frozenset[str]) -> None:
         info = snap.round
@@ -378,5 +391,9 @@ class _Step:
             self._event(snap, alive, leave.reason, leave.detail, grace_s=leave.grace_s)
         elif result is None:
             next_round = snap.current  # the round is still filling: it must not wait for us
+            if self.rec.node in {j.node for j in snap.current_joins}:
+                # Withdraw before ``left``: the nodes ``left`` wakes then see who leads without
+                # us (only the leader's watch carries joins, and we may be that leader).
+                self._do(Withdraw(snap.current))
         self._stop(leave.grace_s if leave.grace_s is not None else self.rec.spec.stop_grace_s)
         self._do(MarkLeft(next_round), Exit("left the job"))

@@ -4,6 +4,10 @@ Every key elasticd writes is built here, and every key it reads or is told about
 parsed here into a ``KeyRef`` (see architecture.md, "etcd keys"). Parsing is strict: a key under
 the prefix that has no meaning (an unknown kind, a bad job or node id, a round that is not a
 plain decimal) raises ``DecodeError`` naming the part. Pure: no etcd client.
+
+Joins live apart from the rest of their job (``rdzv/<job>/<r>/join/<node>``, not under
+``jobs/<job>/``): every daemon watches the whole prefix *but* that subtree (``Keys.watched``),
+and only a round's leader watches its round's joins, so N joins cost N watch events, not N².
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from elasticd.decode import DecodeError
+from elasticd.etcd.kv import prefix_end
 from elasticd.jobs.spec import valid_job_id, valid_node_id
 from elasticd.rendezvous.model import MAX_ROUND
 
@@ -25,7 +30,7 @@ class KeyKind(StrEnum):
     RESTARTS = "restarts"
     FINAL = "final"
     RESULT = "result"  # jobs/<job>/rdzv/<r>/result
-    JOIN = "join"  # jobs/<job>/rdzv/<r>/join/<node>
+    JOIN = "join"  # rdzv/<job>/<r>/join/<node>: outside jobs/, and outside the daemons' watch
     DONE = "done"
     LEFT = "left"
     WAITING = "waiting"  # jobs/<job>/waiting/<node>
@@ -51,7 +56,7 @@ _JOB_NODE_KEYS = {
     "pending": KeyKind.PENDING,
     "drain": KeyKind.JOB_DRAIN,
 }
-_ROUND_NODE_KEYS = {"join": KeyKind.JOIN, "done": KeyKind.DONE, "left": KeyKind.LEFT}
+_ROUND_NODE_KEYS = {"done": KeyKind.DONE, "left": KeyKind.LEFT}
 
 
 @dataclass(frozen=True)
@@ -81,7 +86,8 @@ class Change:
 
 @dataclass(frozen=True)
 class Keys:
-    prefix: str = "/elasticd/v1"
+    # v2: joins moved out of jobs/ (v1 daemons would neither see v2 joins nor read their own).
+    prefix: str = "/elasticd/v2"
 
     # -- build ---------------------------------------------------------------------------------
     def nodes(self) -> str:
@@ -97,7 +103,26 @@ class Keys:
         return f"{self.prefix}/jobs/"
 
     def job(self, job_id: str) -> str:
+        """Every record of the job but its joins (``job_joins``)."""
         return f"{self.prefix}/jobs/{job_id}/"
+
+    def job_joins(self, job_id: str) -> str:
+        """The job's joins, of every round."""
+        return f"{self.prefix}/rdzv/{job_id}/"
+
+    def job_prefixes(self, job_id: str) -> tuple[str, str]:
+        """Every key of the job: its joins, then the rest (the order a removal deletes them in,
+        so that an interrupted removal leaves no joins of a job that has no records)."""
+        return self.job_joins(job_id), self.job(job_id)
+
+    def all_joins(self) -> str:
+        """Every job's joins: the subtree that only a round's leader watches (a round of it)."""
+        return f"{self.prefix}/rdzv/"
+
+    def watched(self) -> tuple[tuple[str, str], ...]:
+        """The ranges [start, end) every daemon watches: the whole prefix but the joins."""
+        joins = self.all_joins()
+        return ((f"{self.prefix}/", joins), (prefix_end(joins), prefix_end(f"{self.prefix}/")))
 
     def job_spec(self, job_id: str) -> str:
         return f"{self.prefix}/jobs/{job_id}/spec"
@@ -112,10 +137,11 @@ class Keys:
         return f"{self.prefix}/jobs/{job_id}/final"
 
     def join(self, job_id: str, round_no: int, node: str) -> str:
-        return f"{self.prefix}/jobs/{job_id}/rdzv/{round_no}/join/{node}"
+        return f"{self.prefix}/rdzv/{job_id}/{round_no}/join/{node}"
 
     def joins(self, job_id: str, round_no: int) -> str:
-        return f"{self.prefix}/jobs/{job_id}/rdzv/{round_no}/join/"
+        """Round ``round_no``'s joins: what its leader watches."""
+        return f"{self.prefix}/rdzv/{job_id}/{round_no}/join/"
 
     def result(self, job_id: str, round_no: int) -> str:
         return f"{self.prefix}/jobs/{job_id}/rdzv/{round_no}/result"
@@ -126,8 +152,9 @@ class Keys:
     def left(self, job_id: str, round_no: int, node: str) -> str:
         return f"{self.prefix}/jobs/{job_id}/rdzv/{round_no}/left/{node}"
 
-    def rounds(self, job_id: str, round_no: int) -> str:
-        return f"{self.prefix}/jobs/{job_id}/rdzv/{round_no}/"
+    def rounds(self, job_id: str, round_no: int) -> tuple[str, str]:
+        """Every key of round ``round_no``: its joins, and its records under the job."""
+        return f"{self.prefix}/rdzv/{job_id}/{round_no}/", f"{self.prefix}/jobs/{job_id}/rdzv/{round_no}/"
 
     def waiting(self, job_id: str, node: str) -> str:
         return f"{self.prefix}/jobs/{job_id}/waiting/{node}"
@@ -179,14 +206,19 @@ class Keys:
                 return KeyRef(KeyKind.EVENT_SEQ)
             case ["jobs", job, *rest]:
                 return _job_key(_job(job), rest)
+            case ["rdzv", job, r, "join", node]:
+                return KeyRef(KeyKind.JOIN, _job(job), round_no(r), _node(node))
             case _:
                 raise DecodeError("", "no such key: the layout has no key of this name")
 
     def job_of(self, key: str) -> str | None:
-        """The job a key is under (``jobs/<job>/...``), parsed or not; None for other keys."""
-        rest = key.removeprefix(self.jobs())
-        job, sep, _ = rest.partition("/")
-        return job if sep and key.startswith(self.jobs()) else None
+        """The job a key is under (``jobs/<job>/...`` or ``rdzv/<job>/...``), parsed or not;
+        None for other keys."""
+        for base in (self.jobs(), self.all_joins()):
+            if key.startswith(base):
+                job, sep, _ = key[len(base) :].partition("/")
+                return job if sep else None
+        return None
 
     # -- route ---------------------------------------------------------------------------------
     def route(self, key: str, deleted: bool) -> Change | None:

@@ -108,7 +108,7 @@ class Janitor:
             if (snap.job_id, snap.current) in missing and not snap.ended:
                 self._missing[(snap.job_id, snap.current)] = missing[(snap.job_id, snap.current)]
             if snap.final is not None and self._expired(snap.final.ended_at):
-                await asyncio.to_thread(self._kv.delete_prefix, self._keys.job(snap.job_id))
+                await self._store_of(snap.job_id).remove()
                 _log.info("job.expired", job=snap.job_id, ended_at=snap.final.ended_at)
             elif snap.final is None and snap.invalid:
                 await self._fail_invalid(snap)

@@ -19,7 +19,7 @@ from elasticd.aio import wait_event
 from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keys import Change, KeyKind, Keys
 from elasticd.etcd.kv import KV
-from elasticd.etcd.types import KeyValue
+from elasticd.etcd.types import KeyValue, Query
 from elasticd.jobs import logdir, logread
 from elasticd.jobs.launch import NodeRuntime
 from elasticd.manager import janitor as janitors
@@ -96,7 +96,11 @@ class JobManager:
             self._wake.set()
 
     async def watch(self) -> None:
-        """Turn changes under our prefix into wake-ups; re-arm when the stream breaks."""
+        """Turn changes under our prefix into wake-ups; re-arm when the stream breaks.
+
+        Everything but the joins (``Keys.watched``): only a round's leader needs those, and it
+        watches its round's itself (``agent.joinwatch``), so a round of N nodes sends N join
+        events, not one to every daemon (N²)."""
         loop = asyncio.get_running_loop()
         broken = asyncio.Event()
 
@@ -109,16 +113,22 @@ class JobManager:
             loop.call_soon_threadsafe(broken.set)
 
         while True:
+            cancels: list[Callable[[], None]] = []
             try:
-                prefix = self._keys.prefix + "/"
-                cancel = await asyncio.to_thread(self._kv.watch_prefix, prefix, on_change, on_broken)
+                for start, end in self._keys.watched():
+                    cancels.append(
+                        await asyncio.to_thread(self._kv.watch_range, start, end, on_change, on_broken)
+                    )
             except EtcdUnavailable:
+                for cancel in cancels:
+                    cancel()
                 await asyncio.sleep(1.0)
                 continue
             try:
                 await broken.wait()
             finally:
-                cancel()
+                for cancel in cancels:
+                    cancel()
             broken.clear()
             _log.info("watch.rearm")
             self.wake()
@@ -143,14 +153,17 @@ class JobManager:
             self._wake.clear()
 
     async def snapshots(self) -> dict[str, JobSnapshot]:
-        """Every job, each as of one revision (one range read of the whole ``jobs/`` prefix)."""
-        kvs = await asyncio.to_thread(self._kv.get_prefix, self._keys.jobs())
+        """Every job, all as of one revision (one read of the ``jobs/`` prefix and every join).
+        Joins of a job that has no records are no job (they go with their nodes' leases)."""
+        queries = [Query(self._keys.jobs(), prefix=True), Query(self._keys.all_joins(), prefix=True)]
+        found = await asyncio.to_thread(self._kv.read_many, queries)
         by_job: dict[str, list[KeyValue]] = defaultdict(list)
-        for kv in kvs:
+        for kv in (kv for f in found for kv in f.kvs):
             job = self._keys.job_of(kv.key)
             if job is not None:
                 by_job[job].append(kv)
-        return {job: JobSnapshot.parse(self._keys, job, items) for job, items in by_job.items()}
+        snaps = (JobSnapshot.parse(self._keys, job, items) for job, items in by_job.items())
+        return {snap.job_id: snap for snap in snaps if snap.found}
 
     async def scan(self, clean_up: bool = True) -> None:
         """Join what this node should join; with ``clean_up``, do the janitor's round if elected

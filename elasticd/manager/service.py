@@ -241,7 +241,7 @@ class CommandService:
         if not snap.ended:
             state = job_view(snap, self.facts.node_id)["state"]
             raise Conflict(f"job {job_id} is {state}: kill it first (elasticctl kill {job_id})")
-        await asyncio.to_thread(self._kv.delete_prefix, self._keys.job(job_id))
+        await self._manager.store_of(job_id).remove()
         removed = await asyncio.to_thread(logdir.remove_job, self.facts.log_dir, job_id)
         _log.info("job.removed", job=job_id, logs=removed)
         return {"job": job_id, "logs_removed": removed}

@@ -116,7 +116,7 @@ class RoundInfo:
 
 @dataclass(frozen=True)
 class Join:
-    """Value of ``jobs/<job>/rdzv/<round>/join/<node>``, held under the node's lease."""
+    """Value of ``rdzv/<job>/<round>/join/<node>``, held under the node's lease."""
 
     node: str
     address: str

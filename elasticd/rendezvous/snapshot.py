@@ -1,9 +1,9 @@
 """A job as etcd holds it, read at one revision: the model every decider works on.
 
-``JobSnapshot.parse`` turns the keys of one range read of ``jobs/<job>/`` into typed records and
-never raises: a key that does not parse, does not validate or should not exist is recorded in
-``invalid``. ``Glance`` is the small read a node waiting in an open round makes instead.
-Pure: no etcd client (``elasticd.rendezvous.store`` does the reading).
+``JobSnapshot.parse`` turns the keys of one read of ``jobs/<job>/`` and ``rdzv/<job>/`` (its
+joins), at one revision, into typed records and never raises: a key that does not parse, does not
+validate or should not exist is recorded in ``invalid``. ``Glance`` is the small read a node
+waiting in an open round makes instead. Pure: no etcd client (``elasticd.rendezvous.store`` does the reading).
 """
 
 from __future__ import annotations
@@ -71,7 +71,9 @@ class JobSnapshot:
     last_join_revision: int = 0
     join_counts: dict[int, int] = field(default_factory=dict)  # rounds whose joins were only counted
     invalid: list[InvalidKey] = field(default_factory=list)
-    found: int = 0  # how many keys the job has (0: no such job)
+    # How many keys the job has under jobs/<job>/ (0: no such job). Joins alone make no job: they
+    # are under their nodes' leases, and a job's removal deletes them first.
+    found: int = 0
 
     @property
     def current(self) -> int:
@@ -106,7 +108,7 @@ class JobSnapshot:
         base = keys.job(job_id)
         seen = {kv.key[len(base) :] for kv in kvs if kv.key.startswith(base)}
         for kv in kvs:
-            snap.found += 1
+            snap.found += kv.key.startswith(base)
             try:
                 snap._take(keys.parse(kv.key), kv)
             except (DecodeError, InvalidSpec) as exc:

@@ -1,7 +1,8 @@
 """A job's state in the key-value store: one consistent snapshot per read, and the writes that
 change it, behind the async ``JobStore`` protocol.
 
-Reads are a single range request over ``jobs/<job>/`` (one revision, so a snapshot is never torn).
+Reads are a single request over ``jobs/<job>/`` and the job's joins ``rdzv/<job>/`` (one revision,
+so a snapshot is never torn).
 Every write that must not race is a transaction guarded by revisions (the fencing tokens):
 - the job is created once (``create(spec) == 0``);
 - a round's result is written once (``create(result) == 0``) and never after the job ended;
@@ -24,7 +25,7 @@ from typing import Any, Protocol, TypeVar, cast
 
 from elasticd.decode import DecodeError, parse_json
 from elasticd.etcd.keys import Keys
-from elasticd.etcd.kv import KV
+from elasticd.etcd.kv import KV, prefix_end
 from elasticd.etcd.types import Compare, Put, Query
 from elasticd.jobs.spec import JobSpec
 from elasticd.jobs.state import EndReason, JobState
@@ -70,6 +71,10 @@ class JobStore(Protocol):
     async def join_of(self, round_no: int, node: str) -> Join | None: ...
     async def revoke(self, lease: int) -> None: ...
     async def forget_rounds_before(self, round_no: int) -> None: ...
+    async def remove(self) -> None: ...
+    async def watch_joins(
+        self, round_no: int, on_change: Callable[[str, bool], None], on_broken: Callable[[], None]
+    ) -> Callable[[], None]: ...
     async def set_waiting(self, node: str, lease: int) -> None: ...
     async def clear_waiting(self, node: str) -> None: ...
     async def put_node_status(self, node: str, status: dict[str, Any], lease: int) -> None: ...
@@ -94,17 +99,21 @@ class KVJobStore:
         return await self._run(lambda: self._snapshot(joins_counted_of))
 
     def _snapshot(self, joins_counted_of: int | None) -> JobSnapshot:
-        prefix = self._keys.job(self.job_id)
+        records, joins = self._keys.job(self.job_id), self._keys.job_joins(self.job_id)
         if joins_counted_of is None:
-            return JobSnapshot.parse(self._keys, self.job_id, self._kv.get_prefix(prefix))
-        joins = self._keys.joins(self.job_id, joins_counted_of)
-        after = joins[:-1] + chr(ord(joins[-1]) + 1)
-        end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
-        before, rest, counted = self._kv.read_many(
-            [Query(prefix, end=joins), Query(after, end=end), Query(joins, prefix=True, count_only=True)]
+            found = self._kv.read_many([Query(records, prefix=True), Query(joins, prefix=True)])
+            return JobSnapshot.parse(self._keys, self.job_id, [kv for f in found for kv in f.kvs])
+        counted = self._keys.joins(self.job_id, joins_counted_of)
+        found = self._kv.read_many(
+            [
+                Query(records, prefix=True),
+                Query(joins, end=counted),
+                Query(prefix_end(counted), end=prefix_end(joins)),
+                Query(counted, prefix=True, count_only=True),
+            ]
         )
-        snap = JobSnapshot.parse(self._keys, self.job_id, before.kvs + rest.kvs)
-        snap.join_counts[joins_counted_of] = counted.count
+        snap = JobSnapshot.parse(self._keys, self.job_id, [kv for f in found[:3] for kv in f.kvs])
+        snap.join_counts[joins_counted_of] = found[3].count
         return snap
 
     async def glance(self, round_no: int, node: str) -> Glance:
@@ -112,14 +121,14 @@ class KVJobStore:
         queries = [
             Query(k.job_round(j)),
             Query(k.job_final(j)),
-            Query(k.result(j, round_no)),
+            Query(k.result(j, round_no), count_only=True),  # whether it closed: O(N) bytes if read
             Query(k.joins(j, round_no), prefix=True, oldest_only=True),
             Query(k.join(j, round_no, node)),
         ]
         round_kv, final, result, oldest, mine = await self._run(lambda: self._kv.read_many(queries))
         first = round_kv.kvs[0] if round_kv.kvs else None
         lead = oldest.kvs[0] if oldest.kvs else None
-        return Glance.parse(first, bool(final.kvs), bool(result.kvs), lead, bool(mine.kvs))
+        return Glance.parse(first, bool(final.kvs), result.count > 0, lead, bool(mine.kvs))
 
     async def join_of(self, round_no: int, node: str) -> Join | None:
         kv = await self._run(lambda: self._kv.get(self._keys.join(self.job_id, round_no, node)))
@@ -219,9 +228,27 @@ class KVJobStore:
 
         def forget() -> None:
             for old in range(max(0, round_no - 4), round_no - 1):
-                self._kv.delete_prefix(self._keys.rounds(self.job_id, old))
+                for prefix in self._keys.rounds(self.job_id, old):
+                    self._kv.delete_prefix(prefix)
 
         await self._run(forget)
+
+    async def remove(self) -> None:
+        """Delete every record of the job (its joins first: see ``Keys.job_prefixes``)."""
+
+        def remove() -> None:
+            for prefix in self._keys.job_prefixes(self.job_id):
+                self._kv.delete_prefix(prefix)
+
+        await self._run(remove)
+
+    async def watch_joins(
+        self, round_no: int, on_change: Callable[[str, bool], None], on_broken: Callable[[], None]
+    ) -> Callable[[], None]:
+        """Watch round ``round_no``'s joins (what its leader needs, and no other node watches):
+        ``KV.watch_prefix``'s callbacks, from another thread. Returns the cancel function."""
+        prefix = self._keys.joins(self.job_id, round_no)
+        return await self._run(lambda: self._kv.watch_prefix(prefix, on_change, on_broken))
 
     # -- per-node records ------------------------------------------------------------------------
     async def set_waiting(self, node: str, lease: int) -> None:

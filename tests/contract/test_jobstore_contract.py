@@ -16,6 +16,7 @@ from elasticd.jobs.state import EndReason, JobState, WorkerFailure
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.model import Join, RoundInfo, RoundReason
 from elasticd.rendezvous.store import EtcdJobStore, InlineJobStore, JobStore, Seen
+from tests.contract.test_kv_contract import Events
 from tests.fakes import JOB, make_spec
 
 pytestmark = pytest.mark.timeout(60)
@@ -143,3 +144,68 @@ def test_an_unreadable_final_is_replaced_once(store: JobStore, kv: KV, base: str
     assert not run(store.fail_invalid(snap))  # only that exact revision is replaced
     final = run(store.snapshot()).final
     assert final is not None and final.code is EndReason.INVALID_RECORD
+
+
+def test_joins_live_apart_from_the_job_and_are_read_with_it_at_one_revision(
+    store: JobStore, kv: KV, base: str
+) -> None:
+    keys = Keys(base)
+    run(store.create(make_spec()))
+    lease = kv.grant_lease(30)
+    for r, node in ((0, "n1"), (0, "n2"), (1, "n1"), (1, "n3")):
+        run(store.join(r, _join(node), lease))
+    assert [kv.key for kv in kv.get_prefix(keys.job_joins(JOB))] == [
+        keys.join(JOB, r, n) for r, n in ((0, "n1"), (0, "n2"), (1, "n1"), (1, "n3"))
+    ]
+    assert not [x for x in kv.get_prefix(keys.job(JOB)) if "join" in x.key]
+    snap = run(store.snapshot())
+    assert {r: [j.node for j in joins] for r, joins in snap.joins.items()} == {
+        0: ["n1", "n2"],
+        1: ["n1", "n3"],
+    }
+    counted = run(store.snapshot(joins_counted_of=1))  # round 1's only counted, round 0's read
+    assert counted.join_counts == {1: 2} and list(counted.joins) == [0] and counted.spec is not None
+
+
+def test_old_rounds_are_forgotten_with_their_joins_and_a_removed_job_leaves_nothing(
+    store: JobStore, kv: KV, base: str
+) -> None:
+    keys = Keys(base)
+    run(store.create(make_spec()))
+    other = (
+        InlineJobStore(kv, keys, JOB + "x") if isinstance(kv, MemoryKV) else EtcdJobStore(kv, keys, JOB + "x")
+    )
+    run(other.create(make_spec(id=JOB + "x")))
+    lease = kv.grant_lease(30)
+    for r in range(3):
+        run(store.join(r, _join("n1"), lease))
+        run(other.join(r, _join("n1"), lease))
+        run(store.close(rdzv.build_result(r, [_join("n1")], 1.0)))
+    run(store.forget_rounds_before(2))
+    snap = run(store.snapshot())
+    assert sorted(snap.joins) == sorted(snap.results) == [1, 2]
+    assert kv.get(keys.join(JOB, 0, "n1")) is None and kv.get(keys.result(JOB, 0)) is None
+    run(store.remove())
+    assert kv.get_prefix(keys.job(JOB)) == kv.get_prefix(keys.job_joins(JOB)) == []
+    assert not run(store.snapshot()).found
+    assert sorted(run(other.snapshot()).joins) == [0, 1, 2]  # a job whose id extends ours: untouched
+
+
+def test_a_join_watch_sees_its_rounds_joins_and_nothing_else(store: JobStore, kv: KV, base: str) -> None:
+    keys = Keys(base)
+    run(store.create(make_spec()))
+    lease = kv.grant_lease(30)
+    events = Events()
+    cancel = run(store.watch_joins(1, events.on_change, events.on_broken))
+    try:
+        run(store.join(0, _join("n1"), lease))
+        run(store.join(1, _join("n2"), lease))
+        run(store.set_waiting("n3", lease))
+        run(store.mark_done(1, "n2"))
+        run(store.join(10, _join("n4"), lease))
+        run(store.withdraw(1, "n2"))
+        seen = events.wait(keys.join(JOB, 1, "n2"), True)
+    finally:
+        cancel()
+    assert seen == [(keys.join(JOB, 1, "n2"), False), (keys.join(JOB, 1, "n2"), True)]
+    assert events.broken == 0

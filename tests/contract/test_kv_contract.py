@@ -479,3 +479,40 @@ def test_memory_callbacks_may_write_and_events_stay_in_order() -> None:
     kv.put_json("/in/a", 1)
     kv.put_json("/in/c", 1)
     assert events.seen() == [("/in/a", False), ("/in/b", False), ("/in/c", False)]
+
+
+def test_two_ranges_watch_a_prefix_but_a_subtree_and_watch_prefix_is_the_whole_range(
+    kv: KV, base: str
+) -> None:
+    """What a daemon watches (``Keys.watched``): all but one subtree, each key once."""
+    skip = f"{base}/p/s/"
+    ranges, whole = Events(), Events()
+    cancels = [
+        kv.watch_range(f"{base}/p/", skip, ranges.on_change, ranges.on_broken),
+        kv.watch_range(prefix_end(skip), prefix_end(f"{base}/p/"), ranges.on_change, ranges.on_broken),
+        kv.watch_prefix(f"{base}/p/", whole.on_change, whole.on_broken),
+    ]
+    try:
+        keys = [f"{base}/p/{k}" for k in ("a", "r", "s", "s/1", "s/2/x", "s0", "t", "z/1")]
+        for key in keys:
+            kv.put_json(key, 0)
+        kv.put_json(f"{base}/p0", 0)  # outside the prefix, just past its end
+        kv.put_json(f"{base}/p/~end", 0)
+        whole.wait(f"{base}/p/~end", False)
+        seen = ranges.wait(f"{base}/p/~end", False)
+    finally:
+        for cancel in cancels:
+            cancel()
+    assert sorted(k for k, _ in seen) == sorted(
+        [k for k in keys if not k.startswith(skip)] + [f"{base}/p/~end"]
+    )
+    assert [k for k, _ in whole.seen()] == [*keys, f"{base}/p/~end"]
+
+
+def test_prefix_end_bounds_a_prefix_as_etcd_does(kv: KV, base: str) -> None:
+    for key in ("q/", "q/a", "q/\u00e9", "q/\u00ff/x", "q0", "q.", "qa"):
+        kv.put_json(f"{base}/{key}", 0)
+    for prefix in (f"{base}/q/", f"{base}/q/\u00ff"):
+        (ranged,) = kv.read_many([Query(prefix, end=prefix_end(prefix))])
+        assert ranged.kvs == kv.get_prefix(prefix) != []
+    assert prefix_end("/a/") == "/a0" and prefix_end("") == "\0"

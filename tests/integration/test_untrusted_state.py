@@ -33,7 +33,9 @@ JOB_KINDS = [
     "restarts",
     "final",
     "rdzv/0/result",
-    "rdzv/0/join/{node}",
+    "rdzv/0/join/{node}",  # where v1 kept joins: no record now
+    "@0/join/{node}",  # (@: among the job's joins, ``rdzv/<job>/``)
+    "@0/result",
     "rdzv/0/done/{node}",
     "rdzv/1/left/{node}",
     "waiting/{node}",
@@ -121,8 +123,10 @@ def test_garbage_under_any_key_fails_its_job_and_the_daemon_serves_on(
         def example(kind: str, value: bytes) -> None:
             job = _submit(d, tmp_path)
             wait_for(lambda: _running_and_published(d, job), 30, 0.05, f"{job} running")
-            key = keys.job(job) + kind.format(node=d.node_id)
-            invalid = _is_invalid(keys, job, etcd.get_prefix(keys.job(job)), key, value)
+            base = keys.job_joins(job) if kind.startswith("@") else keys.job(job)
+            key = base + kind.removeprefix("@").format(node=d.node_id)
+            stored = etcd.get_prefix(keys.job(job)) + etcd.get_prefix(keys.job_joins(job))
+            invalid = _is_invalid(keys, job, stored, key, value)
             put_raw(etcd, key, value)
             shown = key[len(keys.prefix) + 1 :]
             if invalid:

@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
+from elasticd.agent import executor
 from elasticd.agent.executor import JobAgent
 from elasticd.agent.record import AgentState, Group
-from elasticd.etcd.keys import Keys
+from elasticd.etcd.keys import KeyKind, Keys
 from elasticd.etcd.memory import MemoryKV
 from elasticd.jobs.decider import GroupOutcome, group_outcome
 from elasticd.jobs.launch import NodeRuntime
@@ -21,7 +22,8 @@ from elasticd.jobs.spec import JobSpec, NodeRange
 from elasticd.jobs.state import EndReason, JobState, SetupFailure, WorkerFailure
 from elasticd.node.inventory import Inventory
 from elasticd.progress.tracker import RankProgress
-from elasticd.rendezvous.model import Member, RoundResult
+from elasticd.rendezvous.model import Join, Member, RoundResult
+from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.rendezvous.store import InlineJobStore, run_inline
 from tests.fakes import JOB, make_spec
 
@@ -118,12 +120,14 @@ async def until(what: Callable[[], Any], timeout_s: float = 10.0) -> Any:
 
 def scenario(body: Callable[[JobAgent, FakeLauncher, InlineJobStore, MemoryKV], Awaitable[None]],
              spec: JobSpec | None = None, launcher_failure: SetupFailure | None = None,
-             invalid: list[int] | None = None) -> None:  # fmt: skip
+             invalid: list[int] | None = None,
+             before: Callable[[MemoryKV], None] = lambda _kv: None) -> None:  # fmt: skip
     async def main() -> None:
         kv = MemoryKV()
         store = InlineJobStore(kv, KEYS, JOB)
         job = spec or make_spec(nnodes=NodeRange(1, 1), nproc_per_node=2, max_restarts=2, last_call_s=0.0)
         assert run_inline(store.create(job))
+        before(kv)
         rt = NodeRuntime("n1", "127.0.0.1", Path("/nonexistent"), Inventory((), 2), SimpleNamespace())  # type: ignore[arg-type]
         launcher = FakeLauncher(launcher_failure)
         changes: list[AgentState] = []
@@ -132,10 +136,16 @@ def scenario(body: Callable[[JobAgent, FakeLauncher, InlineJobStore, MemoryKV], 
                          on_invalid=None if invalid is None else lambda: invalid.append(1))  # fmt: skip
         loop = asyncio.get_running_loop()
 
-        def on_change(key: str, deleted: bool) -> None:
-            loop.call_soon(agent.wake, KEYS.route(key, deleted))
+        joins: list[str] = []  # joins the manager's watch carried: none, ever
 
-        kv.watch_prefix(KEYS.prefix + "/", on_change, lambda: None)
+        def on_change(key: str, deleted: bool) -> None:  # what ``JobManager.watch`` routes
+            change = KEYS.route(key, deleted)
+            if change is not None and change.kind is KeyKind.JOIN:
+                joins.append(key)
+            loop.call_soon(agent.wake, change)
+
+        for start, end in KEYS.watched():  # the manager's watch: everything but the joins
+            kv.watch_range(start, end, on_change, lambda: None)
         agent.start()
         try:
             await body(agent, launcher, store, kv)
@@ -143,7 +153,7 @@ def scenario(body: Callable[[JobAgent, FakeLauncher, InlineJobStore, MemoryKV], 
         finally:
             if agent.task is not None:
                 agent.task.cancel()
-        assert changes[-1] is AgentState.LEFT
+        assert changes[-1] is AgentState.LEFT and joins == []
 
     asyncio.run(main())
 
@@ -240,3 +250,82 @@ def test_an_invalid_record_tells_the_manager_at_once_and_the_agent_acts_on_nothi
         assert run_inline(store.fail_invalid(snap))  # what the janitor does
 
     scenario(body, invalid=told)
+
+
+def _other_node(kv: MemoryKV, node: str, daemon: bool = True) -> int:
+    """Another node's join of round 0 under its lease, and (``daemon``) its ``nodes/`` record:
+    without it, the join is the only key that changes."""
+    lease = kv.grant_lease(30)
+    if daemon:
+        kv.put_json(KEYS.node(node), {"node": node, "slots": 2}, lease)
+    kv.put_json(KEYS.join(JOB, 0, node), Join(node, f"h-{node}", 29500, 2).to_json(), lease)
+    return lease
+
+
+class Reads:
+    """Counts the agent's reads of the job, and where the count was when a join watch opened."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        self.at_watch: list[int] = []
+        snapshot, watch_joins = InlineJobStore.snapshot, InlineJobStore.watch_joins
+
+        async def counted(store: InlineJobStore, counted_of: int | None = None) -> JobSnapshot:
+            self.count += 1
+            return await snapshot(store, counted_of)
+
+        async def watched(store: InlineJobStore, round_no: int, *args: Any) -> Callable[[], None]:
+            self.at_watch.append(self.count)
+            return await watch_joins(store, round_no, *args)
+
+        monkeypatch.setattr(InlineJobStore, "snapshot", counted)
+        monkeypatch.setattr(InlineJobStore, "watch_joins", watched)
+
+    def after_watch(self) -> bool:
+        """The agent read the job again since its join watch opened: it has seen every join
+        that came before the watch, and waits for the watch (or the poll) to tell it of more."""
+        return bool(self.at_watch) and self.count > self.at_watch[-1]
+
+
+TWO_NODES = make_spec(nnodes=NodeRange(2, 2), nproc_per_node=2, max_restarts=2, last_call_s=0.0)
+
+
+def test_the_leader_is_woken_by_each_join_through_its_own_watch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No poll: the manager's watch carries no join, so only the leader's join watch can tell it
+    that the round is full. Once closed, the round's joins are not followed any more."""
+    monkeypatch.setattr(executor, "POLL_S", 3600.0)
+    reads = Reads(monkeypatch)
+
+    async def body(agent: JobAgent, launcher: FakeLauncher, store: InlineJobStore, kv: MemoryKV) -> None:
+        await until(reads.after_watch)
+        assert agent.rec.leading and agent.state is AgentState.JOINING and agent._joins.round == 0
+        _other_node(kv, "n2", daemon=False)
+        await until(lambda: launcher.groups)
+        assert run_inline(store.snapshot()).result.nodes == ("n1", "n2")  # type: ignore[union-attr]
+        await until(lambda: agent._joins.round is None)
+        run_inline(store.finalize(JobState.KILLED, EndReason.KILLED, "killed"))
+
+    scenario(body, spec=TWO_NODES)
+
+
+def test_the_next_oldest_join_takes_over_a_round_whose_leader_died(monkeypatch: pytest.MonkeyPatch) -> None:
+    """n2 leads round 0 and dies: its ``nodes/`` record goes with its lease (the manager's watch
+    says so), n1 now holds the oldest join, reads the job, starts following the joins, and closes
+    when n3 joins. No join event reached n1 before it led, and nothing polled."""
+    monkeypatch.setattr(executor, "POLL_S", 3600.0)
+    reads = Reads(monkeypatch)
+    leader: list[int] = []
+
+    async def body(agent: JobAgent, launcher: FakeLauncher, store: InlineJobStore, kv: MemoryKV) -> None:
+        await until(lambda: agent.state is AgentState.JOINING and agent.rec.joined_round == 0)
+        await until(lambda: run_inline(store.glance(0, "n1")).joined)
+        assert not agent.rec.leading and agent._joins.round is None
+        kv.revoke_lease(leader[0])  # n2 dies
+        await until(reads.after_watch)
+        assert agent.rec.leading and agent._joins.round == 0 and not launcher.groups
+        _other_node(kv, "n3", daemon=False)
+        await until(lambda: launcher.groups)
+        assert run_inline(store.snapshot()).result.nodes == ("n1", "n3")  # type: ignore[union-attr]
+        run_inline(store.finalize(JobState.KILLED, EndReason.KILLED, "killed"))
+
+    scenario(body, spec=TWO_NODES, before=lambda kv: leader.append(_other_node(kv, "n2")))

@@ -27,6 +27,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from elasticd.agent import actions as act
+from elasticd.agent.executor import POLL_S
 from elasticd.agent.record import AgentState
 from elasticd.etcd.keys import KeyKind
 from elasticd.jobs.decider import GroupOutcome
@@ -155,8 +156,8 @@ class Invariants(Checker):
                 self.bad(f"SUCCEEDED with round {snap.current}'s members not all done ({done})")
 
 
-def new_sim(spec: JobSpec, initial: int = 3, pool: int = 5) -> tuple[Sim, Invariants]:
-    sim = Sim(spec, initial, pool)
+def new_sim(spec: JobSpec, initial: int = 3, pool: int = 5, wakes: bool = False) -> tuple[Sim, Invariants]:
+    sim = Sim(spec, initial, pool, wakes)
     checks = Invariants(sim)
     sim.submit()
     return sim, checks
@@ -241,13 +242,20 @@ Tick = tuple[tuple[Any, ...], float, list[int]]
     initial=st.integers(1, 4),
     ticks=st.lists(TICKS, min_size=8, max_size=40),
     broken=st.sampled_from([None] * 15 + list(range(POOL))),  # from halfway, its workers cannot start
+    wakes=st.booleans(),
 )
 def test_random_faults_keep_the_invariants(
-    nnodes: tuple[int, int], max_restarts: int, initial: int, ticks: list[Tick], broken: int | None
+    nnodes: tuple[int, int],
+    max_restarts: int,
+    initial: int,
+    ticks: list[Tick],
+    broken: int | None,
+    wakes: bool,
 ) -> None:
     """Each tick: one event (or none), every node steps (in the drawn order) until it waits, then
-    time moves on. Then quiet ticks until the job is at rest (invariant 5)."""
-    sim, checks = new_sim(make_spec(nnodes, max_restarts), initial, POOL)
+    time moves on. Then quiet ticks until the job is at rest (invariant 5). With ``wakes``, a node
+    steps only when something wakes it, as a daemon's agent does (the joins reach only leaders)."""
+    sim, checks = new_sim(make_spec(nnodes, max_restarts), initial, POOL, wakes)
     for k, ((name, *args), dt, order) in enumerate(ticks):
         if broken is not None and k == len(ticks) // 2:
             sim.break_setup(broken)
@@ -256,6 +264,7 @@ def test_random_faults_keep_the_invariants(
         sim.tick(order)
         sim.advance(dt)
     settle(sim)
+    assert not any(n.main_joins for n in sim.nodes)  # the manager's watch carries no join
     event(f"ended {checks.final.code.value}" if checks.final else "runs")
     event(f"rounds: {min(len(checks.rounds), 5)}{'+' if len(checks.rounds) >= 5 else ''}")
 
@@ -355,3 +364,59 @@ def test_a_round_with_only_done_and_lost_members_is_restarted() -> None:
     sim.arrive()
     settle(sim)
     assert checks.results[max(checks.results)].nodes == ("n2", "n3")
+
+
+# -- joins reach only a round's leader (agents woken as a daemon's are) ---------------------------------
+def test_the_next_oldest_join_takes_over_a_round_whose_leader_died() -> None:
+    """n0 leads round 0 (2..3 nodes, a long last call) and crashes before it closes. n1, now the
+    oldest join, is told by the manager's watch (n0's ``nodes/`` record went with its lease; that
+    watch carries no join, and n1 had no join watch: no join event reached it), reads the job and
+    follows the joins from then on: the join that makes the round full wakes it, and it closes
+    the round at once (nothing else would wake it before its poll)."""
+    spec = fakes.make_spec(nnodes=NodeRange(2, 3), stop_grace_s=1.0, last_call_s=30.0, join_timeout_s=60.0)
+    sim, checks = new_sim(spec, 2, wakes=True)
+    sim.tick()  # n0 and n1 join; n0 leads, waiting for a third node or the last call
+    assert sim.node("n0").joins is not None and sim.node("n1").joins is None
+    took_over: list[list[str]] = []
+
+    def first_watch(node: Node, action: act.Action) -> None:
+        if node.name == "n1" and action == act.WatchJoins(0) and not took_over:
+            took_over.append(list(node.join_events))
+
+    checks.hooks.append(first_watch)
+    sim.crash(0)
+    sim.tick()
+    assert took_over == [[]]  # n1 leads, told of no join
+    sim.arrive()  # n2 joins: n1 reads it (its watch woke it) and waits on
+    sim.tick()
+    assert 0 not in checks.results
+    sim.arrive()  # n3 joins: the round is full, and only n1's join watch says so
+    sim.tick()
+    n1 = sim.node("n1")
+    assert checks.results[0].nodes == ("n1", "n2", "n3")
+    assert n1.join_events == [KEYS.join(spec.id, 0, n) for n in ("n2", "n3")] and n1.joins is None
+    assert not any(n.main_joins for n in sim.nodes) and not sim.node("n2").join_events
+
+
+def test_a_leader_that_leaves_a_filling_round_hands_it_on_at_once() -> None:
+    """n0 leads round 0 and is drained before it closes: it withdraws its join before it writes
+    ``left``, so the nodes ``left`` wakes see n1 lead (no join event tells them), and n1 closes.
+    They step as soon as ``left`` is written, before n0 is done leaving (its exit withdraws too)."""
+    sim, checks = new_sim(make_spec((2, 4)), 3, wakes=True)
+    sim.tick()
+
+    def others_step_at_once(node: Node, action: act.Action) -> None:
+        if node.name == "n0" and isinstance(action, act.MarkLeft):
+            for other in (sim.node("n1"), sim.node("n2")):
+                while other.runnable(sim.now, wakes=True):
+                    other.step(sim.now, checks)
+
+    checks.hooks.append(others_step_at_once)
+    drained = sim.now
+    sim.drain(0)
+    sim.tick()
+    assert sim.node("n0").agent is None and sim.node("n1").joins is not None
+    for _ in range(10):
+        sim.advance(0.1)
+        sim.tick()
+    assert checks.results[0].nodes == ("n1", "n2") and sim.now - drained < POLL_S

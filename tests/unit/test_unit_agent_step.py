@@ -45,6 +45,7 @@ from tests.agent_steps import (
     decide,
     failed,
     failure,
+    following,
     joining,
     local,
     member,
@@ -125,7 +126,7 @@ def test_open_round_not_joined_clears_waiting_joins_and_publishes() -> None:
 
 def test_leader_closes_as_soon_as_max_nodes_joined() -> None:
     snap = snapshot(1, joins=("n1", "n2", "n3"))
-    rec, actions = decide(joining(1), snap)
+    rec, actions = decide(joining(1), snap, following(1))
     closed = rdzv.build_result(1, snap.current_joins, NOW)
     assert acts(actions) == [CloseRound(closed, "3 of at most 3 nodes joined")]
     assert (rec.leading, rec.seen_joins, rec.last_join_at) == (True, ("n1", "n2", "n3"), NOW)
@@ -134,7 +135,7 @@ def test_leader_closes_as_soon_as_max_nodes_joined() -> None:
 def test_leader_closes_after_last_call_without_a_new_join() -> None:
     snap = snapshot(1, joins=("n1", "n2"))
     rec = joining(1, seen_joins=("n1", "n2"), last_join_at=NOW - 2.5)
-    new, actions = decide(rec, snap)
+    new, actions = decide(rec, snap, following(1))
     closed = rdzv.build_result(1, snap.current_joins, NOW)
     assert acts(actions) == [CloseRound(closed, "last call: 2 nodes joined")]
     assert new.last_join_at == NOW - 2.5
@@ -142,14 +143,14 @@ def test_leader_closes_after_last_call_without_a_new_join() -> None:
 
 def test_leader_waits_out_last_call_after_a_new_join_batching_joins() -> None:
     rec = joining(1, seen_joins=("n1",), last_join_at=NOW - 30.0)
-    new, actions = decide(rec, snapshot(1, joins=("n1", "n2")))
+    new, actions = decide(rec, snapshot(1, joins=("n1", "n2")), following(1))
     assert acts(actions) == [Wait(NOW + 2.0, batch=True)]
     assert (new.seen_joins, new.last_join_at) == (("n1", "n2"), NOW)
 
 
 def test_leader_closes_at_once_when_every_expected_node_rejoined_keeping_ranks() -> None:
     snap = snapshot(2, joins=("n1", "n2"), expect=("n1", "n2"), previous=("n2", "n1"))
-    _, actions = decide(joining(2, ran=1), snap)
+    _, actions = decide(joining(2, ran=1), snap, following(2))
     n1, n2 = snap.current_joins
     closed = rdzv.build_result(2, [n2, n1], NOW)
     assert acts(actions) == [CloseRound(closed, "every expected node rejoined")]
@@ -169,7 +170,7 @@ def test_leader_waits_for_a_live_expected_node_unless_it_left(
     left: tuple[str, ...], grace_s: float | None, expected: Wait | str
 ) -> None:
     snap = snapshot(2, joins=("n1", "n2"), expect=("n1", "n2", "n3"), left=left, grace_s=grace_s)
-    _, actions = decide(joining(2, ran=1), snap)
+    _, actions = decide(joining(2, ran=1), snap, following(2))
     if expected == "close":
         assert acts(actions) == [
             CloseRound(rdzv.build_result(2, snap.current_joins, NOW), "every expected node rejoined")
@@ -179,13 +180,13 @@ def test_leader_waits_for_a_live_expected_node_unless_it_left(
 
 
 def test_leader_fails_the_job_when_min_did_not_join_in_time() -> None:
-    _, actions = decide(joining(1), snapshot(1, joins=("n1",), opened_at=NOW - 60.0))
+    _, actions = decide(joining(1), snapshot(1, joins=("n1",), opened_at=NOW - 60.0), following(1))
     why = "only 1 of the 2 nodes needed joined within 60s"
     assert acts(actions) == [Finalize(JobState.FAILED, EndReason.JOIN_TIMEOUT, why)]
 
 
 def test_leader_below_min_waits_until_the_join_timeout() -> None:
-    _, actions = decide(joining(1), snapshot(1, joins=("n1",)))
+    _, actions = decide(joining(1), snapshot(1, joins=("n1",)), following(1))
     assert acts(actions) == [Wait(OPENED_AT + 60.0, batch=True)]
 
 

@@ -19,7 +19,9 @@ from elasticd.agent.actions import (
     StartWorkers,
     StopWorkers,
     Wait,
+    WatchJoins,
     WatchPeers,
+    Withdraw,
 )
 from elasticd.agent.record import AgentState, Group, Leave
 from elasticd.agent.step import step
@@ -39,6 +41,7 @@ from tests.agent_steps import (
     decide,
     failed,
     failure,
+    following,
     joining,
     local,
     member,
@@ -206,10 +209,17 @@ def test_leave_while_running_bumps_member_left_for_free_then_stops_and_marks_lef
     assert rec.state is AgentState.STOPPING
 
 
-def test_leave_while_the_round_fills_marks_left_of_that_round() -> None:
+def test_leave_while_the_round_fills_withdraws_then_marks_left_of_that_round() -> None:
+    """Withdrawn before ``left``: the nodes ``left`` wakes see who leads without us."""
     snap = snapshot(2, joins=("n2", "n1"), drains=("n1",))
     _, actions = decide(joining(2, ran=1, leave=DRAIN), snap)
-    assert actions == [WatchPeers(2, ()), MarkLeft(2), Exit("left the job")]
+    assert actions == [WatchPeers(2, ()), Withdraw(2), MarkLeft(2), Exit("left the job")]
+
+
+def test_the_leader_of_a_filling_round_that_leaves_drops_its_join_watch_and_withdraws() -> None:
+    snap = snapshot(2, joins=("n1", "n2"), drains=("n1",))
+    _, actions = decide(joining(2, ran=1, leading=True, leave=DRAIN), snap, following(2))
+    assert actions == [WatchPeers(2, ()), WatchJoins(None), Withdraw(2), MarkLeft(2), Exit("left the job")]
 
 
 def test_drain_while_the_round_was_already_bumped_does_not_bump_again() -> None:

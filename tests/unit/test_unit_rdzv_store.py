@@ -1,4 +1,5 @@
-"""elasticd.rendezvous.store.JobSnapshot.parse: one range read of ``jobs/<job>/`` into a snapshot."""
+"""elasticd.rendezvous.store.JobSnapshot.parse: one read of ``jobs/<job>/`` and the job's joins
+(``rdzv/<job>/``) into a snapshot."""
 
 from __future__ import annotations
 
@@ -46,6 +47,11 @@ class _Revs:
 
 def kv(rest: str, value: Any, create: int = 1, mod: int | None = None, keys: Keys = KEYS) -> KeyValue:
     return KeyValue(keys.job(JOB) + rest, json.dumps(value).encode(), create, mod or create, 0)
+
+
+def join_kv(round_no: int, node: str, value: Any, create: int = 1, mod: int | None = None) -> KeyValue:
+    """A join: among the job's joins (``rdzv/<job>/``), not its records."""
+    return KeyValue(KEYS.join(JOB, round_no, node), json.dumps(value).encode(), create, mod or create, 0)
 
 
 def result_json(round_no: int, *nodes: str) -> dict[str, Any]:
@@ -124,15 +130,15 @@ def test_parse_full_snapshot() -> None:
         kv("restarts", 0),
         kv("round", info.to_json(), create=2, mod=30),
         kv("rdzv/1/result", result_json(1, "n1", "n2")),
-        kv("rdzv/1/join/n2", join_json("n2"), create=11),
-        kv("rdzv/1/join/n1", join_json("n1"), create=10),
+        join_kv(1, "n2", join_json("n2"), create=11),
+        join_kv(1, "n1", join_json("n1"), create=10),
         kv("rdzv/1/done/n1", {"at": 1.0}),
         kv("rdzv/2/left/n2", {"at": 2.0}),
         kv("rdzv/2/left/n4", {"at": 2.5}),
         # joins arrive in key order (by node name), not by create revision
-        kv("rdzv/2/join/n1", join_json("n1"), create=41),
-        kv("rdzv/2/join/n3", join_json("n3"), create=33),
-        kv("rdzv/2/join/n9", join_json("n9"), create=37),
+        join_kv(2, "n1", join_json("n1"), create=41),
+        join_kv(2, "n3", join_json("n3"), create=33),
+        join_kv(2, "n9", join_json("n9"), create=37),
         kv("waiting/n3", {"at": 3.0}),
         kv(
             "nodes/n1",
@@ -165,7 +171,7 @@ def test_parse_running_round() -> None:
     kvs = [
         kv("round", RoundInfo(1, RoundReason.MEMBER_LOST, 0.0).to_json()),
         kv("rdzv/0/result", result_json(0, "a", "b")),
-        kv("rdzv/1/join/b", join_json("b"), create=20),
+        join_kv(1, "b", join_json("b"), create=20),
         kv("rdzv/1/result", result_json(1, "b")),
     ]
     snap = parse(kvs)
@@ -201,10 +207,10 @@ def test_result_and_previous_result(
 def test_last_join_revision_counts_only_the_current_round() -> None:
     kvs = [
         kv("round", RoundInfo(1, RoundReason.SCALE_UP, 0.0).to_json()),
-        kv("rdzv/0/join/a", join_json("a"), create=90),
-        kv("rdzv/2/join/b", join_json("b"), create=95),  # a round that is not open (yet)
-        kv("rdzv/1/join/c", join_json("c"), create=50),
-        kv("rdzv/1/join/d", join_json("d"), create=60),
+        join_kv(0, "a", join_json("a"), create=90),
+        join_kv(2, "b", join_json("b"), create=95),  # a round that is not open (yet)
+        join_kv(1, "c", join_json("c"), create=50),
+        join_kv(1, "d", join_json("d"), create=60),
     ]
     snap = parse(kvs)
     assert snap.last_join_revision == 60
@@ -214,7 +220,7 @@ def test_last_join_revision_counts_only_the_current_round() -> None:
 def test_last_join_revision_without_current_joins() -> None:
     kvs = [
         kv("round", RoundInfo(3, RoundReason.SCALE_UP, 0.0).to_json()),
-        kv("rdzv/2/join/a", join_json("a"), create=90),
+        join_kv(2, "a", join_json("a"), create=90),
     ]
     snap = parse(kvs)
     assert snap.current_joins == []
@@ -222,16 +228,16 @@ def test_last_join_revision_without_current_joins() -> None:
 
 
 def test_current_joins_without_round_is_round_zero() -> None:
-    snap = parse([kv("rdzv/0/join/a", join_json("a"), create=4)])
+    snap = parse([join_kv(0, "a", join_json("a"), create=4)])
     assert snap.current == 0
     assert [x.node for x in snap.current_joins] == ["a"]
     assert snap.last_join_revision == 4
 
 
 def test_join_under_another_nodes_name_is_invalid() -> None:
-    snap = parse([*required(), kv("rdzv/0/join/key-name", join_json("value-name"), create=4, mod=6)])
+    snap = parse([*required(), join_kv(0, "key-name", join_json("value-name"), create=4, mod=6)])
     assert snap.current_joins == []
-    assert [(k.key, k.revision) for k in snap.invalid] == [(f"jobs/{JOB}/rdzv/0/join/key-name", 6)]
+    assert [(k.key, k.revision) for k in snap.invalid] == [(f"rdzv/{JOB}/0/join/key-name", 6)]
     assert "value-name" in snap.invalid[0].why and snap.ended
 
 
@@ -243,6 +249,7 @@ def test_join_under_another_nodes_name_is_invalid() -> None:
         "rdzv/1/other/n1",
         "rdzv/1/join",
         "rdzv/1/join/n1/extra",
+        "rdzv/1/join/n1",  # where v1 kept joins
         "waiting",
         "waiting/n1/extra",
         "nodes/n1/extra",
@@ -272,7 +279,7 @@ def test_parse_is_order_independent() -> None:
         kv("spec", make_spec().to_json(), create=revs.next()),
         kv("round", RoundInfo(1, RoundReason.MEMBER_LOST, 0.0).to_json(), create=revs.next()),
         kv("rdzv/0/result", result_json(0, "n1", "n2"), create=revs.next()),
-        *(kv(f"rdzv/1/join/{n}", join_json(n), create=revs.next()) for n in ("n2", "n3", "n1")),
+        *(join_kv(1, n, join_json(n), create=revs.next()) for n in ("n2", "n3", "n1")),
         kv("rdzv/0/done/n1", {"at": 1}, create=revs.next()),
     ]
     assert parse(kvs) == parse(list(reversed(kvs)))

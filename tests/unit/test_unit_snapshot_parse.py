@@ -27,8 +27,23 @@ NODE = "n1"
 ORPHAN_REASON = "every node of round 0 was lost"
 
 
+JOINS = "joins:"  # a key ``joins:<rest>`` is ``rdzv/<job>/<rest>``, among the job's joins
+
+
+def key_of(rest: str, job: str = JOB) -> str:
+    """``rest`` under the job's records (``jobs/<job>/``), or under its joins (``joins:...``)."""
+    if rest.startswith(JOINS):
+        return KEYS.job_joins(job) + rest.removeprefix(JOINS)
+    return KEYS.job(job) + rest
+
+
+def shown(rest: str) -> str:
+    """The key as a message names it."""
+    return KEYS.relative(key_of(rest))
+
+
 def raw(rest: str, value: bytes, create: int = 10, mod: int | None = None) -> KeyValue:
-    return KeyValue(KEYS.job(JOB) + rest, value, create, mod or create, 0)
+    return KeyValue(key_of(rest), value, create, mod or create, 0)
 
 
 def kv(rest: str, value: Any, create: int = 10, mod: int | None = None) -> KeyValue:
@@ -45,7 +60,7 @@ def running() -> dict[str, Any]:
         "spec": spec.to_json(),
         "round": RoundInfo(0, RoundReason.START, 1.0).to_json(),
         "restarts": 0,
-        "rdzv/0/join/n1": join.to_json(),
+        "joins:0/join/n1": join.to_json(),
         "rdzv/0/result": result.to_json(),
         "nodes/n1": {"state": status.state, "round": 0, "devices": "", "pids": [100, 101], "updated_at": 6.0},
         "pending/n2": "n2 is waiting for 2 free CPU slots (0 of 2 free now)",
@@ -92,12 +107,12 @@ def test_garbage_under_any_key_never_raises_and_is_named(rest: str, value: bytes
     values = running()
     values.pop(rest, None)
     snap = parse([*kvs_of(values), raw(rest, value, 99, 123)])
-    bad = [k for k in snap.invalid if k.key == f"jobs/{JOB}/{rest}"]
+    bad = [k for k in snap.invalid if k.key == shown(rest)]
     assert [k.key for k in snap.invalid] == [k.key for k in bad]  # nothing else is blamed
     if bad:
         assert bad[0].revision == 123 and snap.ended
         view = job_view(snap, NODE)
-        assert view["state"] == "FAILED" and f"jobs/{JOB}/{rest}" in view["reason"]
+        assert view["state"] == "FAILED" and shown(rest) in view["reason"]
     else:
         assert _valid_alone(rest, value)
 
@@ -144,7 +159,11 @@ CASES = [
     ("restarts", "1"),
     ("final", {"state": "RUNNING", "reason": "", "code": "succeeded", "ended_at": 1.0}),
     ("rdzv/0/result", {"round": 0}),
-    ("rdzv/0/join/n1", {"node": "n1", "address": "h", "port": "x", "local_world_size": 2}),
+    ("joins:0/join/n1", {"node": "n1", "address": "h", "port": "x", "local_world_size": 2}),
+    ("joins:0/join/n1", running()["joins:0/join/n1"] | {"node": "n2"}),
+    ("rdzv/0/join/n1", running()["joins:0/join/n1"]),  # where v1 kept joins: no record of a job now
+    ("joins:0/result", running()["rdzv/0/result"]),  # nothing but joins among the joins
+    ("joins:x/join/n1", running()["joins:0/join/n1"]),
     ("rdzv/0/done/n1", {"at": "now"}),
     ("rdzv/0/left/n1", []),
     ("waiting/n2", None),
@@ -153,7 +172,7 @@ CASES = [
     ("drain/n1", {"grace_s": -5}),
     ("rdzv/x/result", running()["rdzv/0/result"]),
     ("rdzv/01/done/n1", {"at": 1.0}),
-    ("rdzv/0/join/bad node", running()["rdzv/0/join/n1"]),
+    ("joins:0/join/bad node", running()["joins:0/join/n1"]),
     ("nodes/../etc", running()["nodes/n1"]),
     ("surprise", {}),
 ]
@@ -163,10 +182,10 @@ CASES = [
 def test_bad_record_fails_the_job_naming_the_key(rest: str, value: Any) -> None:
     others = kvs_of({k: v for k, v in running().items() if k != rest})
     snap = parse([*others, raw(rest, value if isinstance(value, bytes) else json.dumps(value).encode())])
-    assert [k.key for k in snap.invalid] == [f"jobs/{JOB}/{rest}"]
+    assert [k.key for k in snap.invalid] == [shown(rest)]
     view = job_view(snap, NODE)
     assert view["state"] == "FAILED" and view["code"] == EndReason.INVALID_RECORD.value
-    assert view["reason"].startswith(f"invalid record at jobs/{JOB}/{rest}: ")
+    assert view["reason"].startswith(f"invalid record at {shown(rest)}: ")
     assert ORPHAN_REASON not in view["reason"]
     assert admit(snap, "n9", 8, 8, "slots") == Admission(False)  # nobody joins it
 
@@ -180,9 +199,7 @@ def test_missing_round_or_restarts_is_invalid() -> None:
 
 
 def test_a_bad_job_id_makes_every_key_invalid() -> None:
-    kvs = [
-        KeyValue(KEYS.job("bad id") + rest, json.dumps(v).encode(), 1, 1, 0) for rest, v in running().items()
-    ]
+    kvs = [KeyValue(key_of(rest, "bad id"), json.dumps(v).encode(), 1, 1, 0) for rest, v in running().items()]
     snap = JobSnapshot.parse(KEYS, "bad id", kvs)
     assert len(snap.invalid) == len(kvs) and snap.spec is None
 
