@@ -223,6 +223,7 @@ class Bench:
     def __init__(self, ns: argparse.Namespace) -> None:
         self.ns = ns
         self.bin = Path(ns.bin)
+        self.daemon_args: list[str] = list(ns.daemon_arg)
         self.python = str(self.bin / "python")
         self.tmp = Path(tempfile.mkdtemp(prefix="elasticd-bench-"))
         self.node_id = "bench-" + self.tmp.name.removeprefix("elasticd-bench-")
@@ -265,6 +266,7 @@ class Bench:
             "--node-id", self.node_id,
             "--log-format", "json",
             "--stop-grace", str(DAEMON_STOP_GRACE_S),
+            *self.daemon_args,
         ]  # fmt: skip
         with open(self.daemon_err, "wb") as err:
             self.daemon = subprocess.Popen(
@@ -282,7 +284,9 @@ class Bench:
                 raise DaemonDied(f"elasticd exited with {self.daemon.returncode}:\n{self.daemon_tail()}")
             with contextlib.suppress(subprocess.TimeoutExpired):
                 if self.ctl("--timeout", "2", "ping", timeout_s=10).returncode == 0:
-                    print(f"elasticd ready in {time.monotonic() - t0:.1f}s (state in {self.tmp})", flush=True)
+                    flags = f", extra flags {' '.join(self.daemon_args)}" if self.daemon_args else ""
+                    took = time.monotonic() - t0
+                    print(f"elasticd ready in {took:.1f}s (state in {self.tmp}{flags})", flush=True)
                     return
             time.sleep(0.2)
         raise DaemonDied(f"elasticd did not answer ping within 60 s:\n{self.daemon_tail()}")
@@ -669,6 +673,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=60.0,
         help="per restart trial: the launcher must finish by then or is killed (default 60 s)",
     )
+    p.add_argument(
+        "--daemon-arg",
+        action="append",
+        default=[],
+        help="extra elasticd flag, repeatable (e.g. --daemon-arg=--warm-pool-size=0: every start cold)",
+    )
     p.add_argument("--json", type=Path, help="also write the results here")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (logs, stamps, daemon state)")
     p.add_argument("--bin", default=str(_default_bin()), help="dir with elasticd, elasticctl, torchrun")
@@ -780,6 +790,7 @@ def main(argv: list[str] | None = None) -> int:
             "config": {
                 "repeats": ns.repeats, "restart_repeats": ns.restart_repeats, "only": ns.only,
                 "warmup": ns.warmup, "nproc_per_node": NPROC, "max_restarts": MAX_RESTARTS,
+                "daemon_args": ns.daemon_arg,
                 "start_timeout_s": ns.start_timeout, "restart_timeout_s": ns.restart_timeout,
             },
             "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch_version,
