@@ -270,9 +270,11 @@ class Reads:
         self.at_watch: list[int] = []
         snapshot, watch_joins = InlineJobStore.snapshot, InlineJobStore.watch_joins
 
-        async def counted(store: InlineJobStore, counted_of: int | None = None) -> JobSnapshot:
+        async def counted(
+            store: InlineJobStore, counted_of: int | None = None, statuses: bool = True
+        ) -> JobSnapshot:
             self.count += 1
-            return await snapshot(store, counted_of)
+            return await snapshot(store, counted_of, statuses)
 
         async def watched(store: InlineJobStore, round_no: int, *args: Any) -> Callable[[], None]:
             self.at_watch.append(self.count)
