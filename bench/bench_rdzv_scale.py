@@ -2,13 +2,14 @@
 
 elasticd side: each participant is a *node*: its own etcd client (its own connections, as one
 daemon has), its own lease, and the watch a daemon has: the manager's ranges (``Keys.watched``:
-the whole prefix but the joins), routed by the real codec and filtered as the agent's ``wake``
-filters (``AgentRecord.woken_by``). It runs the join path of ``elasticd.agent.step`` with the
-real ``JobStore`` (etcd I/O) and the real pure deciders (``leader``, ``decide_close``,
-``order_members``, ``build_result``): it puts its join key under its lease and (as the agent's
-``Publish``; ``--no-publish`` leaves it out) its status, glances at the round while someone else
-leads, and the leader, which alone watches the round's joins (``JobStore.watch_joins``, opened
-when it finds it leads, then a read of what came before), closes the round when MAX have joined.
+the whole prefix but the jobs' parts: joins, statuses, pending notes), routed by the real codec
+and filtered as the agent's ``wake`` filters (``AgentRecord.woken_by``). It runs the join path of
+``elasticd.agent.step`` with the real ``JobStore`` (etcd I/O) and the real pure deciders
+(``leader``, ``decide_close``, ``order_members``, ``build_result``): it puts its join key under
+its lease and (as the agent's ``Publish``; ``--no-publish`` leaves it out) its status, glances at
+the round while someone else leads, and the leader, which alone watches the round's joins
+(``JobStore.watch_joins``, opened when it finds it leads, then a read of what came before),
+closes the round when MAX have joined.
 The participants run as threads in ``--procs`` separate processes (default: one per 128
 participants), so that no single Python interpreter carries them all: the harness is not what
 is measured. The unary etcd requests of every
@@ -252,13 +253,13 @@ class Node:
         if not self.leading:  # the agent's glance: one small read while someone else leads
             glance = run_inline(store.glance(0, self.me))
             if glance.closed:
-                run_inline(store.snapshot(joins_counted_of=0))  # the member then reads the job
+                run_inline(store.snapshot(joins_counted_of=0, statuses=False))  # the member reads the job
                 self.done_at = time.time()
                 return True
             if glance.quiet(0, self.me):
                 self.wake.wait(POLL_S)
                 return False
-        snap = run_inline(store.snapshot())
+        snap = run_inline(store.snapshot(statuses=False))  # as the agent's ReadSnapshot
         if snap.result is not None:
             self.done_at = time.time()
             return True
@@ -465,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     p.add_argument(
         "--no-publish", dest="publish", action="store_false",
-        help="leave out the status a joining agent publishes (jobs/<job>/nodes/<node>, watched by all)",
+        help="leave out the status a joining agent publishes (parts/<job>/status/<node>, watched by none)",
     )  # fmt: skip
     p.add_argument("--timeout", type=float, default=180.0, help="per side and size, seconds")
     p.add_argument("--torch", action="store_true", help="also run torch's c10d rendezvous (N <= 256)")

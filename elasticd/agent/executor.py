@@ -216,7 +216,7 @@ class JobAgent:
             case act.ReadGlance(round_no):
                 return await store.glance(round_no, node)
             case act.ReadSnapshot(counted):
-                snap = await store.snapshot(counted)
+                snap = await store.snapshot(counted, statuses=False)  # no decider reads them
                 if snap.invalid and snap.final is None and self._on_invalid is not None:
                     self._on_invalid()  # the janitor ends the job: now, not at its next poll
                 return Observed(snap, await self._lease.alive())

@@ -4,7 +4,7 @@ No daemon's own watch covers joins (``Keys.watched``): with it, every join of a 
 went to every daemon (N² events to send and decode). Only the round's leader needs them (to close
 at MAX, at once when every expected node is in, or after the last call), so ``agent.step``
 decides when its agent follows its round's joins (``WatchJoins``) and this carries it out: one
-watch at a time, over ``rdzv/<job>/<round>/join/``, for as long as the step wants it.
+watch at a time, over ``parts/<job>/<round>/join/``, for as long as the step wants it.
 
 Once a watch exists the agent is woken, to read what came before it existed (its read is then
 complete: anything later is an event). A watch that breaks is dropped and the agent woken: the

@@ -85,8 +85,9 @@ class AgentRecord:
 
     def woken_by(self, change: Change) -> bool:
         """Whether a change of the job's keys can matter to this agent. Statuses and notes never
-        do; other nodes' joins only to a round's leader (only its watch carries them, and one
-        that arrives as it stops leading is dropped): that keeps a round's cost per participant
+        do (no watch carries them: they are parts, ``Keys.watched``; this holds should one);
+        other nodes' joins only to a round's leader (only its watch carries them, and one that
+        arrives as it stops leading is dropped): that keeps a round's cost per participant
         constant instead of linear in the number of nodes."""
         if change.kind in (KeyKind.NODE_STATUS, KeyKind.PENDING):
             return False

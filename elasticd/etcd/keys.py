@@ -5,9 +5,11 @@ parsed here into a ``KeyRef`` (see architecture.md, "etcd keys"). Parsing is str
 the prefix that has no meaning (an unknown kind, a bad job or node id, a round that is not a
 plain decimal) raises ``DecodeError`` naming the part. Pure: no etcd client.
 
-Joins live apart from the rest of their job (``rdzv/<job>/<r>/join/<node>``, not under
-``jobs/<job>/``): every daemon watches the whole prefix *but* that subtree (``Keys.watched``),
-and only a round's leader watches its round's joins, so N joins cost N watch events, not N².
+A job's *parts* live apart from the rest of the job, under ``parts/<job>/`` rather than
+``jobs/<job>/``: what each node keeps of its own part in it (its joins, its status, the note of
+why it cannot take part), under its lease. Every daemon watches the whole prefix *but* that
+subtree (``Keys.watched``), and only a round's leader watches its round's joins, so a round of N
+nodes costs O(N) watch events, not N².
 """
 
 from __future__ import annotations
@@ -30,12 +32,12 @@ class KeyKind(StrEnum):
     RESTARTS = "restarts"
     FINAL = "final"
     RESULT = "result"  # jobs/<job>/rdzv/<r>/result
-    JOIN = "join"  # rdzv/<job>/<r>/join/<node>: outside jobs/, and outside the daemons' watch
+    JOIN = "join"  # parts/<job>/<r>/join/<node>: outside jobs/, and outside the daemons' watch
     DONE = "done"
     LEFT = "left"
     WAITING = "waiting"  # jobs/<job>/waiting/<node>
-    NODE_STATUS = "node_status"  # jobs/<job>/nodes/<node>
-    PENDING = "pending"  # jobs/<job>/pending/<node>
+    NODE_STATUS = "node_status"  # parts/<job>/status/<node>: unwatched too
+    PENDING = "pending"  # parts/<job>/pending/<node>: unwatched too
     JOB_DRAIN = "job_drain"  # jobs/<job>/drain/<node>
     EVENT = "event"  # events/<seq>: the cluster's event history (elasticd.events)
     EVENT_SEQ = "event_seq"  # event_seq: the last event's sequence number
@@ -50,12 +52,8 @@ _JOB_LEAVES = {
     "restarts": KeyKind.RESTARTS,
     "final": KeyKind.FINAL,
 }
-_JOB_NODE_KEYS = {
-    "waiting": KeyKind.WAITING,
-    "nodes": KeyKind.NODE_STATUS,
-    "pending": KeyKind.PENDING,
-    "drain": KeyKind.JOB_DRAIN,
-}
+_JOB_NODE_KEYS = {"waiting": KeyKind.WAITING, "drain": KeyKind.JOB_DRAIN}
+_PART_NODE_KEYS = {"status": KeyKind.NODE_STATUS, "pending": KeyKind.PENDING}
 _ROUND_NODE_KEYS = {"done": KeyKind.DONE, "left": KeyKind.LEFT}
 
 
@@ -86,7 +84,8 @@ class Change:
 
 @dataclass(frozen=True)
 class Keys:
-    # v2: joins moved out of jobs/ (v1 daemons would neither see v2 joins nor read their own).
+    # v2: joins, statuses and pending notes moved out of jobs/ into parts/ (v1 daemons would
+    # neither see v2 joins nor read their own).
     prefix: str = "/elasticd/v2"
 
     # -- build ---------------------------------------------------------------------------------
@@ -103,26 +102,33 @@ class Keys:
         return f"{self.prefix}/jobs/"
 
     def job(self, job_id: str) -> str:
-        """Every record of the job but its joins (``job_joins``)."""
+        """Every record of the job but its parts (``job_parts``)."""
         return f"{self.prefix}/jobs/{job_id}/"
 
-    def job_joins(self, job_id: str) -> str:
-        """The job's joins, of every round."""
-        return f"{self.prefix}/rdzv/{job_id}/"
+    def job_parts(self, job_id: str) -> str:
+        """The job's parts: its joins of every round, its nodes' statuses and pending notes."""
+        return f"{self.prefix}/parts/{job_id}/"
 
     def job_prefixes(self, job_id: str) -> tuple[str, str]:
-        """Every key of the job: its joins, then the rest (the order a removal deletes them in,
-        so that an interrupted removal leaves no joins of a job that has no records)."""
-        return self.job_joins(job_id), self.job(job_id)
+        """Every key of the job: its parts, then the rest (the order a removal deletes them in,
+        so that an interrupted removal leaves no parts of a job that has no records)."""
+        return self.job_parts(job_id), self.job(job_id)
 
-    def all_joins(self) -> str:
-        """Every job's joins: the subtree that only a round's leader watches (a round of it)."""
-        return f"{self.prefix}/rdzv/"
+    def job_joins(self, job_id: str) -> tuple[str, str]:
+        """The range [start, end) of the job's joins, of every round: a round is a plain decimal,
+        so its keys sort from ``0`` to ``:`` (the byte after ``9``), apart from its nodes'
+        statuses and pending notes (``pending/``, ``status/``)."""
+        parts = self.job_parts(job_id)
+        return parts + "0", parts + ":"
+
+    def all_parts(self) -> str:
+        """Every job's parts: the subtree no daemon watches (a round's leader watches its joins)."""
+        return f"{self.prefix}/parts/"
 
     def watched(self) -> tuple[tuple[str, str], ...]:
-        """The ranges [start, end) every daemon watches: the whole prefix but the joins."""
-        joins = self.all_joins()
-        return ((f"{self.prefix}/", joins), (prefix_end(joins), prefix_end(f"{self.prefix}/")))
+        """The ranges [start, end) every daemon watches: the whole prefix but the jobs' parts."""
+        parts = self.all_parts()
+        return ((f"{self.prefix}/", parts), (prefix_end(parts), prefix_end(f"{self.prefix}/")))
 
     def job_spec(self, job_id: str) -> str:
         return f"{self.prefix}/jobs/{job_id}/spec"
@@ -137,11 +143,11 @@ class Keys:
         return f"{self.prefix}/jobs/{job_id}/final"
 
     def join(self, job_id: str, round_no: int, node: str) -> str:
-        return f"{self.prefix}/rdzv/{job_id}/{round_no}/join/{node}"
+        return f"{self.prefix}/parts/{job_id}/{round_no}/join/{node}"
 
     def joins(self, job_id: str, round_no: int) -> str:
         """Round ``round_no``'s joins: what its leader watches."""
-        return f"{self.prefix}/rdzv/{job_id}/{round_no}/join/"
+        return f"{self.prefix}/parts/{job_id}/{round_no}/join/"
 
     def result(self, job_id: str, round_no: int) -> str:
         return f"{self.prefix}/jobs/{job_id}/rdzv/{round_no}/result"
@@ -154,16 +160,16 @@ class Keys:
 
     def rounds(self, job_id: str, round_no: int) -> tuple[str, str]:
         """Every key of round ``round_no``: its joins, and its records under the job."""
-        return f"{self.prefix}/rdzv/{job_id}/{round_no}/", f"{self.prefix}/jobs/{job_id}/rdzv/{round_no}/"
+        return f"{self.prefix}/parts/{job_id}/{round_no}/", f"{self.prefix}/jobs/{job_id}/rdzv/{round_no}/"
 
     def waiting(self, job_id: str, node: str) -> str:
         return f"{self.prefix}/jobs/{job_id}/waiting/{node}"
 
     def node_status(self, job_id: str, node: str) -> str:
-        return f"{self.prefix}/jobs/{job_id}/nodes/{node}"
+        return f"{self.prefix}/parts/{job_id}/status/{node}"
 
     def pending_note(self, job_id: str, node: str) -> str:
-        return f"{self.prefix}/jobs/{job_id}/pending/{node}"
+        return f"{self.prefix}/parts/{job_id}/pending/{node}"
 
     def drains(self) -> str:
         return f"{self.prefix}/drain/"
@@ -206,15 +212,15 @@ class Keys:
                 return KeyRef(KeyKind.EVENT_SEQ)
             case ["jobs", job, *rest]:
                 return _job_key(_job(job), rest)
-            case ["rdzv", job, r, "join", node]:
-                return KeyRef(KeyKind.JOIN, _job(job), round_no(r), _node(node))
+            case ["parts", job, *rest]:
+                return _part_key(_job(job), rest)
             case _:
                 raise DecodeError("", "no such key: the layout has no key of this name")
 
     def job_of(self, key: str) -> str | None:
-        """The job a key is under (``jobs/<job>/...`` or ``rdzv/<job>/...``), parsed or not;
+        """The job a key is under (``jobs/<job>/...`` or ``parts/<job>/...``), parsed or not;
         None for other keys."""
-        for base in (self.jobs(), self.all_joins()):
+        for base in (self.jobs(), self.all_parts()):
             if key.startswith(base):
                 job, sep, _ = key[len(base) :].partition("/")
                 return job if sep else None
@@ -243,6 +249,17 @@ def _job_key(job: str, rest: list[str]) -> KeyRef:
             return KeyRef(_ROUND_NODE_KEYS[kind], job, round_no(r), _node(node))
         case _:
             raise DecodeError("", "no such key: a job has no record of this name")
+
+
+def _part_key(job: str, rest: list[str]) -> KeyRef:
+    """A key under ``parts/<job>/``: a join (its round a plain decimal) or a node's record."""
+    match rest:
+        case [r, "join", node]:
+            return KeyRef(KeyKind.JOIN, job, round_no(r), _node(node))
+        case [kind, node] if kind in _PART_NODE_KEYS:
+            return KeyRef(_PART_NODE_KEYS[kind], job, node=_node(node))
+        case _:
+            raise DecodeError("", "no such key: a job's parts have no record of this name")
 
 
 def round_no(text: str) -> int:

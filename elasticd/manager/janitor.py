@@ -5,8 +5,9 @@ when that node dies or stops, the key goes with its lease and the next node to s
 Every clean-up write is a compare-and-swap, so a brief overlap of two janitors is harmless.
 
 It ends jobs that have an invalid record (naming the key), restarts or fails jobs that no live
-member looks after, fails jobs that no node joined within the join timeout, and deletes the
-records of jobs that ended longer ago than the retention (each node then drops its own logs).
+member looks after, fails jobs that no node joined within the join timeout, deletes the
+records of jobs that ended longer ago than the retention (each node then drops its own logs),
+and deletes parts (``parts/<job>/``) left of a job that has no records.
 
 A round whose only member is gone gets a grace first (``SOLO_GRACE_S``): that node's workers are
 not fenced (there are no peers to split from), so a daemon that was frozen or cut off from etcd
@@ -41,6 +42,7 @@ _log = log.get("elasticd.janitor")
 # gives it up. It covers a daemon frozen or cut off from etcd for about this long past its TTL; a
 # janitor that takes the role over starts counting afresh (later, never sooner).
 SOLO_GRACE_S = 60.0
+MAX_TXN_DELETES = 100  # etcd refuses a transaction of more than 128 operations (--max-txn-ops)
 
 
 class Janitor:
@@ -114,6 +116,17 @@ class Janitor:
                 await self._fail_invalid(snap)
             elif snap.spec is not None and not snap.ended:
                 await self._orphan(snap)
+
+    async def drop_strays(self, strays: dict[str, list[str]]) -> None:
+        """Delete parts of jobs that have no records (``snapshot.parse_jobs``), unless the job
+        exists again by now (its spec is created with its first records, in one transaction)."""
+        for job_id, stray in strays.items():
+            guard = [Compare(self._keys.job_spec(job_id), "create", 0)]
+            for start in range(0, len(stray), MAX_TXN_DELETES):
+                chunk = stray[start : start + MAX_TXN_DELETES]
+                if not await asyncio.to_thread(self._kv.txn, guard, [], chunk):
+                    break
+                _log.info("job.parts_dropped", job=job_id[:80], keys=len(chunk))
 
     def now(self) -> float:
         return self._clock()

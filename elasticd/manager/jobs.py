@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +18,7 @@ from elasticd.aio import wait_event
 from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keys import Change, KeyKind, Keys
 from elasticd.etcd.kv import KV
-from elasticd.etcd.types import KeyValue, Query
+from elasticd.etcd.types import Query
 from elasticd.jobs import logdir, logread
 from elasticd.jobs.launch import NodeRuntime
 from elasticd.manager import janitor as janitors
@@ -29,7 +28,7 @@ from elasticd.manager.recovery import recover
 from elasticd.node.registry import NodeRegistry, parse_node_drain
 from elasticd.node.statedir import StateDir
 from elasticd.rendezvous.model import RoundReason
-from elasticd.rendezvous.snapshot import JobSnapshot
+from elasticd.rendezvous.snapshot import JobSnapshot, parse_jobs
 from elasticd.rendezvous.store import EtcdJobStore, JobStore
 
 _log = log.get("elasticd.jobs")
@@ -153,17 +152,15 @@ class JobManager:
             self._wake.clear()
 
     async def snapshots(self) -> dict[str, JobSnapshot]:
-        """Every job, all as of one revision (one read of the ``jobs/`` prefix and every join).
-        Joins of a job that has no records are no job (they go with their nodes' leases)."""
-        queries = [Query(self._keys.jobs(), prefix=True), Query(self._keys.all_joins(), prefix=True)]
+        """Every job, all as of one revision (one read of ``jobs/`` and ``parts/``)."""
+        return (await self._read_jobs())[0]
+
+    async def _read_jobs(self) -> tuple[dict[str, JobSnapshot], dict[str, list[str]]]:
+        """Every job as ``snapshots``, and the parts of no job (``parse_jobs``), which the
+        janitor deletes."""
+        queries = [Query(self._keys.jobs(), prefix=True), Query(self._keys.all_parts(), prefix=True)]
         found = await asyncio.to_thread(self._kv.read_many, queries)
-        by_job: dict[str, list[KeyValue]] = defaultdict(list)
-        for kv in (kv for f in found for kv in f.kvs):
-            job = self._keys.job_of(kv.key)
-            if job is not None:
-                by_job[job].append(kv)
-        snaps = (JobSnapshot.parse(self._keys, job, items) for job, items in by_job.items())
-        return {snap.job_id: snap for snap in snaps if snap.found}
+        return parse_jobs(self._keys, [kv for f in found for kv in f.kvs])
 
     async def scan(self, clean_up: bool = True) -> None:
         """Join what this node should join; with ``clean_up``, do the janitor's round if elected
@@ -171,7 +168,7 @@ class JobManager:
         lease = self._registry.lease_id
         if self._stopping or lease is None:
             return
-        snaps = await self.snapshots()
+        snaps, strays = await self._read_jobs()
         drain = await asyncio.to_thread(self._kv.get, self._keys.drain(self.rt.node_id))
         self.admitter.draining = parse_node_drain(self._keys, drain) if drain is not None else None
         self._apply_drains(snaps)
@@ -181,6 +178,7 @@ class JobManager:
                 await self._consider(snap, lease)
         if clean_up and await self.janitor.elected(lease):
             await self.janitor.sweep(snaps)
+            await self.janitor.drop_strays(strays)
             self._due = self.janitor.next_due(snaps)
         if clean_up:
             await asyncio.to_thread(self.sweep_logs, set(snaps))

@@ -116,7 +116,7 @@ class RoundInfo:
 
 @dataclass(frozen=True)
 class Join:
-    """Value of ``rdzv/<job>/<round>/join/<node>``, held under the node's lease."""
+    """Value of ``parts/<job>/<round>/join/<node>``, held under the node's lease."""
 
     node: str
     address: str
@@ -287,7 +287,7 @@ _DEVICES = re.compile(r"^[0-9,]{0,1024}$")
 
 @dataclass(frozen=True)
 class NodeStatus:
-    """Value of ``jobs/<job>/nodes/<node>``: that node's part, as its agent last published it."""
+    """Value of ``parts/<job>/status/<node>``: that node's part, as its agent last published it."""
 
     state: str  # an AgentState, or FAILED while a failed group awaits the next round
     round: int
@@ -315,7 +315,7 @@ MAX_NOTE = 4096
 
 
 def pending_note(data: Any) -> str:
-    """Value of ``jobs/<job>/pending/<node>``: why an allowed node cannot take part now (text)."""
+    """Value of ``parts/<job>/pending/<node>``: why an allowed node cannot take part now (text)."""
     note = decode(str, data)
     if len(note) > MAX_NOTE:
         raise DecodeError("", f"a note is at most {MAX_NOTE} characters")

@@ -1,10 +1,10 @@
 """A job as etcd holds it, read at one revision: the model every decider works on.
 
-``JobSnapshot.parse`` turns the keys of one read of ``jobs/<job>/`` and ``rdzv/<job>/`` (its
-joins), at one revision, into typed records and never raises: a key that does not parse, does not
-validate or should not exist is recorded in ``invalid``. ``Glance`` is the small read a node
-waiting in an open round makes instead. Pure: no etcd client (``elasticd.rendezvous.store`` does the reading).
-"""
+``JobSnapshot.parse`` turns the keys of one read of ``jobs/<job>/`` and ``parts/<job>/`` (its
+joins, statuses and pending notes), at one revision, into typed records and never raises: a key
+that does not parse, does not validate or should not exist is recorded in ``invalid``.
+``Glance`` is the small read a node waiting in an open round makes instead. Pure: no etcd client
+(``elasticd.rendezvous.store`` does the reading)."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ class JobSnapshot:
     last_join_revision: int = 0
     join_counts: dict[int, int] = field(default_factory=dict)  # rounds whose joins were only counted
     invalid: list[InvalidKey] = field(default_factory=list)
-    # How many keys the job has under jobs/<job>/ (0: no such job). Joins alone make no job: they
+    # How many keys the job has under jobs/<job>/ (0: no such job). Parts alone make no job: they
     # are under their nodes' leases, and a job's removal deletes them first.
     found: int = 0
 
@@ -170,6 +170,21 @@ class JobSnapshot:
                 self.drains[ref.node] = DrainRecord.from_json(value)
             case _:
                 raise DecodeError("", "no such key: a job has no record of this name")
+
+
+def parse_jobs(keys: Keys, kvs: list[KeyValue]) -> tuple[dict[str, JobSnapshot], dict[str, list[str]]]:
+    """Every job in one read of ``jobs/`` and ``parts/`` (one revision), by id; and the keys of
+    parts of no job: ``parts/<job>/`` of a job that has no records, put after its removal (a
+    status a leaving agent published late). Those make no job; their node's lease lasts as long
+    as its daemon, so the janitor deletes them."""
+    by_job: dict[str, list[KeyValue]] = {}
+    for kv in kvs:
+        job = keys.job_of(kv.key)
+        if job is not None:
+            by_job.setdefault(job, []).append(kv)
+    snaps = [JobSnapshot.parse(keys, job, items) for job, items in by_job.items()]
+    strays = {s.job_id: [kv.key for kv in by_job[s.job_id]] for s in snaps if not s.found}
+    return {s.job_id: s for s in snaps if s.found}, strays
 
 
 @dataclass(frozen=True)

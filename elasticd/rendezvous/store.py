@@ -1,8 +1,8 @@
 """A job's state in the key-value store: one consistent snapshot per read, and the writes that
 change it, behind the async ``JobStore`` protocol.
 
-Reads are a single request over ``jobs/<job>/`` and the job's joins ``rdzv/<job>/`` (one revision,
-so a snapshot is never torn).
+Reads are a single request over ``jobs/<job>/`` and the job's parts ``parts/<job>/`` (its joins,
+statuses and pending notes), at one revision, so a snapshot is never torn.
 Every write that must not race is a transaction guarded by revisions (the fencing tokens):
 - the job is created once (``create(spec) == 0``);
 - a round's result is written once (``create(result) == 0``) and never after the job ended;
@@ -54,7 +54,7 @@ class JobStore(Protocol):
 
     job_id: str
 
-    async def snapshot(self, joins_counted_of: int | None = None) -> JobSnapshot: ...
+    async def snapshot(self, joins_counted_of: int | None = None, statuses: bool = True) -> JobSnapshot: ...
     async def glance(self, round_no: int, node: str) -> Glance: ...
     async def create(self, spec: JobSpec) -> bool: ...
     async def finalize(
@@ -93,27 +93,28 @@ class KVJobStore:
         raise NotImplementedError
 
     # -- reads ---------------------------------------------------------------------------------
-    async def snapshot(self, joins_counted_of: int | None = None) -> JobSnapshot:
+    async def snapshot(self, joins_counted_of: int | None = None, statuses: bool = True) -> JobSnapshot:
         """The whole job; with ``joins_counted_of=r``, round r's join keys are only counted
-        (a running member needs how many are left, not N records: O(1) instead of O(N))."""
-        return await self._run(lambda: self._snapshot(joins_counted_of))
+        (a running member needs how many are left, not N records: O(1) instead of O(N)); with
+        ``statuses=False``, its nodes' statuses and pending notes are left out (what ``status``
+        shows, which no decider reads: an agent's read carries O(N) records fewer)."""
+        return await self._run(lambda: self._snapshot(joins_counted_of, statuses))
 
-    def _snapshot(self, joins_counted_of: int | None) -> JobSnapshot:
-        records, joins = self._keys.job(self.job_id), self._keys.job_joins(self.job_id)
-        if joins_counted_of is None:
-            found = self._kv.read_many([Query(records, prefix=True), Query(joins, prefix=True)])
-            return JobSnapshot.parse(self._keys, self.job_id, [kv for f in found for kv in f.kvs])
-        counted = self._keys.joins(self.job_id, joins_counted_of)
-        found = self._kv.read_many(
-            [
-                Query(records, prefix=True),
-                Query(joins, end=counted),
-                Query(prefix_end(counted), end=prefix_end(joins)),
-                Query(counted, prefix=True, count_only=True),
-            ]
-        )
-        snap = JobSnapshot.parse(self._keys, self.job_id, [kv for f in found[:3] for kv in f.kvs])
-        snap.join_counts[joins_counted_of] = found[3].count
+    def _snapshot(self, counted_of: int | None, statuses: bool) -> JobSnapshot:
+        k, j = self._keys, self.job_id
+        parts = k.job_parts(j)
+        start, end = (parts, prefix_end(parts)) if statuses else k.job_joins(j)
+        ranges = [(start, end)]
+        counted = k.joins(j, counted_of) if counted_of is not None else None
+        if counted is not None:  # all but round r's joins, which are counted
+            ranges = [(start, counted), (prefix_end(counted), end)]
+        queries = [Query(k.job(j), prefix=True), *(Query(a, end=b) for a, b in ranges)]
+        if counted is not None:
+            queries.append(Query(counted, prefix=True, count_only=True))
+        found = self._kv.read_many(queries)
+        snap = JobSnapshot.parse(k, j, [kv for f in found[: 1 + len(ranges)] for kv in f.kvs])
+        if counted_of is not None:
+            snap.join_counts[counted_of] = found[-1].count
         return snap
 
     async def glance(self, round_no: int, node: str) -> Glance:
@@ -234,7 +235,7 @@ class KVJobStore:
         await self._run(forget)
 
     async def remove(self) -> None:
-        """Delete every record of the job (its joins first: see ``Keys.job_prefixes``)."""
+        """Delete every record of the job (its parts first: see ``Keys.job_prefixes``)."""
 
         def remove() -> None:
             for prefix in self._keys.job_prefixes(self.job_id):

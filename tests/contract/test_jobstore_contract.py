@@ -146,7 +146,10 @@ def test_an_unreadable_final_is_replaced_once(store: JobStore, kv: KV, base: str
     assert final is not None and final.code is EndReason.INVALID_RECORD
 
 
-def test_joins_live_apart_from_the_job_and_are_read_with_it_at_one_revision(
+STATUS = {"state": "RUNNING", "round": 0, "devices": "", "pids": [7], "updated_at": 1.0}
+
+
+def test_parts_live_apart_from_the_job_and_are_read_with_it_at_one_revision(
     store: JobStore, kv: KV, base: str
 ) -> None:
     keys = Keys(base)
@@ -154,17 +157,36 @@ def test_joins_live_apart_from_the_job_and_are_read_with_it_at_one_revision(
     lease = kv.grant_lease(30)
     for r, node in ((0, "n1"), (0, "n2"), (1, "n1"), (1, "n3")):
         run(store.join(r, _join(node), lease))
-    assert [kv.key for kv in kv.get_prefix(keys.job_joins(JOB))] == [
-        keys.join(JOB, r, n) for r, n in ((0, "n1"), (0, "n2"), (1, "n1"), (1, "n3"))
+    run(store.put_node_status("n1", STATUS, lease))
+    run(store.note_pending("n4", "no free slots", lease))
+    assert [kv.key for kv in kv.get_prefix(keys.job_parts(JOB))] == [
+        *(keys.join(JOB, r, n) for r, n in ((0, "n1"), (0, "n2"), (1, "n1"), (1, "n3"))),
+        keys.pending_note(JOB, "n4"),
+        keys.node_status(JOB, "n1"),
     ]
-    assert not [x for x in kv.get_prefix(keys.job(JOB)) if "join" in x.key]
+    assert [x.key for x in kv.get_prefix(keys.job(JOB))] == [
+        keys.job_restarts(JOB),
+        keys.job_round(JOB),
+        keys.job_spec(JOB),
+    ]
     snap = run(store.snapshot())
     assert {r: [j.node for j in joins] for r, joins in snap.joins.items()} == {
         0: ["n1", "n2"],
         1: ["n1", "n3"],
     }
-    counted = run(store.snapshot(joins_counted_of=1))  # round 1's only counted, round 0's read
+    assert list(snap.node_status) == ["n1"] and snap.pending == {"n4": "no free slots"}
+    counted = run(store.snapshot(joins_counted_of=1))  # round 1's only counted, the rest read
     assert counted.join_counts == {1: 2} and list(counted.joins) == [0] and counted.spec is not None
+    assert list(counted.node_status) == ["n1"] and counted.pending == {"n4": "no free slots"}
+    for r in (None, 0, 1):  # an agent's read: every join (or all but round r's, counted), no status
+        agents = run(store.snapshot(joins_counted_of=r, statuses=False))
+        assert not agents.node_status and not agents.pending and agents.spec is not None
+        assert {q: [j.node for j in js] for q, js in agents.joins.items()} == {
+            q: [j.node for j in js] for q, js in snap.joins.items() if q != r
+        }
+        assert agents.join_counts == ({r: 2} if r is not None else {})
+    run(store.note_pending("n4", None, lease))  # the note is withdrawn
+    assert kv.get(keys.pending_note(JOB, "n4")) is None and not run(store.snapshot()).pending
 
 
 def test_old_rounds_are_forgotten_with_their_joins_and_a_removed_job_leaves_nothing(
@@ -181,14 +203,21 @@ def test_old_rounds_are_forgotten_with_their_joins_and_a_removed_job_leaves_noth
         run(store.join(r, _join("n1"), lease))
         run(other.join(r, _join("n1"), lease))
         run(store.close(rdzv.build_result(r, [_join("n1")], 1.0)))
+    for s in (store, other):
+        run(s.put_node_status("n1", STATUS, lease))
+        run(s.note_pending("n2", "no free slots", lease))
     run(store.forget_rounds_before(2))
     snap = run(store.snapshot())
     assert sorted(snap.joins) == sorted(snap.results) == [1, 2]
     assert kv.get(keys.join(JOB, 0, "n1")) is None and kv.get(keys.result(JOB, 0)) is None
+    assert list(snap.node_status) == ["n1"] and list(snap.pending) == ["n2"]  # no round's: kept
     run(store.remove())
-    assert kv.get_prefix(keys.job(JOB)) == kv.get_prefix(keys.job_joins(JOB)) == []
+    assert kv.get_prefix(keys.job(JOB)) == kv.get_prefix(keys.job_parts(JOB)) == []
     assert not run(store.snapshot()).found
-    assert sorted(run(other.snapshot()).joins) == [0, 1, 2]  # a job whose id extends ours: untouched
+    kept = run(other.snapshot())  # a job whose id extends ours: untouched
+    assert (
+        sorted(kept.joins) == [0, 1, 2] and list(kept.node_status) == ["n1"] and list(kept.pending) == ["n2"]
+    )
 
 
 def test_a_join_watch_sees_its_rounds_joins_and_nothing_else(store: JobStore, kv: KV, base: str) -> None:
@@ -201,6 +230,8 @@ def test_a_join_watch_sees_its_rounds_joins_and_nothing_else(store: JobStore, kv
         run(store.join(0, _join("n1"), lease))
         run(store.join(1, _join("n2"), lease))
         run(store.set_waiting("n3", lease))
+        run(store.put_node_status("n2", STATUS, lease))  # parts, but no join
+        run(store.note_pending("n3", "no free slots", lease))
         run(store.mark_done(1, "n2"))
         run(store.join(10, _join("n4"), lease))
         run(store.withdraw(1, "n2"))

@@ -34,13 +34,15 @@ JOB_KINDS = [
     "final",
     "rdzv/0/result",
     "rdzv/0/join/{node}",  # where v1 kept joins: no record now
-    "@0/join/{node}",  # (@: among the job's joins, ``rdzv/<job>/``)
+    "@0/join/{node}",  # (@: among the job's parts, ``parts/<job>/``)
     "@0/result",
     "rdzv/0/done/{node}",
     "rdzv/1/left/{node}",
     "waiting/{node}",
-    "nodes/{node}",
-    "pending/{node}",
+    "nodes/{node}",  # where v1 kept statuses: no record now
+    "pending/{node}",  # ... and pending notes
+    "@status/{node}",
+    "@pending/{node}",
     "drain/{node}",
     "rdzv/zero/result",
     "no-such-record",
@@ -123,9 +125,9 @@ def test_garbage_under_any_key_fails_its_job_and_the_daemon_serves_on(
         def example(kind: str, value: bytes) -> None:
             job = _submit(d, tmp_path)
             wait_for(lambda: _running_and_published(d, job), 30, 0.05, f"{job} running")
-            base = keys.job_joins(job) if kind.startswith("@") else keys.job(job)
+            base = keys.job_parts(job) if kind.startswith("@") else keys.job(job)
             key = base + kind.removeprefix("@").format(node=d.node_id)
-            stored = etcd.get_prefix(keys.job(job)) + etcd.get_prefix(keys.job_joins(job))
+            stored = etcd.get_prefix(keys.job(job)) + etcd.get_prefix(keys.job_parts(job))
             invalid = _is_invalid(keys, job, stored, key, value)
             put_raw(etcd, key, value)
             shown = key[len(keys.prefix) + 1 :]

@@ -268,11 +268,15 @@ class Reads:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.count = 0
         self.at_watch: list[int] = []
+        self.statuses: list[bool] = []  # whether each read asked for the nodes' statuses
         snapshot, watch_joins = InlineJobStore.snapshot, InlineJobStore.watch_joins
 
-        async def counted(store: InlineJobStore, counted_of: int | None = None) -> JobSnapshot:
+        async def counted(
+            store: InlineJobStore, counted_of: int | None = None, statuses: bool = True
+        ) -> JobSnapshot:
             self.count += 1
-            return await snapshot(store, counted_of)
+            self.statuses.append(statuses)
+            return await snapshot(store, counted_of, statuses)
 
         async def watched(store: InlineJobStore, round_no: int, *args: Any) -> Callable[[], None]:
             self.at_watch.append(self.count)
@@ -299,6 +303,7 @@ def test_the_leader_is_woken_by_each_join_through_its_own_watch(monkeypatch: pyt
     async def body(agent: JobAgent, launcher: FakeLauncher, store: InlineJobStore, kv: MemoryKV) -> None:
         await until(reads.after_watch)
         assert agent.rec.leading and agent.state is AgentState.JOINING and agent._joins.round == 0
+        assert reads.statuses and not any(reads.statuses)  # an agent never reads them (no decider does)
         _other_node(kv, "n2", daemon=False)
         await until(lambda: launcher.groups)
         assert run_inline(store.snapshot()).result.nodes == ("n1", "n2")  # type: ignore[union-attr]

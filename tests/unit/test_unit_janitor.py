@@ -10,9 +10,10 @@ from elasticd.etcd.keys import Keys
 from elasticd.etcd.memory import MemoryKV
 from elasticd.jobs.spec import NodeRange
 from elasticd.jobs.state import EndReason, JobState
-from elasticd.manager.janitor import SOLO_GRACE_S, Janitor
+from elasticd.manager.janitor import MAX_TXN_DELETES, SOLO_GRACE_S, Janitor
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.model import Join
+from elasticd.rendezvous.snapshot import parse_jobs
 from elasticd.rendezvous.store import InlineJobStore, JobStore, run_inline
 from tests.fakes import JOB, make_spec
 
@@ -138,3 +139,35 @@ def test_ended_jobs_are_deleted_after_the_retention_and_not_before() -> None:
     now[0] += 10**6
     asyncio.run(j.sweep({"other-1": run_inline(running.snapshot())}))
     assert run_inline(running.snapshot()).found  # a job that has not ended is never expired
+
+
+STATUS = {"state": "STOPPING", "round": 0, "devices": "", "pids": [], "updated_at": 1.0}
+
+
+def test_parts_left_of_a_removed_job_are_deleted_and_other_jobs_keep_theirs() -> None:
+    kv = MemoryKV()
+    lease = kv.grant_lease(30)  # a daemon's lease: it lasts as long as the daemon
+    store, kept = InlineJobStore(kv, KEYS, JOB), InlineJobStore(kv, KEYS, "kept-1")
+    for s in (store, kept):
+        run_inline(s.create(make_spec(id=s.job_id)))
+        run_inline(s.join(0, Join("n1", "127.0.0.1", 29500, 2), lease))
+    run_inline(store.remove())
+    for i in range(MAX_TXN_DELETES + 3):  # published late by leaving agents: more than one txn holds
+        run_inline(store.put_node_status(f"n{i}", STATUS, lease))
+    run_inline(store.note_pending("n1", "no free slots", lease))
+    snaps, strays = parse_jobs(KEYS, kv.get_prefix(KEYS.jobs()) + kv.get_prefix(KEYS.all_parts()))
+    assert list(snaps) == ["kept-1"] and list(strays) == [JOB] and len(strays[JOB]) == MAX_TXN_DELETES + 4
+    asyncio.run(janitor(kv, "n1").drop_strays(strays))
+    assert kv.get_prefix(KEYS.job_parts(JOB)) == []
+    assert run_inline(kept.snapshot()).current_joins  # a job's own parts stay
+
+
+def test_parts_of_a_job_submitted_again_meanwhile_are_kept() -> None:
+    kv = MemoryKV()
+    lease = kv.grant_lease(30)
+    store = InlineJobStore(kv, KEYS, JOB)
+    run_inline(store.put_node_status("n1", STATUS, lease))
+    _, strays = parse_jobs(KEYS, kv.get_prefix(KEYS.all_parts()))
+    run_inline(store.create(make_spec()))  # after the janitor's read
+    asyncio.run(janitor(kv, "n1").drop_strays(strays))
+    assert list(run_inline(store.snapshot()).node_status) == ["n1"]

@@ -1,5 +1,6 @@
-"""elasticd.etcd.keys: every key built parses back to what it names; joins live apart from the rest
-of their job, outside the ranges every daemon watches (``Keys.watched``), and nowhere else."""
+"""elasticd.etcd.keys: every key built parses back to what it names; a job's parts (joins, statuses,
+pending notes) live apart from the rest of their job, outside the ranges every daemon watches
+(``Keys.watched``), and nowhere else."""
 
 from __future__ import annotations
 
@@ -18,6 +19,31 @@ JOB, NODE = "train-1", "n1"
 JOBS = st.from_regex(JOB_ID, fullmatch=True)
 NODES = st.from_regex(NODE_ID, fullmatch=True)
 ROUNDS = st.integers(0, MAX_ROUND)
+
+
+# Whether every daemon's watch carries a key kind (``Keys.watched``). A job's parts (its joins,
+# its nodes' statuses and pending notes) are under ``parts/<job>/``, which no daemon watches: each
+# is written by or for every node of a job, and no daemon but a round's leader (the joins of its
+# round, by a watch of its own) acts on another node's.
+WATCHED = {
+    KeyKind.NODE: True,
+    KeyKind.NODE_DRAIN: True,
+    KeyKind.JANITOR: True,
+    KeyKind.EVENT: True,
+    KeyKind.EVENT_SEQ: True,
+    KeyKind.SPEC: True,
+    KeyKind.ROUND: True,
+    KeyKind.RESTARTS: True,
+    KeyKind.FINAL: True,
+    KeyKind.RESULT: True,
+    KeyKind.JOIN: False,
+    KeyKind.DONE: True,
+    KeyKind.LEFT: True,
+    KeyKind.WAITING: True,
+    KeyKind.NODE_STATUS: False,
+    KeyKind.PENDING: False,
+    KeyKind.JOB_DRAIN: True,
+}
 
 
 def built(keys: Keys, job: str, node: str, r: int) -> dict[str, KeyRef]:
@@ -52,13 +78,23 @@ def test_the_layout_is_v2_by_default() -> None:
     assert Keys().prefix == "/elasticd/v2"
 
 
+def test_the_table_names_every_kind_once() -> None:
+    assert set(WATCHED) == set(KeyKind)
+    assert {ref.kind for ref in built(KEYS, JOB, NODE, 3).values()} == set(KeyKind)
+
+
 @given(job=JOBS, node=NODES, r=ROUNDS)
-def test_every_key_parses_back_and_only_joins_are_outside_the_watched_ranges(
-    job: str, node: str, r: int
-) -> None:
+def test_every_key_parses_back_and_is_watched_as_its_kind_says(job: str, node: str, r: int) -> None:
     for key, ref in built(KEYS, job, node, r).items():
         assert KEYS.parse(key) == ref
-        assert watched(KEYS, key) == (0 if ref.kind is KeyKind.JOIN else 1), key
+        assert watched(KEYS, key) == int(WATCHED[ref.kind]), key
+        assert key.startswith(KEYS.all_parts()) == (not WATCHED[ref.kind]), key
+        if ref.job:  # every key of a job is in exactly one of its prefixes
+            assert [p for p in KEYS.job_prefixes(job) if key.startswith(p)] == [
+                KEYS.job(job) if WATCHED[ref.kind] else KEYS.job_parts(job)
+            ], key
+            start, end = KEYS.job_joins(job)  # what an agent reads of the parts
+            assert (start <= key < end) == (ref.kind is KeyKind.JOIN), key
         change = KEYS.route(key, deleted=True)
         assert change is not None and change.ref == ref and change.job == (ref.job or None)
         assert KEYS.job_of(key) == (ref.job or None)
@@ -67,19 +103,20 @@ def test_every_key_parses_back_and_only_joins_are_outside_the_watched_ranges(
 @given(job=JOBS, node=NODES, r=ROUNDS)
 def test_a_job_and_its_rounds_cover_their_joins(job: str, node: str, r: int) -> None:
     join = KEYS.join(job, r, node)
-    assert join.startswith(KEYS.joins(job, r)) and join.startswith(KEYS.job_joins(job))
-    assert join.startswith(KEYS.all_joins())
-    assert [p for p in KEYS.job_prefixes(job) if join.startswith(p)] == [KEYS.job_joins(job)]
+    assert join.startswith(KEYS.joins(job, r)) and join.startswith(KEYS.job_parts(job))
     assert [p for p in KEYS.rounds(job, r) if join.startswith(p)] == [KEYS.rounds(job, r)[0]]
     assert any(KEYS.result(job, r).startswith(p) for p in KEYS.rounds(job, r))
-    assert KEYS.job_prefixes(job)[0] == KEYS.job_joins(job)  # joins deleted first
+    assert KEYS.job_prefixes(job)[0] == KEYS.job_parts(job)  # parts deleted first
+    for other in (KEYS.node_status(job, node), KEYS.pending_note(job, node)):  # no round's
+        assert not any(other.startswith(p) for p in KEYS.rounds(job, r))
+        assert not other.startswith(KEYS.joins(job, r))
 
 
-def test_the_watched_ranges_are_the_whole_prefix_but_the_joins() -> None:
+def test_the_watched_ranges_are_the_whole_prefix_but_the_parts() -> None:
     (a, b), (c, d) = KEYS.watched()
-    assert (a, b, c, d) == ("/k/v2/", "/k/v2/rdzv/", prefix_end("/k/v2/rdzv/"), prefix_end("/k/v2/"))
-    assert watched(KEYS, "/k/v2/rdzv") == 1  # a sibling of the subtree, not in it
-    assert watched(KEYS, "/k/v2/rdzv/x") == 0
+    assert (a, b, c, d) == ("/k/v2/", "/k/v2/parts/", prefix_end("/k/v2/parts/"), prefix_end("/k/v2/"))
+    assert watched(KEYS, "/k/v2/parts") == watched(KEYS, "/k/v2/partsx") == 1  # siblings, not in it
+    assert watched(KEYS, "/k/v2/parts/x") == 0
     assert watched(KEYS, "/k/v20") == watched(KEYS, "/k/v2") == 0  # outside the prefix
 
 
@@ -87,16 +124,31 @@ def test_the_watched_ranges_are_the_whole_prefix_but_the_joins() -> None:
     "rest",
     [
         f"jobs/{JOB}/rdzv/0/join/{NODE}",  # where v1 kept joins
-        f"rdzv/{JOB}/0/join",
-        f"rdzv/{JOB}/0/join/{NODE}/x",
-        f"rdzv/{JOB}/0/result",
-        f"rdzv/{JOB}/0/done/{NODE}",
-        f"rdzv/{JOB}/01/join/{NODE}",
-        f"rdzv/{JOB}/0/join/bad node",
-        "rdzv/bad job/0/join/n1",
+        f"jobs/{JOB}/nodes/{NODE}",  # where v1 kept statuses
+        f"jobs/{JOB}/pending/{NODE}",  # ... and pending notes
+        f"jobs/{JOB}/status/{NODE}",
+        f"parts/{JOB}/0/join",
+        f"parts/{JOB}/0/join/{NODE}/x",
+        f"parts/{JOB}/0/result",
+        f"parts/{JOB}/0/done/{NODE}",
+        f"parts/{JOB}/01/join/{NODE}",
+        f"parts/{JOB}/+1/join/{NODE}",
+        f"parts/{JOB}/0/join/bad node",
+        f"parts/{JOB}/status/join/{NODE}",  # a round is a plain decimal, never a kind
+        f"parts/{JOB}/0/status/{NODE}",  # a status is no round's
+        f"parts/{JOB}/status/{NODE}/x",
+        f"parts/{JOB}/status",
+        f"parts/{JOB}/status/bad node",
+        f"parts/{JOB}/pending/{NODE}/0",
+        f"parts/{JOB}/nodes/{NODE}",
+        f"parts/{JOB}/waiting/{NODE}",  # waiting stays under jobs/ (and watched)
+        f"parts/{JOB}/drain/{NODE}",
+        f"parts/{JOB}/spec",
+        "parts/bad job/0/join/n1",
+        "parts/bad job/status/n1",
     ],
 )
-def test_keys_among_the_joins_that_are_no_join_do_not_parse(rest: str) -> None:
+def test_keys_of_a_job_that_name_no_record_do_not_parse(rest: str) -> None:
     key = f"{KEYS.prefix}/{rest}"
     with pytest.raises(DecodeError):
         KEYS.parse(key)
@@ -106,11 +158,12 @@ def test_keys_among_the_joins_that_are_no_join_do_not_parse(rest: str) -> None:
 
 def test_keys_outside_any_job_name_none() -> None:
     for key in (
-        "/k/v2/rdzv/",
+        "/k/v2/parts/",
         "/k/v2/jobs/",
         "/k/v2/nodes/n1",
-        "/k/v2/rdzvx/j/0/join/n1",
-        "/other/rdzv/j/",
-        "/k/v2/rdzv/j",
+        "/k/v2/partsx/j/0/join/n1",
+        "/other/parts/j/",
+        "/k/v2/parts/j",
+        "/k/v2/rdzv/j/0/join/n1",  # where layout v2 kept joins before parts/ (never released)
     ):
         assert KEYS.job_of(key) is None

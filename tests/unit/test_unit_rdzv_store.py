@@ -1,5 +1,5 @@
-"""elasticd.rendezvous.store.JobSnapshot.parse: one read of ``jobs/<job>/`` and the job's joins
-(``rdzv/<job>/``) into a snapshot."""
+"""elasticd.rendezvous.store.JobSnapshot.parse: one read of ``jobs/<job>/`` and the job's parts
+(``parts/<job>/``: joins, statuses, pending notes) into a snapshot."""
 
 from __future__ import annotations
 
@@ -50,8 +50,13 @@ def kv(rest: str, value: Any, create: int = 1, mod: int | None = None, keys: Key
 
 
 def join_kv(round_no: int, node: str, value: Any, create: int = 1, mod: int | None = None) -> KeyValue:
-    """A join: among the job's joins (``rdzv/<job>/``), not its records."""
+    """A join: among the job's parts (``parts/<job>/``), not its records."""
     return KeyValue(KEYS.join(JOB, round_no, node), json.dumps(value).encode(), create, mod or create, 0)
+
+
+def part_kv(key: str, value: Any) -> KeyValue:
+    """A node's status or pending note (``Keys.node_status``, ``Keys.pending_note``): a part too."""
+    return KeyValue(key, json.dumps(value).encode(), 1, 1, 0)
 
 
 def result_json(round_no: int, *nodes: str) -> dict[str, Any]:
@@ -140,11 +145,11 @@ def test_parse_full_snapshot() -> None:
         join_kv(2, "n3", join_json("n3"), create=33),
         join_kv(2, "n9", join_json("n9"), create=37),
         kv("waiting/n3", {"at": 3.0}),
-        kv(
-            "nodes/n1",
+        part_kv(
+            KEYS.node_status(JOB, "n1"),
             {"state": "RUNNING", "round": 1, "devices": "0,1", "pids": [11, 12], "updated_at": 4.0},
         ),
-        kv("pending/n5", "n5 is waiting for 2 free GPUs (0 of 8 free now)"),
+        part_kv(KEYS.pending_note(JOB, "n5"), "n5 is waiting for 2 free GPUs (0 of 8 free now)"),
         kv("drain/n2", {"grace_s": 30, "at": 5.0, "by": "root"}),
     ]
     snap = parse(kvs)
@@ -237,7 +242,7 @@ def test_current_joins_without_round_is_round_zero() -> None:
 def test_join_under_another_nodes_name_is_invalid() -> None:
     snap = parse([*required(), join_kv(0, "key-name", join_json("value-name"), create=4, mod=6)])
     assert snap.current_joins == []
-    assert [(k.key, k.revision) for k in snap.invalid] == [(f"rdzv/{JOB}/0/join/key-name", 6)]
+    assert [(k.key, k.revision) for k in snap.invalid] == [(f"parts/{JOB}/0/join/key-name", 6)]
     assert "value-name" in snap.invalid[0].why and snap.ended
 
 
@@ -250,6 +255,8 @@ def test_join_under_another_nodes_name_is_invalid() -> None:
         "rdzv/1/join",
         "rdzv/1/join/n1/extra",
         "rdzv/1/join/n1",  # where v1 kept joins
+        "nodes/n1",  # ... statuses
+        "pending/n1",  # ... and pending notes
         "waiting",
         "waiting/n1/extra",
         "nodes/n1/extra",

@@ -27,13 +27,13 @@ NODE = "n1"
 ORPHAN_REASON = "every node of round 0 was lost"
 
 
-JOINS = "joins:"  # a key ``joins:<rest>`` is ``rdzv/<job>/<rest>``, among the job's joins
+PARTS = "parts:"  # a key ``parts:<rest>`` is ``parts/<job>/<rest>``, among the job's parts
 
 
 def key_of(rest: str, job: str = JOB) -> str:
-    """``rest`` under the job's records (``jobs/<job>/``), or under its joins (``joins:...``)."""
-    if rest.startswith(JOINS):
-        return KEYS.job_joins(job) + rest.removeprefix(JOINS)
+    """``rest`` under the job's records (``jobs/<job>/``), or under its parts (``parts:...``)."""
+    if rest.startswith(PARTS):
+        return KEYS.job_parts(job) + rest.removeprefix(PARTS)
     return KEYS.job(job) + rest
 
 
@@ -60,10 +60,16 @@ def running() -> dict[str, Any]:
         "spec": spec.to_json(),
         "round": RoundInfo(0, RoundReason.START, 1.0).to_json(),
         "restarts": 0,
-        "joins:0/join/n1": join.to_json(),
+        "parts:0/join/n1": join.to_json(),
         "rdzv/0/result": result.to_json(),
-        "nodes/n1": {"state": status.state, "round": 0, "devices": "", "pids": [100, 101], "updated_at": 6.0},
-        "pending/n2": "n2 is waiting for 2 free CPU slots (0 of 2 free now)",
+        "parts:status/n1": {
+            "state": status.state,
+            "round": 0,
+            "devices": "",
+            "pids": [100, 101],
+            "updated_at": 6.0,
+        },
+        "parts:pending/n2": "n2 is waiting for 2 free CPU slots (0 of 2 free now)",
     }
 
 
@@ -159,21 +165,26 @@ CASES = [
     ("restarts", "1"),
     ("final", {"state": "RUNNING", "reason": "", "code": "succeeded", "ended_at": 1.0}),
     ("rdzv/0/result", {"round": 0}),
-    ("joins:0/join/n1", {"node": "n1", "address": "h", "port": "x", "local_world_size": 2}),
-    ("joins:0/join/n1", running()["joins:0/join/n1"] | {"node": "n2"}),
-    ("rdzv/0/join/n1", running()["joins:0/join/n1"]),  # where v1 kept joins: no record of a job now
-    ("joins:0/result", running()["rdzv/0/result"]),  # nothing but joins among the joins
-    ("joins:x/join/n1", running()["joins:0/join/n1"]),
+    ("parts:0/join/n1", {"node": "n1", "address": "h", "port": "x", "local_world_size": 2}),
+    ("parts:0/join/n1", running()["parts:0/join/n1"] | {"node": "n2"}),
+    ("rdzv/0/join/n1", running()["parts:0/join/n1"]),  # where v1 kept joins: no record of a job now
+    ("parts:0/result", running()["rdzv/0/result"]),  # no round's record among the parts
+    ("parts:x/join/n1", running()["parts:0/join/n1"]),
     ("rdzv/0/done/n1", {"at": "now"}),
     ("rdzv/0/left/n1", []),
     ("waiting/n2", None),
-    ("nodes/n1", {"state": "RUNNING"}),
-    ("pending/n2", 42),
+    ("parts:status/n1", {"state": "RUNNING"}),
+    ("parts:pending/n2", 42),
+    ("nodes/n1", running()["parts:status/n1"]),  # where v1 kept statuses: no record of a job now
+    ("pending/n2", running()["parts:pending/n2"]),  # ... and pending notes
+    ("parts:nodes/n1", running()["parts:status/n1"]),
+    ("parts:0/status/n1", running()["parts:status/n1"]),  # a status is no round's
+    ("parts:status/join/n1", running()["parts:0/join/n1"]),  # a round is a decimal, not a kind
     ("drain/n1", {"grace_s": -5}),
     ("rdzv/x/result", running()["rdzv/0/result"]),
     ("rdzv/01/done/n1", {"at": 1.0}),
-    ("joins:0/join/bad node", running()["joins:0/join/n1"]),
-    ("nodes/../etc", running()["nodes/n1"]),
+    ("parts:0/join/bad node", running()["parts:0/join/n1"]),
+    ("parts:status/../etc", running()["parts:status/n1"]),
     ("surprise", {}),
 ]
 
@@ -205,8 +216,10 @@ def test_a_bad_job_id_makes_every_key_invalid() -> None:
 
 
 def test_one_bad_key_in_a_valid_snapshot_is_named_and_the_rest_is_read() -> None:
-    snap = _with("nodes/n1", {"state": "RUNNING", "round": 0, "devices": "", "pids": [-1], "updated_at": 1.0})
-    assert [k.key for k in snap.invalid] == [f"jobs/{JOB}/nodes/n1"]
+    snap = _with(
+        "parts:status/n1", {"state": "RUNNING", "round": 0, "devices": "", "pids": [-1], "updated_at": 1.0}
+    )
+    assert [k.key for k in snap.invalid] == [f"parts/{JOB}/status/n1"]
     assert "pids" in snap.invalid[0].why
     assert snap.spec is not None and snap.result is not None and snap.node_status == {}
 
