@@ -10,10 +10,12 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from elasticctl.client import Client, DaemonError
 from tests.conftest import DaemonFactory
@@ -21,6 +23,28 @@ from tests.support import DaemonProc
 
 NOBODY = 65534
 SYSTEM_PYTHON = "/usr/bin/python3"
+
+# What a test of another user's job needs: root (to run a daemon that switches users) and a python
+# uid nobody can run. As a module's ``pytestmark``, or on one test with ``other_users``.
+OTHER_USERS = [
+    pytest.mark.root,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a daemon that switches users"),
+    pytest.mark.skipif(not os.path.exists(SYSTEM_PYTHON), reason="needs a python that uid nobody can run"),
+]
+
+
+def other_users(test: Callable[..., None]) -> Callable[..., None]:
+    for mark in OTHER_USERS:
+        test = mark(test)
+    return test
+
+
+def public_workdir(public: Path) -> Path:
+    """``<public>/work``, writable by anyone: the cwd of another user's job."""
+    work = public / "work"
+    work.mkdir(mode=0o777)
+    work.chmod(0o777)  # whatever the umask took away
+    return work
 
 
 @contextmanager

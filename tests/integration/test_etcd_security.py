@@ -14,7 +14,7 @@ import stat
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,23 +28,11 @@ from elasticd.etcd.types import EtcdAuth, Query
 from tests.conftest import DaemonFactory
 from tests.support import REPO, DaemonProc, EtcdServer, etcd_available, submit_job, unique, wait_for
 from tests.tls import CertFiles, TestCA
+from tests.users import NOBODY, SYSTEM_PYTHON, other_users
 
-NOBODY = 65534
-SYSTEM_PYTHON = "/usr/bin/python3"  # the venv's python may not be reachable by uid nobody
 ENVDUMP = REPO / "tests" / "scripts" / "envdump.py"
 
 pytestmark = pytest.mark.skipif(not etcd_available(), reason="needs an etcd binary")
-_ROOT_MARKS = (
-    pytest.mark.root,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user"),
-    pytest.mark.skipif(not os.path.exists(SYSTEM_PYTHON), reason="needs a python that uid nobody can run"),
-)
-
-
-def as_root(test: Callable[..., None]) -> Callable[..., None]:
-    for mark in _ROOT_MARKS:
-        test = mark(test)
-    return test
 
 
 # Runs as uid nobody with the system python, stdlib only: try to PUT a key over each transport.
@@ -108,7 +96,7 @@ def assert_private(path: Path) -> None:
 
 
 # -- the embedded etcd -----------------------------------------------------------------------------
-@as_root
+@other_users
 def test_embedded_etcd_refuses_other_users_and_serves_the_daemon(
     daemon_factory: DaemonFactory, tmp_path: Path
 ) -> None:
@@ -139,7 +127,7 @@ def test_embedded_etcd_refuses_other_users_and_serves_the_daemon(
     assert d.wait_state(job, ("SUCCEEDED", "FAILED", "KILLED"), 60)["state"] == "SUCCEEDED"
 
 
-@as_root
+@other_users
 def test_long_state_dir_puts_sockets_in_a_private_temp_dir(tmp_path: Path) -> None:
     """Under a path too long for sun_path the sockets go to /tmp/elasticd-etcd-*: there the 0700
     directory is the only thing between other users and etcd, and it is enough."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,13 +9,9 @@ import pytest
 
 from tests.conftest import DaemonFactory
 from tests.support import wait_for
-from tests.users import NOBODY, SYSTEM_PYTHON, as_user, public_daemon, public_dir
+from tests.users import NOBODY, OTHER_USERS, SYSTEM_PYTHON, as_user, public_daemon, public_dir, public_workdir
 
-pytestmark = [
-    pytest.mark.root,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a daemon that switches users"),
-    pytest.mark.skipif(not os.path.exists(SYSTEM_PYTHON), reason="needs a python that uid nobody can run"),
-]
+pytestmark = OTHER_USERS
 
 
 @pytest.fixture
@@ -30,9 +25,7 @@ def test_job_runs_as_submitter_and_only_owner_or_root_may_kill(
 ) -> None:
     public_dir = public
     d = public_daemon(daemon_factory, public_dir)
-    work = public_dir / "work"
-    work.mkdir(mode=0o777)
-    work.chmod(0o777)
+    work = public_workdir(public_dir)
     script = work / "whoami.py"
     script.write_text(
         "import os, time\n"

@@ -20,14 +20,9 @@ import pytest
 from elasticd.workers.spawn import SPAWN_FAILED, Identity, worker_preexec
 from tests.conftest import DaemonFactory
 from tests.support import wait_for
-from tests.users import NOBODY, SYSTEM_PYTHON, as_user, public_daemon, public_dir
+from tests.users import NOBODY, OTHER_USERS, SYSTEM_PYTHON, as_user, public_daemon, public_dir
 
-pytestmark = [
-    pytest.mark.root,
-    pytest.mark.timeout(120),
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a daemon that switches users"),
-    pytest.mark.skipif(not os.path.exists(SYSTEM_PYTHON), reason="needs a python that uid nobody can run"),
-]
+pytestmark = [*OTHER_USERS, pytest.mark.timeout(120)]
 
 SECRET = b"TOP SECRET root only\n"
 

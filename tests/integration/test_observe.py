@@ -21,7 +21,7 @@ from elasticd.events.store import EventLog
 from elasticd.netaddr import free_port
 from tests.conftest import DaemonFactory
 from tests.support import PYTHON, DaemonProc, EtcdServer, wait_for
-from tests.users import NOBODY, SYSTEM_PYTHON, as_user, public_daemon, public_dir
+from tests.users import NOBODY, as_user, other_users, public_daemon, public_dir
 
 # Attempt 0 fails at once; attempt 1 reports steps until $OUT/stop exists, then succeeds.
 FAIL_ONCE = """\
@@ -139,9 +139,7 @@ def test_the_history_is_bounded_in_etcd_and_a_bad_event_is_skipped(
     assert f"skipped event events/{last + 1:016d}: time: must be float" in res.stderr
 
 
-@pytest.mark.root
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
-@pytest.mark.skipif(not os.path.exists(SYSTEM_PYTHON), reason="needs a python that uid nobody can run")
+@other_users
 def test_others_cannot_read_a_jobs_events(daemon_factory: DaemonFactory) -> None:
     with public_dir("elasticd-events-") as public:
         d = public_daemon(daemon_factory, public)

@@ -11,13 +11,9 @@ import pytest
 
 from tests.conftest import DaemonFactory
 from tests.support import DaemonProc
-from tests.users import NOBODY, SYSTEM_PYTHON, as_user, public_daemon, public_dir
+from tests.users import NOBODY, OTHER_USERS, SYSTEM_PYTHON, as_user, public_daemon, public_dir
 
-pytestmark = [
-    pytest.mark.root,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a daemon that switches users"),
-    pytest.mark.skipif(not os.path.exists(SYSTEM_PYTHON), reason="needs a python that uid nobody can run"),
-]
+pytestmark = OTHER_USERS
 ENV = {"PATH": "/usr/bin:/bin", "SLEEP": "600"}
 
 

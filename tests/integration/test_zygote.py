@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import DaemonFactory
 from tests.support import DaemonProc, log_events, submit_job, wait_for, wait_log
-from tests.users import NOBODY, SYSTEM_PYTHON, as_user, public_daemon, public_dir
+from tests.users import NOBODY, SYSTEM_PYTHON, as_user, other_users, public_daemon, public_dir, public_workdir
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(240)]
@@ -143,15 +143,11 @@ def test_a_zygote_that_cannot_start_leaves_the_job_to_cold_workers(
     assert spawned_modes(daemon, job) == ["cold"]
 
 
-@pytest.mark.root
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a daemon that switches users")
-@pytest.mark.skipif(not os.path.exists(SYSTEM_PYTHON), reason="needs a python that uid nobody can run")
+@other_users
 def test_another_users_job_runs_warm_on_the_system_python(daemon_factory: DaemonFactory) -> None:
     with public_dir() as public:
         d = public_daemon(daemon_factory, public)
-        work = public / "work"
-        work.mkdir(mode=0o777)
-        work.chmod(0o777)
+        work = public_workdir(public)
         script = work / "who.py"
         script.write_text(
             "import sys\nloaded = 'json' in sys.modules\nimport json, os\n"

@@ -17,7 +17,7 @@ from elasticd.workers.tracking import POOL_LEAF
 from tests.conftest import DaemonFactory
 from tests.integration.test_zygote import assert_like_cold, run_contract, spawned_modes
 from tests.support import DaemonProc, alive_pid, log_events, submit_job, wait_for, wait_log
-from tests.users import NOBODY, SYSTEM_PYTHON, as_user, public_daemon, public_dir
+from tests.users import NOBODY, SYSTEM_PYTHON, as_user, other_users, public_daemon, public_dir, public_workdir
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(300)]
@@ -154,16 +154,12 @@ def test_a_parked_zygote_dies_with_a_killed_daemon(daemon_factory: DaemonFactory
     assert not d.leftovers() and not log_events(d, "recover.killing")
 
 
-@pytest.mark.root
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a daemon that switches users")
-@pytest.mark.skipif(not os.path.exists(SYSTEM_PYTHON), reason="needs a python that uid nobody can run")
+@other_users
 def test_a_job_never_gets_another_users_zygote(daemon_factory: DaemonFactory) -> None:
     """root's and nobody's jobs, identical but for the user: each gets only its own user's zygote."""
     with public_dir() as public:
         d = public_daemon(daemon_factory, public)
-        work = public / "work"
-        work.mkdir(mode=0o777)
-        work.chmod(0o777)
+        work = public_workdir(public)
         script = work / "who.py"
         script.write_text("import json, os\nprint(json.dumps([os.getuid(), os.getppid()]))\n")
         script.chmod(0o644)
