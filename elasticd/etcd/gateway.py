@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from elasticd import decode
 from elasticd.etcd.kv import prefix_end
 from elasticd.etcd.types import Compare, Found, KeyValue, Put, Query
 
@@ -153,9 +154,9 @@ def _malformed(what: str) -> GatewayError:
 
 def parse_json(body: bytes) -> dict[str, Any]:
     try:
-        obj = json.loads(body)
-    except ValueError as exc:
-        raise _malformed(f"invalid JSON ({exc})") from exc
+        obj = decode.parse_json(body)  # the one JSON reader for untrusted bytes (depth, bad UTF-8)
+    except decode.DecodeError as exc:
+        raise _malformed(f"its body {exc.why}") from None
     if not isinstance(obj, dict):
         raise _malformed("not a JSON object")
     return obj
