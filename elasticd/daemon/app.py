@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 import time
 from typing import Any
@@ -187,6 +188,10 @@ class Daemon:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.request_stop, signal.Signals(sig).name)
+            # What exists now (modules, settings, clients: ~34,000 objects) lives as long as the
+            # daemon: out of the collector's sight, a full collection takes ~0.1 ms, not 5 ms of a
+            # control reply's time.
+            gc.freeze()
             systemd.notify(f"READY=1\nSTATUS=serving on {s.socket}")
             _log.info(
                 "daemon.ready",

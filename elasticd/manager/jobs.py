@@ -24,6 +24,7 @@ from elasticd.jobs.launch import NodeRuntime
 from elasticd.manager import janitor as janitors
 from elasticd.manager.admitter import Admitter
 from elasticd.manager.janitor import Janitor
+from elasticd.manager.recent import RecentRead
 from elasticd.manager.recovery import recover
 from elasticd.node.registry import NodeRegistry, parse_node_drain
 from elasticd.node.statedir import StateDir
@@ -68,6 +69,9 @@ class JobManager:
         self._wake = asyncio.Event()
         self._due: float | None = None  # when the janitor's next decision by time alone comes due
         self._stopping = False
+        # What ``status`` shows: every job from a recent read, dropped at any change to a job
+        # this daemon sees (``wake``) and at its own writes (``CommandService``).
+        self.recent: RecentRead[dict[str, JobSnapshot]] = RecentRead(self.snapshots)
         registry.on_lost = self.fence_all
         registry.on_granted = self.wake
 
@@ -86,6 +90,8 @@ class JobManager:
         """Something changed: for one job (``change.job``), or anywhere (None, or a node key)."""
         if change is not None and change.kind in QUIET_KINDS:
             return
+        if change is None or change.job is not None:
+            self.recent.invalidate()
         if change is None or change.job is None:
             for agent in self.agents.values():
                 agent.wake()

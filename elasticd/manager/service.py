@@ -138,6 +138,7 @@ class CommandService:
             )
         if not await self._manager.store_of(spec.id).create(spec):
             raise Conflict(f"job {spec.id} already exists")
+        self._manager.recent.invalidate()
         _log.info("job.submitted", job=spec.id, user=spec.user, argv=spec.argv, nnodes=str(spec.nnodes))
         await self._manager.scan(clean_up=False)
         return await self.view(spec.id)
@@ -152,8 +153,11 @@ class CommandService:
         return snap
 
     async def view(self, job_id: str) -> dict[str, Any]:
+        """The job as ``status`` shows it: from the recent read of every job while it is valid
+        (``JobManager.recent``), else from a read of this job alone."""
         try:
-            return job_view(await self.snapshot(job_id), self.facts.node_id)
+            snap = (self._manager.recent.held() or {}).get(job_id) or await self.snapshot(job_id)
+            return job_view(snap, self.facts.node_id)
         except EtcdUnavailable:
             if (own := self._own_view(job_id)) is None:
                 raise
@@ -175,8 +179,8 @@ class CommandService:
 
     async def views(self, states: Collection[JobState] = (), user: str | None = None) -> list[dict[str, Any]]:
         """Every job (unreadable ones too), oldest first; only those in ``states`` (when given) and
-        ``user``'s (when given)."""
-        snaps = await self._manager.snapshots()
+        ``user``'s (when given). From a recent read (``JobManager.recent``)."""
+        snaps = await self._manager.recent.get()
         views = [job_view(s, self.facts.node_id) for s in snaps.values() if selected(s, states, user)]
         return sorted(views, key=lambda v: v.get("submitted_at") or 0)
 
@@ -188,7 +192,7 @@ class CommandService:
             JobState.KILLED, EndReason.KILLED, f"killed by {user}"
         ):
             _log.info("job.killed", job=job_id, by=user)
-        self._manager.wake()
+        self._manager.wake()  # (which drops the recent read, too)
         deadline = time.monotonic() + KILL_WAIT_S
         while time.monotonic() < deadline:  # until no node runs its workers any more
             agent = self._manager.agents.get(job_id)
@@ -242,6 +246,7 @@ class CommandService:
             state = job_view(snap, self.facts.node_id)["state"]
             raise Conflict(f"job {job_id} is {state}: kill it first (elasticctl kill {job_id})")
         await self._manager.store_of(job_id).remove()
+        self._manager.recent.invalidate()
         removed = await asyncio.to_thread(logdir.remove_job, self.facts.log_dir, job_id)
         _log.info("job.removed", job=job_id, logs=removed)
         return {"job": job_id, "logs_removed": removed}

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from elasticctl.client import DaemonError
+from tests.conftest import DaemonFactory
 from tests.support import PYTHON, REPO, DaemonProc, wait_for
 
 SCRIPTS = REPO / "tests" / "scripts"
@@ -113,3 +114,28 @@ def test_watch_prints_until_ctrl_c(daemon: DaemonProc, ended: dict[str, str]) ->
     reader.join(10)
     assert set(lines) == {ended["SUCCEEDED"] + "\n", "\n"}
     assert "Traceback" not in (proc.stderr.read() if proc.stderr else "")
+
+
+def _states(d: DaemonProc) -> dict[str, str]:
+    return {j["id"]: j["state"] for j in d.call("status")["jobs"]}
+
+
+def test_status_after_a_command_shows_its_write(daemon_factory: DaemonFactory, tmp_path: Path) -> None:
+    """``status`` answers from a recent read (``JobManager.recent``). A command's own write drops
+    it, so the status right after a submit, a kill or an rm shows that write; a job another
+    daemon submits shows here when the watch brings the change (no later than the read's max age)."""
+    here, there = daemon_factory(), daemon_factory()
+    sleeper = {"entry_kind": "script", "entry": str(SCRIPTS / "sleeper.py"), "cwd": str(tmp_path),
+               "python": PYTHON, "env": {"PATH": "/usr/bin:/bin", "OUT": str(tmp_path)}}  # fmt: skip
+    _states(here)  # a read is held from now on
+    job = here.call("submit", **sleeper)["id"]
+    assert job in _states(here)
+    wait_for(lambda: _states(here)[job] == "RUNNING", 60, what="the job to run")
+    here.call("kill", job=job)
+    assert _states(here)[job] == "KILLED"
+    here.call("rm", job=job)
+    assert job not in _states(here)
+    theirs = there.call("submit", **sleeper)["id"]
+    wait_for(lambda: theirs in _states(here), 10, what="the other daemon's job in this one's status")
+    there.call("kill", job=theirs)
+    wait_for(lambda: _states(here)[theirs] == "KILLED", 10, what="the other daemon's kill, seen here")

@@ -60,7 +60,7 @@ def spawned_modes(d: DaemonProc, job: str) -> list[str]:
 SAME = [
     "main_name", "main_file", "main_spec", "main_loader", "main_keys", "argv", "orig_argv", "executable",
     "flags", "path", "cwd", "ids", "rlimits", "umask", "fds", "signals", "sigmask", "threads",
-    "session_leader", "pdeathsig", "stdin", "cgroup", "cuda_initialized",
+    "session_leader", "pdeathsig", "stdin", "cgroup", "cuda_initialized", "gc",
 ]  # fmt: skip
 
 

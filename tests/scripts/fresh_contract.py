@@ -7,6 +7,7 @@ import sys
 preloaded = sorted(m for m in ("torch", "numpy") if m in sys.modules)
 
 import ctypes  # noqa: E402
+import gc  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import random  # noqa: E402
@@ -73,6 +74,7 @@ record = {
     "pid": os.getpid(),
     "ppid": os.getppid(),
     "random": random.random(),
+    "gc": [gc.isenabled(), gc.get_threshold()],
 }
 try:
     import torch
