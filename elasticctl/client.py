@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +15,7 @@ import zmq
 from elasticctl.entry import UsageError
 from elasticd.control.address import endpoint
 from elasticd.control.envelope import encode_request
-from elasticd.wire import COMMANDS, request
+from elasticd.wire import COMMANDS, NoArgs, NodesReply, request
 
 
 class Unreachable(Exception):
@@ -72,7 +71,7 @@ class Client:
     def call(self, cmd: str, timeout_s: float | None = None, **args: Any) -> Any:
         """Send a request with raw JSON arguments (``request`` builds them from the schema)."""
         sock = self._socket()
-        rid = uuid.uuid4().hex
+        rid = os.urandom(16).hex()  # as random as uuid4's 32 hex digits, without importing uuid (~2 ms)
         sock.send(encode_request(rid, cmd, args))
         deadline_ms = int((timeout_s or self.timeout_s) * 1000)
         while True:
@@ -96,6 +95,13 @@ class Client:
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None
+
+
+def local_gpus(client: Client) -> int:
+    """How many GPUs this node has (as its daemon counts them), for ``--nproc-per-node gpu``."""
+    node = client.request("ping", NoArgs())["node"]
+    nodes: NodesReply = client.request("nodes", NoArgs())
+    return next((len(n["inventory"]["gpus"]) for n in nodes["nodes"] if n["node"] == node), 0)
 
 
 @dataclass(frozen=True)

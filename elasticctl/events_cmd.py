@@ -18,21 +18,13 @@ from typing import Any, Protocol
 
 from elasticctl import render
 from elasticctl.exits import EXIT_INTERRUPTED
-from elasticd.wire import EventsArgs, EventsReply, EventView, default
+from elasticd.wire import EventsArgs, EventsReply, EventView
 
 POLL_S = 1.0
 
 
 class Requester(Protocol):
     def request(self, cmd: str, args: object, timeout_s: float | None = None) -> Any: ...
-
-
-def add_parser(add: Callable[..., argparse.ArgumentParser]) -> None:
-    ev = add("events", help="the cluster's event history: submits, rounds, failures, drains, hangs")
-    ev.add_argument("job", nargs="?", default=default(EventsArgs, "job"), metavar="JOB", help="only this job")
-    ev.add_argument("-f", "--follow", action="store_true", help="keep printing new events until Ctrl-C")
-    ev.add_argument("--json", action="store_true", help="JSON lines, times in ISO 8601 (UTC)")
-    ev.set_defaults(func=cmd_events)
 
 
 def as_json(event: EventView) -> str:

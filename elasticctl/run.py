@@ -17,10 +17,8 @@ import signal
 import sys
 from types import FrameType
 
-from elasticctl import render
-from elasticctl.client import Client, DaemonError, ExitCodes, guarded
+from elasticctl.client import Client, DaemonError, ExitCodes, guarded, local_gpus
 from elasticctl.entry import UsageError, resolve_entry
-from elasticctl.follow import FollowOptions, follow
 from elasticctl.torchrun import add_elasticd_flags, add_flags, interpret
 from elasticd import __version__
 from elasticd.control.address import default_socket_path
@@ -30,8 +28,6 @@ from elasticd.wire import (
     JobState,
     JobView,
     KillArgs,
-    NoArgs,
-    NodesReply,
     StatusArgs,
     SubmitArgs,
     is_terminal,
@@ -64,13 +60,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("training_script", metavar="SCRIPT.py|MODULE|EXE")
     p.add_argument("training_script_args", nargs=argparse.REMAINDER)
     return p
-
-
-def local_gpus(client: Client) -> int:
-    """How many GPUs this node has (as its daemon counts them), for ``--nproc-per-node gpu``."""
-    node = client.request("ping", NoArgs())["node"]
-    nodes: NodesReply = client.request("nodes", NoArgs())
-    return next((len(n["inventory"]["gpus"]) for n in nodes["nodes"] if n["node"] == node), 0)
 
 
 def submit_args(
@@ -136,6 +125,9 @@ def run(client: Client, ns: argparse.Namespace) -> int:
         print(f"elasticrun: joining job {job['id']}, submitted by another node", file=sys.stderr)
     job_id = job["id"]
     print(f"elasticrun: job {job_id} ({job['state']})", file=sys.stderr)
+    from elasticctl import render  # after the request (as elasticctl submit --follow): not on its path
+    from elasticctl.follow import FollowOptions, follow
+
     nproc = args.nproc_per_node
     show = (lambda rank: rank % nproc in local_ranks) if local_ranks is not None else None
     for sig in STOP_SIGNALS:

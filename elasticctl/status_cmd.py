@@ -15,63 +15,13 @@ from typing import Any, Protocol
 
 from elasticctl import render
 from elasticctl.entry import UsageError
-from elasticd.wire import JobState, StatusArgs, StatusReply, default
+from elasticd.wire import StatusArgs, StatusReply
 
-WATCH_DEFAULT_S = 2.0
 CLEAR = "\033[H\033[2J"  # cursor home, clear the screen
 
 
 class Requester(Protocol):
     def request(self, cmd: str, args: object, timeout_s: float | None = None) -> Any: ...
-
-
-def _states(text: str) -> list[JobState]:
-    """``--state RUNNING,pending``: job states, in any case."""
-    out = []
-    for word in text.split(","):
-        try:
-            out.append(JobState(word.strip().upper()))
-        except ValueError:
-            choices = ", ".join(s.value for s in JobState)
-            raise argparse.ArgumentTypeError(f"{word.strip()!r} is not a job state ({choices})") from None
-    return out
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.1 <= value <= 86400:
-        raise argparse.ArgumentTypeError(f"takes seconds between 0.1 and 86400, not {text!r}")
-    return value
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The status command's options; every default of a request's argument comes from the wire."""
-    p.add_argument("job", nargs="?", default=default(StatusArgs, "job"), metavar="JOB", help="one job")
-    p.add_argument(
-        "--state",
-        dest="states",
-        type=_states,
-        default=default(StatusArgs, "states"),
-        metavar="STATE[,STATE]",
-        help="only jobs in these states (e.g. RUNNING,PENDING)",
-    )
-    p.add_argument("--user", default=default(StatusArgs, "user"), help="only this user's jobs")
-    out = p.add_mutually_exclusive_group()
-    out.add_argument("--json", action="store_true", help="as JSON, times in ISO 8601 (UTC)")
-    out.add_argument("-q", "--quiet", action="store_true", help="only job ids, one per line")
-    p.add_argument(
-        "--watch",
-        nargs="?",
-        type=_seconds,
-        const=WATCH_DEFAULT_S,
-        default=None,
-        metavar="SECONDS",
-        help=f"redraw every SECONDS (default {WATCH_DEFAULT_S:g}) until Ctrl-C (a JOB goes before it)",
-    )
-    p.set_defaults(func=cmd_status)
 
 
 def status_args(ns: argparse.Namespace) -> StatusArgs:

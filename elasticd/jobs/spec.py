@@ -10,11 +10,12 @@ import math
 import re
 import secrets
 from dataclasses import asdict, dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from elasticd.decode import DecodeError, Unknown, decode
 from elasticd.errors import InvalidSpec
+from elasticd.jobs.terms import DEFAULT_JOIN_TIMEOUT_S, DEFAULT_LAST_CALL_S, MODULE_NAME
+from elasticd.jobs.terms import EntryKind as EntryKind  # its users import it from here too
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 NODE_ID = _NAME  # the same rule as elasticd.node.statedir applies to --node-id
@@ -26,20 +27,11 @@ _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_ID = 2**32 - 2  # uid/gid: (uid_t)-1 means "unchanged" to setresuid, never a user
 MAX_NPROC_PER_NODE = 1024
 MAX_NODES = 4096
-DEFAULT_LAST_CALL_S = 2.0
-DEFAULT_JOIN_TIMEOUT_S = 600.0
 MIN_HANG_TIMEOUT_S = 1.0
 MAX_HANG_TIMEOUT_S = 86400.0
-MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}(\.[A-Za-z_][A-Za-z0-9_]{0,99}){0,15}$")
 MAX_PRELOAD = 32
 MIN_MEMORY = 16 << 20
 MAX_MEMORY = 1 << 50
-
-
-class EntryKind(StrEnum):
-    SCRIPT = "script"  # python -u SCRIPT ARGS
-    MODULE = "module"  # python -u -m MODULE ARGS
-    EXEC = "exec"  # EXE ARGS (torchrun --no-python)
 
 
 @dataclass(frozen=True)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import zmq
 
 from elasticd.control import address
 
@@ -30,6 +34,62 @@ def test_the_cli_starts_without_the_daemons_libraries(module: str) -> None:
     code = f"import sys, {module}; print(sorted(m for m in {CLI_NEVER!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]", f"{module} loads {out.stdout.strip()}"
+
+
+# What a job's start waits for: everything ``elasticctl submit`` (or ``elasticrun``) imports before
+# its request leaves. Following the job, the other commands and the daemon's spec validation come after.
+NOT_BEFORE_SUBMIT = (
+    "elasticctl.follow",
+    "elasticctl.life",
+    "elasticctl.render",
+    "elasticctl.logs_cmd",
+    "elasticctl.events_cmd",
+    "elasticctl.status_cmd",
+    "elasticctl.completion",
+    "elasticctl.run",
+    "elasticd.jobs.spec",
+    "elasticd.decode",
+    "elasticd.log",
+    "elasticd.workers.limits",
+    "datetime",
+    "uuid",
+)
+SUBMIT = ["--nproc-per-node", "2", "train.py", "--", "--lr", "1"]
+SUBMITS = {  # the module that runs, and its command line
+    "elasticctl.cli": ["-m", "elasticctl", "submit", "--follow", *SUBMIT],
+    "elasticctl.run": ["-c", "import sys; from elasticctl.run import main; sys.exit(main())", *SUBMIT],
+}
+
+
+@pytest.mark.parametrize("command", sorted(SUBMITS))
+def test_submit_sends_its_request_before_importing_what_comes_after(command: str, tmp_path: Path) -> None:
+    """The CLI runs under ``-X importtime`` against a socket that takes its request and never answers:
+    what it imported by then is on stderr, and it waits for the answer, importing nothing more."""
+    (tmp_path / "train.py").write_text("")
+    sock = tmp_path / "ctl.sock"
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind(f"ipc://{sock}")
+    env = os.environ | {"ELASTICD_SOCKET": str(sock)}
+    argv = [sys.executable, "-X", "importtime", *SUBMITS[command]]
+    proc = subprocess.Popen(
+        argv, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 30
+    try:
+        while not router.poll(100) and proc.poll() is None and time.monotonic() < deadline:
+            pass
+        raw = router.recv_multipart(zmq.NOBLOCK)[1] if router.poll(0) else b"{}"
+    finally:
+        proc.kill()
+        _, err = proc.communicate(timeout=30)
+        router.close()
+    assert json.loads(raw).get("cmd") == "submit", (
+        f"no submit request (exit code {proc.returncode}): {err[-2000:]}"
+    )
+    loaded = {line.rpartition("|")[2].strip() for line in err.splitlines() if line.startswith("import time:")}
+    assert command in loaded  # the log is the CLI's
+    assert sorted(loaded.intersection(NOT_BEFORE_SUBMIT) - {command}) == []
 
 
 def test_completion_still_works_with_shtab_imported_late() -> None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from elasticctl.cli import build_parser, main
+from elasticctl.cli import COMMANDS, build_parser, main
 from elasticd import __version__
 from elasticd.daemon.main import build_parser as daemon_parser
 from elasticd.daemon.main import main as daemon_main
@@ -25,6 +26,13 @@ from elasticd.daemon.main import main as daemon_main
 def test_connection_options_before_or_after_the_command(argv: list[str]) -> None:
     ns = build_parser().parse_args(argv)
     assert ns.timeout == 3.0 and ns.socket == Path("/s")
+
+
+def test_every_command_the_parser_knows_has_a_handler() -> None:
+    """The command line (``elasticctl.parser``) and the commands that run (``cli.COMMANDS``) are
+    two tables; ``completion`` is the one command that needs no daemon."""
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(sub.choices) == set(COMMANDS) | {"completion"}
 
 
 def test_defaults_without_connection_options() -> None:

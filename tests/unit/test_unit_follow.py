@@ -17,7 +17,7 @@ from elasticctl import cli, life
 from elasticctl.client import Client, DaemonError
 from elasticctl.follow import elsewhere_notes
 from elasticctl.life import Life
-from elasticctl.logs_cmd import parse_since
+from elasticctl.parser import parse_since
 from elasticd.control.params import parse_args
 from elasticd.errors import AttemptNotFound, InvalidArgs, RankNotFound
 from elasticd.jobs.logscope import check_scope, round_view, spans

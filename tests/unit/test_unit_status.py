@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from elasticctl import cli, render, status_cmd
+from elasticctl import cli, parser, render, status_cmd
 from elasticctl.entry import UsageError
 from elasticd import wire
 from elasticd.control.params import parse_args
@@ -353,7 +353,7 @@ def test_filters_do_not_go_with_a_job() -> None:
 def test_watch_defaults_and_stops_with_exit_0_on_ctrl_c(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert parse("--watch").watch == status_cmd.WATCH_DEFAULT_S and parse().watch is None
+    assert parse("--watch").watch == parser.WATCH_DEFAULT_S and parse().watch is None
     assert parse("--watch", "0.5").watch == 0.5
     client = Canned(ended("a"))
     sleeps: list[float] = []
