@@ -26,7 +26,7 @@ from elasticd.etcd.keys import KeyKind, Keys
 from elasticd.etcd.memory import MemoryKV
 from elasticd.jobs.decider import GroupOutcome
 from elasticd.jobs.state import EndReason, SetupFailure, WorkerFailure
-from elasticd.manager.jobs import QUIET_KINDS
+from elasticd.manager.wakes import QUIET_KINDS, NodeWakes
 from elasticd.rendezvous.model import Join, Member
 from elasticd.rendezvous.store import InlineJobStore, run_inline
 
@@ -147,6 +147,7 @@ class Node:
     joins: tuple[int, Callable[[], None]] | None = None  # the join watch: its round, its cancel
     join_events: list[str] = field(default_factory=list)  # joins its join watch told it of
     main_joins: list[str] = field(default_factory=list)  # joins the manager's watch told it of: none
+    node_wakes: NodeWakes = field(default_factory=NodeWakes)  # the manager's, for node records
 
     def wake(self) -> None:
         self.woken = True
@@ -161,7 +162,7 @@ class Node:
     def on_change(self, key: str, deleted: bool) -> None:
         """The manager's watch (``JobManager.watch`` then ``wake``)."""
         change = KEYS.route(key, deleted)
-        if change is None or change.kind in QUIET_KINDS:
+        if change is None or change.kind in QUIET_KINDS or not self.node_wakes.wakes(change):
             return
         if change.kind is KeyKind.JOIN:
             self.main_joins.append(key)

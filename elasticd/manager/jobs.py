@@ -16,7 +16,7 @@ from elasticd.agent.executor import JobAgent
 from elasticd.agent.record import AgentState
 from elasticd.aio import wait_event
 from elasticd.errors import EtcdUnavailable
-from elasticd.etcd.keys import Change, KeyKind, Keys
+from elasticd.etcd.keys import Change, Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.types import Query
 from elasticd.jobs import logdir, logread
@@ -26,6 +26,7 @@ from elasticd.manager.admitter import Admitter
 from elasticd.manager.janitor import Janitor
 from elasticd.manager.recent import RecentRead
 from elasticd.manager.recovery import recover
+from elasticd.manager.wakes import QUIET_KINDS, SCAN_KINDS, NodeWakes
 from elasticd.node.registry import NodeRegistry, parse_node_drain
 from elasticd.node.statedir import StateDir
 from elasticd.rendezvous.model import RoundReason
@@ -39,10 +40,6 @@ _log = log.get("elasticd.jobs")
 # so this only bounds how long a change could go unseen if the watch stream stalled silently.
 SCAN_S = 10.0
 DUE_SLACK_S = 0.05  # wake just after a janitor deadline, not just before it
-# Only these can change whether this node should join a job (or whether a job needs clean-up).
-SCAN_KINDS = frozenset({KeyKind.SPEC, KeyKind.ROUND, KeyKind.FINAL, KeyKind.RESULT, KeyKind.JOB_DRAIN})
-# The event history (elasticd.events) changes nothing any job or scan acts on.
-QUIET_KINDS = frozenset({KeyKind.EVENT, KeyKind.EVENT_SEQ})
 
 
 class JobManager:
@@ -69,6 +66,7 @@ class JobManager:
         self._wake = asyncio.Event()
         self._due: float | None = None  # when the janitor's next decision by time alone comes due
         self._stopping = False
+        self._node_wakes = NodeWakes()
         # What ``status`` shows: every job from a recent read, dropped at any change to a job
         # this daemon sees (``wake``) and at its own writes (``CommandService``).
         self.recent: RecentRead[dict[str, JobSnapshot]] = RecentRead(self.snapshots)
@@ -88,7 +86,7 @@ class JobManager:
     # -- wake-ups ---------------------------------------------------------------------------------
     def wake(self, change: Change | None = None) -> None:
         """Something changed: for one job (``change.job``), or anywhere (None, or a node key)."""
-        if change is not None and change.kind in QUIET_KINDS:
+        if change is not None and (change.kind in QUIET_KINDS or not self._node_wakes.wakes(change)):
             return
         if change is None or change.job is not None:
             self.recent.invalidate()
@@ -136,6 +134,7 @@ class JobManager:
                     cancel()
             broken.clear()
             _log.info("watch.rearm")
+            self._node_wakes.forget()
             self.wake()
 
     def fence_all(self) -> None:
