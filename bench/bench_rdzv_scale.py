@@ -56,7 +56,8 @@ from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.client import EtcdClient
 from elasticd.etcd.embedded import EmbeddedEtcd
 from elasticd.etcd.keys import KeyKind, Keys
-from elasticd.jobs.spec import EntryKind, JobSpec, NodeRange
+from elasticd.jobs.spec import JobSpec, NodeRange
+from elasticd.jobs.terms import EntryKind
 from elasticd.manager.wakes import QUIET_KINDS, NodeWakes
 from elasticd.netaddr import free_port
 from elasticd.rendezvous import decider as rdzv

@@ -8,11 +8,26 @@ import threading
 from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
-from elasticd.jobs.spec import EntryKind, JobSpec, NodeRange
+from elasticd.etcd.keys import Keys
+from elasticd.etcd.kv import KV
+from elasticd.jobs.launch import NodeRuntime
+from elasticd.jobs.spec import JobSpec, NodeRange
+from elasticd.jobs.terms import EntryKind
+from elasticd.manager.jobs import JobManager
+from elasticd.node.inventory import Inventory
+from elasticd.node.statedir import StateDir
 
 JOB = "train-0a1b2c3d"
+
+
+def bare_manager(kv: KV, keys: Keys, tmp: Path) -> JobManager:
+    """A ``JobManager`` on ``kv`` with no registry, reaper or workers: for its watch and wake-ups."""
+    rt = NodeRuntime("n1", "127.0.0.1", tmp, Inventory((), 2), SimpleNamespace())  # type: ignore[arg-type]
+    return JobManager(rt, kv, keys, StateDir(tmp), SimpleNamespace())  # type: ignore[arg-type]
 
 
 def make_spec(**overrides: Any) -> JobSpec:

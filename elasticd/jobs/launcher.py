@@ -11,7 +11,8 @@ from elasticd.jobs.env import zygote_env
 from elasticd.jobs.identity import switch_to
 from elasticd.jobs.launch import NodeRuntime, ProcessWorkers, layout_for, start_group
 from elasticd.jobs.pathcheck import check_paths
-from elasticd.jobs.spec import EntryKind, JobSpec
+from elasticd.jobs.spec import JobSpec
+from elasticd.jobs.terms import EntryKind
 from elasticd.rendezvous.model import Member, RoundResult
 from elasticd.workers.limits import ResourceLimits
 from elasticd.workers.zygote import Zygote, ZygoteSetup

@@ -20,8 +20,9 @@ from enum import IntEnum
 
 from elasticd.errors import InvalidSpec, ScriptNotFound
 from elasticd.jobs.identity import switch_to
-from elasticd.jobs.spec import EntryKind, JobSpec
+from elasticd.jobs.spec import JobSpec
 from elasticd.jobs.state import EndReason, SetupFailure
+from elasticd.jobs.terms import EntryKind
 
 SHELL = "/bin/sh"
 CHECK_TIMEOUT_S = 10.0

@@ -14,8 +14,7 @@ from typing import Any
 
 from elasticd.decode import DecodeError, Unknown, decode
 from elasticd.errors import InvalidSpec
-from elasticd.jobs.terms import DEFAULT_JOIN_TIMEOUT_S, DEFAULT_LAST_CALL_S, MODULE_NAME
-from elasticd.jobs.terms import EntryKind as EntryKind  # its users import it from here too
+from elasticd.jobs.terms import DEFAULT_JOIN_TIMEOUT_S, DEFAULT_LAST_CALL_S, MODULE_NAME, EntryKind
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 NODE_ID = _NAME  # the same rule as elasticd.node.statedir applies to --node-id

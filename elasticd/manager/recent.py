@@ -69,7 +69,7 @@ class RecentRead(Generic[T]):
         self._generation = 0
         self._held: Held[T] | None = None
         self._inflight: tuple[int, asyncio.Task[T]] | None = None  # (generation, the read)
-        self.reads = 0  # reads begun (for tests and the bench)
+        self.reads = 0  # reads begun (what the tests count)
 
     def invalidate(self) -> None:
         """Something the value shows changed: no caller gets a read that began before this."""

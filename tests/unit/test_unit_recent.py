@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from types import SimpleNamespace
 from typing import TypeVar
 
 import pytest
@@ -16,11 +15,8 @@ from hypothesis import strategies as st
 from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.memory import MemoryKV
-from elasticd.jobs.launch import NodeRuntime
-from elasticd.manager.jobs import JobManager
 from elasticd.manager.recent import RecentRead
-from elasticd.node.inventory import Inventory
-from elasticd.node.statedir import StateDir
+from tests.fakes import bare_manager
 
 T = TypeVar("T")
 MAX_AGE, REFRESH = 1.0, 0.25
@@ -246,8 +242,7 @@ def test_the_managers_watch_drops_the_held_read_when_any_job_key_changes(tmp_pat
 
     async def main() -> None:
         kv, keys = MemoryKV(), Keys("/t")
-        rt = NodeRuntime("n1", "127.0.0.1", tmp_path, Inventory((), 2), SimpleNamespace())  # type: ignore[arg-type]
-        manager = JobManager(rt, kv, keys, StateDir(tmp_path), SimpleNamespace())  # type: ignore[arg-type]
+        manager = bare_manager(kv, keys, tmp_path)
         watch = asyncio.ensure_future(manager.watch())
         try:
             for key in (keys.job_spec("j1"), keys.job_final("j2")):

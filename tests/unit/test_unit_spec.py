@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from elasticd.errors import InvalidSpec
-from elasticd.jobs.spec import EntryKind, JobSpec, NodeRange, new_job_id, parse_hang_timeout
+from elasticd.jobs.spec import JobSpec, NodeRange, new_job_id, parse_hang_timeout
+from elasticd.jobs.terms import EntryKind
 from tests import fakes
 
 

@@ -5,18 +5,14 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from types import SimpleNamespace
 
 from hypothesis import given
 from hypothesis import strategies as st
 
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.memory import MemoryKV
-from elasticd.jobs.launch import NodeRuntime
-from elasticd.manager.jobs import JobManager
 from elasticd.manager.wakes import NodeWakes
-from elasticd.node.inventory import Inventory
-from elasticd.node.statedir import StateDir
+from tests.fakes import bare_manager
 
 KEYS = Keys("/t")
 
@@ -76,8 +72,7 @@ def test_the_managers_watch_lets_a_node_records_rewrite_wake_no_agent(tmp_path: 
 
     async def main() -> None:
         kv = MemoryKV()
-        rt = NodeRuntime("n1", "127.0.0.1", tmp_path, Inventory((), 2), SimpleNamespace())  # type: ignore[arg-type]
-        manager = JobManager(rt, kv, KEYS, StateDir(tmp_path), SimpleNamespace())  # type: ignore[arg-type]
+        manager = bare_manager(kv, KEYS, tmp_path)
         agent = CountingAgent()
         manager.agents["j"] = agent  # type: ignore[assignment]
         watch = asyncio.ensure_future(manager.watch())

@@ -10,13 +10,13 @@ from elasticd.errors import InvalidSpec, PermissionDenied
 from elasticd.jobs.admission import refuse_identity
 from elasticd.jobs.pathcheck import check_paths
 from elasticd.jobs.spec import (
-    EntryKind,
     JobSpec,
     NodeRange,
     new_job_id,
     parse_hang_timeout,
     valid_job_id,
 )
+from elasticd.jobs.terms import EntryKind
 from elasticd.manager.access import Access, Caller
 from elasticd.manager.service import CommandService
 from elasticd.wire import SubmitArgs
