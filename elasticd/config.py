@@ -25,6 +25,7 @@ LOG_FORMATS = ("auto", "json", "console")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MAX_WARM_POOL = 64  # each parked zygote holds its memory (torch imported: a few hundred MB)
 MAX_WARM_KEEP_S = 86400.0
+ETCD_DEFAULT_QUOTA = 2 * 1024**3  # etcd's own default --quota-backend-bytes
 
 
 def _default_state_dir() -> Path:
@@ -61,6 +62,19 @@ class Settings:
     warm_pool_size: int = 2  # zygotes kept for the next identical job, on this node (0: none)
     warm_keep_s: float = 120.0  # seconds a zygote is kept for the next identical job (0: none)
     log_group: str | None = None  # job log files 0640 to this group (default: 0600, the submitter only)
+    # Per-user limits: what one local user can make the cluster hold. Root and ``admin_group``'s
+    # members get the admin_* limits (and may set a job's priority). 0: no limit.
+    max_jobs_per_user: int = 100  # jobs pending or running at once
+    max_submits_per_minute: int = 60  # submits through this node
+    max_spec_bytes: int = 64 * 1024  # a job spec's stored size (the environment is the usual cause)
+    admin_group: str | None = None
+    admin_max_jobs_per_user: int = 1000
+    admin_max_submits_per_minute: int = 600
+    # etcd's database: new submits are refused above ``etcd_high_water`` of its quota (etcd 3.5
+    # does not report the quota: this says what the cluster's etcd runs with; the embedded etcd
+    # is started with it).
+    etcd_quota_bytes: int = ETCD_DEFAULT_QUOTA
+    etcd_high_water: float = 0.8
     metrics_address: HostPort | None = None  # the Prometheus endpoint (off by default)
     log_format: str = "auto"  # auto | json | console
     log_level: str = "info"
@@ -84,6 +98,16 @@ class Settings:
             raise ConfigError("log_format must be auto, json or console")
         if self.log_level.lower() not in LOG_LEVELS:
             raise ConfigError("log_level must be debug, info, warning or error")
+        for name in ("max_jobs_per_user", "max_submits_per_minute", "admin_max_jobs_per_user",
+                     "admin_max_submits_per_minute"):  # fmt: skip
+            if not 0 <= getattr(self, name) <= 1_000_000:
+                raise ConfigError(f"{name} must be 0..1000000 (0: no limit)")
+        if not 1024 <= self.max_spec_bytes <= 1024 * 1024:
+            raise ConfigError("max_spec_bytes must be 1024..1048576 (a spec is one etcd value)")
+        if not self.etcd_quota_bytes >= 16 * 1024 * 1024:
+            raise ConfigError("etcd_quota_bytes must be at least 16 MiB")
+        if not 0.1 <= self.etcd_high_water <= 1.0:
+            raise ConfigError("etcd_high_water must be 0.1..1.0 (a fraction of etcd_quota_bytes)")
         if self.etcd_password is not None and self.etcd_password_file is not None:
             raise ConfigError("set etcd_password or etcd_password_file, not both")
 
@@ -216,6 +240,28 @@ OPTIONS: dict[str, Option] = {
         float, "seconds a zygote is kept for the next identical job (default 120; 0: none)", "SECONDS"
     ),
     "log_group": Option(_optional(str), "job log files are 0640 to this group (default 0600)", "GROUP"),
+    "max_jobs_per_user": Option(
+        int, "jobs one user may have pending or running (default 100; 0: no limit)", "N"
+    ),
+    "max_submits_per_minute": Option(
+        int, "submits one user may make through this node a minute (default 60; 0: no limit)", "N"
+    ),
+    "max_spec_bytes": Option(
+        int, "largest job spec, in bytes, environment included (default 65536)", "BYTES"
+    ),
+    "admin_group": Option(
+        _optional(str), "members get the admin limits and may set --priority (default: root only)", "GROUP"
+    ),
+    "admin_max_jobs_per_user": Option(int, "max_jobs_per_user for root and admins (default 1000)", "N"),
+    "admin_max_submits_per_minute": Option(
+        int, "max_submits_per_minute for root and admins (default 600)", "N"
+    ),
+    "etcd_quota_bytes": Option(
+        int, "etcd's --quota-backend-bytes (default 2 GiB, etcd's own; the embedded etcd uses it)", "BYTES"
+    ),
+    "etcd_high_water": Option(
+        float, "refuse new submits above this fraction of etcd_quota_bytes (default 0.8)", "FRACTION"
+    ),
     "metrics_address": Option(
         _optional(HostPort.parse),
         "serve Prometheus metrics at HOST:PORT (a port alone: 127.0.0.1; default: off)",

@@ -28,6 +28,8 @@ class ErrorCode(StrEnum):
     ATTEMPT_NOT_FOUND = "attempt_not_found"  # ``logs --attempt``: the job has not come to it
     PERMISSION_DENIED = "permission_denied"
     CONFLICT = "conflict"  # the job is in a state where the request makes no sense
+    QUOTA_EXCEEDED = "quota_exceeded"  # over a per-user limit (jobs held, submits a minute); names it
+    ETCD_FULL = "etcd_full"  # etcd's database is near its quota, or alarmed: new work is refused
     ETCD_UNAVAILABLE = "etcd_unavailable"
     INTERNAL = "internal"
 
@@ -107,6 +109,16 @@ class Conflict(ElasticdError):
 
 class EtcdUnavailable(ElasticdError):
     code = ErrorCode.ETCD_UNAVAILABLE
+
+
+class QuotaExceeded(ElasticdError):
+    """Details name the limit (``limit``, ``used``) and the setting that sets it (``setting``)."""
+
+    code = ErrorCode.QUOTA_EXCEEDED
+
+
+class EtcdFull(ElasticdError):
+    code = ErrorCode.ETCD_FULL
 
 
 class ConfigError(Exception):

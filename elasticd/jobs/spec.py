@@ -14,7 +14,13 @@ from typing import Any
 
 from elasticd.decode import DecodeError, Unknown, decode
 from elasticd.errors import InvalidSpec
-from elasticd.jobs.terms import DEFAULT_JOIN_TIMEOUT_S, DEFAULT_LAST_CALL_S, MODULE_NAME, EntryKind
+from elasticd.jobs.terms import (
+    DEFAULT_JOIN_TIMEOUT_S,
+    DEFAULT_LAST_CALL_S,
+    MAX_PRIORITY,
+    MODULE_NAME,
+    EntryKind,
+)
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 NODE_ID = _NAME  # the same rule as elasticd.node.statedir applies to --node-id
@@ -134,6 +140,7 @@ class JobSpec:
     max_same_failures: int = 3  # stop after failing the same way this often with no progress; 0: never
     warm: bool = True  # fork workers from a per-job zygote that imported torch once (workers.zygote)
     preload: tuple[str, ...] = ()  # modules the zygote imports besides torch
+    priority: int = 0  # admission order among pending jobs, higher first (above 0: root and admins)
 
     def __post_init__(self) -> None:
         for name in ("id", "name", "entry", "python", "cwd", "user"):
@@ -186,6 +193,8 @@ class JobSpec:
         bad = [k for k in self.env if not _ENV_KEY.match(k)]
         if bad:
             raise InvalidSpec(f"invalid environment variable names: {bad[:5]}")
+        if type(self.priority) is not int or not 0 <= self.priority <= MAX_PRIORITY:
+            raise InvalidSpec(f"priority must be an integer 0..{MAX_PRIORITY}, got {self.priority!r}")
 
     def _check_identity(self) -> None:
         """Whom the workers run as: a real uid/gid and a plain name. Whether this node may run

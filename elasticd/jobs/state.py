@@ -67,6 +67,8 @@ class EndReason(StrEnum):
     ROOT_NOT_ALLOWED = "root_not_allowed"  # the spec asks for uid 0 and allow_root_jobs is off
     SPAWN_FAILED = "spawn_failed"  # setup: the worker process could not be created
     REPEATED_FAILURE = "repeated_failure"  # failed the same way N times in a row with no progress
+    QUOTA_EXCEEDED = "quota_exceeded"  # a spec written around the daemon, over its user's job limit
+    TOO_LARGE = "too_large"  # a spec written around the daemon, over the spec size limit
 
     @property
     def setup(self) -> bool:

@@ -14,6 +14,7 @@ from enum import StrEnum
 MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}(\.[A-Za-z_][A-Za-z0-9_]{0,99}){0,15}$")
 DEFAULT_LAST_CALL_S = 2.0
 DEFAULT_JOIN_TIMEOUT_S = 600.0
+MAX_PRIORITY = 1000  # a job's admission priority: 0 (everyone's) .. MAX_PRIORITY (root and admins)
 
 
 class EntryKind(StrEnum):
