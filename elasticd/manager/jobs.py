@@ -21,7 +21,7 @@ from elasticd.etcd.kv import KV
 from elasticd.etcd.types import Query
 from elasticd.jobs import logdir, logread
 from elasticd.jobs.launch import NodeRuntime
-from elasticd.jobs.queue import admission_order
+from elasticd.jobs.queue import Turns, admission_order
 from elasticd.jobs.quota import NO_QUOTAS, Quotas
 from elasticd.jobs.ticket import tickets_of
 from elasticd.manager import janitor as janitors
@@ -63,6 +63,7 @@ class JobManager:
     ) -> None:
         self.rt = rt
         self._quotas, self._admins = quotas, admins
+        self.turns = Turns()  # whose jobs this node admitted lately: the fair queue's turns
         self._kv = kv
         self._keys = keys
         self._state = state
@@ -188,7 +189,7 @@ class JobManager:
         janitors.report(snaps)
         tickets = tickets_of(snaps.values())  # the jobs that have not ended
         failed = await limits.enforce(tickets, self._quotas, self._admins, self.store_of)
-        for job_id in admission_order(t for t in tickets if t.id not in failed):  # the fair queue
+        for job_id in admission_order((t for t in tickets if t.id not in failed), self.turns.last):
             if job_id not in self.agents:
                 await self._consider(snaps[job_id], lease)
         if clean_up and await self.janitor.elected(lease):
@@ -218,6 +219,7 @@ class JobManager:
             spec, self.rt, store, self._registry, slots, self._agent_changed, on_invalid=self._wake.set
         )
         self.agents[spec.id] = agent
+        self.turns.admitted(spec.uid)
         self._agent_changed(agent)
         _log.info(
             "job.joining", job=spec.id, node=self.rt.node_id, devices=self.rt.inventory.visible_devices(slots)

@@ -235,7 +235,7 @@ class CommandService:
         """Each waiting job's place in the fair queue (``jobs.queue``), from one read of every job
         (computed once per read: ``status`` callers share the recent read)."""
         if self._queue_of is None or self._queue_of[0] is not snaps:
-            self._queue_of = (snaps, places(tickets_of(snaps.values())))
+            self._queue_of = (snaps, places(tickets_of(snaps.values()), self._manager.turns.last))
         return self._queue_of[1]
 
     async def kill(self, job_id: str, user: str) -> dict[str, Any]:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from elasticd.jobs.queue import admission_order, places, queue_order
+from elasticd.jobs.queue import Turns, admission_order, places, queue_order
 from elasticd.jobs.state import JobState
 from elasticd.jobs.ticket import JobTicket
 
@@ -43,6 +44,24 @@ def test_users_take_turns_in_submission_order_and_priority_comes_first() -> None
     assert ids(queue_order(tickets)) == ["urgent", "a1", "b1", "c1", "a2", "b2", "a3"]
 
 
+def test_the_user_admitted_least_recently_goes_first_then_fewer_slots_held() -> None:
+    tickets = [ticket("a1", 1, 1), ticket("b1", 2, 2), ticket("c1", 3, 3)]
+    turns = Turns()
+    assert ids(queue_order(tickets, turns.last)) == ["a1", "b1", "c1"]  # none admitted: oldest first
+    turns.admitted(1)
+    assert ids(queue_order(tickets, turns.last)) == ["b1", "c1", "a1"]  # never admitted come first
+    turns.admitted(3)
+    turns.admitted(2)
+    assert ids(queue_order(tickets, turns.last)) == ["a1", "c1", "b1"]
+
+
+def test_turns_are_bounded() -> None:
+    turns = Turns(max_users=2)
+    for uid in (1, 2, 1, 3):
+        turns.admitted(uid)
+    assert list(turns.last) == [1, 3]  # 2 was admitted least recently: forgotten (first again)
+
+
 def test_in_each_turn_users_holding_fewer_slots_go_first() -> None:
     tickets = [
         ticket("big-run", 1, 0, state=JobState.RUNNING, held=16),
@@ -74,9 +93,12 @@ def test_places_say_where_and_why() -> None:
     got = places(tickets)
     assert set(got) == {"a1", "a2", "b1", "hi"}
     assert [(got[j].place, got[j].of) for j in ("hi", "b1", "a1", "a2")] == [(1, 4), (2, 4), (3, 4), (4, 4)]
-    assert got["hi"].why.startswith("priority 5; u2's waiting job 1")
+    assert got["hi"].why.startswith("priority 5; u2's waiting job 1: users take turns")
     assert "1 waiting job(s) of higher priority first" in got["a2"].why
-    assert "u1's waiting job 2, in turn 2" in got["a2"].why and "u1 holds 4" in got["a2"].why
+    assert "u1's waiting job 2" in got["a2"].why and "(u1 holds 4 slots)" in got["a2"].why
+    turns = Turns()
+    turns.admitted(1)
+    assert "(u1 holds 4 slots, had a job admitted here lately)" in places(tickets, turns.last)["a1"].why
     assert got["a1"].to_json() == {"place": 3, "of": 4, "why": got["a1"].why}
 
 
@@ -136,3 +158,29 @@ def test_a_users_kth_job_is_behind_at_most_k_jobs_of_any_other_user_of_its_prior
 @given(TICKETS)
 def test_every_node_orders_alike_whatever_order_it_read_the_jobs_in(tickets: list[JobTicket]) -> None:
     assert admission_order(tickets) == admission_order(list(reversed(tickets)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(TICKETS, st.lists(st.integers(0, 4), max_size=5))
+def test_across_admissions_a_waiting_user_is_next_after_at_most_one_of_anyone_elses(
+    tickets: list[JobTicket], earlier: list[int]
+) -> None:
+    """Admit the head of the queue, again and again (as nodes free up one slot at a time): between
+    two admissions of one user, every user who waited all along at the top priority had one."""
+    waiting = [t for t in tickets if not t.started]
+    top = max((t.priority for t in waiting), default=0)
+    waiting = [replace(t, priority=top) for t in waiting]  # one priority: turns alone decide
+    turns = Turns()
+    for uid in earlier:  # what this node admitted before
+        turns.admitted(uid)
+    admitted: list[int] = []
+    while waiting:
+        head = queue_order(waiting, turns.last)[0]
+        waiting.remove(head)
+        turns.admitted(head.uid)
+        admitted.append(head.uid)
+        still = {t.uid for t in waiting}
+        previous = [i for i, uid in enumerate(admitted[:-1]) if uid == head.uid]
+        if previous:
+            between = set(admitted[previous[-1] + 1 : -1])
+            assert still - {head.uid} <= between, (admitted, still)
