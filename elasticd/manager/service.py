@@ -167,7 +167,7 @@ class CommandService:
         self._manager.recent.invalidate()
         _log.info("job.submitted", job=spec.id, user=spec.user, argv=spec.argv, nnodes=str(spec.nnodes))
         await self._manager.scan(clean_up=False)
-        return await self.view(spec.id)
+        return await self.view(spec.id, queue=False)  # its place: ``status`` (no second full read)
 
     async def _check_limits(self, spec: JobSpec, limits: Limits) -> None:
         if (too_large := quota.size_refusal(quota.stored_size(spec.to_json()), spec.env, limits)) is not None:
@@ -190,13 +190,14 @@ class CommandService:
             raise JobNotFound(f"no job {job_id!r}")
         return snap
 
-    async def view(self, job_id: str) -> dict[str, Any]:
+    async def view(self, job_id: str, queue: bool = True) -> dict[str, Any]:
         """The job as ``status`` shows it: from the recent read of every job while it is valid
-        (``JobManager.recent``), else from a read of this job alone."""
+        (``JobManager.recent``), else from a read of this job alone; with ``queue``, a waiting
+        job's place in the queue (from the recent read: the queue is every job's)."""
         try:
             snap = (self._manager.recent.held() or {}).get(job_id) or await self.snapshot(job_id)
             view = job_view(snap, self.facts.node_id)
-            if view["state"] == JobState.PENDING:
+            if queue and view["state"] == JobState.PENDING:
                 place = self._places(await self._manager.recent.get()).get(job_id)
                 view.update(_queue(place))
             return view

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from types import SimpleNamespace
 
@@ -11,15 +12,19 @@ from hypothesis import strategies as st
 from elasticd.config import Settings
 from elasticd.errors import ErrorCode
 from elasticd.etcd.keys import Keys
+from elasticd.etcd.memory import MemoryKV
 from elasticd.etcd.types import KeyValue
 from elasticd.jobs import quota
 from elasticd.jobs.quota import Limit, Limits, Quotas, over_limits
 from elasticd.jobs.spec import NodeRange
 from elasticd.jobs.state import EndReason, JobState
 from elasticd.jobs.ticket import JobTicket, ticket_of, tickets_of
+from elasticd.manager import quotas
+from elasticd.manager.access import Admins
 from elasticd.rendezvous.decider import build_result
 from elasticd.rendezvous.model import FinalRecord, Join, RoundInfo, RoundReason
 from elasticd.rendezvous.snapshot import InvalidKey, JobSnapshot
+from elasticd.rendezvous.store import InlineJobStore, run_inline
 from tests import fakes
 
 USER = Limits(
@@ -220,3 +225,26 @@ def test_settings_like_objects_work() -> None:
                         admin_max_jobs_per_user=3, admin_max_submits_per_minute=4)  # fmt: skip
     q = Quotas.from_settings(s)
     assert (q.user.jobs.value, q.admin.submits_per_minute.value, q.admin.spec_bytes.value) == (1, 4, 2048)
+
+
+# -- the executor: every node fails what the rule names, once ---------------------------------------
+def test_the_scan_fails_the_named_jobs_once_whoever_sees_them() -> None:
+    kv, keys = MemoryKV(), Keys("/q")
+
+    def store(job: str) -> InlineJobStore:
+        return InlineJobStore(kv, keys, job)
+
+    specs = [fakes.make_spec(id=f"j{i}", uid=1000, submitted_at=float(i)) for i in range(4)]
+    specs.append(fakes.make_spec(id="admin", uid=0, submitted_at=9.0))
+    for spec in specs:
+        assert run_inline(store(spec.id).create(spec))
+    snaps = [run_inline(store(s.id).snapshot()) for s in specs]
+    admins = Admins(4242, groups_of=lambda uid: frozenset())
+    tickets = tickets_of(snaps)
+    assert asyncio.run(quotas.enforce(tickets, QUOTAS, admins, store)) == {"j2", "j3"}
+    assert asyncio.run(quotas.enforce(tickets, QUOTAS, admins, store)) == {"j2", "j3"}  # a no-op
+    ended = {s.id: run_inline(store(s.id).snapshot()).final for s in specs}
+    assert {j for j, f in ended.items() if f is not None} == {"j2", "j3"}
+    final = ended["j3"]
+    assert final is not None and final.state is JobState.FAILED and final.code is EndReason.QUOTA_EXCEEDED
+    assert "(setting max_jobs_per_user)" in final.reason
