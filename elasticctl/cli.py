@@ -97,6 +97,7 @@ def submit_request(ns: argparse.Namespace, gpus: Callable[[], int]) -> tuple[Sub
         warm=ns.warm,
         preload=ns.preload,
         job_id=fields.get("job_id"),
+        priority=ns.priority,
     )
     return args, mapped
 

@@ -172,6 +172,13 @@ def _add_submit(add: Callable[..., argparse.ArgumentParser]) -> None:
         default=job("nofile"),
         help="open files per worker process (RLIMIT_NOFILE)",
     )
+    s.add_argument(
+        "--priority",
+        type=count("--priority"),
+        default=job("priority"),
+        metavar="N",
+        help="start before waiting jobs of a lower priority, 0..1000 (above 0: root and admins only)",
+    )
     add_elasticd_flags(s)
     s.add_argument("--follow", "-f", action="store_true", help="stream output; exit with the job's result")
     s.add_argument("-m", "--module", action="store_true", help="TARGET is a module (python -m)")

@@ -76,7 +76,8 @@ def table(rows: list[list[str]]) -> str:
 
 def jobs_table(jobs: list[JobView], now: float | None = None) -> str:
     now = time.time() if now is None else now
-    rows = [["JOB", "STATE", "USER", "NODES", "WORLD", "RESTARTS", "STARTED", "ENDED", "DURATION", "REASON"]]
+    rows = [["JOB", "STATE", "USER", "NODES", "WORLD", "RESTARTS", "STARTED", "ENDED", "DURATION", "QUEUE",
+             "REASON"]]  # fmt: skip
     for j in jobs:
         rows.append(
             [
@@ -89,10 +90,17 @@ def jobs_table(jobs: list[JobView], now: float | None = None) -> str:
                 short_time(j.get("started_at"), now),
                 short_time(j.get("ended_at"), now),
                 duration(run_time(j, now)),
+                queue_place(j),
                 (j.get("error") or j.get("reason") or "")[:60],
             ]
         )
     return table(rows)
+
+
+def queue_place(job: JobView) -> str:
+    """A waiting job's place in the fair queue, ``3/12``; ``-`` for others."""
+    q = job.get("queue")
+    return f"{q['place']}/{q['of']}" if q else "-"
 
 
 def failure(job: JobView) -> str:
@@ -152,6 +160,8 @@ def job_detail(job: JobView, now: float | None = None) -> str:
     now = time.time() if now is None else now
     fields: Mapping[str, Any] = job
     lines = [f"{k + ':':16}{fields.get(k)}" for k in DETAIL_KEYS if fields.get(k) not in (None, "", [])]
+    if q := job.get("queue"):
+        lines.append(f"{'queue:':16}{q['place']} of {q['of']} waiting ({q['why']})")
     for key in TIME_KEYS:
         if fields.get(key):
             lines.append(f"{key.removesuffix('_at') + ':':16}{long_time(fields[key])}")

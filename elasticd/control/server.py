@@ -98,7 +98,9 @@ class ControlServer:
             if caller is None:
                 raise PermissionDenied("the transport gave no peer credentials; use the local IPC socket")
             args = parse_args(command.args, request.args)
-            await self._service.authorize(command.access, caller, command.job_of(args))
+            await self._service.authorize(
+                command.access, caller, command.job_of(args), command.admin_option(args)
+            )
             result = await command.handler(self._service, args, caller)
             reply = encode_ok(rid, result)
         except ElasticdError as exc:

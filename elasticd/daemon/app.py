@@ -26,6 +26,8 @@ from elasticd.etcd.keys import Keys
 from elasticd.etcd.types import EtcdAuth
 from elasticd.jobs.launch import NodeRuntime
 from elasticd.jobs.logdir import log_group_gid
+from elasticd.jobs.quota import Quotas
+from elasticd.manager.access import Admins
 from elasticd.manager.jobs import JobManager
 from elasticd.manager.service import CommandService, NodeFacts
 from elasticd.netaddr import NoFreePort
@@ -170,8 +172,9 @@ class Daemon:
                 reaper=self._reaper,
             )
             retention = s.job_retention or None
+            quotas, admins = Quotas.from_settings(s), Admins.of_group(s.admin_group)
             self.manager = JobManager(rt, self.etcd, self.keys, self._state, self.registry, s.allow_root_jobs,
-                                      retention_s=retention)  # fmt: skip
+                                      retention_s=retention, quotas=quotas, admins=admins)  # fmt: skip
             self._observe = Observability(self.node_id, self.etcd, self.keys, s.metrics_address)
             await self._observe.start(self.manager, self.registry)
             await self.registry.start()
@@ -180,7 +183,7 @@ class Daemon:
             background.append(asyncio.create_task(self.manager.watch(), name="watch"))
             background.append(asyncio.create_task(self.manager.run(), name="jobs"))
             facts = NodeFacts(self.node_id, self.started_at, tuple(self.etcd_endpoints), s.embedded_etcd,
-                              s.allow_root_jobs, s.stop_grace, self.log_dir)  # fmt: skip
+                              s.allow_root_jobs, s.stop_grace, self.log_dir, quotas, admins)  # fmt: skip
             service = CommandService(facts, self.manager, self.registry, self.etcd, self.keys)
             server = ControlServer(service, s.socket, s.socket_mode, s.socket_group)
             server.bind()

@@ -11,6 +11,13 @@ runs, with the caller's kernel-verified credentials. Handlers contain no permiss
 | ROOT      | root only                                              | (none yet)                       |
 | HISTORY   | anyone; a job's events only to its owner and root      | events                           |
 
+Some options are for admins only, whatever the command's level: a command names them
+(``Command.admin_option``) and ``authorize`` refuses them to others. An **admin** is root, or a
+member of the ``admin_group`` setting (its primary group or a supplementary one, as the system's
+group database says for the caller's uid; ``Admins``). That one definition decides both who may
+set a job's ``--priority`` and who gets the admin limits (``jobs.quota``), at submit and on the
+scan (a spec's own ``gid`` is never trusted for it: it may have been written around the daemon).
+
 ``events`` shows the history of jobs that may be gone (removed, expired): an event of a job is
 shown to root, and to the job's owner while the job exists (``may_read_job``); events of no job
 (a node started, was drained) to anyone, as ``nodes`` shows nodes to anyone.
@@ -18,12 +25,14 @@ shown to root, and to the job's owner while the job exists (``may_read_job``); e
 
 from __future__ import annotations
 
+import grp
+import os
 import pwd
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
-from elasticd.errors import PermissionDenied
+from elasticd.errors import ConfigError, PermissionDenied
 
 ROOT_UID = 0
 
@@ -54,6 +63,43 @@ class Caller:
         return cls(int(parts[1]), int(parts[2]), int(parts[3]))
 
 
+def user_groups(uid: int) -> frozenset[int]:
+    """The groups the system's group database gives ``uid`` (its primary group included);
+    none for a uid that has no name."""
+    try:
+        entry = pwd.getpwuid(uid)
+    except KeyError:
+        return frozenset()
+    return frozenset(os.getgrouplist(entry.pw_name, entry.pw_gid))
+
+
+@dataclass(frozen=True)
+class Admins:
+    """Who is an admin (module doc): root, and ``admin_group``'s members (``gid``; None: root only)."""
+
+    gid: int | None = None
+    groups_of: Callable[[int], frozenset[int]] = field(default=user_groups, compare=False)
+
+    @classmethod
+    def of_group(cls, name: str | None) -> Admins:
+        """From the ``admin_group`` setting: a group name or number."""
+        if name is None:
+            return cls()
+        try:
+            return cls(int(name) if name.isdigit() else grp.getgrnam(name).gr_gid)
+        except KeyError:
+            raise ConfigError(f"admin_group {name!r}: no such group") from None
+
+    def __call__(self, uid: int) -> bool:
+        """Whether ``uid`` is an admin."""
+        return uid == ROOT_UID or (self.gid is not None and self.gid in self.groups_of(uid))
+
+    def who(self) -> str:
+        return "root" if self.gid is None else "root and members of admin_group"
+
+
+ROOT_ONLY = Admins()
+
 OwnerLookup = Callable[[str], Awaitable[tuple[int, str] | None]]
 """job id -> (uid, user name) of its owner; None when the job's spec cannot be read (root only).
 Raises JobNotFound for a job that does not exist."""
@@ -66,11 +112,21 @@ class Access(StrEnum):
     HISTORY = "history"  # events: filtered per job by ``may_read_job``, and a named job is checked
 
 
-async def authorize(access: Access, caller: Caller, job_id: str | None, owner_of: OwnerLookup) -> None:
-    """Raise PermissionDenied unless ``caller`` may use a command of level ``access`` on ``job_id``.
+async def authorize(
+    access: Access,
+    caller: Caller,
+    job_id: str | None,
+    owner_of: OwnerLookup,
+    admin_option: str | None = None,
+    admins: Admins = ROOT_ONLY,
+) -> None:
+    """Raise PermissionDenied unless ``caller`` may use a command of level ``access`` on ``job_id``,
+    with ``admin_option`` (an option the request uses that only admins may: ``--priority``).
 
     The job is looked up even for root, so that an unknown job is ``job_not_found`` for everyone.
     """
+    if admin_option is not None and not admins(caller.uid):
+        raise PermissionDenied(f"only {admins.who()} may use {admin_option}")
     if access is Access.CONNECTED:
         return
     if access is Access.HISTORY:

@@ -21,7 +21,12 @@ from elasticd.etcd.kv import KV
 from elasticd.etcd.types import Query
 from elasticd.jobs import logdir, logread
 from elasticd.jobs.launch import NodeRuntime
+from elasticd.jobs.queue import Turns, admission_order
+from elasticd.jobs.quota import NO_QUOTAS, Quotas
+from elasticd.jobs.ticket import tickets_of
 from elasticd.manager import janitor as janitors
+from elasticd.manager import quotas as limits
+from elasticd.manager.access import ROOT_ONLY, Admins
 from elasticd.manager.admitter import Admitter
 from elasticd.manager.janitor import Janitor
 from elasticd.manager.recent import RecentRead
@@ -53,8 +58,12 @@ class JobManager:
         allow_root_jobs: bool = False,
         store_of: Callable[[str], JobStore] | None = None,
         retention_s: float | None = None,
+        quotas: Quotas = NO_QUOTAS,
+        admins: Admins = ROOT_ONLY,
     ) -> None:
         self.rt = rt
+        self._quotas, self._admins = quotas, admins
+        self.turns = Turns()  # whose jobs this node admitted lately: the fair queue's turns
         self._kv = kv
         self._keys = keys
         self._state = state
@@ -178,9 +187,11 @@ class JobManager:
         self.admitter.draining = parse_node_drain(self._keys, drain) if drain is not None else None
         self._apply_drains(snaps)
         janitors.report(snaps)
-        for snap in sorted(snaps.values(), key=lambda s: s.spec.submitted_at if s.spec else 0):
-            if snap.spec is not None and not snap.ended and snap.job_id not in self.agents:
-                await self._consider(snap, lease)
+        tickets = tickets_of(snaps.values())  # the jobs that have not ended
+        failed = await limits.enforce(tickets, self._quotas, self._admins, self.store_of)
+        for job_id in admission_order((t for t in tickets if t.id not in failed), self.turns.last):
+            if job_id not in self.agents:
+                await self._consider(snaps[job_id], lease)
         if clean_up and await self.janitor.elected(lease):
             await self.janitor.sweep(snaps)
             await self.janitor.drop_strays(strays)
@@ -208,6 +219,7 @@ class JobManager:
             spec, self.rt, store, self._registry, slots, self._agent_changed, on_invalid=self._wake.set
         )
         self.agents[spec.id] = agent
+        self.turns.admitted(spec.uid)
         self._agent_changed(agent)
         _log.info(
             "job.joining", job=spec.id, node=self.rt.node_id, devices=self.rt.inventory.visible_devices(slots)

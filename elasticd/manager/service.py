@@ -29,13 +29,17 @@ from elasticd.etcd.kv import KV
 from elasticd.etcd.types import Query
 from elasticd.events.schema import EventsArgs
 from elasticd.events.store import EventLog, Page
-from elasticd.jobs import logdir
+from elasticd.jobs import logdir, quota
 from elasticd.jobs.logs import Read, attempt_starts, log_files, read_logs
 from elasticd.jobs.logscope import check_scope, round_view
+from elasticd.jobs.queue import QueuePlace, places
+from elasticd.jobs.quota import NO_QUOTAS, Limits, Quotas
+from elasticd.jobs.rate import SubmitWindow
 from elasticd.jobs.spec import JobSpec, valid_job_id
 from elasticd.jobs.state import EndReason, JobState
+from elasticd.jobs.ticket import tickets_of
 from elasticd.jobs.view import job_view, selected
-from elasticd.manager.access import ROOT_UID, Access, Caller, authorize, may_read_job
+from elasticd.manager.access import ROOT_ONLY, ROOT_UID, Access, Admins, Caller, authorize, may_read_job
 from elasticd.manager.jobs import JobManager
 from elasticd.node.registry import NodeRecord, NodeRegistry
 from elasticd.rendezvous.snapshot import JobSnapshot
@@ -68,6 +72,8 @@ class NodeFacts:
     allow_root_jobs: bool
     stop_grace_s: float
     log_dir: Path
+    quotas: Quotas = NO_QUOTAS  # per-user limits (``jobs.quota``)
+    admins: Admins = ROOT_ONLY  # who gets the admin limits and may set --priority
 
 
 class CommandService:
@@ -80,11 +86,26 @@ class CommandService:
         self._kv = kv
         self._keys = keys
         self._events = EventLog(kv, keys)
+        self._submits = SubmitWindow()  # submits per user per minute through this node
+        self._queue_of: tuple[dict[str, JobSnapshot], dict[str, QueuePlace]] | None = None
 
-    # -- permissions ----------------------------------------------------------------------------
-    async def authorize(self, access: Access, caller: Caller, job_id: str | None) -> None:
-        """Raise PermissionDenied unless ``caller`` may use a command of level ``access`` on the job."""
-        await authorize(access, caller, job_id, self.owner_of)
+    # -- permissions and limits -------------------------------------------------------------------
+    async def authorize(
+        self, access: Access, caller: Caller, job_id: str | None, admin_option: str | None = None
+    ) -> None:
+        """Raise PermissionDenied unless ``caller`` may use a command of level ``access`` on the
+        job, with ``admin_option`` (an option only admins may use) if the request uses one."""
+        await authorize(access, caller, job_id, self.owner_of, admin_option, self.facts.admins)
+
+    def limits_of(self, caller: Caller) -> Limits:
+        """The limits ``caller`` submits under: the admin ones for root and admins."""
+        return self.facts.quotas.of(self.facts.admins(caller.uid))
+
+    def count_submit(self, caller: Caller, limits: Limits) -> None:
+        """Count a submit of ``caller``'s; QuotaExceeded past ``max_submits_per_minute``."""
+        decision = self._submits.admit(caller.uid, limits.submits_per_minute.value, time.monotonic())
+        if not decision.allowed:
+            raise quota.rate_refusal(caller.user, decision.used, decision.retry_after_s, limits)
 
     async def owner_of(self, job_id: str) -> tuple[int, str] | None:
         """The job's owner (uid, user) for permission checks; None if its spec is unreadable.
@@ -124,7 +145,12 @@ class CommandService:
         return replace(page, events=chosen)
 
     # -- jobs -------------------------------------------------------------------------------------
-    async def submit(self, spec: JobSpec) -> dict[str, Any]:
+    async def submit(self, spec: JobSpec, limits: Limits | None = None) -> dict[str, Any]:
+        """Store a new job, within the submitter's ``limits``: the spec's size, and the jobs they
+        hold (counted from the recent read; a submit that races another past the limit is failed
+        by the scan, ``jobs.quota.over_limits``)."""
+        if limits is not None:
+            await self._check_limits(spec, limits)
         records = await asyncio.to_thread(self._registry.records)
         candidates = [n for n in records if spec.allows(n.node)]
         biggest = max((n.slots for n in candidates), default=0)
@@ -141,7 +167,19 @@ class CommandService:
         self._manager.recent.invalidate()
         _log.info("job.submitted", job=spec.id, user=spec.user, argv=spec.argv, nnodes=str(spec.nnodes))
         await self._manager.scan(clean_up=False)
-        return await self.view(spec.id)
+        return await self.view(spec.id, queue=False)  # its place: ``status`` (no second full read)
+
+    async def _check_limits(self, spec: JobSpec, limits: Limits) -> None:
+        if (too_large := quota.size_refusal(quota.stored_size(spec.to_json()), spec.env, limits)) is not None:
+            raise too_large
+        if limits.jobs.value <= 0:
+            return
+        snaps = await self._manager.recent.get()
+        if spec.id in snaps:  # a second node's line of one multi-node job: ``conflict``, not a quota
+            return
+        refusal = quota.jobs_refusal(spec.user, quota.held_by(tickets_of(snaps.values()), spec.uid), limits)
+        if refusal is not None:
+            raise refusal
 
     async def snapshot(self, job_id: str) -> JobSnapshot:
         """The job as of now; one with unreadable records is still a job (it shows as FAILED)."""
@@ -152,12 +190,17 @@ class CommandService:
             raise JobNotFound(f"no job {job_id!r}")
         return snap
 
-    async def view(self, job_id: str) -> dict[str, Any]:
+    async def view(self, job_id: str, queue: bool = True) -> dict[str, Any]:
         """The job as ``status`` shows it: from the recent read of every job while it is valid
-        (``JobManager.recent``), else from a read of this job alone."""
+        (``JobManager.recent``), else from a read of this job alone; with ``queue``, a waiting
+        job's place in the queue (from the recent read: the queue is every job's)."""
         try:
             snap = (self._manager.recent.held() or {}).get(job_id) or await self.snapshot(job_id)
-            return job_view(snap, self.facts.node_id)
+            view = job_view(snap, self.facts.node_id)
+            if queue and view["state"] == JobState.PENDING:
+                place = self._places(await self._manager.recent.get()).get(job_id)
+                view.update(_queue(place))
+            return view
         except EtcdUnavailable:
             if (own := self._own_view(job_id)) is None:
                 raise
@@ -181,8 +224,20 @@ class CommandService:
         """Every job (unreadable ones too), oldest first; only those in ``states`` (when given) and
         ``user``'s (when given). From a recent read (``JobManager.recent``)."""
         snaps = await self._manager.recent.get()
-        views = [job_view(s, self.facts.node_id) for s in snaps.values() if selected(s, states, user)]
+        queue = self._places(snaps)
+        views = [
+            job_view(s, self.facts.node_id) | _queue(queue.get(s.job_id))
+            for s in snaps.values()
+            if selected(s, states, user)
+        ]
         return sorted(views, key=lambda v: v.get("submitted_at") or 0)
+
+    def _places(self, snaps: dict[str, JobSnapshot]) -> dict[str, QueuePlace]:
+        """Each waiting job's place in the fair queue (``jobs.queue``), from one read of every job
+        (computed once per read: ``status`` callers share the recent read)."""
+        if self._queue_of is None or self._queue_of[0] is not snaps:
+            self._queue_of = (snaps, places(tickets_of(snaps.values()), self._manager.turns.last))
+        return self._queue_of[1]
 
     async def kill(self, job_id: str, user: str) -> dict[str, Any]:
         snap = await self.snapshot(job_id)
@@ -310,6 +365,11 @@ class CommandService:
             raise Conflict(f"node {node} is not drained{where}")
         _log.info("node.undrain", node=node, job=job_id)
         return {"node": node, "job": job_id}
+
+
+def _queue(place: QueuePlace | None) -> dict[str, Any]:
+    """The ``queue`` field of a waiting job's view (none for others)."""
+    return {} if place is None else {"queue": place.to_json()}
 
 
 def _owner(job_id: str, spec: bytes | None) -> tuple[int, str] | None:

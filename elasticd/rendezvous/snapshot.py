@@ -54,6 +54,7 @@ class JobSnapshot:
 
     job_id: str
     spec: JobSpec | None = None
+    spec_bytes: int = 0  # the stored size of ``spec`` (what the per-user limits count)
     round: RoundInfo | None = None
     round_mod: int = 0
     restarts: int = 0
@@ -134,7 +135,7 @@ class JobSnapshot:
                 spec = JobSpec.from_json(value)
                 if spec.id != self.job_id:
                     raise DecodeError("id", f"is {spec.id!r}, not the job's own id")
-                self.spec = spec
+                self.spec, self.spec_bytes = spec, len(kv.value)
             case KeyKind.ROUND:
                 self.round, self.round_mod = RoundInfo.from_json(value), kv.mod_revision
             case KeyKind.RESTARTS:

@@ -41,6 +41,7 @@ class SubmitArgs:
     warm: bool = True  # fork workers from a per-job zygote that imported torch once
     preload: list[str] = field(default_factory=list)  # modules the zygote imports besides torch
     job_id: str | None = None  # a job id of the submitter's choosing (torchrun's --rdzv-id)
+    priority: int = 0  # admission order among waiting jobs, higher first; above 0: root and admins only
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,14 @@ class MemberView(TypedDict):
     progress: NotRequired[list[RankProgressView]]  # its ranks' progress in this round, when published
 
 
+class QueueView(TypedDict):
+    """A waiting (PENDING) job's place in the fair queue (``elasticd.jobs.queue``)."""
+
+    place: int  # 1: the next job considered when slots free up
+    of: int  # jobs waiting in the queue
+    why: str  # for people: its priority, its turn among its user's jobs, the slots its user holds
+
+
 class InvalidRecordView(TypedDict):
     key: str
     why: str
@@ -127,6 +135,7 @@ class JobView(TypedDict):
     error: NotRequired[str]  # FAILED jobs only
     stale: NotRequired[bool]
     updated_at: NotRequired[float]
+    queue: NotRequired[QueueView]  # PENDING jobs only
 
 
 class JobReply(TypedDict):

@@ -4,13 +4,17 @@ CommandService.authorize); every command declares its level."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+import grp
+import os
+import pwd
+from dataclasses import dataclass, replace
 
 import pytest
 
 from elasticd.control.commands import REGISTRY
-from elasticd.errors import JobNotFound, PermissionDenied
-from elasticd.manager.access import Access, Caller, authorize, may_read_job
+from elasticd.errors import ConfigError, JobNotFound, PermissionDenied
+from elasticd.manager.access import ROOT_ONLY, Access, Admins, Caller, authorize, may_read_job, user_groups
+from elasticd.wire import SubmitArgs
 
 ROOT = Caller(0, 0, 1)
 OWNER = Caller(1000, 1000, 2)
@@ -110,3 +114,46 @@ def test_may_read_job_events() -> None:
     assert may_read_job(OWNER, (OWNER.uid, "owner"))
     assert not may_read_job(OTHER, (OWNER.uid, "owner"))
     assert not may_read_job(OWNER, None)  # a job that is gone: root only
+
+
+# -- admins: root and admin_group's members, for the limits and --priority --------------------------
+ADMIN_GID = 4242
+GROUPS = {OWNER.uid: frozenset({1000, ADMIN_GID}), OTHER.uid: frozenset({1001})}
+ADMINS = Admins(ADMIN_GID, groups_of=lambda uid: GROUPS.get(uid, frozenset()))
+
+
+def test_admins_are_root_and_the_admin_groups_members() -> None:
+    assert ADMINS(ROOT.uid) and ADMINS(OWNER.uid) and not ADMINS(OTHER.uid)
+    assert not ADMINS(31337)  # no name, no groups
+    assert ROOT_ONLY(0) and not ROOT_ONLY(OWNER.uid)
+
+
+def test_admin_group_is_a_name_or_a_number_and_must_exist() -> None:
+    assert Admins.of_group(None) == ROOT_ONLY
+    assert Admins.of_group("4242").gid == 4242
+    assert Admins.of_group(grp.getgrgid(0).gr_name).gid == 0
+    with pytest.raises(ConfigError, match="no-such-group-x"):
+        Admins.of_group("no-such-group-x")
+
+
+def test_the_system_group_database_gives_primary_and_supplementary_groups() -> None:
+    me = pwd.getpwuid(os.getuid())
+    assert me.pw_gid in user_groups(me.pw_uid)
+    assert user_groups(2**31 - 7) == frozenset()  # a uid with no name
+
+
+def test_an_admin_option_is_for_admins_only() -> None:
+    for caller in (ROOT, OWNER):
+        asyncio.run(authorize(Access.CONNECTED, caller, None, _owners, "--priority", ADMINS))
+    with pytest.raises(PermissionDenied, match="only root and members of admin_group may use --priority"):
+        asyncio.run(authorize(Access.CONNECTED, OTHER, None, _owners, "--priority", ADMINS))
+    with pytest.raises(PermissionDenied, match="only root may use --priority"):
+        asyncio.run(authorize(Access.CONNECTED, OWNER, None, _owners, "--priority"))
+
+
+def test_submit_names_priority_above_zero_as_an_admin_option() -> None:
+    submit = REGISTRY["submit"]
+    args = SubmitArgs(entry_kind="script", entry="t.py", cwd="/")
+    assert submit.admin_option(args) is None
+    assert submit.admin_option(replace(args, priority=1)) == "--priority"
+    assert all(c.admin_option(None) is None for name, c in REGISTRY.items() if name != "submit")

@@ -119,6 +119,10 @@ PURE = (
     "elasticd.jobs.logscope",
     "elasticd.jobs.ranktext",
     "elasticd.jobs.state",
+    "elasticd.jobs.ticket",
+    "elasticd.jobs.quota",
+    "elasticd.jobs.rate",
+    "elasticd.jobs.queue",
     "elasticd.wire",
     "elasticd.workers.pool_decider",
 )

@@ -125,3 +125,18 @@ def test_submit_speaks_torchruns_vocabulary(tmp_path: Path) -> None:
     assert mapped.local_ranks == frozenset({1}) and [n.split(":")[0] for n in mapped.notes] == [
         "--standalone"
     ]
+
+
+def test_submit_priority_is_sent_and_a_negative_one_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from elasticctl.cli import submit_args
+
+    (tmp_path / "train.py").write_text("")
+    ns = build_parser().parse_args(["submit", "--priority", "7", "--cwd", str(tmp_path), "train.py"])
+    assert submit_args(ns).priority == 7
+    plain = build_parser().parse_args(["submit", "--cwd", str(tmp_path), "train.py"])
+    assert submit_args(plain).priority == 0
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["submit", "--priority", "-1", "train.py"])
+    assert info.value.code == 2 and "--priority is an integer >= 0" in capsys.readouterr().err

@@ -423,3 +423,16 @@ def test_the_failure_text_names_the_exception_the_hang_frame_and_other_nodes_ran
     assert "exit code 3 (ZeroDivisionError)" in text
     assert "hung in: train.py:42 in step" in text
     assert "also failed: rank 0 (on a), exit code 1" in text
+
+
+def test_a_waiting_jobs_place_in_the_queue_is_shown() -> None:
+    pending = _view(snapshot(0))
+    pending["queue"] = {"place": 3, "of": 12, "why": "priority 0; u's waiting job 2, in turn 2"}
+    running = _view(snapshot(0, ("n1",)))
+    lines = render.jobs_table([pending, running], CLOSED).splitlines()
+    assert lines[0].split()[9] == "QUEUE"
+    assert lines[1].split()[9] == "3/12" and lines[2].split()[9] == "-"
+    assert "queue:          3 of 12 waiting (priority 0; u's waiting job 2, in turn 2)" in render.job_detail(
+        pending, CLOSED
+    )
+    assert "queue:" not in render.job_detail(running, CLOSED)

@@ -37,12 +37,15 @@ async def submit(service: CommandService, args: SubmitArgs, caller: Caller) -> d
     """Submit a job; it runs as the caller, with the environment and directory it was sent with.
 
     The spec goes into etcd; every daemon with room (and allowed by ``nodes``) may join it.
+    Within the caller's limits (``jobs.quota``): submits a minute, the spec's size, jobs held.
     """
     refusal = refuse_identity(
         caller.uid, caller.user, service.facts.node_id, os.geteuid(), service.facts.allow_root_jobs
     )
     if refusal is not None:  # the same rule every node applies to the spec it reads
         raise PermissionDenied(refusal.reason)
+    limits = service.limits_of(caller)
+    service.count_submit(caller, limits)  # first: what follows costs the daemon work
     try:
         kind = EntryKind(args.entry_kind)
     except ValueError as exc:
@@ -86,13 +89,18 @@ async def submit(service: CommandService, args: SubmitArgs, caller: Caller) -> d
         max_same_failures=args.max_same_failures,
         warm=args.warm,
         preload=tuple(args.preload),
+        priority=args.priority,
     )
     # Refuse at submit what could never start, instead of failing every attempt later; the
     # paths are checked as the caller, never with the daemon's (root's) permissions.
     problem = await asyncio.to_thread(check_paths, spec)
     if problem is not None:
         raise problem.to_submit_error()
-    return await service.submit(spec)
+    return await service.submit(spec, limits)
 
 
-COMMAND = Command("submit", SubmitArgs, submit, Access.CONNECTED)
+def _admin_option(args: SubmitArgs) -> str | None:
+    return "--priority" if args.priority > 0 else None
+
+
+COMMAND = Command("submit", SubmitArgs, submit, Access.CONNECTED, _admin_option)

@@ -1,0 +1,63 @@
+"""What the per-user limits and the fair queue need to know of a job, and the one adapter to it.
+
+``JobTicket`` is a small frozen record: who submitted the job, when, at which priority, how large
+its stored spec is, its state, the slots it wants and the slots it holds now. The pure rules
+(``jobs.quota``: which jobs to fail; ``jobs.queue``: the admission order) work on tickets only,
+never on snapshots or specs, so that where a job's records live in etcd matters to one function
+here (``ticket_of``) and to nothing else. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from elasticd.jobs.state import JobState
+from elasticd.jobs.view import job_state
+from elasticd.rendezvous.snapshot import JobSnapshot
+
+
+@dataclass(frozen=True)
+class JobTicket:
+    """One job that has not ended, as the limits and the queue see it."""
+
+    id: str
+    user: str
+    uid: int
+    submitted_at: float
+    priority: int
+    spec_bytes: int  # the stored size of the job's spec, in bytes (the JSON etcd holds)
+    state: JobState  # PENDING (never ran), RUNNING or RESTARTING
+    slots: int = 1  # what it needs to start: MIN nodes x processes per node
+    held: int = 0  # what it holds now: its running round's world size (0 unless RUNNING)
+
+    @property
+    def started(self) -> bool:
+        """It ran (or runs): admitted once, so never held back or failed by a limit again."""
+        return self.state is not JobState.PENDING
+
+
+def ticket_of(snap: JobSnapshot) -> JobTicket | None:
+    """The job's ticket; None for a job that has ended (or has a record nothing can be built on),
+    and for one whose spec is unreadable (the janitor fails those)."""
+    spec = snap.spec
+    if spec is None or snap.ended:
+        return None
+    state = job_state(snap)
+    result = snap.result
+    return JobTicket(
+        id=snap.job_id,
+        user=spec.user,
+        uid=spec.uid,
+        submitted_at=spec.submitted_at,
+        priority=spec.priority,
+        spec_bytes=snap.spec_bytes,
+        state=state,
+        slots=spec.nnodes.min * spec.nproc_per_node,
+        held=result.world_size if state is JobState.RUNNING and result is not None else 0,
+    )
+
+
+def tickets_of(snaps: Iterable[JobSnapshot]) -> list[JobTicket]:
+    """The tickets of every job that has not ended."""
+    return [t for t in map(ticket_of, snaps) if t is not None]

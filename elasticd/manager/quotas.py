@@ -1,0 +1,32 @@
+"""Carries out the per-user limits on a scan: fails the jobs ``jobs.quota.over_limits`` names.
+
+Every node runs it on every scan, so a spec written straight into etcd (around any daemon's
+submit checks) is failed by whichever node sees it first: ``finalize`` is create-once in etcd,
+and the others' writes change nothing (only the winner logs the failure, which the event
+history records).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from elasticd import log
+from elasticd.jobs.quota import Quotas, over_limits
+from elasticd.jobs.state import JobState
+from elasticd.jobs.ticket import JobTicket
+from elasticd.manager.access import Admins
+from elasticd.rendezvous.store import JobStore
+
+_log = log.get("elasticd.jobs")
+
+
+async def enforce(
+    tickets: Sequence[JobTicket], quotas: Quotas, admins: Admins, store_of: Callable[[str], JobStore]
+) -> set[str]:
+    """End FAILED every job over a limit of its user's; the ids of those jobs."""
+    admin_uids = {uid for uid in {t.uid for t in tickets} if admins(uid)}
+    verdicts = over_limits(tickets, quotas, admin_uids)
+    for v in verdicts:
+        if await store_of(v.job_id).finalize(JobState.FAILED, v.code, v.reason):
+            _log.warning("job.failed", job=v.job_id, code=v.code.value, reason=v.reason)
+    return {v.job_id for v in verdicts}
