@@ -12,10 +12,11 @@ from collections.abc import Callable
 
 import pytest
 
-from elasticd.errors import ElasticdError, EtcdUnavailable
+from elasticd.errors import ElasticdError, EtcdNoSpace, EtcdUnavailable
 from elasticd.etcd.kv import ALL_KEYS, KV, prefix_end
 from elasticd.etcd.memory import MemoryKV
 from elasticd.etcd.types import Compare, Found, KeyValue, Put, Query
+from tests.contract.conftest import Alarm
 from tests.support import wait_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -516,3 +517,72 @@ def test_prefix_end_bounds_a_prefix_as_etcd_does(kv: KV, base: str) -> None:
         (ranged,) = kv.read_many([Query(prefix, end=prefix_end(prefix))])
         assert ranged.kvs == kv.get_prefix(prefix) != []
     assert prefix_end("/a/") == "/a0" and prefix_end("") == "\0"
+
+
+# -- the database's size, alarms and compaction ------------------------------------------------
+def test_status_reports_size_revision_and_no_alarm(kv: KV, base: str) -> None:
+    kv.put_json(f"{base}/k", "x" * 1000)
+    status = kv.status()
+    assert status is not None
+    assert status.db_size > 0 and 0 < status.db_size_in_use <= status.db_size
+    assert status.alarms == ()
+    kv.put_json(f"{base}/k", "y")
+    later = kv.status()
+    assert later is not None and later.revision > status.revision
+
+
+def test_compaction_keeps_the_keys_and_a_second_one_is_no_error(kv: KV, base: str) -> None:
+    kv.put_json(f"{base}/k", 1)
+    kv.put_json(f"{base}/k", 2)
+    status = kv.status()
+    assert status is not None
+    kv.compact(status.revision)
+    kv.compact(status.revision)  # already compacted: nothing to do
+    assert must_get(kv, f"{base}/k").json() == 2
+    with pytest.raises(EtcdUnavailable):
+        kv.compact(status.revision + 1000)  # a future revision
+
+
+def test_under_nospace_writes_that_grow_are_refused_the_rest_goes_on(
+    alarmable: tuple[KV, Alarm],
+) -> None:
+    """What etcd does under NOSPACE: puts, transactions with puts and lease grants are refused
+    (``EtcdNoSpace``, an ``EtcdUnavailable``); reads, deletes, delete-only transactions,
+    keep-alives and revokes still work, so a node keeps its lease and can make room."""
+    kv, alarm = alarmable
+    lease = kv.grant_lease(10)
+    kv.put_json("/nospace/a", 1, lease)
+    kv.put_json("/nospace/b", 2)
+    alarm("NOSPACE", True)
+    status = kv.status()
+    assert status is not None and status.alarms == ("NOSPACE",)
+    with pytest.raises(EtcdNoSpace, match=r"quota|space"):
+        kv.put_json("/nospace/c", 3)
+    with pytest.raises(EtcdNoSpace):
+        kv.txn([Compare("/nospace/b", "create", 0)], [Put("/nospace/c", 3)])  # even when it would not apply
+    with pytest.raises(EtcdNoSpace):
+        kv.grant_lease(10)
+    assert isinstance(EtcdNoSpace("x"), EtcdUnavailable)
+    assert kv.refresh_lease(lease) > 0
+    assert must_get(kv, "/nospace/a").json() == 1
+    assert kv.txn([], [], ["/nospace/b"]) and kv.get("/nospace/b") is None
+    assert kv.delete("/nospace/a")
+    kv.revoke_lease(lease)
+    alarm("NOSPACE", False)
+    status = kv.status()
+    assert status is not None and status.alarms == ()
+    kv.put_json("/nospace/c", 3)
+    assert must_get(kv, "/nospace/c").json() == 3
+
+
+def test_memory_status_reports_the_sizes_a_test_sets() -> None:
+    memory = MemoryKV()
+    memory.put_json("/k", "v")
+    memory.db_size, memory.db_size_in_use = 900, 300
+    memory.alarms.add("CORRUPT")
+    status = memory.status()
+    assert status is not None and (status.db_size, status.db_size_in_use, status.alarms) == (
+        900,
+        300,
+        ("CORRUPT",),
+    )
