@@ -26,6 +26,7 @@ from elasticd.errors import (
 )
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV
+from elasticd.etcd.space import Space
 from elasticd.etcd.types import Query
 from elasticd.events.schema import EventsArgs
 from elasticd.events.store import EventLog, Page
@@ -36,6 +37,7 @@ from elasticd.jobs.spec import JobSpec, valid_job_id
 from elasticd.jobs.state import EndReason, JobState
 from elasticd.jobs.view import job_view, selected
 from elasticd.manager.access import ROOT_UID, Access, Caller, authorize, may_read_job
+from elasticd.manager.etcdspace import SpaceWatch
 from elasticd.manager.jobs import JobManager
 from elasticd.node.registry import NodeRecord, NodeRegistry
 from elasticd.rendezvous.snapshot import JobSnapshot
@@ -72,7 +74,13 @@ class NodeFacts:
 
 class CommandService:
     def __init__(
-        self, facts: NodeFacts, manager: JobManager, registry: NodeRegistry, kv: KV, keys: Keys
+        self,
+        facts: NodeFacts,
+        manager: JobManager,
+        registry: NodeRegistry,
+        kv: KV,
+        keys: Keys,
+        space: SpaceWatch | None = None,
     ) -> None:
         self.facts = facts
         self._manager = manager
@@ -80,6 +88,7 @@ class CommandService:
         self._kv = kv
         self._keys = keys
         self._events = EventLog(kv, keys)
+        self._space = space  # how full etcd is (None: not watched)
 
     # -- permissions ----------------------------------------------------------------------------
     async def authorize(self, access: Access, caller: Caller, job_id: str | None) -> None:
@@ -112,8 +121,8 @@ class CommandService:
     async def events(self, args: EventsArgs, caller: Caller) -> Page:
         """The history after ``args.after``: the named job's, or all; only the events ``caller``
         may read (``access.may_read_job``)."""
-        page = await asyncio.to_thread(self._events.read, args.after)
-        chosen = [e for e in page.events if args.job is None or e.event.job == args.job]
+        page = await asyncio.to_thread(self._events.read, args.after, None, args.job)
+        chosen = page.events
         if caller.uid != ROOT_UID:
             owners = await self.owners_of({e.event.job for e in chosen if e.event.job is not None})
             chosen = [
@@ -125,6 +134,7 @@ class CommandService:
 
     # -- jobs -------------------------------------------------------------------------------------
     async def submit(self, spec: JobSpec) -> dict[str, Any]:
+        self._refuse_if_etcd_full()
         records = await asyncio.to_thread(self._registry.records)
         candidates = [n for n in records if spec.allows(n.node)]
         biggest = max((n.slots for n in candidates), default=0)
@@ -247,13 +257,23 @@ class CommandService:
             raise Conflict(f"job {job_id} is {state}: kill it first (elasticctl kill {job_id})")
         await self._manager.store_of(job_id).remove()
         self._manager.recent.invalidate()
+        await asyncio.to_thread(self._events.drop_job, job_id)
         removed = await asyncio.to_thread(logdir.remove_job, self.facts.log_dir, job_id)
         _log.info("job.removed", job=job_id, logs=removed)
         return {"job": job_id, "logs_removed": removed}
 
+    def _refuse_if_etcd_full(self) -> None:
+        """``EtcdFull`` while etcd is above its high-water mark or alarmed (``SpaceWatch``)."""
+        if self._space is not None:
+            self._space.check_submit()
+
     # -- nodes ------------------------------------------------------------------------------------
     async def nodes(self) -> list[NodeRecord]:
         return await asyncio.to_thread(self._registry.records)  # bad records are skipped (and logged)
+
+    def etcd_space(self) -> Space | None:
+        """The last reading of how full etcd is (None: not watched)."""
+        return self._space.space if self._space is not None else None
 
     async def _known_node(self, node: str) -> bool:
         """A node is known while it is live (its record is under its lease) or drained."""

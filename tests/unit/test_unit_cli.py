@@ -125,3 +125,18 @@ def test_submit_speaks_torchruns_vocabulary(tmp_path: Path) -> None:
     assert mapped.local_ranks == frozenset({1}) and [n.split(":")[0] for n in mapped.notes] == [
         "--standalone"
     ]
+
+
+def test_nodes_shows_how_full_etcd_is_on_one_line() -> None:
+    from elasticctl.render import etcd_line
+
+    view = {"level": "high", "db_size": 1700 << 20, "db_size_in_use": 900 << 20, "quota_bytes": 2 << 30,
+            "high_water_bytes": 1638 << 20, "alarms": [], "read_at": 1.0}  # fmt: skip
+    line = etcd_line(view)  # type: ignore[arg-type]
+    assert line == (
+        "etcd: 1.7 GiB of 2.0 GiB (83%, 900.0 MiB in use), level high (new jobs refused above 1.6 GiB)"
+    )
+    alarmed = etcd_line(view | {"level": "full", "alarms": ["NOSPACE"]})  # type: ignore[arg-type]
+    assert alarmed.endswith(", ALARM NOSPACE")
+    unknown = etcd_line(view | {"level": "unknown", "db_size": None, "db_size_in_use": None})  # type: ignore[arg-type]
+    assert unknown.startswith("etcd: size unknown, quota 2.0 GiB")
