@@ -86,25 +86,25 @@ class Space:
         """Why new submits are refused, and what an operator does about it."""
         s, q = self.status, self.limits
         size = f"{_mib(s.db_size)} ({_mib(s.db_size_in_use)} in use)" if s is not None else "unknown"
-        quota = f"of its quota {_mib(q.quota_bytes)}"
+        quota = f"{_mib(q.quota_bytes)} (etcd_quota_bytes={q.quota_bytes})"
         if s is not None and "CORRUPT" in s.alarms:
             return (
-                f"etcd has raised the CORRUPT alarm (database {size} {quota}): it refuses "
-                "writes; an operator restores the corrupt member from a snapshot (etcd's "
-                "disaster recovery guide), then runs `etcdctl alarm disarm`"
+                f"new jobs are refused: etcd has raised the CORRUPT alarm (database {size}, quota "
+                f"{quota}): it refuses writes; an operator restores the corrupt member from a "
+                "snapshot (etcd's disaster recovery guide), then runs `etcdctl alarm disarm`"
             )
         if s is not None and s.alarms:
-            why = f"etcd has raised the {', '.join(s.alarms)} alarm: its database, {size}, reached"
+            why = f"etcd has raised the {', '.join(s.alarms)} alarm: its database, {size}, is at its quota"
         else:
             why = (
                 f"etcd's database is {size}, above the high-water mark {_mib(q.mark)} "
-                f"(etcd_high_water={q.high_water:g})"
+                f"(etcd_high_water={q.high_water:g}) of its quota"
             )
         return (
-            f"new jobs are refused: {why} {quota} (etcd_quota_bytes={q.quota_bytes}); running jobs "
-            "go on. An operator makes room: `elasticctl rm` ended jobs (the janitor already removes "
-            "the oldest), `etcdctl compact <revision>`, `etcdctl defrag` on each member in turn, "
-            "then `etcdctl alarm disarm` if an alarm is raised"
+            f"new jobs are refused: {why} {quota}; running jobs go on. An operator makes room: "
+            "`elasticctl rm` ended jobs (the janitor already removes the oldest), `etcdctl compact "
+            "<revision>`, `etcdctl defrag` on each member in turn, then `etcdctl alarm disarm` if "
+            "an alarm is raised"
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -122,10 +122,9 @@ class EventLog:
                 pass  # read the events; appends report the counter
         if job is None:
             queries = [Query(self._keys.events(), prefix=True)]
-        else:
-            queries = [
-                Query(self._keys.event_ring(r, job), prefix=True) for r in (EventRing.RECENT, EventRing.OLDER)
-            ]
+        else:  # its own rings, and the cluster's (which keeps its removal)
+            rings = [self._keys.event_ring(r, job) for r in (EventRing.RECENT, EventRing.OLDER)]
+            queries = [Query(r, prefix=True) for r in (*rings, self._keys.event_ring(EventRing.CLUSTER))]
         events: list[Stored] = []
         skipped: list[Skipped] = []
         cursor = after
@@ -138,7 +137,7 @@ class EventLog:
                     cursor = max(cursor, _seq_or_zero(kv.key))
                     continue
                 cursor = max(cursor, stored.seq)
-                if stored.seq > after:
+                if stored.seq > after and (job is None or stored.event.job == job):
                     events.append(stored)
         events.sort(key=lambda e: e.seq)
         if limit is not None:

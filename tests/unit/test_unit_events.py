@@ -155,6 +155,8 @@ def test_removing_a_job_drops_its_events_and_its_removal_is_kept_with_the_cluste
     log_.append(event(9, "job-1", kind=EventKind.REMOVED))
     assert [kv_.key for kv_ in kv.get_prefix(KEYS.events())] == [KEYS.event(EventRing.CLUSTER, 4)]
     assert [s.event.kind for s in log_.read().events] == ["removed"]
+    assert [s.event.kind for s in log_.read(job="job-1").events] == ["removed"]
+    assert log_.read(job="job-2").events == []
 
 
 def test_a_malformed_event_is_skipped_with_its_reason() -> None:
