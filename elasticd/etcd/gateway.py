@@ -115,6 +115,8 @@ def range_request(q: Query) -> dict[str, Any]:
     body: dict[str, Any] = key_range(q.key, prefix=q.prefix, end=q.end)
     if q.oldest_only:
         body |= {"sort_order": "ASCEND", "sort_target": "CREATE", "limit": "1"}
+    elif q.first_only:
+        body["limit"] = "1"  # count is still the whole range's
     if q.count_only:
         body["count_only"] = True
     return body

@@ -39,7 +39,7 @@ class KeyKind(StrEnum):
     NODE_STATUS = "node_status"  # parts/<job>/status/<node>: unwatched too
     PENDING = "pending"  # parts/<job>/pending/<node>: unwatched too
     JOB_DRAIN = "job_drain"  # jobs/<job>/drain/<node>
-    EVENT = "event"  # events/<ring>/[<job>/]<seq>: the cluster's event history (elasticd.events)
+    EVENT = "event"  # events/...: the cluster's event history (elasticd.events.rings)
     EVENT_SEQ = "event_seq"  # event_seq: the last event's sequence number
 
 
@@ -47,8 +47,8 @@ EVENT_SEQ_DIGITS = 16  # an event's <seq> zero-padded, so that key order is sequ
 
 
 class EventRing(StrEnum):
-    """The event history's rings (``elasticd.events.store``): events of no job; each job's newest
-    events; each job's older events, the first to go when the history is full."""
+    """The event history's rings (``elasticd.events.rings``): events of no job; each job's newest
+    events; every job's older events, the first to go when the history is full."""
 
     CLUSTER = "cluster"
     RECENT = "recent"
@@ -194,14 +194,19 @@ class Keys:
         return f"{self.prefix}/events/"
 
     def event_ring(self, ring: EventRing, job_id: str | None = None) -> str:
-        """A ring's prefix: every job's (``job_id`` None) or one job's (not for CLUSTER)."""
+        """A ring's prefix; with ``job_id``, that job's recent events."""
         base = f"{self.prefix}/events/{ring.value}/"
         return base if job_id is None else f"{base}{job_id}/"
 
     def event(self, ring: EventRing, seq: int, job_id: str | None = None) -> str:
         """An event's key: ``events/cluster/<seq>``, ``events/recent/<job>/<seq>`` or
-        ``events/older/<job>/<seq>`` (the sequence number zero-padded: key order is its order)."""
-        return f"{self.event_ring(ring, job_id)}{seq:0{EVENT_SEQ_DIGITS}d}"
+        ``events/older/<seq>/<job>`` (the sequence number zero-padded: key order is its order, so
+        the first key of a job's recent ring, of the cluster ring and of the older ring is its
+        oldest)."""
+        number = f"{seq:0{EVENT_SEQ_DIGITS}d}"
+        if ring is EventRing.OLDER:
+            return f"{self.prefix}/events/older/{number}/{job_id}"
+        return f"{self.event_ring(ring, job_id)}{number}"
 
     def event_seq(self) -> str:
         return f"{self.prefix}/event_seq"
@@ -225,7 +230,7 @@ class Keys:
             case ["events", "cluster", seq]:
                 event_seq(seq)
                 return KeyRef(KeyKind.EVENT)
-            case ["events", ("recent" | "older"), job, seq]:
+            case ["events", "recent", job, seq] | ["events", "older", seq, job]:
                 _job(job)
                 event_seq(seq)
                 return KeyRef(KeyKind.EVENT)  # no job: an event wakes no one (``JobManager.wake``)

@@ -251,6 +251,8 @@ class MemoryKV:
             return Found([], len(kvs))
         if q.oldest_only:
             return Found(sorted(kvs, key=lambda kv: kv.create_revision)[:1], len(kvs))
+        if q.first_only:
+            return Found(sorted(kvs, key=lambda kv: kv.key)[:1], len(kvs))
         return Found(sorted(kvs, key=lambda kv: kv.key), len(kvs))
 
     def _holds(self, c: Compare) -> bool:

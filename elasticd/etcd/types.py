@@ -50,6 +50,7 @@ class Query:
     prefix: bool = False
     end: str | None = None  # exclusive end of the range, instead of ``prefix``
     oldest_only: bool = False  # only the key with the lowest create_revision
+    first_only: bool = False  # only the first key in key order (no sort on the server: cheap)
     count_only: bool = False  # how many keys, not the keys
 
 

@@ -1,11 +1,11 @@
 """The event history in etcd: cluster-wide, bounded, and fair to each job (``events.rings``).
 
 Appending is one read (the counter, and how many events each ring that matters holds, with its
-oldest: count-only and oldest-only ranges) and one transaction: it moves the ``event_seq``
-counter by compare-and-swap, puts the new event in its ring, and deletes (or moves to the job's
-older ring) what ``rings.plan`` says. The size is bounded by construction, with no sweeper, and
-every node can append; a loser of the race reads again. Events are rare (rounds, failures,
-drains), though a flood of jobs makes many: an append costs the same however many there are.
+first: count-only and first-key ranges) and one transaction: it moves the ``event_seq`` counter
+by compare-and-swap, puts the new event in its ring, and moves or deletes what ``rings.plan``
+says. The size is bounded by construction, with no sweeper, and every node can append; a loser of
+the race reads again. Events are rare (rounds, failures, drains), though a flood of jobs makes
+many: an append costs about the same however full the history is.
 
 Reading decodes every event through ``ClusterEvent.from_json``; an event that does not decode,
 or whose job is not the one its key names, is skipped and reported (``Skipped``), never passed
@@ -14,17 +14,19 @@ on. Calls block: run them in a thread.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, replace
 
 from elasticd.decode import DecodeError, decode_as, parse_json
 from elasticd.etcd.keys import EventRing, Keys, event_seq
 from elasticd.etcd.kv import KV
 from elasticd.etcd.types import Compare, Found, KeyValue, Put, Query
 from elasticd.events.model import ClusterEvent
-from elasticd.events.rings import Limits, Ring, Seen, plan
+from elasticd.events.rings import Limits, Ring, Seen, needs_oldest_recent, plan
 from elasticd.events.select import EventKind
 
 MAX_TRIES = 8  # appends racing other nodes' appends
+MAX_TXN_DELETES = 100  # etcd refuses a transaction of more than 128 operations (--max-txn-ops)
 MAX_VALUE_BYTES = 8192  # an event's stored size; a bigger value is not one we wrote
 DEFAULT_LIMITS = Limits()
 
@@ -73,21 +75,27 @@ class EventLog:
         return value, kvs[0].mod_revision
 
     def _seen(self, job: str | None) -> tuple[int, int, Seen]:
-        """One read: the counter and the rings an append of an event of ``job`` needs."""
+        """One read: the counter and the rings an append of an event of ``job`` needs (a second
+        read for the oldest recent event, in the rare case that it must go)."""
         keys = self._keys
         queries = [Query(keys.event_seq())]
         if job is None:
-            queries.append(_oldest(keys.event_ring(EventRing.CLUSTER)))
+            queries.append(_first(keys.event_ring(EventRing.CLUSTER)))
         else:
             queries += [
-                _oldest(keys.event_ring(EventRing.RECENT, job)),
-                _oldest(keys.event_ring(EventRing.OLDER, job)),
-                _oldest(keys.event_ring(EventRing.RECENT)),
-                _oldest(keys.event_ring(EventRing.OLDER)),
+                _first(keys.event_ring(EventRing.RECENT, job)),
+                Query(keys.event_ring(EventRing.RECENT), prefix=True, count_only=True),
+                _first(keys.event_ring(EventRing.OLDER)),
             ]
         counter, *rings = self._kv.read_many(queries)
         seq, mod = self._counter(counter.kvs)
-        return seq, mod, Seen(*(_ring(f) for f in rings))
+        seen = Seen(*(_ring(f) for f in rings))
+        if job is not None and needs_oldest_recent(self.limits, seen):
+            (oldest,) = self._kv.read_many(
+                [Query(keys.event_ring(EventRing.RECENT), prefix=True, oldest_only=True)]
+            )
+            seen = replace(seen, recent=_ring(oldest))
+        return seq, mod, seen
 
     def append(self, event: ClusterEvent) -> int:
         """Record ``event``; its sequence number. AppendConflict when others kept winning;
@@ -104,10 +112,15 @@ class EventLog:
                 return nxt
         raise AppendConflict(f"the event counter moved {MAX_TRIES} times while appending")
 
-    def drop_job(self, job: str) -> None:
-        """Delete a removed job's events (with its records: they name a job that is no more)."""
-        for ring in (EventRing.RECENT, EventRing.OLDER):
-            self._kv.delete_prefix(self._keys.event_ring(ring, job))
+    def drop_jobs(self, jobs: Collection[str]) -> None:
+        """Delete removed jobs' events (they name jobs that are no more): their recent rings, and
+        their older events, found in one read of the older ring."""
+        for job in jobs:
+            self._kv.delete_prefix(self._keys.event_ring(EventRing.RECENT, job))
+        older = self._kv.get_prefix(self._keys.event_ring(EventRing.OLDER))
+        gone = [kv.key for kv in older if kv.key.rpartition("/")[2] in jobs]
+        for start in range(0, len(gone), MAX_TXN_DELETES):
+            self._kv.txn([], [], gone[start : start + MAX_TXN_DELETES])
 
     def read(self, after: int = 0, limit: int | None = None, job: str | None = None) -> Page:
         """Events with a sequence number above ``after``, oldest first: ``job``'s, or every
@@ -122,14 +135,16 @@ class EventLog:
                 pass  # read the events; appends report the counter
         if job is None:
             queries = [Query(self._keys.events(), prefix=True)]
-        else:  # its own rings, and the cluster's (which keeps its removal)
-            rings = [self._keys.event_ring(r, job) for r in (EventRing.RECENT, EventRing.OLDER)]
-            queries = [Query(r, prefix=True) for r in (*rings, self._keys.event_ring(EventRing.CLUSTER))]
+        else:  # its recent ring, and the rings where its older events and its removal are
+            rings = [(EventRing.RECENT, job), (EventRing.OLDER, None), (EventRing.CLUSTER, None)]
+            queries = [Query(self._keys.event_ring(r, j), prefix=True) for r, j in rings]
         events: list[Stored] = []
         skipped: list[Skipped] = []
         cursor = after
         for found in self._kv.read_many(queries):
             for kv in found.kvs:
+                if job is not None and _older_of_another(kv.key, job):
+                    continue  # (not decoded: the older ring holds every job's)
                 try:
                     stored = self._decode(kv)
                 except DecodeError as exc:
@@ -146,16 +161,13 @@ class EventLog:
 
     def _decode(self, kv: KeyValue) -> Stored:
         """An event, checked against its key: the sequence number, and the job its ring names."""
-        parts = self._keys.relative(kv.key).split("/")
-        match parts:
-            case ["events", EventRing.CLUSTER.value, seq]:
+        match self._keys.relative(kv.key).split("/"):
+            case ["events", "cluster", seq]:
                 job = None  # events of no job, and removals of jobs
-            case ["events", EventRing.RECENT.value | EventRing.OLDER.value, job, seq]:
+            case ["events", "recent", job, seq] | ["events", "older", seq, job]:
                 pass
             case _:
-                raise DecodeError(
-                    "", "is no event key: events/cluster/<seq> or events/recent|older/<job>/<seq>"
-                )
+                raise DecodeError("", "is no event key: events/cluster|recent/<job>|older/<seq>...")
         number = event_seq(seq)
         if len(kv.value) > MAX_VALUE_BYTES:
             raise DecodeError("", f"is {len(kv.value)} bytes, more than an event takes ({MAX_VALUE_BYTES})")
@@ -165,8 +177,14 @@ class EventLog:
         return Stored(number, event)
 
 
-def _oldest(prefix: str) -> Query:
-    return Query(prefix, prefix=True, oldest_only=True)
+def _first(prefix: str) -> Query:
+    return Query(prefix, prefix=True, first_only=True)
+
+
+def _older_of_another(key: str, job: str) -> bool:
+    """An older event's key (``.../older/<seq>/<job>``) of a job other than ``job``."""
+    head, _, tail = key.rpartition("/")
+    return head.rsplit("/", 2)[-2:-1] == ["older"] and tail != job
 
 
 def _ring(found: Found) -> Ring:

@@ -160,8 +160,9 @@ class Janitor:
             return set()
         self._relieved_at = now
         for job_id in chosen:
-            await self._remove(job_id)
+            await self._store_of(job_id).remove()
             _log.info("job.expired", job=job_id, why="etcd_full")
+        await asyncio.to_thread(self._events.drop_jobs, set(chosen))  # one read of the older events
         try:
             status = await asyncio.to_thread(self._kv.status)
             if status is not None:
@@ -178,9 +179,9 @@ class Janitor:
         return set(chosen)
 
     async def _remove(self, job_id: str) -> None:
-        """Delete a job's records, then its own events (``EventLog.drop_job``)."""
+        """Delete a job's records, then its own events (``EventLog.drop_jobs``)."""
         await self._store_of(job_id).remove()
-        await asyncio.to_thread(self._events.drop_job, job_id)
+        await asyncio.to_thread(self._events.drop_jobs, {job_id})
 
     def now(self) -> float:
         return self._clock()

@@ -257,7 +257,7 @@ class CommandService:
             raise Conflict(f"job {job_id} is {state}: kill it first (elasticctl kill {job_id})")
         await self._manager.store_of(job_id).remove()
         self._manager.recent.invalidate()
-        await asyncio.to_thread(self._events.drop_job, job_id)
+        await asyncio.to_thread(self._events.drop_jobs, {job_id})
         removed = await asyncio.to_thread(logdir.remove_job, self.facts.log_dir, job_id)
         _log.info("job.removed", job=job_id, logs=removed)
         return {"job": job_id, "logs_removed": removed}

@@ -171,15 +171,17 @@ def test_read_many_ranges(kv: KV, base: str) -> None:
             Query(f"{base}/t"),
             Query(f"{base}/absent"),
             Query(f"{base}/none/", prefix=True, oldest_only=True),
+            Query(r, prefix=True, first_only=True),
         ]
     )
-    assert len(found) == 7
+    assert len(found) == 8
     assert [x.key for x in found[0].kvs] == [f"{r}a", f"{r}b", f"{r}z"] and found[0].count == 3
     assert [x.key for x in found[1].kvs] == [f"{r}z"] and found[1].count == 3
     assert found[2] == Found([], 3)  # count_only: the count, no keys
     assert [x.key for x in found[3].kvs] == [f"{base}/s/1", f"{base}/s/2"] and found[3].count == 2
     assert found[4] == Found([must_get(kv, f"{base}/t")], 1)
     assert found[5] == Found([], 0) and found[6] == Found([], 0)
+    assert [x.key for x in found[7].kvs] == [f"{r}a"] and found[7].count == 3  # first_only: in key order
 
 
 def test_read_many_reads_one_revision(kv: KV, base: str) -> None:

@@ -123,11 +123,11 @@ def test_the_history_is_bounded_in_etcd_and_a_bad_event_is_skipped(
     client = EtcdClient([etcd_server.endpoint], etcd_server.client_auth())
     try:
         keys = Keys(daemon.etcd_prefix)
-        small = EventLog(client, keys, Limits(recent=2, per_job=5, total=5, cluster=5))
+        small = EventLog(client, keys, Limits(recent=2, total=5, cluster=5))
         for i in range(8):
             small.append(ClusterEvent(1e9 + i, "round", "job-x", None, f"event {i}"))
         assert len(client.get_prefix(keys.event_ring(EventRing.RECENT, "job-x"))) == 2
-        assert len(client.get_prefix(keys.event_ring(EventRing.OLDER, "job-x"))) == 3  # the oldest went
+        assert len(client.get_prefix(keys.event_ring(EventRing.OLDER))) == 3  # the oldest went
         last = small.read().events[-1].seq
         bad = {"time": "noon", "kind": "round", "job": "job-x"}
         client.put_json(keys.event(EventRing.RECENT, last + 1, "job-x"), bad)

@@ -86,7 +86,7 @@ def test_the_record_refuses_what_it_cannot_show() -> None:
 def test_keys_of_the_history_parse_and_route_to_no_job() -> None:
     assert KEYS.event(EventRing.CLUSTER, 12) == "/e/v1/events/cluster/0000000000000012"
     assert KEYS.event(EventRing.RECENT, 12, "j-1") == "/e/v1/events/recent/j-1/0000000000000012"
-    assert KEYS.event(EventRing.OLDER, 12, "j-1") == "/e/v1/events/older/j-1/0000000000000012"
+    assert KEYS.event(EventRing.OLDER, 12, "j-1") == "/e/v1/events/older/0000000000000012/j-1"
     for ring, job in ((EventRing.CLUSTER, None), (EventRing.RECENT, "j-1"), (EventRing.OLDER, "j-1")):
         assert KEYS.parse(KEYS.event(ring, 12, job)).kind is KeyKind.EVENT
         change = KEYS.route(KEYS.event(ring, 1, job), False)
@@ -94,7 +94,8 @@ def test_keys_of_the_history_parse_and_route_to_no_job() -> None:
     assert KEYS.parse(KEYS.event_seq()).kind is KeyKind.EVENT_SEQ
     for bad in ("/e/v1/events/cluster/12", "/e/v1/events/cluster/0000000000000000",
                 "/e/v1/events/recent/j-1/000000000000001x", "/e/v1/events/recent/../0000000000000001",
-                "/e/v1/events/0000000000000001", "/e/v1/events/older/0000000000000001"):  # fmt: skip
+                "/e/v1/events/0000000000000001", "/e/v1/events/older/0000000000000001",
+                "/e/v1/events/older/j-1/0000000000000001"):  # fmt: skip
         with pytest.raises(DecodeError):
             KEYS.parse(bad)
 
@@ -114,24 +115,25 @@ def test_append_and_read_in_order_with_a_cursor() -> None:
     assert [s.seq for s in log_.read(after=1, job="job-1").events] == [4]
 
 
-def test_a_jobs_events_beyond_its_recent_ones_move_to_its_older_ring_up_to_its_cap() -> None:
+def test_a_jobs_events_beyond_its_recent_ones_move_to_the_older_ring() -> None:
     kv = MemoryKV()
-    log_ = EventLog(kv, KEYS, Limits(recent=2, per_job=4, total=100, cluster=3))
+    log_ = EventLog(kv, KEYS, Limits(recent=2, total=5, cluster=3))
     for i in range(7):
         log_.append(event(i, "job-1"))
-    assert [kv_.key.rsplit("/", 2)[-2:] for kv_ in kv.get_prefix(KEYS.events())] == [
-        ["job-1", f"{n:016d}"] for n in (4, 5, 6, 7)
-    ]
-    assert len(kv.get_prefix(KEYS.event_ring(EventRing.RECENT, "job-1"))) == 2
-    assert [s.seq for s in log_.read(job="job-1").events] == [4, 5, 6, 7]
+    assert [kv_.key for kv_ in kv.get_prefix(KEYS.events())] == [
+        KEYS.event(EventRing.OLDER, n, "job-1") for n in (3, 4, 5)
+    ] + [KEYS.event(EventRing.RECENT, n, "job-1") for n in (6, 7)]
+    assert [s.seq for s in log_.read(job="job-1").events] == [3, 4, 5, 6, 7]
+    log_.append(event(8, "job-2"))
+    assert [s.seq for s in log_.read(job="job-1").events] == [4, 5, 6, 7]  # its oldest older one went
     for i in range(5):
         log_.append(event(i, None))
-    assert [s.seq for s in log_.read().events] == [4, 5, 6, 7, 10, 11, 12]  # 3 events of no job
+    assert [s.seq for s in log_.read().events] == [4, 5, 6, 7, 8, 11, 12, 13]  # 3 events of no job
 
 
 def test_a_flood_of_other_jobs_events_removes_the_surplus_first_then_the_least_recent() -> None:
     kv = MemoryKV()
-    log_ = EventLog(kv, KEYS, Limits(recent=2, per_job=5, total=10, cluster=5))
+    log_ = EventLog(kv, KEYS, Limits(recent=2, total=10, cluster=5))
     for i in range(5):
         log_.append(event(i, "victim", "failed" if i == 4 else "round"))
     for i in range(40):  # 4 jobs of 10 events each: 4 times what the history holds
@@ -147,10 +149,10 @@ def test_a_flood_of_other_jobs_events_removes_the_surplus_first_then_the_least_r
 
 def test_removing_a_job_drops_its_events_and_its_removal_is_kept_with_the_clusters() -> None:
     kv = MemoryKV()
-    log_ = EventLog(kv, KEYS, Limits(recent=1, per_job=3, total=10, cluster=5))
+    log_ = EventLog(kv, KEYS, Limits(recent=1, total=10, cluster=5))
     for i in range(3):
         log_.append(event(i, "job-1"))
-    log_.drop_job("job-1")
+    log_.drop_jobs({"job-1"})
     assert kv.get_prefix(KEYS.events()) == []
     log_.append(event(9, "job-1", kind=EventKind.REMOVED))
     assert [kv_.key for kv_ in kv.get_prefix(KEYS.events())] == [KEYS.event(EventRing.CLUSTER, 4)]
@@ -198,7 +200,7 @@ def test_appenders_on_threads_lose_no_event_and_keep_the_bounds() -> None:
     """Appenders racing on threads: each append that returns got its own number, the bounds
     hold, and every job keeps its last events (fewer jobs than ``total / recent``)."""
     kv = MemoryKV()
-    limits = Limits(recent=2, per_job=4, total=30, cluster=5)
+    limits = Limits(recent=2, total=30, cluster=5)
     logs = [EventLog(kv, KEYS, limits) for _ in range(4)]
     appended: list[tuple[int, str]] = []
     lock = threading.Lock()
@@ -233,16 +235,14 @@ def test_appenders_on_threads_lose_no_event_and_keep_the_bounds() -> None:
 @given(
     appends=st.lists(st.one_of(st.none(), st.integers(0, 7)), min_size=1, max_size=120),
     recent=st.integers(1, 3),
-    extra=st.integers(0, 3),
 )
 def test_no_flood_removes_a_jobs_last_events_and_the_size_stays_bounded(
-    appends: list[int | None], recent: int, extra: int
+    appends: list[int | None], recent: int
 ) -> None:
     """Any sequence of appends from 8 jobs and none: at most ``total`` job events and ``cluster``
-    others; every job keeps its last ``recent`` events (8 jobs * recent <= total), and its last
-    ``per_job`` while no job's surplus had to go."""
-    total = 8 * recent + 4
-    limits = Limits(recent=recent, per_job=recent + extra, total=total, cluster=3)
+    others; every job keeps its last ``recent`` events (8 jobs * recent <= total), and the events
+    kept are the newest of each job (what goes is a job's oldest)."""
+    limits = Limits(recent=recent, total=8 * recent + 4, cluster=3)
     kv = MemoryKV()
     log_ = EventLog(kv, KEYS, limits)
     sent: list[tuple[int, str | None]] = []
@@ -257,7 +257,9 @@ def test_no_flood_removes_a_jobs_last_events_and_the_size_stays_bounded(
     for job in {j for _, j in sent if j is not None}:
         mine = sorted(s for s, j in sent if j == job)
         assert set(mine[-recent:]) <= kept, job
-        assert len([s for s in mine if s in kept]) <= limits.per_job
+        held = [s for s in mine if s in kept]
+        assert held == mine[len(mine) - len(held) :], job  # a suffix: its newest
+        assert [s.seq for s in log_.read(job=job).events] == held
     others = sorted(s for s, j in sent if j is None)
     assert set(others[-limits.cluster :]) <= kept
 
