@@ -127,9 +127,9 @@ class EventLog:
         one; the last ``limit`` of them when given. Once a reader has seen everything (``after``
         at the counter), a follower's poll reads the counter alone."""
         if after > 0:
-            counter = self._kv.get(self._keys.event_seq())
+            last = self._kv.get(self._keys.event_seq())
             try:
-                if counter is not None and self._counter([counter])[0] <= after:
+                if last is not None and self._counter([last])[0] <= after:
                     return Page([], [], after)
             except DecodeError:
                 pass  # read the events; appends report the counter
@@ -138,10 +138,14 @@ class EventLog:
         else:  # its recent ring, and the rings where its older events and its removal are
             rings = [(EventRing.RECENT, job), (EventRing.OLDER, None), (EventRing.CLUSTER, None)]
             queries = [Query(self._keys.event_ring(r, j), prefix=True) for r, j in rings]
+        counter, *found_rings = self._kv.read_many([Query(self._keys.event_seq()), *queries])
+        try:  # every event up to the counter, as of the same revision, is in what was read
+            cursor = max(after, self._counter(counter.kvs)[0])
+        except DecodeError:
+            cursor = after
         events: list[Stored] = []
         skipped: list[Skipped] = []
-        cursor = after
-        for found in self._kv.read_many(queries):
+        for found in found_rings:
             for kv in found.kvs:
                 if job is not None and _older_of_another(kv.key, job):
                     continue  # (not decoded: the older ring holds every job's)
@@ -192,7 +196,9 @@ def _ring(found: Found) -> Ring:
 
 
 def _seq_or_zero(key: str) -> int:
-    try:
-        return event_seq(key.rsplit("/", 1)[-1])
-    except DecodeError:
-        return 0
+    for part in reversed(key.rsplit("/", 2)[1:]):  # <seq> last, or before the job (older ring)
+        try:
+            return event_seq(part)
+        except DecodeError:
+            continue
+    return 0

@@ -113,6 +113,7 @@ def test_append_and_read_in_order_with_a_cursor() -> None:
     assert [s.seq for s in log_.read(limit=2).events] == [4, 5]
     assert [s.seq for s in log_.read(job="job-1").events] == [1, 4]
     assert [s.seq for s in log_.read(after=1, job="job-1").events] == [4]
+    assert log_.read(job="job-2").cursor == 5  # what follows is read from the counter on
 
 
 def test_a_jobs_events_beyond_its_recent_ones_move_to_the_older_ring() -> None:
