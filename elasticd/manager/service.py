@@ -257,8 +257,10 @@ class CommandService:
             raise Conflict(f"job {job_id} is {state}: kill it first (elasticctl kill {job_id})")
         await self._manager.store_of(job_id).remove()
         self._manager.recent.invalidate()
-        await asyncio.to_thread(self._events.drop_jobs, {job_id})
         removed = await asyncio.to_thread(logdir.remove_job, self.facts.log_dir, job_id)
+        # After the logs: the scan that the records' deletion wakes drops the logs of a job with
+        # no records too (``JobManager.sweep_logs``), and two removals of one tree race.
+        await asyncio.to_thread(self._events.drop_jobs, {job_id})
         _log.info("job.removed", job=job_id, logs=removed)
         return {"job": job_id, "logs_removed": removed}
 
