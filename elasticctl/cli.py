@@ -138,13 +138,15 @@ def cmd_kill(client: Client, ns: argparse.Namespace) -> int:
 
 
 def cmd_nodes(client: Client, ns: argparse.Namespace) -> int:
-    from elasticctl.render import nodes_table
+    from elasticctl.render import etcd_line, nodes_table
 
     reply: NodesReply = client.request("nodes", NoArgs())
     if ns.json:
-        _print_json(reply["nodes"])
+        _print_json(reply)
     else:
         print(nodes_table(reply["nodes"]))
+        if (etcd := reply.get("etcd")) is not None:
+            print(etcd_line(etcd))
     return 0
 
 

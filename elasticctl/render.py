@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from elasticd.jobs.state import exit_text
-from elasticd.wire import TIME_FIELDS, FailureView, JobView, NodeView
+from elasticd.wire import TIME_FIELDS, EtcdSpaceView, FailureView, JobView, NodeView
 
 
 def iso_times(value: Any) -> Any:
@@ -209,6 +209,27 @@ def progress_table(job: JobView, now: float) -> str:
     if all(r[2] == "-" for r in rows[1:]):
         return ""
     return table([rows[0], *sorted(rows[1:], key=lambda r: int(r[0]))])
+
+
+def etcd_line(view: EtcdSpaceView) -> str:
+    """How full etcd is, on one line: ``etcd: 1.2 GiB of 2.0 GiB (60%, 0.9 GiB in use), level ok``."""
+    quota = view["quota_bytes"]
+    size, in_use = view.get("db_size"), view.get("db_size_in_use")
+    if size is None:
+        text = f"etcd: size unknown, quota {_bytes(quota)}"
+    else:
+        text = f"etcd: {_bytes(size)} of {_bytes(quota)} ({100 * size / quota:.0f}%"
+        text += f", {_bytes(in_use)} in use)" if in_use else ")"
+    text += f", level {view['level']} (new jobs refused above {_bytes(view['high_water_bytes'])})"
+    alarms = view.get("alarms") or []
+    return text + (f", ALARM {','.join(alarms)}" if alarms else "")
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
 
 
 def nodes_table(nodes: list[NodeView]) -> str:

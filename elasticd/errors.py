@@ -121,6 +121,12 @@ class EtcdFull(ElasticdError):
     code = ErrorCode.ETCD_FULL
 
 
+class EtcdNoSpace(EtcdFull, EtcdUnavailable):
+    """etcd refused a write because its database reached its quota (the NOSPACE alarm). An
+    ``EtcdUnavailable`` to the daemon (what cannot be written now is retried, as in an outage;
+    reads, deletes and lease keep-alives still work), and ``etcd_full`` to a client."""
+
+
 class ConfigError(Exception):
     """A configuration that the daemon cannot start with (reported at startup, never on the wire)."""
 

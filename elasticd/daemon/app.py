@@ -23,11 +23,13 @@ from elasticd.errors import ConfigError, EtcdUnavailable
 from elasticd.etcd.client import EtcdClient
 from elasticd.etcd.embedded import EmbeddedEtcd
 from elasticd.etcd.keys import Keys
+from elasticd.etcd.space import SpaceLimits
 from elasticd.etcd.types import EtcdAuth
 from elasticd.jobs.launch import NodeRuntime
 from elasticd.jobs.logdir import log_group_gid
 from elasticd.jobs.quota import Quotas
 from elasticd.manager.access import Admins
+from elasticd.manager.etcdspace import SpaceWatch
 from elasticd.manager.jobs import JobManager
 from elasticd.manager.service import CommandService, NodeFacts
 from elasticd.netaddr import NoFreePort
@@ -84,7 +86,7 @@ class Daemon:
     async def _connect_etcd(self) -> EtcdClient:
         s = self.settings
         if s.embedded_etcd:
-            self._embedded = EmbeddedEtcd(s.state_dir / "etcd", s.etcd_binary)
+            self._embedded = EmbeddedEtcd(s.state_dir / "etcd", s.etcd_binary, quota_bytes=s.etcd_quota_bytes)
             await asyncio.to_thread(self._embedded.start)
             self.etcd_endpoints = [self._embedded.endpoint]
         client = EtcdClient(self.etcd_endpoints, self._etcd_auth)
@@ -173,18 +175,22 @@ class Daemon:
             )
             retention = s.job_retention or None
             quotas, admins = Quotas.from_settings(s), Admins.of_group(s.admin_group)
+            space = SpaceWatch(self.etcd, SpaceLimits(s.etcd_quota_bytes, s.etcd_high_water))
+            await space.read()  # before the first submit or the janitor's first sweep
             self.manager = JobManager(rt, self.etcd, self.keys, self._state, self.registry, s.allow_root_jobs,
-                                      retention_s=retention, quotas=quotas, admins=admins)  # fmt: skip
+                                      retention_s=retention, quotas=quotas, admins=admins,
+                                      space=lambda: space.space)  # fmt: skip
             self._observe = Observability(self.node_id, self.etcd, self.keys, s.metrics_address)
-            await self._observe.start(self.manager, self.registry)
+            await self._observe.start(self.manager, self.registry, space)
             await self.registry.start()
             await self.manager.recover()
             background.append(asyncio.create_task(self.registry.run(), name="registry"))
             background.append(asyncio.create_task(self.manager.watch(), name="watch"))
             background.append(asyncio.create_task(self.manager.run(), name="jobs"))
+            background.append(asyncio.create_task(space.run(), name="etcd_space"))
             facts = NodeFacts(self.node_id, self.started_at, tuple(self.etcd_endpoints), s.embedded_etcd,
                               s.allow_root_jobs, s.stop_grace, self.log_dir, quotas, admins)  # fmt: skip
-            service = CommandService(facts, self.manager, self.registry, self.etcd, self.keys)
+            service = CommandService(facts, self.manager, self.registry, self.etcd, self.keys, space=space)
             server = ControlServer(service, s.socket, s.socket_mode, s.socket_group)
             server.bind()
             background.append(asyncio.create_task(server.serve(), name="control"))

@@ -15,6 +15,7 @@ from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV
 from elasticd.events.recorder import EventRecorder
 from elasticd.events.store import EventLog
+from elasticd.manager.etcdspace import SpaceWatch
 from elasticd.manager.jobs import JobManager
 from elasticd.metrics.address import HostPort
 from elasticd.metrics.counters import EventMetrics
@@ -32,7 +33,9 @@ class Observability:
         self._server: MetricsServer | None = None
         self._unsubscribe: list[Callable[[], None]] = []
 
-    async def start(self, manager: JobManager, registry: NodeRegistry) -> None:
+    async def start(
+        self, manager: JobManager, registry: NodeRegistry, space: SpaceWatch | None = None
+    ) -> None:
         """Subscribe, start recording, and serve metrics if asked (ConfigError if it cannot listen)."""
         self.recorder.start()
         self._unsubscribe.append(log.subscribe(self.recorder.offer))
@@ -42,7 +45,7 @@ class Observability:
         self.registry.register(collector)
 
         async def refresh() -> None:
-            collector.update(await gather(manager, registry))
+            collector.update(await gather(manager, registry, space.space if space is not None else None))
 
         self._unsubscribe.append(log.subscribe(self.metrics.observe))
         self._server = MetricsServer(self._address, self.registry, refresh)

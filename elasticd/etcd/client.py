@@ -31,12 +31,12 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from elasticd import log
-from elasticd.errors import ConfigError, EtcdUnavailable
+from elasticd.errors import ConfigError, EtcdNoSpace, EtcdUnavailable
 from elasticd.etcd import gateway as gw
 from elasticd.etcd.gateway import Failure, GatewayError
 from elasticd.etcd.kv import prefix_end
 from elasticd.etcd.transport import ConnectionLost, Endpoint, Transport, parse_endpoint, tls_context, uses_tls
-from elasticd.etcd.types import Compare, EtcdAuth, Found, KeyValue, Put, Query
+from elasticd.etcd.types import Compare, EtcdAuth, EtcdStatus, Found, KeyValue, Put, Query
 from elasticd.etcd.watch import open_watch
 
 _log = log.get("elasticd.etcd")
@@ -67,6 +67,11 @@ def refused(exc: GatewayError) -> EtcdUnavailable:
         )
     if exc.failure is Failure.UNAUTHENTICATED:
         return EtcdUnavailable(f"etcd did not accept our auth token after a fresh login: {exc.message}")
+    if exc.failure is Failure.NO_SPACE:
+        return EtcdNoSpace(
+            f"etcd refused a write: its database is at its quota (NOSPACE alarm): {exc.message}; an "
+            "operator compacts and defragments etcd, then runs `etcdctl alarm disarm`"
+        )
     return EtcdUnavailable(f"etcd refused the request: {exc.message}")
 
 
@@ -260,6 +265,37 @@ class EtcdClient:
                 t.post("/v3/lease/revoke", data, token)
             except GatewayError as exc:
                 if exc.code != gw.NOT_FOUND:
+                    raise
+
+        self.call(op)
+
+    def status(self) -> EtcdStatus | None:
+        """The current endpoint's database size and the cluster's alarms (two small requests to
+        one member); None when etcd keeps them to its admins (a user limited to our prefix)."""
+        alarm = json.dumps(gw.ALARM_GET).encode()
+
+        def op(t: Transport, token: str | None) -> EtcdStatus | None:
+            try:
+                status = t.post("/v3/maintenance/status", b"{}", token)
+                alarms = t.post("/v3/maintenance/alarm", alarm, token)
+            except GatewayError as exc:
+                if exc.failure is Failure.DENIED:
+                    return None
+                raise
+            return gw.parse_status(status, alarms)
+
+        return self.call(op)
+
+    def compact(self, revision: int) -> None:
+        """Compact etcd's history up to ``revision`` (every key's older versions go; watches
+        behind it are cancelled and start again). A revision already compacted is no error."""
+        data = json.dumps(gw.compact_request(revision)).encode()
+
+        def op(t: Transport, token: str | None) -> None:
+            try:
+                t.post("/v3/kv/compaction", data, token)
+            except GatewayError as exc:
+                if not (exc.code == gw.OUT_OF_RANGE and gw.COMPACTED_TEXT in exc.message):
                     raise
 
         self.call(op)

@@ -116,10 +116,17 @@ class EmbeddedEtcd:
     """One etcd member under ``data_dir``: data in ``data/``, log in ``etcd.log``, sockets in
     ``sock/`` (or a private temporary directory when that path is too long for a socket)."""
 
-    def __init__(self, data_dir: Path, binary: Path | None = None, name: str = "elasticd") -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        binary: Path | None = None,
+        name: str = "elasticd",
+        quota_bytes: int | None = None,
+    ) -> None:
         self.data_dir = data_dir.absolute()
         self.binary = find_etcd_binary(binary)
         self.name = name
+        self.quota_bytes = quota_bytes  # --quota-backend-bytes (None: etcd's default, 2 GiB)
         self.socket_dir: Path | None = None
         self._private_socket_dir = False  # ours to remove on stop
         self._proc: subprocess.Popen[bytes] | None = None
@@ -170,6 +177,8 @@ class EmbeddedEtcd:
             "--auto-compaction-retention", "1h",
             "--log-level", "warn",
         ]  # fmt: skip
+        if self.quota_bytes is not None:
+            argv += ["--quota-backend-bytes", str(self.quota_bytes)]
         logfile = open(self.data_dir / "etcd.log", "ab")  # noqa: SIM115 - handed to the child
         try:
             self._proc = subprocess.Popen(

@@ -26,17 +26,21 @@ from typing import Any
 
 from elasticd import decode
 from elasticd.etcd.kv import prefix_end
-from elasticd.etcd.types import Compare, Found, KeyValue, Put, Query
+from elasticd.etcd.types import Compare, EtcdStatus, Found, KeyValue, Put, Query
 
 # grpc status codes, as the gateway reports them in "code" / "grpc_code"
 PERMISSION_DENIED = 7
 UNAUTHENTICATED = 16
 NOT_FOUND = 5
 FAILED_PRECONDITION = 9
+RESOURCE_EXHAUSTED = 8
+OUT_OF_RANGE = 11
 # cancelled, deadline exceeded, resource exhausted, aborted, internal, unavailable: worth another member
 _TRANSIENT = frozenset({1, 4, 8, 10, 13, 14})
 
 CN_REJECTED_TEXT = "CommonName of client sending a request against gateway"
+NO_SPACE_TEXT = "database space exceeded"  # etcdserver: mvcc: database space exceeded
+COMPACTED_TEXT = "required revision has been compacted"
 
 
 class Failure(Enum):
@@ -47,6 +51,7 @@ class Failure(Enum):
     UNAUTHENTICATED = "unauthenticated"  # the token was forgotten or expired: log in again, once
     CN_CERT = "cn_cert"  # auth is on and our client certificate has a CN: the gateway refuses it
     REFUSED = "refused"  # the request itself is wrong (unknown lease, duplicate key, bad login)
+    NO_SPACE = "no_space"  # etcd is at its quota (NOSPACE): it refuses what would grow the database
 
 
 class GatewayError(Exception):
@@ -83,7 +88,11 @@ def error_of(status: int, body: bytes) -> GatewayError:
 
 def _error(code: Any, message: Any) -> GatewayError:
     number = code if isinstance(code, int) and not isinstance(code, bool) else -1
-    return GatewayError(failure_of(number), str(message or f"grpc code {code}")[:500], number)
+    text = str(message or f"grpc code {code}")[:500]
+    if number == RESOURCE_EXHAUSTED and NO_SPACE_TEXT in text:
+        # Every member refuses the same (the alarm is the cluster's): no failover, a reason of its own.
+        return GatewayError(Failure.NO_SPACE, text, number)
+    return GatewayError(failure_of(number), text, number)
 
 
 # -- encoding ------------------------------------------------------------------------------------
@@ -106,6 +115,8 @@ def range_request(q: Query) -> dict[str, Any]:
     body: dict[str, Any] = key_range(q.key, prefix=q.prefix, end=q.end)
     if q.oldest_only:
         body |= {"sort_order": "ASCEND", "sort_target": "CREATE", "limit": "1"}
+    elif q.first_only:
+        body["limit"] = "1"  # count is still the whole range's
     if q.count_only:
         body["count_only"] = True
     return body
@@ -145,6 +156,15 @@ def watch_request(start: str, end: str) -> dict[str, Any]:
 
 def lease_request(lease_id: int) -> dict[str, str]:
     return {"ID": str(lease_id)}
+
+
+ALARM_GET = {"action": "GET"}
+
+
+def compact_request(revision: int) -> dict[str, Any]:
+    """Compact the history up to ``revision``, not waiting for the space to be freed (etcd does
+    that in the background, in batches)."""
+    return {"revision": str(revision), "physical": False}
 
 
 # -- decoding ------------------------------------------------------------------------------------
@@ -260,6 +280,24 @@ def parse_version(obj: dict[str, Any]) -> str:
     if not isinstance(version, str):
         raise _malformed("no version")
     return version[:64]
+
+
+def parse_status(status: dict[str, Any], alarms: dict[str, Any]) -> EtcdStatus:
+    """``/v3/maintenance/status`` and ``/v3/maintenance/alarm`` (GET), as one record."""
+    raised: set[str] = set()
+    for member in _list(alarms, "alarms"):
+        alarm = member.get("alarm", "NONE")  # the zero value, NONE, is left out
+        if not isinstance(alarm, str) or not (alarm.isascii() and alarm.isupper() and len(alarm) <= 32):
+            raise _malformed("an alarm is not an alarm name")
+        if alarm != "NONE":
+            raised.add(alarm)  # one unknown to this daemon is still shown, by its name
+    revision = _int(_object(status, "header"), "revision")
+    try:
+        return EtcdStatus(
+            _int(status, "dbSize"), _int(status, "dbSizeInUse"), revision, tuple(sorted(raised))
+        )
+    except ValueError as exc:
+        raise _malformed(str(exc)) from None
 
 
 def watch_canceled(reason: str) -> GatewayError:

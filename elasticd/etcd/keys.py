@@ -39,11 +39,20 @@ class KeyKind(StrEnum):
     NODE_STATUS = "node_status"  # parts/<job>/status/<node>: unwatched too
     PENDING = "pending"  # parts/<job>/pending/<node>: unwatched too
     JOB_DRAIN = "job_drain"  # jobs/<job>/drain/<node>
-    EVENT = "event"  # events/<seq>: the cluster's event history (elasticd.events)
+    EVENT = "event"  # events/...: the cluster's event history (elasticd.events.rings)
     EVENT_SEQ = "event_seq"  # event_seq: the last event's sequence number
 
 
-EVENT_SEQ_DIGITS = 16  # events/<seq> zero-padded, so that key order is sequence order
+EVENT_SEQ_DIGITS = 16  # an event's <seq> zero-padded, so that key order is sequence order
+
+
+class EventRing(StrEnum):
+    """The event history's rings (``elasticd.events.rings``): events of no job; each job's newest
+    events; every job's older events, the first to go when the history is full."""
+
+    CLUSTER = "cluster"
+    RECENT = "recent"
+    OLDER = "older"
 
 
 _JOB_LEAVES = {
@@ -181,10 +190,23 @@ class Keys:
         return f"{self.prefix}/jobs/{job_id}/drain/{node}"
 
     def events(self) -> str:
+        """The whole event history (``elasticd.events.store``): three rings, below."""
         return f"{self.prefix}/events/"
 
-    def event(self, seq: int) -> str:
-        return f"{self.prefix}/events/{seq:0{EVENT_SEQ_DIGITS}d}"
+    def event_ring(self, ring: EventRing, job_id: str | None = None) -> str:
+        """A ring's prefix; with ``job_id``, that job's recent events."""
+        base = f"{self.prefix}/events/{ring.value}/"
+        return base if job_id is None else f"{base}{job_id}/"
+
+    def event(self, ring: EventRing, seq: int, job_id: str | None = None) -> str:
+        """An event's key: ``events/cluster/<seq>``, ``events/recent/<job>/<seq>`` or
+        ``events/older/<seq>/<job>`` (the sequence number zero-padded: key order is its order, so
+        the first key of a job's recent ring, of the cluster ring and of the older ring is its
+        oldest)."""
+        number = f"{seq:0{EVENT_SEQ_DIGITS}d}"
+        if ring is EventRing.OLDER:
+            return f"{self.prefix}/events/older/{number}/{job_id}"
+        return f"{self.event_ring(ring, job_id)}{number}"
 
     def event_seq(self) -> str:
         return f"{self.prefix}/event_seq"
@@ -205,9 +227,13 @@ class Keys:
                 return KeyRef(KeyKind.NODE_DRAIN, node=_node(node))
             case ["janitor"]:
                 return KeyRef(KeyKind.JANITOR)
-            case ["events", seq]:
+            case ["events", "cluster", seq]:
                 event_seq(seq)
                 return KeyRef(KeyKind.EVENT)
+            case ["events", "recent", job, seq] | ["events", "older", seq, job]:
+                _job(job)
+                event_seq(seq)
+                return KeyRef(KeyKind.EVENT)  # no job: an event wakes no one (``JobManager.wake``)
             case ["event_seq"]:
                 return KeyRef(KeyKind.EVENT_SEQ)
             case ["jobs", job, *rest]:

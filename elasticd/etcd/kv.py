@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from elasticd.etcd.types import Compare, Found, KeyValue, Put, Query
+from elasticd.etcd.types import Compare, EtcdStatus, Found, KeyValue, Put, Query
 
 ALL_KEYS = "\0"
 
@@ -82,4 +82,12 @@ class KV(Protocol):
 
     def revoke_lease(self, lease_id: int) -> None:
         """End the lease now: every key attached to it is deleted."""
+        ...
+
+    def status(self) -> EtcdStatus | None:
+        """The database's size and the raised alarms; None when etcd will not tell us."""
+        ...
+
+    def compact(self, revision: int) -> None:
+        """Drop the history before ``revision`` (a revision already compacted: nothing)."""
         ...

@@ -9,6 +9,9 @@ on an injected clock, are expired at the start of every call, and delete their k
 
 Refusals are what ``EtcdClient`` raises today: a put on an unknown lease, or a transaction that
 names a key twice, is ``EtcdUnavailable`` (the client wraps every refusal so), writing nothing.
+``status`` reports the sizes and alarms a test sets (``db_size``, ``db_size_in_use``,
+``alarms``); while NOSPACE is raised, what etcd refuses is refused (``EtcdNoSpace``): puts,
+transactions with puts, lease grants. Reads, deletes and keep-alives go on.
 Watch callbacks run in revision order from a caller's thread, outside the lock, so they may call
 the store. For outages: ``available = False``, ``fail_next(n)`` and ``break_watches()``.
 """
@@ -25,9 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elasticd import log
-from elasticd.errors import EtcdUnavailable
+from elasticd.errors import EtcdNoSpace, EtcdUnavailable
 from elasticd.etcd.kv import ALL_KEYS, prefix_end
-from elasticd.etcd.types import Compare, Found, KeyValue, Put, Query
+from elasticd.etcd.types import Compare, EtcdStatus, Found, KeyValue, Put, Query
 
 _log = log.get("elasticd.etcd.memory")
 
@@ -80,7 +83,11 @@ class MemoryKV:
         self._pending: deque[_Event] = deque()
         self._dispatching = False
         self._failures = 0
+        self._compacted = 0
         self.available = True
+        self.db_size: int | None = None  # None: the bytes of the keys and values stored
+        self.db_size_in_use: int | None = None  # None: db_size
+        self.alarms: set[str] = set()
 
     # -- outages ----------------------------------------------------------------------------
     def fail_next(self, n: int = 1) -> None:
@@ -98,6 +105,26 @@ class MemoryKV:
     def health(self) -> str:
         with self._op():
             return "memory"
+
+    def status(self) -> EtcdStatus | None:
+        with self._op():
+            stored = sum(len(k) + len(kv.value) for k, kv in self._kvs.items())
+            size = stored if self.db_size is None else self.db_size
+            in_use = size if self.db_size_in_use is None else self.db_size_in_use
+            return EtcdStatus(size, in_use, self._revision, tuple(sorted(self.alarms)))
+
+    def compact(self, revision: int) -> None:
+        with self._op():
+            if revision > self._revision:
+                raise EtcdUnavailable(
+                    "etcd refused the request: mvcc: required revision is a future revision"
+                )
+            self._compacted = max(self._compacted, revision)
+
+    def _check_space(self) -> None:
+        """What etcd refuses while NOSPACE is raised: anything that would grow the database."""
+        if "NOSPACE" in self.alarms:
+            raise EtcdNoSpace("etcd refused a write: etcdserver: mvcc: database space exceeded")
 
     def close(self) -> None:
         with self._lock:
@@ -124,6 +151,8 @@ class MemoryKV:
             written = {p.key for p in puts}
             if len(written) < len(puts) or written.intersection(deletes):
                 raise EtcdUnavailable("etcd refused the request: duplicate key given in txn request")
+            if puts:
+                self._check_space()  # (etcd refuses before it compares, as the request would grow it)
             if not all(self._holds(c) for c in compare):
                 return False
             if any(lease and lease not in self._leases for _, _, lease in data):
@@ -173,6 +202,7 @@ class MemoryKV:
     # -- leases ------------------------------------------------------------------------------
     def grant_lease(self, ttl_s: float) -> int:
         with self._op():
+            self._check_space()
             ttl = max(MIN_LEASE_TTL_S, round(ttl_s))
             lease_id, self._next_lease = self._next_lease, self._next_lease + 1
             self._leases[lease_id] = _Lease(ttl, self._clock() + ttl)
@@ -221,6 +251,8 @@ class MemoryKV:
             return Found([], len(kvs))
         if q.oldest_only:
             return Found(sorted(kvs, key=lambda kv: kv.create_revision)[:1], len(kvs))
+        if q.first_only:
+            return Found(sorted(kvs, key=lambda kv: kv.key)[:1], len(kvs))
         return Found(sorted(kvs, key=lambda kv: kv.key), len(kvs))
 
     def _holds(self, c: Compare) -> bool:

@@ -50,6 +50,7 @@ class Query:
     prefix: bool = False
     end: str | None = None  # exclusive end of the range, instead of ``prefix``
     oldest_only: bool = False  # only the key with the lowest create_revision
+    first_only: bool = False  # only the first key in key order (no sort on the server: cheap)
     count_only: bool = False  # how many keys, not the keys
 
 
@@ -57,6 +58,25 @@ class Query:
 class Found:
     kvs: list[KeyValue]
     count: int
+
+
+@dataclass(frozen=True)
+class EtcdStatus:
+    """How full etcd's database is, and its raised alarms, as one member reports them.
+
+    etcd refuses every write that would grow the database once ``db_size`` (the file, what its
+    ``--quota-backend-bytes`` counts) reaches the quota, and then raises NOSPACE for the whole
+    cluster until an operator disarms it. ``db_size_in_use`` is the part of the file in use: a
+    compaction lowers it, a defragmentation gives the rest of the file back."""
+
+    db_size: int  # bytes of the member's database file
+    db_size_in_use: int  # bytes of it in use (0: the member does not say)
+    revision: int  # the store's revision as read: what a compaction compacts to
+    alarms: tuple[str, ...] = ()  # raised alarms (NOSPACE, CORRUPT), each once, in name order
+
+    def __post_init__(self) -> None:
+        if min(self.db_size, self.db_size_in_use, self.revision) < 0:
+            raise ValueError("sizes and revision must be >= 0")
 
 
 @dataclass(frozen=True)

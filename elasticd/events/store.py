@@ -1,27 +1,34 @@
-"""The event history in etcd: ``events/<seq>``, the last ``keep`` events, cluster-wide.
+"""The event history in etcd: cluster-wide, bounded, and fair to each job (``events.rings``).
 
-Appending is one transaction: it moves the ``event_seq`` counter by compare-and-swap, puts the
-new event, and deletes the event that falls out of the window (``seq - keep``). The size is
-therefore bounded by construction, with no sweeper, and every node can append. Its cost: one
-transaction and one read per event, and events are rare (rounds, failures, drains).
+Appending is one read (the counter, and how many events each ring that matters holds, with its
+first: count-only and first-key ranges) and one transaction: it moves the ``event_seq`` counter
+by compare-and-swap, puts the new event in its ring, and moves or deletes what ``rings.plan``
+says. The size is bounded by construction, with no sweeper, and every node can append; a loser of
+the race reads again. Events are rare (rounds, failures, drains), though a flood of jobs makes
+many: an append costs about the same however full the history is.
 
-Reading decodes every event through ``ClusterEvent.from_json``; an event that does not decode
-is skipped and reported (``Skipped``), never passed on. Calls block: run them in a thread.
+Reading decodes every event through ``ClusterEvent.from_json``; an event that does not decode,
+or whose job is not the one its key names, is skipped and reported (``Skipped``), never passed
+on. Calls block: run them in a thread.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, replace
 
 from elasticd.decode import DecodeError, decode_as, parse_json
-from elasticd.etcd.keys import Keys, event_seq
+from elasticd.etcd.keys import EventRing, Keys, event_seq
 from elasticd.etcd.kv import KV
-from elasticd.etcd.types import Compare, KeyValue, Put, Query
+from elasticd.etcd.types import Compare, Found, KeyValue, Put, Query
 from elasticd.events.model import ClusterEvent
+from elasticd.events.rings import Limits, Ring, Seen, needs_oldest_recent, plan
+from elasticd.events.select import EventKind
 
-KEEP = 1000  # events kept cluster-wide
 MAX_TRIES = 8  # appends racing other nodes' appends
+MAX_TXN_DELETES = 100  # etcd refuses a transaction of more than 128 operations (--max-txn-ops)
 MAX_VALUE_BYTES = 8192  # an event's stored size; a bigger value is not one we wrote
+DEFAULT_LIMITS = Limits()
 
 
 class AppendConflict(Exception):
@@ -50,79 +57,148 @@ class Page:
 
 
 class EventLog:
-    def __init__(self, kv: KV, keys: Keys, keep: int = KEEP) -> None:
-        if keep < 1:
-            raise ValueError("keep must be >= 1")
+    def __init__(self, kv: KV, keys: Keys, limits: Limits = DEFAULT_LIMITS) -> None:
         self._kv = kv
         self._keys = keys
-        self.keep = keep
+        self.limits = limits
 
-    def _counter(self) -> tuple[int, int]:
+    def _counter(self, kvs: list[KeyValue]) -> tuple[int, int]:
         """The counter's value and mod revision ((0, 0) before the first event)."""
-        kv = self._kv.get(self._keys.event_seq())
-        if kv is None:
+        if not kvs:
             return 0, 0
         try:
-            value = decode_as(int, parse_json(kv.value))
+            value = decode_as(int, parse_json(kvs[0].value))
         except DecodeError as exc:
             raise DecodeError("", f"event_seq {exc.why}") from None
         if value < 0:
             raise DecodeError("", "event_seq is negative")
-        return value, kv.mod_revision
+        return value, kvs[0].mod_revision
+
+    def _seen(self, job: str | None) -> tuple[int, int, Seen]:
+        """One read: the counter and the rings an append of an event of ``job`` needs (a second
+        read for the oldest recent event, in the rare case that it must go)."""
+        keys = self._keys
+        queries = [Query(keys.event_seq())]
+        if job is None:
+            queries.append(_first(keys.event_ring(EventRing.CLUSTER)))
+        else:
+            queries += [
+                _first(keys.event_ring(EventRing.RECENT, job)),
+                Query(keys.event_ring(EventRing.RECENT), prefix=True, count_only=True),
+                _first(keys.event_ring(EventRing.OLDER)),
+            ]
+        counter, *rings = self._kv.read_many(queries)
+        seq, mod = self._counter(counter.kvs)
+        seen = Seen(*(_ring(f) for f in rings))
+        if job is not None and needs_oldest_recent(self.limits, seen):
+            (oldest,) = self._kv.read_many(
+                [Query(keys.event_ring(EventRing.RECENT), prefix=True, oldest_only=True)]
+            )
+            seen = replace(seen, recent=_ring(oldest))
+        return seq, mod, seen
 
     def append(self, event: ClusterEvent) -> int:
         """Record ``event``; its sequence number. AppendConflict when others kept winning;
         DecodeError when the counter is not a number (it is not advanced over)."""
         key = self._keys.event_seq()
+        # A job's removal is the last word on a job that is no more: kept with the cluster's.
+        job = None if event.kind == EventKind.REMOVED else event.job
         for _ in range(MAX_TRIES):
-            seq, mod = self._counter()
+            seq, mod, seen = self._seen(job)
             nxt = seq + 1
-            puts = [Put(key, nxt), Put(self._keys.event(nxt), event.to_json())]
-            gone = [self._keys.event(nxt - self.keep)] if nxt > self.keep else []
-            if self._kv.txn([Compare(key, "mod", mod)], puts, gone):
+            step = plan(self._keys, self.limits, seen, nxt, event.to_json(), job)
+            puts = [Put(key, nxt), *(Put(k, v) for k, v in step.puts)]
+            if self._kv.txn([Compare(key, "mod", mod)], puts, step.deletes):
                 return nxt
         raise AppendConflict(f"the event counter moved {MAX_TRIES} times while appending")
 
-    def read(self, after: int = 0, limit: int | None = None) -> Page:
-        """Events with a sequence number above ``after``, oldest first; the last ``limit`` of
-        them when given. Events beyond the window (a stray key) are not returned."""
-        query = Query(self._keys.event(after + 1), end=self._keys.events() + "~")
-        counter = Query(self._keys.event_seq())
-        found, seq_found = self._kv.read_many([query, counter])
-        last = _last_seq(seq_found.kvs)
+    def drop_jobs(self, jobs: Collection[str]) -> None:
+        """Delete removed jobs' events (they name jobs that are no more): their recent rings, and
+        their older events, found in one read of the older ring."""
+        for job in jobs:
+            self._kv.delete_prefix(self._keys.event_ring(EventRing.RECENT, job))
+        older = self._kv.get_prefix(self._keys.event_ring(EventRing.OLDER))
+        gone = [kv.key for kv in older if kv.key.rpartition("/")[2] in jobs]
+        for start in range(0, len(gone), MAX_TXN_DELETES):
+            self._kv.txn([], [], gone[start : start + MAX_TXN_DELETES])
+
+    def read(self, after: int = 0, limit: int | None = None, job: str | None = None) -> Page:
+        """Events with a sequence number above ``after``, oldest first: ``job``'s, or every
+        one; the last ``limit`` of them when given. Once a reader has seen everything (``after``
+        at the counter), a follower's poll reads the counter alone."""
+        if after > 0:
+            last = self._kv.get(self._keys.event_seq())
+            try:
+                if last is not None and self._counter([last])[0] <= after:
+                    return Page([], [], after)
+            except DecodeError:
+                pass  # read the events; appends report the counter
+        if job is None:
+            queries = [Query(self._keys.events(), prefix=True)]
+        else:  # its recent ring, and the rings where its older events and its removal are
+            rings = [(EventRing.RECENT, job), (EventRing.OLDER, None), (EventRing.CLUSTER, None)]
+            queries = [Query(self._keys.event_ring(r, j), prefix=True) for r, j in rings]
+        counter, *found_rings = self._kv.read_many([Query(self._keys.event_seq()), *queries])
+        try:  # every event up to the counter, as of the same revision, is in what was read
+            cursor = max(after, self._counter(counter.kvs)[0])
+        except DecodeError:
+            cursor = after
         events: list[Stored] = []
         skipped: list[Skipped] = []
-        for kv in found.kvs:
-            name = self._keys.relative(kv.key)
-            try:
-                stored = self._decode(kv)
-            except DecodeError as exc:
-                skipped.append(Skipped(name, str(exc)))
-                continue
-            if last is not None and stored.seq <= last - self.keep:
-                continue
-            events.append(stored)
-        cursor = max([after, *(e.seq for e in events), *(_seq_or_zero(self._keys, s.key) for s in skipped)])
+        for found in found_rings:
+            for kv in found.kvs:
+                if job is not None and _older_of_another(kv.key, job):
+                    continue  # (not decoded: the older ring holds every job's)
+                try:
+                    stored = self._decode(kv)
+                except DecodeError as exc:
+                    skipped.append(Skipped(self._keys.relative(kv.key), str(exc)))
+                    cursor = max(cursor, _seq_or_zero(kv.key))
+                    continue
+                cursor = max(cursor, stored.seq)
+                if stored.seq > after and (job is None or stored.event.job == job):
+                    events.append(stored)
+        events.sort(key=lambda e: e.seq)
         if limit is not None:
             events = events[-limit:] if limit else []
         return Page(events, skipped, cursor)
 
     def _decode(self, kv: KeyValue) -> Stored:
-        seq = event_seq(kv.key.rsplit("/", 1)[-1])
+        """An event, checked against its key: the sequence number, and the job its ring names."""
+        match self._keys.relative(kv.key).split("/"):
+            case ["events", "cluster", seq]:
+                job = None  # events of no job, and removals of jobs
+            case ["events", "recent", job, seq] | ["events", "older", seq, job]:
+                pass
+            case _:
+                raise DecodeError("", "is no event key: events/cluster|recent/<job>|older/<seq>...")
+        number = event_seq(seq)
         if len(kv.value) > MAX_VALUE_BYTES:
             raise DecodeError("", f"is {len(kv.value)} bytes, more than an event takes ({MAX_VALUE_BYTES})")
-        return Stored(seq, ClusterEvent.from_json(parse_json(kv.value)))
+        event = ClusterEvent.from_json(parse_json(kv.value))
+        if job is not None and event.job != job:
+            raise DecodeError("job", "is not the job the key names")
+        return Stored(number, event)
 
 
-def _last_seq(kvs: list[KeyValue]) -> int | None:
-    try:
-        return int(decode_as(int, parse_json(kvs[0].value))) if kvs else None
-    except DecodeError:
-        return None
+def _first(prefix: str) -> Query:
+    return Query(prefix, prefix=True, first_only=True)
 
 
-def _seq_or_zero(keys: Keys, name: str) -> int:
-    try:
-        return event_seq(name.rsplit("/", 1)[-1])
-    except DecodeError:
-        return 0
+def _older_of_another(key: str, job: str) -> bool:
+    """An older event's key (``.../older/<seq>/<job>``) of a job other than ``job``."""
+    head, _, tail = key.rpartition("/")
+    return head.rsplit("/", 2)[-2:-1] == ["older"] and tail != job
+
+
+def _ring(found: Found) -> Ring:
+    return Ring(found.count, found.kvs[0] if found.kvs else None)
+
+
+def _seq_or_zero(key: str) -> int:
+    for part in reversed(key.rsplit("/", 2)[1:]):  # <seq> last, or before the job (older ring)
+        try:
+            return event_seq(part)
+        except DecodeError:
+            continue
+    return 0

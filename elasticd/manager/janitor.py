@@ -9,6 +9,12 @@ member looks after, fails jobs that no node joined within the join timeout, dele
 records of jobs that ended longer ago than the retention (each node then drops its own logs),
 and deletes parts (``parts/<job>/``) left of a job that has no records.
 
+While etcd is above its high-water mark (``elasticd.etcd.space``), it first removes ended jobs
+before their retention is up, the oldest first, until their records add up to what is in use
+above the mark, and compacts etcd's history to the current revision, so that the space they took
+can be used again (deletes and compactions are what etcd still allows under NOSPACE). Giving the
+file back to the disk (a defragmentation) is the operator's: it blocks the member while it runs.
+
 A round whose only member is gone gets a grace first (``SOLO_GRACE_S``): that node's workers are
 not fenced (there are no peers to split from), so a daemon that was frozen or cut off from etcd
 past its lease TTL still runs them, and re-asserts its join under its new lease when it is back
@@ -21,14 +27,18 @@ once, as ever: their members were fenced before their leases could expire.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 
 from elasticd import log
 from elasticd.decode import report_invalid
+from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV
+from elasticd.etcd.space import Ended, Space, relief
 from elasticd.etcd.types import Compare, Put
+from elasticd.events.store import EventLog
 from elasticd.jobs.spec import valid_job_id
 from elasticd.jobs.state import EndReason, JobState
 from elasticd.rendezvous import decider as rdzv
@@ -43,6 +53,10 @@ _log = log.get("elasticd.janitor")
 # janitor that takes the role over starts counting afresh (later, never sooner).
 SOLO_GRACE_S = 60.0
 MAX_TXN_DELETES = 100  # etcd refuses a transaction of more than 128 operations (--max-txn-ops)
+# Between two reliefs: etcd frees a compacted history in the background, and the next reading must
+# show what the last relief gave back before another one removes more.
+RELIEF_S = 60.0
+JOB_OVERHEAD = 4096  # bytes of a job's records besides its spec (round, results, statuses), roughly
 
 
 class Janitor:
@@ -55,8 +69,12 @@ class Janitor:
         retention_s: float | None = None,
         clock: Callable[[], float] = time.time,
         solo_grace_s: float = SOLO_GRACE_S,
+        space: Callable[[], Space | None] = lambda: None,
     ) -> None:
         self._kv = kv
+        self._space = space  # the last reading of etcd's fullness (None: not watched)
+        self._relieved_at: float | None = None
+        self._events = EventLog(kv, keys)
         self._solo_grace_s = solo_grace_s
         self._missing: dict[tuple[str, int], float] = {}  # (job, round) -> since when its member is gone
         self._retention_s = retention_s  # how long an ended job's records are kept (None: forever)
@@ -110,7 +128,7 @@ class Janitor:
             if (snap.job_id, snap.current) in missing and not snap.ended:
                 self._missing[(snap.job_id, snap.current)] = missing[(snap.job_id, snap.current)]
             if snap.final is not None and self._expired(snap.final.ended_at):
-                await self._store_of(snap.job_id).remove()
+                await self._remove(snap.job_id)
                 _log.info("job.expired", job=snap.job_id, ended_at=snap.final.ended_at)
             elif snap.final is None and snap.invalid:
                 await self._fail_invalid(snap)
@@ -127,6 +145,43 @@ class Janitor:
                 if not await asyncio.to_thread(self._kv.txn, guard, [], chunk):
                     break
                 _log.info("job.parts_dropped", job=job_id[:80], keys=len(chunk))
+
+    async def relieve(self, snaps: dict[str, JobSnapshot]) -> set[str]:
+        """While etcd is above its mark: remove the oldest ended jobs (``space.relief``) and compact;
+        the jobs removed. At most once every ``RELIEF_S``. The scan runs it before anything that
+        writes (none of it is refused under NOSPACE), and leaves the jobs removed out after it."""
+        space = self._space()
+        now = self._clock()
+        if space is None or (self._relieved_at is not None and now < self._relieved_at + RELIEF_S):
+            return set()
+        ended = [Ended(j, s.final.ended_at, _size(s)) for j, s in snaps.items() if s.final is not None]
+        chosen = relief(space, ended)
+        if not chosen:
+            return set()
+        self._relieved_at = now
+        for job_id in chosen:
+            await self._store_of(job_id).remove()
+            _log.info("job.expired", job=job_id, why="etcd_full")
+        await asyncio.to_thread(self._events.drop_jobs, set(chosen))  # one read of the older events
+        try:
+            status = await asyncio.to_thread(self._kv.status)
+            if status is not None:
+                await asyncio.to_thread(self._kv.compact, status.revision)
+                _log.warning(
+                    "etcd.compacted",
+                    revision=status.revision,
+                    jobs_removed=len(chosen),
+                    db_size=status.db_size,
+                    next_step="an operator defragments each member (etcdctl defrag)",
+                )
+        except EtcdUnavailable as exc:
+            _log.warning("etcd.compact_failed", error=str(exc), fix="etcdctl compact <revision>")
+        return set(chosen)
+
+    async def _remove(self, job_id: str) -> None:
+        """Delete a job's records, then its own events (``EventLog.drop_jobs``)."""
+        await self._store_of(job_id).remove()
+        await asyncio.to_thread(self._events.drop_jobs, {job_id})
 
     def now(self) -> float:
         return self._clock()
@@ -184,6 +239,12 @@ class Janitor:
             return True
         del self._missing[key]
         return False
+
+
+def _size(snap: JobSnapshot) -> int:
+    """About how many bytes a job's records take in etcd: its spec, and the rest roughly."""
+    spec = len(json.dumps(snap.spec.to_json())) if snap.spec is not None else 0
+    return spec + JOB_OVERHEAD
 
 
 def report(snaps: dict[str, JobSnapshot]) -> None:

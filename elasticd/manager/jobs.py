@@ -18,6 +18,7 @@ from elasticd.aio import wait_event
 from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keys import Change, Keys
 from elasticd.etcd.kv import KV
+from elasticd.etcd.space import Space
 from elasticd.etcd.types import Query
 from elasticd.jobs import logdir, logread
 from elasticd.jobs.launch import NodeRuntime
@@ -60,6 +61,7 @@ class JobManager:
         retention_s: float | None = None,
         quotas: Quotas = NO_QUOTAS,
         admins: Admins = ROOT_ONLY,
+        space: Callable[[], Space | None] = lambda: None,
     ) -> None:
         self.rt = rt
         self._quotas, self._admins = quotas, admins
@@ -70,7 +72,7 @@ class JobManager:
         self._registry = registry
         self.store_of = store_of or (lambda job_id: EtcdJobStore(kv, keys, job_id))
         self.admitter = Admitter(rt, allow_root_jobs)
-        self.janitor = Janitor(kv, keys, rt.node_id, self.store_of, retention_s)
+        self.janitor = Janitor(kv, keys, rt.node_id, self.store_of, retention_s, space=space)
         self.agents: dict[str, JobAgent] = {}
         self._wake = asyncio.Event()
         self._due: float | None = None  # when the janitor's next decision by time alone comes due
@@ -187,12 +189,16 @@ class JobManager:
         self.admitter.draining = parse_node_drain(self._keys, drain) if drain is not None else None
         self._apply_drains(snaps)
         janitors.report(snaps)
+        janitor = clean_up and await self.janitor.elected(lease)
+        if janitor:  # first: etcd near its quota (or at it, refusing the writes below) needs room
+            for job_id in await self.janitor.relieve(snaps):
+                snaps.pop(job_id, None)
         tickets = tickets_of(snaps.values())  # the jobs that have not ended
         failed = await limits.enforce(tickets, self._quotas, self._admins, self.store_of)
         for job_id in admission_order((t for t in tickets if t.id not in failed), self.turns.last):
             if job_id not in self.agents:
                 await self._consider(snaps[job_id], lease)
-        if clean_up and await self.janitor.elected(lease):
+        if janitor:
             await self.janitor.sweep(snaps)
             await self.janitor.drop_strays(strays)
             self._due = self.janitor.next_due(snaps)

@@ -26,6 +26,7 @@ from elasticd.errors import (
 )
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV
+from elasticd.etcd.space import Space
 from elasticd.etcd.types import Query
 from elasticd.events.schema import EventsArgs
 from elasticd.events.store import EventLog, Page
@@ -40,6 +41,7 @@ from elasticd.jobs.state import EndReason, JobState
 from elasticd.jobs.ticket import tickets_of
 from elasticd.jobs.view import job_view, selected
 from elasticd.manager.access import ROOT_ONLY, ROOT_UID, Access, Admins, Caller, authorize, may_read_job
+from elasticd.manager.etcdspace import SpaceWatch
 from elasticd.manager.jobs import JobManager
 from elasticd.node.registry import NodeRecord, NodeRegistry
 from elasticd.rendezvous.snapshot import JobSnapshot
@@ -78,7 +80,13 @@ class NodeFacts:
 
 class CommandService:
     def __init__(
-        self, facts: NodeFacts, manager: JobManager, registry: NodeRegistry, kv: KV, keys: Keys
+        self,
+        facts: NodeFacts,
+        manager: JobManager,
+        registry: NodeRegistry,
+        kv: KV,
+        keys: Keys,
+        space: SpaceWatch | None = None,
     ) -> None:
         self.facts = facts
         self._manager = manager
@@ -88,6 +96,7 @@ class CommandService:
         self._events = EventLog(kv, keys)
         self._submits = SubmitWindow()  # submits per user per minute through this node
         self._queue_of: tuple[dict[str, JobSnapshot], dict[str, QueuePlace]] | None = None
+        self._space = space  # how full etcd is (None: not watched)
 
     # -- permissions and limits -------------------------------------------------------------------
     async def authorize(
@@ -133,8 +142,8 @@ class CommandService:
     async def events(self, args: EventsArgs, caller: Caller) -> Page:
         """The history after ``args.after``: the named job's, or all; only the events ``caller``
         may read (``access.may_read_job``)."""
-        page = await asyncio.to_thread(self._events.read, args.after)
-        chosen = [e for e in page.events if args.job is None or e.event.job == args.job]
+        page = await asyncio.to_thread(self._events.read, args.after, None, args.job)
+        chosen = page.events
         if caller.uid != ROOT_UID:
             owners = await self.owners_of({e.event.job for e in chosen if e.event.job is not None})
             chosen = [
@@ -149,6 +158,7 @@ class CommandService:
         """Store a new job, within the submitter's ``limits``: the spec's size, and the jobs they
         hold (counted from the recent read; a submit that races another past the limit is failed
         by the scan, ``jobs.quota.over_limits``)."""
+        self._refuse_if_etcd_full()
         if limits is not None:
             await self._check_limits(spec, limits)
         records = await asyncio.to_thread(self._registry.records)
@@ -303,12 +313,24 @@ class CommandService:
         await self._manager.store_of(job_id).remove()
         self._manager.recent.invalidate()
         removed = await asyncio.to_thread(logdir.remove_job, self.facts.log_dir, job_id)
+        # After the logs: the scan that the records' deletion wakes drops the logs of a job with
+        # no records too (``JobManager.sweep_logs``), and two removals of one tree race.
+        await asyncio.to_thread(self._events.drop_jobs, {job_id})
         _log.info("job.removed", job=job_id, logs=removed)
         return {"job": job_id, "logs_removed": removed}
+
+    def _refuse_if_etcd_full(self) -> None:
+        """``EtcdFull`` while etcd is above its high-water mark or alarmed (``SpaceWatch``)."""
+        if self._space is not None:
+            self._space.check_submit()
 
     # -- nodes ------------------------------------------------------------------------------------
     async def nodes(self) -> list[NodeRecord]:
         return await asyncio.to_thread(self._registry.records)  # bad records are skipped (and logged)
+
+    def etcd_space(self) -> Space | None:
+        """The last reading of how full etcd is (None: not watched)."""
+        return self._space.space if self._space is not None else None
 
     async def _known_node(self, node: str) -> bool:
         """A node is known while it is live (its record is under its lease) or drained."""

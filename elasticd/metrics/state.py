@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 
 from elasticd.agent.record import AgentState
 from elasticd.errors import EtcdUnavailable
+from elasticd.etcd.space import Space, SpaceLevel
 from elasticd.jobs.state import JobState
 from elasticd.jobs.view import job_state
 
@@ -44,10 +45,12 @@ class NodeState:
     free_slots: int = 0
     lease_renewals: int = 0
     lease_held: bool = False
+    etcd_space: Space | None = None  # how full etcd is, as last read (None: not watched)
 
 
-async def gather(manager: JobManager, registry: NodeRegistry) -> NodeState:
-    """One look at the daemon (reads etcd twice, in threads)."""
+async def gather(manager: JobManager, registry: NodeRegistry, space: Space | None = None) -> NodeState:
+    """One look at the daemon (reads etcd twice, in threads); ``space``: the last reading of how
+    full etcd is (``SpaceWatch``: read every few seconds, not at the scrape)."""
     groups = Counter(agent.state.value for agent in manager.agents.values())
     workers: dict[str, int] = {}
     rates: dict[str, float] = {}
@@ -68,6 +71,7 @@ async def gather(manager: JobManager, registry: NodeRegistry) -> NodeState:
         free_slots=int(capacity["free_slots"]),
         lease_renewals=registry.renewals,
         lease_held=registry.lease_id is not None,
+        etcd_space=space,
     )
     try:
         snaps, records = await asyncio.gather(manager.snapshots(), asyncio.to_thread(registry.records))
@@ -124,6 +128,33 @@ class StateCollector(Collector):
             "elasticd_lease_renewals", "Keep-alives that renewed this node's lease", value=s.lease_renewals
         )
         yield _gauge("elasticd_lease_held", "Whether this node holds its lease", int(s.lease_held))
+        if s.etcd_space is not None:
+            yield from _space(s.etcd_space)
+
+
+def _space(space: Space) -> Iterator[Metric]:
+    """How full etcd is: its database, the quota and mark, the level and the raised alarms."""
+    yield _gauge(
+        "elasticd_etcd_quota_bytes", "etcd's quota (the setting etcd_quota_bytes)", space.limits.quota_bytes
+    )
+    yield _gauge(
+        "elasticd_etcd_high_water_bytes", "New jobs are refused above this database size", space.limits.mark
+    )
+    level = GaugeMetricFamily(
+        "elasticd_etcd_space_level", "How full etcd is: 1 for the current level", labels=["level"]
+    )
+    for value in SpaceLevel:
+        level.add_metric([value.value], int(value is space.level))
+    yield level
+    if (st := space.status) is None:
+        return
+    yield _gauge(
+        "elasticd_etcd_db_size_bytes", "Size of etcd's database file (what its quota counts)", st.db_size
+    )
+    yield _gauge("elasticd_etcd_db_size_in_use_bytes", "Bytes of etcd's database in use", st.db_size_in_use)
+    yield _by(
+        "elasticd_etcd_alarm", "etcd's raised alarms (1 while raised)", "alarm", {a: 1 for a in st.alarms}
+    )
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from elasticd import __version__, log
 from elasticd.aio import wait_event
 from elasticd.decode import DecodeError, decode, parse_json, report_invalid
-from elasticd.errors import EtcdUnavailable
+from elasticd.errors import EtcdNoSpace, EtcdUnavailable
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.types import KeyValue
@@ -127,6 +127,7 @@ class NodeRegistry:
         self.on_granted: Callable[[], None] = lambda: None
         self._dirty = asyncio.Event()
         self._published: dict[str, Any] | None = None  # the record as last written
+        self._unpublished = False  # the last write of a changed record was refused (NOSPACE)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"lease-{node_id}")
 
     async def _lease_call(self, fn: Callable[..., T], *args: Any) -> T:
@@ -214,12 +215,7 @@ class NodeRegistry:
                     self._extend(sent, remaining)
                     self.renewals += 1
                     next_keepalive = sent + interval
-                record = self.full_record()
-                if record != self._published:
-                    await self._lease_call(
-                        self._etcd.put_json, self._keys.node(self.node_id), record, self.lease_id
-                    )
-                    self._published = record
+                await self._publish()
                 if failing_since is not None:
                     _log.info(
                         "lease.refresh_ok",
@@ -232,6 +228,23 @@ class NodeRegistry:
                     failing_since = time.monotonic()
                     _log.warning("lease.refresh_failed", node=self.node_id, error=str(exc))
                 await asyncio.sleep(min(0.2, interval))  # retry soon: the deadline is near
+
+    async def _publish(self) -> None:
+        """Write the record if it changed. Under etcd's NOSPACE alarm the write is refused while
+        keep-alives still work: the lease is fine, so this is no failure of it; the record is
+        written at a later keep-alive, once etcd has room."""
+        record = self.full_record()
+        if record == self._published:
+            return
+        try:
+            await self._lease_call(self._etcd.put_json, self._keys.node(self.node_id), record, self.lease_id)
+        except EtcdNoSpace as exc:
+            if not self._unpublished:
+                _log.warning("node.record_unpublished", node=self.node_id, error=str(exc))
+            self._unpublished = True
+            return
+        self._published = record
+        self._unpublished = False
 
     async def stop(self) -> None:
         if self.lease_id is not None:

@@ -207,8 +207,21 @@ class NodeView(TypedDict):
     draining: bool
 
 
+class EtcdSpaceView(TypedDict):
+    """How full etcd is, as this daemon last read it (``elasticd.etcd.space.Space.to_json``)."""
+
+    level: str  # unknown, ok, high (new submits refused), full (an alarm is raised)
+    db_size: int | None  # bytes of the database file (None: etcd did not say)
+    db_size_in_use: int | None
+    quota_bytes: int  # the setting etcd_quota_bytes
+    high_water_bytes: int  # new jobs are refused above it: etcd_high_water of the quota
+    alarms: list[str]  # NOSPACE, CORRUPT
+    read_at: float  # 0: never read
+
+
 class NodesReply(TypedDict):
     nodes: list[NodeView]
+    etcd: NotRequired[EtcdSpaceView]  # absent from older daemons
 
 
 class RmReply(TypedDict):

@@ -50,5 +50,6 @@ TIME_FIELDS = frozenset(
         "attempt_started_at",
         "last_step_at",
         "happened_at",
+        "read_at",
     }
 )

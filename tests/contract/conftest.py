@@ -11,7 +11,7 @@ import pytest
 from elasticd.etcd.client import EtcdClient
 from elasticd.etcd.kv import KV
 from elasticd.etcd.memory import MemoryKV
-from tests.support import EtcdServer, unique, wait_for
+from tests.support import EtcdServer, gateway_post, unique, wait_for
 
 WAIT_S = 10.0
 
@@ -57,3 +57,34 @@ def breakable(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[
         client.close()
         server.stop()
     wait_for(lambda: watch_threads() == [], WAIT_S, 0.01, "watch threads to end")
+
+
+Alarm = Callable[[str, bool], None]  # (alarm name, raise: True / disarm: False)
+
+
+@pytest.fixture(params=["memory", "etcd"])
+def alarmable(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[KV, Alarm]]:
+    """A KV and a way to raise or disarm one of its alarms: ``MemoryKV.alarms``; for etcd, a
+    private server (the alarm is the whole cluster's) and ``/v3/maintenance/alarm``."""
+    if request.param == "memory":
+        memory = MemoryKV()
+
+        def set_memory(name: str, on: bool) -> None:
+            (memory.alarms.add if on else memory.alarms.discard)(name)
+
+        yield memory, set_memory
+        return
+    server = EtcdServer(tmp_path / "etcd", unique("alarmed"))
+    server.start()
+    client = EtcdClient([server.endpoint], timeout_s=2)
+
+    def set_etcd(name: str, on: bool) -> None:
+        member = gateway_post(client, "/v3/maintenance/status", {})["header"]["member_id"]
+        action = "ACTIVATE" if on else "DEACTIVATE"
+        gateway_post(client, "/v3/maintenance/alarm", {"action": action, "memberID": member, "alarm": name})
+
+    try:
+        yield client, set_etcd
+    finally:
+        client.close()
+        server.stop()

@@ -12,10 +12,11 @@ from collections.abc import Callable
 
 import pytest
 
-from elasticd.errors import ElasticdError, EtcdUnavailable
+from elasticd.errors import ElasticdError, EtcdNoSpace, EtcdUnavailable
 from elasticd.etcd.kv import ALL_KEYS, KV, prefix_end
 from elasticd.etcd.memory import MemoryKV
 from elasticd.etcd.types import Compare, Found, KeyValue, Put, Query
+from tests.contract.conftest import Alarm
 from tests.support import wait_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -170,15 +171,17 @@ def test_read_many_ranges(kv: KV, base: str) -> None:
             Query(f"{base}/t"),
             Query(f"{base}/absent"),
             Query(f"{base}/none/", prefix=True, oldest_only=True),
+            Query(r, prefix=True, first_only=True),
         ]
     )
-    assert len(found) == 7
+    assert len(found) == 8
     assert [x.key for x in found[0].kvs] == [f"{r}a", f"{r}b", f"{r}z"] and found[0].count == 3
     assert [x.key for x in found[1].kvs] == [f"{r}z"] and found[1].count == 3
     assert found[2] == Found([], 3)  # count_only: the count, no keys
     assert [x.key for x in found[3].kvs] == [f"{base}/s/1", f"{base}/s/2"] and found[3].count == 2
     assert found[4] == Found([must_get(kv, f"{base}/t")], 1)
     assert found[5] == Found([], 0) and found[6] == Found([], 0)
+    assert [x.key for x in found[7].kvs] == [f"{r}a"] and found[7].count == 3  # first_only: in key order
 
 
 def test_read_many_reads_one_revision(kv: KV, base: str) -> None:
@@ -516,3 +519,72 @@ def test_prefix_end_bounds_a_prefix_as_etcd_does(kv: KV, base: str) -> None:
         (ranged,) = kv.read_many([Query(prefix, end=prefix_end(prefix))])
         assert ranged.kvs == kv.get_prefix(prefix) != []
     assert prefix_end("/a/") == "/a0" and prefix_end("") == "\0"
+
+
+# -- the database's size, alarms and compaction ------------------------------------------------
+def test_status_reports_size_revision_and_no_alarm(kv: KV, base: str) -> None:
+    kv.put_json(f"{base}/k", "x" * 1000)
+    status = kv.status()
+    assert status is not None
+    assert status.db_size > 0 and 0 < status.db_size_in_use <= status.db_size
+    assert status.alarms == ()
+    kv.put_json(f"{base}/k", "y")
+    later = kv.status()
+    assert later is not None and later.revision > status.revision
+
+
+def test_compaction_keeps_the_keys_and_a_second_one_is_no_error(kv: KV, base: str) -> None:
+    kv.put_json(f"{base}/k", 1)
+    kv.put_json(f"{base}/k", 2)
+    status = kv.status()
+    assert status is not None
+    kv.compact(status.revision)
+    kv.compact(status.revision)  # already compacted: nothing to do
+    assert must_get(kv, f"{base}/k").json() == 2
+    with pytest.raises(EtcdUnavailable):
+        kv.compact(status.revision + 1000)  # a future revision
+
+
+def test_under_nospace_writes_that_grow_are_refused_the_rest_goes_on(
+    alarmable: tuple[KV, Alarm],
+) -> None:
+    """What etcd does under NOSPACE: puts, transactions with puts and lease grants are refused
+    (``EtcdNoSpace``, an ``EtcdUnavailable``); reads, deletes, delete-only transactions,
+    keep-alives and revokes still work, so a node keeps its lease and can make room."""
+    kv, alarm = alarmable
+    lease = kv.grant_lease(10)
+    kv.put_json("/nospace/a", 1, lease)
+    kv.put_json("/nospace/b", 2)
+    alarm("NOSPACE", True)
+    status = kv.status()
+    assert status is not None and status.alarms == ("NOSPACE",)
+    with pytest.raises(EtcdNoSpace, match=r"quota|space"):
+        kv.put_json("/nospace/c", 3)
+    with pytest.raises(EtcdNoSpace):
+        kv.txn([Compare("/nospace/b", "create", 0)], [Put("/nospace/c", 3)])  # even when it would not apply
+    with pytest.raises(EtcdNoSpace):
+        kv.grant_lease(10)
+    assert isinstance(EtcdNoSpace("x"), EtcdUnavailable)
+    assert kv.refresh_lease(lease) > 0
+    assert must_get(kv, "/nospace/a").json() == 1
+    assert kv.txn([], [], ["/nospace/b"]) and kv.get("/nospace/b") is None
+    assert kv.delete("/nospace/a")
+    kv.revoke_lease(lease)
+    alarm("NOSPACE", False)
+    status = kv.status()
+    assert status is not None and status.alarms == ()
+    kv.put_json("/nospace/c", 3)
+    assert must_get(kv, "/nospace/c").json() == 3
+
+
+def test_memory_status_reports_the_sizes_a_test_sets() -> None:
+    memory = MemoryKV()
+    memory.put_json("/k", "v")
+    memory.db_size, memory.db_size_in_use = 900, 300
+    memory.alarms.add("CORRUPT")
+    status = memory.status()
+    assert status is not None and (status.db_size, status.db_size_in_use, status.alarms) == (
+        900,
+        300,
+        ("CORRUPT",),
+    )

@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 from elasticd.etcd.client import EtcdClient
-from elasticd.etcd.keys import Keys
+from elasticd.etcd.keys import EventRing, Keys
 from elasticd.events.model import ClusterEvent
+from elasticd.events.rings import Limits
 from elasticd.events.store import EventLog
 from elasticd.netaddr import free_port
 from tests.conftest import DaemonFactory
@@ -122,12 +123,14 @@ def test_the_history_is_bounded_in_etcd_and_a_bad_event_is_skipped(
     client = EtcdClient([etcd_server.endpoint], etcd_server.client_auth())
     try:
         keys = Keys(daemon.etcd_prefix)
-        small = EventLog(client, keys, keep=5)
+        small = EventLog(client, keys, Limits(recent=2, total=5, cluster=5))
         for i in range(8):
             small.append(ClusterEvent(1e9 + i, "round", "job-x", None, f"event {i}"))
-        assert len(client.get_prefix(keys.events())) == 5  # the oldest went as newer came
+        assert len(client.get_prefix(keys.event_ring(EventRing.RECENT, "job-x"))) == 2
+        assert len(client.get_prefix(keys.event_ring(EventRing.OLDER))) == 3  # the oldest went
         last = small.read().events[-1].seq
-        client.put_json(keys.event(last + 1), {"time": "noon", "kind": "round", "job": "job-x"})
+        bad = {"time": "noon", "kind": "round", "job": "job-x"}
+        client.put_json(keys.event(EventRing.RECENT, last + 1, "job-x"), bad)
         client.put_json(keys.event_seq(), last + 1)
         small.append(ClusterEvent(2e9, "round", "job-x", None, "after the bad one"))
     finally:
@@ -136,7 +139,7 @@ def test_the_history_is_bounded_in_etcd_and_a_bad_event_is_skipped(
     assert res.returncode == 0, res.stderr
     shown = [json.loads(line) for line in res.stdout.splitlines()]
     assert [e["message"] for e in shown if e["job"] == "job-x"][-1] == "after the bad one"
-    assert f"skipped event events/{last + 1:016d}: time: must be float" in res.stderr
+    assert f"skipped event events/recent/job-x/{last + 1:016d}: time: must be float" in res.stderr
 
 
 @other_users

@@ -140,3 +140,18 @@ def test_submit_priority_is_sent_and_a_negative_one_is_a_usage_error(
     with pytest.raises(SystemExit) as info:
         build_parser().parse_args(["submit", "--priority", "-1", "train.py"])
     assert info.value.code == 2 and "--priority is an integer >= 0" in capsys.readouterr().err
+
+
+def test_nodes_shows_how_full_etcd_is_on_one_line() -> None:
+    from elasticctl.render import etcd_line
+
+    view = {"level": "high", "db_size": 1700 << 20, "db_size_in_use": 900 << 20, "quota_bytes": 2 << 30,
+            "high_water_bytes": 1638 << 20, "alarms": [], "read_at": 1.0}  # fmt: skip
+    line = etcd_line(view)  # type: ignore[arg-type]
+    assert line == (
+        "etcd: 1.7 GiB of 2.0 GiB (83%, 900.0 MiB in use), level high (new jobs refused above 1.6 GiB)"
+    )
+    alarmed = etcd_line(view | {"level": "full", "alarms": ["NOSPACE"]})  # type: ignore[arg-type]
+    assert alarmed.endswith(", ALARM NOSPACE")
+    unknown = etcd_line(view | {"level": "unknown", "db_size": None, "db_size_in_use": None})  # type: ignore[arg-type]
+    assert unknown.startswith("etcd: size unknown, quota 2.0 GiB")

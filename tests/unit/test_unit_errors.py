@@ -33,7 +33,7 @@ def test_codes_are_lowercase_snake_case(code: ErrorCode) -> None:
 
 
 def test_each_subclass_has_its_own_code() -> None:
-    codes = [c.code for c in SUBCLASSES]
+    codes = [c.code for c in SUBCLASSES if "code" in vars(c)]  # a refinement inherits its parent's
     assert len(codes) == len(set(codes))
     assert ErrorCode.INTERNAL not in codes  # internal is for the unexpected only
 

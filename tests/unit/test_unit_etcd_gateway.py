@@ -218,3 +218,39 @@ def test_a_key_value_survives_the_wire(key: str, value: bytes, revision: int, le
     if lease:
         wire["lease"] = str(lease)
     assert gw.parse_kv(json.loads(json.dumps(wire))) == KeyValue(key, value, revision, revision, lease)
+
+
+# -- the database's status and alarms -------------------------------------------------------------
+def test_status_and_alarms_as_etcd_writes_them() -> None:
+    status = {"header": {"revision": "42"}, "version": "3.5.1", "dbSize": "2048", "dbSizeInUse": "1024"}
+    alarms = {"alarms": [{"memberID": "1", "alarm": "NOSPACE"}, {"memberID": "2", "alarm": "NOSPACE"},
+                         {"memberID": "2", "alarm": "CORRUPT"}, {"memberID": "3"}]}  # fmt: skip
+    got = gw.parse_status(status, alarms)
+    assert (got.db_size, got.db_size_in_use, got.revision) == (2048, 1024, 42)
+    assert got.alarms == ("CORRUPT", "NOSPACE")  # each once; NONE (left out) is no alarm
+    assert gw.parse_status({"header": {}}, {}).alarms == ()  # every zero value left out
+
+
+@pytest.mark.parametrize(
+    ("status", "alarms"),
+    [
+        ({"dbSize": "lots"}, {}),
+        ({"dbSize": "-1"}, {}),
+        ({"header": []}, {}),
+        ({}, {"alarms": [{"alarm": 3}]}),
+        ({}, {"alarms": [{"alarm": "no\nspace"}]}),
+        ({}, {"alarms": "NOSPACE"}),
+    ],
+)
+def test_a_malformed_status_is_an_error(status: dict[str, object], alarms: dict[str, object]) -> None:
+    with pytest.raises(GatewayError) as exc:
+        gw.parse_status(status, alarms)
+    assert exc.value.failure is Failure.UNREACHABLE
+
+
+def test_nospace_is_a_failure_of_its_own_and_not_worth_another_member() -> None:
+    body = json.dumps({"error": "etcdserver: mvcc: database space exceeded", "code": 8,
+                       "message": "etcdserver: mvcc: database space exceeded"}).encode()  # fmt: skip
+    assert gw.error_of(429, body).failure is Failure.NO_SPACE
+    other = json.dumps({"code": 8, "message": "etcdserver: too many requests"}).encode()
+    assert gw.error_of(429, other).failure is Failure.UNREACHABLE

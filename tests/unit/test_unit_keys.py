@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from elasticd.decode import DecodeError
-from elasticd.etcd.keys import KeyKind, KeyRef, Keys
+from elasticd.etcd.keys import EventRing, KeyKind, KeyRef, Keys
 from elasticd.etcd.kv import prefix_end
 from elasticd.jobs.spec import JOB_ID, NODE_ID
 from elasticd.rendezvous.model import MAX_ROUND
@@ -52,7 +52,9 @@ def built(keys: Keys, job: str, node: str, r: int) -> dict[str, KeyRef]:
         keys.node(node): KeyRef(KeyKind.NODE, node=node),
         keys.drain(node): KeyRef(KeyKind.NODE_DRAIN, node=node),
         keys.janitor(): KeyRef(KeyKind.JANITOR),
-        keys.event(7): KeyRef(KeyKind.EVENT),
+        keys.event(EventRing.CLUSTER, 7): KeyRef(KeyKind.EVENT),
+        keys.event(EventRing.RECENT, 7, job): KeyRef(KeyKind.EVENT),
+        keys.event(EventRing.OLDER, 7, job): KeyRef(KeyKind.EVENT),
         keys.event_seq(): KeyRef(KeyKind.EVENT_SEQ),
         keys.job_spec(job): KeyRef(KeyKind.SPEC, job),
         keys.job_round(job): KeyRef(KeyKind.ROUND, job),

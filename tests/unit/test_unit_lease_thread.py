@@ -43,3 +43,38 @@ def test_keepalive_runs_while_the_default_executor_is_saturated() -> None:
             await registry.stop()
 
     asyncio.run(scenario())
+
+
+def test_under_nospace_the_lease_is_kept_and_a_changed_record_waits_for_room() -> None:
+    """etcd refuses the record's write under NOSPACE but not the keep-alive: the lease stays, no
+    failure is counted, and the record is written once etcd has room."""
+
+    async def scenario() -> None:
+        kv = MemoryKV()
+        record = {"slots": 1}
+        reaper = SimpleNamespace(set_deadline=lambda _: None)
+        registry = NodeRegistry(kv, Keys("/t"), "n1", 2.0, lambda: dict(record), reaper)  # type: ignore[arg-type]
+        await registry.start()
+        lease = registry.lease_id
+        keepalive = asyncio.create_task(registry.run())
+        try:
+            kv.alarms.add("NOSPACE")
+            record["slots"] = 2
+            registry.publish_soon()
+            renewed = registry.renewals
+            deadline = time.monotonic() + 10
+            while registry.renewals < renewed + 3 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)  # three keep-alives: longer than the 2 s TTL
+            assert registry.renewals >= renewed + 3 and registry.lease_id == lease
+            node = kv.get("/t/nodes/n1")
+            assert node is not None and node.json()["slots"] == 1  # not written: no room
+            kv.alarms.discard("NOSPACE")
+            while time.monotonic() < deadline and (kv.get("/t/nodes/n1") or node).json()["slots"] != 2:
+                await asyncio.sleep(0.05)
+            assert (kv.get("/t/nodes/n1") or node).json()["slots"] == 2 and registry.lease_id == lease
+        finally:
+            keepalive.cancel()
+            await asyncio.gather(keepalive, return_exceptions=True)
+            await registry.stop()
+
+    asyncio.run(scenario())

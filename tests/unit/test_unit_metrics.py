@@ -11,6 +11,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from elasticd.errors import ConfigError
+from elasticd.etcd.space import Space, SpaceLevel, SpaceLimits
+from elasticd.etcd.types import EtcdStatus
 from elasticd.metrics.address import HostPort
 from elasticd.metrics.counters import EventMetrics
 from elasticd.metrics.server import MetricsServer
@@ -77,6 +79,25 @@ def test_gauges_render_the_last_look() -> None:
     assert _value(registry, "elasticd_lease_renewals_total") == 7
     collector.update(NodeState("n1", etcd_up=False))
     assert _value(registry, "elasticd_etcd_up") == 0 and _value(registry, "elasticd_nodes") is None
+
+
+def test_gauges_show_how_full_etcd_is() -> None:
+    registry = CollectorRegistry()
+    collector = StateCollector()
+    registry.register(collector)
+    limits = SpaceLimits(100 << 20, 0.8)
+    status = EtcdStatus(101 << 20, 90 << 20, 7, ("NOSPACE",))
+    collector.update(NodeState("n1", etcd_space=Space(SpaceLevel.FULL, status, limits, 1.0)))
+    assert _value(registry, "elasticd_etcd_db_size_bytes") == 101 << 20
+    assert _value(registry, "elasticd_etcd_db_size_in_use_bytes") == 90 << 20
+    assert _value(registry, "elasticd_etcd_quota_bytes") == 100 << 20
+    assert _value(registry, "elasticd_etcd_high_water_bytes") == 80 << 20
+    assert _value(registry, "elasticd_etcd_space_level", level="full") == 1
+    assert _value(registry, "elasticd_etcd_space_level", level="ok") == 0
+    assert _value(registry, "elasticd_etcd_alarm", alarm="NOSPACE") == 1
+    collector.update(NodeState("n1", etcd_space=Space(SpaceLevel.UNKNOWN, None, limits)))
+    assert _value(registry, "elasticd_etcd_space_level", level="unknown") == 1
+    assert _value(registry, "elasticd_etcd_db_size_bytes") is None  # etcd did not say
 
 
 def test_the_endpoint_serves_metrics_after_a_fresh_look_and_nothing_else() -> None:

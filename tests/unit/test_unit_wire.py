@@ -20,6 +20,8 @@ from elasticd import wire
 from elasticd.control.commands import REGISTRY, logs, nodes, ping
 from elasticd.control.params import parse_args
 from elasticd.decode import DecodeError, Unknown, decode
+from elasticd.etcd.space import Space, SpaceLevel, SpaceLimits
+from elasticd.etcd.types import EtcdStatus
 from elasticd.jobs.logs import Chunk, Read
 from elasticd.jobs.logscope import round_view
 from elasticd.jobs.spec import NodeRange
@@ -270,7 +272,9 @@ def _replies() -> dict[str, Any]:
             "status all": {"jobs": [pending, ended]},
             "kill": {"job": ended},
             "logs": {"chunks": [], "cursor": {}, "state": "FAILED", "node": None},
-            "nodes": {"nodes": [record.to_json()]},
+            "nodes": {"nodes": [record.to_json()], "etcd": {"level": "high", "db_size": 1 << 30,
+                      "db_size_in_use": 1 << 29, "quota_bytes": 1 << 31, "high_water_bytes": 1 << 30,
+                      "alarms": [], "read_at": 1.0}},
             "drain": {"node": "n1", "job": None, "jobs": [], "forced": False},
             "undrain": {"node": "n1", "job": None},
             "ping": {"node": "n1", "version": "0", "pid": 1, "uptime_s": 1.0, "etcd": [],
@@ -421,7 +425,10 @@ def _service(tmp_path: Path) -> Any:
 
     record = NodeRecord("n1", 2, "h", "0.1.0", "10.0.0.1", InventoryRecord("gpu", 2, (Gpu(0, "u", "A", 1),)))
     facts = NodeFacts("n1", 0.0, ("127.0.0.1:2379",), False, False, 30.0, tmp_path)
-    return SimpleNamespace(facts=facts, logs=logs, nodes=records)
+    space = Space(
+        SpaceLevel.FULL, EtcdStatus(3 << 30, 1 << 30, 9, ("NOSPACE",)), SpaceLimits(2 << 30, 0.8), 5.0
+    )
+    return SimpleNamespace(facts=facts, logs=logs, nodes=records, etcd_space=lambda: space)
 
 
 @pytest.mark.parametrize(
