@@ -177,6 +177,8 @@ class Cluster:
 
     def _start_netns(self, topo: Topology) -> None:
         topo.create()
+        # A test that has to kill the soak removes the namespaces and bridge by this tag.
+        print(f"soak: daemons in network namespaces, netns tag={topo.tag}", flush=True)
         self.faults = Faults(topo)
         self.etcd = BridgeEtcd(self.root / "etcd", topo.gateway, name="soak")
         self.etcd.start()
