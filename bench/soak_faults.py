@@ -38,7 +38,7 @@ class Injector:
     kind: ClassVar[FaultKind]
     bumps_round: ClassVar[bool] = True  # the fault must force a new round (else: any progress counts)
     fences: ClassVar[bool] = False  # takes the node off etcd: its workers must be fenced in time
-    needs_netns: ClassVar[bool] = False
+    watches: ClassVar[bool] = False  # fenced_s: when the target's workers died
 
     def inject(self, c: Cluster, target: int) -> str:
         """Do the damage; a short description of what was hit."""
@@ -161,7 +161,7 @@ def went_on_without(c: Cluster, base: Step) -> bool:
 class EtcdCut(Injector):
     kind = FaultKind.ETCD_CUT
     fences = True
-    needs_netns = True
+    watches = True
 
     def inject(self, c: Cluster, target: int) -> str:
         _faults(c).cut(target, ETCD)
@@ -184,7 +184,7 @@ class OneWayLoss(EtcdCut):
 
 class PeerCut(Injector):
     kind = FaultKind.PEER_CUT
-    needs_netns = True
+    watches = True
 
     def inject(self, c: Cluster, target: int) -> str:
         f = _faults(c)
@@ -206,7 +206,6 @@ class PeerCut(Injector):
 
 class EtcdSlow(Injector):
     kind = FaultKind.ETCD_SLOW
-    needs_netns = True
 
     def inject(self, c: Cluster, target: int) -> str:
         if c.proxy is None:
@@ -297,7 +296,7 @@ def run_fault(c: Cluster, fault: Fault, clock0: float, timeout_s: float) -> Faul
     inj = INJECTORS[fault.kind]
     base = c.progress.last()
     assert base is not None
-    watch = DeathWatch(c.live_workers(fault.target)) if inj.needs_netns else None
+    watch = DeathWatch(c.live_workers(fault.target)) if inj.watches else None
     t0 = time.time()
     result.started_s = round(t0 - clock0, 1)
     try:

