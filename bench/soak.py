@@ -12,14 +12,19 @@ Faults (``soak_plan.FaultKind``; one at a time, each after the previous one reco
 ``soak_faults.py`` for what recovery means): worker_kill, daemon_kill (then a restart with the
 same node id and state dir), daemon_stop (SIGSTOP past the lease TTL, then SIGCONT), etcd_restart
 (kill -9, restart on the same data dir), drain (then undrain), hung_rank (only when
-``elasticctl submit`` has ``--hang-timeout``; otherwise disabled, and the output says so).
+``elasticctl submit`` has ``--hang-timeout``; otherwise disabled, and the output says so), and the
+partitions etcd_cut, peer_cut, one_way_loss, etcd_slow (``soak_faults.py``). Partitions need root
+and network namespaces: when any is asked for, the daemons run in namespaces of their own on a
+bridge (``tests/netns.py``); where namespaces cannot be used they are disabled, and the output says so.
 
 Every requested kind is injected once, first, even if that takes longer than ``--duration``; then
 more faults from the plan while the duration lasts. At the end the soak asks the job to finish and checks:
 job SUCCEEDED; the committed ledger has every step once, in order; no rollback beyond the
-checkpoint interval; no worker of the job left; no etcd key beyond the job's history and the live
-nodes' own; every requested fault kind injected; after stopping everything, none of the soak's
-processes left. Exit status 0 only if all hold. The plan is reproducible from ``--seed``.
+checkpoint interval; never two rounds with live workers at once (from the workers' own life
+lines); every node cut from etcd fenced within the lease TTL + 1 s; no worker of the job left;
+no etcd key beyond the job's history and the live nodes' own; every requested fault kind
+injected; after stopping everything, none of the soak's processes left. Exit status 0 only if all
+hold. The plan is reproducible from ``--seed``.
 """
 
 from __future__ import annotations
@@ -44,15 +49,18 @@ from bench_single import sweep
 from soak_check import (
     Check,
     check_crash_loss,
+    check_fencing,
     check_job_orphans,
     check_keys,
     check_ledger,
     check_own_orphans,
+    check_rounds_disjoint,
 )
-from soak_cluster import REPO, Cluster, JobSettings, wait_until
+from soak_cluster import REPO, Cluster, JobSettings, read_lives, wait_until
 from soak_faults import FaultResult, run_fault
-from soak_plan import FaultKind, make_plan, parse_kinds
+from soak_plan import PARTITION_KINDS, FaultKind, make_plan, parse_kinds
 
+from tests.netns import unavailable_reason as netns_unavailable
 from tests.support import PYTHON
 
 NODES = 3
@@ -93,6 +101,7 @@ def table(results: list[FaultResult], kinds: tuple[FaultKind, ...]) -> list[dict
             "recover_median_s": round(statistics.median(times), 2) if times else None,
             "recover_max_s": max(times) if times else None,
             "resumed_median_s": round(statistics.median(resumed), 2) if resumed else None,
+            "fenced_max_s": max((r.fenced_s for r in mine if r.fenced_s is not None), default=None),
         })  # fmt: skip
     return rows
 
@@ -101,12 +110,15 @@ def render(rows: list[dict[str, Any]]) -> str:
     def f(v: Any) -> str:
         return "-" if v is None else f"{v:.1f}" if isinstance(v, float) else str(v)
 
-    head = f"{'fault':<14}{'injected':>9}{'survived':>9}{'recover med':>13}{'max':>8}{'resumed med':>13}"
+    head = (
+        f"{'fault':<14}{'injected':>9}{'survived':>9}{'recover med':>13}{'max':>8}{'resumed med':>13}"
+        f"{'fenced max':>12}"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
             f"{r['kind']:<14}{r['injected']:>9}{r['survived']:>9}{f(r['recover_median_s']):>13}"
-            f"{f(r['recover_max_s']):>8}{f(r['resumed_median_s']):>13}"
+            f"{f(r['recover_max_s']):>8}{f(r['resumed_median_s']):>13}{f(r['fenced_max_s']):>12}"
         )
     return "\n".join(lines)
 
@@ -134,6 +146,13 @@ def run(ns: argparse.Namespace) -> int:
     if FaultKind.HUNG_RANK in kinds and not hang_ok:
         kinds = tuple(k for k in kinds if k is not FaultKind.HUNG_RANK)
         notes.append("hung_rank: disabled (elasticctl submit has no --hang-timeout yet)")
+    netns = any(k in PARTITION_KINDS for k in kinds)
+    if netns and (why := netns_unavailable()) is not None:
+        netns = False
+        kinds = tuple(k for k in kinds if k not in PARTITION_KINDS)
+        notes.append(f"partitions: disabled ({why})")
+    if not kinds:
+        raise SystemExit("soak: no fault kind left to inject")
     settings = JobSettings(hang_timeout_s=ns.hang_timeout if hang_ok else None)
     plan = make_plan(seed, ns.duration, kinds, nodes=NODES, gap_s=ns.gap)
     root = Path(tempfile.mkdtemp(prefix="elasticd-soak-"))
@@ -144,7 +163,7 @@ def run(ns: argparse.Namespace) -> int:
     for n in notes:
         print(f"soak: {n}")
     sys.stdout.flush()
-    c = Cluster(root, NODES, ns.ttl, daemon_stop_grace_s=5)
+    c = Cluster(root, NODES, ns.ttl, daemon_stop_grace_s=5, netns=netns)
     results: list[FaultResult] = []
     checks: list[Check] = []
     state = "?"
@@ -185,6 +204,9 @@ def run(ns: argparse.Namespace) -> int:
         )
         checks.append(check_ledger(c.out / "ckpt.pt", target))
         checks.append(check_crash_loss(c.progress.poll(), settings.every))
+        checks.append(check_rounds_disjoint(read_lives(c.out)))
+        if any(r.fence_bound_s is not None for r in results):
+            checks.append(check_fencing(results))
         checks.append(check_job_orphans(job))
         checks.append(check_keys(c))
         keys_at_end = [k.removeprefix(c.prefix + "/") for k in c.etcd_keys()]
@@ -223,7 +245,7 @@ def run(ns: argparse.Namespace) -> int:
             "ok": ok, "seed": seed, "duration_s": ns.duration, "kinds": list(kinds), "notes": notes,
             "plan": [asdict(f) for f in plan], "faults": [asdict(r) for r in results], "table": rows,
             "checks": [asdict(ch) for ch in checks], "daemon_complaints": complaints, "dir": str(root),
-            "job": c.job_id, "state": state, "keys_at_end": keys_at_end,
+            "job": c.job_id, "state": state, "keys_at_end": keys_at_end, "netns": netns, "ttl_s": ns.ttl,
         }, indent=2, default=str))  # fmt: skip
     if ok and not ns.keep:
         shutil.rmtree(root, ignore_errors=True)

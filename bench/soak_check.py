@@ -13,7 +13,7 @@ from typing import Any
 
 import psutil
 from bench_single import own_processes
-from soak_cluster import Cluster, Step, wait_until
+from soak_cluster import Cluster, LifeLine, Step, wait_until
 
 from elasticd.decode import DecodeError
 from elasticd.etcd.keys import KeyKind, Keys
@@ -76,6 +76,56 @@ def check_crash_loss(steps: list[Step], every: int) -> Check:
         + (f", skipped ahead: {skipped[:5]}" if skipped else "")
     )
     return Check("crash loss within the contract", ok, detail)
+
+
+def round_spans(lives: list[LifeLine]) -> dict[int, tuple[float, float]]:
+    """Each round's (first, last) line over all its workers: when it had live workers."""
+    spans: dict[int, tuple[float, float]] = {}
+    for life in lives:
+        first, last = spans.get(life.round, (life.at, life.at))
+        spans[life.round] = (min(first, life.at), max(last, life.at))
+    return spans
+
+
+def check_rounds_disjoint(lives: list[LifeLine]) -> Check:
+    """No two rounds had live workers at once, from the workers' own life lines (not from etcd).
+
+    A worker writes a line when it starts and every 0.1 s until it dies, so a round's span runs
+    from its first worker's start to (within 0.1 s of) its last worker's death. Every later
+    round must start after every earlier round's span ended. An overlap shorter than the beat
+    (0.1 s) can go unseen; the smallest gap found is reported.
+    """
+    spans = sorted(round_spans(lives).items())
+    overlaps = []
+    gaps = []
+    ended_by, ended_round = float("-inf"), -1
+    for rnd, (first, last) in spans:
+        if first <= ended_by:
+            overlaps.append(f"round {rnd} started {ended_by - first:.2f}s before round {ended_round} ended")
+        elif ended_round >= 0:
+            gaps.append(first - ended_by)
+        if last > ended_by:
+            ended_by, ended_round = last, rnd
+    detail = f"{len(spans)} rounds, {len({life.pid for life in lives})} workers; " + (
+        f"overlaps: {overlaps[:5]}" if overlaps else f"smallest gap {min(gaps, default=0.0):.2f}s"
+    )
+    return Check("never two rounds with live workers at once", not overlaps and bool(spans), detail)
+
+
+def check_fencing(results: list[Any]) -> Check:
+    """Every fault that took a node off etcd had the node's workers dead within TTL + 1 s."""
+    fencing = [r for r in results if r.fence_bound_s is not None]
+    late = [
+        f"#{r.fault.index} {r.fault.kind}: {r.fenced_s}s" for r in fencing
+        if r.fenced_s is None or r.fenced_s > r.fence_bound_s
+    ]  # fmt: skip
+    times = [r.fenced_s for r in fencing if r.fenced_s is not None]
+    detail = (
+        f"{len(fencing)} cuts, fenced in {min(times, default=0):.2f}-{max(times, default=0):.2f}s"
+        f" (bound {fencing[0].fence_bound_s if fencing else '-'}s)"
+        + (f"; late or never: {late}" if late else "")
+    )
+    return Check("cut nodes fenced within TTL + 1 s", not late, detail)
 
 
 def job_processes(job_id: str) -> list[psutil.Process]:

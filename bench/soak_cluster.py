@@ -3,6 +3,11 @@
 Built on the test suite's own support code (``tests/support.py``: ``EtcdServer``, ``DaemonProc``,
 ``wait_for``), so the soak starts etcd and daemons exactly as the integration tests do: loopback,
 free ports, a temp data dir, one node id, socket, state dir and log dir per daemon.
+
+With ``netns`` (root, ``tests/netns.py``), each daemon runs in a network namespace of its own on a
+bridge, etcd listens on the bridge, the daemons reach it through a delaying relay
+(``tests/netfaults.DelayProxy``, pass-through until a fault slows it) and gloo talks over the
+namespaces' ``eth0``: the network between them can then be cut (``Cluster.faults``).
 """
 
 from __future__ import annotations
@@ -20,7 +25,12 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+import psutil  # noqa: E402
+
 from elasticd.etcd.client import EtcdClient  # noqa: E402
+from elasticd.workers import proctree  # noqa: E402
+from tests.netfaults import DelayProxy, Faults  # noqa: E402
+from tests.netns import IFNAME, BridgeEtcd, NetnsDaemon, Topology  # noqa: E402
 from tests.support import PYTHON, DaemonProc, EtcdServer, unique  # noqa: E402
 
 JOB_SCRIPT = REPO / "bench" / "soak_job.py"
@@ -45,6 +55,37 @@ class JobSettings:
     every: int = 25
     step_time_s: float = 0.05
     hang_timeout_s: float | None = None  # None: submit has no --hang-timeout
+
+
+@dataclass(frozen=True)
+class LifeLine:
+    """One line a worker wrote about itself (``soak_job.Life``): start, alive or step."""
+
+    pid: int
+    what: str
+    round: int
+    rank: int
+    node: str
+    at: float  # wall clock
+
+
+def read_lives(out: Path) -> list[LifeLine]:
+    """Every worker's life lines, from ``DIR/lives/<pid>`` (a torn last line is skipped)."""
+    found = []
+    for path in sorted((out / "lives").glob("*")):
+        try:
+            text = path.read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            parts = line.split()
+            if len(parts) >= 5 and parts[0] in ("start", "alive", "step"):
+                try:
+                    found.append(LifeLine(int(path.name), parts[0], int(parts[1]), int(parts[2]), parts[3],
+                                          float(parts[4])))  # fmt: skip
+                except ValueError:
+                    continue
+    return found
 
 
 class Progress:
@@ -78,28 +119,33 @@ class Progress:
 
 
 class Cluster:
-    def __init__(self, root: Path, nodes: int, ttl_s: float, daemon_stop_grace_s: float) -> None:
+    def __init__(
+        self, root: Path, nodes: int, ttl_s: float, daemon_stop_grace_s: float, netns: bool = False
+    ) -> None:
         self.root = root
         self.ttl_s = ttl_s
-        self.etcd = EtcdServer(root / "etcd", name="soak")
+        self.n_nodes = nodes
+        self.grace_s = daemon_stop_grace_s
+        self.etcd: EtcdServer = EtcdServer(root / "etcd", name="soak")
+        self.topology: Topology | None = Topology(n_hosts=nodes) if netns else None
+        self.proxy: DelayProxy | None = None
+        self.faults: Faults | None = None
         self.prefix = f"/soak/{unique('p')}"
         self.out = root / "job"
-        tag = unique("soak")
+        self.tag = tag = unique("soak")
         env = {k: v for k, v in os.environ.items() if not k.startswith("ELASTICD_")}
         env |= {
             "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p),
             "OMP_NUM_THREADS": "1",
-            "GLOO_SOCKET_IFNAME": "lo",
+            "GLOO_SOCKET_IFNAME": IFNAME if netns else "lo",
             "PYTHONUNBUFFERED": "1",
             "PYTHONFAULTHANDLER": "1",
         }
         self.env = env
-        args = [
-            "--etcd-endpoints", self.etcd.endpoint, "--etcd-prefix", self.prefix,
-            "--address", "127.0.0.1", "--lease-ttl", str(ttl_s), "--slots", "2",
-            "--stop-grace", str(daemon_stop_grace_s),
-        ]  # fmt: skip
-        self.daemons = [DaemonProc(f"{tag}-{i}", root / f"node{i}", list(args), env) for i in range(nodes)]
+        self.daemons: list[DaemonProc] = []
+        if not netns:
+            args = self._args(self.etcd.endpoint, "127.0.0.1")
+            self.daemons = [DaemonProc(f"{tag}-{i}", root / f"node{i}", args, env) for i in range(nodes)]
         self.frozen: set[int] = set()  # daemons under SIGSTOP: do not talk to them
         self.progress = Progress(self.out / "progress")
         self.job_id = ""
@@ -112,12 +158,38 @@ class Cluster:
         """What our processes carry on their command lines (bench_single.own_processes)."""
         return [str(self.root), *self.node_ids]
 
+    def _args(self, endpoint: str, address: str) -> list[str]:
+        return [
+            "--etcd-endpoints", endpoint, "--etcd-prefix", self.prefix,
+            "--address", address, "--lease-ttl", str(self.ttl_s), "--slots", "2",
+            "--stop-grace", str(self.grace_s),
+        ]  # fmt: skip
+
     # -- life ---------------------------------------------------------------------------------
     def start(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
-        self.etcd.start()
+        if self.topology is not None:
+            self._start_netns(self.topology)
+        else:
+            self.etcd.start()
         for d in self.daemons:
             d.start()
+
+    def _start_netns(self, topo: Topology) -> None:
+        topo.create()
+        # A test that has to kill the soak removes the namespaces and bridge by this tag.
+        print(f"soak: daemons in network namespaces, netns tag={topo.tag}", flush=True)
+        self.faults = Faults(topo)
+        self.etcd = BridgeEtcd(self.root / "etcd", topo.gateway, name="soak")
+        self.etcd.start()
+        self.proxy = DelayProxy((topo.gateway, 0), (topo.gateway, self.etcd.client_port))
+        self.proxy.start()
+        for host in topo.hosts:
+            args = self._args(self.proxy.endpoint, host.address)
+            node = f"{self.tag}-{host.index}"
+            self.daemons.append(
+                NetnsDaemon(node, self.root / f"node{host.index}", args, self.env, netns=host.netns)
+            )
 
     def running(self, i: int) -> bool:
         proc = self.daemons[i].proc
@@ -129,14 +201,24 @@ class Cluster:
         ]
 
     def shutdown(self) -> None:
-        """SIGCONT whatever is frozen, stop every daemon (SIGTERM, then SIGKILL), then etcd."""
+        """SIGCONT whatever is frozen, heal the network, stop every daemon (SIGTERM, then SIGKILL),
+        then etcd (and the namespaces, the relay)."""
         for i in sorted(self.frozen):
             self.cont(i)
+        if self.faults is not None:
+            with contextlib.suppress(Exception):
+                self.faults.heal()
+        if self.proxy is not None:
+            self.proxy.delay_s = 0.0
         for d in self.daemons:
             with contextlib.suppress(Exception):
                 d.stop(30)
         with contextlib.suppress(Exception):
             self.etcd.stop()
+        if self.proxy is not None:
+            self.proxy.stop()
+        if self.topology is not None:
+            self.topology.destroy()  # also kills anything still inside the namespaces
 
     def freeze(self, i: int) -> None:
         proc = self.daemons[i].proc
@@ -182,6 +264,11 @@ class Cluster:
             if m.get("node") == self.node_ids[i]:
                 return [int(p) for p in m.get("pids", [])]
         return []
+
+    def live_workers(self, i: int) -> list[psutil.Process]:
+        """Node ``i``'s live workers of the job: its marked processes that keep a life line."""
+        lives = self.out / "lives"
+        return [p for p in proctree.marked(self.node_ids[i]) if (lives / str(p.pid)).exists()]
 
     def ctl(self, *argv: str, exclude: int | None = None) -> tuple[int, str]:
         """``elasticctl`` through the first usable daemon other than ``exclude``."""

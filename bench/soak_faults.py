@@ -6,6 +6,12 @@ step completed *after* the fault was undone, at full strength (one rank per node
 than the one the fault hit when the fault must force a new round. Time to recover is from the
 injection to that step's completion. ``resumed`` is the first step of a newer round at any world
 size (the job going on without the node, before the node is back).
+
+Partitions (``tests/netfaults.py``; the cluster runs in network namespaces) are healed once the
+fault had its observable effect: a cut node's workers gone and the job going on without it.
+For a fault that takes a node off etcd, ``fenced_s`` is from the cut to the death of the last of
+the node's workers that were alive at the cut (polled every 20 ms); it must stay within the
+lease TTL + 1 s.
 """
 
 from __future__ import annotations
@@ -13,19 +19,26 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from soak_cluster import Cluster, Step, wait_until
+import psutil
+from soak_cluster import Cluster, Step, read_lives, wait_until
 from soak_plan import Fault, FaultKind
 
 from elasticd.workers import proctree
+from tests.netfaults import ETCD, Faults
+
+SLOW_ETCD_S = 0.2
 
 
 class Injector:
     kind: ClassVar[FaultKind]
     bumps_round: ClassVar[bool] = True  # the fault must force a new round (else: any progress counts)
+    fences: ClassVar[bool] = False  # takes the node off etcd: its workers must be fenced in time
+    watches: ClassVar[bool] = False  # fenced_s: when the target's workers died
 
     def inject(self, c: Cluster, target: int) -> str:
         """Do the damage; a short description of what was hit."""
@@ -133,9 +146,125 @@ class HungRank(Injector):
         return "the rank never picked the trigger up"
 
 
+def _faults(c: Cluster) -> Faults:
+    if c.faults is None:
+        raise RuntimeError("partitions need the cluster in network namespaces (soak --netns)")
+    return c.faults
+
+
+def went_on_without(c: Cluster, base: Step) -> bool:
+    """The job ran a step in a newer round at less than full strength (without the cut node)."""
+    full = len(c.daemons)
+    return any(s.at >= base.at and s.round > base.round and s.world < full for s in c.progress.poll())
+
+
+class EtcdCut(Injector):
+    kind = FaultKind.ETCD_CUT
+    fences = True
+    watches = True
+
+    def inject(self, c: Cluster, target: int) -> str:
+        _faults(c).cut(target, ETCD)
+        return f"cut {c.node_ids[target]} from etcd"
+
+    def undo(self, c: Cluster, target: int, base: Step, timeout_s: float) -> str:
+        went_on = wait_until(lambda: went_on_without(c, base), timeout_s, 0.1)
+        _faults(c).heal()
+        return "healed" + ("" if went_on else " (the job never went on without the node)")
+
+
+class OneWayLoss(EtcdCut):
+    kind = FaultKind.ONE_WAY
+
+    def inject(self, c: Cluster, target: int) -> str:
+        others = [i for i in range(len(c.daemons)) if i != target]
+        _faults(c).drop_from(target, [ETCD, *others])
+        return f"drop all {c.node_ids[target]} sends"
+
+
+class PeerCut(Injector):
+    kind = FaultKind.PEER_CUT
+    watches = True
+
+    def inject(self, c: Cluster, target: int) -> str:
+        f = _faults(c)
+        for other in range(len(c.daemons)):
+            if other != target:
+                f.cut(target, other)
+        return f"cut {c.node_ids[target]} from its peers"
+
+    def undo(self, c: Cluster, target: int, base: Step, timeout_s: float) -> str:
+        # Nothing but the job's hang timeout notices a silent peer link: heal once a newer round's
+        # workers started (from their own life lines), so the fault really broke the round.
+        def newer_round() -> bool:
+            return any(life.what == "start" and life.round > base.round for life in read_lives(c.out))
+
+        moved = wait_until(newer_round, timeout_s, 0.2)
+        _faults(c).heal()
+        return "healed" + ("" if moved else " (no newer round started while cut)")
+
+
+class EtcdSlow(Injector):
+    kind = FaultKind.ETCD_SLOW
+
+    def inject(self, c: Cluster, target: int) -> str:
+        if c.proxy is None:
+            raise RuntimeError("a slow etcd needs the cluster's relay (soak --netns)")
+        c.proxy.delay_s = SLOW_ETCD_S
+        # A round under the slow etcd: without it the job would just go on.
+        killed = WorkerKill().inject(c, target)
+        return f"etcd requests +{SLOW_ETCD_S * 1000:.0f} ms, {killed}"
+
+    def undo(self, c: Cluster, target: int, base: Step, timeout_s: float) -> str:
+        full = len(c.daemons)
+        done = wait_until(
+            lambda: any(
+                s.round > base.round and s.world == full and s.at >= base.at for s in c.progress.poll()
+            ),
+            timeout_s,
+            0.2,
+        )
+        assert c.proxy is not None
+        c.proxy.delay_s = 0.0
+        return "recovered while slow, then sped up" if done else "sped up (no recovery while slow)"
+
+
 INJECTORS: dict[FaultKind, Injector] = {
-    i.kind: i for i in (WorkerKill(), DaemonKill(), DaemonStop(), EtcdRestart(), Drain(), HungRank())
-}
+    i.kind: i
+    for i in (
+        WorkerKill(), DaemonKill(), DaemonStop(), EtcdRestart(), Drain(), HungRank(),
+        EtcdCut(), OneWayLoss(), PeerCut(), EtcdSlow(),
+    )
+}  # fmt: skip
+
+
+class DeathWatch:
+    """When the last of ``procs`` died: a thread polls them every 20 ms (until ``stop``)."""
+
+    def __init__(self, procs: list[psutil.Process]) -> None:
+        self.procs = procs
+        self.dead_at: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="death-watch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if not any(_alive(p) for p in self.procs):
+                self.dead_at = time.time()
+                return
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 @dataclass
@@ -146,6 +275,8 @@ class FaultResult:
     note: str = ""
     survived: bool = False
     recover_s: float | None = None  # injection -> a step at full strength after the undo
+    fenced_s: float | None = None  # injection -> the target's last worker (alive at the cut) died
+    fence_bound_s: float | None = None  # what fenced_s must stay within (TTL + 1 s), for fencing faults
     resumed_s: float | None = None  # injection -> the first step of a newer round (any world)
     rounds: list[int] = field(default_factory=list)
 
@@ -165,6 +296,7 @@ def run_fault(c: Cluster, fault: Fault, clock0: float, timeout_s: float) -> Faul
     inj = INJECTORS[fault.kind]
     base = c.progress.last()
     assert base is not None
+    watch = DeathWatch(c.live_workers(fault.target)) if inj.watches else None
     t0 = time.time()
     result.started_s = round(t0 - clock0, 1)
     try:
@@ -175,7 +307,18 @@ def run_fault(c: Cluster, fault: Fault, clock0: float, timeout_s: float) -> Faul
         if fault.kind is FaultKind.DAEMON_STOP:
             with contextlib.suppress(Exception):
                 c.cont(fault.target)
+        if c.faults is not None:
+            c.faults.heal()
+        if c.proxy is not None:
+            c.proxy.delay_s = 0.0
         return result
+    finally:
+        if watch is not None:
+            watch.stop()
+            if watch.procs and watch.dead_at is not None:
+                result.fenced_s = round(watch.dead_at - t0, 2)
+    if inj.fences:
+        result.fence_bound_s = c.ttl_s + 1.0
     after = time.time()
     step = wait_until(lambda: recovered_step(c, base, after, inj.bumps_round), timeout_s, 0.2)
     newer = [s for s in c.progress.poll() if s.at >= t0 and s.round > base.round]

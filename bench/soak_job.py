@@ -15,6 +15,12 @@ The crash-loss contract (what ``soak_check.py`` holds the job to):
 - A **graceful stop** (SIGTERM from a drain, a node joining, a daemon stop:
   ``elasticd.worker.GracefulStop``) loses nothing: every rank stops after the same step and rank 0
   commits before leaving.
+- ``DIR/lives/<pid>`` is each worker's own life line: ``start ROUND RANK NODE TIME`` when the
+  process starts (before torch is imported), then ``alive ROUND RANK NODE TIME`` every 0.1 s from a
+  thread (it runs while the main thread waits in a collective) and ``step ROUND RANK NODE TIME
+  STEP WORLD`` after each step. A process killed stops writing: its last line is within 0.1 s
+  of its death. The soak checks from these, not from etcd, that two rounds never had live
+  workers at once (``soak_check.check_rounds_disjoint``).
 - ``DIR/progress`` is an *uncommitted* log, one line per completed step appended by rank 0
   (``step world round time``), so the soak can see the job advance and measure recovery. After a
   crash it shows the redone steps twice; the soak checks that each rollback is at most ``--every``.
@@ -31,14 +37,44 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import threading
 import time
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 
-from elasticd import worker
+class Life:
+    """This process's life line (``DIR/lives/<pid>``): started before torch is imported, so a
+    worker counts as live from (almost) its first instruction."""
+
+    def __init__(self, out: Path) -> None:
+        lives = out / "lives"
+        lives.mkdir(exist_ok=True)
+        self.tag = (
+            f"{os.environ.get('ELASTICD_ROUND', '0')} {os.environ.get('RANK', '-1')} "
+            + os.environ.get("ELASTICD_OWNER", "?")
+        )
+        self._f = open(lives / str(os.getpid()), "a", buffering=1)  # noqa: SIM115 (lives as long as we do)
+        self._lock = threading.Lock()
+        self.write("start")
+        threading.Thread(target=self._beat, name="life", daemon=True).start()
+
+    def write(self, what: str, extra: str = "") -> None:
+        with self._lock:
+            self._f.write(f"{what} {self.tag} {time.time():.3f}{extra}\n")
+
+    def _beat(self) -> None:
+        while True:
+            time.sleep(0.1)
+            self.write("alive")
+
+
+LIFE = Life(Path(os.environ["SOAK_OUT"])) if "SOAK_OUT" in os.environ else None
+
+import torch  # noqa: E402 (after the life line has started)
+import torch.distributed as dist  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+
+from elasticd import worker  # noqa: E402
 
 FEATURES = 8
 GLOBAL_BATCH = 12  # divisible by 1, 2, 3, 4 and 6 ranks
@@ -131,6 +167,8 @@ def main() -> None:
             ledger.append((step, world, round_no))
             with open(progress, "a") as f:
                 f.write(f"{step} {world} {round_no} {time.time():.3f}\n")
+        if LIFE is not None:
+            LIFE.write("step", f" {step} {world}")
         step += 1
         report_step(step)
         target = agreed_target(finish)

@@ -20,9 +20,15 @@ class FaultKind(StrEnum):
     ETCD_RESTART = "etcd_restart"  # kill -9 of etcd, then a restart on the same data dir
     DRAIN = "drain"  # drain a node, wait for the job to go on without it, undrain it
     HUNG_RANK = "hung_rank"  # one rank stops making progress (needs submit --hang-timeout)
+    # Partitions (need the cluster in network namespaces: soak_cluster, tests/netfaults.py):
+    ETCD_CUT = "etcd_cut"  # one node cut from etcd (both ways), not from its peers
+    PEER_CUT = "peer_cut"  # one node cut from its peers (both ways), not from etcd
+    ONE_WAY = "one_way_loss"  # everything one node sends is dropped; what it receives arrives
+    ETCD_SLOW = "etcd_slow"  # every request to etcd delayed 200 ms, and a worker killed meanwhile
 
 
 ALL_KINDS = tuple(FaultKind)
+PARTITION_KINDS = (FaultKind.ETCD_CUT, FaultKind.PEER_CUT, FaultKind.ONE_WAY, FaultKind.ETCD_SLOW)
 
 
 @dataclass(frozen=True)

@@ -205,6 +205,20 @@ class Topology:
         return left
 
 
+def remove_tagged(tag: str) -> list[str]:
+    """Remove what a ``Topology`` with this tag left behind when its owner died before ``destroy``
+    (killed by a test's timeout): kill what runs in its namespaces, delete them and the bridge.
+    Returns what was removed."""
+    topo = Topology(tag=tag)
+    existing = _ip("netns", "list", check=False).stdout.split()
+    topo._namespaces = [n for n in existing if n.startswith(f"eh{tag}-")]
+    links = _ip("-o", "link", "show", check=False).stdout
+    topo._bridge_created = f" {topo.bridge}:" in links
+    removed = [*topo._namespaces, *([topo.bridge] if topo._bridge_created else [])]
+    topo.destroy()
+    return removed
+
+
 class BridgeEtcd(EtcdServer):
     """A single etcd in the root namespace whose clients reach it on ``host`` (the bridge address).
 

@@ -1,34 +1,28 @@
 """The chaos soak (bench/soak.py), short: every fault kind at least once, then its end checks hold.
 
 The soak starts its own etcd and daemons (through tests/support.py) and cleans them up itself;
-this test bounds it, and on a timeout stops it (SIGTERM: its clean-up runs), then kills whatever
-carries its temp dir on the command line.
+``tests/soak_run.py`` bounds it, and on a timeout stops it and removes what it left.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
-import os
-import re
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support import PYTHON, REPO, etcd_available
+from tests.support import REPO, etcd_available
 
-BENCH = REPO / "bench"
-sys.path.append(str(BENCH))  # bench/ is scripts, not a package
+sys.path.append(str(REPO / "bench"))  # bench/ is scripts, not a package
 
-from bench_single import sweep  # noqa: E402
-from soak_check import allowed_key, check_crash_loss  # noqa: E402
-from soak_cluster import Step  # noqa: E402
-from soak_plan import ALL_KINDS, FaultKind, make_plan, parse_kinds  # noqa: E402
+from soak_check import allowed_key, check_crash_loss, check_rounds_disjoint
+from soak_cluster import LifeLine, Step
+from soak_plan import ALL_KINDS, PARTITION_KINDS, FaultKind, make_plan, parse_kinds
 
-from elasticd.etcd.keys import Keys  # noqa: E402
+from elasticd.etcd.keys import Keys
+from tests.netns import unavailable_reason as netns_unavailable
+from tests.soak_run import run_soak
 
 SEED = 20240610
 DURATION_S = 90
@@ -67,36 +61,49 @@ def test_crash_loss_bound_and_allowed_keys() -> None:
     assert not any(allowed_key(k, key, job, 7, live) for key in leaked)
 
 
+def test_rounds_disjoint_from_the_workers_own_lines() -> None:
+    def life(pid: int, rnd: int, at: float) -> LifeLine:
+        return LifeLine(pid, "alive", rnd, 0, "n", at)
+
+    apart = [
+        life(1, 0, 0.0),
+        life(2, 0, 0.5),
+        life(1, 0, 1.0),
+        life(3, 1, 1.2),
+        life(3, 1, 2.0),
+        life(4, 3, 2.5),
+    ]
+    assert check_rounds_disjoint(apart).ok
+    # A worker of round 0 still alive (a beat) after round 1's first worker started: two live rounds.
+    late = [*apart, life(2, 0, 1.3)]
+    check = check_rounds_disjoint(late)
+    assert not check.ok and "round 1 started" in check.detail
+    # Rounds are compared to every earlier one, not only the previous.
+    assert not check_rounds_disjoint([*apart, life(9, 0, 2.6)]).ok
+    assert not check_rounds_disjoint([]).ok  # no life line at all: the job never ran
+
+
 @pytest.mark.torch
-@pytest.mark.timeout(BOUND_S + 60)
+@pytest.mark.timeout(BOUND_S + 90)
 @pytest.mark.skipif(not etcd_available(), reason="no etcd binary")
 def test_soak_survives_every_fault_kind(tmp_path: Path) -> None:
+    """Every kind but three of the partitions (tests/integration/test_partitions.py runs each of
+    those); one partition among them, where network namespaces can be used (CI runs as root)."""
     pytest.importorskip("torch")
-    report = tmp_path / "soak.json"
-    log = tmp_path / "soak.log"
-    argv = [PYTHON, str(BENCH / "soak.py"), "--duration", str(DURATION_S), "--seed", str(SEED),
-            "--faults", "all", "--gap", "8", "--recover-timeout", "60", "--json", str(report)]  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    try:
-        proc.wait(BOUND_S)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-    finally:
-        text = log.read_text(errors="replace")
-        if m := re.search(r"dir=(\S+)", text):  # the soak's temp dir: anything still carrying it goes
-            sweep([m.group(1)])
-    assert proc.returncode == 0, text[-6000:]
-    result = json.loads(report.read_text())
+    kinds = [k.value for k in ALL_KINDS if k not in PARTITION_KINDS or k is FaultKind.ONE_WAY]
+    run = run_soak(
+        ["--duration", str(DURATION_S), "--seed", str(SEED), "--faults", ",".join(kinds), "--gap", "8",
+         "--recover-timeout", "60"],
+        tmp_path, BOUND_S,
+    )  # fmt: skip
+    text, result = run.text, run.result
+    assert run.returncode == 0, text[-6000:]
+    assert not run.leftovers, run.leftovers
     assert result["ok"] and result["state"] == "SUCCEEDED", text[-6000:]
     failed = [c for c in result["checks"] if not c["ok"]]
     assert not failed, failed
     injected = {row["kind"] for row in result["table"] if row["injected"] > 0}
     assert injected == set(result["kinds"]), result["table"]
     assert all(row["survived"] == row["injected"] for row in result["table"]), result["table"]
+    if netns_unavailable() is None:
+        assert FaultKind.ONE_WAY.value in injected, result["table"]
