@@ -251,7 +251,7 @@ trap - EXIT
     out = in_namespace(installed, script, timeout=180).stdout
     ping, nodes = out.split("\n", 1)
     assert ping == f"elasticd {VERSION} on node pkg-smoke: ok"
-    assert [n["node"] for n in json.loads(nodes)] == ["pkg-smoke"]
+    assert [n["node"] for n in json.loads(nodes)["nodes"]] == ["pkg-smoke"]
 
 
 def test_reinstall_is_idempotent_then_remove_and_purge(deb: Path, tmp_path: Path) -> None:
