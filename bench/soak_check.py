@@ -17,7 +17,7 @@ from soak_cluster import Cluster, LifeLine, Step, wait_until
 
 from elasticd.decode import DecodeError
 from elasticd.etcd.keys import KeyKind, Keys
-from elasticd.workers import proctree
+from elasticd.workers.proctree import tree as proctree
 
 
 @dataclass(frozen=True)

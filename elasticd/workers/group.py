@@ -23,15 +23,16 @@ from pathlib import Path
 from typing import Protocol
 
 from elasticd import log
-from elasticd.workers import proctree
-from elasticd.workers.limits import Placement
-from elasticd.workers.reaper import Reaper
-from elasticd.workers.spawn import SPAWN_FAILED, Identity, worker_preexec
-from elasticd.workers.tracking import JobTracking, NoJobTracking
+from elasticd.workers.cgroups.limits import Placement
+from elasticd.workers.cgroups.tracking import JobTracking, NoJobTracking
+from elasticd.workers.proctree import tree as proctree
+from elasticd.workers.proctree.reaper import Reaper
+from elasticd.workers.proctree.spawn import Identity, worker_preexec
+from elasticd.workers.zygote_program.shared import SPAWN_FAILED
 
 _log = log.get("elasticd.workers")
 
-__all__ = ["SPAWN_FAILED", "ColdSpawner", "Launch", "Spawner", "Worker", "WorkerGroup", "wall_clock"]
+__all__ = ["ColdSpawner", "Launch", "Spawner", "Worker", "WorkerGroup", "wall_clock"]
 
 _EPOCH = time.time() - time.monotonic()
 
@@ -128,7 +129,7 @@ def before_drop(procs_fd: int | None, limits: Placement | None) -> Callable[[], 
 
 class Spawner(Protocol):
     """How a group's workers come to be: exec'd afresh (``ColdSpawner``) or forked from the job's
-    warm zygote (``elasticd.workers.warm.WarmSpawner``). Both give a session leader with the
+    warm zygote (``elasticd.workers.warm.spawner.WarmSpawner``). Both give a session leader with the
     launch's identity, cwd, env, log and fds, in its tracking cgroup, with a parent-death signal."""
 
     @property

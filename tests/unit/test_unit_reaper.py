@@ -13,13 +13,15 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from elasticd.workers import cgroups, limits, proctree, reaper, tracking
+from elasticd.workers.cgroups import fs, kill, limits
+from elasticd.workers.proctree import reaper
+from elasticd.workers.proctree import tree as proctree
 
 
 def test_shared_names_agree() -> None:
     assert (reaper.OWNER_ENV, reaper.JOB_ENV) == (proctree.OWNER_ENV, proctree.JOB_ENV)
-    assert reaper.V2_JOBS == cgroups.V2_JOBS
-    assert reaper.KILL_WAIT_S == tracking.KILL_WAIT_S
+    assert reaper.V2_JOBS == fs.V2_JOBS
+    assert reaper.KILL_WAIT_S == kill.KILL_WAIT_S
 
 
 def _limits_accepts(name: str) -> bool:
@@ -61,7 +63,7 @@ def test_the_sidecar_runs_isolated_on_the_standard_library_only() -> None:
         maps = Path(f"/proc/{proc.pid}/maps").read_text()
         assert "site-packages" not in maps and "dist-packages" not in maps
         cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")
-        assert b"-I" in cmdline and b"-S" in cmdline and b"elasticd.workers.reaper" in cmdline
+        assert b"-I" in cmdline and b"-S" in cmdline and b"elasticd.workers.proctree.reaper" in cmdline
         proc.send_signal(signal.SIGTERM)  # ignored: a stop aimed at the daemon must not take it first
         proc.stdin.close()
         assert proc.wait(10) == 0
@@ -129,6 +131,9 @@ def test_a_fence_takes_what_carries_its_groups_zygote_marker() -> None:
 
 def test_python_m_still_runs_it() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "elasticd.workers.reaper", "unit-reaper-m"], input=b"", timeout=30, check=False
+        [sys.executable, "-m", "elasticd.workers.proctree.reaper", "unit-reaper-m"],
+        input=b"",
+        timeout=30,
+        check=False,
     )
     assert out.returncode == 0
