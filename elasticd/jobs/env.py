@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from elasticd.workers.proctree.tree import JOB_ENV, OWNER_ENV
+from elasticd.workers.proctree.markers import JOB_ENV, OWNER_ENV
 
 ROLE_NAME = "default"
 

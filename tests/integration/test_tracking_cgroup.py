@@ -21,7 +21,7 @@ from elasticd.workers.cgroups import tracking
 from elasticd.workers.cgroups.fs import V2_JOBS, KernelFs
 from elasticd.workers.cgroups.hierarchy import own_dir, parse_mountinfo, parse_proc_cgroup
 from elasticd.workers.cgroups.kill import remove_tree
-from elasticd.workers.proctree import tree as proctree
+from elasticd.workers.proctree import markers
 from elasticd.workers.proctree.reaper import Reaper
 from tests.conftest import DaemonFactory
 from tests.support import REPO, DaemonProc, alive_pid, wait_for, wait_log
@@ -58,7 +58,7 @@ def assert_escaped_all_but_the_cgroup(pid: int, worker: int, node: str, job_id: 
     proc = psutil.Process(pid)
     # The worker leads its own session and group (sid = pgid = its pid), whether or not it still runs.
     assert os.getsid(pid) not in (worker, os.getsid(0)) and os.getpgid(pid) != worker
-    assert proctree.OWNER_ENV not in proc.environ() and proc.ppid() != worker
+    assert markers.OWNER_ENV not in proc.environ() and proc.ppid() != worker
     assert f"/elasticd.jobs/{node}/{job_id}/rank_" in v2_cgroup(pid)
 
 

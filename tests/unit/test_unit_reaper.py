@@ -14,12 +14,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from elasticd.workers.cgroups import fs, kill, limits
-from elasticd.workers.proctree import reaper
-from elasticd.workers.proctree import tree as proctree
+from elasticd.workers.proctree import markers, reaper
 
 
 def test_shared_names_agree() -> None:
-    assert (reaper.OWNER_ENV, reaper.JOB_ENV) == (proctree.OWNER_ENV, proctree.JOB_ENV)
+    assert (reaper.OWNER_ENV, reaper.JOB_ENV) == (markers.OWNER_ENV, markers.JOB_ENV)
     assert reaper.V2_JOBS == fs.V2_JOBS
     assert reaper.KILL_WAIT_S == kill.KILL_WAIT_S
 
@@ -76,7 +75,7 @@ def test_the_sidecar_runs_isolated_on_the_standard_library_only() -> None:
 
 def test_a_marked_process_dies_with_the_pipe_and_a_fenced_group_at_the_deadline() -> None:
     owner = f"unit-reaper-{os.getpid()}"
-    env = dict(os.environ, **{proctree.OWNER_ENV: owner, proctree.JOB_ENV: "job-a"})
+    env = dict(os.environ, **{markers.OWNER_ENV: owner, markers.JOB_ENV: "job-a"})
     marked = subprocess.Popen(["sleep", "60"], env=env, start_new_session=True)
     fenced = subprocess.Popen(["sleep", "60"], start_new_session=True)
     unrelated = subprocess.Popen(["sleep", "60"], start_new_session=True)
@@ -107,7 +106,7 @@ def test_a_fence_takes_what_carries_its_groups_zygote_marker() -> None:
     owner = f"unit-reaper-z-{os.getpid()}"
 
     def marked(job: str) -> subprocess.Popen[bytes]:
-        env = dict(os.environ, **{proctree.OWNER_ENV: owner, proctree.JOB_ENV: job})
+        env = dict(os.environ, **{markers.OWNER_ENV: owner, markers.JOB_ENV: job})
         return subprocess.Popen(["sleep", "60"], env=env, start_new_session=True)
 
     ours, theirs = marked("zygote-0a1b"), marked("zygote-2c3d")

@@ -25,7 +25,7 @@ from elasticd.workers.cgroups.tracking import (
     members,
 )
 from elasticd.workers.group import ColdSpawner, Launch, WorkerGroup
-from elasticd.workers.proctree import tree as proctree
+from elasticd.workers.proctree import markers
 from tests.fakes import NoReaper
 
 
@@ -293,7 +293,7 @@ def _run_group(tmp_path: Path, tracker: Tracker, marker: str = "") -> tuple[int,
     ``marker``: the escapee's ``ELASTICD_JOB`` is that of the group's zygote instead of the job's."""
     pid_file = tmp_path / "escapee"
     log_fd = os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    env = dict(os.environ, **{proctree.OWNER_ENV: f"unit-{os.getpid()}", proctree.JOB_ENV: "job-1"})
+    env = dict(os.environ, **{markers.OWNER_ENV: f"unit-{os.getpid()}", markers.JOB_ENV: "job-1"})
     argv = (sys.executable, "-c", FORK_ESCAPEE, str(pid_file), *([marker] if marker else []))
     launch = Launch(0, 0, argv, env, str(tmp_path), log_fd, tmp_path / "log", tmp_path / "error.json")
 

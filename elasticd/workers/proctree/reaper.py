@@ -29,7 +29,7 @@ and runs isolated (``-I``: no environment, no user site, no cwd on ``sys.path``)
 ``site`` (``-S``: no site-packages): it idles at about 9 MB RSS instead of 25 MB with psutil,
 structlog and the package's cgroup code loaded, and nothing on a user's path can run in it as
 root. So it repeats, in a few lines, the kernel mechanics it needs from ``workers.cgroups.kill``
-(``cgroup.kill``, rmdir with retries), ``workers.proctree.tree`` (the environment marker, read
+(``cgroup.kill``, rmdir with retries), ``workers.proctree.markers`` (the environment marker, read
 from ``/proc/<pid>/environ``) and ``workers.cgroups.limits`` (the job-id check), and logs JSON lines itself;
 ``tests/unit/test_unit_reaper.py`` checks that the shared names and rules agree.
 """
@@ -52,8 +52,8 @@ if TYPE_CHECKING:
     from typing import Any
 
 # Shared with the daemon's modules (tests/unit/test_unit_reaper.py checks that they agree).
-OWNER_ENV = "ELASTICD_OWNER"  # workers.proctree.tree
-JOB_ENV = "ELASTICD_JOB"  # workers.proctree.tree
+OWNER_ENV = "ELASTICD_OWNER"  # workers.proctree.markers
+JOB_ENV = "ELASTICD_JOB"  # workers.proctree.markers
 _ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
 V2_JOBS = "elasticd.jobs"  # workers.cgroups.fs: the parent of every daemon's base on this host
 KILL_WAIT_S = 5.0  # workers.cgroups.kill: how long a sweep waits for the kernel to empty the base

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 
 from elasticd.workers.group import before_drop
+from elasticd.workers.proctree.markers import JOB_ENV
 from elasticd.workers.proctree.spawn import Identity, worker_preexec
-from elasticd.workers.proctree.tree import JOB_ENV
 from elasticd.workers.zygote_program.shared import BOOT_FILE, PROGRAM_NAME
 
 SNDBUF = 4 << 20  # a fork request carries one rank's argv and env
