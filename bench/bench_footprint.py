@@ -268,7 +268,7 @@ class Setup:
         import psutil
 
         for child in psutil.Process(self.proc.pid).children():
-            if "elasticd.workers.reaper" in " ".join(child.cmdline()) or "reaper" in child.name():
+            if "elasticd.workers.proctree.reaper" in " ".join(child.cmdline()) or "reaper" in child.name():
                 return child
         raise RuntimeError("the daemon has no reaper child")
 

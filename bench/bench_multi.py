@@ -51,7 +51,7 @@ from bench_single import _killpg, _live, _popen, _stop, render_daemon_line, swee
 from elasticd import log as elasticd_log
 from elasticd.etcd.embedded import EmbeddedEtcd
 from elasticd.netaddr import free_port
-from elasticd.workers import proctree
+from elasticd.workers.proctree import tree as proctree
 
 REPO = single.REPO
 WORKER = REPO / "bench" / "multi_worker.py"
@@ -312,14 +312,14 @@ class Daemon:
 
 def node_processes(node_id: str) -> list[psutil.Process]:
     """The node's workers (and anything they started), found by elasticd's own owner marker,
-    plus its reaper sidecar (``python -m elasticd.workers.reaper <node>``)."""
+    plus its reaper sidecar (``python -m elasticd.workers.proctree.reaper <node>``)."""
     found = proctree.marked(node_id)
     for proc in psutil.process_iter():
         try:
             cmd = proc.cmdline()
         except (psutil.Error, OSError):
             continue
-        if "elasticd.workers.reaper" in cmd and node_id in cmd:
+        if "elasticd.workers.proctree.reaper" in cmd and node_id in cmd:
             found.append(proc)
     return found
 

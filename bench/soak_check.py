@@ -17,7 +17,8 @@ from soak_cluster import Cluster, LifeLine, Step, wait_until
 
 from elasticd.decode import DecodeError
 from elasticd.etcd.keys import KeyKind, Keys
-from elasticd.workers import proctree
+from elasticd.workers.proctree import markers
+from elasticd.workers.proctree import tree as proctree
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,7 @@ def job_processes(job_id: str) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter():
         try:
-            if proc.environ().get(proctree.JOB_ENV) == job_id:
+            if proc.environ().get(markers.JOB_ENV) == job_id:
                 found.append(proc)
         except (psutil.Error, OSError):
             continue

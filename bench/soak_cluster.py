@@ -28,7 +28,7 @@ if str(REPO) not in sys.path:
 import psutil  # noqa: E402
 
 from elasticd.etcd.client import EtcdClient  # noqa: E402
-from elasticd.workers import proctree  # noqa: E402
+from elasticd.workers.proctree import tree as proctree  # noqa: E402
 from tests.netfaults import DelayProxy, Faults  # noqa: E402
 from tests.netns import IFNAME, BridgeEtcd, NetnsDaemon, Topology  # noqa: E402
 from tests.support import PYTHON, DaemonProc, EtcdServer, unique  # noqa: E402

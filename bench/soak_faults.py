@@ -28,7 +28,7 @@ import psutil
 from soak_cluster import Cluster, Step, read_lives, wait_until
 from soak_plan import Fault, FaultKind
 
-from elasticd.workers import proctree
+from elasticd.workers.proctree import tree as proctree
 from tests.netfaults import ETCD, Faults
 
 SLOW_ETCD_S = 0.2

@@ -68,7 +68,7 @@ def submit_request(ns: argparse.Namespace, gpus: Callable[[], int]) -> tuple[Sub
     kind, entry, python = resolve_entry(ns.target, ns.module, ns.no_python, cwd, env, ns.python)
     memory_limit = None
     if ns.memory_limit is not None:
-        from elasticd.workers.limits import parse_size  # the daemon's module: only for this option
+        from elasticd.workers.cgroups.limits import parse_size  # the daemon's module: only for this option
 
         try:
             memory_limit = parse_size(ns.memory_limit)

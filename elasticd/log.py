@@ -102,7 +102,7 @@ class _Logger:
     """structlog's logger for ``name``, looked up on its first use.
 
     ``import structlog`` (and the asyncio it imports) costs ~45 ms; every ``elasticctl`` call
-    would pay it for the modules it shares with the daemon (``decode``, ``workers.limits``)
+    would pay it for the modules it shares with the daemon (``decode``, say)
     although it never logs through them. So modules keep ``_log = log.get(...)`` at import time,
     and structlog is imported when something is first logged (or ``configure`` runs)."""
 

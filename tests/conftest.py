@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from elasticd.workers.limits import detect
+from elasticd.workers.cgroups.hierarchy import detect
 from tests.support import DaemonProc, EtcdServer, unique
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -114,7 +114,7 @@ class ScriptedGateway:
         self.server.server_close()
 
 
-# --- fake zygotes: small programs run by the real loader in place of zygote_boot ------------------
+# --- fake zygotes: small programs run by the real loader in place of zygote_program.boot ------------------
 
 FAKE_ZYGOTE_HEAD = """
 import json, os, signal, socket, sys, time

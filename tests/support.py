@@ -23,7 +23,7 @@ from elasticd.etcd.client import EtcdClient
 from elasticd.etcd.embedded import find_etcd_binary
 from elasticd.etcd.types import EtcdAuth
 from elasticd.netaddr import free_port
-from elasticd.workers import proctree
+from elasticd.workers.proctree import tree as proctree
 
 if TYPE_CHECKING:
     from tests.tls import CertFiles
@@ -380,7 +380,7 @@ def log_events(daemon: DaemonProc, name: str | None = None, **fields: Any) -> li
 
 
 def parked_zygotes(daemon: DaemonProc) -> set[int]:
-    """Pids of the zygotes ``daemon`` parked (``workers.zygote_pool``) and has not let go since."""
+    """Pids of the zygotes ``daemon`` parked (``workers.warm.pool``) and has not let go since."""
     last: dict[int, str] = {}
     for event in log_events(daemon):
         if str(event.get("event", "")).startswith("zygote.") and isinstance(event.get("pid"), int):

@@ -38,11 +38,11 @@ from elasticd.node.liveness import LivenessServer
 from elasticd.node.registry import NodeRegistry
 from elasticd.node.statedir import StateDir
 from elasticd.trustedpath import read_secret
-from elasticd.workers.limits import detect
-from elasticd.workers.pool_decider import Limits
-from elasticd.workers.reaper import Reaper
-from elasticd.workers.tracking import detect as detect_tracking
-from elasticd.workers.zygote_pool import ZygotePool
+from elasticd.workers.cgroups.hierarchy import detect
+from elasticd.workers.cgroups.tracking import detect as detect_tracking
+from elasticd.workers.proctree.reaper import Reaper
+from elasticd.workers.warm.pool import ZygotePool
+from elasticd.workers.warm.pool_decider import Limits
 
 _log = log.get("elasticd.daemon")
 

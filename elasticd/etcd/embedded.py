@@ -42,7 +42,7 @@ from pathlib import Path
 from elasticd import log
 from elasticd.errors import ConfigError, EtcdUnavailable
 from elasticd.etcd.client import EtcdClient
-from elasticd.workers.spawn import child_env, die_with_parent
+from elasticd.workers.proctree.spawn import child_env, die_with_parent
 
 _log = log.get("elasticd.etcd")
 

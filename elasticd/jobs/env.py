@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from elasticd.workers.proctree import JOB_ENV, OWNER_ENV
+from elasticd.workers.proctree.markers import JOB_ENV, OWNER_ENV
 
 ROLE_NAME = "default"
 
@@ -68,7 +68,7 @@ def worker_env(
 
 def zygote_env(base: Mapping[str, str], run_id: str, owner: str) -> dict[str, str]:
     """What every worker of the job on this node has in common, whatever its rank and attempt: the
-    environment of the job's zygote (``elasticd.workers.zygote``), which imports torch with what
+    environment of the job's zygote (``elasticd.workers.warm.zygote``), which imports torch with what
     libraries read at load time (``OMP_NUM_THREADS``: OpenMP and OpenBLAS size their pools then).
     It carries the node's and job's markers, which its forked workers keep in their
     ``/proc/<pid>/environ`` (what ``proctree.marked`` reads) whatever their ``os.environ``."""

@@ -10,7 +10,7 @@ import os
 import pwd
 
 from elasticd.jobs.spec import JobSpec
-from elasticd.workers.spawn import Identity
+from elasticd.workers.proctree.spawn import Identity
 
 
 def switch_to(spec: JobSpec) -> Identity | None:

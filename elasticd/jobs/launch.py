@@ -32,13 +32,13 @@ from elasticd.progress.timeouts import HangPolicy
 from elasticd.progress.tracker import RankProgress
 from elasticd.progress.watch import HangWatch, WatchedRank
 from elasticd.rendezvous.model import Member, RoundResult
+from elasticd.workers.cgroups.limits import LimitBackend, LimitError, Placement, ResourceLimits, RlimitBackend
+from elasticd.workers.cgroups.tracking import NoTracker, Tracker
 from elasticd.workers.group import ColdSpawner, Launch, Spawner, Worker, WorkerGroup, wall_clock
-from elasticd.workers.limits import LimitBackend, LimitError, Placement, ResourceLimits, RlimitBackend
-from elasticd.workers.reaper import Reaper
-from elasticd.workers.tracking import NoTracker, Tracker
-from elasticd.workers.warm import WarmSpawner
-from elasticd.workers.zygote import Zygote
-from elasticd.workers.zygote_pool import ZygotePool
+from elasticd.workers.proctree.reaper import Reaper
+from elasticd.workers.warm.pool import ZygotePool
+from elasticd.workers.warm.spawner import WarmSpawner
+from elasticd.workers.warm.zygote import Zygote
 
 _log = log.get("elasticd.launch")
 

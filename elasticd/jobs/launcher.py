@@ -1,6 +1,6 @@
 """One job's workers on this node, attempt after attempt (``elasticd.agent.seams.Launcher``), and
 the job's zygote: adopted from the node's pool or started when the job is admitted, offered back
-to the pool when the agent leaves (``elasticd.workers.zygote_pool``)."""
+to the pool when the agent leaves (``elasticd.workers.warm.pool``)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from elasticd.jobs.pathcheck import check_paths
 from elasticd.jobs.spec import JobSpec
 from elasticd.jobs.terms import EntryKind
 from elasticd.rendezvous.model import Member, RoundResult
-from elasticd.workers.limits import ResourceLimits
-from elasticd.workers.zygote import Zygote, ZygoteSetup
+from elasticd.workers.cgroups.limits import ResourceLimits
+from elasticd.workers.warm.zygote import Zygote, ZygoteSetup
 
 _log = log.get("elasticd.launch")
 

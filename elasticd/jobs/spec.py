@@ -138,7 +138,7 @@ class JobSpec:
     hang_timeout_s: float | None = None  # a rank without progress this long hangs; None: see auto
     hang_timeout_auto: bool = False  # learn the hang timeout from the job's own step times
     max_same_failures: int = 3  # stop after failing the same way this often with no progress; 0: never
-    warm: bool = True  # fork workers from a per-job zygote that imported torch once (workers.zygote)
+    warm: bool = True  # fork workers from a per-job zygote that imported torch once (workers.warm)
     preload: tuple[str, ...] = ()  # modules the zygote imports besides torch
     priority: int = 0  # admission order among pending jobs, higher first (above 0: root and admins)
 

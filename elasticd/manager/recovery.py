@@ -24,7 +24,7 @@ from elasticd.node.statedir import StateDir
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.model import RoundInfo, RoundReason
 from elasticd.rendezvous.store import JobStore, Seen
-from elasticd.workers import proctree
+from elasticd.workers.proctree import tree as proctree
 
 _log = log.get("elasticd.jobs")
 

@@ -32,7 +32,7 @@ from elasticd.etcd.types import KeyValue
 from elasticd.jobs.spec import valid_job_id, valid_node_id
 from elasticd.node.inventory import Gpu
 from elasticd.rendezvous.model import DrainRecord
-from elasticd.workers.reaper import Reaper
+from elasticd.workers.proctree.reaper import Reaper
 
 _log = log.get("elasticd.registry")
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 
 from elasticd.progress.stacks import StackError, ThreadStack, parse_dump
-from elasticd.workers.spawn import Identity, worker_preexec
+from elasticd.workers.proctree.spawn import Identity, worker_preexec
 
 PY_SPY_TIMEOUT_S = 15.0
 MAX_OUTPUT = 4 << 20

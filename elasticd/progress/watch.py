@@ -35,7 +35,7 @@ from elasticd.progress.protocol import Phase, Report
 from elasticd.progress.sampler import Dump, dump_stacks, tree_cpu_seconds
 from elasticd.progress.timeouts import HangPolicy, TimeoutLearner
 from elasticd.progress.tracker import RankProgress, RankTracker
-from elasticd.workers.spawn import Identity
+from elasticd.workers.proctree.spawn import Identity
 
 _log = log.get("elasticd.progress")
 

@@ -23,15 +23,17 @@ from pathlib import Path
 from typing import Protocol
 
 from elasticd import log
-from elasticd.workers import proctree
-from elasticd.workers.limits import Placement
-from elasticd.workers.reaper import Reaper
-from elasticd.workers.spawn import SPAWN_FAILED, Identity, worker_preexec
-from elasticd.workers.tracking import JobTracking, NoJobTracking
+from elasticd.workers.cgroups.limits import Placement
+from elasticd.workers.cgroups.tracking import JobTracking, NoJobTracking
+from elasticd.workers.proctree import tree as proctree
+from elasticd.workers.proctree.markers import JOB_ENV, OWNER_ENV
+from elasticd.workers.proctree.reaper import Reaper
+from elasticd.workers.proctree.spawn import Identity, worker_preexec
+from elasticd.workers.zygote_program.shared import SPAWN_FAILED
 
 _log = log.get("elasticd.workers")
 
-__all__ = ["SPAWN_FAILED", "ColdSpawner", "Launch", "Spawner", "Worker", "WorkerGroup", "wall_clock"]
+__all__ = ["ColdSpawner", "Launch", "Spawner", "Worker", "WorkerGroup", "wall_clock"]
 
 _EPOCH = time.time() - time.monotonic()
 
@@ -128,7 +130,7 @@ def before_drop(procs_fd: int | None, limits: Placement | None) -> Callable[[], 
 
 class Spawner(Protocol):
     """How a group's workers come to be: exec'd afresh (``ColdSpawner``) or forked from the job's
-    warm zygote (``elasticd.workers.warm.WarmSpawner``). Both give a session leader with the
+    warm zygote (``elasticd.workers.warm.spawner.WarmSpawner``). Both give a session leader with the
     launch's identity, cwd, env, log and fds, in its tracking cgroup, with a parent-death signal."""
 
     @property
@@ -201,7 +203,7 @@ class WorkerGroup:
 
     @property
     def _job(self) -> str | None:
-        return self.launches[0].env.get(proctree.JOB_ENV) if self.launches else None
+        return self.launches[0].env.get(JOB_ENV) if self.launches else None
 
     async def start(self) -> None:
         """Spawn every worker, once. Must run on the event-loop thread (see ``spawn``). Closes
@@ -248,7 +250,7 @@ class WorkerGroup:
         finally:
             if procs_fd is not None:
                 os.close(procs_fd)
-        job = launch.env.get(proctree.JOB_ENV)
+        job = launch.env.get(JOB_ENV)
         self._reaper.track(pid, job if self._fence else None, sorted(self._spawner.markers()))
         _log.debug("worker.started", rank=launch.rank, pid=pid, mode=self._spawner.mode)
         rank = launch.rank
@@ -277,7 +279,7 @@ class WorkerGroup:
         if not self.launches:
             return []
         env = self.launches[0].env
-        owner, job = env.get(proctree.OWNER_ENV), env.get(proctree.JOB_ENV)
+        owner, job = env.get(OWNER_ENV), env.get(JOB_ENV)
         if owner is None or job is None:
             return []
         spared = self._spawner.spared()

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from elasticd.workers.limits import LimitBackend, Placement, ResourceLimits, detect
+from elasticd.workers.cgroups.hierarchy import detect
+from elasticd.workers.cgroups.limits import LimitBackend, Placement, ResourceLimits
 
 pytestmark = [pytest.mark.root, pytest.mark.timeout(120)]
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from elasticd.workers.spawn import SPAWN_FAILED, Identity, worker_preexec
+from elasticd.workers.proctree.spawn import Identity, worker_preexec
+from elasticd.workers.zygote_program.shared import SPAWN_FAILED
 from tests.conftest import DaemonFactory
 from tests.support import wait_for
 from tests.users import NOBODY, OTHER_USERS, SYSTEM_PYTHON, as_user, public_daemon, public_dir

@@ -17,10 +17,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from elasticd.workers import proctree, tracking
-from elasticd.workers.cgroups import V2_JOBS, KernelFs
-from elasticd.workers.limits import own_dir, parse_mountinfo, parse_proc_cgroup
-from elasticd.workers.reaper import Reaper
+from elasticd.workers.cgroups import tracking
+from elasticd.workers.cgroups.fs import V2_JOBS, KernelFs
+from elasticd.workers.cgroups.hierarchy import own_dir, parse_mountinfo, parse_proc_cgroup
+from elasticd.workers.cgroups.kill import remove_tree
+from elasticd.workers.proctree import markers
+from elasticd.workers.proctree.reaper import Reaper
 from tests.conftest import DaemonFactory
 from tests.support import REPO, DaemonProc, alive_pid, wait_for, wait_log
 
@@ -56,7 +58,7 @@ def assert_escaped_all_but_the_cgroup(pid: int, worker: int, node: str, job_id: 
     proc = psutil.Process(pid)
     # The worker leads its own session and group (sid = pgid = its pid), whether or not it still runs.
     assert os.getsid(pid) not in (worker, os.getsid(0)) and os.getpgid(pid) != worker
-    assert proctree.OWNER_ENV not in proc.environ() and proc.ppid() != worker
+    assert markers.OWNER_ENV not in proc.environ() and proc.ppid() != worker
     assert f"/elasticd.jobs/{node}/{job_id}/rank_" in v2_cgroup(pid)
 
 
@@ -133,7 +135,9 @@ def test_recovery_takes_what_a_crashed_daemon_and_its_reaper_left(
     pid, worker = escapee(tmp_path, 0)
     assert_escaped_all_but_the_cgroup(pid, worker, d.node_id, job_id)
     assert d.proc is not None
-    reapers = [p for p in psutil.Process(d.proc.pid).children() if "elasticd.workers.reaper" in p.cmdline()]
+    reapers = [
+        p for p in psutil.Process(d.proc.pid).children() if "elasticd.workers.proctree.reaper" in p.cmdline()
+    ]
     assert len(reapers) == 1
     reapers[0].kill()
     wait_for(lambda: not alive_pid(reapers[0].pid), 15, what="the reaper to die")  # the daemon's zombie
@@ -165,7 +169,9 @@ def test_recovery_takes_a_parked_zygote_that_outlived_its_daemon_and_reaper(
     pid = wait_log(d, "zygote.parked", job=job_id)["pid"]
     assert v2_cgroup(pid).endswith(f"/elasticd.jobs/{d.node_id}/{tracking.POOL_LEAF}")
     assert d.proc is not None
-    reapers = [p for p in psutil.Process(d.proc.pid).children() if "elasticd.workers.reaper" in p.cmdline()]
+    reapers = [
+        p for p in psutil.Process(d.proc.pid).children() if "elasticd.workers.proctree.reaper" in p.cmdline()
+    ]
     reapers[0].kill()
     wait_for(lambda: not alive_pid(reapers[0].pid), 15, what="the reaper to die")
     d.kill9()
@@ -205,6 +211,6 @@ def test_the_reapers_fence_takes_the_jobs_cgroup(tmp_path: Path) -> None:
             sleeper.kill()
             sleeper.wait()
         reaper.close()
-        tracking.remove_tree(KernelFs(), job.path)
+        remove_tree(KernelFs(), job.path)
         tracker.release()
     assert not tracker.base.exists()

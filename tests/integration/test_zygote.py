@@ -102,7 +102,7 @@ def test_a_warm_worker_is_indistinguishable_from_a_cold_one(daemon: DaemonProc, 
     assert spawned_modes(daemon, warm_job) == ["warm", "warm"], "not every attempt was forked"
     assert spawned_modes(daemon, cold_job) == ["cold", "cold"], "--no-warm forked"
     assert not log_events(daemon, "zygote.spawned", job=cold_job), "--no-warm started a zygote"
-    wait_log(daemon, "zygote.parked", job=warm_job)  # kept for the next identical job (zygote_pool)
+    wait_log(daemon, "zygote.parked", job=warm_job)  # kept for the next identical job (warm.pool)
 
 
 def test_a_crash_prints_the_scripts_traceback_as_python_does(daemon: DaemonProc, tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from elasticd.workers.tracking import POOL_LEAF
+from elasticd.workers.cgroups.tracking import POOL_LEAF
 from tests.conftest import DaemonFactory
 from tests.integration.test_zygote import assert_like_cold, run_contract, spawned_modes
 from tests.support import DaemonProc, alive_pid, log_events, submit_job, wait_for, wait_log

@@ -50,7 +50,7 @@ NOT_BEFORE_SUBMIT = (
     "elasticd.jobs.spec",
     "elasticd.decode",
     "elasticd.log",
-    "elasticd.workers.limits",
+    "elasticd.workers.cgroups.limits",
     "datetime",
     "uuid",
 )
@@ -124,7 +124,7 @@ PURE = (
     "elasticd.jobs.rate",
     "elasticd.jobs.queue",
     "elasticd.wire",
-    "elasticd.workers.pool_decider",
+    "elasticd.workers.warm.pool_decider",
 )
 HEAVY = ("elasticd.etcd.client", "http.client", "zmq", "psutil", "torch")
 

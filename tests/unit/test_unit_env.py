@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import pytest
 
 from elasticd.jobs.env import ROLE_NAME, WorldLayout, worker_env
-from elasticd.workers.proctree import JOB_ENV, OWNER_ENV
+from elasticd.workers.proctree.markers import JOB_ENV, OWNER_ENV
 
 LAYOUT = WorldLayout(
     round=0,

@@ -1,4 +1,4 @@
-"""elasticd.workers.limits and .cgroups: sizes, backends against a fake cgroupfs, detection, preexec."""
+"""elasticd.workers.cgroups: sizes, backends against a fake cgroupfs, detection, preexec."""
 
 from __future__ import annotations
 
@@ -11,26 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from elasticd.workers import limits
-from elasticd.workers.cgroups import (
-    CFS_PERIOD_US,
-    V1_JOBS,
-    V2_DAEMON,
-    V2_JOBS,
-    CgroupPlacement,
-    CgroupV1Backend,
-    CgroupV2Backend,
-    KernelFs,
-)
-from elasticd.workers.limits import (
+from elasticd.workers.cgroups import limits
+from elasticd.workers.cgroups.backends import CFS_PERIOD_US, CgroupPlacement, CgroupV1Backend, CgroupV2Backend
+from elasticd.workers.cgroups.fs import V1_JOBS, V2_DAEMON, V2_JOBS, KernelFs
+from elasticd.workers.cgroups.hierarchy import detect, own_dir, parse_mountinfo, parse_proc_cgroup
+from elasticd.workers.cgroups.limits import (
     LimitBackend,
     LimitError,
     ResourceLimits,
     RlimitBackend,
-    detect,
-    own_dir,
-    parse_mountinfo,
-    parse_proc_cgroup,
     parse_size,
     pick_cores,
 )

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from elasticd.workers import pool_decider as pd
-from elasticd.workers.pool_decider import Adopt, Check, EntryState, Forget, Limits, Park, Pool, Stop, Why
+from elasticd.workers.warm import pool_decider as pd
+from elasticd.workers.warm.pool_decider import Adopt, Check, EntryState, Forget, Limits, Park, Pool, Stop, Why
 
 
 @dataclass(frozen=True)

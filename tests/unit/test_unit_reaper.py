@@ -13,13 +13,14 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from elasticd.workers import cgroups, limits, proctree, reaper, tracking
+from elasticd.workers.cgroups import fs, kill, limits
+from elasticd.workers.proctree import markers, reaper
 
 
 def test_shared_names_agree() -> None:
-    assert (reaper.OWNER_ENV, reaper.JOB_ENV) == (proctree.OWNER_ENV, proctree.JOB_ENV)
-    assert reaper.V2_JOBS == cgroups.V2_JOBS
-    assert reaper.KILL_WAIT_S == tracking.KILL_WAIT_S
+    assert (reaper.OWNER_ENV, reaper.JOB_ENV) == (markers.OWNER_ENV, markers.JOB_ENV)
+    assert reaper.V2_JOBS == fs.V2_JOBS
+    assert reaper.KILL_WAIT_S == kill.KILL_WAIT_S
 
 
 def _limits_accepts(name: str) -> bool:
@@ -61,7 +62,7 @@ def test_the_sidecar_runs_isolated_on_the_standard_library_only() -> None:
         maps = Path(f"/proc/{proc.pid}/maps").read_text()
         assert "site-packages" not in maps and "dist-packages" not in maps
         cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")
-        assert b"-I" in cmdline and b"-S" in cmdline and b"elasticd.workers.reaper" in cmdline
+        assert b"-I" in cmdline and b"-S" in cmdline and b"elasticd.workers.proctree.reaper" in cmdline
         proc.send_signal(signal.SIGTERM)  # ignored: a stop aimed at the daemon must not take it first
         proc.stdin.close()
         assert proc.wait(10) == 0
@@ -74,7 +75,7 @@ def test_the_sidecar_runs_isolated_on_the_standard_library_only() -> None:
 
 def test_a_marked_process_dies_with_the_pipe_and_a_fenced_group_at_the_deadline() -> None:
     owner = f"unit-reaper-{os.getpid()}"
-    env = dict(os.environ, **{proctree.OWNER_ENV: owner, proctree.JOB_ENV: "job-a"})
+    env = dict(os.environ, **{markers.OWNER_ENV: owner, markers.JOB_ENV: "job-a"})
     marked = subprocess.Popen(["sleep", "60"], env=env, start_new_session=True)
     fenced = subprocess.Popen(["sleep", "60"], start_new_session=True)
     unrelated = subprocess.Popen(["sleep", "60"], start_new_session=True)
@@ -105,7 +106,7 @@ def test_a_fence_takes_what_carries_its_groups_zygote_marker() -> None:
     owner = f"unit-reaper-z-{os.getpid()}"
 
     def marked(job: str) -> subprocess.Popen[bytes]:
-        env = dict(os.environ, **{proctree.OWNER_ENV: owner, proctree.JOB_ENV: job})
+        env = dict(os.environ, **{markers.OWNER_ENV: owner, markers.JOB_ENV: job})
         return subprocess.Popen(["sleep", "60"], env=env, start_new_session=True)
 
     ours, theirs = marked("zygote-0a1b"), marked("zygote-2c3d")
@@ -129,6 +130,9 @@ def test_a_fence_takes_what_carries_its_groups_zygote_marker() -> None:
 
 def test_python_m_still_runs_it() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "elasticd.workers.reaper", "unit-reaper-m"], input=b"", timeout=30, check=False
+        [sys.executable, "-m", "elasticd.workers.proctree.reaper", "unit-reaper-m"],
+        input=b"",
+        timeout=30,
+        check=False,
     )
     assert out.returncode == 0

@@ -1,4 +1,4 @@
-"""elasticd.workers.tracking against a fake unified hierarchy, and the fallback where there is none."""
+"""workers.cgroups.tracking against a fake unified hierarchy, and the fallback where there is none."""
 
 from __future__ import annotations
 
@@ -13,10 +13,8 @@ import psutil
 import pytest
 
 from elasticd.jobs.spec import valid_job_id
-from elasticd.workers import proctree
-from elasticd.workers.cgroups import V2_DAEMON, V2_JOBS, KernelFs
-from elasticd.workers.group import ColdSpawner, Launch, WorkerGroup
-from elasticd.workers.tracking import (
+from elasticd.workers.cgroups.fs import V2_DAEMON, V2_JOBS, KernelFs
+from elasticd.workers.cgroups.tracking import (
     POOL_LEAF,
     CgroupJob,
     CgroupTracker,
@@ -26,6 +24,8 @@ from elasticd.workers.tracking import (
     kill_cgroup,
     members,
 )
+from elasticd.workers.group import ColdSpawner, Launch, WorkerGroup
+from elasticd.workers.proctree import markers
 from tests.fakes import NoReaper
 
 
@@ -238,7 +238,7 @@ def test_sweep_kills_and_removes_every_job_and_release_the_levels(
 def test_the_pools_leaf_holds_parked_zygotes_and_goes_with_the_base(
     tmp_path: Path, tracker: CgroupTracker, fs: FakeUnified
 ) -> None:
-    """Parked zygotes (zygote_pool) live in ``<base>/_zygotes``, which no job id can name; the pool's
+    """Parked zygotes (warm.pool) live in ``<base>/_zygotes``, which no job id can name; the pool's
     close kills and removes it, and so does a restarted daemon's sweep of the base."""
     for bad in (POOL_LEAF, "_probe-1"):
         assert not valid_job_id(bad)
@@ -293,7 +293,7 @@ def _run_group(tmp_path: Path, tracker: Tracker, marker: str = "") -> tuple[int,
     ``marker``: the escapee's ``ELASTICD_JOB`` is that of the group's zygote instead of the job's."""
     pid_file = tmp_path / "escapee"
     log_fd = os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    env = dict(os.environ, **{proctree.OWNER_ENV: f"unit-{os.getpid()}", proctree.JOB_ENV: "job-1"})
+    env = dict(os.environ, **{markers.OWNER_ENV: f"unit-{os.getpid()}", markers.JOB_ENV: "job-1"})
     argv = (sys.executable, "-c", FORK_ESCAPEE, str(pid_file), *([marker] if marker else []))
     launch = Launch(0, 0, argv, env, str(tmp_path), log_fd, tmp_path / "log", tmp_path / "error.json")
 

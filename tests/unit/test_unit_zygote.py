@@ -1,6 +1,6 @@
 """The zygote: its program's pure parts, and the daemon's side against fake zygotes that lie.
 
-Fake zygotes are small programs run by the real loader in place of ``zygote_boot``: they speak
+Fake zygotes are small programs run by the real loader in place of ``zygote_program.boot``: they speak
 the protocol, but report pids that are not theirs, exits of children that still run, garbage."""
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ from typing import Any
 
 import pytest
 
-from elasticd.workers import zygote as zy
-from elasticd.workers import zygote_boot as boot
-from elasticd.workers import zygote_child as child
-from elasticd.workers import zygote_spawn
-from elasticd.workers import zygote_wire as wire
 from elasticd.workers.group import Launch
+from elasticd.workers.warm import spawn as zygote_spawn
+from elasticd.workers.warm import wire
+from elasticd.workers.warm import zygote as zy
+from elasticd.workers.zygote_program import boot, child
 from tests.fakes import FAKE_ZYGOTE_HEAD, READY, NoReaper, until
 
 pytestmark = pytest.mark.timeout(60)

@@ -1,5 +1,5 @@
-"""The node's pool of parked zygotes (``zygote_pool``), against fake zygotes, and the real program's
-freshness check (``zygote_boot``): adopt only the same key and only fresh; drop the dead, the
+"""The node's pool of parked zygotes (``warm.pool``), against fake zygotes, and the real program's
+freshness check (``zygote_program.boot``): adopt only the same key and only fresh; drop the dead, the
 stale, the expired; close stops all; each move into a cgroup writes the zygote's own pid."""
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from elasticd.workers import zygote as zy
-from elasticd.workers import zygote_boot as boot
-from elasticd.workers.pool_decider import Limits
-from elasticd.workers.tracking import NoJobTracking
-from elasticd.workers.zygote_pool import ZygotePool
-from elasticd.workers.zygote_spawn import ZygoteSetup
+from elasticd.workers.cgroups.tracking import NoJobTracking
+from elasticd.workers.warm import zygote as zy
+from elasticd.workers.warm.pool import ZygotePool
+from elasticd.workers.warm.pool_decider import Limits
+from elasticd.workers.warm.spawn import ZygoteSetup
+from elasticd.workers.zygote_program import boot
 from tests.fakes import FAKE_ZYGOTE_HEAD, READY, NoReaper, until
 
 pytestmark = pytest.mark.timeout(60)

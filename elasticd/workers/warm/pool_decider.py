@@ -1,5 +1,5 @@
 """The node's pool of parked zygotes, decided purely: given the pool, a request and ``now``, which
-zygotes to park, check, hand over, or stop. ``zygote_pool`` carries the actions out.
+zygotes to park, check, hand over, or stop. ``pool`` carries the actions out.
 
 A job whose zygote is healthy when it leaves this node offers it to the pool (``park``); the next
 job whose launch would start an identical zygote (the same ``ZygoteKey``, compared exactly, so never

@@ -20,11 +20,9 @@ from typing import Any
 import psutil
 
 from elasticd import log
+from elasticd.workers.proctree.markers import JOB_ENV, OWNER_ENV
 
 _log = log.get("elasticd.proctree")
-
-OWNER_ENV = "ELASTICD_OWNER"
-JOB_ENV = "ELASTICD_JOB"
 
 
 def descendants(pid: int) -> list[psutil.Process]:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from elasticd import log
-from elasticd.workers.cgroups import CgroupFs, remove_cgroup
+from elasticd.workers.cgroups.fs import CgroupFs, remove_cgroup
 
 _log = log.get("elasticd.tracking")
 

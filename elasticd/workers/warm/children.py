@@ -16,7 +16,7 @@ import signal
 from collections.abc import Callable
 
 from elasticd import log
-from elasticd.workers.zygote_spawn import ZygoteError, ended, parent_of
+from elasticd.workers.warm.spawn import ZygoteError, ended, parent_of
 
 _log = log.get("elasticd.zygote")
 

@@ -18,8 +18,8 @@ Two things make it act:
   job's tracking cgroup ``<base>/<job>`` is killed with them, and every process marked with the
   job or one of its groups' markers.
 
-Run as ``python -I -S -c <import this module> elasticd.workers.reaper OWNER [CGROUP_BASE]``
-(``Reaper.start``; ``python -m elasticd.workers.reaper OWNER [CGROUP_BASE]`` works too);
+Run as ``python -I -S -c <import this module> elasticd.workers.proctree.reaper OWNER [CGROUP_BASE]``
+(``Reaper.start``; ``python -m elasticd.workers.proctree.reaper OWNER [CGROUP_BASE]`` works too);
 ``CGROUP_BASE`` is the daemon's ``Tracker.base`` (absent where there is no tracking cgroup). It
 sits in its own session and ignores SIGINT/SIGTERM/SIGHUP so that a Ctrl-C or a stop aimed at the
 daemon does not take it first.
@@ -28,9 +28,9 @@ The sidecar part of this module (everything above ``Reaper``) imports the standa
 and runs isolated (``-I``: no environment, no user site, no cwd on ``sys.path``) without
 ``site`` (``-S``: no site-packages): it idles at about 9 MB RSS instead of 25 MB with psutil,
 structlog and the package's cgroup code loaded, and nothing on a user's path can run in it as
-root. So it repeats, in a few lines, the kernel mechanics it needs from ``workers.tracking``
-(``cgroup.kill``, rmdir with retries), ``workers.proctree`` (the environment marker, read from
-``/proc/<pid>/environ``) and ``workers.limits`` (the job-id check), and logs JSON lines itself;
+root. So it repeats, in a few lines, the kernel mechanics it needs from ``workers.cgroups.kill``
+(``cgroup.kill``, rmdir with retries), ``workers.proctree.markers`` (the environment marker, read
+from ``/proc/<pid>/environ``) and ``workers.cgroups.limits`` (the job-id check), and logs JSON lines itself;
 ``tests/unit/test_unit_reaper.py`` checks that the shared names and rules agree.
 """
 
@@ -52,16 +52,16 @@ if TYPE_CHECKING:
     from typing import Any
 
 # Shared with the daemon's modules (tests/unit/test_unit_reaper.py checks that they agree).
-OWNER_ENV = "ELASTICD_OWNER"  # workers.proctree
-JOB_ENV = "ELASTICD_JOB"  # workers.proctree
+OWNER_ENV = "ELASTICD_OWNER"  # workers.proctree.markers
+JOB_ENV = "ELASTICD_JOB"  # workers.proctree.markers
 _ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
-V2_JOBS = "elasticd.jobs"  # workers.cgroups: the parent of every daemon's base on this host
-KILL_WAIT_S = 5.0  # workers.tracking: how long a sweep waits for the kernel to empty the base
+V2_JOBS = "elasticd.jobs"  # workers.cgroups.fs: the parent of every daemon's base on this host
+KILL_WAIT_S = 5.0  # workers.cgroups.kill: how long a sweep waits for the kernel to empty the base
 _BUSY = (errno.EBUSY, errno.ENOTEMPTY)
 
 
 def valid_job(name: str) -> bool:
-    """``workers.limits.check_name``'s rule (a job id usable as one path component), without re."""
+    """``workers.cgroups.limits.check_name``'s rule (a job id usable as one path component), without re."""
     return 0 < len(name) <= 200 and name[0] in _ALNUM and all(c in _ALNUM or c in "_.-" for c in name)
 
 
@@ -255,18 +255,19 @@ def main(argv: list[str]) -> int:
 
 
 # The command that runs the sidecar: isolated, without site, with only this package's root on
-# sys.path (so that ``import elasticd.workers.reaper`` finds this file and nothing else of a user's).
+# sys.path (so that ``import elasticd.workers.proctree.reaper`` finds this file and nothing else of a
+# user's).
 # ``argv[0]`` is the module's name, so that ``ps`` (and tests) can tell the sidecar by it.
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))))
 _BOOT = (
     "import sys; sys.path.insert(0, sys.argv[1]); del sys.argv[:2]; "
-    "from elasticd.workers.reaper import main; raise SystemExit(main(sys.argv))"
+    "from elasticd.workers.proctree.reaper import main; raise SystemExit(main(sys.argv))"
 )
 
 
 def command(owner: str, cgroup_base: Path | None) -> list[str]:
     base = [str(cgroup_base)] if cgroup_base is not None else []
-    return [sys.executable, "-I", "-S", "-c", _BOOT, _ROOT, "elasticd.workers.reaper", owner, *base]
+    return [sys.executable, "-I", "-S", "-c", _BOOT, _ROOT, "elasticd.workers.proctree.reaper", owner, *base]
 
 
 class Reaper:
@@ -280,7 +281,7 @@ class Reaper:
     def start(self) -> None:
         import subprocess
 
-        from elasticd.workers.spawn import child_env
+        from elasticd.workers.proctree.spawn import child_env
 
         self._proc = subprocess.Popen(
             command(self._owner, self._cgroup_base),

@@ -1,13 +1,8 @@
 """cgroup v2 and v1 limit backends: the daemon makes and fills each worker's leaf cgroup.
 
-Layout (``<own>`` is the daemon's cgroup in that hierarchy, ``[<instance>/]`` optional):
-
-- v2: ``<own>/elasticd.jobs/[<instance>/]<job>/rank_<k>``, plus ``<own>/elasticd.daemon``.
-- v1: ``<own>/elasticd/[<instance>/]<job>/rank_<k>`` in the memory and in the cpu hierarchy.
-
 The parent opens each leaf's ``cgroup.procs`` in ``place()``; the child writes ``"0"`` to it
-(the writer moves itself), so no path is resolved after the fork. Every filesystem call goes
-through ``CgroupFs`` so that tests can stand a plain directory in for the kernel.
+(the writer moves itself), so no path is resolved after the fork. The layout's directory names
+and the filesystem seam (``CgroupFs``, which tests stand a plain directory in for) are ``fs``'s.
 """
 
 from __future__ import annotations
@@ -15,13 +10,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import time
 from collections.abc import Collection
 from pathlib import Path
-from typing import Protocol
 
 from elasticd import log
-from elasticd.workers.limits import (
+from elasticd.workers.cgroups.fs import BUSY, V1_JOBS, V2_DAEMON, V2_JOBS, CgroupFs, KernelFs, remove_cgroup
+from elasticd.workers.cgroups.limits import (
     ChildSetup,
     LimitError,
     Placement,
@@ -32,44 +26,9 @@ from elasticd.workers.limits import (
 
 _log = log.get("elasticd.limits")
 
-V2_JOBS = "elasticd.jobs"
-V2_DAEMON = "elasticd.daemon"
-V1_JOBS = "elasticd"
 CFS_PERIOD_US = 100_000
 MIN_QUOTA_US = 1_000  # the kernel's floor for a CFS quota
 _CONTROLLERS = "+memory +cpu"
-_BUSY = (errno.EBUSY, errno.ENOTEMPTY)
-
-
-class CgroupFs(Protocol):
-    """The cgroupfs operations the backends use (``KernelFs``; a fake tree in tests)."""
-
-    def mkdir(self, path: Path) -> None: ...  # FileExistsError when it exists
-    def rmdir(self, path: Path) -> None: ...  # EBUSY while it holds processes or children
-    def read(self, path: Path) -> str: ...
-    def write(self, path: Path, text: str) -> None: ...  # one write(2), as the kernel wants
-    def open_procs(self, cgroup: Path) -> int: ...  # cgroup.procs, write-only, close-on-exec
-
-
-class KernelFs:
-    def mkdir(self, path: Path) -> None:
-        os.mkdir(path, 0o755)
-
-    def rmdir(self, path: Path) -> None:
-        os.rmdir(path)
-
-    def read(self, path: Path) -> str:
-        return path.read_text()
-
-    def write(self, path: Path, text: str) -> None:
-        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-        try:
-            os.write(fd, text.encode())
-        finally:
-            os.close(fd)
-
-    def open_procs(self, cgroup: Path) -> int:
-        return os.open(cgroup / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
 
 
 # --- shared mechanics ------------------------------------------------------------------------
@@ -88,29 +47,9 @@ def _fresh(fs: CgroupFs, path: Path) -> None:
         try:
             fs.rmdir(path)
         except OSError as exc:
-            why = "still in use" if exc.errno in _BUSY else exc.strerror
+            why = "still in use" if exc.errno in BUSY else exc.strerror
             raise LimitError(f"cgroup {path} is left from an earlier worker and {why}") from exc
         fs.mkdir(path)
-
-
-def remove_cgroup(fs: CgroupFs, path: Path, tries: int = 1) -> bool:
-    """rmdir, tolerating a missing directory; False while it stays busy (processes, children).
-
-    A leaf can stay busy for a moment after its last process was reaped, hence ``tries``.
-    """
-    for attempt in range(tries):
-        try:
-            fs.rmdir(path)
-            return True
-        except FileNotFoundError:
-            return True
-        except OSError as exc:
-            if exc.errno not in _BUSY:
-                _log.warning("limits.rmdir_failed", path=str(path), error=str(exc))
-                return False
-        if attempt + 1 < tries:
-            time.sleep(0.01 * (attempt + 1))
-    return False
 
 
 def _release(fs: CgroupFs, base: Path) -> None:

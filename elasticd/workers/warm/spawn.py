@@ -2,10 +2,10 @@
 
 A zygote is spawned exactly as a worker is (the submitter's identity, cwd, environment, the job's
 tracking cgroup, a parent-death signal tied to the daemon), with the job's own interpreter running
-the stdlib-only program of ``zygote_child`` and ``zygote_boot``, handed over a pipe.
+the stdlib-only program of ``workers.zygote_program`` (``BOOT_PARTS``), handed over a pipe.
 
 ``ZygoteKey`` is everything that makes a zygote what it is: two jobs whose setups have the same key
-would start identical zygotes, so a parked one may serve the second (``zygote_pool``).
+would start identical zygotes, so a parked one may serve the second (``pool``).
 """
 
 from __future__ import annotations
@@ -20,15 +20,16 @@ from dataclasses import dataclass, field
 from importlib import resources
 
 from elasticd.workers.group import before_drop
-from elasticd.workers.proctree import JOB_ENV
-from elasticd.workers.spawn import Identity, worker_preexec
+from elasticd.workers.proctree.markers import JOB_ENV
+from elasticd.workers.proctree.spawn import Identity, worker_preexec
+from elasticd.workers.zygote_program.shared import BOOT_FILE, PROGRAM_NAME
 
 SNDBUF = 4 << 20  # a fork request carries one rank's argv and env
-BOOT_FILE = "<elasticd-zygote>"
-BOOT_PARTS = ("zygote_child.py", "zygote_boot.py")  # run in this order, in one namespace
+PROGRAM = "elasticd.workers.zygote_program"
+BOOT_PARTS = ("shared.py", "child.py", "boot.py")  # run in this order, in one namespace
 # Reads the parts (NUL-separated: no Python source holds a NUL) and runs each in the same globals.
 LOADER = (
-    "import os;g={{'__name__':'__elasticd_zygote__','CTL_FD':{ctl}}};"
+    "import os;g={{'__name__':'" + PROGRAM_NAME + "','CTL_FD':{ctl}}};"
     "[exec(compile(p,'" + BOOT_FILE + "','exec'),g) for p in "
     "b''.join(iter(lambda:os.read({src},65536),b'')).split(b'\\0')]"
 )
@@ -96,7 +97,7 @@ def new_marker() -> str:
 
 
 def boot_source() -> bytes:
-    files = resources.files("elasticd.workers")
+    files = resources.files(PROGRAM)
     return b"\0".join(files.joinpath(name).read_bytes() for name in BOOT_PARTS)
 
 

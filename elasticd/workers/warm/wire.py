@@ -1,4 +1,4 @@
-"""What a job's zygote (``zygote_boot``) says to the daemon, typed and checked: one JSON object per
+"""What a job's zygote (``zygote_program.boot``) says to the daemon, typed and checked: one JSON object per
 ``SOCK_SEQPACKET`` message. Pure: everything the zygote says is untrusted, so every field is
 checked here and anything else is a ``ValueError``."""
 

@@ -6,7 +6,7 @@ import asyncio
 
 from elasticd import log
 from elasticd.workers.group import Launch, Spawner
-from elasticd.workers.zygote import Zygote, ZygoteError, ZygoteState
+from elasticd.workers.warm.zygote import Zygote, ZygoteError, ZygoteState
 
 _log = log.get("elasticd.zygote")
 

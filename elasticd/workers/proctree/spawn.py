@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn
 
+from elasticd.workers.zygote_program.shared import PARENT_GONE, SPAWN_FAILED
+
 _libc = ctypes.CDLL(None, use_errno=True)
 _prctl = _libc.prctl
 _PR_SET_PDEATHSIG = 1
@@ -34,8 +36,6 @@ _DAEMON_ONLY_ENV = (
     "LISTEN_PID",
     "LISTEN_FDNAMES",
 )
-SPAWN_FAILED = 127  # the worker never reached exec: like a shell's "command not found"
-PARENT_GONE = 70  # the daemon died between fork and prctl
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
-"""The zygote program's first part: what a forked child does to become the worker (stdlib only).
+"""The zygote program's middle part: what a forked child does to become the worker (stdlib only).
 
-Like ``zygote_boot`` (the second part, which serves fork requests), this runs in the *job's*
-interpreter, as the submitter, never in the daemon: the daemon hands both parts over one pipe and
-the loader (``zygote_spawn.LOADER``) runs them, in order, in one namespace. So names defined here are
-plain globals of ``zygote_boot`` there.
+Like ``boot`` (the last part, which serves fork requests), this runs in the *job's* interpreter, as
+the submitter, never in the daemon: the daemon hands the parts (``shared``, this, ``boot``) over one
+pipe and the loader (``warm.spawn.LOADER``) runs them, in order, in one namespace. So names defined
+here (and ``shared``'s) are plain globals of ``boot`` there.
 
 A forked child makes itself what a fresh ``python -u SCRIPT ARGS`` (or ``-m MODULE``) would be
 (``become_worker``) and runs the entry point as ``__main__`` (``run_entry``). Exit semantics are
@@ -21,9 +21,8 @@ import sys
 from types import TracebackType
 from typing import Any
 
-SPAWN_FAILED = 127  # as elasticd.workers.spawn: the worker never got to run its entry point
-PARENT_GONE = 70
-BOOT_FILE = "<elasticd-zygote>"  # the name every part is compiled under (tracebacks are cut there)
+if __name__ != "__elasticd_zygote__":  # the daemon's tests and mypy; in the zygote, globals already
+    from elasticd.workers.zygote_program.shared import BOOT_FILE, PARENT_GONE, SPAWN_FAILED
 
 
 # --- pure parts (unit-tested in the daemon's test suite) ---------------------------------------------
@@ -70,7 +69,7 @@ def _die_with_zygote(zygote: int) -> None:
 
 
 def become_worker(req: dict[str, Any], cfg: dict[str, Any], signals: tuple[dict[int, Any], set[int]]) -> None:
-    """In the child: what a fresh worker gets from its spawn (elasticd.workers.spawn) and from the
+    """In the child: what a fresh worker gets from its spawn (``workers.proctree.spawn``) and from the
     interpreter's start. Any failure ends the child with ``SPAWN_FAILED`` and a line in its log."""
     fds = req["fds"]
     try:

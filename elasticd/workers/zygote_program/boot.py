@@ -1,13 +1,13 @@
 """The zygote's own program: it runs in the *job's* interpreter, as the submitter, never in the daemon.
 
 Stdlib only, and never imported there by elasticd: the daemon reads this file's source (after
-``zygote_child``'s, the part a forked child runs) from its own package and hands both over a pipe
-(``zygote_spawn.LOADER``), because the job's python (Debian's ``/usr/bin/python3``, say) need not
-be able to import elasticd, nor enter the daemon's venv. The loader runs the parts in one
-namespace, so ``zygote_child``'s names are globals here.
+``shared``'s and ``child``'s, the part a forked child runs) from its own package and hands them over
+a pipe (``warm.spawn.LOADER``), because the job's python (Debian's ``/usr/bin/python3``, say) need
+not be able to import elasticd, nor enter the daemon's venv. The loader runs the parts in one
+namespace, so ``shared``'s and ``child``'s names are globals here.
 
 What it does, once per zygote (a job's on a node, and the next identical job's when the daemon
-parked it between the two: ``zygote_pool``):
+parked it between the two: ``warm.pool``):
 1. read its configuration (the entry point, ``--preload`` modules) from the control socket;
 2. set ``sys.path[0]`` as the worker's interpreter will, import torch (if there is one) and the
    preload modules, and check it is fit to fork: exactly one OS thread, CUDA not initialised;
@@ -21,7 +21,7 @@ parked it between the two: ``zygote_pool``):
 
 Messages to the daemon are single JSON objects (``ready``, ``unavailable``, ``forked``,
 ``fork_failed``, ``exit``, ``checked``); the daemon treats every one of them as untrusted
-(``zygote_wire``).
+(``wire``).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # (annotations only: the job's python may be older than the daemon's)
     Stamp = tuple[int, int, int, int]  # st_dev, st_ino, st_mtime_ns, st_size of one file
 if __name__ != "__elasticd_zygote__":  # the daemon's tests and mypy; in the zygote, a global already
-    from elasticd.workers.zygote_child import become_worker, path0, run_entry
+    from elasticd.workers.zygote_program.child import become_worker, path0, run_entry
 
 MAX_REQUEST = 4 << 20  # a fork request: argv and env of one rank
 MAX_FDS = 8

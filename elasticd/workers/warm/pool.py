@@ -37,10 +37,10 @@ from typing import Any
 import psutil
 
 from elasticd import log
-from elasticd.workers import pool_decider as pd
-from elasticd.workers.tracking import JobTracking, NoTracker, Tracker
-from elasticd.workers.zygote import Zygote, ZygoteError, ZygoteSetup
-from elasticd.workers.zygote_spawn import ZygoteKey
+from elasticd.workers.cgroups.tracking import JobTracking, NoTracker, Tracker
+from elasticd.workers.warm import pool_decider as pd
+from elasticd.workers.warm.spawn import ZygoteKey
+from elasticd.workers.warm.zygote import Zygote, ZygoteError, ZygoteSetup
 
 _log = log.get("elasticd.zygote")
 

@@ -1,14 +1,14 @@
 """The daemon's side of a zygote: a warm parent that forks a job's workers, supervised.
 
 A worker's start is mostly its interpreter's start and ``import torch``. The zygote does that once
-per job and node (``zygote_spawn`` starts it; ``zygote_boot`` is its program); each attempt's
+per job and node (``spawn`` starts it; ``zygote_program.boot`` is its program); each attempt's
 workers are forked from it, so a restart costs a fork instead of an import. When the job ends here
-a healthy zygote may be parked for the next identical job (``zygote_pool``).
+a healthy zygote may be parked for the next identical job (``warm.pool``).
 
 Everything the zygote says is untrusted: it runs the user's interpreter and imports the user's
 modules. So the daemon accepts a pid only for a fork it asked for and only while it is the
-zygote's child, believes an exit only once the kernel agrees (``zygote_children``), bounds every
-message (``zygote_wire``), and gives up on a zygote that says too much nonsense (``zygote.lost``).
+zygote's child, believes an exit only once the kernel agrees (``children``), bounds every
+message (``wire``), and gives up on a zygote that says too much nonsense (``zygote.lost``).
 
 States (``ZygoteState``): STARTING → READY when its ``ready`` message came, → UNAVAILABLE when it
 could not start (import error, threads, CUDA, timeout: workers are spawned cold, with a
@@ -34,10 +34,10 @@ import psutil
 
 from elasticd import log
 from elasticd.workers.group import Launch
-from elasticd.workers.reaper import Reaper
-from elasticd.workers.zygote_children import Bogus, Children
-from elasticd.workers.zygote_spawn import ZygoteError, ZygoteSetup, ended, new_marker, start
-from elasticd.workers.zygote_wire import (
+from elasticd.workers.proctree.reaper import Reaper
+from elasticd.workers.warm.children import Bogus, Children
+from elasticd.workers.warm.spawn import ZygoteError, ZygoteSetup, ended, new_marker, start
+from elasticd.workers.warm.wire import (
     MAX_MESSAGE,
     Checked,
     Exited,
@@ -75,7 +75,7 @@ class Zygote:
     ) -> None:
         """``procs_fd``: the job's tracking cgroup leaf for the zygote (``JobTracking.join_zygote``);
         the zygote joins it, so it dies with the job's cgroup. ``source``: the program (tests pass
-        fake zygotes); ``zygote_boot``'s by default."""
+        fake zygotes); ``zygote_program.boot``'s by default."""
         self.setup = setup
         self.job = setup.job_id  # the job it serves (another one's after an adoption)
         self.marker = new_marker()

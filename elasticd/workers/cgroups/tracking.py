@@ -7,7 +7,7 @@ So where the daemon may create cgroups in the unified (v2) hierarchy, each worke
 
     ``<own>/elasticd.jobs/[<instance>/]<job>/rank_<k>``
 
-the same leaves the v2 limit backend uses (``cgroups.py``): with v2 limits one leaf serves both.
+the same leaves the v2 limit backend uses (``backends``): with v2 limits one leaf serves both.
 Tracking needs no controller, so it also works on a hybrid host whose unified hierarchy has none.
 As with limits, the parent opens the leaf's ``cgroup.procs`` and the child writes ``"0"`` to it
 before exec (``WorkerGroup``): nothing is resolved by path after the fork.
@@ -32,16 +32,15 @@ from pathlib import Path
 from typing import Protocol
 
 from elasticd import log
-from elasticd.workers.cgroupkill import KILL_WAIT_S, kill_cgroup, members, populated, remove_tree
-from elasticd.workers.cgroups import V2_DAEMON, V2_JOBS, CgroupFs, KernelFs, remove_cgroup
-from elasticd.workers.limits import LimitError, check_name, own_dir, parse_mountinfo, parse_proc_cgroup
+from elasticd.workers.cgroups.fs import V2_DAEMON, V2_JOBS, CgroupFs, KernelFs, remove_cgroup
+from elasticd.workers.cgroups.hierarchy import own_dir, parse_mountinfo, parse_proc_cgroup
+from elasticd.workers.cgroups.kill import kill_cgroup, members, remove_tree
+from elasticd.workers.cgroups.limits import LimitError, check_name
 
 _log = log.get("elasticd.tracking")
 
-__all__ = ["KILL_WAIT_S", "detect", "kill_cgroup", "members", "populated", "remove_tree"]
-
 ZYGOTE_LEAF = "zygote"  # a job's zygote's leaf, beside its ranks' (never a rank_<k> name)
-POOL_LEAF = "_zygotes"  # parked zygotes (zygote_pool), beside the jobs: "_" never starts a job id
+POOL_LEAF = "_zygotes"  # parked zygotes (warm.pool), beside the jobs: "_" never starts a job id
 
 
 # --- one job's processes on this node ------------------------------------------------------------
@@ -68,7 +67,7 @@ class JobTracking(Protocol):
         ...
 
     def join_zygote(self) -> int | None:
-        """Like ``join`` for the job's zygote (``workers.zygote``): its own leaf beside the ranks'."""
+        """Like ``join`` for the job's zygote (``workers.warm.zygote``): its own leaf beside the ranks'."""
         ...
 
     def drop_zygote(self) -> None:
