@@ -14,6 +14,7 @@ from typing import Any
 
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV
+from elasticd.jobs.head import JobHead, body_bytes
 from elasticd.jobs.launch import NodeRuntime
 from elasticd.jobs.spec import JobSpec, NodeRange
 from elasticd.jobs.terms import EntryKind
@@ -49,6 +50,16 @@ def make_spec(**overrides: Any) -> JobSpec:
         "submitted_at": 1700000000.5,
     }
     return JobSpec(**(fields | overrides))
+
+
+def head_of(spec: JobSpec) -> JobHead:
+    """The head a store writes for ``spec`` (``JobStore.create``)."""
+    return JobHead.of(spec, len(body_bytes(spec)))
+
+
+def make_head(**overrides: Any) -> JobHead:
+    """The head of ``make_spec(**overrides)``."""
+    return head_of(make_spec(**overrides))
 
 
 class ScriptedGateway:

@@ -95,12 +95,12 @@ class Janitor:
                 if self._retention_s is not None:
                     due.append(snap.final.ended_at + self._retention_s)
             elif (
-                snap.spec is not None
+                snap.head is not None
                 and snap.round is not None
                 and not snap.result
                 and not snap.current_joins
             ):
-                due.append(snap.round.opened_at + snap.spec.join_timeout_s)
+                due.append(snap.round.opened_at + snap.head.join_timeout_s)
         now = self._clock()
         return min((t for t in due if t > now), default=None)
 
@@ -114,12 +114,12 @@ class Janitor:
                 _log.info("job.expired", job=snap.job_id, ended_at=snap.final.ended_at)
             elif snap.final is None and snap.invalid:
                 await self._fail_invalid(snap)
-            elif snap.spec is not None and not snap.ended:
+            elif snap.head is not None and not snap.ended:
                 await self._orphan(snap)
 
     async def drop_strays(self, strays: dict[str, list[str]]) -> None:
         """Delete parts of jobs that have no records (``snapshot.parse_jobs``), unless the job
-        exists again by now (its spec is created with its first records, in one transaction)."""
+        exists again by now (its head is created with its first records, in one transaction)."""
         for job_id, stray in strays.items():
             guard = [Compare(self._keys.job_spec(job_id), "create", 0)]
             for start in range(0, len(stray), MAX_TXN_DELETES):
@@ -144,8 +144,8 @@ class Janitor:
 
     async def _orphan(self, snap: JobSnapshot) -> None:
         """A job no live member looks after: restart it (spending a restart) or fail it."""
-        assert snap.spec is not None and snap.round is not None
-        spec, result = snap.spec, snap.result
+        assert snap.head is not None and snap.round is not None
+        head, result = snap.head, snap.result
         store = self._store_of(snap.job_id)
         if result is not None:
             done = snap.done.get(snap.current, set())
@@ -161,15 +161,15 @@ class Janitor:
             if len(result.nodes) == 1 and self._waiting_for(key, result.nodes[0]):
                 return
             why = f"every node of round {snap.current} was lost"
-            plan = rdzv.plan_bump(RoundReason.MEMBER_LOST, snap.restarts, spec.max_restarts, why)
+            plan = rdzv.plan_bump(RoundReason.MEMBER_LOST, snap.restarts, head.max_restarts, why)
             if plan.fail:
                 await store.finalize(JobState.FAILED, EndReason.NODES_LOST, plan.why)
                 return
             info = RoundInfo(snap.current + 1, RoundReason.MEMBER_LOST, self._clock(), (), plan.why)
             if await store.bump(Seen.of(snap), info, plan.spend):
                 _log.warning("job.orphaned", job=snap.job_id, round=snap.current, action="restart")
-        elif not snap.current_joins and self._clock() - snap.round.opened_at > spec.join_timeout_s:
-            why = f"only 0 of the {spec.nnodes.min} nodes needed joined within {spec.join_timeout_s:g}s"
+        elif not snap.current_joins and self._clock() - snap.round.opened_at > head.join_timeout_s:
+            why = f"only 0 of the {head.nnodes.min} nodes needed joined within {head.join_timeout_s:g}s"
             await store.finalize(JobState.FAILED, EndReason.JOIN_TIMEOUT, why)
 
     def _waiting_for(self, key: tuple[str, int], node: str) -> bool:

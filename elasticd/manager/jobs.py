@@ -15,12 +15,16 @@ from elasticd import log
 from elasticd.agent.executor import JobAgent
 from elasticd.agent.record import AgentState
 from elasticd.aio import wait_event
+from elasticd.decode import DecodeError
 from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keys import Change, Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.types import Query
 from elasticd.jobs import logdir, logread
+from elasticd.jobs.head import JobHead
 from elasticd.jobs.launch import NodeRuntime
+from elasticd.jobs.spec import JobSpec
+from elasticd.jobs.state import EndReason, JobState
 from elasticd.manager import janitor as janitors
 from elasticd.manager.admitter import Admitter
 from elasticd.manager.janitor import Janitor
@@ -30,7 +34,7 @@ from elasticd.manager.wakes import QUIET_KINDS, SCAN_KINDS, NodeWakes
 from elasticd.node.registry import NodeRegistry, parse_node_drain
 from elasticd.node.statedir import StateDir
 from elasticd.rendezvous.model import RoundReason
-from elasticd.rendezvous.snapshot import JobSnapshot, parse_jobs
+from elasticd.rendezvous.snapshot import JobSnapshot, RecordCache, parse_jobs
 from elasticd.rendezvous.store import EtcdJobStore, JobStore
 
 _log = log.get("elasticd.jobs")
@@ -67,6 +71,7 @@ class JobManager:
         self._due: float | None = None  # when the janitor's next decision by time alone comes due
         self._stopping = False
         self._node_wakes = NodeWakes()
+        self._records = RecordCache()  # the scan's and status's reads decode only what changed
         # What ``status`` shows: every job from a recent read, dropped at any change to a job
         # this daemon sees (``wake``) and at its own writes (``CommandService``).
         self.recent: RecentRead[dict[str, JobSnapshot]] = RecentRead(self.snapshots)
@@ -165,7 +170,7 @@ class JobManager:
         janitor deletes."""
         queries = [Query(self._keys.jobs(), prefix=True), Query(self._keys.all_parts(), prefix=True)]
         found = await asyncio.to_thread(self._kv.read_many, queries)
-        return parse_jobs(self._keys, [kv for f in found for kv in f.kvs])
+        return parse_jobs(self._keys, [kv for f in found for kv in f.kvs], self._records)
 
     async def scan(self, clean_up: bool = True) -> None:
         """Join what this node should join; with ``clean_up``, do the janitor's round if elected
@@ -178,8 +183,8 @@ class JobManager:
         self.admitter.draining = parse_node_drain(self._keys, drain) if drain is not None else None
         self._apply_drains(snaps)
         janitors.report(snaps)
-        for snap in sorted(snaps.values(), key=lambda s: s.spec.submitted_at if s.spec else 0):
-            if snap.spec is not None and not snap.ended and snap.job_id not in self.agents:
+        for snap in sorted(snaps.values(), key=lambda s: s.head.submitted_at if s.head else 0):
+            if snap.head is not None and not snap.ended and snap.job_id not in self.agents:
                 await self._consider(snap, lease)
         if clean_up and await self.janitor.elected(lease):
             await self.janitor.sweep(snaps)
@@ -198,11 +203,14 @@ class JobManager:
         return removed
 
     async def _consider(self, snap: JobSnapshot, lease: int) -> None:
-        assert snap.spec is not None
-        spec = snap.spec
-        store = self.store_of(spec.id)
+        assert snap.head is not None
+        store = self.store_of(snap.job_id)
         slots = await self.admitter.consider(snap, store, lease)
         if slots is None:
+            return
+        spec = await self._full_spec(snap.head, store)
+        if spec is None:
+            self.admitter.release(snap.job_id)
             return
         agent = JobAgent(
             spec, self.rt, store, self._registry, slots, self._agent_changed, on_invalid=self._wake.set
@@ -213,6 +221,17 @@ class JobManager:
             "job.joining", job=spec.id, node=self.rt.node_id, devices=self.rt.inventory.visible_devices(slots)
         )
         agent.start()
+
+    async def _full_spec(self, head: JobHead, store: JobStore) -> JobSpec | None:
+        """The job's full spec, read now that this node takes part (nothing else reads it); a
+        missing one, or one that disagrees with the head the job was admitted by, fails the job."""
+        try:
+            return await store.spec(head)
+        except DecodeError as exc:
+            reason = f"invalid record at {self._keys.relative(self._keys.job_body(head.id))}: {exc}"
+            if await store.finalize(JobState.FAILED, EndReason.INVALID_RECORD, reason):
+                _log.warning("job.failed", job=head.id, code=EndReason.INVALID_RECORD.value, reason=reason)
+            return None
 
     def _apply_drains(self, snaps: dict[str, JobSnapshot]) -> None:
         """Leave, gracefully, every job this node is drained from."""

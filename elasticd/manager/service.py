@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from elasticd import log
-from elasticd.decode import DecodeError, parse_json
+from elasticd.decode import DecodeError
 from elasticd.errors import (
     Conflict,
     EtcdUnavailable,
@@ -30,6 +30,7 @@ from elasticd.etcd.types import Query
 from elasticd.events.schema import EventsArgs
 from elasticd.events.store import EventLog, Page
 from elasticd.jobs import logdir
+from elasticd.jobs.head import parse_head
 from elasticd.jobs.logs import Read, attempt_starts, log_files, read_logs
 from elasticd.jobs.logscope import check_scope, round_view
 from elasticd.jobs.spec import JobSpec, valid_job_id
@@ -87,9 +88,9 @@ class CommandService:
         await authorize(access, caller, job_id, self.owner_of)
 
     async def owner_of(self, job_id: str) -> tuple[int, str] | None:
-        """The job's owner (uid, user) for permission checks; None if its spec is unreadable.
+        """The job's owner (uid, user) for permission checks; None if its head is unreadable.
 
-        One small read (the spec, and whether the job has any key), not the whole job: every
+        One small read (the head, and whether the job has any key), not the whole job: every
         request on a job asks it first, ``logs -f`` several times a second."""
         if not valid_job_id(job_id):
             raise JobNotFound(f"no job {job_id[:80]!r}")
@@ -273,14 +274,14 @@ class CommandService:
         affected = []
         too_small = []
         for jid, snap in snaps.items():
-            if snap.spec is None or snap.final is not None or (job_id is not None and jid != job_id):
+            if snap.head is None or snap.final is not None or (job_id is not None and jid != job_id):
                 continue
             members = snap.result.nodes if snap.result is not None else ()
             if node not in members:
                 continue
             affected.append(jid)
-            if len(members) - 1 < snap.spec.nnodes.min:
-                too_small.append(f"{jid} (needs {snap.spec.nnodes.min} nodes, has {len(members)})")
+            if len(members) - 1 < snap.head.nnodes.min:
+                too_small.append(f"{jid} (needs {snap.head.nnodes.min} nodes, has {len(members)})")
         if too_small and not force:
             raise Conflict(
                 f"draining {node} would take job(s) below their minimum: {', '.join(too_small)}; "
@@ -312,10 +313,10 @@ class CommandService:
         return {"node": node, "job": job_id}
 
 
-def _owner(job_id: str, spec: bytes | None) -> tuple[int, str] | None:
-    """The owner a stored spec names; None when it is missing, unreadable or of another job."""
+def _owner(job_id: str, head: bytes | None) -> tuple[int, str] | None:
+    """The owner a stored head names; None when it is missing, unreadable or of another job."""
     try:
-        found = JobSpec.from_json(parse_json(spec)) if spec is not None else None
+        found = parse_head(head) if head is not None else None
     except (DecodeError, InvalidSpec):
         return None  # the janitor fails the job naming the key; only root may act on it meanwhile
     return (found.uid, found.user) if found is not None and found.id == job_id else None
