@@ -25,10 +25,12 @@ from elasticd.node.statedir import StateDir
 JOB = "train-0a1b2c3d"
 
 
-def bare_manager(kv: KV, keys: Keys, tmp: Path) -> JobManager:
-    """A ``JobManager`` on ``kv`` with no registry, reaper or workers: for its watch and wake-ups."""
+def bare_manager(kv: KV, keys: Keys, tmp: Path, lease: int | None = None) -> JobManager:
+    """A ``JobManager`` on ``kv`` with no registry, reaper or workers: for its watch and wake-ups;
+    with ``lease`` (the node's, from ``kv``), for its scan too."""
     rt = NodeRuntime("n1", "127.0.0.1", tmp, Inventory((), 2), SimpleNamespace())  # type: ignore[arg-type]
-    return JobManager(rt, kv, keys, StateDir(tmp), SimpleNamespace())  # type: ignore[arg-type]
+    registry = SimpleNamespace(lease_id=lease, publish_soon=lambda: None)
+    return JobManager(rt, kv, keys, StateDir(tmp), registry)  # type: ignore[arg-type]
 
 
 def make_spec(**overrides: Any) -> JobSpec:

@@ -1,0 +1,127 @@
+"""What a daemon's scan and ``status`` read and write with many jobs queued: never a job's full
+spec (``specs/``), which only a node about to take part reads (and checks against the head);
+no record decoded again while it is unchanged; no pending note written again while it holds."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from elasticd.etcd.keys import Keys
+from elasticd.etcd.memory import MemoryKV
+from elasticd.etcd.types import Compare, Found, KeyValue, Put, Query
+from elasticd.jobs.state import EndReason, JobState
+from elasticd.manager.jobs import JobManager
+from elasticd.rendezvous.store import InlineJobStore, run_inline
+from tests.fakes import bare_manager, make_spec
+
+KEYS = Keys("/t")
+
+
+class CountingKV(MemoryKV):
+    """``MemoryKV`` that records every key or range it is asked to read, and every key written."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.read: list[str] = []
+        self.written: list[str] = []
+
+    def get(self, key: str) -> KeyValue | None:
+        self.read.append(key)
+        return super().get(key)
+
+    def read_many(self, queries: Sequence[Query]) -> list[Found]:
+        self.read.extend(q.key for q in queries)
+        return super().read_many(queries)
+
+    def txn(
+        self, compare: Sequence[Compare], puts: Sequence[Put], deletes: Sequence[str | Query] = ()
+    ) -> bool:
+        self.written.extend(p.key for p in puts)
+        return super().txn(compare, puts, deletes)
+
+    def reset(self) -> None:
+        self.read.clear()
+        self.written.clear()
+
+
+def queue(kv: MemoryKV, n: int, **spec: Any) -> list[str]:
+    """``n`` jobs of 4 KiB of environment each, from 5 users, as a submit writes them."""
+    jobs = [f"q{i:03d}" for i in range(n)]
+    for i, job in enumerate(jobs):
+        user = i % 5
+        s = make_spec(
+            id=job, uid=2000 + user, gid=2000 + user, user=f"u{user}", env={"E": "x" * 4096}, **spec
+        )
+        assert run_inline(InlineJobStore(kv, KEYS, job).create(s))
+    return jobs
+
+
+def manager(kv: MemoryKV, tmp: Path) -> JobManager:
+    return bare_manager(kv, KEYS, tmp, lease=kv.grant_lease(30))
+
+
+def test_the_scan_and_status_never_read_a_full_spec(tmp_path: Path) -> None:
+    kv = CountingKV()
+    jobs = queue(kv, 40, nodes=("elsewhere",))
+    m = manager(kv, tmp_path)
+    kv.reset()
+    asyncio.run(m.scan())
+    snaps = asyncio.run(m.snapshots())
+    assert sorted(snaps) == jobs and all(s.head is not None and s.head.user for s in snaps.values())
+    assert kv.read and not [k for k in kv.read if k.startswith(KEYS.specs())]
+
+
+def test_unchanged_records_are_not_decoded_again(tmp_path: Path) -> None:
+    kv = CountingKV()
+    queue(kv, 30, nodes=("elsewhere",))
+    m = manager(kv, tmp_path)
+    asyncio.run(m.scan())
+    first = m._records.decoded
+    assert first >= 60  # every head and round, once
+    asyncio.run(m.scan())
+    asyncio.run(m.snapshots())
+    assert m._records.decoded == first
+    run_inline(InlineJobStore(kv, KEYS, "q007").finalize(JobState.KILLED, EndReason.KILLED, "by u"))
+    run_inline(InlineJobStore(kv, KEYS, "q007").remove())
+    asyncio.run(m.scan())
+    assert m._records.decoded == first and len(m._records) == 2 * 29  # the removed job's are dropped
+
+
+def test_a_pending_note_is_written_once_while_it_holds(tmp_path: Path) -> None:
+    kv = CountingKV()
+    jobs = queue(kv, 20, nodes=("n1",), nproc_per_node=4)  # n1 has 2 slots: all wait
+    m = manager(kv, tmp_path)
+    kv.reset()
+    asyncio.run(m.scan())
+    notes = [k for k in kv.written if k.startswith(KEYS.all_parts())]
+    assert sorted(notes) == sorted(KEYS.pending_note(j, "n1") for j in jobs)
+    kv.reset()
+    asyncio.run(m.scan())
+    assert not [k for k in kv.written if k.startswith(KEYS.all_parts())]
+
+
+def test_a_full_spec_that_is_missing_or_disagrees_with_its_head_fails_only_its_job(tmp_path: Path) -> None:
+    kv = CountingKV()
+    good, missing, rogue = queue(kv, 3, nodes=("n1",), nproc_per_node=1, nnodes=make_spec().nnodes)
+    kv.delete(KEYS.job_body(missing))
+    kv.put_json(KEYS.job_body(rogue), make_spec(id=rogue, uid=0, user="root").to_json())
+    kv.delete(KEYS.job_body(good))  # so that no agent starts here: it fails the same way
+    m = manager(kv, tmp_path)
+    kv.reset()
+    asyncio.run(m.scan())
+    assert sorted(k for k in kv.read if k.startswith(KEYS.specs())) == [
+        KEYS.job_body(j)
+        for j in (good, missing, rogue)  # read by the node taking part, once each
+    ]
+    snaps = asyncio.run(m.snapshots())
+    for job, why in (
+        (missing, "missing: the job has a head but no spec"),
+        (rogue, "disagrees with the job's head"),
+    ):
+        final = snaps[job].final
+        assert final is not None and final.state is JobState.FAILED and final.code is EndReason.INVALID_RECORD
+        assert final.reason.startswith(f"invalid record at specs/{job}: ") and why in final.reason
+    assert not m.agents and not m.admitter.allocator.held
