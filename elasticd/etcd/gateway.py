@@ -108,6 +108,8 @@ def range_request(q: Query) -> dict[str, Any]:
         body |= {"sort_order": "ASCEND", "sort_target": "CREATE", "limit": "1"}
     if q.count_only:
         body["count_only"] = True
+    if q.min_mod_revision:
+        body["min_mod_revision"] = str(q.min_mod_revision)
     return body
 
 

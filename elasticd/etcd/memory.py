@@ -230,6 +230,9 @@ class MemoryKV:
             kvs = [self._kvs[q.key]] if q.key in self._kvs else []
         if q.count_only:  # no keys, as Query says
             return Found([], len(kvs))
+        if q.min_mod_revision:  # etcd filters the keys but counts the whole range
+            return Found(sorted((kv for kv in kvs if kv.mod_revision >= q.min_mod_revision),
+                                key=lambda kv: kv.key), len(kvs))  # fmt: skip
         if q.oldest_only:
             return Found(sorted(kvs, key=lambda kv: kv.create_revision)[:1], len(kvs))
         return Found(sorted(kvs, key=lambda kv: kv.key), len(kvs))

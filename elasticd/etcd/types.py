@@ -51,6 +51,10 @@ class Query:
     end: str | None = None  # exclusive end of the range, instead of ``prefix``
     oldest_only: bool = False  # only the key with the lowest create_revision
     count_only: bool = False  # how many keys, not the keys
+    # Only the keys modified at or after this revision (0: all). ``Found.count`` still counts every
+    # key in the range, as etcd does: so a read can tell that nothing was created, changed or
+    # deleted since a revision without reading the range again.
+    min_mod_revision: int = 0
 
 
 @dataclass(frozen=True)

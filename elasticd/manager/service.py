@@ -81,6 +81,10 @@ class CommandService:
         self._kv = kv
         self._keys = keys
         self._events = EventLog(kv, keys)
+        # Each job's view, by the snapshot it was built from: the recent read hands out the same
+        # snapshot while the job is unchanged (``RecordCache``), so ``status`` of a thousand jobs
+        # builds only the views of those that changed. Kept for the last read's jobs only.
+        self._views: dict[str, tuple[JobSnapshot, dict[str, Any]]] = {}
 
     # -- permissions ----------------------------------------------------------------------------
     async def authorize(self, access: Access, caller: Caller, job_id: str | None) -> None:
@@ -182,8 +186,13 @@ class CommandService:
         """Every job (unreadable ones too), oldest first; only those in ``states`` (when given) and
         ``user``'s (when given). From a recent read (``JobManager.recent``)."""
         snaps = await self._manager.recent.get()
-        views = [job_view(s, self.facts.node_id) for s in snaps.values() if selected(s, states, user)]
+        self._views = {j: self._view_of(s) for j, s in snaps.items()}
+        views = [self._views[j][1] for j, s in snaps.items() if selected(s, states, user)]
         return sorted(views, key=lambda v: v.get("submitted_at") or 0)
+
+    def _view_of(self, snap: JobSnapshot) -> tuple[JobSnapshot, dict[str, Any]]:
+        held = self._views.get(snap.job_id)
+        return held if held is not None and held[0] is snap else (snap, job_view(snap, self.facts.node_id))
 
     async def kill(self, job_id: str, user: str) -> dict[str, Any]:
         snap = await self.snapshot(job_id)

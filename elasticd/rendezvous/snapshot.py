@@ -185,16 +185,34 @@ def _round(raw: bytes) -> RoundInfo:
     return RoundInfo.from_json(parse_json(raw))
 
 
+Signature = tuple[tuple[str, int], ...]  # a job's keys and their mod revisions, in key order
+
+
 class RecordCache:
-    """Decoded records by key and mod revision, so that a read of every job decodes only what
-    changed since the last one (the heads and rounds of a thousand pending jobs, at every scan).
-    Bounded: ``retain`` keeps only the keys of the last read, and no more than ``limit`` are held.
-    Records are frozen, so a cached one can be shared by every snapshot of its revision."""
+    """Decoded records by key and mod revision, and whole snapshots by the keys and revisions they
+    were parsed from, so that a read of every job parses only what changed since the last one (a
+    thousand pending jobs, at every scan and every ``status`` refresh).
+
+    Bounded: ``retain`` keeps only the last read's keys and jobs, and no more than ``limit`` of
+    each are held. Records are frozen, and a snapshot handed out from here is shared by every
+    reader of that read (``JobManager``'s scan and ``status``): they treat it as read-only."""
 
     def __init__(self, limit: int = 20_000) -> None:
         self._held: dict[str, tuple[int, Any]] = {}
+        self._jobs: dict[str, tuple[Signature, JobSnapshot]] = {}
         self._limit = limit
         self.decoded = 0  # records decoded (not found here): what the tests count
+
+    def snapshot(self, keys: Keys, job_id: str, kvs: list[KeyValue]) -> JobSnapshot:
+        """``JobSnapshot.parse`` of ``kvs``, or the same snapshot as last time if none changed."""
+        signature = tuple((kv.key, kv.mod_revision) for kv in kvs)
+        held = self._jobs.get(job_id)
+        if held is not None and held[0] == signature:
+            return held[1]
+        snap = JobSnapshot.parse(keys, job_id, kvs, self)
+        if len(self._jobs) < self._limit or job_id in self._jobs:
+            self._jobs[job_id] = (signature, snap)
+        return snap
 
     def get(self, kv: KeyValue, decoder: Callable[[bytes], T]) -> T:
         held = self._held.get(kv.key)
@@ -206,9 +224,10 @@ class RecordCache:
             self._held[kv.key] = (kv.mod_revision, record)
         return record
 
-    def retain(self, keys: set[str]) -> None:
-        """Forget every key not in ``keys`` (those of the last full read)."""
+    def retain(self, keys: set[str], jobs: set[str]) -> None:
+        """Forget every key not in ``keys`` and every job not in ``jobs`` (the last read's)."""
         self._held = {k: v for k, v in self._held.items() if k in keys}
+        self._jobs = {j: v for j, v in self._jobs.items() if j in jobs}
 
     def __len__(self) -> int:
         return len(self._held)
@@ -227,9 +246,11 @@ def parse_jobs(
         job = keys.job_of(kv.key)
         if job is not None:
             by_job.setdefault(job, []).append(kv)
-    snaps = [JobSnapshot.parse(keys, job, items, cache) for job, items in by_job.items()]
-    if cache is not None:
-        cache.retain({kv.key for kv in kvs})
+    if cache is None:
+        snaps = [JobSnapshot.parse(keys, job, items) for job, items in by_job.items()]
+    else:
+        snaps = [cache.snapshot(keys, job, items) for job, items in by_job.items()]
+        cache.retain({kv.key for kv in kvs}, set(by_job))
     strays = {s.job_id: [kv.key for kv in by_job[s.job_id]] for s in snaps if not s.found}
     return {s.job_id: s for s in snaps if s.found}, strays
 

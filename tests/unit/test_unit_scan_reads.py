@@ -79,15 +79,17 @@ def test_unchanged_records_are_not_decoded_again(tmp_path: Path) -> None:
     queue(kv, 30, nodes=("elsewhere",))
     m = manager(kv, tmp_path)
     asyncio.run(m.scan())
-    first = m._records.decoded
+    first = m._jobs.records.decoded
     assert first >= 60  # every head and round, once
     asyncio.run(m.scan())
     asyncio.run(m.snapshots())
-    assert m._records.decoded == first
+    assert m._jobs.records.decoded == first
     run_inline(InlineJobStore(kv, KEYS, "q007").finalize(JobState.KILLED, EndReason.KILLED, "by u"))
     run_inline(InlineJobStore(kv, KEYS, "q007").remove())
     asyncio.run(m.scan())
-    assert m._records.decoded == first and len(m._records) == 2 * 29  # the removed job's are dropped
+    assert (
+        m._jobs.records.decoded == first and len(m._jobs.records) == 2 * 29
+    )  # the removed job's are dropped
 
 
 def test_a_pending_note_is_written_once_while_it_holds(tmp_path: Path) -> None:
@@ -125,3 +127,34 @@ def test_a_full_spec_that_is_missing_or_disagrees_with_its_head_fails_only_its_j
         assert final is not None and final.state is JobState.FAILED and final.code is EndReason.INVALID_RECORD
         assert final.reason.startswith(f"invalid record at specs/{job}: ") and why in final.reason
     assert not m.agents and not m.admitter.allocator.held
+
+
+def test_a_read_with_nothing_changed_is_one_small_request_and_the_same_objects(tmp_path: Path) -> None:
+    kv = CountingKV()
+    queue(kv, 30, nodes=("elsewhere",))
+    m = manager(kv, tmp_path)
+    first = asyncio.run(m.snapshots())
+    assert m._jobs.full_reads == 1
+    assert asyncio.run(m.snapshots()) is first and m._jobs.full_reads == 1
+    run_inline(InlineJobStore(kv, KEYS, "q003").note_pending("n9", "n9 is busy", kv.grant_lease(30)))
+    again = asyncio.run(m.snapshots())  # a part changed: read again, every other job's snapshot kept
+    assert m._jobs.full_reads == 2 and again["q003"].pending == {"n9": "n9 is busy"}
+    assert all(again[j] is first[j] for j in first if j != "q003")
+    kv.delete(KEYS.pending_note("q003", "n9"))  # a deletion alone changes the count
+    assert not asyncio.run(m.snapshots())["q003"].pending
+
+
+def test_the_safety_nets_scan_stops_when_nothing_changed(tmp_path: Path) -> None:
+    kv = CountingKV()
+    queue(kv, 10, nodes=("elsewhere",))
+    m = manager(kv, tmp_path)
+    asyncio.run(m.scan())
+    kv.reset()
+    asyncio.run(m.scan(quiet=True))
+    assert not kv.written and KEYS.janitor() not in kv.read  # no janitor's round, no admission
+    asyncio.run(m.scan())  # a scan something asked for does it all
+    assert KEYS.janitor() in kv.read
+    kv.reset()
+    run_inline(InlineJobStore(kv, KEYS, "q001").finalize(JobState.KILLED, EndReason.KILLED, "by u"))
+    asyncio.run(m.scan(quiet=True))  # a change the watch did not report is found
+    assert KEYS.janitor() in kv.read
