@@ -137,11 +137,15 @@ def test_a_read_with_nothing_changed_is_one_small_request_and_the_same_objects(t
     assert m._jobs.full_reads == 1
     assert asyncio.run(m.snapshots()) is first and m._jobs.full_reads == 1
     run_inline(InlineJobStore(kv, KEYS, "q003").note_pending("n9", "n9 is busy", kv.grant_lease(30)))
-    again = asyncio.run(m.snapshots())  # a part changed: read again, every other job's snapshot kept
-    assert m._jobs.full_reads == 2 and again["q003"].pending == {"n9": "n9 is busy"}
-    assert all(again[j] is first[j] for j in first if j != "q003")
-    kv.delete(KEYS.pending_note("q003", "n9"))  # a deletion alone changes the count
-    assert not asyncio.run(m.snapshots())["q003"].pending
+    run_inline(InlineJobStore(kv, KEYS, "q004").finalize(JobState.KILLED, EndReason.KILLED, "by u"))
+    again = asyncio.run(m.snapshots())  # keys created and changed: applied to the held read
+    assert m._jobs.full_reads == 1 and again["q003"].pending == {"n9": "n9 is busy"}
+    assert again["q004"].final is not None
+    assert all(again[j] is first[j] for j in first if j not in ("q003", "q004"))
+    kv.delete(KEYS.pending_note("q003", "n9"))  # a deletion: read again
+    last = asyncio.run(m.snapshots())
+    assert m._jobs.full_reads == 2 and not last["q003"].pending and last["q004"].final is not None
+    assert asyncio.run(m.snapshots()) == asyncio.run(bare_manager(kv, KEYS, tmp_path).snapshots())
 
 
 def test_the_safety_nets_scan_stops_when_nothing_changed(tmp_path: Path) -> None:
