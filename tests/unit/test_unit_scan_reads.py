@@ -9,11 +9,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.memory import MemoryKV
 from elasticd.etcd.types import Compare, Found, KeyValue, Put, Query
 from elasticd.jobs.state import EndReason, JobState
 from elasticd.manager.jobs import JobManager
+from elasticd.manager.jobsread import JobsRead
+from elasticd.rendezvous.snapshot import parse_jobs
 from elasticd.rendezvous.store import InlineJobStore, run_inline
 from tests.fakes import bare_manager, make_spec
 
@@ -162,3 +167,44 @@ def test_the_safety_nets_scan_stops_when_nothing_changed(tmp_path: Path) -> None
     run_inline(InlineJobStore(kv, KEYS, "q001").finalize(JobState.KILLED, EndReason.KILLED, "by u"))
     asyncio.run(m.scan(quiet=True))  # a change the watch did not report is found
     assert KEYS.janitor() in kv.read
+
+
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["create", "final", "note", "unnote", "remove", "junk", "status"]),
+        st.sampled_from(["a1", "a2", "a3"]),
+    ),
+    max_size=25,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=OPS)
+def test_a_held_read_brought_up_to_date_is_what_a_full_read_gives(ops: list[tuple[str, str]]) -> None:
+    kv = MemoryKV()
+    lease = kv.grant_lease(3600)
+    reader = JobsRead(kv, KEYS)
+
+    async def check() -> None:
+        for op, job in ops:
+            store = InlineJobStore(kv, KEYS, job)
+            match op:
+                case "create":
+                    await store.create(make_spec(id=job))
+                case "final":
+                    await store.finalize(JobState.KILLED, EndReason.KILLED, "by u")
+                case "note":
+                    await store.note_pending("n1", f"note {len(kv.get_prefix(KEYS.all_parts()))}", lease)
+                case "unnote":
+                    await store.note_pending("n1", None, lease)
+                case "remove":
+                    await store.remove()
+                case "junk":
+                    kv.put_json(KEYS.job(job) + "junk", 1)
+                case "status":
+                    await store.put_node_status("n2", {"state": "RUNNING"}, lease)
+            got = await reader.read()
+            want = parse_jobs(KEYS, kv.get_prefix(KEYS.jobs()) + kv.get_prefix(KEYS.all_parts()))
+            assert got == want, op
+
+    asyncio.run(check())
