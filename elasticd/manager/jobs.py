@@ -227,6 +227,8 @@ class JobManager:
 
     async def _consider(self, snap: JobSnapshot, lease: int) -> None:
         assert snap.head is not None
+        if not snap.head.allows(self.rt.node_id):
+            return  # a job for other nodes: nothing to decide or note here (``admit``, ``refuse``)
         store = self.store_of(snap.job_id)
         slots = await self.admitter.consider(snap, store, lease)
         if slots is None:

@@ -8,6 +8,7 @@ every read and write they make goes through here, and so does every permission c
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, replace
@@ -81,10 +82,11 @@ class CommandService:
         self._kv = kv
         self._keys = keys
         self._events = EventLog(kv, keys)
-        # Each job's view, by the snapshot it was built from: the recent read hands out the same
-        # snapshot while the job is unchanged (``RecordCache``), so ``status`` of a thousand jobs
-        # builds only the views of those that changed. Kept for the last read's jobs only.
-        self._views: dict[str, tuple[JobSnapshot, dict[str, Any]]] = {}
+        # Each job's view and its JSON, by the snapshot they were made from: the recent read hands
+        # out the same snapshot while the job is unchanged (``JobsRead``), so ``status`` of a
+        # thousand jobs builds and encodes only the views of those that changed. Kept for the
+        # last read's jobs only.
+        self._views: dict[str, tuple[JobSnapshot, dict[str, Any], bytes]] = {}
 
     # -- permissions ----------------------------------------------------------------------------
     async def authorize(self, access: Access, caller: Caller, job_id: str | None) -> None:
@@ -185,14 +187,26 @@ class CommandService:
     async def views(self, states: Collection[JobState] = (), user: str | None = None) -> list[dict[str, Any]]:
         """Every job (unreadable ones too), oldest first; only those in ``states`` (when given) and
         ``user``'s (when given). From a recent read (``JobManager.recent``)."""
+        return [view for view, _ in await self._selected_views(states, user)]
+
+    async def views_json(self, states: Collection[JobState] = (), user: str | None = None) -> bytes:
+        """``views``, as a JSON array."""
+        return b"[" + b", ".join(encoded for _, encoded in await self._selected_views(states, user)) + b"]"
+
+    async def _selected_views(
+        self, states: Collection[JobState], user: str | None
+    ) -> list[tuple[dict[str, Any], bytes]]:
         snaps = await self._manager.recent.get()
         self._views = {j: self._view_of(s) for j, s in snaps.items()}
-        views = [self._views[j][1] for j, s in snaps.items() if selected(s, states, user)]
-        return sorted(views, key=lambda v: v.get("submitted_at") or 0)
+        chosen = [self._views[j][1:] for j, s in snaps.items() if selected(s, states, user)]
+        return sorted(chosen, key=lambda v: v[0].get("submitted_at") or 0)
 
-    def _view_of(self, snap: JobSnapshot) -> tuple[JobSnapshot, dict[str, Any]]:
+    def _view_of(self, snap: JobSnapshot) -> tuple[JobSnapshot, dict[str, Any], bytes]:
         held = self._views.get(snap.job_id)
-        return held if held is not None and held[0] is snap else (snap, job_view(snap, self.facts.node_id))
+        if held is not None and held[0] is snap:
+            return held
+        view = job_view(snap, self.facts.node_id)
+        return snap, view, json.dumps(view).encode()
 
     async def kill(self, job_id: str, user: str) -> dict[str, Any]:
         snap = await self.snapshot(job_id)
