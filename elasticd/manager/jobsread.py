@@ -38,8 +38,10 @@ class _Held:
 
 class JobsRead:
     """Every job, as ``parse_jobs`` gives it, read again only as far as something changed (module
-    doc). Used on one event loop; concurrent calls are safe (each gives a consistent read; the
-    last one is held). The snapshots it hands out are shared: callers treat them as read-only."""
+    doc). Used on one event loop. Reads are taken one at a time: a probe must be applied to the
+    read it was made against, and an older probe applied after a newer one would bring back a
+    key's old value (or hide a deletion behind an old count). The snapshots it hands out are
+    shared: callers treat them as read-only."""
 
     def __init__(self, kv: KV, keys: Keys) -> None:
         self._kv = kv
@@ -48,8 +50,13 @@ class JobsRead:
         self.records = RecordCache()
         self._held: _Held | None = None
         self.full_reads = 0  # what the tests and benches count
+        self._lock = asyncio.Lock()
 
     async def read(self) -> Jobs:
+        async with self._lock:
+            return await self._read()
+
+    async def _read(self) -> Jobs:
         held = self._held
         if held is not None:
             probe = [replace(q, min_mod_revision=held.newest + 1) for q in self._queries]

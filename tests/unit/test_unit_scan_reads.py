@@ -5,6 +5,7 @@ no record decoded again while it is unchanged; no pending note written again whi
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -208,3 +209,42 @@ def test_a_held_read_brought_up_to_date_is_what_a_full_read_gives(ops: list[tupl
             assert got == want, op
 
     asyncio.run(check())
+
+
+class SlowKV(MemoryKV):
+    """Reads at once, but the next read it is told to hold returns only when released."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hold = threading.Event()
+        self.release = threading.Event()
+
+    def read_many(self, queries: Sequence[Query]) -> list[Found]:
+        found = super().read_many(queries)
+        if self.hold.is_set():
+            self.hold.clear()
+            assert self.release.wait(10)
+        return found
+
+
+def test_a_late_read_never_brings_back_an_older_value(tmp_path: Path) -> None:
+    kv = SlowKV()
+    queue(kv, 3, nodes=("elsewhere",))
+    reader = JobsRead(kv, KEYS)
+    lease = kv.grant_lease(30)
+    store = InlineJobStore(kv, KEYS, "q001")
+
+    async def race() -> None:
+        await reader.read()
+        run_inline(store.note_pending("n1", "old", lease))
+        kv.hold.set()
+        late = asyncio.ensure_future(reader.read())  # reads "old", returns later
+        await asyncio.sleep(0.05)
+        run_inline(store.note_pending("n1", "new", lease))
+        newer = asyncio.ensure_future(reader.read())
+        await asyncio.sleep(0.05)
+        kv.release.set()
+        await asyncio.gather(late, newer)
+        assert (await reader.read())[0]["q001"].pending == {"n1": "new"}
+
+    asyncio.run(race())
