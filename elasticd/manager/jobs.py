@@ -74,6 +74,9 @@ class JobManager:
         self._due: float | None = None  # when the janitor's next decision by time alone comes due
         self._stopping = False
         self._node_wakes = NodeWakes()
+        # Jobs a scan is taking this node into: it reads the full spec (an await) between the
+        # admission and the agent, and a submit's scan and the watch's may overlap.
+        self._joining: set[str] = set()
         self._jobs = JobsRead(kv, keys)  # the scan's and status's reads cost what changed
         self._settled: tuple[Jobs, int] | None = None  # the read and drain of the last full scan
         self._settled_at = 0.0
@@ -229,11 +232,20 @@ class JobManager:
         assert snap.head is not None
         if not snap.head.allows(self.rt.node_id):
             return  # a job for other nodes: nothing to decide or note here (``admit``, ``refuse``)
+        if snap.job_id in self._joining:
+            return  # another scan (a submit's, the watch's) is taking this node into the job
+        self._joining.add(snap.job_id)
+        try:
+            await self._join(snap, snap.head, lease)
+        finally:
+            self._joining.discard(snap.job_id)
+
+    async def _join(self, snap: JobSnapshot, head: JobHead, lease: int) -> None:
         store = self.store_of(snap.job_id)
         slots = await self.admitter.consider(snap, store, lease)
         if slots is None:
             return
-        spec = await self._full_spec(snap.head, store)
+        spec = await self._full_spec(head, store)
         if spec is None:
             self.admitter.release(snap.job_id)
             return

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -248,3 +249,24 @@ def test_a_late_read_never_brings_back_an_older_value(tmp_path: Path) -> None:
         assert (await reader.read())[0]["q001"].pending == {"n1": "new"}
 
     asyncio.run(race())
+
+
+class SlowSpecKV(CountingKV):
+    def get(self, key: str) -> KeyValue | None:
+        if key.startswith(KEYS.specs()):
+            time.sleep(0.2)  # (in the scan's worker thread)
+        return super().get(key)
+
+
+def test_two_scans_at_once_take_a_node_into_a_job_once(tmp_path: Path) -> None:
+    kv = SlowSpecKV()
+    (job,) = queue(kv, 1, nodes=("n1",), nproc_per_node=1, nnodes=make_spec().nnodes)
+    kv.delete(KEYS.job_body(job))  # no agent starts here: the one that would fails the job
+    m = manager(kv, tmp_path)
+    kv.reset()
+
+    async def both() -> None:
+        await asyncio.gather(m.scan(clean_up=False), m.scan())  # a submit's and the watch's
+
+    asyncio.run(both())
+    assert [k for k in kv.read if k.startswith(KEYS.specs())] == [KEYS.job_body(job)]
