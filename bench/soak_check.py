@@ -163,7 +163,7 @@ def check_own_orphans(c: Cluster, timeout_s: float = 15.0) -> Check:
 
 
 def allowed_key(keys: Keys, key: str, job_id: str, last_round: int, live_nodes: set[str]) -> bool:
-    """Whether ``key`` may outlive the job: its history (spec, round, restarts, final, the last two
+    """Whether ``key`` may outlive the job: its history (head and spec, round, restarts, final, the last two
     rounds' records) and the live daemons' own records."""
     try:
         ref = keys.parse(key)
@@ -175,7 +175,7 @@ def allowed_key(keys: Keys, key: str, job_id: str, last_round: int, live_nodes: 
         return True  # the cluster's event history is bounded by construction (elasticd.events)
     if ref.job != job_id:
         return False
-    if ref.kind in (KeyKind.SPEC, KeyKind.ROUND, KeyKind.RESTARTS, KeyKind.FINAL):
+    if ref.kind in (KeyKind.SPEC, KeyKind.BODY, KeyKind.ROUND, KeyKind.RESTARTS, KeyKind.FINAL):
         return True
     if ref.kind in (KeyKind.RESULT, KeyKind.DONE, KeyKind.LEFT, KeyKind.JOIN):
         return ref.round is not None and last_round - 1 <= ref.round <= last_round

@@ -40,6 +40,7 @@ from elasticd.rendezvous.model import RoundInfo, RoundReason
 from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.rendezvous.store import InlineJobStore, Seen, run_inline
 from tests.agent_sim_node import KEYS, Agent, Checker, Daemon, Link, Node
+from tests.fakes import head_of
 
 __all__ = ["KEYS", "T0", "Checker", "Daemon", "Node", "Sim"]
 
@@ -82,7 +83,7 @@ class Sim:
     def submit(self) -> None:
         """``JobStore.create``, on the fake clock."""
         k, j, info = KEYS, self.spec.id, RoundInfo(0, RoundReason.START, self.now)
-        puts = [Put(k.job_spec(j), self.spec.to_json()), Put(k.job_round(j), info.to_json())]
+        puts = [Put(k.job_spec(j), head_of(self.spec).to_json()), Put(k.job_round(j), info.to_json())]
         assert self.kv.txn([Compare(k.job_spec(j), "create", 0)], [*puts, Put(k.job_restarts(j), 0)])
 
     def snapshot(self) -> JobSnapshot:
@@ -277,7 +278,7 @@ class Sim:
             snap = run_inline(node.store.snapshot())
         except EtcdUnavailable:
             return
-        if snap.spec is not None and not snap.ended and admit(snap, node.name, 8, 8, "CPU slots").join:
+        if snap.head is not None and not snap.ended and admit(snap, node.name, 8, 8, "CPU slots").join:
             node.agent = Agent(AgentRecord(self.spec, node.name, last_join_at=self.now))
             node.ran_job, node.waiting = True, False
 

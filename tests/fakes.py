@@ -14,6 +14,7 @@ from typing import Any
 
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV
+from elasticd.jobs.head import JobHead, body_bytes
 from elasticd.jobs.launch import NodeRuntime
 from elasticd.jobs.spec import JobSpec, NodeRange
 from elasticd.jobs.terms import EntryKind
@@ -24,10 +25,12 @@ from elasticd.node.statedir import StateDir
 JOB = "train-0a1b2c3d"
 
 
-def bare_manager(kv: KV, keys: Keys, tmp: Path) -> JobManager:
-    """A ``JobManager`` on ``kv`` with no registry, reaper or workers: for its watch and wake-ups."""
+def bare_manager(kv: KV, keys: Keys, tmp: Path, lease: int | None = None) -> JobManager:
+    """A ``JobManager`` on ``kv`` with no registry, reaper or workers: for its watch and wake-ups;
+    with ``lease`` (the node's, from ``kv``), for its scan too."""
     rt = NodeRuntime("n1", "127.0.0.1", tmp, Inventory((), 2), SimpleNamespace())  # type: ignore[arg-type]
-    return JobManager(rt, kv, keys, StateDir(tmp), SimpleNamespace())  # type: ignore[arg-type]
+    registry = SimpleNamespace(lease_id=lease, publish_soon=lambda: None)
+    return JobManager(rt, kv, keys, StateDir(tmp), registry)  # type: ignore[arg-type]
 
 
 def make_spec(**overrides: Any) -> JobSpec:
@@ -49,6 +52,16 @@ def make_spec(**overrides: Any) -> JobSpec:
         "submitted_at": 1700000000.5,
     }
     return JobSpec(**(fields | overrides))
+
+
+def head_of(spec: JobSpec) -> JobHead:
+    """The head a store writes for ``spec`` (``JobStore.create``)."""
+    return JobHead.of(spec, len(body_bytes(spec)))
+
+
+def make_head(**overrides: Any) -> JobHead:
+    """The head of ``make_spec(**overrides)``."""
+    return head_of(make_spec(**overrides))
 
 
 class ScriptedGateway:

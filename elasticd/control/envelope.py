@@ -69,7 +69,19 @@ def encode_request(rid: str, cmd: str, args: dict[str, Any]) -> bytes:
     return json.dumps({"v": PROTOCOL_VERSION, "id": rid, "cmd": cmd, "args": args}).encode()
 
 
+@dataclass(frozen=True)
+class Encoded:
+    """A result already encoded as JSON, which ``encode_ok`` puts in the reply as it is: ``status``
+    of every job sends each job's view as it encoded it when the job last changed, instead of
+    encoding a thousand views at every call."""
+
+    json: bytes
+
+
 def encode_ok(rid: str, result: Any) -> bytes:
+    if isinstance(result, Encoded):
+        head = json.dumps({"v": PROTOCOL_VERSION, "id": rid, "ok": True}).encode()
+        return head[:-1] + b', "result": ' + result.json + b"}"
     return json.dumps({"v": PROTOCOL_VERSION, "id": rid, "ok": True, "result": result}).encode()
 
 

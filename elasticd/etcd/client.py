@@ -209,7 +209,9 @@ class EtcdClient:
         """Write ``key`` only if it does not exist; True when we created it."""
         return self.txn([Compare(key, "create", 0)], [Put(key, value, lease)])
 
-    def txn(self, compare: Sequence[Compare], puts: Sequence[Put], deletes: Sequence[str] = ()) -> bool:
+    def txn(
+        self, compare: Sequence[Compare], puts: Sequence[Put], deletes: Sequence[str | Query] = ()
+    ) -> bool:
         """All-or-nothing: when every comparison holds, apply the puts and deletes. True if applied."""
         body = gw.txn_request(compare, [(p, _encode(p.value)) for p in puts], deletes)
         return gw.parse_txn(self._post("/v3/kv/txn", body))

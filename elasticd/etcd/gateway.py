@@ -119,6 +119,8 @@ def range_request(q: Query) -> dict[str, Any]:
         body["limit"] = "1"  # count is still the whole range's
     if q.count_only:
         body["count_only"] = True
+    if q.min_mod_revision:
+        body["min_mod_revision"] = str(q.min_mod_revision)
     return body
 
 
@@ -130,7 +132,7 @@ def put_request(key: str, value: bytes, lease: int | None) -> dict[str, Any]:
 
 
 def txn_request(
-    compare: Sequence[Compare], puts: Sequence[tuple[Put, bytes]], deletes: Sequence[str]
+    compare: Sequence[Compare], puts: Sequence[tuple[Put, bytes]], deletes: Sequence[str | Query]
 ) -> dict[str, Any]:
     """If every compare holds (create or mod revision EQUAL), the puts (with their encoded values)
     and the deletes; nothing otherwise."""
@@ -141,7 +143,9 @@ def txn_request(
             {"key": b64(c.key), "target": target, "result": "EQUAL", f"{c.target}_revision": str(c.revision)}
         )
     success: list[dict[str, Any]] = [{"request_put": put_request(p.key, v, p.lease)} for p, v in puts]
-    success += [{"request_delete_range": {"key": b64(k)}} for k in deletes]
+    for d in deletes:
+        q = d if isinstance(d, Query) else Query(d)
+        success.append({"request_delete_range": key_range(q.key, prefix=q.prefix, end=q.end)})
     return {"compare": checks, "success": success}
 
 

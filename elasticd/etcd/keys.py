@@ -10,6 +10,10 @@ A job's *parts* live apart from the rest of the job, under ``parts/<job>/`` rath
 why it cannot take part), under its lease. Every daemon watches the whole prefix *but* that
 subtree (``Keys.watched``), and only a round's leader watches its round's joins, so a round of N
 nodes costs O(N) watch events, not N².
+
+A job's full spec lives apart too, under ``specs/<job>``: ``jobs/<job>/spec`` holds its small
+head (``elasticd.jobs.head``), and only a node about to take part in the job reads the spec. No
+daemon watches ``specs/``, and no read of ``jobs/`` or ``parts/`` (the scan, ``status``) touches it.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ class KeyKind(StrEnum):
     NODE = "node"  # nodes/<node>
     NODE_DRAIN = "node_drain"  # drain/<node>
     JANITOR = "janitor"  # janitor: the node that does cluster-wide clean-up
-    SPEC = "spec"  # jobs/<job>/spec
+    SPEC = "spec"  # jobs/<job>/spec: the job's head (elasticd.jobs.head)
+    BODY = "body"  # specs/<job>: the job's full spec; outside jobs/, and outside the daemons' watch
     ROUND = "round"
     RESTARTS = "restarts"
     FINAL = "final"
@@ -94,8 +99,9 @@ class Change:
 @dataclass(frozen=True)
 class Keys:
     # v2: joins, statuses and pending notes moved out of jobs/ into parts/ (v1 daemons would
-    # neither see v2 joins nor read their own).
-    prefix: str = "/elasticd/v2"
+    # neither see v2 joins nor read their own). v3: jobs/<job>/spec holds the job's head, and the
+    # full spec moved to specs/<job> (a v2 daemon would read a head as an invalid spec).
+    prefix: str = "/elasticd/v3"
 
     # -- build ---------------------------------------------------------------------------------
     def nodes(self) -> str:
@@ -120,7 +126,8 @@ class Keys:
 
     def job_prefixes(self, job_id: str) -> tuple[str, str]:
         """Every key of the job: its parts, then the rest (the order a removal deletes them in,
-        so that an interrupted removal leaves no parts of a job that has no records)."""
+        so that an interrupted removal leaves no parts of a job that has no records). The job's
+        full spec (``job_body``) goes in the same transaction as the rest."""
         return self.job_parts(job_id), self.job(job_id)
 
     def job_joins(self, job_id: str) -> tuple[str, str]:
@@ -134,13 +141,27 @@ class Keys:
         """Every job's parts: the subtree no daemon watches (a round's leader watches its joins)."""
         return f"{self.prefix}/parts/"
 
+    def specs(self) -> str:
+        """Every job's full spec: read by a node about to take part in the job, watched by none."""
+        return f"{self.prefix}/specs/"
+
     def watched(self) -> tuple[tuple[str, str], ...]:
-        """The ranges [start, end) every daemon watches: the whole prefix but the jobs' parts."""
-        parts = self.all_parts()
-        return ((f"{self.prefix}/", parts), (prefix_end(parts), prefix_end(f"{self.prefix}/")))
+        """The ranges [start, end) every daemon watches: the whole prefix but the jobs' parts and
+        their full specs. ``parts/`` and ``specs/`` are left out as one range: the layout has no
+        key between them (``nodes``, ``drain``, ``janitor``, ``jobs``, ``events`` and ``event_seq``
+        sort before ``parts/``), so one more watch stream is not needed."""
+        return (
+            (f"{self.prefix}/", self.all_parts()),
+            (prefix_end(self.specs()), prefix_end(f"{self.prefix}/")),
+        )
 
     def job_spec(self, job_id: str) -> str:
+        """The job's head (``elasticd.jobs.head``): what every daemon reads of its spec."""
         return f"{self.prefix}/jobs/{job_id}/spec"
+
+    def job_body(self, job_id: str) -> str:
+        """The job's full spec, written and removed with its head."""
+        return f"{self.prefix}/specs/{job_id}"
 
     def job_round(self, job_id: str) -> str:
         return f"{self.prefix}/jobs/{job_id}/round"
@@ -240,6 +261,8 @@ class Keys:
                 return _job_key(_job(job), rest)
             case ["parts", job, *rest]:
                 return _part_key(_job(job), rest)
+            case ["specs", job]:
+                return KeyRef(KeyKind.BODY, _job(job))
             case _:
                 raise DecodeError("", "no such key: the layout has no key of this name")
 

@@ -50,8 +50,12 @@ class KV(Protocol):
         """Write ``value`` JSON-encoded, attached to ``lease`` when given."""
         ...
 
-    def txn(self, compare: Sequence[Compare], puts: Sequence[Put], deletes: Sequence[str] = ()) -> bool:
-        """If every comparison holds, apply the puts and deletes at one revision; True if applied."""
+    def txn(
+        self, compare: Sequence[Compare], puts: Sequence[Put], deletes: Sequence[str | Query] = ()
+    ) -> bool:
+        """If every comparison holds, apply the puts and deletes at one revision; True if applied.
+        A delete is a key, or a range (a ``Query``'s key, prefix or end; a range must not hold a
+        key that is put)."""
         ...
 
     def delete(self, key: str) -> bool:

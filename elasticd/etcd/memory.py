@@ -68,6 +68,14 @@ def _encode(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
 
 
+def _covers(q: Query, key: str) -> bool:
+    """Whether the range ``q`` names ``key`` (as etcd checks a txn's puts against its deletes:
+    by the ranges, whether the key exists or not)."""
+    if q.prefix:
+        return key.startswith(q.key)
+    return in_range(key, q.key, q.end) if q.end is not None else key == q.key
+
+
 class MemoryKV:
     """Thread-safe under one lock; watch callbacks run outside it, one at a time, in order."""
 
@@ -145,11 +153,14 @@ class MemoryKV:
     def put_json(self, key: str, value: Any, lease: int | None = None) -> None:
         self.txn([], [Put(key, value, lease)])
 
-    def txn(self, compare: Sequence[Compare], puts: Sequence[Put], deletes: Sequence[str] = ()) -> bool:
+    def txn(
+        self, compare: Sequence[Compare], puts: Sequence[Put], deletes: Sequence[str | Query] = ()
+    ) -> bool:
         data = [(p.key, _encode(p.value), p.lease or 0) for p in puts]
+        ranges = [d if isinstance(d, Query) else Query(d) for d in deletes]
         with self._op():
             written = {p.key for p in puts}
-            if len(written) < len(puts) or written.intersection(deletes):
+            if len(written) < len(puts) or any(_covers(q, k) for q in ranges for k in written):
                 raise EtcdUnavailable("etcd refused the request: duplicate key given in txn request")
             if puts:
                 self._check_space()  # (etcd refuses before it compares, as the request would grow it)
@@ -159,7 +170,7 @@ class MemoryKV:
                 raise EtcdUnavailable("etcd refused the request: requested lease not found")
             for key, value, lease in data:
                 self._set(key, value, lease)
-            removed = [self._remove(key) for key in deletes]
+            removed = [self._remove(kv.key) for q in ranges for kv in self._read(q).kvs]
             if data or any(removed):
                 self._revision += 1
             return True
@@ -249,6 +260,9 @@ class MemoryKV:
             kvs = [self._kvs[q.key]] if q.key in self._kvs else []
         if q.count_only:  # no keys, as Query says
             return Found([], len(kvs))
+        if q.min_mod_revision:  # etcd filters the keys but counts the whole range
+            return Found(sorted((kv for kv in kvs if kv.mod_revision >= q.min_mod_revision),
+                                key=lambda kv: kv.key), len(kvs))  # fmt: skip
         if q.oldest_only:
             return Found(sorted(kvs, key=lambda kv: kv.create_revision)[:1], len(kvs))
         if q.first_only:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from elasticd.jobs.spec import JobSpec
+from elasticd.jobs.head import JobHead
 from elasticd.jobs.state import EndReason
 from elasticd.rendezvous.snapshot import JobSnapshot
 
@@ -28,22 +28,22 @@ def admit(
 ) -> Admission:
     """A drained node (node-wide, or for this job) joins nothing; others join where there is a seat.
     A node whose address other hosts cannot reach (``single_host_only``) joins no multi-node job."""
-    spec = snap.spec
-    if spec is None or snap.ended or snap.round is None or not spec.allows(node):
+    head = snap.head
+    if head is None or snap.ended or snap.round is None or not head.allows(node):
         return Admission(False)
     if draining or node in snap.drains:
         return Admission(False)
     result = snap.result
     if result is not None:
-        seats = spec.nnodes.max - len(result.members)  # a running round: join at the next one
+        seats = head.nnodes.max - len(result.members)  # a running round: join at the next one
     else:
-        seats = spec.nnodes.max - len(snap.current_joins)
+        seats = head.nnodes.max - len(snap.current_joins)
     if seats <= 0:
         return Admission(False)
-    if single_host_only and spec.nnodes.max > 1:
+    if single_host_only and head.nnodes.max > 1:
         return Admission(False, single_host_note(node))
-    if free_slots < spec.nproc_per_node:
-        need = spec.nproc_per_node
+    if free_slots < head.nproc_per_node:
+        need = head.nproc_per_node
         return Admission(
             False, f"{node} is waiting for {need} free {unit} ({free_slots} of {total_slots} free now)"
         )
@@ -64,7 +64,7 @@ class Refusal:
     reason: str
 
 
-def refuse(spec: JobSpec, node: str, daemon_uid: int, allow_root_jobs: bool) -> Refusal | None:
+def refuse(head: JobHead, node: str, daemon_uid: int, allow_root_jobs: bool) -> Refusal | None:
     """Whether this node must fail a job it is allowed to run, because of whom it would run as.
 
     The spec's uid is only a claim: anyone who can write to etcd can write ``"uid": 0``. Whether a
@@ -73,9 +73,9 @@ def refuse(spec: JobSpec, node: str, daemon_uid: int, allow_root_jobs: bool) -> 
     Failing (rather than just not joining) tells the submitter at once instead of leaving the
     job pending until its join timeout.
     """
-    if not spec.allows(node):
+    if not head.allows(node):
         return None
-    return refuse_identity(spec.uid, spec.user, node, daemon_uid, allow_root_jobs)
+    return refuse_identity(head.uid, head.user, node, daemon_uid, allow_root_jobs)
 
 
 def refuse_identity(uid: int, user: str, node: str, daemon_uid: int, allow_root_jobs: bool) -> Refusal | None:

@@ -62,11 +62,11 @@ def check_scope(
             ran.update(range(m.rank_offset, m.rank_offset + m.local_world_size))
     if rank in ran:
         return  # on another node: the client says where
-    spec = snap.spec
-    if spec is not None and rank >= spec.nnodes.max * spec.nproc_per_node:
+    head = snap.head
+    if head is not None and rank >= head.nnodes.max * head.nproc_per_node:
         raise RankNotFound(
-            f"job {snap.job_id} has no rank {rank}: it has at most {spec.nnodes.max * spec.nproc_per_node} "
-            f"({spec.nnodes.max} node(s) x {spec.nproc_per_node} per node)",
+            f"job {snap.job_id} has no rank {rank}: it has at most {head.nnodes.max * head.nproc_per_node} "
+            f"({head.nnodes.max} node(s) x {head.nproc_per_node} per node)",
             rank=rank,
         )
     if snap.ended:

@@ -28,10 +28,12 @@ JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 # A plain user name: what pwd may hold (or the uid as digits when it has no entry), nothing that
 # could be read as a path, an option or a second field.
 _USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}\$?$")
+NAME, USER = _NAME, _USER  # what a job's head (``elasticd.jobs.head``) is checked by, too
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_ID = 2**32 - 2  # uid/gid: (uid_t)-1 means "unchanged" to setresuid, never a user
 MAX_NPROC_PER_NODE = 1024
 MAX_NODES = 4096
+MAX_ALLOWED_NODES = 256  # node ids a job may name in ``nodes`` (none: any node); its head holds them all
 MIN_HANG_TIMEOUT_S = 1.0
 MAX_HANG_TIMEOUT_S = 86400.0
 MAX_PRELOAD = 32
@@ -176,6 +178,10 @@ class JobSpec:
             raise InvalidSpec(f"script must be an absolute path, got {self.entry!r}")
         if not 0 <= self.last_call_s <= 3600 or not 0 < self.join_timeout_s <= 86400:
             raise InvalidSpec("last_call_s must be 0..3600 and join_timeout_s 0..86400 seconds")
+        if len(self.nodes) > MAX_ALLOWED_NODES:
+            raise InvalidSpec(
+                f"nodes may name at most {MAX_ALLOWED_NODES} nodes, got {len(self.nodes)} (none: any node)"
+            )
         if not all(isinstance(n, str) and _NAME.match(n) for n in self.nodes):
             raise InvalidSpec(f"nodes must be node ids, got {list(self.nodes)[:10]}")
         if self.submitted_on and not NODE_ID.match(self.submitted_on):

@@ -39,21 +39,21 @@ class JobTicket:
 
 def ticket_of(snap: JobSnapshot) -> JobTicket | None:
     """The job's ticket; None for a job that has ended (or has a record nothing can be built on),
-    and for one whose spec is unreadable (the janitor fails those)."""
-    spec = snap.spec
-    if spec is None or snap.ended:
+    and for one whose head is unreadable (the janitor fails those)."""
+    head = snap.head
+    if head is None or snap.ended:
         return None
     state = job_state(snap)
     result = snap.result
     return JobTicket(
         id=snap.job_id,
-        user=spec.user,
-        uid=spec.uid,
-        submitted_at=spec.submitted_at,
-        priority=spec.priority,
-        spec_bytes=snap.spec_bytes,
+        user=head.user,
+        uid=head.uid,
+        submitted_at=head.submitted_at,
+        priority=head.priority,
+        spec_bytes=head.spec_bytes,
         state=state,
-        slots=spec.nnodes.min * spec.nproc_per_node,
+        slots=head.nnodes.min * head.nproc_per_node,
         held=result.world_size if state is JobState.RUNNING and result is not None else 0,
     )
 

@@ -36,10 +36,10 @@ def _reason(snap: JobSnapshot, state: JobState) -> str:
         return snap.final.reason
     if snap.invalid:
         return snap.invalid[0].describe()
-    spec = snap.spec
+    head = snap.head
     if state is JobState.RUNNING:
         return f"round {snap.current}"
-    need = spec.nnodes.min if spec else 1
+    need = head.nnodes.min if head else 1
     parts = [snap.round.detail] if snap.round is not None and snap.round.detail else []
     parts += list(snap.pending.values())
     parts.append(f"{len(snap.current_joins)} of {need} node(s) joined round {snap.current}")
@@ -54,7 +54,7 @@ def waits_for(snap: JobSnapshot, state: JobState) -> WaitsFor | None:
         return None
     if snap.pending:
         return WaitsFor.CAPACITY
-    need = snap.spec.nnodes.min if snap.spec else 1
+    need = snap.head.nnodes.min if snap.head else 1
     return WaitsFor.NODES if len(snap.current_joins) < need else None
 
 
@@ -99,7 +99,7 @@ def selected(snap: JobSnapshot, states: Collection[JobState], user: str | None) 
     (any when None; a job whose spec is unreadable has no user)."""
     if states and job_state(snap) not in states:
         return False
-    return user is None or (snap.spec is not None and snap.spec.user == user)
+    return user is None or (snap.head is not None and snap.head.user == user)
 
 
 def started_at(snap: JobSnapshot) -> float | None:
@@ -110,7 +110,7 @@ def started_at(snap: JobSnapshot) -> float | None:
         return first.closed_at
     if not snap.results and snap.current == 0:
         return None
-    return snap.spec.submitted_at if snap.spec is not None else None
+    return snap.head.submitted_at if snap.head is not None else None
 
 
 def last_result(snap: JobSnapshot, state: JobState) -> RoundResult | None:
@@ -161,7 +161,7 @@ def job_view(snap: JobSnapshot, local_node: str) -> dict[str, Any]:
 
 
 def _view(snap: JobSnapshot, local_node: str) -> JobView:
-    spec = snap.spec
+    head = snap.head
     state = job_state(snap)
     result = last_result(snap, state)
     members: list[MemberView] = []
@@ -211,17 +211,17 @@ def _view(snap: JobSnapshot, local_node: str) -> JobView:
     }
     if snap.invalid:
         view["invalid_records"] = [{"key": k.key, "why": k.why} for k in snap.invalid]
-    if spec is not None:
+    if head is not None:
         view |= {
-            "name": spec.name,
-            "user": spec.user,
-            "max_restarts": spec.max_restarts,
-            "nnodes": str(spec.nnodes),
-            "nproc_per_node": spec.nproc_per_node,
-            "argv": spec.argv,
-            "submitted_at": spec.submitted_at,
-            "submitted_on": spec.submitted_on,
-            "allowed_nodes": list(spec.nodes),
+            "name": head.name,
+            "user": head.user,
+            "max_restarts": head.max_restarts,
+            "nnodes": str(head.nnodes),
+            "nproc_per_node": head.nproc_per_node,
+            "argv": list(head.argv),
+            "submitted_at": head.submitted_at,
+            "submitted_on": head.submitted_on,
+            "allowed_nodes": list(head.nodes),
         }
     if failure:
         view["failure"] = cast(FailureView, failure)  # checked as a WorkerFailure when read

@@ -27,7 +27,6 @@ class Admitter:
         self._uid = os.geteuid()
         self.allocator = Allocator(rt.inventory.slots)
         self.draining: DrainRecord | None = None  # this node's drain record, while drained
-        self._notes: dict[str, str] = {}
 
     @property
     def unit(self) -> str:
@@ -35,12 +34,12 @@ class Admitter:
 
     async def consider(self, snap: JobSnapshot, store: JobStore, lease: int | None) -> tuple[int, ...] | None:
         """The slots this node takes the job with, or None (and why, in the job's pending notes)."""
-        assert snap.spec is not None
-        spec, node = snap.spec, self._rt.node_id
-        refusal = refuse(spec, node, self._uid, self._allow_root_jobs)
+        assert snap.head is not None
+        head, node = snap.head, self._rt.node_id
+        refusal = refuse(head, node, self._uid, self._allow_root_jobs)
         if refusal is not None:
             if await store.finalize(JobState.FAILED, refusal.code, refusal.reason):
-                _log.warning("job.refused", job=spec.id, code=refusal.code.value, reason=refusal.reason)
+                _log.warning("job.refused", job=head.id, code=refusal.code.value, reason=refusal.reason)
             return None
         free = len(self.allocator.free())
         decision = admit(
@@ -52,13 +51,13 @@ class Admitter:
             draining=self.draining is not None,
             single_host_only=self._rt.single_host_only,
         )
-        if decision.note != self._notes.get(spec.id) and lease is not None and snap.result is None:
+        # Written only when it differs from what the job's read holds: with many pending jobs,
+        # a scan must not rewrite every one's note (nor a restarted daemon, while they hold).
+        if decision.note != snap.pending.get(node) and lease is not None and snap.result is None:
             await store.note_pending(node, decision.note, lease)
-            self._notes[spec.id] = decision.note or ""
         if not decision.join:
             return None
-        return self.allocator.allocate(spec.id, spec.nproc_per_node)
+        return self.allocator.allocate(head.id, head.nproc_per_node)
 
     def release(self, job_id: str) -> None:
         self.allocator.release(job_id)
-        self._notes.pop(job_id, None)

@@ -27,7 +27,6 @@ once, as ever: their members were fenced before their leases could expire.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable
 
@@ -113,12 +112,12 @@ class Janitor:
                 if self._retention_s is not None:
                     due.append(snap.final.ended_at + self._retention_s)
             elif (
-                snap.spec is not None
+                snap.head is not None
                 and snap.round is not None
                 and not snap.result
                 and not snap.current_joins
             ):
-                due.append(snap.round.opened_at + snap.spec.join_timeout_s)
+                due.append(snap.round.opened_at + snap.head.join_timeout_s)
         now = self._clock()
         return min((t for t in due if t > now), default=None)
 
@@ -132,12 +131,12 @@ class Janitor:
                 _log.info("job.expired", job=snap.job_id, ended_at=snap.final.ended_at)
             elif snap.final is None and snap.invalid:
                 await self._fail_invalid(snap)
-            elif snap.spec is not None and not snap.ended:
+            elif snap.head is not None and not snap.ended:
                 await self._orphan(snap)
 
     async def drop_strays(self, strays: dict[str, list[str]]) -> None:
         """Delete parts of jobs that have no records (``snapshot.parse_jobs``), unless the job
-        exists again by now (its spec is created with its first records, in one transaction)."""
+        exists again by now (its head is created with its first records, in one transaction)."""
         for job_id, stray in strays.items():
             guard = [Compare(self._keys.job_spec(job_id), "create", 0)]
             for start in range(0, len(stray), MAX_TXN_DELETES):
@@ -199,8 +198,8 @@ class Janitor:
 
     async def _orphan(self, snap: JobSnapshot) -> None:
         """A job no live member looks after: restart it (spending a restart) or fail it."""
-        assert snap.spec is not None and snap.round is not None
-        spec, result = snap.spec, snap.result
+        assert snap.head is not None and snap.round is not None
+        head, result = snap.head, snap.result
         store = self._store_of(snap.job_id)
         if result is not None:
             done = snap.done.get(snap.current, set())
@@ -216,15 +215,15 @@ class Janitor:
             if len(result.nodes) == 1 and self._waiting_for(key, result.nodes[0]):
                 return
             why = f"every node of round {snap.current} was lost"
-            plan = rdzv.plan_bump(RoundReason.MEMBER_LOST, snap.restarts, spec.max_restarts, why)
+            plan = rdzv.plan_bump(RoundReason.MEMBER_LOST, snap.restarts, head.max_restarts, why)
             if plan.fail:
                 await store.finalize(JobState.FAILED, EndReason.NODES_LOST, plan.why)
                 return
             info = RoundInfo(snap.current + 1, RoundReason.MEMBER_LOST, self._clock(), (), plan.why)
             if await store.bump(Seen.of(snap), info, plan.spend):
                 _log.warning("job.orphaned", job=snap.job_id, round=snap.current, action="restart")
-        elif not snap.current_joins and self._clock() - snap.round.opened_at > spec.join_timeout_s:
-            why = f"only 0 of the {spec.nnodes.min} nodes needed joined within {spec.join_timeout_s:g}s"
+        elif not snap.current_joins and self._clock() - snap.round.opened_at > head.join_timeout_s:
+            why = f"only 0 of the {head.nnodes.min} nodes needed joined within {head.join_timeout_s:g}s"
             await store.finalize(JobState.FAILED, EndReason.JOIN_TIMEOUT, why)
 
     def _waiting_for(self, key: tuple[str, int], node: str) -> bool:
@@ -242,9 +241,9 @@ class Janitor:
 
 
 def _size(snap: JobSnapshot) -> int:
-    """About how many bytes a job's records take in etcd: its spec, and the rest roughly."""
-    spec = len(json.dumps(snap.spec.to_json())) if snap.spec is not None else 0
-    return spec + JOB_OVERHEAD
+    """About how many bytes a job's records take in etcd: its full spec, and the rest (its head
+    among them) roughly."""
+    return (snap.head.spec_bytes if snap.head is not None else 0) + JOB_OVERHEAD
 
 
 def report(snaps: dict[str, JobSnapshot]) -> None:

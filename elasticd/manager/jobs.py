@@ -15,28 +15,32 @@ from elasticd import log
 from elasticd.agent.executor import JobAgent
 from elasticd.agent.record import AgentState
 from elasticd.aio import wait_event
+from elasticd.decode import DecodeError
 from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keys import Change, Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.space import Space
-from elasticd.etcd.types import Query
 from elasticd.jobs import logdir, logread
+from elasticd.jobs.head import JobHead
 from elasticd.jobs.launch import NodeRuntime
 from elasticd.jobs.queue import Turns, admission_order
 from elasticd.jobs.quota import NO_QUOTAS, Quotas
+from elasticd.jobs.spec import JobSpec
+from elasticd.jobs.state import EndReason, JobState
 from elasticd.jobs.ticket import tickets_of
 from elasticd.manager import janitor as janitors
 from elasticd.manager import quotas as limits
 from elasticd.manager.access import ROOT_ONLY, Admins
 from elasticd.manager.admitter import Admitter
 from elasticd.manager.janitor import Janitor
+from elasticd.manager.jobsread import Jobs, JobsRead
 from elasticd.manager.recent import RecentRead
 from elasticd.manager.recovery import recover
 from elasticd.manager.wakes import QUIET_KINDS, SCAN_KINDS, NodeWakes
 from elasticd.node.registry import NodeRegistry, parse_node_drain
 from elasticd.node.statedir import StateDir
 from elasticd.rendezvous.model import RoundReason
-from elasticd.rendezvous.snapshot import JobSnapshot, parse_jobs
+from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.rendezvous.store import EtcdJobStore, JobStore
 
 _log = log.get("elasticd.jobs")
@@ -45,6 +49,9 @@ _log = log.get("elasticd.jobs")
 # the janitor's decisions that come due by time alone wake it when they do (``Janitor.next_due``),
 # so this only bounds how long a change could go unseen if the watch stream stalled silently.
 SCAN_S = 10.0
+# A safety-net wake that finds the jobs read unchanged (``JobsRead``) does nothing more, but no
+# longer than this after the last full scan: a full one then redoes whatever a failed write left.
+FULL_SCAN_S = 60.0
 DUE_SLACK_S = 0.05  # wake just after a janitor deadline, not just before it
 
 
@@ -78,6 +85,12 @@ class JobManager:
         self._due: float | None = None  # when the janitor's next decision by time alone comes due
         self._stopping = False
         self._node_wakes = NodeWakes()
+        # Jobs a scan is taking this node into: it reads the full spec (an await) between the
+        # admission and the agent, and a submit's scan and the watch's may overlap.
+        self._joining: set[str] = set()
+        self._jobs = JobsRead(kv, keys)  # the scan's and status's reads cost what changed
+        self._settled: tuple[Jobs, int] | None = None  # the read and drain of the last full scan
+        self._settled_at = 0.0
         # What ``status`` shows: every job from a recent read, dropped at any change to a job
         # this daemon sees (``wake``) and at its own writes (``CommandService``).
         self.recent: RecentRead[dict[str, JobSnapshot]] = RecentRead(self.snapshots)
@@ -155,40 +168,47 @@ class JobManager:
     # -- the scan ---------------------------------------------------------------------------------
     async def run(self) -> None:
         """Look for jobs to join (woken by the watch, with a slow poll under it) until cancelled."""
+        quiet = False
         while True:
-            self._due = None
             try:
-                await self.scan()
+                await self.scan(quiet=quiet)
             except EtcdUnavailable as exc:
                 _log.warning("jobs.scan_failed", error=str(exc))
             timeout = SCAN_S
             if self._due is not None:
                 timeout = min(SCAN_S, max(0.0, self._due - self.janitor.now()) + DUE_SLACK_S)
-            await wait_event(self._wake, timeout)
+            quiet = not await wait_event(self._wake, timeout) and timeout >= SCAN_S  # the safety net
             self._wake.clear()
 
     async def snapshots(self) -> dict[str, JobSnapshot]:
         """Every job, all as of one revision (one read of ``jobs/`` and ``parts/``)."""
         return (await self._read_jobs())[0]
 
-    async def _read_jobs(self) -> tuple[dict[str, JobSnapshot], dict[str, list[str]]]:
+    async def _read_jobs(self) -> Jobs:
         """Every job as ``snapshots``, and the parts of no job (``parse_jobs``), which the
-        janitor deletes."""
-        queries = [Query(self._keys.jobs(), prefix=True), Query(self._keys.all_parts(), prefix=True)]
-        found = await asyncio.to_thread(self._kv.read_many, queries)
-        return parse_jobs(self._keys, [kv for f in found for kv in f.kvs])
+        janitor deletes; read again only if something changed (``JobsRead``)."""
+        return await self._jobs.read()
 
-    async def scan(self, clean_up: bool = True) -> None:
+    async def scan(self, clean_up: bool = True, quiet: bool = False) -> None:
         """Join what this node should join; with ``clean_up``, do the janitor's round if elected
-        (a submit's scan skips it: the submitter waits for this scan)."""
+        (a submit's scan skips it: the submitter waits for this scan). A ``quiet`` scan (the
+        safety net's, which nothing asked for) stops once it finds nothing changed since the
+        last full scan, up to ``FULL_SCAN_S`` after it."""
         lease = self._registry.lease_id
         if self._stopping or lease is None:
             return
-        snaps, strays = await self._read_jobs()
+        jobs = await self._read_jobs()
+        snaps, strays = jobs
         drain = await asyncio.to_thread(self._kv.get, self._keys.drain(self.rt.node_id))
+        seen = (jobs, drain.mod_revision if drain is not None else 0)
+        if quiet and self._unchanged(seen):
+            return
+        self._settled = None  # until this scan completes
         self.admitter.draining = parse_node_drain(self._keys, drain) if drain is not None else None
         self._apply_drains(snaps)
         janitors.report(snaps)
+        if clean_up:
+            self._due = None
         janitor = clean_up and await self.janitor.elected(lease)
         if janitor:  # first: etcd near its quota (or at it, refusing the writes below) needs room
             for job_id in await self.janitor.relieve(snaps):
@@ -204,7 +224,18 @@ class JobManager:
             self._due = self.janitor.next_due(snaps)
         if clean_up:
             await asyncio.to_thread(self.sweep_logs, set(snaps))
+            self._settled, self._settled_at = seen, time.monotonic()
         self._registry.publish_soon()
+
+    def _unchanged(self, seen: tuple[Jobs, int]) -> bool:
+        """The same read (the very objects: ``JobsRead``) and drain as the last full scan's, recently."""
+        settled = self._settled
+        return (
+            settled is not None
+            and settled[0] is seen[0]
+            and settled[1] == seen[1]
+            and time.monotonic() - self._settled_at < FULL_SCAN_S
+        )
 
     def sweep_logs(self, known: set[str]) -> list[str]:
         """Drop this node's logs of jobs whose records are gone (removed, or past retention)."""
@@ -215,11 +246,25 @@ class JobManager:
         return removed
 
     async def _consider(self, snap: JobSnapshot, lease: int) -> None:
-        assert snap.spec is not None
-        spec = snap.spec
-        store = self.store_of(spec.id)
+        assert snap.head is not None
+        if not snap.head.allows(self.rt.node_id):
+            return  # a job for other nodes: nothing to decide or note here (``admit``, ``refuse``)
+        if snap.job_id in self._joining:
+            return  # another scan (a submit's, the watch's) is taking this node into the job
+        self._joining.add(snap.job_id)
+        try:
+            await self._join(snap, snap.head, lease)
+        finally:
+            self._joining.discard(snap.job_id)
+
+    async def _join(self, snap: JobSnapshot, head: JobHead, lease: int) -> None:
+        store = self.store_of(snap.job_id)
         slots = await self.admitter.consider(snap, store, lease)
         if slots is None:
+            return
+        spec = await self._full_spec(head, store)
+        if spec is None:
+            self.admitter.release(snap.job_id)
             return
         agent = JobAgent(
             spec, self.rt, store, self._registry, slots, self._agent_changed, on_invalid=self._wake.set
@@ -231,6 +276,17 @@ class JobManager:
             "job.joining", job=spec.id, node=self.rt.node_id, devices=self.rt.inventory.visible_devices(slots)
         )
         agent.start()
+
+    async def _full_spec(self, head: JobHead, store: JobStore) -> JobSpec | None:
+        """The job's full spec, read now that this node takes part (nothing else reads it); a
+        missing one, or one that disagrees with the head the job was admitted by, fails the job."""
+        try:
+            return await store.spec(head)
+        except DecodeError as exc:
+            reason = f"invalid record at {self._keys.relative(self._keys.job_body(head.id))}: {exc}"
+            if await store.finalize(JobState.FAILED, EndReason.INVALID_RECORD, reason):
+                _log.warning("job.failed", job=head.id, code=EndReason.INVALID_RECORD.value, reason=reason)
+            return None
 
     def _apply_drains(self, snaps: dict[str, JobSnapshot]) -> None:
         """Leave, gracefully, every job this node is drained from."""

@@ -57,9 +57,9 @@ async def _recover_job(node: str, store: JobStore, lease: Lease) -> None:
     result = snap.result
     if not snap.found or snap.ended or result is None or node not in result.nodes:
         return  # a job with a bad record is failed by the janitor
-    assert snap.spec is not None
+    assert snap.head is not None
     why = f"elasticd on {node} restarted while the job ran"
-    plan = rdzv.plan_bump(RoundReason.MEMBER_LOST, snap.restarts, snap.spec.max_restarts, why)
+    plan = rdzv.plan_bump(RoundReason.MEMBER_LOST, snap.restarts, snap.head.max_restarts, why)
     if plan.fail:
         await store.finalize(JobState.FAILED, EndReason.NODES_LOST, plan.why)
     else:

@@ -8,6 +8,7 @@ every read and write they make goes through here, and so does every permission c
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, replace
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from elasticd import log
-from elasticd.decode import DecodeError, parse_json
+from elasticd.decode import DecodeError
 from elasticd.errors import (
     Conflict,
     EtcdUnavailable,
@@ -31,6 +32,7 @@ from elasticd.etcd.types import Query
 from elasticd.events.schema import EventsArgs
 from elasticd.events.store import EventLog, Page
 from elasticd.jobs import logdir, quota
+from elasticd.jobs.head import parse_head
 from elasticd.jobs.logs import Read, attempt_starts, log_files, read_logs
 from elasticd.jobs.logscope import check_scope, round_view
 from elasticd.jobs.queue import QueuePlace, places
@@ -97,6 +99,11 @@ class CommandService:
         self._submits = SubmitWindow()  # submits per user per minute through this node
         self._queue_of: tuple[dict[str, JobSnapshot], dict[str, QueuePlace]] | None = None
         self._space = space  # how full etcd is (None: not watched)
+        # Each job's view and its JSON, by the snapshot and queue place they were made from: the
+        # recent read hands out the same snapshot while the job is unchanged (``JobsRead``), so
+        # ``status`` of a thousand jobs builds and encodes only the views of those that changed.
+        # Kept for the last read's jobs only.
+        self._views: dict[str, tuple[JobSnapshot, QueuePlace | None, dict[str, Any], bytes]] = {}
 
     # -- permissions and limits -------------------------------------------------------------------
     async def authorize(
@@ -117,9 +124,9 @@ class CommandService:
             raise quota.rate_refusal(caller.user, decision.used, decision.retry_after_s, limits)
 
     async def owner_of(self, job_id: str) -> tuple[int, str] | None:
-        """The job's owner (uid, user) for permission checks; None if its spec is unreadable.
+        """The job's owner (uid, user) for permission checks; None if its head is unreadable.
 
-        One small read (the spec, and whether the job has any key), not the whole job: every
+        One small read (the head, and whether the job has any key), not the whole job: every
         request on a job asks it first, ``logs -f`` several times a second."""
         if not valid_job_id(job_id):
             raise JobNotFound(f"no job {job_id[:80]!r}")
@@ -233,14 +240,29 @@ class CommandService:
     async def views(self, states: Collection[JobState] = (), user: str | None = None) -> list[dict[str, Any]]:
         """Every job (unreadable ones too), oldest first; only those in ``states`` (when given) and
         ``user``'s (when given). From a recent read (``JobManager.recent``)."""
+        return [view for view, _ in await self._selected_views(states, user)]
+
+    async def views_json(self, states: Collection[JobState] = (), user: str | None = None) -> bytes:
+        """``views``, as a JSON array."""
+        return b"[" + b", ".join(encoded for _, encoded in await self._selected_views(states, user)) + b"]"
+
+    async def _selected_views(
+        self, states: Collection[JobState], user: str | None
+    ) -> list[tuple[dict[str, Any], bytes]]:
         snaps = await self._manager.recent.get()
         queue = self._places(snaps)
-        views = [
-            job_view(s, self.facts.node_id) | _queue(queue.get(s.job_id))
-            for s in snaps.values()
-            if selected(s, states, user)
-        ]
-        return sorted(views, key=lambda v: v.get("submitted_at") or 0)
+        self._views = {j: self._view_of(s, queue.get(j)) for j, s in snaps.items()}
+        chosen = [self._views[j][2:] for j, s in snaps.items() if selected(s, states, user)]
+        return sorted(chosen, key=lambda v: v[0].get("submitted_at") or 0)
+
+    def _view_of(
+        self, snap: JobSnapshot, place: QueuePlace | None
+    ) -> tuple[JobSnapshot, QueuePlace | None, dict[str, Any], bytes]:
+        held = self._views.get(snap.job_id)
+        if held is not None and held[0] is snap and held[1] == place:
+            return held
+        view = job_view(snap, self.facts.node_id) | _queue(place)
+        return snap, place, view, json.dumps(view).encode()
 
     def _places(self, snaps: dict[str, JobSnapshot]) -> dict[str, QueuePlace]:
         """Each waiting job's place in the fair queue (``jobs.queue``), from one read of every job
@@ -350,14 +372,14 @@ class CommandService:
         affected = []
         too_small = []
         for jid, snap in snaps.items():
-            if snap.spec is None or snap.final is not None or (job_id is not None and jid != job_id):
+            if snap.head is None or snap.final is not None or (job_id is not None and jid != job_id):
                 continue
             members = snap.result.nodes if snap.result is not None else ()
             if node not in members:
                 continue
             affected.append(jid)
-            if len(members) - 1 < snap.spec.nnodes.min:
-                too_small.append(f"{jid} (needs {snap.spec.nnodes.min} nodes, has {len(members)})")
+            if len(members) - 1 < snap.head.nnodes.min:
+                too_small.append(f"{jid} (needs {snap.head.nnodes.min} nodes, has {len(members)})")
         if too_small and not force:
             raise Conflict(
                 f"draining {node} would take job(s) below their minimum: {', '.join(too_small)}; "
@@ -394,10 +416,10 @@ def _queue(place: QueuePlace | None) -> dict[str, Any]:
     return {} if place is None else {"queue": place.to_json()}
 
 
-def _owner(job_id: str, spec: bytes | None) -> tuple[int, str] | None:
-    """The owner a stored spec names; None when it is missing, unreadable or of another job."""
+def _owner(job_id: str, head: bytes | None) -> tuple[int, str] | None:
+    """The owner a stored head names; None when it is missing, unreadable or of another job."""
     try:
-        found = JobSpec.from_json(parse_json(spec)) if spec is not None else None
+        found = parse_head(head) if head is not None else None
     except (DecodeError, InvalidSpec):
         return None  # the janitor fails the job naming the key; only root may act on it meanwhile
     return (found.uid, found.user) if found is not None and found.id == job_id else None

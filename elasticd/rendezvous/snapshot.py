@@ -8,13 +8,15 @@ that does not parse, does not validate or should not exist is recorded in ``inva
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
 
 from elasticd.decode import DecodeError, decode, parse_json
 from elasticd.errors import InvalidSpec
 from elasticd.etcd.keys import KeyKind, KeyRef, Keys
 from elasticd.etcd.types import KeyValue
-from elasticd.jobs.spec import JobSpec
+from elasticd.jobs.head import JobHead, parse_head
 from elasticd.rendezvous.model import (
     DoneRecord,
     DrainRecord,
@@ -28,6 +30,7 @@ from elasticd.rendezvous.model import (
     pending_note,
 )
 
+T = TypeVar("T")
 REQUIRED = (KeyKind.SPEC, KeyKind.ROUND, KeyKind.RESTARTS)  # written together at submit
 MAX_RESTARTS_VALUE = 2**31 - 1
 
@@ -53,8 +56,7 @@ class JobSnapshot:
     """
 
     job_id: str
-    spec: JobSpec | None = None
-    spec_bytes: int = 0  # the stored size of ``spec`` (what the per-user limits count)
+    head: JobHead | None = None  # ``jobs/<job>/spec``; the full spec is no part of a snapshot
     round: RoundInfo | None = None
     round_mod: int = 0
     restarts: int = 0
@@ -104,14 +106,16 @@ class JobSnapshot:
         return next((k for k in self.invalid if k.key.endswith(f"/{self.job_id}/final")), None)
 
     @classmethod
-    def parse(cls, keys: Keys, job_id: str, kvs: list[KeyValue]) -> JobSnapshot:
+    def parse(
+        cls, keys: Keys, job_id: str, kvs: list[KeyValue], cache: RecordCache | None = None
+    ) -> JobSnapshot:
         snap = cls(job_id)
         base = keys.job(job_id)
         seen = {kv.key[len(base) :] for kv in kvs if kv.key.startswith(base)}
         for kv in kvs:
             snap.found += kv.key.startswith(base)
             try:
-                snap._take(keys.parse(kv.key), kv)
+                snap._take(keys.parse(kv.key), kv, cache)
             except (DecodeError, InvalidSpec) as exc:
                 why = exc.message if isinstance(exc, InvalidSpec) else str(exc)
                 snap.invalid.append(InvalidKey(keys.relative(kv.key), why[:300], kv.mod_revision))
@@ -124,20 +128,24 @@ class JobSnapshot:
         snap.last_join_revision = max((j.create_revision for j in snap.current_joins), default=0)
         return snap
 
-    def _take(self, ref: KeyRef, kv: KeyValue) -> None:
+    def _take(self, ref: KeyRef, kv: KeyValue, cache: RecordCache | None) -> None:
         """Read one key into the snapshot; DecodeError (or InvalidSpec) if it is not valid."""
         if ref.job != self.job_id:
             raise DecodeError("", "the key is not under this job")
-        value = parse_json(kv.value)
         r = ref.round if ref.round is not None else -1
-        match ref.kind:
+        match ref.kind:  # the records every job has are decoded once per revision (``cache``)
             case KeyKind.SPEC:
-                spec = JobSpec.from_json(value)
-                if spec.id != self.job_id:
-                    raise DecodeError("id", f"is {spec.id!r}, not the job's own id")
-                self.spec, self.spec_bytes = spec, len(kv.value)
+                head = cache.get(kv, parse_head) if cache is not None else parse_head(kv.value)
+                if head.id != self.job_id:
+                    raise DecodeError("id", f"is {head.id!r}, not the job's own id")
+                self.head = head
+                return
             case KeyKind.ROUND:
-                self.round, self.round_mod = RoundInfo.from_json(value), kv.mod_revision
+                info = cache.get(kv, _round) if cache is not None else _round(kv.value)
+                self.round, self.round_mod = info, kv.mod_revision
+                return
+        value = parse_json(kv.value)
+        match ref.kind:
             case KeyKind.RESTARTS:
                 restarts = decode(int, value)
                 if not 0 <= restarts <= MAX_RESTARTS_VALUE:
@@ -173,17 +181,76 @@ class JobSnapshot:
                 raise DecodeError("", "no such key: a job has no record of this name")
 
 
-def parse_jobs(keys: Keys, kvs: list[KeyValue]) -> tuple[dict[str, JobSnapshot], dict[str, list[str]]]:
+def _round(raw: bytes) -> RoundInfo:
+    return RoundInfo.from_json(parse_json(raw))
+
+
+Signature = tuple[tuple[str, int], ...]  # a job's keys and their mod revisions, in key order
+
+
+class RecordCache:
+    """Decoded records by key and mod revision, and whole snapshots by the keys and revisions they
+    were parsed from, so that a read of every job parses only what changed since the last one (a
+    thousand pending jobs, at every scan and every ``status`` refresh).
+
+    Bounded: ``retain`` keeps only the last read's keys and jobs, and no more than ``limit`` of
+    each are held. Records are frozen, and a snapshot handed out from here is shared by every
+    reader of that read (``JobManager``'s scan and ``status``): they treat it as read-only."""
+
+    def __init__(self, limit: int = 20_000) -> None:
+        self._held: dict[str, tuple[int, Any]] = {}
+        self._jobs: dict[str, tuple[Signature, JobSnapshot]] = {}
+        self._limit = limit
+        self.decoded = 0  # records decoded (not found here): what the tests count
+
+    def snapshot(self, keys: Keys, job_id: str, kvs: list[KeyValue]) -> JobSnapshot:
+        """``JobSnapshot.parse`` of ``kvs``, or the same snapshot as last time if none changed."""
+        signature = tuple((kv.key, kv.mod_revision) for kv in kvs)
+        held = self._jobs.get(job_id)
+        if held is not None and held[0] == signature:
+            return held[1]
+        snap = JobSnapshot.parse(keys, job_id, kvs, self)
+        if len(self._jobs) < self._limit or job_id in self._jobs:
+            self._jobs[job_id] = (signature, snap)
+        return snap
+
+    def get(self, kv: KeyValue, decoder: Callable[[bytes], T]) -> T:
+        held = self._held.get(kv.key)
+        if held is not None and held[0] == kv.mod_revision:
+            return cast(T, held[1])
+        record = decoder(kv.value)  # raises for a bad one, which is not held
+        self.decoded += 1
+        if len(self._held) < self._limit or kv.key in self._held:
+            self._held[kv.key] = (kv.mod_revision, record)
+        return record
+
+    def retain(self, keys: set[str], jobs: set[str]) -> None:
+        """Forget every key not in ``keys`` and every job not in ``jobs`` (the last read's)."""
+        self._held = {k: v for k, v in self._held.items() if k in keys}
+        self._jobs = {j: v for j, v in self._jobs.items() if j in jobs}
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+
+def parse_jobs(
+    keys: Keys, kvs: list[KeyValue], cache: RecordCache | None = None
+) -> tuple[dict[str, JobSnapshot], dict[str, list[str]]]:
     """Every job in one read of ``jobs/`` and ``parts/`` (one revision), by id; and the keys of
     parts of no job: ``parts/<job>/`` of a job that has no records, put after its removal (a
     status a leaving agent published late). Those make no job; their node's lease lasts as long
-    as its daemon, so the janitor deletes them."""
+    as its daemon, so the janitor deletes them. With ``cache``, records unchanged since the
+    cache's last read are not decoded again, and the cache keeps only this read's keys."""
     by_job: dict[str, list[KeyValue]] = {}
     for kv in kvs:
         job = keys.job_of(kv.key)
         if job is not None:
             by_job.setdefault(job, []).append(kv)
-    snaps = [JobSnapshot.parse(keys, job, items) for job, items in by_job.items()]
+    if cache is None:
+        snaps = [JobSnapshot.parse(keys, job, items) for job, items in by_job.items()]
+    else:
+        snaps = [cache.snapshot(keys, job, items) for job, items in by_job.items()]
+        cache.retain({kv.key for kv in kvs}, set(by_job))
     strays = {s.job_id: [kv.key for kv in by_job[s.job_id]] for s in snaps if not s.found}
     return {s.job_id: s for s in snaps if s.found}, strays
 

@@ -4,7 +4,9 @@ change it, behind the async ``JobStore`` protocol.
 Reads are a single request over ``jobs/<job>/`` and the job's parts ``parts/<job>/`` (its joins,
 statuses and pending notes), at one revision, so a snapshot is never torn.
 Every write that must not race is a transaction guarded by revisions (the fencing tokens):
-- the job is created once (``create(spec) == 0``);
+- the job is created once (``create(head) == 0``), its head (``jobs/<job>/spec``) and its full
+  spec (``specs/<job>``, read by a node about to take part: ``spec``) together, and removed
+  with them together;
 - a round's result is written once (``create(result) == 0``) and never after the job ended;
 - the round advances only from the revision the caller saw (``mod(round)``), together with the
   restart counter (``mod(restarts)``), so concurrent observers of one event bump it once;
@@ -27,6 +29,7 @@ from elasticd.decode import DecodeError, parse_json
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV, prefix_end
 from elasticd.etcd.types import Compare, Put, Query
+from elasticd.jobs.head import JobHead, body_bytes, check_body
 from elasticd.jobs.spec import JobSpec
 from elasticd.jobs.state import EndReason, JobState
 from elasticd.rendezvous.model import FinalRecord, Join, RoundInfo, RoundReason, RoundResult
@@ -57,6 +60,7 @@ class JobStore(Protocol):
     async def snapshot(self, joins_counted_of: int | None = None, statuses: bool = True) -> JobSnapshot: ...
     async def glance(self, round_no: int, node: str) -> Glance: ...
     async def create(self, spec: JobSpec) -> bool: ...
+    async def spec(self, head: JobHead) -> JobSpec: ...
     async def finalize(
         self, state: JobState, code: EndReason, reason: str, failure: dict[str, Any] | None = None
     ) -> bool: ...
@@ -140,14 +144,23 @@ class KVJobStore:
 
     # -- creation and the end ------------------------------------------------------------------
     async def create(self, spec: JobSpec) -> bool:
+        """Create the job: its head, its full spec and its first records, in one transaction."""
         k, j = self._keys, spec.id
         info = RoundInfo(0, RoundReason.START, time.time())
+        body = spec.to_json()
         puts = [
-            Put(k.job_spec(j), spec.to_json()),
+            Put(k.job_body(j), body),
+            Put(k.job_spec(j), JobHead.of(spec, len(body_bytes(spec))).to_json()),
             Put(k.job_round(j), info.to_json()),
             Put(k.job_restarts(j), 0),
         ]
         return await self._run(lambda: self._kv.txn([Compare(k.job_spec(j), "create", 0)], puts))
+
+    async def spec(self, head: JobHead) -> JobSpec:
+        """The job's full spec (``specs/<job>``), for a node about to take part: DecodeError when
+        it is missing, not a spec, or disagrees with ``head`` (``check_body``)."""
+        kv = await self._run(lambda: self._kv.get(self._keys.job_body(self.job_id)))
+        return check_body(head, kv.value if kv is not None else None)
 
     async def finalize(
         self, state: JobState, code: EndReason, reason: str, failure: dict[str, Any] | None = None
@@ -235,11 +248,14 @@ class KVJobStore:
         await self._run(forget)
 
     async def remove(self) -> None:
-        """Delete every record of the job (its parts first: see ``Keys.job_prefixes``)."""
+        """Delete every record of the job: its parts first (see ``Keys.job_prefixes``), then its
+        records and its full spec in one transaction, so that neither is left without the other."""
+        parts, records = self._keys.job_prefixes(self.job_id)
+        body = self._keys.job_body(self.job_id)
 
         def remove() -> None:
-            for prefix in self._keys.job_prefixes(self.job_id):
-                self._kv.delete_prefix(prefix)
+            self._kv.delete_prefix(parts)
+            self._kv.txn([], [], [Query(records, prefix=True), body])
 
         await self._run(remove)
 

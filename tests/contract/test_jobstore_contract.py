@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from elasticd.decode import DecodeError
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.memory import MemoryKV
@@ -17,7 +18,7 @@ from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.model import Join, RoundInfo, RoundReason
 from elasticd.rendezvous.store import EtcdJobStore, InlineJobStore, JobStore, Seen
 from tests.contract.test_kv_contract import Events
-from tests.fakes import JOB, make_spec
+from tests.fakes import JOB, head_of, make_spec
 
 pytestmark = pytest.mark.timeout(60)
 T = TypeVar("T")
@@ -39,9 +40,43 @@ def _join(node: str, port: int = 29500) -> Join:
 
 def test_a_job_is_created_once(store: JobStore) -> None:
     assert run(store.create(make_spec()))
-    assert not run(store.create(make_spec()))
+    assert not run(store.create(make_spec(env={"OTHER": "1"})))
     snap = run(store.snapshot())
-    assert snap.spec == make_spec() and snap.current == 0 and snap.restarts == 0 and not snap.invalid
+    assert snap.head == head_of(make_spec()) and snap.current == 0 and snap.restarts == 0 and not snap.invalid
+    assert snap.head is not None and run(store.spec(snap.head)) == make_spec()  # the first one's
+
+
+def test_the_head_and_the_full_spec_are_created_and_removed_together(
+    store: JobStore, kv: KV, base: str
+) -> None:
+    keys = Keys(base)
+    spec = make_spec(env={f"V{i}": "x" * 100 for i in range(50)})
+    assert run(store.create(spec))
+    head, body = kv.get(keys.job_spec(JOB)), kv.get(keys.job_body(JOB))
+    assert head is not None and body is not None and head.mod_revision == body.mod_revision
+    assert len(head.value) < 1024 < len(body.value)  # the environment stays out of the head
+    snap = run(store.snapshot())
+    assert snap.head is not None and snap.head.spec_bytes == len(body.value)
+    assert run(store.spec(snap.head)) == spec
+    run(store.finalize(JobState.KILLED, EndReason.KILLED, "by u"))
+    run(store.remove())
+    assert kv.get(keys.job_body(JOB)) is None and kv.get_prefix(keys.job(JOB)) == []
+    with pytest.raises(DecodeError, match="missing"):
+        run(store.spec(snap.head))
+
+
+def test_a_full_spec_that_disagrees_with_its_head_is_refused(store: JobStore, kv: KV, base: str) -> None:
+    keys = Keys(base)
+    run(store.create(make_spec()))
+    head = run(store.snapshot()).head
+    assert head is not None
+    rogue = make_spec(uid=0, user="root")  # written around the daemon: the head still says u
+    kv.put_json(keys.job_body(JOB), rogue.to_json())
+    with pytest.raises(DecodeError, match="uid"):
+        run(store.spec(head))
+    kv.put_json(keys.job_body(JOB), {"not": "a spec"})
+    with pytest.raises(DecodeError):
+        run(store.spec(head))
 
 
 def test_joins_are_ordered_by_arrival_and_the_oldest_leads(store: JobStore, kv: KV) -> None:
@@ -63,7 +98,7 @@ def test_a_counted_snapshot_counts_joins_without_reading_them(store: JobStore, k
     run(store.join(0, _join("n1"), lease))
     run(store.join(0, _join("n2"), lease))
     snap = run(store.snapshot(joins_counted_of=0))
-    assert snap.join_counts == {0: 2} and snap.current_joins == [] and snap.spec is not None
+    assert snap.join_counts == {0: 2} and snap.current_joins == [] and snap.head is not None
 
 
 def test_a_round_result_is_written_once_and_never_after_the_end(store: JobStore, kv: KV) -> None:
@@ -176,11 +211,11 @@ def test_parts_live_apart_from_the_job_and_are_read_with_it_at_one_revision(
     }
     assert list(snap.node_status) == ["n1"] and snap.pending == {"n4": "no free slots"}
     counted = run(store.snapshot(joins_counted_of=1))  # round 1's only counted, the rest read
-    assert counted.join_counts == {1: 2} and list(counted.joins) == [0] and counted.spec is not None
+    assert counted.join_counts == {1: 2} and list(counted.joins) == [0] and counted.head is not None
     assert list(counted.node_status) == ["n1"] and counted.pending == {"n4": "no free slots"}
     for r in (None, 0, 1):  # an agent's read: every join (or all but round r's, counted), no status
         agents = run(store.snapshot(joins_counted_of=r, statuses=False))
-        assert not agents.node_status and not agents.pending and agents.spec is not None
+        assert not agents.node_status and not agents.pending and agents.head is not None
         assert {q: [j.node for j in js] for q, js in agents.joins.items()} == {
             q: [j.node for j in js] for q, js in snap.joins.items() if q != r
         }
@@ -213,6 +248,7 @@ def test_old_rounds_are_forgotten_with_their_joins_and_a_removed_job_leaves_noth
     assert list(snap.node_status) == ["n1"] and list(snap.pending) == ["n2"]  # no round's: kept
     run(store.remove())
     assert kv.get_prefix(keys.job(JOB)) == kv.get_prefix(keys.job_parts(JOB)) == []
+    assert kv.get(keys.job_body(JOB)) is None and kv.get(keys.job_body(JOB + "x")) is not None
     assert not run(store.snapshot()).found
     kept = run(other.snapshot())  # a job whose id extends ours: untouched
     assert (

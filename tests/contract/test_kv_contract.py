@@ -149,6 +149,30 @@ def test_txn_applies_puts_and_deletes_at_one_revision(kv: KV, base: str) -> None
     assert kv.get(f"{base}/c") is None and must_get(kv, f"{base}/a") == a
 
 
+def test_txn_deletes_ranges_with_keys_at_one_revision(kv: KV, base: str) -> None:
+    for key in ("j/1/a", "j/1/b", "j/10/a", "s/1", "s/10"):
+        kv.put_json(f"{base}/{key}", key)
+    assert kv.txn([], [Put(f"{base}/other", 0)], [Query(f"{base}/j/1/", prefix=True), f"{base}/s/1"])
+    left = [x.key for x in kv.get_prefix(f"{base}/")]
+    assert left == [f"{base}/{k}" for k in ("j/10/a", "other", "s/10")]
+    assert kv.txn([], [], [Query(f"{base}/j/", end=f"{base}/j/2")])
+    assert kv.get(f"{base}/j/10/a") is None
+    with pytest.raises(ElasticdError):  # a put inside a deleted range names its key twice
+        kv.txn([], [Put(f"{base}/s/10/x", 1)], [Query(f"{base}/s/", prefix=True)])
+    assert kv.get(f"{base}/s/10") is not None
+
+
+def test_a_range_since_a_revision_has_its_changes_and_counts_every_key(kv: KV, base: str) -> None:
+    for key in ("a", "b", "c"):
+        kv.put_json(f"{base}/r/{key}", key)
+    since = max(x.mod_revision for x in kv.get_prefix(f"{base}/r/")) + 1
+    assert kv.read_many([Query(f"{base}/r/", prefix=True, min_mod_revision=since)]) == [Found([], 3)]
+    kv.put_json(f"{base}/r/b", "again")
+    kv.delete(f"{base}/r/c")
+    (found,) = kv.read_many([Query(f"{base}/r/", prefix=True, min_mod_revision=since)])
+    assert [x.key for x in found.kvs] == [f"{base}/r/b"] and found.count == 2
+
+
 def test_txn_naming_a_key_twice_is_refused(kv: KV, base: str) -> None:
     with pytest.raises(ElasticdError):
         kv.txn([], [Put(f"{base}/k", 1), Put(f"{base}/k", 2)])

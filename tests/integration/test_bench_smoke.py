@@ -51,3 +51,13 @@ def test_bench_rdzv_scale_prints_its_table(tmp_path: Path) -> None:
         if line.split()[:2] in (["4", "elasticd"], ["8", "elasticd"])
     ]
     assert len(rows) == 2 and all("DNF" not in r for r in rows), out
+
+
+def test_bench_queue_load_prints_its_table(tmp_path: Path) -> None:
+    out = _bench(
+        "bench_queue_load.py", "--jobs", "20", "--users", "3", "--spec-bytes", "4096", "--idle-seconds", "1",
+        "--settle", "0.2", "--requests", "3", "--think-ms", "0", "--json", str(tmp_path / "q.json"),
+    )  # fmt: skip
+    for line in ("empty cluster", "20 pending jobs", "status (all jobs)", "status <job>", "submit"):
+        assert line in out, out
+    assert (tmp_path / "q.json").read_text().startswith("[")

@@ -11,6 +11,7 @@ from elasticd.control.envelope import (
     MAX_ID_LENGTH,
     MAX_MESSAGE_BYTES,
     PROTOCOL_VERSION,
+    Encoded,
     Request,
     best_effort_id,
     encode_error,
@@ -239,3 +240,9 @@ def test_deeply_nested_json_is_bad_request() -> None:
 def test_boolean_version_is_unsupported() -> None:
     with pytest.raises(UnsupportedVersion):
         parse_request(raw(GOOD | {"v": True}))
+
+
+def test_a_result_encoded_already_is_sent_as_it_is() -> None:
+    result = {"jobs": [{"id": "j1", "argv": ["a", "\u2603"]}, {"id": "j2"}]}
+    encoded = encode_ok("r1", Encoded(json.dumps(result).encode()))
+    assert json.loads(encoded) == json.loads(encode_ok("r1", result))

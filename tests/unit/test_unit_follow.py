@@ -46,7 +46,7 @@ def snapshot(
     **fields: Any,
 ) -> JobSnapshot:
     spec = fakes.make_spec(nnodes=nnodes or NodeRange(1, 2), max_restarts=3)
-    snap = JobSnapshot(JOB, spec=spec, found=3, **fields)
+    snap = JobSnapshot(JOB, head=fakes.head_of(spec), found=3, **fields)
     detail = WorkerFailure(**{**FAILURE, "also_failed": ()}).summary()
     failed = reason is RoundReason.WORKER_FAILED
     snap.round = RoundInfo(round_no, reason, 100.0 + round_no, detail=detail if failed else "",

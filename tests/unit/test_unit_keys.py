@@ -24,7 +24,8 @@ ROUNDS = st.integers(0, MAX_ROUND)
 # Whether every daemon's watch carries a key kind (``Keys.watched``). A job's parts (its joins,
 # its nodes' statuses and pending notes) are under ``parts/<job>/``, which no daemon watches: each
 # is written by or for every node of a job, and no daemon but a round's leader (the joins of its
-# round, by a watch of its own) acts on another node's.
+# round, by a watch of its own) acts on another node's. A job's full spec (``specs/<job>``) is
+# read only by a node about to take part in the job: no daemon watches it either.
 WATCHED = {
     KeyKind.NODE: True,
     KeyKind.NODE_DRAIN: True,
@@ -32,6 +33,7 @@ WATCHED = {
     KeyKind.EVENT: True,
     KeyKind.EVENT_SEQ: True,
     KeyKind.SPEC: True,
+    KeyKind.BODY: False,
     KeyKind.ROUND: True,
     KeyKind.RESTARTS: True,
     KeyKind.FINAL: True,
@@ -57,6 +59,7 @@ def built(keys: Keys, job: str, node: str, r: int) -> dict[str, KeyRef]:
         keys.event(EventRing.OLDER, 7, job): KeyRef(KeyKind.EVENT),
         keys.event_seq(): KeyRef(KeyKind.EVENT_SEQ),
         keys.job_spec(job): KeyRef(KeyKind.SPEC, job),
+        keys.job_body(job): KeyRef(KeyKind.BODY, job),
         keys.job_round(job): KeyRef(KeyKind.ROUND, job),
         keys.job_restarts(job): KeyRef(KeyKind.RESTARTS, job),
         keys.job_final(job): KeyRef(KeyKind.FINAL, job),
@@ -76,8 +79,8 @@ def watched(keys: Keys, key: str) -> int:
     return sum(start <= key < end for start, end in keys.watched())
 
 
-def test_the_layout_is_v2_by_default() -> None:
-    assert Keys().prefix == "/elasticd/v2"
+def test_the_layout_is_v3_by_default() -> None:
+    assert Keys().prefix == "/elasticd/v3"
 
 
 def test_the_table_names_every_kind_once() -> None:
@@ -90,7 +93,11 @@ def test_every_key_parses_back_and_is_watched_as_its_kind_says(job: str, node: s
     for key, ref in built(KEYS, job, node, r).items():
         assert KEYS.parse(key) == ref
         assert watched(KEYS, key) == int(WATCHED[ref.kind]), key
-        assert key.startswith(KEYS.all_parts()) == (not WATCHED[ref.kind]), key
+        assert key.startswith((KEYS.all_parts(), KEYS.specs())) == (not WATCHED[ref.kind]), key
+        if ref.kind is KeyKind.BODY:  # apart from the job's other keys, and no read of them finds it
+            assert key == KEYS.job_body(job) and KEYS.job_of(key) is None
+            assert not any(key.startswith(p) for p in (KEYS.jobs(), KEYS.all_parts()))
+            continue
         if ref.job:  # every key of a job is in exactly one of its prefixes
             assert [p for p in KEYS.job_prefixes(job) if key.startswith(p)] == [
                 KEYS.job(job) if WATCHED[ref.kind] else KEYS.job_parts(job)
@@ -114,11 +121,11 @@ def test_a_job_and_its_rounds_cover_their_joins(job: str, node: str, r: int) -> 
         assert not other.startswith(KEYS.joins(job, r))
 
 
-def test_the_watched_ranges_are_the_whole_prefix_but_the_parts() -> None:
+def test_the_watched_ranges_are_the_whole_prefix_but_the_parts_and_the_full_specs() -> None:
     (a, b), (c, d) = KEYS.watched()
-    assert (a, b, c, d) == ("/k/v2/", "/k/v2/parts/", prefix_end("/k/v2/parts/"), prefix_end("/k/v2/"))
-    assert watched(KEYS, "/k/v2/parts") == watched(KEYS, "/k/v2/partsx") == 1  # siblings, not in it
-    assert watched(KEYS, "/k/v2/parts/x") == 0
+    assert (a, b, c, d) == ("/k/v2/", "/k/v2/parts/", prefix_end("/k/v2/specs/"), prefix_end("/k/v2/"))
+    assert watched(KEYS, "/k/v2/parts") == watched(KEYS, "/k/v2/specsx") == 1  # siblings, not in it
+    assert watched(KEYS, "/k/v2/parts/x") == watched(KEYS, "/k/v2/specs/x") == 0
     assert watched(KEYS, "/k/v20") == watched(KEYS, "/k/v2") == 0  # outside the prefix
 
 

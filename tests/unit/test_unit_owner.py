@@ -13,7 +13,7 @@ from elasticd.etcd.keys import Keys
 from elasticd.etcd.memory import MemoryKV
 from elasticd.manager.service import CommandService, NodeFacts
 from elasticd.rendezvous.store import InlineJobStore, run_inline
-from tests.fakes import JOB, make_spec
+from tests.fakes import JOB, head_of, make_spec
 
 KEYS = Keys("/x")
 
@@ -35,5 +35,5 @@ def test_owner_of_a_job_its_absence_and_an_unreadable_spec() -> None:
     assert owner(kv, JOB) is None  # only root may act on it (the janitor fails it)
     kv.delete(KEYS.job_spec(JOB))
     assert owner(kv, JOB) is None  # the job's other keys are still there
-    kv.put_json(KEYS.job_spec(JOB), make_spec(id="other-1").to_json())
+    kv.put_json(KEYS.job_spec(JOB), head_of(make_spec(id="other-1")).to_json())
     assert owner(kv, JOB) is None  # a spec naming another job owns nothing

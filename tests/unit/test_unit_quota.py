@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from types import SimpleNamespace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from elasticd.config import Settings
+from elasticd.decode import DecodeError
 from elasticd.errors import ErrorCode
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.memory import MemoryKV
 from elasticd.etcd.types import KeyValue
 from elasticd.jobs import quota
+from elasticd.jobs.head import body_bytes, check_body
 from elasticd.jobs.quota import Limit, Limits, Quotas, over_limits
 from elasticd.jobs.spec import NodeRange
 from elasticd.jobs.state import EndReason, JobState
@@ -186,7 +190,7 @@ def test_the_rule_does_not_depend_on_the_order_it_is_given(tickets: list[JobTick
 
 # -- the adapter ------------------------------------------------------------------------------------
 def _snap(job: str, round_no: int = 0, members: int = 0, **spec: object) -> JobSnapshot:
-    snap = JobSnapshot(job, spec=fakes.make_spec(id=job, **spec), spec_bytes=777)
+    snap = JobSnapshot(job, head=replace(fakes.make_head(id=job, **spec), spec_bytes=777))
     snap.round = RoundInfo(round_no, RoundReason.START, 0.0)
     if members:
         joins = [Join(f"n{i}", "10.0.0.1", 29400 + i, 2, 0) for i in range(members)]
@@ -211,13 +215,22 @@ def test_ended_and_unreadable_jobs_have_no_ticket() -> None:
     assert tickets_of([ended, invalid, JobSnapshot("x"), _snap("ok")]) == [ticket_of(_snap("ok"))]
 
 
-def test_the_stored_size_is_read_with_the_spec() -> None:
+def test_the_size_counted_is_the_one_the_head_states_and_its_body_must_have() -> None:
+    """The scan counts what the head says the full spec takes; a node about to run the job reads
+    the body, and a body of another size than its head says fails the job (``check_body``)."""
     keys = Keys("/p")
     spec = fakes.make_spec()
-    raw = json.dumps(spec.to_json(), indent=1).encode()  # written around the daemon
-    kvs = [KeyValue(keys.job_spec(spec.id), raw, 1, 1, 0)]
-    snap = JobSnapshot.parse(keys, spec.id, kvs)
-    assert snap.spec == spec and snap.spec_bytes == len(raw)
+    head = fakes.head_of(spec)
+    kvs = [KeyValue(keys.job_spec(spec.id), json.dumps(head.to_json()).encode(), 1, 1, 0)]
+    parsed = JobSnapshot.parse(keys, spec.id, kvs).head
+    assert parsed == head
+    snap = JobSnapshot(spec.id, head=parsed)
+    snap.round = RoundInfo(0, RoundReason.START, 0.0)
+    ticket = ticket_of(snap)
+    assert ticket is not None and ticket.spec_bytes == len(body_bytes(spec))
+    padded = json.dumps(spec.to_json(), indent=1).encode()  # the same spec, written around the daemon
+    with pytest.raises(DecodeError, match="spec_bytes"):
+        check_body(head, padded)
 
 
 def test_settings_like_objects_work() -> None:

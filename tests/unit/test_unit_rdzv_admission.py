@@ -48,7 +48,7 @@ def snapshot(
     drains: tuple[str, ...] = (),
 ) -> JobSnapshot:
     """A job in round ``round_no`` with ``joins`` so far; ``members`` closes it (a result)."""
-    snap = JobSnapshot(JOB, spec=spec or make_spec(), final=final)
+    snap = JobSnapshot(JOB, head=fakes.head_of(spec or make_spec()), final=final)
     if round_no is not None:
         snap.round = RoundInfo(round_no, RoundReason.START if round_no == 0 else RoundReason.SCALE_UP, 0.0)
         snap.joins[round_no] = [_join(n, i + 1) for i, n in enumerate(joins)]

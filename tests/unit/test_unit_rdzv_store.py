@@ -75,7 +75,7 @@ def parse(kvs: list[KeyValue], keys: Keys = KEYS) -> JobSnapshot:
 def test_parse_nothing() -> None:
     snap = parse([])
     assert snap.job_id == JOB
-    assert snap.spec is None and snap.round is None and snap.final is None
+    assert snap.head is None and snap.round is None and snap.final is None
     assert (snap.round_mod, snap.restarts, snap.restarts_mod) == (0, 0, 0)
     assert snap.results == {} and snap.joins == {} and snap.done == {} and snap.left == {}
     assert snap.waiting == {} and snap.node_status == {} and snap.pending == {} and snap.drains == {}
@@ -101,7 +101,7 @@ FAILURE = {
 def required() -> list[KeyValue]:
     """What every job has from its submission on."""
     info = RoundInfo(0, RoundReason.START, 1.0)
-    return [kv("spec", make_spec().to_json()), kv("round", info.to_json()), kv("restarts", 0)]
+    return [kv("spec", fakes.head_of(make_spec()).to_json()), kv("round", info.to_json()), kv("restarts", 0)]
 
 
 def test_parse_spec_round_and_restarts() -> None:
@@ -109,12 +109,12 @@ def test_parse_spec_round_and_restarts() -> None:
     info = RoundInfo(2, RoundReason.WORKER_FAILED, 50.0, ("n1", "n2"), "rank 1 failed", FAILURE, 3.0)
     snap = parse(
         [
-            kv("spec", spec.to_json(), create=3),
+            kv("spec", fakes.head_of(spec).to_json(), create=3),
             kv("round", info.to_json(), create=3, mod=17),
             kv("restarts", 1, create=3, mod=15),
         ]
     )
-    assert snap.spec == spec
+    assert snap.head == fakes.head_of(spec)
     assert snap.round == info
     assert snap.round_mod == 17  # the round's mod revision is the fencing token for bumps
     assert (snap.restarts, snap.restarts_mod) == (1, 15)
@@ -131,7 +131,7 @@ def test_parse_final() -> None:
 def test_parse_full_snapshot() -> None:
     info = RoundInfo(2, RoundReason.SCALE_UP, 50.0, ("n1",))
     kvs = [
-        kv("spec", make_spec().to_json()),
+        kv("spec", fakes.head_of(make_spec()).to_json()),
         kv("restarts", 0),
         kv("round", info.to_json(), create=2, mod=30),
         kv("rdzv/1/result", result_json(1, "n1", "n2")),
@@ -266,7 +266,7 @@ def test_join_under_another_nodes_name_is_invalid() -> None:
 def test_unknown_keys_are_invalid(rest: str) -> None:
     snap = parse([*required(), kv(rest, {"node": "n1"}, mod=9)])
     assert snap.invalid == [InvalidKey(f"jobs/{JOB}/{rest}", snap.invalid[0].why, 9)]
-    assert snap.spec == make_spec() and snap.round is not None  # the rest is read as usual
+    assert snap.head == fakes.head_of(make_spec()) and snap.round is not None  # the rest is read as usual
 
 
 def test_parse_with_another_prefix() -> None:
@@ -283,7 +283,7 @@ def test_parse_with_another_prefix() -> None:
 def test_parse_is_order_independent() -> None:
     revs = _Revs()
     kvs = [
-        kv("spec", make_spec().to_json(), create=revs.next()),
+        kv("spec", fakes.head_of(make_spec()).to_json(), create=revs.next()),
         kv("round", RoundInfo(1, RoundReason.MEMBER_LOST, 0.0).to_json(), create=revs.next()),
         kv("rdzv/0/result", result_json(0, "n1", "n2"), create=revs.next()),
         *(join_kv(1, n, join_json(n), create=revs.next()) for n in ("n2", "n3", "n1")),

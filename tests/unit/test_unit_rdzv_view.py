@@ -42,7 +42,7 @@ def snapshot(
     failure: dict[str, Any] | None = None,
     **fields: Any,
 ) -> JobSnapshot:
-    snap = JobSnapshot(JOB, spec=spec or make_spec(), final=final, **fields)
+    snap = JobSnapshot(JOB, head=fakes.head_of(spec or make_spec()), final=final, **fields)
     snap.round = RoundInfo(round_no, RoundReason.START, 0.0, detail=detail, failure=failure)
     snap.joins[round_no] = [Join(n, f"h-{n}", 29500, 2, i + 1) for i, n in enumerate(joins)]
     if members is not None:
@@ -210,7 +210,7 @@ def test_view_restarting() -> None:
 
 def test_view_without_spec() -> None:
     snap = snapshot(0, joins=("n1",))
-    snap.spec = None
+    snap.head = None
     view = job_view(snap, "n1")
     assert view["reason"] == "1 of 1 node(s) joined round 0"
     assert "name" not in view and "argv" not in view

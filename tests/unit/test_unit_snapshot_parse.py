@@ -57,7 +57,7 @@ def running() -> dict[str, Any]:
     result = build_result(0, [join], 5.0)
     status = NodeStatus("RUNNING", 0, "", (100, 101), 6.0)
     return {
-        "spec": spec.to_json(),
+        "spec": fakes.head_of(spec).to_json(),
         "round": RoundInfo(0, RoundReason.START, 1.0).to_json(),
         "restarts": 0,
         "parts:0/join/n1": join.to_json(),
@@ -94,7 +94,7 @@ def parse(kvs: list[KeyValue]) -> JobSnapshot:
 def test_the_base_snapshot_and_every_extra_kind_are_valid() -> None:
     snap = parse(kvs_of(running() | EXTRA))
     assert snap.invalid == []
-    assert snap.spec is not None and snap.result is not None and snap.final is not None
+    assert snap.head is not None and snap.result is not None and snap.final is not None
 
 
 # -- property: never raises, reports the key ---------------------------------------------------------
@@ -212,7 +212,7 @@ def test_missing_round_or_restarts_is_invalid() -> None:
 def test_a_bad_job_id_makes_every_key_invalid() -> None:
     kvs = [KeyValue(key_of(rest, "bad id"), json.dumps(v).encode(), 1, 1, 0) for rest, v in running().items()]
     snap = JobSnapshot.parse(KEYS, "bad id", kvs)
-    assert len(snap.invalid) == len(kvs) and snap.spec is None
+    assert len(snap.invalid) == len(kvs) and snap.head is None
 
 
 def test_one_bad_key_in_a_valid_snapshot_is_named_and_the_rest_is_read() -> None:
@@ -221,7 +221,7 @@ def test_one_bad_key_in_a_valid_snapshot_is_named_and_the_rest_is_read() -> None
     )
     assert [k.key for k in snap.invalid] == [f"parts/{JOB}/status/n1"]
     assert "pids" in snap.invalid[0].why
-    assert snap.spec is not None and snap.result is not None and snap.node_status == {}
+    assert snap.head is not None and snap.result is not None and snap.node_status == {}
 
 
 # -- who a job may run as --------------------------------------------------------------------------------
@@ -237,7 +237,7 @@ def test_one_bad_key_in_a_valid_snapshot_is_named_and_the_rest_is_read() -> None
     ],
 )
 def test_refuse(spec_uid: int, daemon_uid: int, allow_root: bool, code: EndReason | None) -> None:
-    spec = fakes.make_spec(uid=spec_uid, nodes=(NODE,))
+    spec = fakes.make_head(uid=spec_uid, nodes=(NODE,))
     refusal = refuse(spec, NODE, daemon_uid, allow_root)
     assert (refusal.code if refusal else None) is code
     if refusal is not None:

@@ -42,7 +42,7 @@ def snapshot(
 ) -> JobSnapshot:
     """A job in round ``round_no`` whose round ``result_round`` (default: that one) closed with
     ``members`` (2 workers each)."""
-    snap = JobSnapshot(JOB, spec=fakes.make_spec(nnodes=NodeRange(1, 4)), final=final, **fields)
+    snap = JobSnapshot(JOB, head=fakes.make_head(nnodes=NodeRange(1, 4)), final=final, **fields)
     snap.round = RoundInfo(round_no, RoundReason.START, 0.0, failure=failure)
     if members:
         r = round_no if result_round is None else result_round

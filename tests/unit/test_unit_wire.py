@@ -66,7 +66,7 @@ def snapshot(
     members: tuple[str, ...] = (),
     **fields: Any,
 ) -> JobSnapshot:
-    snap = JobSnapshot(JOB, spec=fakes.make_spec(nnodes=nnodes or NodeRange(2, 3)), **fields)
+    snap = JobSnapshot(JOB, head=fakes.make_head(nnodes=nnodes or NodeRange(2, 3)), **fields)
     snap.round = RoundInfo(round_no, RoundReason.START, 0.0)
     snap.joins[round_no] = [Join(n, f"h-{n}", 29500, 2, i + 1) for i, n in enumerate(joins)]
     if members:
@@ -89,7 +89,7 @@ def _invalid() -> JobSnapshot:
 
 def _no_spec() -> JobSnapshot:
     snap = snapshot(0, joins=("n1",))
-    snap.spec = None
+    snap.head = None
     return snap
 
 

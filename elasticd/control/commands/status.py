@@ -3,19 +3,20 @@ from __future__ import annotations
 from typing import Any
 
 from elasticd.control.commands.base import Command
+from elasticd.control.envelope import Encoded
 from elasticd.errors import InvalidArgs
 from elasticd.manager.access import Access, Caller
 from elasticd.manager.service import CommandService
 from elasticd.wire import StatusArgs
 
 
-async def status(service: CommandService, args: StatusArgs, caller: Caller) -> dict[str, Any]:
+async def status(service: CommandService, args: StatusArgs, caller: Caller) -> dict[str, Any] | Encoded:
     """Show one job, or every job the cluster knows (those in ``states``, ``user``'s, when given)."""
     if args.job:
         if args.states or args.user is not None:
             raise InvalidArgs("states and user select among all jobs: they do not go with a job")
         return {"job": await service.view(args.job)}
-    return {"jobs": await service.views(args.states, args.user)}
+    return Encoded(b'{"jobs": ' + await service.views_json(args.states, args.user) + b"}")
 
 
 COMMAND = Command("status", StatusArgs, status, Access.CONNECTED)
