@@ -11,15 +11,16 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from elasticctl.client import Client
 
 Arguments = Callable[[argparse.ArgumentParser], None]
 
 
-@dataclass(frozen=True)
-class Command:
+# Records, yet NamedTuples rather than frozen dataclasses: every command line builds them before
+# it parses, and defining a frozen dataclass costs ~0.5 ms of start-up (a NamedTuple ~0.1 ms).
+class Command(NamedTuple):
     """A command that asks the daemon: its subparser also takes ``--socket`` and ``--timeout``,
     and ``run`` gets a client for the socket and the parsed line; it returns the exit code."""
 
@@ -29,8 +30,7 @@ class Command:
     run: Callable[[Client, argparse.Namespace], int]
 
 
-@dataclass(frozen=True)
-class LocalCommand:
+class LocalCommand(NamedTuple):
     """A command that needs no daemon: ``run`` gets the whole parser and the parsed line."""
 
     name: str
