@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from elasticctl import commands
 from elasticctl.cli import main
 from elasticctl.commands import REGISTRY
 from elasticctl.commands.base import Command
@@ -37,6 +38,16 @@ def test_every_command_the_parser_knows_has_a_handler() -> None:
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     daemon = {name for name, command in REGISTRY.items() if isinstance(command, Command)}
     assert set(sub.choices) == daemon | {"completion"} == set(REGISTRY)
+
+
+def test_every_command_module_is_in_the_registry() -> None:
+    """Nothing registers itself: a module added to ``elasticctl/commands/`` is listed in ``REGISTRY``."""
+    package = Path(commands.__file__).parent
+    modules = {f"elasticctl.commands.{p.stem}" for p in package.glob("*.py")} - {
+        "elasticctl.commands.__init__",
+        "elasticctl.commands.base",
+    }
+    assert {command.run.__module__ for command in REGISTRY.values()} == modules
 
 
 def test_defaults_without_connection_options() -> None:
