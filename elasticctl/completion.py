@@ -17,7 +17,7 @@ def _annotate(parser: argparse.ArgumentParser, paths: dict[str, Any]) -> None:
 
 
 def script(parser: argparse.ArgumentParser, shell: str) -> str:
-    """The completion script of ``parser`` for ``shell`` (one of ``elasticctl.parser.SHELLS``).
+    """The completion script of ``parser`` for ``shell`` (one of ``elasticctl.commands.completion.SHELLS``).
 
     shtab is imported here, not at the top: it costs every other command ~50 ms of start-up."""
     import shtab

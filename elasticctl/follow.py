@@ -16,6 +16,7 @@ from typing import Any
 
 from elasticctl import render
 from elasticctl.client import Client, DaemonError
+from elasticctl.exits import EXIT_INTERRUPTED, EXIT_JOB_FAILED
 from elasticctl.life import Life, hhmmss
 from elasticd.jobs.ranktext import RankOutput
 from elasticd.wire import ErrorCode, JobState, JobView, LogsArgs, LogsReply, StatusArgs, is_terminal
@@ -162,3 +163,10 @@ def follow_to_end(client: Client, job: str, opts: FollowOptions) -> JobView | No
         if detail:
             print(detail, file=sys.stderr)
     return final
+
+
+def exit_status(final: JobView | None) -> int:
+    """How a command that followed a job to its end exits: 0 when it SUCCEEDED."""
+    if final is None:
+        return EXIT_INTERRUPTED
+    return 0 if final["state"] == JobState.SUCCEEDED else EXIT_JOB_FAILED

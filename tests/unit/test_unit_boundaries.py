@@ -42,9 +42,9 @@ NOT_BEFORE_SUBMIT = (
     "elasticctl.follow",
     "elasticctl.life",
     "elasticctl.render",
-    "elasticctl.logs_cmd",
-    "elasticctl.events_cmd",
-    "elasticctl.status_cmd",
+    "elasticctl.views",
+    "elasticctl.views.events",
+    "elasticctl.views.status",
     "elasticctl.completion",
     "elasticctl.run",
     "elasticd.jobs.spec",
@@ -93,9 +93,9 @@ def test_submit_sends_its_request_before_importing_what_comes_after(command: str
 
 
 def test_completion_still_works_with_shtab_imported_late() -> None:
-    from elasticctl import cli, completion
+    from elasticctl import completion, parser
 
-    text = completion.script(cli.build_parser(), "bash")
+    text = completion.script(parser.build_parser(), "bash")
     assert "elasticctl" in text and "submit" in text
 
 

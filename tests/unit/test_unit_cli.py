@@ -9,7 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from elasticctl.cli import COMMANDS, build_parser, main
+from elasticctl import commands
+from elasticctl.cli import main
+from elasticctl.commands import REGISTRY
+from elasticctl.commands.base import Command
+from elasticctl.parser import build_parser
 from elasticd import __version__
 from elasticd.daemon.main import build_parser as daemon_parser
 from elasticd.daemon.main import main as daemon_main
@@ -29,10 +33,21 @@ def test_connection_options_before_or_after_the_command(argv: list[str]) -> None
 
 
 def test_every_command_the_parser_knows_has_a_handler() -> None:
-    """The command line (``elasticctl.parser``) and the commands that run (``cli.COMMANDS``) are
-    two tables; ``completion`` is the one command that needs no daemon."""
+    """The command line (``elasticctl.parser``) is built from the commands that run
+    (``elasticctl.commands.REGISTRY``); ``completion`` is the one command that needs no daemon."""
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    assert set(sub.choices) == set(COMMANDS) | {"completion"}
+    daemon = {name for name, command in REGISTRY.items() if isinstance(command, Command)}
+    assert set(sub.choices) == daemon | {"completion"} == set(REGISTRY)
+
+
+def test_every_command_module_is_in_the_registry() -> None:
+    """Nothing registers itself: a module added to ``elasticctl/commands/`` is listed in ``REGISTRY``."""
+    package = Path(commands.__file__).parent
+    modules = {f"elasticctl.commands.{p.stem}" for p in package.glob("*.py")} - {
+        "elasticctl.commands.__init__",
+        "elasticctl.commands.base",
+    }
+    assert {command.run.__module__ for command in REGISTRY.values()} == modules
 
 
 def test_defaults_without_connection_options() -> None:
@@ -111,7 +126,7 @@ def test_completion_of_an_unknown_shell_is_a_usage_error() -> None:
 
 
 def test_submit_speaks_torchruns_vocabulary(tmp_path: Path) -> None:
-    from elasticctl.cli import submit_request
+    from elasticctl.commands.submit import submit_request
 
     script = tmp_path / "train.py"
     script.write_text("")
@@ -130,7 +145,7 @@ def test_submit_speaks_torchruns_vocabulary(tmp_path: Path) -> None:
 def test_submit_priority_is_sent_and_a_negative_one_is_a_usage_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from elasticctl.cli import submit_args
+    from elasticctl.commands.submit import submit_args
 
     (tmp_path / "train.py").write_text("")
     ns = build_parser().parse_args(["submit", "--priority", "7", "--cwd", str(tmp_path), "train.py"])

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from elasticctl import events_cmd
-from elasticctl.cli import build_parser
+from elasticctl.parser import build_parser
+from elasticctl.views import events as events_view
 from elasticd.wire import EventsArgs, EventView
 
 NOW = 1_700_000_000.0
@@ -34,10 +34,10 @@ class Canned:
 
 
 def test_json_lines_have_iso_time_kind_job_node() -> None:
-    line = json.loads(events_cmd.as_json(view(3)))
+    line = json.loads(events_view.as_json(view(3)))
     assert line["time"].endswith("+00:00") and line["kind"] == "round"
     assert (line["job"], line["node"], line["seq"], line["fields"]) == ("j-1", "n1", 3, {"round": 3})
-    assert "round" in events_cmd.as_text(view(3)) and "event 3" in events_cmd.as_text(view(3))
+    assert "round" in events_view.as_text(view(3)) and "event 3" in events_view.as_text(view(3))
 
 
 def test_follow_polls_with_the_cursor_and_names_bad_events_once(capsys: pytest.CaptureFixture[str]) -> None:
@@ -48,7 +48,7 @@ def test_follow_polls_with_the_cursor_and_names_bad_events_once(capsys: pytest.C
         {"events": [view(3)], "cursor": 3, "skipped": []},
     ])  # fmt: skip
     ns = build_parser().parse_args(["events", "-f", "j-1", "--json"])
-    assert events_cmd.cmd_events(client, ns, sleep=lambda s: None) == 0
+    assert events_view.run(client, ns, sleep=lambda s: None) == 0
     assert [a.after for a in client.asked] == [0, 2, 2, 3] and all(a.job == "j-1" for a in client.asked)
     out, err = capsys.readouterr()
     assert [json.loads(x)["seq"] for x in out.splitlines()] == [1, 3]
@@ -58,4 +58,4 @@ def test_follow_polls_with_the_cursor_and_names_bad_events_once(capsys: pytest.C
 def test_without_follow_one_request() -> None:
     client = Canned([{"events": [view(1)], "cursor": 1, "skipped": []}])
     ns = argparse.Namespace(job=None, follow=False, json=False)
-    assert events_cmd.cmd_events(client, ns) == 0 and len(client.asked) == 1
+    assert events_view.run(client, ns) == 0 and len(client.asked) == 1

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from elasticctl import cli, life
+from elasticctl import cli, exits, life
 from elasticctl.client import Client, DaemonError
+from elasticctl.commands.logs import parse_since
 from elasticctl.follow import elsewhere_notes
 from elasticctl.life import Life
-from elasticctl.parser import parse_since
 from elasticd.control.params import parse_args
 from elasticd.errors import AttemptNotFound, InvalidArgs, RankNotFound
 from elasticd.jobs.logscope import check_scope, round_view, spans
@@ -145,7 +145,7 @@ def test_a_failed_job_ends_following_with_the_failed_code(
     failed = snapshot(0, members=(("n1", 2),), final=FinalRecord(
         JobState.FAILED, "no restarts left", EndReason.WORKER_FAILED, FAILURE, 120.0))  # fmt: skip
     code, _ = run(monkeypatch, [reply(failed)], "logs", "-f", JOB)
-    assert code == cli.EXIT_JOB_FAILED
+    assert code == exits.EXIT_JOB_FAILED
     assert "first failure: rank 1" in capsys.readouterr().err
     code, _ = run(monkeypatch, [reply(SUCCEEDED)], "logs", "-f", JOB)
     assert code == 0
@@ -306,7 +306,7 @@ def test_parse_since_refuses(text: str) -> None:
 def test_logs_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         cli.build_parser().parse_args(["logs", JOB, *argv])
-    assert info.value.code == cli.EXIT_USAGE and argv[0] in capsys.readouterr().err
+    assert info.value.code == exits.EXIT_USAGE and argv[0] in capsys.readouterr().err
 
 
 # -- which ranks and attempts a job has (elasticd.jobs.logscope) ------------------------------------------

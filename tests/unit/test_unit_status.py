@@ -1,6 +1,6 @@
 """A job's lifecycle in ``status``: an ended job's world and members' end states, start and end
 times (``elasticd.jobs.view``), their rendering, ISO 8601 in JSON, and the status command's
-filters, ids and one look of ``--watch`` (``elasticctl.render``, ``elasticctl.status_cmd``)."""
+filters, ids and one look of ``--watch`` (``elasticctl.render``, ``elasticctl.views.status``)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ from typing import Any
 
 import pytest
 
-from elasticctl import cli, parser, render, status_cmd
+from elasticctl import cli, render
+from elasticctl.commands import status as status_command
 from elasticctl.entry import UsageError
+from elasticctl.views import status as status_view
 from elasticd import wire
 from elasticd.control.params import parse_args
 from elasticd.decode import Unknown, decode
@@ -315,24 +317,24 @@ def ended(job_id: str, state: JobState = JobState.SUCCEEDED) -> JobSnapshot:
 
 def test_refresh_sends_the_filters_and_prints_ids() -> None:
     client = Canned(ended("a"), snapshot(0, ("n1",)), ended("b", JobState.KILLED))
-    assert status_cmd.refresh(client, parse("--state", "succeeded,Killed", "--user", "u", "-q")) == "a\nb"
+    assert status_view.refresh(client, parse("--state", "succeeded,Killed", "--user", "u", "-q")) == "a\nb"
     assert client.sent == [StatusArgs(None, [JobState.SUCCEEDED, JobState.KILLED], "u")]
-    assert status_cmd.refresh(client, parse("-q", "--user", "nobody")) == ""
+    assert status_view.refresh(client, parse("-q", "--user", "nobody")) == ""
 
 
 def test_refresh_as_json_has_iso_times() -> None:
-    out = json.loads(status_cmd.refresh(Canned(ended("a")), parse("a", "--json")))
+    out = json.loads(status_view.refresh(Canned(ended("a")), parse("a", "--json")))
     assert out["id"] == "a" and out["ended_at"] == render.iso(CLOSED + 60)
     assert out["started_at"] == render.iso(CLOSED) and out["submitted_at"] == render.iso(SUBMITTED)
     assert render.iso(CLOSED)[-10:] == ".500+00:00"
-    listed = json.loads(status_cmd.refresh(Canned(ended("a")), parse("--json")))
+    listed = json.loads(status_view.refresh(Canned(ended("a")), parse("--json")))
     assert [j["ended_at"] for j in listed] == [render.iso(CLOSED + 60)]
 
 
 def test_refresh_renders_the_table_or_the_detail() -> None:
     client = Canned(ended("a"))
-    assert status_cmd.refresh(client, parse(), lambda: CLOSED).splitlines()[0].split()[0] == "JOB"
-    assert status_cmd.refresh(client, parse("a"), lambda: CLOSED).splitlines()[0].split() == ["id:", "a"]
+    assert status_view.refresh(client, parse(), lambda: CLOSED).splitlines()[0].split()[0] == "JOB"
+    assert status_view.refresh(client, parse("a"), lambda: CLOSED).splitlines()[0].split() == ["id:", "a"]
 
 
 @pytest.mark.parametrize(
@@ -347,13 +349,13 @@ def test_bad_status_options_are_usage_errors(argv: list[str]) -> None:
 
 def test_filters_do_not_go_with_a_job() -> None:
     with pytest.raises(UsageError, match="--state and --user"):
-        status_cmd.status_args(parse("a", "--state", "RUNNING"))
+        status_view.status_args(parse("a", "--state", "RUNNING"))
 
 
 def test_watch_defaults_and_stops_with_exit_0_on_ctrl_c(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert parse("--watch").watch == parser.WATCH_DEFAULT_S and parse().watch is None
+    assert parse("--watch").watch == status_command.WATCH_DEFAULT_S and parse().watch is None
     assert parse("--watch", "0.5").watch == 0.5
     client = Canned(ended("a"))
     sleeps: list[float] = []
@@ -363,8 +365,8 @@ def test_watch_defaults_and_stops_with_exit_0_on_ctrl_c(
         if len(sleeps) == 2:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(status_cmd.time, "sleep", sleep)
-    assert status_cmd.cmd_status(client, parse("-q", "--state", "SUCCEEDED", "--watch", "0.5")) == 0
+    monkeypatch.setattr(status_view.time, "sleep", sleep)
+    assert status_view.run(client, parse("-q", "--state", "SUCCEEDED", "--watch", "0.5")) == 0
     assert capsys.readouterr().out == "a\n\na\n\n"  # two looks, an empty line after each
     assert sleeps == [0.5, 0.5]
 

@@ -14,8 +14,9 @@ from typing import Any, NotRequired, TypedDict
 
 import pytest
 
-from elasticctl import cli, follow, render
+from elasticctl import cli, exits, follow, render
 from elasticctl.client import Client
+from elasticctl.commands import submit as submit_command
 from elasticd import wire
 from elasticd.control.commands import REGISTRY, logs, nodes, ping
 from elasticd.control.params import parse_args
@@ -158,7 +159,8 @@ def test_terminal_states_come_from_job_state() -> None:
 
 
 def _elasticctl_sources() -> dict[str, ast.Module]:
-    return {p.name: ast.parse(p.read_text()) for p in sorted(ELASTICCTL.glob("*.py"))}
+    paths = sorted(ELASTICCTL.rglob("*.py"))
+    return {str(p.relative_to(ELASTICCTL)): ast.parse(p.read_text()) for p in paths}
 
 
 def test_elasticctl_spells_no_job_state_and_matches_no_text() -> None:
@@ -246,7 +248,7 @@ def test_request_leaves_out_defaults_and_keeps_required_ones() -> None:
 def test_submit_with_no_options_sends_no_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "train.py").write_text("")
-    args = cli.submit_args(cli.build_parser().parse_args(["submit", "--env-clear", "train.py"]))
+    args = submit_command.submit_args(cli.build_parser().parse_args(["submit", "--env-clear", "train.py"]))
     for field in SUBMIT_OPTIONS.values():
         assert getattr(args, field) == default(SubmitArgs, field)
     assert set(request(args)) == {"entry_kind", "entry", "cwd", "python"}
@@ -368,7 +370,7 @@ def test_submit_warns_on_the_waits_for_field_not_on_the_reason(
 def test_follow_stops_at_a_terminal_state(
     sent: list[tuple[str, dict[str, Any]]], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert cli.main(["--socket", "/s", "submit", "--follow", "train.py"]) == cli.EXIT_JOB_FAILED
+    assert cli.main(["--socket", "/s", "submit", "--follow", "train.py"]) == exits.EXIT_JOB_FAILED
     assert [cmd for cmd, _ in sent] == ["submit", "logs", "status"]
     assert "FAILED after 0 restart(s)" in capsys.readouterr().err
 

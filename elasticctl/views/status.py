@@ -1,7 +1,7 @@
 """``elasticctl status``: one job or a table of them, filtered, as JSON or ids, once or ``--watch``.
 
 ``refresh`` is one look: a request and its rendering, as text (unit-tested against a canned
-client); ``cmd_status`` prints it once, or redraws it every few seconds until Ctrl-C (exit 0).
+client); ``run`` prints it once, or redraws it every few seconds until Ctrl-C (exit 0).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def refresh(client: Requester, ns: argparse.Namespace, now: Callable[[], float] 
     return render_reply(reply, ns, now())
 
 
-def cmd_status(client: Requester, ns: argparse.Namespace) -> int:
+def run(client: Requester, ns: argparse.Namespace) -> int:
     if ns.watch is None:
         text = refresh(client, ns)
         if text:

@@ -55,7 +55,7 @@ def show(reply: EventsReply, as_json_lines: bool, seen_bad: set[str]) -> None:
     sys.stdout.flush()
 
 
-def cmd_events(client: Requester, ns: argparse.Namespace, sleep: Callable[[float], None] = time.sleep) -> int:
+def run(client: Requester, ns: argparse.Namespace, sleep: Callable[[float], None] = time.sleep) -> int:
     cursor = 0
     seen_bad: set[str] = set()
     try:
