@@ -146,8 +146,12 @@ def warn_if_unreachable(s: Settings) -> None:
         )
 
 
-async def start_liveness(s: Settings) -> LivenessServer:
+async def start_liveness(s: Settings, stack: contextlib.AsyncExitStack) -> LivenessServer:
+    """The port peers probe to tell this node is alive. The leave closes it, in the leave's order;
+    the stack closes it too, so that a start failing after it listens leaves no port open (the
+    second close of a normal stop does nothing)."""
     liveness = LivenessServer(s.effective_address)
+    stack.push_async_callback(liveness.close)
     try:
         await liveness.start(s.worker_ports)
     except NoFreePort as exc:
@@ -234,7 +238,7 @@ async def start(
     etcd = await connect_etcd(s, stack)
     inventory = discover(node_id, s.fake_gpus, s.slots)
     warn_if_unreachable(s)
-    liveness = await start_liveness(s)
+    liveness = await start_liveness(s, stack)
     rt = runtime(s, node_id, inventory, reaper, liveness, limits, tracking)
     jobs = await build_jobs(s, stack, etcd, keys, state, rt)
     observe = Observability(
