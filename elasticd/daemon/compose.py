@@ -44,6 +44,8 @@ from elasticd.node.registry import NodeRegistry
 from elasticd.node.statedir import StateDir
 from elasticd.trustedpath import read_secret
 from elasticd.workers.cgroups.hierarchy import detect
+from elasticd.workers.cgroups.limits import LimitBackend
+from elasticd.workers.cgroups.tracking import Tracker
 from elasticd.workers.cgroups.tracking import detect as detect_tracking
 from elasticd.workers.proctree.reaper import Reaper
 from elasticd.workers.warm.pool import ZygotePool
@@ -201,8 +203,8 @@ def runtime(
     inventory: Inventory,
     reaper: Reaper,
     liveness: LivenessServer,
-    limits: Any,
-    tracking: Any,
+    limits: LimitBackend,
+    tracking: Tracker,
 ) -> NodeRuntime:
     return NodeRuntime(
         node_id,
