@@ -25,7 +25,17 @@ from elasticd.node.registry import NodeRegistry
 
 
 class Observability:
-    def __init__(self, node_id: str, kv: KV, keys: Keys, metrics_address: HostPort | None) -> None:
+    def __init__(
+        self,
+        node_id: str,
+        kv: KV,
+        keys: Keys,
+        metrics_address: HostPort | None,
+        manager: JobManager,
+        registry: NodeRegistry,
+        space: SpaceWatch | None = None,
+    ) -> None:
+        self._manager, self._node_registry, self._space = manager, registry, space
         self.recorder = EventRecorder(EventLog(kv, keys), node_id)
         self.registry = CollectorRegistry()
         self.metrics = EventMetrics(self.registry)
@@ -33,9 +43,7 @@ class Observability:
         self._server: MetricsServer | None = None
         self._unsubscribe: list[Callable[[], None]] = []
 
-    async def start(
-        self, manager: JobManager, registry: NodeRegistry, space: SpaceWatch | None = None
-    ) -> None:
+    async def start(self) -> None:
         """Subscribe, start recording, and serve metrics if asked (ConfigError if it cannot listen)."""
         self.recorder.start()
         self._unsubscribe.append(log.subscribe(self.recorder.offer))
@@ -43,6 +51,8 @@ class Observability:
             return
         collector = StateCollector()
         self.registry.register(collector)
+
+        manager, registry, space = self._manager, self._node_registry, self._space
 
         async def refresh() -> None:
             collector.update(await gather(manager, registry, space.space if space is not None else None))

@@ -37,6 +37,7 @@ from elasticd.manager.jobsread import Jobs, JobsRead
 from elasticd.manager.recent import RecentRead
 from elasticd.manager.recovery import recover
 from elasticd.manager.wakes import QUIET_KINDS, SCAN_KINDS, NodeWakes
+from elasticd.node.hooks import LeaseHooks
 from elasticd.node.registry import NodeRegistry, parse_node_drain
 from elasticd.node.statedir import StateDir
 from elasticd.rendezvous.model import RoundReason
@@ -69,6 +70,7 @@ class JobManager:
         quotas: Quotas = NO_QUOTAS,
         admins: Admins = ROOT_ONLY,
         space: Callable[[], Space | None] = lambda: None,
+        hooks: LeaseHooks | None = None,
     ) -> None:
         self.rt = rt
         self._quotas, self._admins = quotas, admins
@@ -94,8 +96,8 @@ class JobManager:
         # What ``status`` shows: every job from a recent read, dropped at any change to a job
         # this daemon sees (``wake``) and at its own writes (``CommandService``).
         self.recent: RecentRead[dict[str, JobSnapshot]] = RecentRead(self.snapshots)
-        registry.on_lost = self.fence_all
-        registry.on_granted = self.wake
+        if hooks is not None:  # the registry's lease news: fence on a loss, rescan on a grant
+            hooks.attach(self)
 
     def capacity(self) -> dict[str, Any]:
         free = self.admitter.allocator.free()

@@ -7,8 +7,8 @@ the TTL.
 Fencing: every successful keep-alive moves a local deadline to (time the request was sent + TTL -
 margin), and the reaper sidecar learns it too. Past the deadline the lease may be gone and peers
 may have moved on: multi-node workers must not run. The reaper enforces that even when this
-daemon is frozen; the daemon itself notices when it runs again, calls ``on_lost`` (which stops
-those workers first) and registers anew with a fresh lease.
+daemon is frozen; the daemon itself notices when it runs again, tells the job manager
+(``LeaseHooks.lost``, which stops those workers first) and registers anew with a fresh lease.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.types import KeyValue
 from elasticd.jobs.spec import valid_job_id, valid_node_id
+from elasticd.node.hooks import LeaseHooks
 from elasticd.node.inventory import Gpu
 from elasticd.rendezvous.model import DrainRecord
 from elasticd.workers.proctree.reaper import Reaper
@@ -113,6 +114,7 @@ class NodeRegistry:
         ttl_s: float,
         record: Callable[[], dict[str, Any]],
         reaper: Reaper,
+        hooks: LeaseHooks | None = None,
     ) -> None:
         self._etcd = etcd
         self._keys = keys
@@ -123,8 +125,7 @@ class NodeRegistry:
         self.lease_id: int | None = None
         self.deadline = 0.0  # CLOCK_MONOTONIC
         self.renewals = 0  # keep-alives that extended the lease (the metrics endpoint reports it)
-        self.on_lost: Callable[[], None] = lambda: None
-        self.on_granted: Callable[[], None] = lambda: None
+        self._hooks = hooks or LeaseHooks()
         self._dirty = asyncio.Event()
         self._published: dict[str, Any] | None = None  # the record as last written
         self._unpublished = False  # the last write of a changed record was refused (NOSPACE)
@@ -174,12 +175,12 @@ class NodeRegistry:
         self.lease_id = lease
         self._extend(sent, self.ttl_s)
         _log.info("lease.granted", node=self.node_id, lease=lease, ttl_s=self.ttl_s)
-        self.on_granted()
+        self._hooks.granted()
 
     def _lost(self, why: str) -> None:
         _log.warning("lease.lost", node=self.node_id, lease=self.lease_id, why=why)
         self.lease_id = None
-        self.on_lost()
+        self._hooks.lost()
 
     def publish_soon(self) -> None:
         """Ask for the record to be re-published (free capacity changed)."""
