@@ -6,7 +6,8 @@ actions to carry out (``elasticd.agent.actions``). It does no I/O and reads no c
 interleaving can be driven by unit and property tests; ``elasticd.agent.executor`` runs it.
 
 The rules are the round protocol of docs/architecture.md:
-- a node joins an open round, the oldest join leads it and closes it (``rendezvous.decider``);
+- a node joins an open round, the oldest join leads it and closes it (``rendezvous.decider``),
+  with the joiners it can reach (``rendezvous.reach``: a node cut from its peers is left out);
 - members run their workers; any member that sees an event (a failure, a lost member, a waiting
   newcomer) bumps the round once by compare-and-swap, or ends the job when the budget is spent;
 - workers are stopped before the node joins the next round, and a leaving node reports ``left``;
@@ -32,6 +33,8 @@ from elasticd.agent.actions import (
     Join,
     MarkDone,
     MarkLeft,
+    NotePending,
+    Probe,
     Publish,
     ReadGlance,
     ReadSnapshot,
@@ -48,6 +51,7 @@ from elasticd.agent.record import AgentRecord, AgentState, Group, Local, Observe
 from elasticd.jobs.decider import GroupOutcome
 from elasticd.jobs.state import EndReason, JobState, WorkerFailure
 from elasticd.rendezvous import decider as rdzv
+from elasticd.rendezvous import reach
 from elasticd.rendezvous.model import Join as JoinRecord
 from elasticd.rendezvous.model import RoundInfo, RoundReason, RoundResult
 from elasticd.rendezvous.snapshot import Glance, JobSnapshot
@@ -85,6 +89,12 @@ class _Step:
 
     def _set(self, **changes: Any) -> None:
         self.rec = replace(self.rec, **changes)
+
+    def _note(self, note: str | None) -> None:
+        """Say why we wait in the job's pending notes (None: we no longer do), once per change."""
+        if note != self.rec.note and self.local.lease is not None:
+            self._set(note=note)
+            self._do(NotePending(note))
 
     def _stop(self, grace_s: float) -> None:
         """Stop our workers (if any); a node that was DONE is STOPPING too."""
@@ -189,6 +199,7 @@ class _Step:
             solo = result.nodes == (self.rec.node,)
             self._set(round=snap.current, failure=None, state=AgentState.RUNNING, solo=solo)
             self._do(StartWorkers(result, me, snap.restarts), Publish())
+            self._note(None)
             self.group = Group(GroupOutcome.RUNNING)
         self._reassert(snap, result)
         self._supervise(snap, result, seen.alive)
@@ -245,6 +256,9 @@ class _Step:
             return
         joins = snap.current_joins
         if rec.node not in {j.node for j in joins}:
+            if self.now < rec.rejoin_at:
+                self._do(Wait(rec.rejoin_at))
+                return
             self._set(state=AgentState.JOINING, joined_round=info.round, lease=self.local.lease)
             self._do(ClearWaiting(), Join(info.round), Publish())
             return
@@ -269,12 +283,57 @@ class _Step:
             left=snap.left.get(info.round, set()),
         )
         if decision.verdict is rdzv.Close.NOW:
-            ordered = rdzv.order_members(joins, snap.previous_result, spec.nnodes.max)
-            self._do(CloseRound(rdzv.build_result(info.round, ordered, self.now), decision.why, info))
+            self._close(snap, info, decision.why)
         elif decision.verdict is rdzv.Close.FAIL:
             self._do(Finalize(JobState.FAILED, EndReason.JOIN_TIMEOUT, decision.why))
         else:
             self._do(Wait(decision.recheck_at, batch=True))
+
+    def _close(self, snap: JobSnapshot, info: RoundInfo, why: str) -> None:
+        """Close the round with the joiners we can reach (``rendezvous.reach``), probing first."""
+        rec, spec = self.rec, self.rec.spec
+        deadline = info.opened_at + spec.join_timeout_s
+        got = reach.admit(
+            info.round,
+            snap.current_joins,
+            rec.node,
+            self.local.reach,
+            spec.nnodes.min,
+            now=self.now,
+            deadline=deadline,
+        )
+        match got.verdict:
+            case reach.Admit.PROBE:
+                self._do(Probe(info.round, got.targets))  # then step again, with what it found
+            case reach.Admit.WITHDRAW:
+                # Most likely the cut one: let the next oldest lead, and join after it (a new join
+                # is younger than theirs). A node left out of a round is not a failure.
+                self._set(leading=False, joined_round=-1, rejoin_at=self.now + reach.REJOIN_BACKOFF_S)
+                self._note(got.why)
+                self._do(Withdraw(info.round), Wait(self.rec.rejoin_at))
+            case reach.Admit.WAIT:
+                self._note(got.why)
+                self._do(Wait(got.recheck_at))
+            case reach.Admit.FAIL:
+                self._do(Finalize(JobState.FAILED, EndReason.JOIN_TIMEOUT, got.why))
+            case reach.Admit.GO:
+                self._note(None)
+                ordered = rdzv.order_members(got.joins, snap.previous_result, spec.nnodes.max)
+                why = f"{why}; {got.why}" if got.why else why
+                self._do(CloseRound(rdzv.build_result(info.round, ordered, self.now), why, info))
+
+    def _ready(self, snap: JobSnapshot, result: RoundResult) -> bool:
+        """Whether we reach every member of the running round, and so may ask to be taken in."""
+        got = reach.ready(snap.current, result.members, self.rec.node, self.local.reach, self.now)
+        if got.verdict is reach.Admit.PROBE:
+            self._do(Probe(snap.current, got.targets))
+            return False
+        if got.verdict is reach.Admit.WAIT:
+            self._note(got.why)
+            self._do(Wait(got.recheck_at))
+            return False
+        self._note(None)
+        return True
 
     def _outside_running_round(self, snap: JobSnapshot, result: RoundResult) -> None:
         """The round runs without us: wait to join at the next one if the job can grow."""
@@ -288,6 +347,8 @@ class _Step:
             return
         if self.local.lease is not None and rec.node not in snap.waiting:
             self._set(state=AgentState.WAITING)
+            if not self._ready(snap, result):
+                return
             self._do(SetWaiting(), Publish())
         self._do(Wait())
 
