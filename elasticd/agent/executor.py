@@ -166,6 +166,8 @@ class JobAgent:
             self._transition(self.rec, replace(self.rec, state=AgentState.LEFT))
             with contextlib.suppress(EtcdUnavailable):
                 await self._store.clear_waiting(self.node)
+                if self.rec.note is not None and self._lease.lease_id is not None:
+                    await self._store.note_pending(self.node, None, self._lease.lease_id)
                 if self.rec.joined_round >= 0:
                     await self._store.withdraw(self.rec.joined_round, self.node)
             self._on_change(self)
