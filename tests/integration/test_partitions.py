@@ -201,11 +201,14 @@ def test_a_node_cut_from_its_peers_is_left_out_until_it_reaches_them(tmp_path: P
         assert "cannot reach" in view["reason"], view  # the cut node's note: why it waits
         last = steps()[-1]
         assert last.round == without.round and last.at > cut_at + HELD_HANGS * HANG_S, last
+        healed_at = time.time()
         faults.heal()
         back = wait_until(
             lambda: next((s for s in steps() if s.round > without.round and s.world == 3), None), 40, 0.1
         )
         assert back is not None, steps()[-3:]
+        print(f"peer cut: went on without the node {without.at - cut_at:.1f}s after the cut, back at full")
+        print(f"strength {back.at - healed_at:.1f}s after the heal (hang timeout {HANG_S:g}s)")
         target = back.step + 20
         c.set_finish(target)
         ended = wait_until(lambda: (c.status() or {}).get("state") in ("SUCCEEDED", "FAILED"), 40, 0.2)
