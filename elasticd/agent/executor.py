@@ -270,11 +270,11 @@ class JobAgent:
                 await store.clear_waiting(node)
             case act.Probe(round_no, targets):
                 reached, unreached = await liveness.probe(targets, PROBE_TIMEOUT_S)
+                before = self._reach.unreached if self._reach is not None else frozenset()
                 self._reach = Reach(round_no, reached, unreached, self._clock.time())
-                if unreached:
-                    _log.warning(
-                        "peer.unreachable", job=self.spec.id, round=round_no, nodes=sorted(unreached)
-                    )
+                if unreached != before:  # once per change: a cut node probes every few seconds
+                    say = _log.warning if unreached else _log.info
+                    say("peer.reach", job=self.spec.id, round=round_no, unreached=sorted(unreached))
             case act.NotePending(note):
                 if lease is not None:
                     await store.note_pending(node, note, lease)
