@@ -7,7 +7,7 @@ interleaving can be driven by unit and property tests; ``elasticd.agent.executor
 
 The rules are the round protocol of docs/architecture.md:
 - a node joins an open round, the oldest join leads it and closes it (``rendezvous.decider``),
-  with the joiners it can reach (``rendezvous.reach``: a node cut from its peers is left out);
+  with the joiners it can reach (``agent.stepbase``: a node cut from its peers is left out);
 - members run their workers; any member that sees an event (a failure, a lost member, a waiting
   newcomer) bumps the round once by compare-and-swap, or ends the job when the budget is spent;
 - workers are stopped before the node joins the next round, and a leaving node reports ``left``;
@@ -19,22 +19,16 @@ The rules are the round protocol of docs/architecture.md:
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Any
-
 from elasticd.agent import blame
 from elasticd.agent.actions import (
     Action,
     Bump,
     ClearWaiting,
-    CloseRound,
     Exit,
     Finalize,
     Join,
     MarkDone,
     MarkLeft,
-    NotePending,
-    Probe,
     Publish,
     ReadGlance,
     ReadSnapshot,
@@ -48,10 +42,10 @@ from elasticd.agent.actions import (
     Withdraw,
 )
 from elasticd.agent.record import AgentRecord, AgentState, Group, Local, Observed, View
+from elasticd.agent.stepbase import StepBase
 from elasticd.jobs.decider import GroupOutcome
 from elasticd.jobs.state import EndReason, JobState, WorkerFailure
 from elasticd.rendezvous import decider as rdzv
-from elasticd.rendezvous import reach
 from elasticd.rendezvous.model import Join as JoinRecord
 from elasticd.rendezvous.model import RoundInfo, RoundReason, RoundResult
 from elasticd.rendezvous.snapshot import Glance, JobSnapshot
@@ -74,27 +68,12 @@ def step(rec: AgentRecord, view: View | None, local: Local, now: float) -> tuple
     return s.rec, s.actions
 
 
-class _Step:
+class _Step(StepBase):
     """The working state of one call of ``step`` (it never outlives the call)."""
 
     def __init__(self, rec: AgentRecord, local: Local, now: float) -> None:
-        self.rec = rec
-        self.local = local
-        self.now = now
-        self.actions: list[Action] = []
+        super().__init__(rec, local, now)
         self.group: Group | None = local.group  # our workers, as they will be after earlier actions
-
-    def _do(self, *actions: Action) -> None:
-        self.actions.extend(actions)
-
-    def _set(self, **changes: Any) -> None:
-        self.rec = replace(self.rec, **changes)
-
-    def _note(self, note: str | None) -> None:
-        """Say why we wait in the job's pending notes (None: we no longer do), once per change."""
-        if note != self.rec.note and self.local.lease is not None:
-            self._set(note=note)
-            self._do(NotePending(note))
 
     def _stop(self, grace_s: float) -> None:
         """Stop our workers (if any); a node that was DONE is STOPPING too."""
@@ -288,52 +267,6 @@ class _Step:
             self._do(Finalize(JobState.FAILED, EndReason.JOIN_TIMEOUT, decision.why))
         else:
             self._do(Wait(decision.recheck_at, batch=True))
-
-    def _close(self, snap: JobSnapshot, info: RoundInfo, why: str) -> None:
-        """Close the round with the joiners we can reach (``rendezvous.reach``), probing first."""
-        rec, spec = self.rec, self.rec.spec
-        deadline = info.opened_at + spec.join_timeout_s
-        got = reach.admit(
-            info.round,
-            snap.current_joins,
-            rec.node,
-            self.local.reach,
-            spec.nnodes.min,
-            now=self.now,
-            deadline=deadline,
-        )
-        match got.verdict:
-            case reach.Admit.PROBE:
-                self._do(Probe(info.round, got.targets))  # then step again, with what it found
-            case reach.Admit.WITHDRAW:
-                # Most likely the cut one: let the next oldest lead, and join after it (a new join
-                # is younger than theirs). A node left out of a round is not a failure.
-                self._set(leading=False, joined_round=-1, rejoin_at=self.now + reach.REJOIN_BACKOFF_S)
-                self._note(got.why)
-                self._do(Withdraw(info.round), Wait(self.rec.rejoin_at))
-            case reach.Admit.WAIT:
-                self._note(got.why)
-                self._do(Wait(got.recheck_at))
-            case reach.Admit.FAIL:
-                self._do(Finalize(JobState.FAILED, EndReason.JOIN_TIMEOUT, got.why))
-            case reach.Admit.GO:
-                self._note(None)
-                ordered = rdzv.order_members(got.joins, snap.previous_result, spec.nnodes.max)
-                why = f"{why}; {got.why}" if got.why else why
-                self._do(CloseRound(rdzv.build_result(info.round, ordered, self.now), why, info))
-
-    def _ready(self, snap: JobSnapshot, result: RoundResult) -> bool:
-        """Whether we reach every member of the running round, and so may ask to be taken in."""
-        got = reach.ready(snap.current, result.members, self.rec.node, self.local.reach, self.now)
-        if got.verdict is reach.Admit.PROBE:
-            self._do(Probe(snap.current, got.targets))
-            return False
-        if got.verdict is reach.Admit.WAIT:
-            self._note(got.why)
-            self._do(Wait(got.recheck_at))
-            return False
-        self._note(None)
-        return True
 
     def _outside_running_round(self, snap: JobSnapshot, result: RoundResult) -> None:
         """The round runs without us: wait to join at the next one if the job can grow."""
