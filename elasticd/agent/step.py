@@ -165,7 +165,7 @@ class _Step(StepBase):
             return
         me = result.member(self.rec.node)
         if me is None:
-            self._outside_running_round(snap, result)
+            self._outside_running_round(snap, result, seen.alive)
             return
         if self.rec.fenced_round == snap.current:
             # Our workers of this round were fenced: the round cannot go on without them. (Until
@@ -268,7 +268,7 @@ class _Step(StepBase):
         else:
             self._do(Wait(decision.recheck_at, batch=True))
 
-    def _outside_running_round(self, snap: JobSnapshot, result: RoundResult) -> None:
+    def _outside_running_round(self, snap: JobSnapshot, result: RoundResult, alive: frozenset[str]) -> None:
         """The round runs without us: wait to join at the next one if the job can grow."""
         rec = self.rec
         self._stop(rec.grace(snap))
@@ -280,7 +280,7 @@ class _Step(StepBase):
             return
         if self.local.lease is not None and rec.node not in snap.waiting:
             self._set(state=AgentState.WAITING)
-            if not self._ready(snap, result):
+            if not self._ready(snap, result, alive):
                 return
             self._do(SetWaiting(), Publish())
         self._do(Wait())

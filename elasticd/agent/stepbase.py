@@ -71,9 +71,13 @@ class StepBase:
                 why = f"{why}; {got.why}" if got.why else why
                 self._do(CloseRound(rdzv.build_result(info.round, ordered, self.now), why, info))
 
-    def _ready(self, snap: JobSnapshot, result: RoundResult) -> bool:
+    def _ready(self, snap: JobSnapshot, result: RoundResult, alive: frozenset[str]) -> bool:
         """Whether we reach every member of the running round, and so may ask to be taken in."""
-        got = reach.ready(snap.current, result.members, self.rec.node, self.local.reach, self.now)
+        # Only the members still in it: one that is done, or whose lease is gone (its daemon
+        # died: nothing listens), has no collective left to stall.
+        done = snap.done.get(snap.current, set())
+        members = [m for m in result.members if m.node in alive and m.node not in done]
+        got = reach.ready(snap.current, members, self.rec.node, self.local.reach, self.now)
         if got.verdict is reach.Admit.PROBE:
             self._do(Probe(snap.current, got.targets))
             return False
