@@ -70,10 +70,12 @@ class Sim:
         self.spending = 0  # events that may spend a restart: a failure, a node lost, ...
         self.unheard: list[str] = []  # nodes that left while the store was unreachable
         self.trace: list[str] = []
+        self.cuts: dict[frozenset[str], float] = {}  # peer links cut (not to the store), since when
         self.nodes: list[Node] = []
         for i in range(pool):
             link = Link(self.kv, lambda: self.now)
-            node = Node(i, f"n{i}", link, InlineJobStore(link, KEYS, spec.id), note=self.note)
+            store = InlineJobStore(link, KEYS, spec.id)
+            node = Node(i, f"n{i}", link, store, note=self.note, reaches=self.reaches)
             for start, end in KEYS.watched():  # the manager's watch (the daemon's, once it runs)
                 self.kv.watch_range(start, end, node.on_change, lambda: None)
             self.nodes.append(node)
@@ -162,6 +164,23 @@ class Sim:
         if (node := self._up(i)) is not None:
             node.link.cut_until = max(node.link.cut_until, self.now + seconds)
 
+    def reaches(self, a: str, b: str) -> bool:
+        """The reachability matrix: whether a connect from ``a`` to ``b`` succeeds (not to a
+        daemon that is down: nothing listens)."""
+        up = self.node(b).daemon is Daemon.UP
+        return up and frozenset((a, b)) not in self.cuts
+
+    def cut_peers(self, i: int) -> None:
+        """Cut node ``i`` from every other node, not from the store (its lease lives on)."""
+        name = self.nodes[i].name
+        self.note(f"{name} cut from its peers")
+        for other in self.nodes:
+            if other.name != name:
+                self.cuts.setdefault(frozenset((name, other.name)), self.now)
+
+    def heal_peers(self) -> None:
+        self.cuts.clear()
+
     def arrive(self) -> None:
         node = next((n for n in self.nodes if n.daemon is Daemon.ABSENT), None)
         if node is not None:
@@ -171,6 +190,7 @@ class Sim:
         self.nodes[i].broken_setup = True
 
     def heal(self) -> None:
+        self.heal_peers()
         for node in self.nodes:
             node.link.failing, node.link.cut_until = 0, 0.0
 

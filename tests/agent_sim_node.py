@@ -28,6 +28,7 @@ from elasticd.jobs.decider import GroupOutcome
 from elasticd.jobs.state import EndReason, SetupFailure, WorkerFailure
 from elasticd.manager.wakes import QUIET_KINDS, NodeWakes
 from elasticd.rendezvous.model import Join, Member
+from elasticd.rendezvous.reach import Reach
 from elasticd.rendezvous.store import InlineJobStore, run_inline
 
 KEYS = Keys("/sim")
@@ -139,6 +140,9 @@ class Node:
     broken_setup: bool = False  # starting workers raises SetupFailure
     unheard: bool = False  # its agent left while the store was unreachable
     note: Callable[[str], None] = lambda _text: None  # the sim's trace
+    reaches: Callable[[str, str], bool] = lambda _a, _b: True  # the sim's reachability matrix
+    reach: Reach | None = None  # what its agent's last probe found (``JobAgent._reach``)
+    notes: list[str | None] = field(default_factory=list)  # the pending notes it published
     # Wake-ups (see the module's docstring):
     woken: bool = False  # something ``JobAgent.wake`` lets through happened since the last step
     waiting: bool = False  # the last step's actions ended in a ``Wait`` (or an exit)
@@ -206,7 +210,7 @@ class Node:
         group = self.group.observe(describe=agent.rec.failure is None) if self.group else None
         valid = self.lease is not None and now < self.deadline
         followed = self.joins[0] if self.joins is not None else None
-        local = Local(self.lease, valid, group, agent.setup, agent.etcd_error, followed)
+        local = Local(self.lease, valid, group, agent.setup, agent.etcd_error, followed, self.reach)
         if self.waiting:  # its Wait returned: the executor clears its wake-up then (a wake-up
             self.woken = False  # that comes while it steps makes its next Wait return at once)
         self.stepped_at = now
@@ -277,6 +281,12 @@ class Node:
                 run_inline(store.set_waiting(name, lease))
             case act.ClearWaiting():
                 run_inline(store.clear_waiting(name))
+            case act.Probe(round_no, targets):
+                reached = frozenset(t[0] for t in targets if self.reaches(name, t[0]))
+                self.reach = Reach(round_no, reached, frozenset(t[0] for t in targets) - reached, now)
+            case act.NotePending(text) if lease is not None:
+                run_inline(store.note_pending(name, text, lease))
+                self.notes.append(text)
             case act.CloseRound(result):
                 if run_inline(store.close(result)):
                     run_inline(store.forget_rounds_before(result.round))
@@ -292,7 +302,14 @@ class Node:
                 run_inline(store.mark_left(round_no, name))
             case act.WatchJoins(round_no):
                 self._follow_joins(round_no)
-            case act.Wait() | act.WatchPeers() | act.Join() | act.Reassert() | act.SetWaiting():
+            case (
+                act.Wait()
+                | act.WatchPeers()
+                | act.Join()
+                | act.Reassert()
+                | act.SetWaiting()
+                | act.NotePending()
+            ):
                 pass  # (peers are proven dead by Crash; a (re)join or SetWaiting without a lease: nothing)
             case _:
                 assert_never(action)

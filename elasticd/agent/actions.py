@@ -13,6 +13,7 @@ from typing import Any
 from elasticd.jobs.state import EndReason, JobState
 from elasticd.rendezvous.model import FinalRecord, Member, RoundInfo, RoundResult
 from elasticd.rendezvous.model import Join as JoinRecord
+from elasticd.rendezvous.reach import Target
 from elasticd.rendezvous.store import Seen
 
 
@@ -96,6 +97,22 @@ class ClearWaiting:
 
 
 @dataclass(frozen=True)
+class Probe:
+    """Try a connect to each of ``targets`` (node, address, liveness port) of round ``round``, at
+    once, each for at most ``PROBE_TIMEOUT_S``; what it found is the next steps' ``Local.reach``."""
+
+    round: int
+    targets: tuple[Target, ...]
+
+
+@dataclass(frozen=True)
+class NotePending:
+    """Publish why this node waits (None: clear it), in the job's pending notes (``status``)."""
+
+    note: str | None
+
+
+@dataclass(frozen=True)
 class CloseRound:
     result: RoundResult
     why: str
@@ -167,6 +184,8 @@ Action = (
     | Withdraw
     | SetWaiting
     | ClearWaiting
+    | Probe
+    | NotePending
     | CloseRound
     | Bump
     | Amend

@@ -28,8 +28,10 @@ from elasticd.jobs.launch import NodeRuntime, master_port
 from elasticd.jobs.launcher import ProcessLauncher
 from elasticd.jobs.spec import JobSpec
 from elasticd.jobs.state import JobState, SetupFailure, WorkerFailure
+from elasticd.node import liveness
 from elasticd.node.peers import PeerWatch
 from elasticd.rendezvous.model import Join, RoundReason
+from elasticd.rendezvous.reach import PROBE_TIMEOUT_S, Reach
 from elasticd.rendezvous.store import JobStore
 
 _log = log.get("elasticd.agent")
@@ -90,6 +92,7 @@ class JobAgent:
         self.task: asyncio.Task[None] | None = None
         self._progress_at = 0.0  # when progress was last published (our clock)
         self._progress_sent: list[dict[str, Any]] = []
+        self._reach: Reach | None = None  # what the last probe found (an input to ``step``)
 
     @property
     def node(self) -> str:
@@ -163,6 +166,8 @@ class JobAgent:
             self._transition(self.rec, replace(self.rec, state=AgentState.LEFT))
             with contextlib.suppress(EtcdUnavailable):
                 await self._store.clear_waiting(self.node)
+                if self.rec.note is not None and self._lease.lease_id is not None:
+                    await self._store.note_pending(self.node, None, self._lease.lease_id)
                 if self.rec.joined_round >= 0:
                     await self._store.withdraw(self.rec.joined_round, self.node)
             self._on_change(self)
@@ -175,7 +180,13 @@ class JobAgent:
             workers = self.workers
             group = workers.observe(describe=self.rec.failure is None) if workers is not None else None
             local = Local(
-                self._lease.lease_id, self._lease.lease_valid(), group, setup, etcd_error, self._joins.round
+                self._lease.lease_id,
+                self._lease.lease_valid(),
+                group,
+                setup,
+                etcd_error,
+                self._joins.round,
+                self._reach,
             )
             rec, actions = step(self.rec, view, local, self._clock.time())
             self._transition(self.rec, rec)
@@ -257,6 +268,16 @@ class JobAgent:
                     await store.set_waiting(node, lease)
             case act.ClearWaiting():
                 await store.clear_waiting(node)
+            case act.Probe(round_no, targets):
+                reached, unreached = await liveness.probe(targets, PROBE_TIMEOUT_S)
+                before = self._reach.unreached if self._reach is not None else frozenset()
+                self._reach = Reach(round_no, reached, unreached, self._clock.time())
+                if unreached != before:  # once per change: a cut node probes every few seconds
+                    say = _log.warning if unreached else _log.info
+                    say("peer.reach", job=self.spec.id, round=round_no, unreached=sorted(unreached))
+            case act.NotePending(note):
+                if lease is not None:
+                    await store.note_pending(node, note, lease)
             case act.CloseRound(result, why, opened):
                 if await store.close(result):
                     _log.info(

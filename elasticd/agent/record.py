@@ -15,6 +15,7 @@ from elasticd.jobs.decider import GroupOutcome
 from elasticd.jobs.spec import JobSpec
 from elasticd.jobs.state import SetupFailure, WorkerFailure
 from elasticd.rendezvous.model import RoundReason
+from elasticd.rendezvous.reach import Reach
 from elasticd.rendezvous.snapshot import Glance, JobSnapshot
 
 
@@ -71,6 +72,8 @@ class AgentRecord:
     last_join_at: float = 0.0
     etcd_down_since: float | None = None
     ending: SetupFailure | None = None  # the job must end for a reason not its own: say so until it has
+    rejoin_at: float = 0.0  # withdrew as a leader that cannot reach its peers: not before this
+    note: str | None = None  # the pending note we published last (why we wait)
 
     @property
     def multi_node(self) -> bool:
@@ -120,6 +123,7 @@ class Local:
     setup_failed: SetupFailure | None = None  # starting our workers failed (not the job's fault)
     etcd_error: str | None = None  # the last action could not reach the store
     joins_followed: int | None = None  # the round whose joins our watch follows (None: none)
+    reach: Reach | None = None  # what our last probe of peers' liveness ports found
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ actions to carry out (``elasticd.agent.actions``). It does no I/O and reads no c
 interleaving can be driven by unit and property tests; ``elasticd.agent.executor`` runs it.
 
 The rules are the round protocol of docs/architecture.md:
-- a node joins an open round, the oldest join leads it and closes it (``rendezvous.decider``);
+- a node joins an open round, the oldest join leads it and closes it (``rendezvous.decider``),
+  with the joiners it can reach (``agent.stepbase``: a node cut from its peers is left out);
 - members run their workers; any member that sees an event (a failure, a lost member, a waiting
   newcomer) bumps the round once by compare-and-swap, or ends the job when the budget is spent;
 - workers are stopped before the node joins the next round, and a leaving node reports ``left``;
@@ -18,15 +19,11 @@ The rules are the round protocol of docs/architecture.md:
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Any
-
 from elasticd.agent import blame
 from elasticd.agent.actions import (
     Action,
     Bump,
     ClearWaiting,
-    CloseRound,
     Exit,
     Finalize,
     Join,
@@ -45,6 +42,7 @@ from elasticd.agent.actions import (
     Withdraw,
 )
 from elasticd.agent.record import AgentRecord, AgentState, Group, Local, Observed, View
+from elasticd.agent.stepbase import StepBase
 from elasticd.jobs.decider import GroupOutcome
 from elasticd.jobs.state import EndReason, JobState, WorkerFailure
 from elasticd.rendezvous import decider as rdzv
@@ -70,21 +68,12 @@ def step(rec: AgentRecord, view: View | None, local: Local, now: float) -> tuple
     return s.rec, s.actions
 
 
-class _Step:
+class _Step(StepBase):
     """The working state of one call of ``step`` (it never outlives the call)."""
 
     def __init__(self, rec: AgentRecord, local: Local, now: float) -> None:
-        self.rec = rec
-        self.local = local
-        self.now = now
-        self.actions: list[Action] = []
+        super().__init__(rec, local, now)
         self.group: Group | None = local.group  # our workers, as they will be after earlier actions
-
-    def _do(self, *actions: Action) -> None:
-        self.actions.extend(actions)
-
-    def _set(self, **changes: Any) -> None:
-        self.rec = replace(self.rec, **changes)
 
     def _stop(self, grace_s: float) -> None:
         """Stop our workers (if any); a node that was DONE is STOPPING too."""
@@ -176,7 +165,7 @@ class _Step:
             return
         me = result.member(self.rec.node)
         if me is None:
-            self._outside_running_round(snap, result)
+            self._outside_running_round(snap, result, seen.alive)
             return
         if self.rec.fenced_round == snap.current:
             # Our workers of this round were fenced: the round cannot go on without them. (Until
@@ -189,6 +178,7 @@ class _Step:
             solo = result.nodes == (self.rec.node,)
             self._set(round=snap.current, failure=None, state=AgentState.RUNNING, solo=solo)
             self._do(StartWorkers(result, me, snap.restarts), Publish())
+            self._note(None)
             self.group = Group(GroupOutcome.RUNNING)
         self._reassert(snap, result)
         self._supervise(snap, result, seen.alive)
@@ -245,6 +235,9 @@ class _Step:
             return
         joins = snap.current_joins
         if rec.node not in {j.node for j in joins}:
+            if self.now < rec.rejoin_at:
+                self._do(Wait(rec.rejoin_at))
+                return
             self._set(state=AgentState.JOINING, joined_round=info.round, lease=self.local.lease)
             self._do(ClearWaiting(), Join(info.round), Publish())
             return
@@ -269,14 +262,13 @@ class _Step:
             left=snap.left.get(info.round, set()),
         )
         if decision.verdict is rdzv.Close.NOW:
-            ordered = rdzv.order_members(joins, snap.previous_result, spec.nnodes.max)
-            self._do(CloseRound(rdzv.build_result(info.round, ordered, self.now), decision.why, info))
+            self._close(snap, info, decision.why)
         elif decision.verdict is rdzv.Close.FAIL:
             self._do(Finalize(JobState.FAILED, EndReason.JOIN_TIMEOUT, decision.why))
         else:
             self._do(Wait(decision.recheck_at, batch=True))
 
-    def _outside_running_round(self, snap: JobSnapshot, result: RoundResult) -> None:
+    def _outside_running_round(self, snap: JobSnapshot, result: RoundResult, alive: frozenset[str]) -> None:
         """The round runs without us: wait to join at the next one if the job can grow."""
         rec = self.rec
         self._stop(rec.grace(snap))
@@ -288,6 +280,8 @@ class _Step:
             return
         if self.local.lease is not None and rec.node not in snap.waiting:
             self._set(state=AgentState.WAITING)
+            if not self._ready(snap, result, alive):
+                return
             self._do(SetWaiting(), Publish())
         self._do(Wait())
 

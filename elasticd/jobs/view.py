@@ -37,8 +37,10 @@ def _reason(snap: JobSnapshot, state: JobState) -> str:
     if snap.invalid:
         return snap.invalid[0].describe()
     head = snap.head
-    if state is JobState.RUNNING:
-        return f"round {snap.current}"
+    if state is JobState.RUNNING:  # with why a node outside waits (cut from the round's members)
+        members = snap.result.nodes if snap.result is not None else ()
+        outside = [note for node, note in sorted(snap.pending.items()) if node not in members]
+        return "; ".join([f"round {snap.current}", *outside])
     need = head.nnodes.min if head else 1
     parts = [snap.round.detail] if snap.round is not None and snap.round.detail else []
     parts += list(snap.pending.values())
@@ -48,14 +50,21 @@ def _reason(snap: JobSnapshot, state: JobState) -> str:
 
 def waits_for(snap: JobSnapshot, state: JobState) -> WaitsFor | None:
     """What a job that is not running waits for, from its keys (never from a note's text): an
-    allowed node that lacks free slots leaves a ``pending/<node>`` key; without one, a round with
-    fewer joins than the job's minimum waits for nodes."""
+    allowed node that lacks free slots leaves a ``pending/<node>`` key and does not join (a joined
+    node's note says why the round waits for others); without one, a round with fewer joins than
+    the job's minimum waits for nodes."""
     if state not in (JobState.PENDING, JobState.RESTARTING):
         return None
-    if snap.pending:
+    if _short(snap):
         return WaitsFor.CAPACITY
     need = snap.head.nnodes.min if snap.head else 1
     return WaitsFor.NODES if len(snap.current_joins) < need else None
+
+
+def _short(snap: JobSnapshot) -> list[str]:
+    """The nodes with a pending note that have not joined the current round."""
+    joined = {j.node for j in snap.current_joins}
+    return sorted(n for n in snap.pending if n not in joined)
 
 
 def _summary(failure: dict[str, Any]) -> str:
@@ -207,7 +216,7 @@ def _view(snap: JobSnapshot, local_node: str) -> JobView:
         "code": _code(snap),
         "cause": cause.value if cause is not None else None,
         "waits_for": waiting,
-        "short_of_capacity": sorted(snap.pending) if waiting is WaitsFor.CAPACITY else [],
+        "short_of_capacity": _short(snap) if waiting is WaitsFor.CAPACITY else [],
     }
     if snap.invalid:
         view["invalid_records"] = [{"key": k.key, "why": k.why} for k in snap.invalid]

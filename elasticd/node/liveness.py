@@ -7,14 +7,16 @@ or a reset, confirm with one fresh connection attempt (refused: nobody listens),
 dead node's lease. Its workers died with it (parent-death signal, reaper), so nothing is fenced
 wrongly; the survivors move to the next round in well under a second instead of a lease TTL.
 
-Silence proves nothing (a partition, a frozen host): it is left to the lease TTL, as before.
+Silence proves nothing (a partition, a frozen host): it is left to the lease TTL. It only keeps a
+node out of a round (``probe``, judged by ``elasticd.rendezvous.reach``): a node cut from its peers
+but not from etcd would stall every round that took it in.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from elasticd import log
 from elasticd.netaddr import NoFreePort, PortRange
@@ -76,6 +78,26 @@ async def _listening(host: str, port: int) -> bool | None:
         return None
     writer.close()
     return True
+
+
+async def probe(
+    targets: Sequence[tuple[str, str, int]], timeout_s: float
+) -> tuple[frozenset[str], frozenset[str]]:
+    """Connect to each (node, host, port) at once, each for at most ``timeout_s``: (reached,
+    unreached). What this judges is only whether a round may take a node in
+    (``elasticd.rendezvous.reach``); it never proves a death."""
+
+    async def one(host: str, port: int) -> bool:
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+        except (OSError, TimeoutError):
+            return False
+        writer.close()
+        return True
+
+    found = await asyncio.gather(*(one(host, port) for _, host, port in targets))
+    reached = frozenset(t[0] for t, ok in zip(targets, found, strict=True) if ok)
+    return reached, frozenset(t[0] for t in targets) - reached
 
 
 class LivenessMonitor:

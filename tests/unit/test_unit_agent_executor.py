@@ -21,6 +21,7 @@ from elasticd.jobs.launch import NodeRuntime
 from elasticd.jobs.spec import JobSpec, NodeRange
 from elasticd.jobs.state import EndReason, JobState, SetupFailure, WorkerFailure
 from elasticd.node.inventory import Inventory
+from elasticd.node.liveness import LivenessServer
 from elasticd.progress.tracker import RankProgress
 from elasticd.rendezvous.model import Join, Member, RoundResult
 from elasticd.rendezvous.snapshot import JobSnapshot
@@ -334,3 +335,30 @@ def test_the_next_oldest_join_takes_over_a_round_whose_leader_died(monkeypatch: 
         run_inline(store.finalize(JobState.KILLED, EndReason.KILLED, "killed"))
 
     scenario(body, spec=TWO_NODES, before=lambda kv: leader.append(_other_node(kv, "n2")))
+
+
+@pytest.mark.parametrize("listening", [True, False], ids=["reached", "refused"])
+def test_the_leader_probes_a_joiners_liveness_port_before_it_closes(listening: bool) -> None:
+    """n2's join names a liveness port on loopback: a daemon that listens there is taken in; one
+    that cannot be reached (nothing listens) is left out of the round, which MIN 1 allows."""
+
+    async def body(agent: JobAgent, launcher: FakeLauncher, store: InlineJobStore, kv: MemoryKV) -> None:
+        server = LivenessServer("127.0.0.1")
+        await server.start()
+        port = server.port
+        if not listening:
+            await server.close()
+        try:
+            await until(lambda: agent.rec.leading)
+            join = Join("n2", "127.0.0.1", 29500, 2, liveness_port=port)
+            kv.put_json(KEYS.join(JOB, 0, "n2"), join.to_json(), kv.grant_lease(30))
+            await until(lambda: launcher.groups)
+            result = run_inline(store.snapshot()).result
+            assert result is not None and result.nodes == (("n1", "n2") if listening else ("n1",))
+            assert agent._reach is not None and agent._reach.unreached == (set() if listening else {"n2"})
+            run_inline(store.finalize(JobState.KILLED, EndReason.KILLED, "killed"))
+        finally:
+            await server.close()
+
+    spec = make_spec(nnodes=NodeRange(1, 2), nproc_per_node=2, max_restarts=2, last_call_s=5.0)
+    scenario(body, spec=spec)

@@ -9,7 +9,9 @@ the protocol's invariants checked after every step (the simulator is ``tests.age
    failure, a node lost, a node that left without being heard), and a failure opens one round.
 4. Ranks stable: survivors of the previous result come first, in their old order; ranks are
    contiguous from 0 (``RoundResult`` refuses anything else).
-5. At rest: after the faults, with no more of them, the job ends (and no agent is left) or runs
+5. Reachability: no round takes in two nodes whose link had been cut for longer than a probe
+   stays fresh when it closed (a cut during the rendezvous is the hang timeout's).
+6. At rest: after the faults, with no more of them, the job ends (and no agent is left) or runs
    its current round on every member, each agent in a state the store agrees with.
 
 Issues it found, fixed, and kept as scenarios at the end: A, a drained node that could not reach
@@ -34,8 +36,9 @@ from elasticd.jobs.decider import GroupOutcome
 from elasticd.jobs.spec import JobSpec, NodeRange
 from elasticd.jobs.state import JobState
 from elasticd.rendezvous.model import FinalRecord, RoundInfo, RoundReason, RoundResult
+from elasticd.rendezvous.reach import PROBE_FRESH_S
 from tests import fakes
-from tests.agent_sim import KEYS, T0, Checker, Daemon, Node, Sim
+from tests.agent_sim import KEYS, Checker, Daemon, Node, Sim
 
 
 def make_spec(nnodes: tuple[int, int] = (2, 4), max_restarts: int = 3) -> JobSpec:
@@ -133,6 +136,13 @@ class Invariants(Checker):
             return
         if r != max(self.rounds):
             self.bad(f"round {r} closed while round {max(self.rounds)} is current")
+        cut = [
+            sorted(pair)
+            for pair, since in self.sim.cuts.items()
+            if pair <= set(result.nodes) and result.closed_at >= since + PROBE_FRESH_S
+        ]
+        if cut:
+            self.bad(f"round {r} closed with {list(result.nodes)}, across cut links {cut}")
         if not nnodes.min <= len(result.members) <= nnodes.max:
             self.bad(f"round {r} closed with {len(result.members)} members ({nnodes})")
         prev = max((k for k in self.results if k < r), default=None)
@@ -163,7 +173,7 @@ def new_sim(spec: JobSpec, initial: int = 3, pool: int = 5, wakes: bool = False)
     return sim, checks
 
 
-# -- invariant 5 ------------------------------------------------------------------------------------
+# -- invariant 6 ------------------------------------------------------------------------------------
 def unsettled(sim: Sim) -> str | None:
     """None if the job is at rest and every agent agrees with the store; else what is not."""
     snap = sim.snapshot()
@@ -226,6 +236,8 @@ ARGS: dict[str, st.SearchStrategy[tuple[Any, ...]]] = {
     "stop": st.tuples(NODE),
     "outage": st.tuples(NODE, st.integers(1, 4)),
     "partition": st.tuples(NODE, st.sampled_from([0.5, 1.0, 2.0, 3.0])),
+    "cut_peers": st.tuples(NODE),
+    "heal_peers": st.tuples(),
     "arrive": st.tuples(),
     "advance": st.just((0.0,)),  # nothing happens but time
 }
@@ -253,7 +265,7 @@ def test_random_faults_keep_the_invariants(
     wakes: bool,
 ) -> None:
     """Each tick: one event (or none), every node steps (in the drawn order) until it waits, then
-    time moves on. Then quiet ticks until the job is at rest (invariant 5). With ``wakes``, a node
+    time moves on. Then quiet ticks until the job is at rest (invariant 6). With ``wakes``, a node
     steps only when something wakes it, as a daemon's agent does (the joins reach only leaders)."""
     sim, checks = new_sim(make_spec(nnodes, max_restarts), initial, POOL, wakes)
     for k, ((name, *args), dt, order) in enumerate(ticks):
@@ -295,7 +307,8 @@ def test_a_member_lost_while_the_round_closes_is_spent_once() -> None:
     sim.tick()  # every node joins; the leader waits for the last call
 
     def crash_n1(node: Node, action: act.Action) -> None:
-        if node.name == "n0" and isinstance(action, act.ReadSnapshot) and sim.now >= T0 + 0.5:
+        # (the read after its probe of the joiners: the last before it closes)
+        if node.name == "n0" and isinstance(action, act.ReadSnapshot) and node.reach is not None:
             sim.crash(1)
 
     checks.hooks.append(crash_n1)
