@@ -21,12 +21,9 @@ from elasticd.etcd.keys import Change, Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.space import Space
 from elasticd.jobs import logdir, logread
-from elasticd.jobs.head import JobHead
 from elasticd.jobs.launch import NodeRuntime
 from elasticd.jobs.queue import Turns, admission_order
 from elasticd.jobs.quota import NO_QUOTAS, Quotas
-from elasticd.jobs.spec import JobSpec
-from elasticd.jobs.state import EndReason, JobState
 from elasticd.jobs.ticket import tickets_of
 from elasticd.manager import janitor as janitors
 from elasticd.manager import quotas as limits
@@ -42,6 +39,9 @@ from elasticd.node.statedir import StateDir
 from elasticd.rendezvous.model import RoundReason
 from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.rendezvous.store import EtcdJobStore, JobStore
+from elasticd.terms.head import JobHead
+from elasticd.terms.spec import JobSpec
+from elasticd.terms.state import EndReason, JobState
 
 _log = log.get("elasticd.jobs")
 

@@ -16,7 +16,6 @@ from elasticd.decode import DecodeError, decode, parse_json
 from elasticd.errors import InvalidSpec
 from elasticd.etcd.keys import KeyKind, KeyRef, Keys
 from elasticd.etcd.types import KeyValue
-from elasticd.jobs.head import JobHead, parse_head
 from elasticd.rendezvous.model import (
     DoneRecord,
     DrainRecord,
@@ -29,6 +28,7 @@ from elasticd.rendezvous.model import (
     WaitingRecord,
     pending_note,
 )
+from elasticd.terms.head import JobHead, parse_head
 
 T = TypeVar("T")
 REQUIRED = (KeyKind.SPEC, KeyKind.ROUND, KeyKind.RESTARTS)  # written together at submit
