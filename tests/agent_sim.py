@@ -35,8 +35,8 @@ from elasticd.jobs.admission import admit
 from elasticd.manager import janitor as janitors
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.model import RoundInfo, RoundReason
-from elasticd.rendezvous.snapshot import JobSnapshot
-from elasticd.rendezvous.store import InlineJobStore, Seen, run_inline
+from elasticd.rendezvous.snapshot import JobSnapshot, Seen
+from elasticd.rendezvous.store import InlineJobStore, run_inline
 from elasticd.terms.spec import JobSpec
 from elasticd.terms.state import EndReason, JobState
 from tests.agent_sim_node import KEYS, Agent, Checker, Daemon, Link, Node

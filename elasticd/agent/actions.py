@@ -12,7 +12,7 @@ from typing import Any
 
 from elasticd.rendezvous.model import FinalRecord, Member, RoundInfo, RoundResult
 from elasticd.rendezvous.model import Join as JoinRecord
-from elasticd.rendezvous.store import Seen
+from elasticd.rendezvous.snapshot import Seen
 from elasticd.terms.state import EndReason, JobState
 
 

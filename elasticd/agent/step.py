@@ -49,8 +49,7 @@ from elasticd.jobs.decider import Group, GroupOutcome
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.model import Join as JoinRecord
 from elasticd.rendezvous.model import RoundInfo, RoundReason, RoundResult
-from elasticd.rendezvous.snapshot import Glance, JobSnapshot
-from elasticd.rendezvous.store import Seen
+from elasticd.rendezvous.snapshot import Glance, JobSnapshot, Seen
 from elasticd.terms.state import EndReason, JobState, WorkerFailure
 
 ETCD_RETRY_S = 1.0

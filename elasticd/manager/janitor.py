@@ -40,8 +40,8 @@ from elasticd.etcd.types import Compare, Put
 from elasticd.events.store import EventLog
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.model import RoundInfo, RoundReason
-from elasticd.rendezvous.snapshot import JobSnapshot
-from elasticd.rendezvous.store import JobStore, Seen
+from elasticd.rendezvous.snapshot import JobSnapshot, Seen
+from elasticd.rendezvous.store import JobStore
 from elasticd.terms.ids import valid_job_id
 from elasticd.terms.state import EndReason, JobState
 

@@ -31,8 +31,8 @@ from elasticd.manager.access import ROOT_ONLY, Admins
 from elasticd.manager.admitter import Admitter
 from elasticd.manager.janitor import Janitor
 from elasticd.manager.jobsread import Jobs, JobsRead
-from elasticd.manager.recent import RecentRead
 from elasticd.manager.recovery import recover
+from elasticd.manager.sharedread import RecentRead
 from elasticd.manager.wakes import QUIET_KINDS, SCAN_KINDS, NodeWakes
 from elasticd.node.registry import NodeRegistry, parse_node_drain
 from elasticd.node.statedir import StateDir

@@ -22,7 +22,8 @@ from elasticd.jobs.launch import NodeRuntime
 from elasticd.node.statedir import StateDir
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.model import RoundInfo, RoundReason
-from elasticd.rendezvous.store import JobStore, Seen
+from elasticd.rendezvous.snapshot import Seen
+from elasticd.rendezvous.store import JobStore
 from elasticd.terms.state import EndReason, JobState
 from elasticd.workers.proctree import tree as proctree
 

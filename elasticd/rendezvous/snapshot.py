@@ -285,3 +285,16 @@ class Glance:
         except DecodeError:  # not quiet: the full read that follows reports the bad key
             return cls(-1, False, False, None, False)
         return cls(info.round if info else -1, final, closed, lead, joined)
+
+
+@dataclass(frozen=True)
+class Seen:
+    """The revisions a bump is guarded by: the round and restart counter as the caller saw them."""
+
+    round_mod: int
+    restarts_mod: int
+    restarts: int
+
+    @classmethod
+    def of(cls, snap: JobSnapshot) -> Seen:
+        return cls(snap.round_mod, snap.restarts_mod, snap.restarts)

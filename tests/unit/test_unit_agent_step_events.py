@@ -28,8 +28,7 @@ from elasticd.agent.step import step
 from elasticd.jobs.decider import Group
 from elasticd.rendezvous.model import Join as JoinRecord
 from elasticd.rendezvous.model import RoundInfo, RoundReason
-from elasticd.rendezvous.snapshot import Glance
-from elasticd.rendezvous.store import Seen
+from elasticd.rendezvous.snapshot import Glance, Seen
 from elasticd.terms.state import EndReason, JobState, SetupFailure
 from tests.agent_steps import (
     ALL,
