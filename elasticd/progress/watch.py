@@ -94,7 +94,7 @@ class HangWatch:
         write_stacks: Callable[[int, str], None],
         clock: Callable[[], float],
     ) -> None:
-        """``write_stacks(rank, text)`` writes a rank's stacks file (``stackfile.write_stacks``)."""
+        """``write_stacks(rank, text)`` writes a rank's stacks file (``jobs.stackfile.write_stacks``)."""
         self._specs = ranks
         self._policy = policy
         self._identity = identity
