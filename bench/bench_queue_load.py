@@ -102,9 +102,9 @@ def fill(endpoint: str, jobs: int, users: int, spec_bytes: int) -> float:
     """Write ``jobs`` pending jobs of ``spec_bytes`` each (as stored), ``users`` distinct uids."""
     from elasticd.etcd.client import EtcdClient
     from elasticd.etcd.keys import Keys
-    from elasticd.jobs.spec import JobSpec, NodeRange
-    from elasticd.jobs.terms import EntryKind
     from elasticd.rendezvous.store import InlineJobStore, run_inline
+    from elasticd.terms.options import EntryKind
+    from elasticd.terms.spec import JobSpec, NodeRange
 
     client = EtcdClient([endpoint], timeout_s=10.0)
     keys = Keys()

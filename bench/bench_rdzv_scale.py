@@ -56,13 +56,13 @@ from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.client import EtcdClient
 from elasticd.etcd.embedded import EmbeddedEtcd
 from elasticd.etcd.keys import KeyKind, Keys
-from elasticd.jobs.spec import JobSpec, NodeRange
-from elasticd.jobs.terms import EntryKind
 from elasticd.manager.wakes import QUIET_KINDS, NodeWakes
 from elasticd.netaddr import free_port
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.model import Join
 from elasticd.rendezvous.store import InlineJobStore, run_inline
+from elasticd.terms.options import EntryKind
+from elasticd.terms.spec import JobSpec, NodeRange
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from elasticd.jobs.state import exit_text
+from elasticd.terms.state import exit_text
 from elasticd.wire import JobState, RoundView, WaitsFor
 
 # RoundView.reason: why a round was opened (``elasticd.rendezvous.model.RoundReason``)

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from elasticd.jobs.state import exit_text
+from elasticd.terms.state import exit_text
 from elasticd.wire import TIME_FIELDS, EtcdSpaceView, FailureView, JobView, NodeView
 
 

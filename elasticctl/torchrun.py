@@ -18,7 +18,7 @@ from enum import StrEnum
 from typing import Any
 
 from elasticctl.entry import UsageError
-from elasticd.jobs.terms import MODULE_NAME
+from elasticd.terms.options import MODULE_NAME
 
 
 class Treat(StrEnum):

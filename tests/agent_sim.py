@@ -32,13 +32,13 @@ from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.memory import MemoryKV
 from elasticd.etcd.types import Compare, Put
 from elasticd.jobs.admission import admit
-from elasticd.jobs.spec import JobSpec
-from elasticd.jobs.state import EndReason, JobState
 from elasticd.manager import janitor as janitors
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.model import RoundInfo, RoundReason
-from elasticd.rendezvous.snapshot import JobSnapshot
-from elasticd.rendezvous.store import InlineJobStore, Seen, run_inline
+from elasticd.rendezvous.snapshot import JobSnapshot, Seen
+from elasticd.rendezvous.store import InlineJobStore, run_inline
+from elasticd.terms.spec import JobSpec
+from elasticd.terms.state import EndReason, JobState
 from tests.agent_sim_node import KEYS, Agent, Checker, Daemon, Link, Node
 from tests.fakes import head_of
 

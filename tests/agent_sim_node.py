@@ -19,17 +19,17 @@ from typing import Any, assert_never
 
 from elasticd.agent import actions as act
 from elasticd.agent.executor import POLL_S
-from elasticd.agent.record import AgentRecord, AgentState, Group, Local, Observed, View
+from elasticd.agent.record import AgentRecord, AgentState, Local, Observed, View
 from elasticd.agent.step import step
 from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keys import KeyKind, Keys
 from elasticd.etcd.memory import MemoryKV
-from elasticd.jobs.decider import GroupOutcome
-from elasticd.jobs.state import EndReason, SetupFailure, WorkerFailure
+from elasticd.jobs.decider import Group, GroupOutcome
 from elasticd.manager.wakes import QUIET_KINDS, NodeWakes
 from elasticd.rendezvous.model import Join, Member
 from elasticd.rendezvous.reach import Reach
 from elasticd.rendezvous.store import InlineJobStore, run_inline
+from elasticd.terms.state import EndReason, SetupFailure, WorkerFailure
 
 KEYS = Keys("/sim")
 

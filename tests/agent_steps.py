@@ -27,15 +27,15 @@ from elasticd.agent.actions import (
     WatchPeers,
     Withdraw,
 )
-from elasticd.agent.record import AgentRecord, AgentState, Group, Local, Observed
+from elasticd.agent.record import AgentRecord, AgentState, Local, Observed
 from elasticd.agent.step import step
-from elasticd.jobs.decider import GroupOutcome
-from elasticd.jobs.spec import JobSpec, NodeRange
-from elasticd.jobs.state import EndReason, JobState, WorkerFailure
+from elasticd.jobs.decider import Group, GroupOutcome
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous import model
 from elasticd.rendezvous.model import DrainRecord, FinalRecord, Member, RoundInfo, RoundReason, RoundResult
 from elasticd.rendezvous.snapshot import InvalidKey, JobSnapshot
+from elasticd.terms.spec import JobSpec, NodeRange
+from elasticd.terms.state import EndReason, JobState, WorkerFailure
 from tests import fakes
 
 JOB = fakes.JOB

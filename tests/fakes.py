@@ -14,13 +14,13 @@ from typing import Any
 
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV
-from elasticd.jobs.head import JobHead, body_bytes
 from elasticd.jobs.launch import NodeRuntime
-from elasticd.jobs.spec import JobSpec, NodeRange
-from elasticd.jobs.terms import EntryKind
 from elasticd.manager.jobs import JobManager
 from elasticd.node.inventory import Inventory
 from elasticd.node.statedir import StateDir
+from elasticd.terms.head import JobHead, body_bytes
+from elasticd.terms.options import EntryKind
+from elasticd.terms.spec import JobSpec, NodeRange
 
 JOB = "train-0a1b2c3d"
 

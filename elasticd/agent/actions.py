@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from elasticd.jobs.state import EndReason, JobState
 from elasticd.rendezvous.model import FinalRecord, Member, RoundInfo, RoundResult
 from elasticd.rendezvous.model import Join as JoinRecord
 from elasticd.rendezvous.reach import Target
-from elasticd.rendezvous.store import Seen
+from elasticd.rendezvous.snapshot import Seen
+from elasticd.terms.state import EndReason, JobState
 
 
 @dataclass(frozen=True)

@@ -26,13 +26,13 @@ from elasticd.etcd.keys import Change
 from elasticd.jobs.decider import GroupOutcome
 from elasticd.jobs.launch import NodeRuntime, master_port
 from elasticd.jobs.launcher import ProcessLauncher
-from elasticd.jobs.spec import JobSpec
-from elasticd.jobs.state import JobState, SetupFailure, WorkerFailure
 from elasticd.node import liveness
 from elasticd.node.peers import PeerWatch
 from elasticd.rendezvous.model import Join, RoundReason
 from elasticd.rendezvous.reach import PROBE_TIMEOUT_S, Reach
 from elasticd.rendezvous.store import JobStore
+from elasticd.terms.spec import JobSpec
+from elasticd.terms.state import JobState, SetupFailure, WorkerFailure
 
 _log = log.get("elasticd.agent")
 

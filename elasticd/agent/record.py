@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from elasticd.etcd.keys import Change, KeyKind
-from elasticd.jobs.decider import GroupOutcome
-from elasticd.jobs.spec import JobSpec
-from elasticd.jobs.state import SetupFailure, WorkerFailure
+from elasticd.jobs.decider import Group
 from elasticd.rendezvous.model import RoundReason
 from elasticd.rendezvous.reach import Reach
 from elasticd.rendezvous.snapshot import Glance, JobSnapshot
+from elasticd.terms.spec import JobSpec
+from elasticd.terms.state import SetupFailure, WorkerFailure
 
 
 class AgentState(StrEnum):
@@ -102,15 +102,6 @@ class AgentRecord:
         if snap.round is not None and snap.round.grace_s is not None:
             return snap.round.grace_s
         return self.spec.stop_grace_s
-
-
-@dataclass(frozen=True)
-class Group:
-    """This node's worker group as observed before a step (the executor owns the processes)."""
-
-    outcome: GroupOutcome
-    failure: WorkerFailure | None = None  # described once the group failed (or while it settles)
-    disk_full: SetupFailure | None = None  # the log disk is full: the likely cause of a failure
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,10 @@ import asyncio
 import time
 from typing import Protocol
 
-from elasticd.agent.record import Group
-from elasticd.jobs.spec import JobSpec
+from elasticd.jobs.decider import Group
 from elasticd.progress.tracker import RankProgress
 from elasticd.rendezvous.model import Member, RoundResult
+from elasticd.terms.spec import JobSpec
 
 
 class Workers(Protocol):

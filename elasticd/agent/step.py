@@ -41,15 +41,14 @@ from elasticd.agent.actions import (
     WatchPeers,
     Withdraw,
 )
-from elasticd.agent.record import AgentRecord, AgentState, Group, Local, Observed, View
+from elasticd.agent.record import AgentRecord, AgentState, Local, Observed, View
 from elasticd.agent.stepbase import StepBase
-from elasticd.jobs.decider import GroupOutcome
-from elasticd.jobs.state import EndReason, JobState, WorkerFailure
+from elasticd.jobs.decider import Group, GroupOutcome
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.model import Join as JoinRecord
 from elasticd.rendezvous.model import RoundInfo, RoundReason, RoundResult
-from elasticd.rendezvous.snapshot import Glance, JobSnapshot
-from elasticd.rendezvous.store import Seen
+from elasticd.rendezvous.snapshot import Glance, JobSnapshot, Seen
+from elasticd.terms.state import EndReason, JobState, WorkerFailure
 
 ETCD_RETRY_S = 1.0
 EXPECT_EXTRA_S = 2.0  # beyond the stop grace, for an expected node to rejoin a round

@@ -10,11 +10,11 @@ from typing import Any
 
 from elasticd.agent.actions import Action, CloseRound, Finalize, NotePending, Probe, Wait, Withdraw
 from elasticd.agent.record import AgentRecord, Local
-from elasticd.jobs.state import EndReason, JobState
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous import reach
 from elasticd.rendezvous.model import RoundInfo, RoundResult
 from elasticd.rendezvous.snapshot import JobSnapshot
+from elasticd.terms.state import EndReason, JobState
 
 
 class StepBase:

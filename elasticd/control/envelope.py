@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from elasticd.errors import BadRequest, TooLarge, UnsupportedVersion, to_wire
+from elasticd.wire.replies import Encoded
 
 PROTOCOL_VERSION = 1
 MAX_MESSAGE_BYTES = 1024 * 1024  # larger requests get a too_large error reply
@@ -67,15 +68,6 @@ def parse_request(raw: bytes) -> Request:
 
 def encode_request(rid: str, cmd: str, args: dict[str, Any]) -> bytes:
     return json.dumps({"v": PROTOCOL_VERSION, "id": rid, "cmd": cmd, "args": args}).encode()
-
-
-@dataclass(frozen=True)
-class Encoded:
-    """A result already encoded as JSON, which ``encode_ok`` puts in the reply as it is: ``status``
-    of every job sends each job's view as it encoded it when the job last changed, instead of
-    encoding a thousand views at every call."""
-
-    json: bytes
 
 
 def encode_ok(rid: str, result: Any) -> bytes:

@@ -12,7 +12,7 @@ subtree (``Keys.watched``), and only a round's leader watches its round's joins,
 nodes costs O(N) watch events, not N².
 
 A job's full spec lives apart too, under ``specs/<job>``: ``jobs/<job>/spec`` holds its small
-head (``elasticd.jobs.head``), and only a node about to take part in the job reads the spec. No
+head (``elasticd.terms.head``), and only a node about to take part in the job reads the spec. No
 daemon watches ``specs/``, and no read of ``jobs/`` or ``parts/`` (the scan, ``status``) touches it.
 """
 
@@ -23,15 +23,14 @@ from enum import StrEnum
 
 from elasticd.decode import DecodeError
 from elasticd.etcd.kv import prefix_end
-from elasticd.jobs.spec import valid_job_id, valid_node_id
-from elasticd.rendezvous.model import MAX_ROUND
+from elasticd.terms.ids import MAX_ROUND, valid_job_id, valid_node_id
 
 
 class KeyKind(StrEnum):
     NODE = "node"  # nodes/<node>
     NODE_DRAIN = "node_drain"  # drain/<node>
     JANITOR = "janitor"  # janitor: the node that does cluster-wide clean-up
-    SPEC = "spec"  # jobs/<job>/spec: the job's head (elasticd.jobs.head)
+    SPEC = "spec"  # jobs/<job>/spec: the job's head (elasticd.terms.head)
     BODY = "body"  # specs/<job>: the job's full spec; outside jobs/, and outside the daemons' watch
     ROUND = "round"
     RESTARTS = "restarts"
@@ -156,7 +155,7 @@ class Keys:
         )
 
     def job_spec(self, job_id: str) -> str:
-        """The job's head (``elasticd.jobs.head``): what every daemon reads of its spec."""
+        """The job's head (``elasticd.terms.head``): what every daemon reads of its spec."""
         return f"{self.prefix}/jobs/{job_id}/spec"
 
     def job_body(self, job_id: str) -> str:

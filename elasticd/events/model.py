@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elasticd.decode import decode
-from elasticd.jobs.spec import valid_job_id, valid_node_id
+from elasticd.terms.ids import valid_job_id, valid_node_id
 
 MAX_MESSAGE = 500  # characters of the one-line summary
 MAX_FIELDS = 16

@@ -14,7 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 from elasticd.events.model import MAX_FIELDS, ClusterEvent, clip, one_line
-from elasticd.jobs.spec import valid_job_id, valid_node_id
+from elasticd.terms.ids import valid_job_id, valid_node_id
 
 
 class EventKind(StrEnum):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from elasticd.jobs.head import JobHead
-from elasticd.jobs.state import EndReason
 from elasticd.rendezvous.snapshot import JobSnapshot
+from elasticd.terms.head import JobHead
+from elasticd.terms.state import EndReason
 
 ROOT_UID = 0
 

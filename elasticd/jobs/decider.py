@@ -7,13 +7,25 @@ counted per job, not per node); that rule lives in ``elasticd.rendezvous.decider
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import StrEnum
+
+from elasticd.terms.state import SetupFailure, WorkerFailure
 
 
 class GroupOutcome(StrEnum):
     RUNNING = "running"  # nothing decided yet: others still run
     SUCCEEDED = "succeeded"  # every local worker exited 0
     FAILED = "failed"  # a worker exited non-zero or by a signal: the group is done for
+
+
+@dataclass(frozen=True)
+class Group:
+    """This node's worker group as observed before a step (the executor owns the processes)."""
+
+    outcome: GroupOutcome
+    failure: WorkerFailure | None = None  # described once the group failed (or while it settles)
+    disk_full: SetupFailure | None = None  # the log disk is full: the likely cause of a failure
 
 
 def group_outcome(returncodes: Sequence[int], still_running: int) -> GroupOutcome:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import pwd
 
-from elasticd.jobs.spec import JobSpec
+from elasticd.terms.spec import JobSpec
 from elasticd.workers.proctree.spawn import Identity
 
 

@@ -15,23 +15,21 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from elasticd import log
-from elasticd.agent.record import Group
-from elasticd.jobs import logdir, logread
-from elasticd.jobs.decider import GroupOutcome, group_outcome
+from elasticd.jobs import logdir, logread, stackfile
+from elasticd.jobs.decider import Group, GroupOutcome, group_outcome
 from elasticd.jobs.env import WorldLayout, worker_env
 from elasticd.jobs.identity import switch_to
 from elasticd.jobs.rootcause import Exit, by_first_failure, exception_of, parse_error_file
-from elasticd.jobs.spec import JobSpec
-from elasticd.jobs.state import EndReason, FailedRank, SetupFailure, WorkerFailure
 from elasticd.netaddr import NoFreePort, PortRange, pick_port
 from elasticd.node.inventory import Inventory
-from elasticd.progress import stackfile
 from elasticd.progress.channel import ProgressChannel
 from elasticd.progress.protocol import HEARTBEAT_FILE_ENV, PROGRESS_FD_ENV
 from elasticd.progress.timeouts import HangPolicy
 from elasticd.progress.tracker import RankProgress
 from elasticd.progress.watch import HangWatch, WatchedRank
 from elasticd.rendezvous.model import Member, RoundResult
+from elasticd.terms.spec import JobSpec
+from elasticd.terms.state import EndReason, FailedRank, SetupFailure, WorkerFailure
 from elasticd.workers.cgroups.limits import LimitBackend, LimitError, Placement, ResourceLimits, RlimitBackend
 from elasticd.workers.cgroups.tracking import NoTracker, Tracker
 from elasticd.workers.group import ColdSpawner, Launch, Spawner, Worker, WorkerGroup, wall_clock

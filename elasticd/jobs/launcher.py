@@ -11,9 +11,9 @@ from elasticd.jobs.env import zygote_env
 from elasticd.jobs.identity import switch_to
 from elasticd.jobs.launch import NodeRuntime, ProcessWorkers, layout_for, start_group
 from elasticd.jobs.pathcheck import check_paths
-from elasticd.jobs.spec import JobSpec
-from elasticd.jobs.terms import EntryKind
 from elasticd.rendezvous.model import Member, RoundResult
+from elasticd.terms.options import EntryKind
+from elasticd.terms.spec import JobSpec
 from elasticd.workers.cgroups.limits import ResourceLimits
 from elasticd.workers.warm.zygote import Zygote, ZygoteSetup
 

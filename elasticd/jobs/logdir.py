@@ -34,8 +34,8 @@ from pathlib import Path
 
 from elasticd import log, trustedpath
 from elasticd.errors import ConfigError
-from elasticd.jobs.spec import valid_job_id
-from elasticd.jobs.state import EndReason, SetupFailure
+from elasticd.terms.ids import valid_job_id
+from elasticd.terms.state import EndReason, SetupFailure
 
 _log = log.get("elasticd.logdir")
 

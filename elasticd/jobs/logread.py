@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from elasticd.jobs.logdir import check_name, open_dir
-from elasticd.jobs.state import SetupFailure
+from elasticd.terms.state import SetupFailure
 
 MAX_ERROR_FILE = 1024 * 1024
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC

@@ -20,9 +20,9 @@ from enum import IntEnum
 
 from elasticd.errors import InvalidSpec, ScriptNotFound
 from elasticd.jobs.identity import switch_to
-from elasticd.jobs.spec import JobSpec
-from elasticd.jobs.state import EndReason, SetupFailure
-from elasticd.jobs.terms import EntryKind
+from elasticd.terms.options import EntryKind
+from elasticd.terms.spec import JobSpec
+from elasticd.terms.state import EndReason, SetupFailure
 
 SHELL = "/bin/sh"
 CHECK_TIMEOUT_S = 10.0

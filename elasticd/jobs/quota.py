@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from elasticd.errors import QuotaExceeded, TooLarge
-from elasticd.jobs.state import EndReason
 from elasticd.jobs.ticket import JobTicket
+from elasticd.terms.state import EndReason
 
 LARGEST_SHOWN = 3  # environment variables a too-large spec's message names
 

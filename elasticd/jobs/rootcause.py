@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from elasticd.jobs.state import MAX_ALSO_FAILED, FailedRank, WorkerFailure, one_line
+from elasticd.terms.state import MAX_ALSO_FAILED, FailedRank, WorkerFailure, one_line
 
 
 @dataclass(frozen=True)

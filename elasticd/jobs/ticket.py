@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from elasticd.jobs.state import JobState
 from elasticd.jobs.view import job_state
 from elasticd.rendezvous.snapshot import JobSnapshot
+from elasticd.terms.state import JobState
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,11 @@ import os
 from elasticd import log
 from elasticd.jobs.admission import admit, refuse
 from elasticd.jobs.launch import NodeRuntime
-from elasticd.jobs.state import JobState
 from elasticd.node.allocator import Allocator
 from elasticd.rendezvous.model import DrainRecord
 from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.rendezvous.store import JobStore
+from elasticd.terms.state import JobState
 
 _log = log.get("elasticd.jobs")
 

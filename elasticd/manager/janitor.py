@@ -38,12 +38,12 @@ from elasticd.etcd.kv import KV
 from elasticd.etcd.space import Ended, Space, relief
 from elasticd.etcd.types import Compare, Put
 from elasticd.events.store import EventLog
-from elasticd.jobs.spec import valid_job_id
-from elasticd.jobs.state import EndReason, JobState
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.model import RoundInfo, RoundReason
-from elasticd.rendezvous.snapshot import JobSnapshot
-from elasticd.rendezvous.store import JobStore, Seen
+from elasticd.rendezvous.snapshot import JobSnapshot, Seen
+from elasticd.rendezvous.store import JobStore
+from elasticd.terms.ids import valid_job_id
+from elasticd.terms.state import EndReason, JobState
 
 _log = log.get("elasticd.janitor")
 

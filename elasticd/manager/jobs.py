@@ -21,12 +21,9 @@ from elasticd.etcd.keys import Change, Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.space import Space
 from elasticd.jobs import logdir, logread
-from elasticd.jobs.head import JobHead
 from elasticd.jobs.launch import NodeRuntime
 from elasticd.jobs.queue import Turns, admission_order
 from elasticd.jobs.quota import NO_QUOTAS, Quotas
-from elasticd.jobs.spec import JobSpec
-from elasticd.jobs.state import EndReason, JobState
 from elasticd.jobs.ticket import tickets_of
 from elasticd.manager import janitor as janitors
 from elasticd.manager import quotas as limits
@@ -34,8 +31,8 @@ from elasticd.manager.access import ROOT_ONLY, Admins
 from elasticd.manager.admitter import Admitter
 from elasticd.manager.janitor import Janitor
 from elasticd.manager.jobsread import Jobs, JobsRead
-from elasticd.manager.recent import RecentRead
 from elasticd.manager.recovery import recover
+from elasticd.manager.sharedread import RecentRead
 from elasticd.manager.wakes import QUIET_KINDS, SCAN_KINDS, NodeWakes
 from elasticd.node.hooks import LeaseHooks
 from elasticd.node.registry import NodeRegistry, parse_node_drain
@@ -43,6 +40,9 @@ from elasticd.node.statedir import StateDir
 from elasticd.rendezvous.model import RoundReason
 from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.rendezvous.store import EtcdJobStore, JobStore
+from elasticd.terms.head import JobHead
+from elasticd.terms.spec import JobSpec
+from elasticd.terms.state import EndReason, JobState
 
 _log = log.get("elasticd.jobs")
 

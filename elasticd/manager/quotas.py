@@ -12,10 +12,10 @@ from collections.abc import Callable, Sequence
 
 from elasticd import log
 from elasticd.jobs.quota import Quotas, over_limits
-from elasticd.jobs.state import JobState
 from elasticd.jobs.ticket import JobTicket
 from elasticd.manager.access import Admins
 from elasticd.rendezvous.store import JobStore
+from elasticd.terms.state import JobState
 
 _log = log.get("elasticd.jobs")
 

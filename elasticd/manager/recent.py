@@ -4,7 +4,8 @@
 script that watches a job, often several times a second. Asking etcd each time put one etcd
 round trip, a thread hand-off and a decode on every call's path, and under many concurrent
 callers those queue behind each other (p99 10 ms for 50 clients, where a ``ping`` took 3 ms).
-``RecentRead`` keeps the last read and gives it out while it is *valid*:
+``manager/sharedread.py``'s ``RecentRead`` keeps the last read and gives it out while it is
+*valid*, as ``freshness`` (here, pure) judges it:
 
 - no change was seen since the read began (``invalidate``: the daemon's watch of everything
   outside ``parts/`` calls it for every job key that changes anywhere in the cluster, and the
@@ -28,10 +29,8 @@ States of the held value (``Held``), by time since its read began and changes se
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -47,76 +46,21 @@ class Held(Generic[T]):
     began: float  # when the read began (``now``'s clock)
 
 
-class RecentRead(Generic[T]):
-    """One value read by ``read``, shared by concurrent callers while it is valid (module doc).
+class Freshness(StrEnum):
+    """What a held read is worth to a caller now (the transitions are in the module doc)."""
 
-    Owned by one event loop, and used on it only (the watch's changes reach it through the loop:
-    ``JobManager.wake``). ``T`` is never None: None means "nothing held"."""
-
-    def __init__(
-        self,
-        read: Callable[[], Awaitable[T]],
-        now: Callable[[], float] = time.monotonic,
-        max_age_s: float = MAX_AGE_S,
-        refresh_s: float = REFRESH_S,
-    ) -> None:
-        if not 0 < refresh_s <= max_age_s:
-            raise ValueError(f"need 0 < refresh_s <= max_age_s, got {refresh_s}, {max_age_s}")
-        self._read = read
-        self._now = now
-        self._max_age_s = max_age_s
-        self._refresh_s = refresh_s
-        self._generation = 0
-        self._held: Held[T] | None = None
-        self._inflight: tuple[int, asyncio.Task[T]] | None = None  # (generation, the read)
-        self.reads = 0  # reads begun (what the tests count)
-
-    def invalidate(self) -> None:
-        """Something the value shows changed: no caller gets a read that began before this."""
-        self._generation += 1
-
-    def held(self) -> T | None:
-        """The held value while it is valid, without reading (None: there is none)."""
-        held = self._held
-        if held is None or held.generation != self._generation:
-            return None
-        age = self._now() - held.began
-        if age >= self._max_age_s:
-            return None
-        if age >= self._refresh_s:
-            self._join()  # for the next caller; this one is served now
-        return held.value
-
-    async def get(self) -> T:
-        """The held value while it is valid, else a read that began after the last change."""
-        value = self.held()
-        if value is not None:
-            return value
-        return await asyncio.shield(self._join())  # a caller that goes away leaves the read to others
-
-    def _join(self) -> asyncio.Task[T]:
-        """The read in flight if it began after the last change, else a new one."""
-        generation = self._generation
-        if self._inflight is not None and self._inflight[0] == generation:
-            return self._inflight[1]
-        task = asyncio.ensure_future(self._read_once(generation, self._now()))
-        task.add_done_callback(_retrieve)
-        self._inflight = (generation, task)
-        return task
-
-    async def _read_once(self, generation: int, began: float) -> T:
-        self.reads += 1
-        try:
-            value = await self._read()
-        finally:
-            if self._inflight is not None and self._inflight[0] == generation:
-                self._inflight = None
-        if self._held is None or self._held.began <= began:
-            self._held = Held(value, generation, began)
-        return value
+    INVALID = "invalid"  # nothing held, a change seen since its read began, or too old: read
+    FRESH = "fresh"  # give it out
+    REFRESHING = "refreshing"  # give it out, and have one read begin for the next caller
 
 
-def _retrieve(task: asyncio.Task[object]) -> None:
-    """A background read's error is its callers' (if any): never 'exception was never retrieved'."""
-    if not task.cancelled():
-        task.exception()
+def freshness(
+    held: Held[T] | None, generation: int, now: float, max_age_s: float, refresh_s: float
+) -> Freshness:
+    """``held`` judged at ``now``, when ``generation`` changes have been seen."""
+    if held is None or held.generation != generation:
+        return Freshness.INVALID
+    age = now - held.began
+    if age >= max_age_s:
+        return Freshness.INVALID
+    return Freshness.REFRESHING if age >= refresh_s else Freshness.FRESH

@@ -19,11 +19,12 @@ from elasticd import log
 from elasticd.agent.seams import Lease
 from elasticd.errors import EtcdUnavailable
 from elasticd.jobs.launch import NodeRuntime
-from elasticd.jobs.state import EndReason, JobState
 from elasticd.node.statedir import StateDir
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.model import RoundInfo, RoundReason
-from elasticd.rendezvous.store import JobStore, Seen
+from elasticd.rendezvous.snapshot import Seen
+from elasticd.rendezvous.store import JobStore
+from elasticd.terms.state import EndReason, JobState
 from elasticd.workers.proctree import tree as proctree
 
 _log = log.get("elasticd.jobs")

@@ -32,14 +32,11 @@ from elasticd.etcd.types import Query
 from elasticd.events.schema import EventsArgs
 from elasticd.events.store import EventLog, Page
 from elasticd.jobs import logdir, quota
-from elasticd.jobs.head import parse_head
 from elasticd.jobs.logs import Read, attempt_starts, log_files, read_logs
 from elasticd.jobs.logscope import check_scope, round_view
 from elasticd.jobs.queue import QueuePlace, places
 from elasticd.jobs.quota import NO_QUOTAS, Limits, Quotas
 from elasticd.jobs.rate import SubmitWindow
-from elasticd.jobs.spec import JobSpec, valid_job_id
-from elasticd.jobs.state import EndReason, JobState
 from elasticd.jobs.ticket import tickets_of
 from elasticd.jobs.view import job_view, selected
 from elasticd.manager.access import ROOT_ONLY, ROOT_UID, Access, Admins, Caller, authorize, may_read_job
@@ -47,6 +44,10 @@ from elasticd.manager.etcdspace import SpaceWatch
 from elasticd.manager.jobs import JobManager
 from elasticd.node.registry import NodeRecord, NodeRegistry
 from elasticd.rendezvous.snapshot import JobSnapshot
+from elasticd.terms.head import parse_head
+from elasticd.terms.ids import valid_job_id
+from elasticd.terms.spec import JobSpec
+from elasticd.terms.state import EndReason, JobState
 from elasticd.wire import LogsArgs, RoundView, is_terminal
 
 _log = log.get("elasticd.jobs")

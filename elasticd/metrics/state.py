@@ -23,8 +23,8 @@ from prometheus_client.registry import Collector
 from elasticd.agent.record import AgentState
 from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.space import Space, SpaceLevel
-from elasticd.jobs.state import JobState
 from elasticd.jobs.view import job_state
+from elasticd.terms.state import JobState
 
 if TYPE_CHECKING:
     from elasticd.manager.jobs import JobManager

@@ -29,10 +29,10 @@ from elasticd.errors import EtcdNoSpace, EtcdUnavailable
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.types import KeyValue
-from elasticd.jobs.spec import valid_job_id, valid_node_id
 from elasticd.node.hooks import LeaseHooks
 from elasticd.node.inventory import Gpu
 from elasticd.rendezvous.model import DrainRecord
+from elasticd.terms.ids import valid_job_id, valid_node_id
 from elasticd.workers.proctree.reaper import Reaper
 
 _log = log.get("elasticd.registry")

@@ -18,7 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from elasticd import log
-from elasticd.jobs.state import FailedRank, FailureKind, WorkerFailure
 from elasticd.progress import stacks
 from elasticd.progress.channel import ProgressChannel
 from elasticd.progress.decider import (
@@ -35,6 +34,7 @@ from elasticd.progress.protocol import Phase, Report
 from elasticd.progress.sampler import Dump, dump_stacks, tree_cpu_seconds
 from elasticd.progress.timeouts import HangPolicy, TimeoutLearner
 from elasticd.progress.tracker import RankProgress, RankTracker
+from elasticd.terms.state import FailedRank, FailureKind, WorkerFailure
 from elasticd.workers.proctree.spawn import Identity
 
 _log = log.get("elasticd.progress")
@@ -94,7 +94,7 @@ class HangWatch:
         write_stacks: Callable[[int, str], None],
         clock: Callable[[], float],
     ) -> None:
-        """``write_stacks(rank, text)`` writes a rank's stacks file (``stackfile.write_stacks``)."""
+        """``write_stacks(rank, text)`` writes a rank's stacks file (``jobs.stackfile.write_stacks``)."""
         self._specs = ranks
         self._policy = policy
         self._identity = identity

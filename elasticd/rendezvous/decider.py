@@ -12,8 +12,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from elasticd.jobs.spec import NodeRange
 from elasticd.rendezvous.model import Join, Member, RoundInfo, RoundReason, RoundResult
+from elasticd.terms.spec import NodeRange
 
 
 def leader(joins: Sequence[Join]) -> str | None:

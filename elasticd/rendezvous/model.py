@@ -15,11 +15,11 @@ from enum import StrEnum
 from typing import Any
 
 from elasticd.decode import DecodeError, decode
-from elasticd.jobs.spec import MAX_NPROC_PER_NODE, valid_node_id
-from elasticd.jobs.state import EndReason, JobState, WorkerFailure
 from elasticd.progress.tracker import RankProgress
+from elasticd.terms.ids import MAX_ROUND, valid_node_id
+from elasticd.terms.spec import MAX_NPROC_PER_NODE
+from elasticd.terms.state import EndReason, JobState, WorkerFailure
 
-MAX_ROUND = 2**31 - 1
 MAX_GRACE_S = 3600.0
 # Host names, IPv4 and IPv6 literals: what MASTER_ADDR and a liveness probe may be given.
 _ADDRESS = re.compile(r"^[A-Za-z0-9_.:%\[\]-]{1,255}$")

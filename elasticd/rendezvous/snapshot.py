@@ -16,7 +16,6 @@ from elasticd.decode import DecodeError, decode, parse_json
 from elasticd.errors import InvalidSpec
 from elasticd.etcd.keys import KeyKind, KeyRef, Keys
 from elasticd.etcd.types import KeyValue
-from elasticd.jobs.head import JobHead, parse_head
 from elasticd.rendezvous.model import (
     DoneRecord,
     DrainRecord,
@@ -29,6 +28,7 @@ from elasticd.rendezvous.model import (
     WaitingRecord,
     pending_note,
 )
+from elasticd.terms.head import JobHead, parse_head
 
 T = TypeVar("T")
 REQUIRED = (KeyKind.SPEC, KeyKind.ROUND, KeyKind.RESTARTS)  # written together at submit
@@ -285,3 +285,16 @@ class Glance:
         except DecodeError:  # not quiet: the full read that follows reports the bad key
             return cls(-1, False, False, None, False)
         return cls(info.round if info else -1, final, closed, lead, joined)
+
+
+@dataclass(frozen=True)
+class Seen:
+    """The revisions a bump is guarded by: the round and restart counter as the caller saw them."""
+
+    round_mod: int
+    restarts_mod: int
+    restarts: int
+
+    @classmethod
+    def of(cls, snap: JobSnapshot) -> Seen:
+        return cls(snap.round_mod, snap.restarts_mod, snap.restarts)

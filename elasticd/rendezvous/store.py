@@ -22,33 +22,19 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, cast
 
 from elasticd.decode import DecodeError, parse_json
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV, prefix_end
 from elasticd.etcd.types import Compare, Put, Query
-from elasticd.jobs.head import JobHead, body_bytes, check_body
-from elasticd.jobs.spec import JobSpec
-from elasticd.jobs.state import EndReason, JobState
 from elasticd.rendezvous.model import FinalRecord, Join, RoundInfo, RoundReason, RoundResult
-from elasticd.rendezvous.snapshot import Glance, InvalidKey, JobSnapshot
+from elasticd.rendezvous.snapshot import Glance, InvalidKey, JobSnapshot, Seen
+from elasticd.terms.head import JobHead, body_bytes, check_body
+from elasticd.terms.spec import JobSpec
+from elasticd.terms.state import EndReason, JobState
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Seen:
-    """The revisions a bump is guarded by: the round and restart counter as the caller saw them."""
-
-    round_mod: int
-    restarts_mod: int
-    restarts: int
-
-    @classmethod
-    def of(cls, snap: JobSnapshot) -> Seen:
-        return cls(snap.round_mod, snap.restarts_mod, snap.restarts)
 
 
 class JobStore(Protocol):

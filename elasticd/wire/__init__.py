@@ -21,8 +21,8 @@ from typing import Any
 
 from elasticd.errors import ErrorCode
 from elasticd.events.schema import EventsArgs, EventsReply, EventView, SkippedEventView
-from elasticd.jobs.state import EndReason, JobState
-from elasticd.jobs.terms import EntryKind
+from elasticd.terms.options import EntryKind
+from elasticd.terms.state import EndReason, JobState
 from elasticd.wire.args import (
     DrainArgs,
     KillArgs,

@@ -8,8 +8,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from elasticd.jobs.state import JobState
-from elasticd.jobs.terms import DEFAULT_JOIN_TIMEOUT_S, DEFAULT_LAST_CALL_S
+from elasticd.terms.options import DEFAULT_JOIN_TIMEOUT_S, DEFAULT_LAST_CALL_S
+from elasticd.terms.state import JobState
 
 
 @dataclass(frozen=True)

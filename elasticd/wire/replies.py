@@ -5,6 +5,7 @@ No ``from __future__ import annotations`` here, on purpose: Python 3.11 computes
 ``__required_keys__`` wrongly when its annotations are strings, and tests read those.
 """
 
+from dataclasses import dataclass
 from typing import Any, NotRequired, TypedDict
 
 from elasticd.wire.states import WaitsFor
@@ -19,7 +20,7 @@ class ErrorReply(TypedDict):
 
 
 class FailedRankView(TypedDict):
-    """Another rank that failed in the same round (``elasticd.jobs.state.FailedRank``)."""
+    """Another rank that failed in the same round (``elasticd.terms.state.FailedRank``)."""
 
     rank: int
     local_rank: int
@@ -31,7 +32,7 @@ class FailedRankView(TypedDict):
 
 
 class FailureView(TypedDict):
-    """The root cause: the first worker to fail (``elasticd.jobs.state.WorkerFailure.to_json``)."""
+    """The root cause: the first worker to fail (``elasticd.terms.state.WorkerFailure.to_json``)."""
 
     node: str
     attempt: int
@@ -255,3 +256,12 @@ class PingReply(TypedDict):
     etcd: list[str]
     embedded_etcd: bool
     you: CallerView
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """A result already encoded as JSON, which ``encode_ok`` puts in the reply as it is: ``status``
+    of every job sends each job's view as it encoded it when the job last changed, instead of
+    encoding a thousand views at every call."""
+
+    json: bytes

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from elasticd.jobs.state import JobState
+from elasticd.terms.state import JobState
 
 # ``JobState`` (its transitions are in its docstring) and ``EndReason`` (a final job's ``code``)
-# live in ``elasticd.jobs.state``; which states are terminal is decided there, once.
+# live in ``elasticd.terms.state``; which states are terminal is decided there, once.
 TERMINAL_STATES: frozenset[JobState] = frozenset(s for s in JobState if s.terminal)
 
 

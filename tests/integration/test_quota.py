@@ -18,8 +18,8 @@ import pytest
 
 from elasticd.etcd.client import EtcdClient
 from elasticd.etcd.keys import Keys
-from elasticd.jobs.spec import NodeRange
 from elasticd.rendezvous.store import InlineJobStore, run_inline
+from elasticd.terms.spec import NodeRange
 from tests import fakes
 from tests.conftest import DaemonFactory
 from tests.support import DaemonProc, EtcdServer, unique, wait_for, wait_log

@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 from elasticd.etcd.client import EtcdClient
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.types import KeyValue
-from elasticd.jobs.spec import NodeRange
 from elasticd.rendezvous.model import FinalRecord
 from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.rendezvous.store import InlineJobStore, run_inline
+from elasticd.terms.spec import NodeRange
 from tests import fakes
 from tests.conftest import DaemonFactory
 from tests.strategies import stored_values

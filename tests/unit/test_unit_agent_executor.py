@@ -13,19 +13,19 @@ import pytest
 
 from elasticd.agent import executor
 from elasticd.agent.executor import JobAgent
-from elasticd.agent.record import AgentState, Group
+from elasticd.agent.record import AgentState
 from elasticd.etcd.keys import KeyKind, Keys
 from elasticd.etcd.memory import MemoryKV
-from elasticd.jobs.decider import GroupOutcome, group_outcome
+from elasticd.jobs.decider import Group, GroupOutcome, group_outcome
 from elasticd.jobs.launch import NodeRuntime
-from elasticd.jobs.spec import JobSpec, NodeRange
-from elasticd.jobs.state import EndReason, JobState, SetupFailure, WorkerFailure
 from elasticd.node.inventory import Inventory
 from elasticd.node.liveness import LivenessServer
 from elasticd.progress.tracker import RankProgress
 from elasticd.rendezvous.model import Join, Member, RoundResult
 from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.rendezvous.store import InlineJobStore, run_inline
+from elasticd.terms.spec import JobSpec, NodeRange
+from elasticd.terms.state import EndReason, JobState, SetupFailure, WorkerFailure
 from tests.fakes import JOB, make_spec
 
 pytestmark = pytest.mark.timeout(30)

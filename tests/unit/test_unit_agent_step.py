@@ -28,12 +28,13 @@ from elasticd.agent.actions import (
     WatchPeers,
     Withdraw,
 )
-from elasticd.agent.record import AgentRecord, AgentState, Group, Leave, Local, Observed
+from elasticd.agent.record import AgentRecord, AgentState, Leave, Local, Observed
 from elasticd.agent.step import step
-from elasticd.jobs.state import EndReason, JobState, SetupFailure
+from elasticd.jobs.decider import Group
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.model import RoundReason
 from elasticd.rendezvous.snapshot import Glance, JobSnapshot
+from elasticd.terms.state import EndReason, JobState, SetupFailure
 from tests.agent_steps import (
     ALL,
     ME,

@@ -23,13 +23,13 @@ from elasticd.agent.actions import (
     WatchPeers,
     Withdraw,
 )
-from elasticd.agent.record import AgentState, Group, Leave
+from elasticd.agent.record import AgentState, Leave
 from elasticd.agent.step import step
-from elasticd.jobs.state import EndReason, JobState, SetupFailure
+from elasticd.jobs.decider import Group
 from elasticd.rendezvous.model import Join as JoinRecord
 from elasticd.rendezvous.model import RoundInfo, RoundReason
-from elasticd.rendezvous.snapshot import Glance
-from elasticd.rendezvous.store import Seen
+from elasticd.rendezvous.snapshot import Glance, Seen
+from elasticd.terms.state import EndReason, JobState, SetupFailure
 from tests.agent_steps import (
     ALL,
     LEASE,

@@ -9,8 +9,8 @@ import pytest
 
 from elasticd.agent import blame
 from elasticd.agent.actions import Amend, Bump, Finalize, Publish
-from elasticd.agent.record import AgentState, Group
-from elasticd.jobs.decider import GroupOutcome
+from elasticd.agent.record import AgentState
+from elasticd.jobs.decider import Group, GroupOutcome
 from elasticd.jobs.rootcause import (
     PROGRESS_WITHOUT_STEPS_S,
     earlier,
@@ -18,8 +18,8 @@ from elasticd.jobs.rootcause import (
     same_way,
     with_also_failed,
 )
-from elasticd.jobs.state import EndReason, FailureKind, JobState, WorkerFailure
 from elasticd.rendezvous.model import FinalRecord, RoundInfo, RoundReason
+from elasticd.terms.state import EndReason, FailureKind, JobState, WorkerFailure
 from tests.agent_steps import NOW, acts, decide, failed, local, record, snapshot, spec
 
 TRACEBACK = """\

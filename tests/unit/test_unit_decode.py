@@ -13,8 +13,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from elasticd.decode import DecodeError, Unknown, decode, decode_as, parse_json, report_invalid
-from elasticd.jobs.spec import JobSpec, NodeRange
-from elasticd.jobs.state import WorkerFailure
 from elasticd.node.registry import NodeRecord
 from elasticd.rendezvous.model import (
     DrainRecord,
@@ -25,6 +23,8 @@ from elasticd.rendezvous.model import (
     RoundResult,
     WaitingRecord,
 )
+from elasticd.terms.spec import JobSpec, NodeRange
+from elasticd.terms.state import WorkerFailure
 from tests.strategies import json_values
 
 

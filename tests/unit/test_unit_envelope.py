@@ -11,7 +11,6 @@ from elasticd.control.envelope import (
     MAX_ID_LENGTH,
     MAX_MESSAGE_BYTES,
     PROTOCOL_VERSION,
-    Encoded,
     Request,
     best_effort_id,
     encode_error,
@@ -28,6 +27,7 @@ from elasticd.errors import (
     TooLarge,
     UnsupportedVersion,
 )
+from elasticd.wire.replies import Encoded
 
 
 def raw(obj: Any) -> bytes:

@@ -17,12 +17,12 @@ from elasticd.etcd.space import MIB, Ended, Space, SpaceLevel, SpaceLimits, deci
 from elasticd.etcd.types import EtcdStatus
 from elasticd.events.model import ClusterEvent
 from elasticd.events.store import EventLog
-from elasticd.jobs.state import EndReason, JobState
 from elasticd.manager.etcdspace import SpaceWatch
 from elasticd.manager.janitor import RELIEF_S, Janitor
 from elasticd.manager.service import CommandService, NodeFacts
 from elasticd.rendezvous.snapshot import parse_jobs
 from elasticd.rendezvous.store import InlineJobStore, run_inline
+from elasticd.terms.state import EndReason, JobState
 from tests.fakes import make_spec
 
 pytestmark = pytest.mark.timeout(30)

@@ -22,12 +22,12 @@ from elasticd.control.params import parse_args
 from elasticd.errors import AttemptNotFound, InvalidArgs, RankNotFound
 from elasticd.jobs.logscope import check_scope, round_view, spans
 from elasticd.jobs.ranktext import NO_TIME
-from elasticd.jobs.spec import NodeRange
-from elasticd.jobs.state import EndReason, JobState, WorkerFailure
 from elasticd.jobs.view import job_view
 from elasticd.rendezvous.decider import build_result
 from elasticd.rendezvous.model import FinalRecord, Join, RoundInfo, RoundReason
 from elasticd.rendezvous.snapshot import JobSnapshot
+from elasticd.terms.spec import NodeRange
+from elasticd.terms.state import EndReason, JobState, WorkerFailure
 from elasticd.wire import LogsArgs, RoundView
 from tests import fakes
 

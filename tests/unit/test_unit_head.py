@@ -1,4 +1,4 @@
-"""elasticd.jobs.head: a job's head is bounded whatever its spec holds, decodes strictly, and a
+"""elasticd.terms.head: a job's head is bounded whatever its spec holds, decodes strictly, and a
 full spec is taken only when it agrees with the head it was admitted by."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from elasticd.decode import DecodeError
 from elasticd.errors import InvalidSpec
-from elasticd.jobs.head import (
+from elasticd.terms.head import (
     ARGV_ITEM_CHARS,
     ARGV_ITEMS,
     CUT,
@@ -23,7 +23,7 @@ from elasticd.jobs.head import (
     display_argv,
     parse_head,
 )
-from elasticd.jobs.spec import MAX_ALLOWED_NODES, NodeRange
+from elasticd.terms.spec import MAX_ALLOWED_NODES, NodeRange
 from tests.fakes import head_of, make_spec
 
 TEXT = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\0"), max_size=300)

@@ -11,8 +11,7 @@ from hypothesis import strategies as st
 from elasticd.decode import DecodeError
 from elasticd.etcd.keys import EventRing, KeyKind, KeyRef, Keys
 from elasticd.etcd.kv import prefix_end
-from elasticd.jobs.spec import JOB_ID, NODE_ID
-from elasticd.rendezvous.model import MAX_ROUND
+from elasticd.terms.ids import JOB_ID, MAX_ROUND, NODE_ID
 
 KEYS = Keys("/k/v2")
 JOB, NODE = "train-1", "n1"

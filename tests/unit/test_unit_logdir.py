@@ -19,7 +19,7 @@ import pytest
 from elasticd.errors import ConfigError
 from elasticd.jobs import logdir, logread
 from elasticd.jobs.logdir import Owner, create_attempt
-from elasticd.jobs.state import EndReason, SetupFailure
+from elasticd.terms.state import EndReason, SetupFailure
 
 NOBODY = 65534
 JOB = "job-1"

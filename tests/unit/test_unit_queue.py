@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from elasticd.jobs.queue import Turns, admission_order, places, queue_order
-from elasticd.jobs.state import JobState
 from elasticd.jobs.ticket import JobTicket
+from elasticd.terms.state import JobState
 
 
 def ticket(

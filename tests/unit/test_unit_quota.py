@@ -18,10 +18,7 @@ from elasticd.etcd.keys import Keys
 from elasticd.etcd.memory import MemoryKV
 from elasticd.etcd.types import KeyValue
 from elasticd.jobs import quota
-from elasticd.jobs.head import body_bytes, check_body
 from elasticd.jobs.quota import Limit, Limits, Quotas, over_limits
-from elasticd.jobs.spec import NodeRange
-from elasticd.jobs.state import EndReason, JobState
 from elasticd.jobs.ticket import JobTicket, ticket_of, tickets_of
 from elasticd.manager import quotas
 from elasticd.manager.access import Admins
@@ -29,6 +26,9 @@ from elasticd.rendezvous.decider import build_result
 from elasticd.rendezvous.model import FinalRecord, Join, RoundInfo, RoundReason
 from elasticd.rendezvous.snapshot import InvalidKey, JobSnapshot
 from elasticd.rendezvous.store import InlineJobStore, run_inline
+from elasticd.terms.head import body_bytes, check_body
+from elasticd.terms.spec import NodeRange
+from elasticd.terms.state import EndReason, JobState
 from tests import fakes
 
 USER = Limits(

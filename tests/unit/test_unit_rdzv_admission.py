@@ -7,11 +7,11 @@ from typing import Any
 import pytest
 
 from elasticd.jobs.admission import Admission, admit, single_host_note
-from elasticd.jobs.spec import JobSpec, NodeRange
-from elasticd.jobs.terms import EntryKind
 from elasticd.rendezvous.decider import build_result
 from elasticd.rendezvous.model import Join, RoundInfo, RoundReason
 from elasticd.rendezvous.snapshot import JobSnapshot
+from elasticd.terms.options import EntryKind
+from elasticd.terms.spec import JobSpec, NodeRange
 from tests import fakes
 
 JOB = "train-0a1b2c3d"

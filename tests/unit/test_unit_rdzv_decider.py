@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from elasticd.jobs.spec import NodeRange
 from elasticd.rendezvous.decider import (
     BumpPlan,
     Close,
@@ -21,6 +20,7 @@ from elasticd.rendezvous.decider import (
     ring_neighbours,
 )
 from elasticd.rendezvous.model import Join, Member, RoundInfo, RoundReason, RoundResult
+from elasticd.terms.spec import NodeRange
 
 
 def j(node: str, rev: int, lws: int = 1, port: int | None = None) -> Join:

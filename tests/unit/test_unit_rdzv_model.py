@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 
 from elasticd.decode import DecodeError
-from elasticd.jobs.state import EndReason, JobState
 from elasticd.rendezvous.model import (
     DrainRecord,
     FinalRecord,
@@ -19,6 +18,7 @@ from elasticd.rendezvous.model import (
     RoundReason,
     RoundResult,
 )
+from elasticd.terms.state import EndReason, JobState
 
 
 def _via_json(data: dict[str, Any]) -> dict[str, Any]:

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from elasticd.jobs.spec import NodeRange
 from elasticd.rendezvous.decider import Close, build_result, decide_close, leader, order_members
 from elasticd.rendezvous.model import Join, RoundInfo, RoundReason, RoundResult
+from elasticd.terms.spec import NodeRange
 
 POOL = [f"n{i:02d}" for i in range(12)]
 SEEDS = range(40)

@@ -10,8 +10,6 @@ import pytest
 
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.types import KeyValue
-from elasticd.jobs.spec import JobSpec, NodeRange
-from elasticd.jobs.state import EndReason, JobState
 from elasticd.rendezvous.model import (
     DrainRecord,
     FinalRecord,
@@ -24,6 +22,8 @@ from elasticd.rendezvous.model import (
     WaitingRecord,
 )
 from elasticd.rendezvous.snapshot import InvalidKey, JobSnapshot
+from elasticd.terms.spec import JobSpec, NodeRange
+from elasticd.terms.state import EndReason, JobState
 from tests import fakes
 
 JOB = "train-0a1b2c3d"

@@ -37,7 +37,7 @@ def _limits_accepts(name: str) -> bool:
 )
 def test_job_name_rule_agrees_with_limits(name: str) -> None:
     # limits' regex ends in "$", which also matches before a final newline; the reaper is stricter
-    # there (a job id never ends in one: jobs.spec validates them first).
+    # there (a job id never ends in one: terms.spec validates them first).
     expected = _limits_accepts(name) and not name.endswith("\n")
     assert reaper.valid_job(name) == expected
 

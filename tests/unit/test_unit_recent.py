@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.memory import MemoryKV
-from elasticd.manager.recent import RecentRead
+from elasticd.manager.sharedread import RecentRead
 from tests.fakes import bare_manager
 
 T = TypeVar("T")

@@ -13,16 +13,15 @@ from typing import Any
 import pytest
 
 from elasticctl import render
-from elasticd.agent.record import Group
 from elasticd.decode import decode
 from elasticd.jobs import launch as launch_mod
 from elasticd.jobs import logdir
-from elasticd.jobs.decider import GroupOutcome
+from elasticd.jobs.decider import Group, GroupOutcome
 from elasticd.jobs.launch import ProcessWorkers, describe_failure
 from elasticd.jobs.logs import rank_prefixed
 from elasticd.jobs.rootcause import Exit, by_first_failure, parse_error_file
-from elasticd.jobs.state import MAX_ALSO_FAILED, FailedRank, WorkerFailure, exit_text
 from elasticd.rendezvous.model import check_failure
+from elasticd.terms.state import MAX_ALSO_FAILED, FailedRank, WorkerFailure, exit_text
 from elasticd.wire import FailureView, JobView
 from elasticd.workers import group as group_mod
 from elasticd.workers.group import Launch, Worker

@@ -17,11 +17,11 @@ from hypothesis import strategies as st
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.memory import MemoryKV
 from elasticd.etcd.types import Compare, Found, KeyValue, Put, Query
-from elasticd.jobs.state import EndReason, JobState
 from elasticd.manager.jobs import JobManager
 from elasticd.manager.jobsread import JobsRead
 from elasticd.rendezvous.snapshot import parse_jobs
 from elasticd.rendezvous.store import InlineJobStore, run_inline
+from elasticd.terms.state import EndReason, JobState
 from tests.fakes import bare_manager, make_spec
 
 KEYS = Keys("/t")

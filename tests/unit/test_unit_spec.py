@@ -1,4 +1,4 @@
-"""elasticd.jobs.spec: nnodes parsing, JobSpec validation, argv, and the JSON form."""
+"""elasticd.terms.spec: nnodes parsing, JobSpec validation, argv, and the JSON form."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from elasticd.errors import InvalidSpec
-from elasticd.jobs.spec import JobSpec, NodeRange, new_job_id, parse_hang_timeout
-from elasticd.jobs.terms import EntryKind
+from elasticd.terms.ids import new_job_id
+from elasticd.terms.options import EntryKind
+from elasticd.terms.spec import JobSpec, NodeRange, parse_hang_timeout
 from tests import fakes
 
 

@@ -1,4 +1,4 @@
-"""elasticd.jobs.state: the JobState machine, exit descriptions and WorkerFailure."""
+"""elasticd.terms.state: the JobState machine, exit descriptions and WorkerFailure."""
 
 from __future__ import annotations
 
@@ -6,7 +6,14 @@ import itertools
 
 import pytest
 
-from elasticd.jobs.state import FailureKind, JobState, WorkerFailure, can_transition, describe_exit, exit_text
+from elasticd.terms.state import (
+    FailureKind,
+    JobState,
+    WorkerFailure,
+    can_transition,
+    describe_exit,
+    exit_text,
+)
 
 S = JobState
 ALLOWED: set[tuple[JobState, JobState]] = {

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from elasticd.jobs.spec import valid_job_id
+from elasticd.terms.ids import valid_job_id
 from elasticd.workers.cgroups.fs import V2_DAEMON, V2_JOBS, KernelFs
 from elasticd.workers.cgroups.tracking import (
     POOL_LEAF,

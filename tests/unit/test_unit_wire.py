@@ -25,8 +25,6 @@ from elasticd.etcd.space import Space, SpaceLevel, SpaceLimits
 from elasticd.etcd.types import EtcdStatus
 from elasticd.jobs.logs import Chunk, Read
 from elasticd.jobs.logscope import round_view
-from elasticd.jobs.spec import NodeRange
-from elasticd.jobs.state import EndReason, JobState, WorkerFailure
 from elasticd.jobs.view import job_view
 from elasticd.manager.access import Caller
 from elasticd.manager.service import LogsRead, NodeFacts
@@ -35,6 +33,8 @@ from elasticd.node.registry import InventoryRecord, NodeRecord
 from elasticd.rendezvous.decider import build_result
 from elasticd.rendezvous.model import FinalRecord, Join, NodeStatus, RoundInfo, RoundReason
 from elasticd.rendezvous.snapshot import InvalidKey, JobSnapshot
+from elasticd.terms.spec import NodeRange
+from elasticd.terms.state import EndReason, JobState, WorkerFailure
 from elasticd.wire import (
     COMMANDS,
     DrainArgs,

@@ -8,10 +8,11 @@ Imports are read from the source (``ast``), wherever they are: at the top, in a 
 from __future__ import annotations
 
 import ast
-import graphlib
 from pathlib import Path
 
 import elasticd.workers
+from tests import importgraph
+from tests.importgraph import acyclic
 
 ROOT = "elasticd.workers"
 BASE = Path(elasticd.workers.__file__).parent
@@ -23,50 +24,16 @@ CGROUPS = ("fs", "limits", "backends", "hierarchy", "kill", "tracking")
 
 
 def modules() -> dict[str, Path]:
-    found = {}
-    for path in sorted(BASE.rglob("*.py")):
-        parts = path.relative_to(BASE).with_suffix("").parts
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        found[".".join((ROOT, *parts))] = path
-    return found
-
-
-def imported(name: str, path: Path, known: dict[str, Path]) -> set[str]:
-    """The modules of ``elasticd.workers`` that ``name`` imports, anywhere in its source."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*anchor, base] if base else anchor)
-            # "from a import b": b is a module when a file says so, else a name in a
-            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
-        else:
-            continue
-        found |= {t for t in targets if t in known and t != name}
-    return found
+    return importgraph.modules(ROOT)
 
 
 def graph() -> dict[str, set[str]]:
-    known = modules()
-    return {name: imported(name, path, known) for name, path in known.items()}
+    return importgraph.graph(ROOT)
 
 
 def package_of(name: str) -> str:
     """The package a module belongs to (a package's ``__init__`` belongs to the package)."""
-    return name if (BASE / Path(*name.split(".")[2:]) / "__init__.py").exists() else name.rpartition(".")[0]
-
-
-def acyclic(edges: dict[str, set[str]]) -> None:
-    try:
-        tuple(graphlib.TopologicalSorter(edges).static_order())
-    except graphlib.CycleError as exc:
-        raise AssertionError(f"import cycle: {' -> '.join(exc.args[1])}") from None
+    return importgraph.package_of(name)
 
 
 def test_the_graph_sees_the_layout() -> None:

@@ -3,11 +3,11 @@ from __future__ import annotations
 from typing import Any
 
 from elasticd.control.commands.base import Command
-from elasticd.control.envelope import Encoded
 from elasticd.errors import InvalidArgs
 from elasticd.manager.access import Access, Caller
 from elasticd.manager.service import CommandService
 from elasticd.wire import StatusArgs
+from elasticd.wire.replies import Encoded
 
 
 async def status(service: CommandService, args: StatusArgs, caller: Caller) -> dict[str, Any] | Encoded:

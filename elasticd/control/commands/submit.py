@@ -9,16 +9,11 @@ from elasticd.control.commands.base import Command
 from elasticd.errors import InvalidSpec, PermissionDenied
 from elasticd.jobs.admission import refuse_identity
 from elasticd.jobs.pathcheck import check_paths
-from elasticd.jobs.spec import (
-    JobSpec,
-    NodeRange,
-    new_job_id,
-    parse_hang_timeout,
-    valid_job_id,
-)
-from elasticd.jobs.terms import EntryKind
 from elasticd.manager.access import Access, Caller
 from elasticd.manager.service import CommandService
+from elasticd.terms.ids import new_job_id, valid_job_id
+from elasticd.terms.options import EntryKind
+from elasticd.terms.spec import JobSpec, NodeRange, parse_hang_timeout
 from elasticd.wire import SubmitArgs
 
 

@@ -1,7 +1,7 @@
 """The job spec's terms that a client shares: what an entry point can be, what names a module,
 and the round timeouts' defaults.
 
-They live apart from ``elasticd.jobs.spec`` (the spec's validation and decoding, which loads
+They live apart from ``elasticd.terms.spec`` (the spec's validation and decoding, which loads
 ``elasticd.decode`` and the daemon's logging) so that ``elasticd.wire`` and ``elasticctl`` import
 them alone: every ``elasticctl submit`` pays for its imports before its request leaves.
 """

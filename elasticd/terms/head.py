@@ -24,18 +24,9 @@ from typing import Any
 
 from elasticd.decode import DecodeError, Unknown, decode, parse_json
 from elasticd.errors import InvalidSpec
-from elasticd.jobs.spec import (
-    JOB_ID,
-    MAX_ALLOWED_NODES,
-    MAX_ID,
-    MAX_NPROC_PER_NODE,
-    NAME,
-    USER,
-    JobSpec,
-    NodeRange,
-    valid_node_id,
-)
-from elasticd.jobs.terms import MAX_PRIORITY
+from elasticd.terms.ids import JOB_ID, NAME, valid_node_id
+from elasticd.terms.options import MAX_PRIORITY
+from elasticd.terms.spec import MAX_ALLOWED_NODES, MAX_ID, MAX_NPROC_PER_NODE, USER, JobSpec, NodeRange
 
 ARGV_ITEMS = 12  # the head keeps this many items of the command line, for display
 ARGV_ITEM_CHARS = 120  # and this much of each

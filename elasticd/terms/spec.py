@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import math
 import re
-import secrets
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from elasticd.decode import DecodeError, Unknown, decode
 from elasticd.errors import InvalidSpec
-from elasticd.jobs.terms import (
+from elasticd.terms.ids import JOB_ID, NAME, NODE_ID
+from elasticd.terms.options import (
     DEFAULT_JOIN_TIMEOUT_S,
     DEFAULT_LAST_CALL_S,
     MAX_PRIORITY,
@@ -22,13 +22,9 @@ from elasticd.jobs.terms import (
     EntryKind,
 )
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-NODE_ID = _NAME  # the same rule as elasticd.node.statedir applies to --node-id
-JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 # A plain user name: what pwd may hold (or the uid as digits when it has no entry), nothing that
 # could be read as a path, an option or a second field.
-_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}\$?$")
-NAME, USER = _NAME, _USER  # what a job's head (``elasticd.jobs.head``) is checked by, too
+USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}\$?$")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_ID = 2**32 - 2  # uid/gid: (uid_t)-1 means "unchanged" to setresuid, never a user
 MAX_NPROC_PER_NODE = 1024
@@ -89,18 +85,6 @@ def parse_hang_timeout(text: str | None) -> tuple[float | None, bool]:
     return seconds, False
 
 
-def valid_node_id(text: str) -> bool:
-    return bool(NODE_ID.match(text))
-
-
-def valid_job_id(text: str) -> bool:
-    return bool(JOB_ID.match(text))
-
-
-def new_job_id(name: str) -> str:
-    return f"{name}-{secrets.token_hex(4)}"
-
-
 def _exec_safe(text: str) -> bool:
     """Text that can be an argv element, a path or an environment entry: no NUL, valid UTF-8."""
     if "\0" in text:
@@ -158,8 +142,8 @@ class JobSpec:
             raise InvalidSpec("entry, python, cwd, args and env must not contain NUL or invalid UTF-8")
         if not JOB_ID.match(self.id):
             raise InvalidSpec(f"id must match {JOB_ID.pattern}, got {self.id[:80]!r}")
-        if not _NAME.match(self.name):
-            raise InvalidSpec(f"name must match {_NAME.pattern}, got {self.name!r}")
+        if not NAME.match(self.name):
+            raise InvalidSpec(f"name must match {NAME.pattern}, got {self.name!r}")
         if not 1 <= self.nproc_per_node <= MAX_NPROC_PER_NODE:
             raise InvalidSpec(f"nproc_per_node must be 1..{MAX_NPROC_PER_NODE}, got {self.nproc_per_node}")
         if not 0 <= self.max_restarts <= 10_000:
@@ -182,7 +166,7 @@ class JobSpec:
             raise InvalidSpec(
                 f"nodes may name at most {MAX_ALLOWED_NODES} nodes, got {len(self.nodes)} (none: any node)"
             )
-        if not all(isinstance(n, str) and _NAME.match(n) for n in self.nodes):
+        if not all(isinstance(n, str) and NAME.match(n) for n in self.nodes):
             raise InvalidSpec(f"nodes must be node ids, got {list(self.nodes)[:10]}")
         if self.submitted_on and not NODE_ID.match(self.submitted_on):
             raise InvalidSpec(f"submitted_on must be a node id, got {self.submitted_on[:80]!r}")
@@ -209,7 +193,7 @@ class JobSpec:
             value = getattr(self, name)
             if type(value) is not int or not 0 <= value <= MAX_ID:
                 raise InvalidSpec(f"{name} must be an integer 0..{MAX_ID}, got {value!r}")
-        if not _USER.match(self.user):
+        if not USER.match(self.user):
             raise InvalidSpec(f"user must be a plain user name, got {self.user[:80]!r}")
 
     def _check_warm(self) -> None:

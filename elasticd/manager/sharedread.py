@@ -1,0 +1,86 @@
+"""``RecentRead``: one read shared by concurrent callers while ``manager/recent.py`` judges it
+valid; it holds the read's task, so that a burst of calls makes one read, never one each."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
+
+from elasticd.manager.recent import MAX_AGE_S, REFRESH_S, Freshness, Held, freshness
+
+T = TypeVar("T")
+
+
+class RecentRead(Generic[T]):
+    """One value read by ``read``, shared by concurrent callers while it is valid (module doc).
+
+    Owned by one event loop, and used on it only (the watch's changes reach it through the loop:
+    ``JobManager.wake``). ``T`` is never None: None means "nothing held"."""
+
+    def __init__(
+        self,
+        read: Callable[[], Awaitable[T]],
+        now: Callable[[], float] = time.monotonic,
+        max_age_s: float = MAX_AGE_S,
+        refresh_s: float = REFRESH_S,
+    ) -> None:
+        if not 0 < refresh_s <= max_age_s:
+            raise ValueError(f"need 0 < refresh_s <= max_age_s, got {refresh_s}, {max_age_s}")
+        self._read = read
+        self._now = now
+        self._max_age_s = max_age_s
+        self._refresh_s = refresh_s
+        self._generation = 0
+        self._held: Held[T] | None = None
+        self._inflight: tuple[int, asyncio.Task[T]] | None = None  # (generation, the read)
+        self.reads = 0  # reads begun (what the tests count)
+
+    def invalidate(self) -> None:
+        """Something the value shows changed: no caller gets a read that began before this."""
+        self._generation += 1
+
+    def held(self) -> T | None:
+        """The held value while it is valid, without reading (None: there is none)."""
+        held = self._held
+        verdict = freshness(held, self._generation, self._now(), self._max_age_s, self._refresh_s)
+        if held is None or verdict is Freshness.INVALID:
+            return None
+        if verdict is Freshness.REFRESHING:
+            self._join()  # for the next caller; this one is served now
+        return held.value
+
+    async def get(self) -> T:
+        """The held value while it is valid, else a read that began after the last change."""
+        value = self.held()
+        if value is not None:
+            return value
+        return await asyncio.shield(self._join())  # a caller that goes away leaves the read to others
+
+    def _join(self) -> asyncio.Task[T]:
+        """The read in flight if it began after the last change, else a new one."""
+        generation = self._generation
+        if self._inflight is not None and self._inflight[0] == generation:
+            return self._inflight[1]
+        task = asyncio.ensure_future(self._read_once(generation, self._now()))
+        task.add_done_callback(_retrieve)
+        self._inflight = (generation, task)
+        return task
+
+    async def _read_once(self, generation: int, began: float) -> T:
+        self.reads += 1
+        try:
+            value = await self._read()
+        finally:
+            if self._inflight is not None and self._inflight[0] == generation:
+                self._inflight = None
+        if self._held is None or self._held.began <= began:
+            self._held = Held(value, generation, began)
+        return value
+
+
+def _retrieve(task: asyncio.Task[object]) -> None:
+    """A background read's error is its callers' (if any): never 'exception was never retrieved'."""
+    if not task.cancelled():
+        task.exception()
