@@ -25,6 +25,8 @@ from elasticd.etcd.embedded import EmbeddedEtcd
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.space import SpaceLimits
 from elasticd.etcd.types import EtcdAuth
+from elasticd.happenings.bus import publish
+from elasticd.happenings.records import DaemonReady, DaemonStopping
 from elasticd.jobs.launch import NodeRuntime
 from elasticd.jobs.logdir import log_group_gid
 from elasticd.jobs.quota import Quotas
@@ -71,7 +73,7 @@ class Daemon:
         self.registry: NodeRegistry
 
     def request_stop(self, reason: str) -> None:
-        _log.info("daemon.stopping", reason=reason)
+        publish(DaemonStopping(reason))
         self._stop.set()
 
     def _read_auth(self) -> EtcdAuth:
@@ -202,14 +204,8 @@ class Daemon:
             # control reply's time.
             gc.freeze()
             systemd.notify(f"READY=1\nSTATUS=serving on {s.socket}")
-            _log.info(
-                "daemon.ready",
-                node=self.node_id,
-                socket=str(s.socket),
-                etcd=self.etcd_endpoints,
-                devices=inventory.kind,
-                slots=inventory.slots,
-            )
+            publish(DaemonReady(self.node_id, str(s.socket), tuple(self.etcd_endpoints), inventory.kind,
+                                inventory.slots))  # fmt: skip
             crashed = asyncio.create_task(self._first_crash(background))
             stop = asyncio.create_task(self._stop.wait())
             await asyncio.wait({crashed, stop}, return_when=asyncio.FIRST_COMPLETED)

@@ -20,6 +20,8 @@ from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keys import Change, Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.space import Space
+from elasticd.happenings.bus import publish
+from elasticd.happenings.records import JobFailed, JobJoining, JobLeft
 from elasticd.jobs import logdir, logread
 from elasticd.jobs.head import JobHead
 from elasticd.jobs.launch import NodeRuntime
@@ -272,9 +274,7 @@ class JobManager:
         self.agents[spec.id] = agent
         self.turns.admitted(spec.uid)
         self._agent_changed(agent)
-        _log.info(
-            "job.joining", job=spec.id, node=self.rt.node_id, devices=self.rt.inventory.visible_devices(slots)
-        )
+        publish(JobJoining(spec.id, self.rt.node_id, self.rt.inventory.visible_devices(slots)))
         agent.start()
 
     async def _full_spec(self, head: JobHead, store: JobStore) -> JobSpec | None:
@@ -285,7 +285,7 @@ class JobManager:
         except DecodeError as exc:
             reason = f"invalid record at {self._keys.relative(self._keys.job_body(head.id))}: {exc}"
             if await store.finalize(JobState.FAILED, EndReason.INVALID_RECORD, reason):
-                _log.warning("job.failed", job=head.id, code=EndReason.INVALID_RECORD.value, reason=reason)
+                publish(JobFailed(head.id, EndReason.INVALID_RECORD, reason))
             return None
 
     def _apply_drains(self, snaps: dict[str, JobSnapshot]) -> None:
@@ -310,7 +310,7 @@ class JobManager:
             del self.agents[job_id]
         self.admitter.release(job_id)
         self._state.drop_job(job_id)
-        _log.info("job.left", job=job_id, node=self.rt.node_id)
+        publish(JobLeft(job_id, self.rt.node_id))
         self.wake()
 
     # -- start and stop -----------------------------------------------------------------------------

@@ -29,6 +29,8 @@ from elasticd.errors import EtcdNoSpace, EtcdUnavailable
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.types import KeyValue
+from elasticd.happenings.bus import publish
+from elasticd.happenings.records import LeaseLost
 from elasticd.jobs.spec import valid_job_id, valid_node_id
 from elasticd.node.inventory import Gpu
 from elasticd.rendezvous.model import DrainRecord
@@ -177,7 +179,7 @@ class NodeRegistry:
         self.on_granted()
 
     def _lost(self, why: str) -> None:
-        _log.warning("lease.lost", node=self.node_id, lease=self.lease_id, why=why)
+        publish(LeaseLost(self.node_id, self.lease_id, why))
         self.lease_id = None
         self.on_lost()
 
