@@ -17,8 +17,8 @@ from dataclasses import replace
 from elasticd.agent.actions import Amend
 from elasticd.decode import DecodeError, decode
 from elasticd.jobs.rootcause import earlier, same_way, with_also_failed
-from elasticd.jobs.state import WorkerFailure
-from elasticd.rendezvous.model import RoundInfo, RoundReason
+from elasticd.jobs.state import RoundReason, WorkerFailure
+from elasticd.rendezvous.model import RoundInfo
 from elasticd.rendezvous.snapshot import JobSnapshot
 
 

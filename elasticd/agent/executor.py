@@ -37,9 +37,9 @@ from elasticd.jobs.decider import GroupOutcome
 from elasticd.jobs.launch import NodeRuntime, master_port
 from elasticd.jobs.launcher import ProcessLauncher
 from elasticd.jobs.spec import JobSpec
-from elasticd.jobs.state import FailureKind, JobState, SetupFailure, WorkerFailure
+from elasticd.jobs.state import FailureKind, JobState, RoundReason, SetupFailure, WorkerFailure
 from elasticd.node.peers import PeerWatch
-from elasticd.rendezvous.model import Join, RoundReason
+from elasticd.rendezvous.model import Join
 from elasticd.rendezvous.store import JobStore
 
 _log = log.get("elasticd.agent")

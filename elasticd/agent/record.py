@@ -13,8 +13,7 @@ from enum import StrEnum
 from elasticd.etcd.keys import Change, KeyKind
 from elasticd.jobs.decider import GroupOutcome
 from elasticd.jobs.spec import JobSpec
-from elasticd.jobs.state import SetupFailure, WorkerFailure
-from elasticd.rendezvous.model import RoundReason
+from elasticd.jobs.state import RoundReason, SetupFailure, WorkerFailure
 from elasticd.rendezvous.snapshot import Glance, JobSnapshot
 
 

@@ -46,10 +46,10 @@ from elasticd.agent.actions import (
 )
 from elasticd.agent.record import AgentRecord, AgentState, Group, Local, Observed, View
 from elasticd.jobs.decider import GroupOutcome
-from elasticd.jobs.state import EndReason, JobState, WorkerFailure
+from elasticd.jobs.state import EndReason, JobState, RoundReason, WorkerFailure
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.model import Join as JoinRecord
-from elasticd.rendezvous.model import RoundInfo, RoundReason, RoundResult
+from elasticd.rendezvous.model import RoundInfo, RoundResult
 from elasticd.rendezvous.snapshot import Glance, JobSnapshot
 from elasticd.rendezvous.store import Seen
 

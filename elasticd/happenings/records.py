@@ -12,8 +12,7 @@ from dataclasses import dataclass, fields
 from enum import Enum
 from typing import Any, ClassVar, Literal
 
-from elasticd.jobs.state import EndReason, FailureKind
-from elasticd.rendezvous.model import RoundReason
+from elasticd.jobs.state import EndReason, FailureKind, RoundReason
 
 Level = Literal["info", "warning", "error"]
 

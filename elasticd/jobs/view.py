@@ -12,9 +12,9 @@ from collections.abc import Collection
 from typing import Any, cast
 
 from elasticd.decode import DecodeError, decode
-from elasticd.jobs.state import EndReason, FailureKind, JobState, WorkerFailure
+from elasticd.jobs.state import EndReason, FailureKind, JobState, RoundReason, WorkerFailure
 from elasticd.progress.tracker import RankProgress, stragglers
-from elasticd.rendezvous.model import RoundReason, RoundResult
+from elasticd.rendezvous.model import RoundResult
 from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.wire import FailureView, JobView, MemberEndState, MemberView, RankProgressView, WaitsFor
 

@@ -41,9 +41,9 @@ from elasticd.events.store import EventLog
 from elasticd.happenings.bus import publish
 from elasticd.happenings.records import JobExpired, JobFailed, JobOrphaned
 from elasticd.jobs.spec import valid_job_id
-from elasticd.jobs.state import EndReason, JobState
+from elasticd.jobs.state import EndReason, JobState, RoundReason
 from elasticd.rendezvous import decider as rdzv
-from elasticd.rendezvous.model import RoundInfo, RoundReason
+from elasticd.rendezvous.model import RoundInfo
 from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.rendezvous.store import JobStore, Seen
 

@@ -28,7 +28,7 @@ from elasticd.jobs.launch import NodeRuntime
 from elasticd.jobs.queue import Turns, admission_order
 from elasticd.jobs.quota import NO_QUOTAS, Quotas
 from elasticd.jobs.spec import JobSpec
-from elasticd.jobs.state import EndReason, JobState
+from elasticd.jobs.state import EndReason, JobState, RoundReason
 from elasticd.jobs.ticket import tickets_of
 from elasticd.manager import janitor as janitors
 from elasticd.manager import quotas as limits
@@ -41,7 +41,6 @@ from elasticd.manager.recovery import recover
 from elasticd.manager.wakes import QUIET_KINDS, SCAN_KINDS, NodeWakes
 from elasticd.node.registry import NodeRegistry, parse_node_drain
 from elasticd.node.statedir import StateDir
-from elasticd.rendezvous.model import RoundReason
 from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.rendezvous.store import EtcdJobStore, JobStore
 

@@ -19,10 +19,10 @@ from elasticd import log
 from elasticd.agent.seams import Lease
 from elasticd.errors import EtcdUnavailable
 from elasticd.jobs.launch import NodeRuntime
-from elasticd.jobs.state import EndReason, JobState
+from elasticd.jobs.state import EndReason, JobState, RoundReason
 from elasticd.node.statedir import StateDir
 from elasticd.rendezvous import decider as rdzv
-from elasticd.rendezvous.model import RoundInfo, RoundReason
+from elasticd.rendezvous.model import RoundInfo
 from elasticd.rendezvous.store import JobStore, Seen
 from elasticd.workers.proctree import tree as proctree
 

@@ -14,8 +14,7 @@ from enum import StrEnum
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from elasticd.happenings import records as r
-from elasticd.jobs.state import FailureKind, JobState
-from elasticd.rendezvous.model import RoundReason
+from elasticd.jobs.state import FailureKind, JobState, RoundReason
 
 # Rendezvous and recovery take from well under a second (a local restart) to minutes (waiting for
 # nodes, a drain's grace).

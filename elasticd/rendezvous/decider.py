@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from elasticd.jobs.spec import NodeRange
-from elasticd.rendezvous.model import Join, Member, RoundInfo, RoundReason, RoundResult
+from elasticd.jobs.state import RoundReason
+from elasticd.rendezvous.model import Join, Member, RoundInfo, RoundResult
 
 
 def leader(joins: Sequence[Join]) -> str | None:

@@ -11,12 +11,11 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass, field, replace
-from enum import StrEnum
 from typing import Any
 
 from elasticd.decode import DecodeError, decode
 from elasticd.jobs.spec import MAX_NPROC_PER_NODE, valid_node_id
-from elasticd.jobs.state import EndReason, JobState, WorkerFailure
+from elasticd.jobs.state import EndReason, JobState, RoundReason, WorkerFailure
 from elasticd.progress.tracker import RankProgress
 
 MAX_ROUND = 2**31 - 1
@@ -65,20 +64,6 @@ def check_failure(failure: dict[str, Any] | None) -> None:
     """A stored failure must read as a ``WorkerFailure``: status and the CLI show it field by field."""
     if failure is not None:
         decode(WorkerFailure, failure, path="failure")
-
-
-class RoundReason(StrEnum):
-    """Why a round was opened. Only failures spend the job-wide restart budget."""
-
-    START = "start"  # the job was submitted
-    WORKER_FAILED = "worker_failed"  # a worker exited non-zero or by a signal (spends)
-    MEMBER_LOST = "member_lost"  # a member's lease expired or its daemon died (spends)
-    SCALE_UP = "scale_up"  # a node is waiting to join a running job
-    MEMBER_LEFT = "member_left"  # a member left on purpose (drain, daemon stop)
-
-    @property
-    def spends_budget(self) -> bool:
-        return self in (RoundReason.WORKER_FAILED, RoundReason.MEMBER_LOST)
 
 
 @dataclass(frozen=True)

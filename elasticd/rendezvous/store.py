@@ -31,8 +31,8 @@ from elasticd.etcd.kv import KV, prefix_end
 from elasticd.etcd.types import Compare, Put, Query
 from elasticd.jobs.head import JobHead, body_bytes, check_body
 from elasticd.jobs.spec import JobSpec
-from elasticd.jobs.state import EndReason, JobState
-from elasticd.rendezvous.model import FinalRecord, Join, RoundInfo, RoundReason, RoundResult
+from elasticd.jobs.state import EndReason, JobState, RoundReason
+from elasticd.rendezvous.model import FinalRecord, Join, RoundInfo, RoundResult
 from elasticd.rendezvous.snapshot import Glance, InvalidKey, JobSnapshot
 
 T = TypeVar("T")

@@ -35,8 +35,7 @@ from elasticd.happenings.records import (
     WorkerFailed,
     WorkerHung,
 )
-from elasticd.jobs.state import EndReason, FailureKind
-from elasticd.rendezvous.model import RoundReason
+from elasticd.jobs.state import EndReason, FailureKind, RoundReason
 
 KEYS = Keys("/e/v1")
 NOW = 1_700_000_000.0

@@ -15,9 +15,8 @@ from elasticd import log
 from elasticd.events.select import select
 from elasticd.happenings import bus
 from elasticd.happenings import records as r
-from elasticd.jobs.state import EndReason, FailureKind
+from elasticd.jobs.state import EndReason, FailureKind, RoundReason
 from elasticd.metrics.counters import EventMetrics
-from elasticd.rendezvous.model import RoundReason
 
 LOG_ONLY: frozenset[type[r.Record]] = frozenset()  # records kept for their log line alone
 

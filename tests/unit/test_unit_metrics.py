@@ -22,13 +22,12 @@ from elasticd.happenings.records import (
     RoundComplete,
     WorkerFailed,
 )
-from elasticd.jobs.state import EndReason, FailureKind
+from elasticd.jobs.state import EndReason, FailureKind, RoundReason
 from elasticd.metrics.address import HostPort
 from elasticd.metrics.counters import EventMetrics
 from elasticd.metrics.server import MetricsServer
 from elasticd.metrics.state import NodeState, StateCollector
 from elasticd.netaddr import free_port
-from elasticd.rendezvous.model import RoundReason
 
 
 @pytest.mark.parametrize(
