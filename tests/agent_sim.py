@@ -34,11 +34,11 @@ from elasticd.etcd.types import Compare, Put
 from elasticd.jobs.admission import admit
 from elasticd.manager import janitor as janitors
 from elasticd.rendezvous import decider as rdzv
-from elasticd.rendezvous.model import RoundInfo, RoundReason
+from elasticd.rendezvous.model import RoundInfo
 from elasticd.rendezvous.snapshot import JobSnapshot, Seen
 from elasticd.rendezvous.store import InlineJobStore, run_inline
 from elasticd.terms.spec import JobSpec
-from elasticd.terms.state import EndReason, JobState
+from elasticd.terms.state import EndReason, JobState, RoundReason
 from tests.agent_sim_node import KEYS, Agent, Checker, Daemon, Link, Node
 from tests.fakes import head_of
 

@@ -32,10 +32,10 @@ from elasticd.agent.step import step
 from elasticd.jobs.decider import Group, GroupOutcome
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous import model
-from elasticd.rendezvous.model import DrainRecord, FinalRecord, Member, RoundInfo, RoundReason, RoundResult
+from elasticd.rendezvous.model import DrainRecord, FinalRecord, Member, RoundInfo, RoundResult
 from elasticd.rendezvous.snapshot import InvalidKey, JobSnapshot
 from elasticd.terms.spec import JobSpec, NodeRange
-from elasticd.terms.state import EndReason, JobState, WorkerFailure
+from elasticd.terms.state import EndReason, JobState, RoundReason, WorkerFailure
 from tests import fakes
 
 JOB = fakes.JOB

@@ -17,9 +17,9 @@ from dataclasses import replace
 from elasticd.agent.actions import Amend
 from elasticd.decode import DecodeError, decode
 from elasticd.jobs.rootcause import earlier, same_way, with_also_failed
-from elasticd.rendezvous.model import RoundInfo, RoundReason
+from elasticd.rendezvous.model import RoundInfo
 from elasticd.rendezvous.snapshot import JobSnapshot
-from elasticd.terms.state import WorkerFailure
+from elasticd.terms.state import RoundReason, WorkerFailure
 
 
 def _failure(data: dict[str, object] | None) -> WorkerFailure | None:

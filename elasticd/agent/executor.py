@@ -23,16 +23,26 @@ from elasticd.agent.step import step
 from elasticd.decode import DecodeError, decode
 from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keys import Change
+from elasticd.happenings.bus import publish
+from elasticd.happenings.records import (
+    JobFailed,
+    JobSetupFailed,
+    JobSucceeded,
+    RootCauseAmended,
+    RoundBumped,
+    RoundComplete,
+    WorkerFailed,
+)
 from elasticd.jobs.decider import GroupOutcome
 from elasticd.jobs.launch import NodeRuntime, master_port
 from elasticd.jobs.launcher import ProcessLauncher
 from elasticd.node import liveness
 from elasticd.node.peers import PeerWatch
-from elasticd.rendezvous.model import Join, RoundReason
+from elasticd.rendezvous.model import Join
 from elasticd.rendezvous.reach import PROBE_TIMEOUT_S, Reach
 from elasticd.rendezvous.store import JobStore
 from elasticd.terms.spec import JobSpec
-from elasticd.terms.state import JobState, SetupFailure, WorkerFailure
+from elasticd.terms.state import FailureKind, JobState, RoundReason, SetupFailure, WorkerFailure
 
 _log = log.get("elasticd.agent")
 
@@ -46,15 +56,15 @@ PROGRESS_PUBLISH_S = 5.0  # running workers' progress reaches etcd at most this 
 LEADER_BATCH_S = 0.05
 
 
-def _root_cause(failure: dict[str, Any] | None) -> dict[str, str]:
-    """A final failure's cause and summary, for the log line (and the event history)."""
+def _root_cause(failure: dict[str, Any] | None) -> tuple[FailureKind, str] | tuple[None, None]:
+    """A final failure's cause and summary, for the record of the job's end."""
     if failure is None:
-        return {}
+        return None, None
     try:
         found = decode(WorkerFailure, failure)
     except DecodeError:
-        return {}
-    return {"cause": found.kind.value, "root_cause": found.summary()}
+        return None, None
+    return found.kind, found.summary()
 
 
 class _Exited(Exception):
@@ -208,14 +218,9 @@ class JobAgent:
         if new.state is not old.state:
             _log.info("agent.state", job=job, node=node, state=new.state.value, round=new.round)
         if new.failure is not None and old.failure is None:
-            _log.warning(
-                "worker.failed", job=job, node=node, round=new.round, cause=new.failure.kind.value,
-                summary=new.failure.summary(),
-            )  # fmt: skip
+            publish(WorkerFailed(job, node, new.round, new.failure.kind, new.failure.summary()))
         if new.ending is not None and old.ending is None:
-            _log.error(
-                "job.setup_failed", job=job, node=node, code=new.ending.reason.value, why=new.ending.message
-            )
+            publish(JobSetupFailed(job, node, new.ending.reason, new.ending.message))
         if old.fenced and not new.fenced:
             _log.warning("agent.fenced_rejoin", job=job, node=node, round=new.fenced_round)
         if old.etcd_down_since is not None and new.etcd_down_since is None:
@@ -280,42 +285,39 @@ class JobAgent:
                     await store.note_pending(node, note, lease)
             case act.CloseRound(result, why, opened):
                 if await store.close(result):
-                    _log.info(
-                        "round.complete",
-                        job=self.spec.id,
-                        round=result.round,
-                        world_size=result.world_size,
-                        members=list(result.nodes),
-                        why=why,
-                        reason=opened.reason.value if opened else None,
-                        rendezvous_s=round(result.closed_at - opened.opened_at, 3) if opened else None,
+                    publish(
+                        RoundComplete(
+                            job=self.spec.id,
+                            round=result.round,
+                            world_size=result.world_size,
+                            members=tuple(result.nodes),
+                            why=why,
+                            reason=opened.reason if opened else None,
+                            rendezvous_s=round(result.closed_at - opened.opened_at, 3) if opened else None,
+                        )
                     )
                     await store.forget_rounds_before(result.round)
             case act.Bump(seen, info, spend):
                 if await store.bump(seen, info, spend):
-                    _log.info(
-                        "round.bumped",
-                        job=self.spec.id,
-                        round=info.round,
-                        reason=info.reason.value,
-                        spend=spend,
-                        restarts=seen.restarts + int(spend),
-                        detail=info.detail,
+                    publish(
+                        RoundBumped(
+                            job=self.spec.id,
+                            round=info.round,
+                            reason=info.reason,
+                            spend=spend,
+                            restarts=seen.restarts + int(spend),
+                            detail=info.detail,
+                        )
                     )
             case act.Amend(seen_mod, record):
                 if await store.amend(seen_mod, record):
-                    _log.info("root_cause.amended", job=self.spec.id, node=node, record=type(record).__name__)
+                    publish(RootCauseAmended(self.spec.id, node, type(record).__name__))
             case act.Finalize(state, code, reason, failure):
                 if await store.finalize(state, code, reason, failure):
-                    say = _log.info if state is JobState.SUCCEEDED else _log.warning
-                    say(
-                        "job.succeeded" if state is JobState.SUCCEEDED else "job.failed",
-                        job=self.spec.id,
-                        code=code.value,
-                        reason=reason,
-                        round=self.rec.round,
-                        **_root_cause(failure),
-                    )
+                    ended = JobSucceeded if state is JobState.SUCCEEDED else JobFailed
+                    cause, summary = _root_cause(failure)
+                    at = self.rec.round
+                    publish(ended(self.spec.id, code, reason, round=at, cause=cause, root_cause=summary))
             case act.MarkDone(round_no):
                 await store.mark_done(round_no, node)
             case act.MarkLeft(round_no):

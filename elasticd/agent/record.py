@@ -12,11 +12,10 @@ from enum import StrEnum
 
 from elasticd.etcd.keys import Change, KeyKind
 from elasticd.jobs.decider import Group
-from elasticd.rendezvous.model import RoundReason
 from elasticd.rendezvous.reach import Reach
 from elasticd.rendezvous.snapshot import Glance, JobSnapshot
 from elasticd.terms.spec import JobSpec
-from elasticd.terms.state import SetupFailure, WorkerFailure
+from elasticd.terms.state import RoundReason, SetupFailure, WorkerFailure
 
 
 class AgentState(StrEnum):

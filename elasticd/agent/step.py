@@ -46,9 +46,9 @@ from elasticd.agent.stepbase import StepBase
 from elasticd.jobs.decider import Group, GroupOutcome
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.model import Join as JoinRecord
-from elasticd.rendezvous.model import RoundInfo, RoundReason, RoundResult
+from elasticd.rendezvous.model import RoundInfo, RoundResult
 from elasticd.rendezvous.snapshot import Glance, JobSnapshot, Seen
-from elasticd.terms.state import EndReason, JobState, WorkerFailure
+from elasticd.terms.state import EndReason, JobState, RoundReason, WorkerFailure
 
 ETCD_RETRY_S = 1.0
 EXPECT_EXTRA_S = 2.0  # beyond the stop grace, for an expected node to rejoin a round

@@ -15,6 +15,8 @@ import time
 from elasticd import log
 from elasticd.config import Settings
 from elasticd.daemon import compose
+from elasticd.happenings.bus import publish
+from elasticd.happenings.records import DaemonStopping
 
 _log = log.get("elasticd.daemon")
 
@@ -26,7 +28,7 @@ class Daemon:
         self._stop = asyncio.Event()
 
     def request_stop(self, reason: str) -> None:
-        _log.info("daemon.stopping", reason=reason)
+        publish(DaemonStopping(reason))
         self._stop.set()
 
     async def run(self) -> int:

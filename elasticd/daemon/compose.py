@@ -29,6 +29,8 @@ from elasticd.etcd.embedded import EmbeddedEtcd
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.space import SpaceLimits
 from elasticd.etcd.types import EtcdAuth
+from elasticd.happenings.bus import publish
+from elasticd.happenings.records import DaemonReady
 from elasticd.jobs.launch import NodeRuntime
 from elasticd.jobs.logdir import log_group_gid
 from elasticd.jobs.quota import Quotas
@@ -259,8 +261,7 @@ async def start(
     # control reply's time.
     gc.freeze()
     systemd.notify(f"READY=1\nSTATUS=serving on {s.socket}")
-    _log.info("daemon.ready", node=node_id, socket=str(s.socket), etcd=etcd.endpoints,
-              devices=inventory.kind, slots=inventory.slots)  # fmt: skip
+    publish(DaemonReady(node_id, str(s.socket), tuple(etcd.endpoints), inventory.kind, inventory.slots))
     return Node(node_id, etcd.endpoints, inventory, background)
 
 

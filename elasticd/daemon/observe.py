@@ -1,7 +1,7 @@
 """Wiring of what watches the daemon: the cluster event history and the metrics endpoint.
 
-Both are subscribers of the daemon's event bus (``elasticd.log.subscribe``): control logic only
-logs what happens. The metrics registry is this daemon's own (not prometheus_client's default).
+Both are subscribers of the daemon's typed bus (``elasticd.happenings.bus``): control logic only
+publishes what happens. The metrics registry is this daemon's own (not prometheus_client's default).
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
 
-from elasticd import log
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV
 from elasticd.events.recorder import EventRecorder
 from elasticd.events.store import EventLog
+from elasticd.happenings import bus
 from elasticd.manager.etcdspace import SpaceWatch
 from elasticd.manager.jobs import JobManager
 from elasticd.metrics.address import HostPort
@@ -46,7 +46,7 @@ class Observability:
     async def start(self) -> None:
         """Subscribe, start recording, and serve metrics if asked (ConfigError if it cannot listen)."""
         self.recorder.start()
-        self._unsubscribe.append(log.subscribe(self.recorder.offer))
+        self._unsubscribe.append(bus.subscribe(self.recorder.offer))
         if self._address is None:
             return
         collector = StateCollector()
@@ -57,7 +57,7 @@ class Observability:
         async def refresh() -> None:
             collector.update(await gather(manager, registry, space.space if space is not None else None))
 
-        self._unsubscribe.append(log.subscribe(self.metrics.observe))
+        self._unsubscribe.append(bus.subscribe(self.metrics.observe))
         self._server = MetricsServer(self._address, self.registry, refresh)
         await self._server.start()
 

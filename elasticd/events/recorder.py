@@ -1,7 +1,7 @@
-"""The events subscriber: turns the daemon's log events into cluster events and appends them to
-the history in etcd, off the thread that logged them.
+"""The events subscriber: turns the daemon's typed records into cluster events and appends them
+to the history in etcd, off the thread that published them.
 
-``offer`` is called by ``elasticd.log`` on any thread; it selects (``elasticd.events.select``) and
+``offer`` is called by ``elasticd.happenings.bus`` on any thread; it selects (``elasticd.events.select``) and
 queues. One task on the daemon's loop appends, retrying while etcd is unreachable. The queue is
 bounded: when etcd stays away that long, newer events are dropped (and counted) rather than
 holding memory without limit. At shutdown, ``close`` gives what is queued a short time to reach
@@ -13,8 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 from elasticd import log
 from elasticd.decode import DecodeError
@@ -22,6 +21,7 @@ from elasticd.errors import EtcdUnavailable
 from elasticd.events.model import ClusterEvent
 from elasticd.events.select import select
 from elasticd.events.store import AppendConflict, EventLog
+from elasticd.happenings.records import Happening
 
 _log = log.get("elasticd.events")
 
@@ -42,9 +42,9 @@ class EventRecorder:
         self.dropped = 0
         self.recorded = 0
 
-    def offer(self, event: str, fields: Mapping[str, Any]) -> None:
-        """A log event (any thread): queue it if it is a cluster event."""
-        selected = select(event, fields, self._node, self._clock())
+    def offer(self, happening: Happening) -> None:
+        """A record (any thread): queue it if it is a cluster event."""
+        selected = select(happening, self._node, self._clock())
         if selected is None:
             return
         with contextlib.suppress(RuntimeError):  # the loop has closed: the daemon is gone

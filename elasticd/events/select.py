@@ -1,19 +1,19 @@
-"""Which daemon log events are cluster events, and what each one says: pure, unit-tested.
+"""Which happenings are cluster events, and what each one says: pure, unit-tested.
 
-The daemon's structlog events are the source (``elasticd.log.subscribe``); this table picks the
-few that make the cluster's history (rare ones: submits, joins, rounds, failures, drains, hangs),
+The daemon's typed records (``elasticd.happenings``) are the source; ``describe`` picks the few
+that make the cluster's history (rare ones: submits, joins, rounds, failures, drains, hangs),
 names their kind, writes their one-line message and keeps their useful fields. Everything else
-(keep-alives, scans, per-step progress) never reaches etcd.
+(keep-alives, scans, per-step progress) is only logged and never reaches etcd.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, assert_never
 
 from elasticd.events.model import MAX_FIELDS, ClusterEvent, clip, one_line
+from elasticd.happenings import records as r
 from elasticd.terms.ids import valid_job_id, valid_node_id
 
 
@@ -37,111 +37,168 @@ class EventKind(StrEnum):
     LEASE_LOST = "lease_lost"
 
 
-Say = Callable[[Mapping[str, Any]], str]
-
-
 @dataclass(frozen=True)
-class Rule:
+class Said:
+    """What a record says in the history, before its job and node are checked."""
+
     kind: EventKind
-    say: Say  # the message
-    keep: tuple[str, ...] = ()  # fields copied (when present)
-    own_node: bool = True  # the event happened on the node that logged it (unless it names one)
+    message: str
+    fields: dict[str, Any]
+    job: str | None = None
+    node: str | None = None  # the node it names (None: see own_node)
+    own_node: bool = True  # with no node named, it happened on the node that published it
 
 
-def _get(f: Mapping[str, Any], name: str, default: str = "?") -> str:
-    value = f.get(name)
+def _s(value: object, default: str = "?") -> str:
     return default if value is None else str(value)
 
 
-def _failed(f: Mapping[str, Any]) -> str:
-    text = f"job failed ({_get(f, 'code')}): {_get(f, 'reason', '')}".rstrip(": ")
-    cause = f.get("root_cause")
+def _v(value: StrEnum | None) -> str | None:
+    return None if value is None else value.value
+
+
+def _failed(h: r.JobFailed) -> str:
+    text = f"job failed ({h.code.value}): {_s(h.reason, '')}".rstrip(": ")
+    cause = h.root_cause
     return f"{text}; root cause: {cause}" if cause and cause not in text else text
 
 
-RULES: dict[str, Rule] = {
-    "job.submitted": Rule(
-        EventKind.SUBMITTED,
-        lambda f: f"submitted by {_get(f, 'user')}, nodes {_get(f, 'nnodes')}",
-        ("user", "nnodes"),
-    ),
-    "job.joining": Rule(EventKind.JOINED, lambda f: "joined the job", ("devices",)),
-    "round.complete": Rule(
-        EventKind.ROUND,
-        lambda f: (
-            f"round {_get(f, 'round')} closed: world size {_get(f, 'world_size')}, "
-            f"members {clip(f.get('members'))} ({_get(f, 'why', '')})"
-        ),
-        ("round", "world_size", "members", "reason", "rendezvous_s", "why"),
-    ),
-    "round.bumped": Rule(
-        EventKind.RESTART,
-        lambda f: f"round {_get(f, 'round')} opened ({_get(f, 'reason')}): {_get(f, 'detail', '')}",
-        ("round", "reason", "spend", "restarts", "detail", "cause"),
-    ),
-    "job.orphaned": Rule(
-        EventKind.RESTART,
-        lambda f: f"round {_get(f, 'round')}'s every node was lost: the job restarts",
-        ("round", "action"),
-        own_node=False,
-    ),
-    "worker.failed": Rule(
-        EventKind.WORKER_FAILED, lambda f: _get(f, "summary"), ("cause", "round", "summary")
-    ),
-    "worker.hung": Rule(
-        EventKind.HANG,
-        lambda f: f"rank {_get(f, 'rank')} made no progress for {_get(f, 'silent_s')}s at {_get(f, 'frame')}",
-        ("attempt", "rank", "frame", "silent_s"),
-    ),
-    "root_cause.amended": Rule(
-        EventKind.ROOT_CAUSE,
-        lambda f: f"root cause moved to this node's failure ({_get(f, 'record')})",
-        ("record",),
-    ),
-    "job.succeeded": Rule(EventKind.SUCCEEDED, lambda f: "job succeeded", ("round", "code")),
-    "job.failed": Rule(
-        EventKind.FAILED, _failed, ("round", "code", "reason", "cause", "root_cause", "key"), own_node=False
-    ),
-    "job.killed": Rule(EventKind.KILLED, lambda f: f"killed by {_get(f, 'by')}", ("by",)),
-    "job.setup_failed": Rule(
-        EventKind.FAILED, lambda f: f"job failed ({_get(f, 'code')}): {_get(f, 'why', '')}", ("code", "why")
-    ),
-    "job.left": Rule(EventKind.LEFT, lambda f: "left the job"),
-    "node.drain": Rule(
-        EventKind.DRAIN,
-        lambda f: f"drained by {_get(f, 'by')}" + (f" from job {f['job']}" if f.get("job") else ""),
-        ("by", "grace_s", "forced", "jobs"),
-        own_node=False,
-    ),
-    "node.undrain": Rule(EventKind.UNDRAIN, lambda f: "undrained", (), own_node=False),
-    "job.removed": Rule(EventKind.REMOVED, lambda f: "records removed (rm)"),
-    "job.expired": Rule(EventKind.REMOVED, lambda f: "records removed (past retention)", (), own_node=False),
-    "daemon.ready": Rule(EventKind.NODE_UP, lambda f: "elasticd started", ("slots", "devices")),
-    "daemon.stopping": Rule(
-        EventKind.NODE_DOWN, lambda f: f"elasticd stopping ({_get(f, 'reason')})", ("reason",)
-    ),
-    "lease.lost": Rule(EventKind.LEASE_LOST, lambda f: f"node lease lost: {_get(f, 'why')}", ("why",)),
-}
+def _present(**fields: Any) -> dict[str, Any]:
+    """The fields whose record leaves them out of its line when None (they are absent then)."""
+    return {name: value for name, value in fields.items() if value is not None}
 
 
-def select(event: str, fields: Mapping[str, Any], node: str, now: float) -> ClusterEvent | None:
-    """The cluster event a log event makes (``node``: the daemon that logged it), or None.
+JobEnd = r.JobSucceeded | r.JobFailed | r.JobSetupFailed | r.JobKilled | r.JobRemoved | r.JobExpired
+RoundEvent = (
+    r.RoundComplete | r.RoundBumped | r.JobOrphaned | r.WorkerFailed | r.WorkerHung | r.RootCauseAmended
+)
+NodeEvent = (
+    r.JobSubmitted | r.JobJoining | r.JobLeft | r.NodeDrained | r.NodeUndrained | r.DaemonReady
+    | r.DaemonStopping | r.LeaseLost
+)  # fmt: skip
 
-    Never raises on odd fields: a log line is not worth a crash (a field that does not fit is
-    dropped; an event whose job or node is not a valid id is not recorded)."""
-    rule = RULES.get(event)
-    if rule is None:
+
+def describe(h: r.Happening) -> Said | None:
+    """What ``h`` says in the cluster's history; None for records that are only logged (none yet).
+
+    Each group's ``match`` ends in ``assert_never``: mypy fails on a record without a case."""
+    match h:
+        case r.JobSucceeded() | r.JobFailed() | r.JobSetupFailed() | r.JobKilled() | r.JobRemoved():
+            return _job_end(h)
+        case r.JobExpired():
+            return _job_end(h)
+        case r.RoundComplete() | r.RoundBumped() | r.JobOrphaned() | r.WorkerFailed() | r.WorkerHung():
+            return _round(h)
+        case r.RootCauseAmended():
+            return _round(h)
+        case r.JobSubmitted() | r.JobJoining() | r.JobLeft() | r.NodeDrained() | r.NodeUndrained():
+            return _node(h)
+        case r.DaemonReady() | r.DaemonStopping() | r.LeaseLost():
+            return _node(h)
+        case _:
+            assert_never(h)
+
+
+def _job_end(h: JobEnd) -> Said:
+    match h:
+        case r.JobSucceeded():
+            return Said(EventKind.SUCCEEDED, "job succeeded", {"round": h.round, "code": h.code.value}, h.job)
+        case r.JobFailed():
+            fields = {
+                **_present(round=h.round),
+                "code": h.code.value,
+                **_present(reason=h.reason, cause=_v(h.cause), root_cause=h.root_cause, key=h.key),
+            }
+            return Said(EventKind.FAILED, _failed(h), fields, h.job, own_node=False)
+        case r.JobSetupFailed():
+            fields = {"code": h.code.value, "why": h.why}
+            return Said(EventKind.FAILED, f"job failed ({h.code.value}): {h.why}", fields, h.job, h.node)
+        case r.JobKilled():
+            return Said(EventKind.KILLED, f"killed by {h.by}", {"by": h.by}, h.job)
+        case r.JobRemoved():
+            return Said(EventKind.REMOVED, "records removed (rm)", {}, h.job)
+        case r.JobExpired():
+            return Said(EventKind.REMOVED, "records removed (past retention)", {}, h.job, own_node=False)
+        case _:
+            assert_never(h)
+
+
+def _round(h: RoundEvent) -> Said:
+    match h:
+        case r.RoundComplete():
+            message = (
+                f"round {h.round} closed: world size {h.world_size}, members {clip(h.members)} ({h.why})"
+            )
+            fields = {"round": h.round, "world_size": h.world_size, "members": h.members,
+                      "reason": _v(h.reason), "rendezvous_s": h.rendezvous_s, "why": h.why}  # fmt: skip
+            return Said(EventKind.ROUND, message, fields, h.job)
+        case r.RoundBumped():
+            message = f"round {h.round} opened ({h.reason.value}): {h.detail}"
+            fields = {"round": h.round, "reason": h.reason.value, "spend": h.spend, "restarts": h.restarts,
+                      "detail": h.detail}  # fmt: skip
+            return Said(EventKind.RESTART, message, fields, h.job)
+        case r.JobOrphaned():
+            message = f"round {h.round}'s every node was lost: the job restarts"
+            return Said(
+                EventKind.RESTART, message, {"round": h.round, "action": h.action}, h.job, own_node=False
+            )
+        case r.WorkerFailed():
+            fields = {"cause": h.cause.value, "round": h.round, "summary": h.summary}
+            return Said(EventKind.WORKER_FAILED, h.summary, fields, h.job, h.node)
+        case r.WorkerHung():
+            message = f"rank {h.rank} made no progress for {h.silent_s}s at {h.frame}"
+            fields = {"attempt": h.attempt, "rank": h.rank, "frame": h.frame, "silent_s": h.silent_s}
+            return Said(EventKind.HANG, message, fields, h.job)
+        case r.RootCauseAmended():
+            message = f"root cause moved to this node's failure ({h.record})"
+            return Said(EventKind.ROOT_CAUSE, message, {"record": h.record}, h.job, h.node)
+        case _:
+            assert_never(h)
+
+
+def _node(h: NodeEvent) -> Said:
+    match h:
+        case r.JobSubmitted():
+            fields: dict[str, Any] = {"user": h.user, "nnodes": h.nnodes}
+            return Said(EventKind.SUBMITTED, f"submitted by {h.user}, nodes {h.nnodes}", fields, h.job)
+        case r.JobJoining():
+            return Said(EventKind.JOINED, "joined the job", {"devices": h.devices}, h.job, h.node)
+        case r.JobLeft():
+            return Said(EventKind.LEFT, "left the job", {}, h.job, h.node)
+        case r.NodeDrained():
+            message = f"drained by {h.by}" + (f" from job {h.job}" if h.job else "")
+            fields = {"by": h.by, "grace_s": h.grace_s, "forced": h.forced, "jobs": h.jobs}
+            return Said(EventKind.DRAIN, message, fields, h.job, h.node, own_node=False)
+        case r.NodeUndrained():
+            return Said(EventKind.UNDRAIN, "undrained", {}, h.job, h.node, own_node=False)
+        case r.DaemonReady():
+            fields = {"slots": h.slots, "devices": h.devices}
+            return Said(EventKind.NODE_UP, "elasticd started", fields, node=h.node)
+        case r.DaemonStopping():
+            return Said(EventKind.NODE_DOWN, f"elasticd stopping ({h.reason})", {"reason": h.reason})
+        case r.LeaseLost():
+            return Said(EventKind.LEASE_LOST, f"node lease lost: {h.why}", {"why": h.why}, node=h.node)
+        case _:
+            assert_never(h)
+
+
+def select(h: r.Happening, node: str, now: float) -> ClusterEvent | None:
+    """The cluster event ``h`` makes (``node``: the daemon that published it), or None.
+
+    Never raises on odd values: a record is not worth a crash (an event whose job or node is not
+    a valid id is not recorded)."""
+    try:
+        said = describe(h)
+    except Exception:  # a value of an unexpected type: not worth a crash
         return None
-    job = fields.get("job")
-    named = fields.get("node")
-    where = named if named is not None else (node if rule.own_node else None)
-    if (job is not None and not (isinstance(job, str) and valid_job_id(job))) or (
-        where is not None and not (isinstance(where, str) and valid_node_id(where))
+    if said is None:
+        return None
+    where = said.node if said.node is not None else (node if said.own_node else None)
+    if (said.job is not None and not valid_job_id(said.job)) or (
+        where is not None and not valid_node_id(where)
     ):
         return None
-    kept = {name: clip(fields[name]) for name in rule.keep if name in fields}
-    try:
-        message = one_line(rule.say(fields))
-    except Exception:  # a field of an unexpected type: the event still counts, with its name
-        message = event
-    return ClusterEvent(now, rule.kind.value, job, where, message, dict(list(kept.items())[:MAX_FIELDS]))
+    kept = {name: clip(value) for name, value in said.fields.items()}
+    return ClusterEvent(
+        now, said.kind.value, said.job, where, one_line(said.message), dict(list(kept.items())[:MAX_FIELDS])
+    )

@@ -13,9 +13,9 @@ from typing import Any, cast
 
 from elasticd.decode import DecodeError, decode
 from elasticd.progress.tracker import RankProgress, stragglers
-from elasticd.rendezvous.model import RoundReason, RoundResult
+from elasticd.rendezvous.model import RoundResult
 from elasticd.rendezvous.snapshot import JobSnapshot
-from elasticd.terms.state import EndReason, FailureKind, JobState, WorkerFailure
+from elasticd.terms.state import EndReason, FailureKind, JobState, RoundReason, WorkerFailure
 from elasticd.wire import FailureView, JobView, MemberEndState, MemberView, RankProgressView, WaitsFor
 
 

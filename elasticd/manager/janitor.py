@@ -38,12 +38,14 @@ from elasticd.etcd.kv import KV
 from elasticd.etcd.space import Ended, Space, relief
 from elasticd.etcd.types import Compare, Put
 from elasticd.events.store import EventLog
+from elasticd.happenings.bus import publish
+from elasticd.happenings.records import JobExpired, JobFailed, JobOrphaned
 from elasticd.rendezvous import decider as rdzv
-from elasticd.rendezvous.model import RoundInfo, RoundReason
+from elasticd.rendezvous.model import RoundInfo
 from elasticd.rendezvous.snapshot import JobSnapshot, Seen
 from elasticd.rendezvous.store import JobStore
 from elasticd.terms.ids import valid_job_id
-from elasticd.terms.state import EndReason, JobState
+from elasticd.terms.state import EndReason, JobState, RoundReason
 
 _log = log.get("elasticd.janitor")
 
@@ -128,7 +130,7 @@ class Janitor:
                 self._missing[(snap.job_id, snap.current)] = missing[(snap.job_id, snap.current)]
             if snap.final is not None and self._expired(snap.final.ended_at):
                 await self._remove(snap.job_id)
-                _log.info("job.expired", job=snap.job_id, ended_at=snap.final.ended_at)
+                publish(JobExpired(snap.job_id, ended_at=snap.final.ended_at))
             elif snap.final is None and snap.invalid:
                 await self._fail_invalid(snap)
             elif snap.head is not None and not snap.ended:
@@ -160,7 +162,7 @@ class Janitor:
         self._relieved_at = now
         for job_id in chosen:
             await self._store_of(job_id).remove()
-            _log.info("job.expired", job=job_id, why="etcd_full")
+            publish(JobExpired(job_id, why="etcd_full"))
         await asyncio.to_thread(self._events.drop_jobs, set(chosen))  # one read of the older events
         try:
             status = await asyncio.to_thread(self._kv.status)
@@ -192,9 +194,7 @@ class Janitor:
         """A job with a bad record ends FAILED, naming the key. A bad ``final`` is replaced by a
         readable one; nothing is written for a key that names no job."""
         if valid_job_id(snap.job_id) and await self._store_of(snap.job_id).fail_invalid(snap):
-            _log.warning(
-                "job.failed", job=snap.job_id, code=EndReason.INVALID_RECORD.value, key=snap.invalid[0].key
-            )
+            publish(JobFailed(snap.job_id, EndReason.INVALID_RECORD, key=snap.invalid[0].key))
 
     async def _orphan(self, snap: JobSnapshot) -> None:
         """A job no live member looks after: restart it (spending a restart) or fail it."""
@@ -221,7 +221,7 @@ class Janitor:
                 return
             info = RoundInfo(snap.current + 1, RoundReason.MEMBER_LOST, self._clock(), (), plan.why)
             if await store.bump(Seen.of(snap), info, plan.spend):
-                _log.warning("job.orphaned", job=snap.job_id, round=snap.current, action="restart")
+                publish(JobOrphaned(snap.job_id, snap.current))
         elif not snap.current_joins and self._clock() - snap.round.opened_at > head.join_timeout_s:
             why = f"only 0 of the {head.nnodes.min} nodes needed joined within {head.join_timeout_s:g}s"
             await store.finalize(JobState.FAILED, EndReason.JOIN_TIMEOUT, why)

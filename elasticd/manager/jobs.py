@@ -20,6 +20,8 @@ from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keys import Change, Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.space import Space
+from elasticd.happenings.bus import publish
+from elasticd.happenings.records import JobFailed, JobJoining, JobLeft
 from elasticd.jobs import logdir, logread
 from elasticd.jobs.launch import NodeRuntime
 from elasticd.jobs.queue import Turns, admission_order
@@ -37,12 +39,11 @@ from elasticd.manager.wakes import QUIET_KINDS, SCAN_KINDS, NodeWakes
 from elasticd.node.hooks import LeaseHooks
 from elasticd.node.registry import NodeRegistry, parse_node_drain
 from elasticd.node.statedir import StateDir
-from elasticd.rendezvous.model import RoundReason
 from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.rendezvous.store import EtcdJobStore, JobStore
 from elasticd.terms.head import JobHead
 from elasticd.terms.spec import JobSpec
-from elasticd.terms.state import EndReason, JobState
+from elasticd.terms.state import EndReason, JobState, RoundReason
 
 _log = log.get("elasticd.jobs")
 
@@ -274,9 +275,7 @@ class JobManager:
         self.agents[spec.id] = agent
         self.turns.admitted(spec.uid)
         self._agent_changed(agent)
-        _log.info(
-            "job.joining", job=spec.id, node=self.rt.node_id, devices=self.rt.inventory.visible_devices(slots)
-        )
+        publish(JobJoining(spec.id, self.rt.node_id, self.rt.inventory.visible_devices(slots)))
         agent.start()
 
     async def _full_spec(self, head: JobHead, store: JobStore) -> JobSpec | None:
@@ -287,7 +286,7 @@ class JobManager:
         except DecodeError as exc:
             reason = f"invalid record at {self._keys.relative(self._keys.job_body(head.id))}: {exc}"
             if await store.finalize(JobState.FAILED, EndReason.INVALID_RECORD, reason):
-                _log.warning("job.failed", job=head.id, code=EndReason.INVALID_RECORD.value, reason=reason)
+                publish(JobFailed(head.id, EndReason.INVALID_RECORD, reason))
             return None
 
     def _apply_drains(self, snaps: dict[str, JobSnapshot]) -> None:
@@ -312,7 +311,7 @@ class JobManager:
             del self.agents[job_id]
         self.admitter.release(job_id)
         self._state.drop_job(job_id)
-        _log.info("job.left", job=job_id, node=self.rt.node_id)
+        publish(JobLeft(job_id, self.rt.node_id))
         self.wake()
 
     # -- start and stop -----------------------------------------------------------------------------

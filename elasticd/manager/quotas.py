@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from elasticd import log
+from elasticd.happenings.bus import publish
+from elasticd.happenings.records import JobFailed
 from elasticd.jobs.quota import Quotas, over_limits
 from elasticd.jobs.ticket import JobTicket
 from elasticd.manager.access import Admins
 from elasticd.rendezvous.store import JobStore
 from elasticd.terms.state import JobState
-
-_log = log.get("elasticd.jobs")
 
 
 async def enforce(
@@ -28,5 +27,5 @@ async def enforce(
     verdicts = over_limits(tickets, quotas, admin_uids)
     for v in verdicts:
         if await store_of(v.job_id).finalize(JobState.FAILED, v.code, v.reason):
-            _log.warning("job.failed", job=v.job_id, code=v.code.value, reason=v.reason)
+            publish(JobFailed(v.job_id, v.code, v.reason))
     return {v.job_id for v in verdicts}

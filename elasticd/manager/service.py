@@ -15,7 +15,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from elasticd import log
 from elasticd.decode import DecodeError
 from elasticd.errors import (
     Conflict,
@@ -31,6 +30,8 @@ from elasticd.etcd.space import Space
 from elasticd.etcd.types import Query
 from elasticd.events.schema import EventsArgs
 from elasticd.events.store import EventLog, Page
+from elasticd.happenings.bus import publish
+from elasticd.happenings.records import JobKilled, JobRemoved, JobSubmitted, NodeDrained, NodeUndrained
 from elasticd.jobs import logdir, quota
 from elasticd.jobs.logs import Read, attempt_starts, log_files, read_logs
 from elasticd.jobs.logscope import check_scope, round_view
@@ -49,8 +50,6 @@ from elasticd.terms.ids import valid_job_id
 from elasticd.terms.spec import JobSpec
 from elasticd.terms.state import EndReason, JobState
 from elasticd.wire import LogsArgs, RoundView, is_terminal
-
-_log = log.get("elasticd.jobs")
 
 KILL_WAIT_S = 60.0
 
@@ -183,7 +182,7 @@ class CommandService:
         if not await self._manager.store_of(spec.id).create(spec):
             raise Conflict(f"job {spec.id} already exists")
         self._manager.recent.invalidate()
-        _log.info("job.submitted", job=spec.id, user=spec.user, argv=spec.argv, nnodes=str(spec.nnodes))
+        publish(JobSubmitted(spec.id, spec.user, tuple(spec.argv), str(spec.nnodes)))
         await self._manager.scan(clean_up=False)
         return await self.view(spec.id, queue=False)  # its place: ``status`` (no second full read)
 
@@ -279,7 +278,7 @@ class CommandService:
         if await self._manager.store_of(job_id).finalize(
             JobState.KILLED, EndReason.KILLED, f"killed by {user}"
         ):
-            _log.info("job.killed", job=job_id, by=user)
+            publish(JobKilled(job_id, user))
         self._manager.wake()  # (which drops the recent read, too)
         deadline = time.monotonic() + KILL_WAIT_S
         while time.monotonic() < deadline:  # until no node runs its workers any more
@@ -339,7 +338,7 @@ class CommandService:
         # After the logs: the scan that the records' deletion wakes drops the logs of a job with
         # no records too (``JobManager.sweep_logs``), and two removals of one tree race.
         await asyncio.to_thread(self._events.drop_jobs, {job_id})
-        _log.info("job.removed", job=job_id, logs=removed)
+        publish(JobRemoved(job_id, removed))
         return {"job": job_id, "logs_removed": removed}
 
     def _refuse_if_etcd_full(self) -> None:
@@ -389,15 +388,7 @@ class CommandService:
         record = {"grace_s": grace_s, "at": time.time(), "by": user}
         key = self._keys.job_drain(job_id, node) if job_id else self._keys.drain(node)
         await asyncio.to_thread(self._kv.put_json, key, record)
-        _log.info(
-            "node.drain",
-            node=node,
-            job=job_id,
-            grace_s=grace_s,
-            by=user,
-            jobs=affected,
-            forced=bool(too_small),
-        )
+        publish(NodeDrained(node, job_id, grace_s, user, tuple(affected), bool(too_small)))
         return {"node": node, "job": job_id, "jobs": affected, "forced": bool(too_small)}
 
     async def undrain(self, node: str, job_id: str | None) -> dict[str, Any]:
@@ -408,7 +399,7 @@ class CommandService:
         if not await asyncio.to_thread(self._kv.delete, key):
             where = f" from job {job_id}" if job_id else ""
             raise Conflict(f"node {node} is not drained{where}")
-        _log.info("node.undrain", node=node, job=job_id)
+        publish(NodeUndrained(node, job_id))
         return {"node": node, "job": job_id}
 
 

@@ -1,35 +1,32 @@
-"""The metrics that count events: a subscriber of the daemon's event bus (``elasticd.log``).
+"""The metrics that count what happened: a subscriber of the daemon's typed bus
+(``elasticd.happenings``).
 
-Nothing in the control logic counts anything: it logs what happened (``round.bumped``,
-``round.complete``, ``job.failed``, ...) and this subscriber turns the events into counters and
+Nothing in the control logic counts anything: it publishes what happened (``RoundBumped``,
+``RoundComplete``, ``JobFailed``, ...) and this subscriber turns the records into counters and
 histograms, in the daemon's own registry (never the process-wide default one, so daemons that
 share a process do not share metrics).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from enum import StrEnum
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from elasticd.happenings import records as r
+from elasticd.terms.state import FailureKind, JobState, RoundReason
 
 # Rendezvous and recovery take from well under a second (a local restart) to minutes (waiting for
 # nodes, a drain's grace).
 DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
-RECOVERY_REASONS = frozenset({"worker_failed", "member_lost"})
+RECOVERY_REASONS = frozenset({RoundReason.WORKER_FAILED, RoundReason.MEMBER_LOST})
+REASONS = frozenset(RoundReason)
+FAILURE_KINDS = frozenset(FailureKind)
 
 
-def _label(value: Any, known: frozenset[str] | None = None) -> str:
-    """A label value from a log field: bounded, and from a known set when one is given."""
-    text = str(value) if value is not None else ""
-    if known is not None:
-        return text if text in known else "other"
-    return text[:40]
-
-
-REASONS = frozenset({"start", "worker_failed", "member_lost", "scale_up", "member_left"})
-END_STATES = frozenset({"SUCCEEDED", "FAILED", "KILLED"})
-FAILURE_KINDS = frozenset({"user_code", "oom", "signal", "hang", "node_lost", "infrastructure"})
+def _label(value: StrEnum, known: frozenset[StrEnum]) -> str:
+    """A label value: one of ``known`` (the label's set stays bounded whatever a record holds)."""
+    return value.value if value in known else "other"
 
 
 class EventMetrics:
@@ -69,35 +66,35 @@ class EventMetrics:
         self.drains = Counter("elasticd_drains", "Drains requested through this node", registry=registry)
         self.lease_lost = Counter("elasticd_lease_lost", "Times this node lost its lease", registry=registry)
 
-    def observe(self, event: str, fields: Mapping[str, Any]) -> None:
-        match event:
-            case "round.bumped":
-                self.restarts.labels(_label(fields.get("reason"), REASONS)).inc()
-            case "job.orphaned":
-                self.restarts.labels("member_lost").inc()
-            case "round.complete":
-                self._round_closed(fields)
-            case "job.succeeded":
-                self.jobs_ended.labels("SUCCEEDED").inc()
-            case "job.failed" | "job.setup_failed":
-                self.jobs_ended.labels("FAILED").inc()
-            case "job.killed":
-                self.jobs_ended.labels("KILLED").inc()
-            case "worker.failed":
-                self.worker_failures.labels(_label(fields.get("cause"), FAILURE_KINDS)).inc()
-            case "worker.hung":
+    def observe(self, h: r.Happening) -> None:
+        match h:
+            case r.RoundBumped():
+                self.restarts.labels(_label(h.reason, REASONS)).inc()
+            case r.JobOrphaned():
+                self.restarts.labels(RoundReason.MEMBER_LOST.value).inc()
+            case r.RoundComplete():
+                self._round_closed(h)
+            case r.JobSucceeded():
+                self.jobs_ended.labels(JobState.SUCCEEDED.value).inc()
+            case r.JobFailed() | r.JobSetupFailed():
+                self.jobs_ended.labels(JobState.FAILED.value).inc()
+            case r.JobKilled():
+                self.jobs_ended.labels(JobState.KILLED.value).inc()
+            case r.WorkerFailed():
+                self.worker_failures.labels(_label(h.cause, FAILURE_KINDS)).inc()
+            case r.WorkerHung():
                 self.hangs.inc()
-            case "job.submitted":
+            case r.JobSubmitted():
                 self.submits.inc()
-            case "node.drain":
+            case r.NodeDrained():
                 self.drains.inc()
-            case "lease.lost":
+            case r.LeaseLost():
                 self.lease_lost.inc()
 
-    def _round_closed(self, fields: Mapping[str, Any]) -> None:
-        took = fields.get("rendezvous_s")
+    def _round_closed(self, h: r.RoundComplete) -> None:
+        took = h.rendezvous_s
         if not isinstance(took, int | float) or isinstance(took, bool) or not 0 <= took < 1e7:
             return
         self.rendezvous.observe(took)
-        if fields.get("reason") in RECOVERY_REASONS:
+        if h.reason in RECOVERY_REASONS:
             self.recovery.observe(took)

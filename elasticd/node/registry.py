@@ -29,6 +29,8 @@ from elasticd.errors import EtcdNoSpace, EtcdUnavailable
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.types import KeyValue
+from elasticd.happenings.bus import publish
+from elasticd.happenings.records import LeaseLost
 from elasticd.node.hooks import LeaseHooks
 from elasticd.node.inventory import Gpu
 from elasticd.rendezvous.model import DrainRecord
@@ -178,7 +180,7 @@ class NodeRegistry:
         self._hooks.granted()
 
     def _lost(self, why: str) -> None:
-        _log.warning("lease.lost", node=self.node_id, lease=self.lease_id, why=why)
+        publish(LeaseLost(self.node_id, self.lease_id, why))
         self.lease_id = None
         self._hooks.lost()
 

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from elasticd import log
+from elasticd.happenings.bus import publish
+from elasticd.happenings.records import WorkerHung
 from elasticd.progress import stacks
 from elasticd.progress.channel import ProgressChannel
 from elasticd.progress.decider import (
@@ -250,14 +252,7 @@ class HangWatch:
             kind=FailureKind.HANG,
             frame=frame,
         )
-        _log.warning(
-            "worker.hung",
-            job=self._job,
-            attempt=self._attempt,
-            rank=first.rank,
-            frame=frame,
-            silent_s=round(first.silent_s, 1),
-        )
+        publish(WorkerHung(self._job, self._attempt, first.rank, frame, round(first.silent_s, 1)))
         if not self.hung.done():
             self.hung.set_result(first.rank)
 

@@ -12,8 +12,9 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from elasticd.rendezvous.model import Join, Member, RoundInfo, RoundReason, RoundResult
+from elasticd.rendezvous.model import Join, Member, RoundInfo, RoundResult
 from elasticd.terms.spec import NodeRange
+from elasticd.terms.state import RoundReason
 
 
 def leader(joins: Sequence[Join]) -> str | None:

@@ -11,14 +11,13 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass, field, replace
-from enum import StrEnum
 from typing import Any
 
 from elasticd.decode import DecodeError, decode
 from elasticd.progress.tracker import RankProgress
 from elasticd.terms.ids import MAX_ROUND, valid_node_id
 from elasticd.terms.spec import MAX_NPROC_PER_NODE
-from elasticd.terms.state import EndReason, JobState, WorkerFailure
+from elasticd.terms.state import EndReason, JobState, RoundReason, WorkerFailure
 
 MAX_GRACE_S = 3600.0
 # Host names, IPv4 and IPv6 literals: what MASTER_ADDR and a liveness probe may be given.
@@ -65,20 +64,6 @@ def check_failure(failure: dict[str, Any] | None) -> None:
     """A stored failure must read as a ``WorkerFailure``: status and the CLI show it field by field."""
     if failure is not None:
         decode(WorkerFailure, failure, path="failure")
-
-
-class RoundReason(StrEnum):
-    """Why a round was opened. Only failures spend the job-wide restart budget."""
-
-    START = "start"  # the job was submitted
-    WORKER_FAILED = "worker_failed"  # a worker exited non-zero or by a signal (spends)
-    MEMBER_LOST = "member_lost"  # a member's lease expired or its daemon died (spends)
-    SCALE_UP = "scale_up"  # a node is waiting to join a running job
-    MEMBER_LEFT = "member_left"  # a member left on purpose (drain, daemon stop)
-
-    @property
-    def spends_budget(self) -> bool:
-        return self in (RoundReason.WORKER_FAILED, RoundReason.MEMBER_LOST)
 
 
 @dataclass(frozen=True)

@@ -28,11 +28,11 @@ from elasticd.decode import DecodeError, parse_json
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV, prefix_end
 from elasticd.etcd.types import Compare, Put, Query
-from elasticd.rendezvous.model import FinalRecord, Join, RoundInfo, RoundReason, RoundResult
+from elasticd.rendezvous.model import FinalRecord, Join, RoundInfo, RoundResult
 from elasticd.rendezvous.snapshot import Glance, InvalidKey, JobSnapshot, Seen
 from elasticd.terms.head import JobHead, body_bytes, check_body
 from elasticd.terms.spec import JobSpec
-from elasticd.terms.state import EndReason, JobState
+from elasticd.terms.state import EndReason, JobState, RoundReason
 
 T = TypeVar("T")
 

@@ -1,4 +1,4 @@
-"""Job and attempt states, and what a failure looks like."""
+"""Job and attempt states, why a round was opened, and what a failure looks like."""
 
 from __future__ import annotations
 
@@ -107,6 +107,20 @@ def describe_exit(returncode: int) -> str:
         except ValueError:
             return f"killed by signal {-returncode}"
     return f"exit code {returncode}"
+
+
+class RoundReason(StrEnum):
+    """Why a round was opened. Only failures spend the job-wide restart budget."""
+
+    START = "start"  # the job was submitted
+    WORKER_FAILED = "worker_failed"  # a worker exited non-zero or by a signal (spends)
+    MEMBER_LOST = "member_lost"  # a member's lease expired or its daemon died (spends)
+    SCALE_UP = "scale_up"  # a node is waiting to join a running job
+    MEMBER_LEFT = "member_left"  # a member left on purpose (drain, daemon stop)
+
+    @property
+    def spends_budget(self) -> bool:
+        return self in (RoundReason.WORKER_FAILED, RoundReason.MEMBER_LOST)
 
 
 class FailureKind(StrEnum):

@@ -14,10 +14,10 @@ from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.memory import MemoryKV
 from elasticd.rendezvous import decider as rdzv
-from elasticd.rendezvous.model import Join, RoundInfo, RoundReason
+from elasticd.rendezvous.model import Join, RoundInfo
 from elasticd.rendezvous.snapshot import Seen
 from elasticd.rendezvous.store import EtcdJobStore, InlineJobStore, JobStore
-from elasticd.terms.state import EndReason, JobState, WorkerFailure
+from elasticd.terms.state import EndReason, JobState, RoundReason, WorkerFailure
 from tests.contract.test_kv_contract import Events
 from tests.fakes import JOB, head_of, make_spec
 

@@ -33,10 +33,10 @@ from elasticd.agent.executor import POLL_S
 from elasticd.agent.record import AgentState
 from elasticd.etcd.keys import KeyKind
 from elasticd.jobs.decider import GroupOutcome
-from elasticd.rendezvous.model import FinalRecord, RoundInfo, RoundReason, RoundResult
+from elasticd.rendezvous.model import FinalRecord, RoundInfo, RoundResult
 from elasticd.rendezvous.reach import PROBE_FRESH_S
 from elasticd.terms.spec import JobSpec, NodeRange
-from elasticd.terms.state import JobState
+from elasticd.terms.state import JobState, RoundReason
 from tests import fakes
 from tests.agent_sim import KEYS, Checker, Daemon, Node, Sim
 

@@ -7,8 +7,8 @@ ran with the node when the cut came stalls until the hang timeout: here, its wor
 from __future__ import annotations
 
 from elasticd.agent.record import AgentState
-from elasticd.rendezvous.model import RoundReason
 from elasticd.terms.spec import NodeRange
+from elasticd.terms.state import RoundReason
 from tests import fakes
 from tests.agent_sim import Sim
 from tests.unit.test_unit_agent_sim import make_spec, new_sim, running, settle

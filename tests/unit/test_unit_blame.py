@@ -18,8 +18,8 @@ from elasticd.jobs.rootcause import (
     same_way,
     with_also_failed,
 )
-from elasticd.rendezvous.model import FinalRecord, RoundInfo, RoundReason
-from elasticd.terms.state import EndReason, FailureKind, JobState, WorkerFailure
+from elasticd.rendezvous.model import FinalRecord, RoundInfo
+from elasticd.terms.state import EndReason, FailureKind, JobState, RoundReason, WorkerFailure
 from tests.agent_steps import NOW, acts, decide, failed, local, record, snapshot, spec
 
 TRACEBACK = """\

@@ -1,13 +1,11 @@
-"""The event history: which log events become cluster events, their record, the bounded log in a
-KV (MemoryKV; the integration tests use a real etcd), the recorder, and the log's event bus."""
+"""The event history: which typed records become cluster events, their record, the bounded log in
+a KV (MemoryKV; the integration tests use a real etcd), the recorder, and the records' bus."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import threading
-from collections.abc import Mapping
-from typing import Any
 
 import pytest
 import structlog
@@ -24,6 +22,20 @@ from elasticd.events.recorder import EventRecorder
 from elasticd.events.rings import Limits
 from elasticd.events.select import EventKind, select
 from elasticd.events.store import AppendConflict, EventLog
+from elasticd.happenings import bus
+from elasticd.happenings.records import (
+    Happening,
+    JobFailed,
+    JobJoining,
+    JobSubmitted,
+    LeaseLost,
+    NodeDrained,
+    RoundBumped,
+    RoundComplete,
+    WorkerFailed,
+    WorkerHung,
+)
+from elasticd.terms.state import EndReason, FailureKind, RoundReason
 
 KEYS = Keys("/e/v1")
 NOW = 1_700_000_000.0
@@ -36,9 +48,8 @@ def event(i: int = 0, job: str | None = "job-1", kind: str = "round") -> Cluster
 # -- select ---------------------------------------------------------------------------------------
 def test_a_failed_job_carries_its_root_cause() -> None:
     got = select(
-        "job.failed",
-        {"job": "job-1", "code": "worker_failed", "reason": "no restarts left", "round": 2,
-         "cause": "user_code", "root_cause": "rank 1 (local 1 on n2) failed with exit code 3"},
+        JobFailed("job-1", EndReason.WORKER_FAILED, "no restarts left", 2, FailureKind.USER_CODE,
+                  "rank 1 (local 1 on n2) failed with exit code 3"),
         "n1", NOW,
     )  # fmt: skip
     assert got is not None and got.kind == EventKind.FAILED and got.job == "job-1"
@@ -48,20 +59,18 @@ def test_a_failed_job_carries_its_root_cause() -> None:
 
 
 def test_events_happen_on_the_logging_node_unless_they_name_one() -> None:
-    hung = select("worker.hung", {"job": "j", "rank": 3, "frame": "t.py:9 in f", "silent_s": 12.0}, "n1", NOW)
+    hung = select(WorkerHung("j", 0, 3, "t.py:9 in f", 12.0), "n1", NOW)
     assert hung is not None and (hung.kind, hung.node, hung.fields["rank"]) == ("hang", "n1", 3)
-    drain = select("node.drain", {"node": "n7", "job": None, "by": "root", "jobs": ["a", "b"]}, "n1", NOW)
+    drain = select(NodeDrained("n7", None, None, "root", ("a", "b"), False), "n1", NOW)
     assert drain is not None and (drain.node, drain.job, drain.fields["jobs"]) == ("n7", None, "a,b")
-    bump = select(
-        "round.bumped", {"job": "j", "round": 1, "reason": "worker_failed", "detail": "x"}, "n1", NOW
-    )
+    bump = select(RoundBumped("j", 1, RoundReason.WORKER_FAILED, True, 1, "x"), "n1", NOW)
     assert bump is not None and bump.kind == "restart" and bump.message.startswith("round 1 opened")
 
 
-def test_other_log_events_are_not_recorded_and_odd_fields_are_dropped_or_clipped() -> None:
-    assert select("lease.granted", {"node": "n1"}, "n1", NOW) is None
-    assert select("job.submitted", {"job": "../../etc", "user": "u"}, "n1", NOW) is None  # not a job id
-    got = select("worker.failed", {"job": "j", "summary": "x" * 5000, "cause": object()}, "n1", NOW)
+def test_events_with_odd_ids_are_not_recorded_and_long_fields_are_clipped() -> None:
+    assert select(LeaseLost("../n1", 1, "expired"), "n1", NOW) is None  # not a node id
+    assert select(JobSubmitted("../../etc", "u", (), "1"), "n1", NOW) is None  # not a job id
+    got = select(WorkerFailed("j", "n1", 0, FailureKind.OOM, "x" * 5000), "n1", NOW)
     assert got is not None and len(got.fields["summary"]) == MAX_FIELD_TEXT and len(got.message) <= 500
     assert isinstance(got.fields["cause"], str)
 
@@ -288,9 +297,9 @@ def test_the_recorder_selects_queues_retries_and_flushes(monkeypatch: pytest.Mon
         store = FlakyLog(down=2)
         rec = EventRecorder(store, "n1", clock=lambda: NOW)  # type: ignore[arg-type]
         rec.start()
-        rec.offer("lease.granted", {"node": "n1"})  # not a cluster event
-        rec.offer("job.submitted", {"job": "j-1", "user": "u", "nnodes": "1"})
-        await asyncio.to_thread(rec.offer, "job.joining", {"job": "j-1", "node": "n1"})  # another thread
+        rec.offer(JobSubmitted("../j", "u", (), "1"))  # not a cluster event: no valid job id
+        rec.offer(JobSubmitted("j-1", "u", ("train.py",), "1"))
+        await asyncio.to_thread(rec.offer, JobJoining("j-1", "n1", ""))  # another thread
         await rec.close(flush_s=5)
         return store
 
@@ -302,28 +311,26 @@ def test_the_recorder_selects_queues_retries_and_flushes(monkeypatch: pytest.Mon
 
 
 # -- the bus ----------------------------------------------------------------------------------------
-def test_the_log_hands_events_to_subscribers_whatever_the_level(capsys: pytest.CaptureFixture[str]) -> None:
-    seen: list[tuple[str, dict[str, Any]]] = []
+def test_the_bus_hands_records_to_subscribers_whatever_the_level(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[Happening] = []
 
-    def good(name: str, fields: Mapping[str, Any]) -> None:
-        seen.append((name, dict(fields)))
-
-    def bad(name: str, fields: Mapping[str, Any]) -> None:
+    def bad(h: Happening) -> None:
         raise RuntimeError("a broken subscriber")
 
+    monkeypatch.setattr(bus, "_log", log.get("elasticd.happenings"))  # not one cached for another stderr
     log.configure("json", "warning")
-    undo = [log.subscribe(bad), log.subscribe(good)]
+    undo = [bus.subscribe(bad), bus.subscribe(seen.append)]
     try:
-        logger = log.get("test")
-        logger.info("round.complete", job="j", round=1)  # below the level: not printed, but published
-        logger.warning("worker.failed", job="j")
-        logger.debug("worker.started", job="j")  # below info: not published
+        bus.publish(RoundComplete("j", 1, 1, ("n1",), "", None, None))  # below the level: not printed
+        bus.publish(WorkerFailed("j", "n1", 1, FailureKind.OOM, "killed"))
     finally:
         for u in undo:
             u()
         structlog.reset_defaults()
-    assert [name for name, _ in seen] == ["round.complete", "worker.failed"]
-    assert seen[0][1]["round"] == 1
+    assert [h.EVENT for h in seen] == ["round.complete", "worker.failed"]
+    assert isinstance(seen[0], RoundComplete) and seen[0].round == 1
     printed = [json.loads(line)["event"] for line in capsys.readouterr().err.splitlines()]
     assert "round.complete" not in printed and "worker.failed" in printed
     assert printed.count("log.subscriber_failed") == 2  # reported, and the others still ran

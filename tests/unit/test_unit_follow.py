@@ -24,10 +24,10 @@ from elasticd.jobs.logscope import check_scope, round_view, spans
 from elasticd.jobs.ranktext import NO_TIME
 from elasticd.jobs.view import job_view
 from elasticd.rendezvous.decider import build_result
-from elasticd.rendezvous.model import FinalRecord, Join, RoundInfo, RoundReason
+from elasticd.rendezvous.model import FinalRecord, Join, RoundInfo
 from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.spec import NodeRange
-from elasticd.terms.state import EndReason, JobState, WorkerFailure
+from elasticd.terms.state import EndReason, JobState, RoundReason, WorkerFailure
 from elasticd.wire import LogsArgs, RoundView
 from tests import fakes
 

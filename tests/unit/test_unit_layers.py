@@ -19,6 +19,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("elasticd", "errors", "log", "aio", "netaddr"),  # the base: version, error codes, logging, helpers
     ("decode", "trustedpath"),  # typed decoding of untrusted input; root-safe paths
     ("terms",),  # the shared vocabulary: ids, the job spec and head, job states
+    ("happenings",),  # typed records of what happened, and the bus that hands them out
     ("workers",),  # processes, cgroups, the warm parent
     ("etcd", "progress"),  # the store seam and key layout; worker progress and hangs
     ("rendezvous", "events"),  # rounds and snapshots; the cluster event history

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import urllib.error
 import urllib.request
+from typing import cast
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -13,11 +14,20 @@ from prometheus_client import CollectorRegistry, generate_latest
 from elasticd.errors import ConfigError
 from elasticd.etcd.space import Space, SpaceLevel, SpaceLimits
 from elasticd.etcd.types import EtcdStatus
+from elasticd.happenings.records import (
+    JobFailed,
+    JobLeft,
+    JobOrphaned,
+    RoundBumped,
+    RoundComplete,
+    WorkerFailed,
+)
 from elasticd.metrics.address import HostPort
 from elasticd.metrics.counters import EventMetrics
 from elasticd.metrics.server import MetricsServer
 from elasticd.metrics.state import NodeState, StateCollector
 from elasticd.netaddr import free_port
+from elasticd.terms.state import EndReason, FailureKind, RoundReason
 
 
 @pytest.mark.parametrize(
@@ -42,16 +52,16 @@ def _value(registry: CollectorRegistry, name: str, **labels: str) -> float | Non
 def test_counters_and_histograms_follow_the_events() -> None:
     registry = CollectorRegistry()
     m = EventMetrics(registry)
-    m.observe("round.bumped", {"reason": "worker_failed", "spend": True})
-    m.observe("round.bumped", {"reason": "worker_failed"})
-    m.observe("round.bumped", {"reason": "made_up"})
-    m.observe("job.orphaned", {"round": 3})
-    m.observe("round.complete", {"reason": "start", "rendezvous_s": 0.4})
-    m.observe("round.complete", {"reason": "worker_failed", "rendezvous_s": 2.0})
-    m.observe("round.complete", {"reason": "start", "rendezvous_s": "soon"})  # ignored
-    m.observe("job.failed", {"code": "worker_failed"})
-    m.observe("worker.failed", {"cause": "oom"})
-    m.observe("lease.granted", {})  # not counted
+    m.observe(RoundBumped("j", 1, RoundReason.WORKER_FAILED, True, 1, ""))
+    m.observe(RoundBumped("j", 2, RoundReason.WORKER_FAILED, False, 1, ""))
+    m.observe(RoundBumped("j", 3, cast(RoundReason, "made_up"), False, 1, ""))  # a label stays bounded
+    m.observe(JobOrphaned("j", 3))
+    m.observe(RoundComplete("j", 0, 1, ("n1",), "", RoundReason.START, 0.4))
+    m.observe(RoundComplete("j", 1, 1, ("n1",), "", RoundReason.WORKER_FAILED, 2.0))
+    m.observe(RoundComplete("j", 2, 1, ("n1",), "", RoundReason.START, cast(float, "soon")))  # ignored
+    m.observe(JobFailed("j", EndReason.WORKER_FAILED))
+    m.observe(WorkerFailed("j", "n1", 1, FailureKind.OOM, "rank 0 was killed"))
+    m.observe(JobLeft("j", "n1"))  # not counted
     assert _value(registry, "elasticd_restarts_total", reason="worker_failed") == 2
     assert _value(registry, "elasticd_restarts_total", reason="other") == 1
     assert _value(registry, "elasticd_restarts_total", reason="member_lost") == 1

@@ -23,12 +23,12 @@ from elasticd.jobs.ticket import JobTicket, ticket_of, tickets_of
 from elasticd.manager import quotas
 from elasticd.manager.access import Admins
 from elasticd.rendezvous.decider import build_result
-from elasticd.rendezvous.model import FinalRecord, Join, RoundInfo, RoundReason
+from elasticd.rendezvous.model import FinalRecord, Join, RoundInfo
 from elasticd.rendezvous.snapshot import InvalidKey, JobSnapshot
 from elasticd.rendezvous.store import InlineJobStore, run_inline
 from elasticd.terms.head import body_bytes, check_body
 from elasticd.terms.spec import NodeRange
-from elasticd.terms.state import EndReason, JobState
+from elasticd.terms.state import EndReason, JobState, RoundReason
 from tests import fakes
 
 USER = Limits(

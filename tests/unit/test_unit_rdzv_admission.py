@@ -8,10 +8,11 @@ import pytest
 
 from elasticd.jobs.admission import Admission, admit, single_host_note
 from elasticd.rendezvous.decider import build_result
-from elasticd.rendezvous.model import Join, RoundInfo, RoundReason
+from elasticd.rendezvous.model import Join, RoundInfo
 from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.options import EntryKind
 from elasticd.terms.spec import JobSpec, NodeRange
+from elasticd.terms.state import RoundReason
 from tests import fakes
 
 JOB = "train-0a1b2c3d"

@@ -19,8 +19,9 @@ from elasticd.rendezvous.decider import (
     plan_bump,
     ring_neighbours,
 )
-from elasticd.rendezvous.model import Join, Member, RoundInfo, RoundReason, RoundResult
+from elasticd.rendezvous.model import Join, Member, RoundInfo, RoundResult
 from elasticd.terms.spec import NodeRange
+from elasticd.terms.state import RoundReason
 
 
 def j(node: str, rev: int, lws: int = 1, port: int | None = None) -> Join:

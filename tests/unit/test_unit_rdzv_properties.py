@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import pytest
 
 from elasticd.rendezvous.decider import Close, build_result, decide_close, leader, order_members
-from elasticd.rendezvous.model import Join, RoundInfo, RoundReason, RoundResult
+from elasticd.rendezvous.model import Join, RoundInfo, RoundResult
 from elasticd.terms.spec import NodeRange
+from elasticd.terms.state import RoundReason
 
 POOL = [f"n{i:02d}" for i in range(12)]
 SEEDS = range(40)

@@ -8,10 +8,10 @@ import pytest
 
 from elasticd.jobs.view import job_state, job_view
 from elasticd.rendezvous.decider import build_result
-from elasticd.rendezvous.model import FinalRecord, Join, NodeStatus, RoundInfo, RoundReason, WaitingRecord
+from elasticd.rendezvous.model import FinalRecord, Join, NodeStatus, RoundInfo, WaitingRecord
 from elasticd.rendezvous.snapshot import InvalidKey, JobSnapshot
 from elasticd.terms.spec import JobSpec, NodeRange
-from elasticd.terms.state import EndReason, JobState, WorkerFailure
+from elasticd.terms.state import EndReason, JobState, RoundReason, WorkerFailure
 from tests import fakes
 
 JOB = "train-0a1b2c3d"

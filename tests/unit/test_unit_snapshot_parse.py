@@ -14,10 +14,10 @@ from elasticd.etcd.types import KeyValue
 from elasticd.jobs.admission import Admission, admit, refuse
 from elasticd.jobs.view import job_view
 from elasticd.rendezvous.decider import build_result
-from elasticd.rendezvous.model import Join, NodeStatus, RoundInfo, RoundReason
+from elasticd.rendezvous.model import Join, NodeStatus, RoundInfo
 from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.spec import NodeRange
-from elasticd.terms.state import EndReason
+from elasticd.terms.state import EndReason, RoundReason
 from tests import fakes
 from tests.strategies import stored_values
 

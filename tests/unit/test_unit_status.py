@@ -21,10 +21,10 @@ from elasticd.control.params import parse_args
 from elasticd.decode import Unknown, decode
 from elasticd.jobs.view import job_view, selected, started_at
 from elasticd.rendezvous.decider import build_result
-from elasticd.rendezvous.model import FinalRecord, Join, NodeStatus, RoundInfo, RoundReason
+from elasticd.rendezvous.model import FinalRecord, Join, NodeStatus, RoundInfo
 from elasticd.rendezvous.snapshot import InvalidKey, JobSnapshot
 from elasticd.terms.spec import NodeRange
-from elasticd.terms.state import EndReason, JobState, WorkerFailure
+from elasticd.terms.state import EndReason, JobState, RoundReason, WorkerFailure
 from elasticd.wire import JobView, MemberEndState, StatusArgs, request
 from tests import fakes
 

@@ -31,10 +31,10 @@ from elasticd.manager.service import LogsRead, NodeFacts
 from elasticd.node.inventory import Gpu
 from elasticd.node.registry import InventoryRecord, NodeRecord
 from elasticd.rendezvous.decider import build_result
-from elasticd.rendezvous.model import FinalRecord, Join, NodeStatus, RoundInfo, RoundReason
+from elasticd.rendezvous.model import FinalRecord, Join, NodeStatus, RoundInfo
 from elasticd.rendezvous.snapshot import InvalidKey, JobSnapshot
 from elasticd.terms.spec import NodeRange
-from elasticd.terms.state import EndReason, JobState, WorkerFailure
+from elasticd.terms.state import EndReason, JobState, RoundReason, WorkerFailure
 from elasticd.wire import (
     COMMANDS,
     DrainArgs,
