@@ -1,6 +1,6 @@
 """How soon ``elasticctl submit`` sends its request: process start to the submit RPC's arrival.
 
-A job's first start (issue 11) begins with ``elasticctl submit``; everything the CLI does before
+A job's first start begins with ``elasticctl submit``; everything the CLI does before
 its request leaves (interpreter start, imports, argument parsing, building the request) is on
 that path. This bench runs the same command line as ``bench_single.py`` (``elasticctl submit
 --nproc-per-node 2 --max-restarts 3 --python ... --env OMP_NUM_THREADS=1 --follow worker.py --

@@ -23,7 +23,7 @@ seconds after the daemon answers, and measures:
 
     .venv/bin/python bench/bench_footprint.py [--idle-seconds 60] [--clients 50] [--json PATH]
 
-Targets (issue 11): idle CPU <= 0.2 % of a core in both phases; daemon + reaper <= 60 MB RSS;
+Targets: idle CPU <= 0.2 % of a core in both phases; daemon + reaper <= 60 MB RSS;
 RPC p99 < 5 ms with 50 concurrent clients. The bench prints them next to the figures; it does
 not fail on them (the exit code says only whether the measurement itself worked).
 """

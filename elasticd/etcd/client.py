@@ -1,6 +1,6 @@
 """A thread-safe etcd v3 client over etcd's JSON gateway (HTTP/1.1), with failover and our own errors.
 
-Why not grpc (issue 11, "idle footprint"): the grpc client (etcd3 0.12 on grpcio, with the
+Why not grpc by default (the idle footprint): the grpc client (etcd3 0.12 on grpcio, with the
 pure-Python protobuf that etcd3's old generated code needs) was most of the idle daemon's cost:
 4 grpc event-engine threads waking ~40 times a second, grpc's channel-spin thread every 200 ms
 (a compile-time constant), and ~33 MB of RSS for ``import grpc`` + etcd3 + protobuf (importing

@@ -91,7 +91,8 @@ def tls_context(auth: EtcdAuth) -> ssl.SSLContext:
 
 
 def uses_tls(endpoint: Endpoint, auth: EtcdAuth) -> bool:
-    """https:// always; a bare host:port when TLS files are configured (as before the gateway)."""
+    """https:// always; a bare host:port when TLS files are configured (how etcd's own tools
+    name a TLS endpoint)."""
     if endpoint.scheme == "http" and (auth.ca or auth.cert):
         raise ConfigError(
             f"etcd endpoint {endpoint} is plain http but etcd_ca/etcd_cert is set: use https://"

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from elasticd.jobs import logread
-from elasticd.jobs.ranktext import rank_prefixed as rank_prefixed  # kept importable from here
 
 _ATTEMPT = re.compile(r"^attempt_(\d+)$")
 _RANK = re.compile(r"^rank_(\d+)\.log$")

@@ -192,13 +192,6 @@ class RoundResult:
 
 
 # -- the end, and per-node marks -------------------------------------------------------------------
-_LEGACY_CODES = {
-    "SUCCEEDED": EndReason.SUCCEEDED,
-    "KILLED": EndReason.KILLED,
-    "FAILED": EndReason.WORKER_FAILED,
-}
-
-
 @dataclass(frozen=True)
 class FinalRecord:
     """Value of ``jobs/<job>/final``: how the job ended, written once."""
@@ -219,9 +212,6 @@ class FinalRecord:
 
     @classmethod
     def from_json(cls, data: Any) -> FinalRecord:
-        """Records written before end codes existed get the code their state implies."""
-        if isinstance(data, dict) and "code" not in data and data.get("state") in _LEGACY_CODES:
-            data = data | {"code": _LEGACY_CODES[data["state"]].value}
         return decode(cls, data)
 
 

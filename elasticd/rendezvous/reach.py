@@ -50,7 +50,7 @@ class Reach:
 
 def targets(parts: Iterable[Join | Member], me: str) -> tuple[Target, ...]:
     """Whom to probe: every other node that publishes a liveness port (one that does not cannot be
-    probed, and is taken as reachable, as before)."""
+    probed, and is taken as reachable: a daemon that publishes none still forms rounds)."""
     return tuple((p.node, p.address, p.liveness_port) for p in parts if p.node != me and p.liveness_port)
 
 

@@ -7,8 +7,9 @@ import pwd
 
 import pytest
 
-from elasticd.control.commands.base import Command, NoArgs
+from elasticd.control.commands.base import Command
 from elasticd.manager.access import Access, Caller
+from elasticd.wire import NoArgs
 
 
 @pytest.mark.parametrize(

@@ -270,12 +270,15 @@ def test_round_result_from_json_rejects_inconsistent_worlds(mutate: Any) -> None
         RoundResult.from_json(data)
 
 
-def test_final_record_round_trip_and_legacy_code() -> None:
+def test_final_record_round_trip_and_a_record_without_its_code_is_refused() -> None:
+    """Every daemon of this key layout writes the end code: a final record without one was not
+    written by one, and is invalid like any other malformed record."""
     final = FinalRecord(JobState.FAILED, "no restarts left", EndReason.WORKER_FAILED, _FAILURE, 9.0)
     assert FinalRecord.from_json(_via_json(final.to_json())) == final
     assert final.to_json()["code"] == "worker_failed"
-    legacy = {"state": "KILLED", "reason": "killed by u", "failure": None, "ended_at": 3.0}
-    assert FinalRecord.from_json(legacy).code is EndReason.KILLED
+    codeless = {"state": "KILLED", "reason": "killed by u", "failure": None, "ended_at": 3.0}
+    with pytest.raises(DecodeError):
+        FinalRecord.from_json(codeless)
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from elasticd.jobs import launch as launch_mod
 from elasticd.jobs import logdir
 from elasticd.jobs.decider import Group, GroupOutcome
 from elasticd.jobs.launch import ProcessWorkers, describe_failure
-from elasticd.jobs.logs import rank_prefixed
+from elasticd.jobs.ranktext import rank_prefixed
 from elasticd.jobs.rootcause import Exit, by_first_failure, parse_error_file
 from elasticd.rendezvous.model import check_failure
 from elasticd.terms.state import MAX_ALSO_FAILED, FailedRank, WorkerFailure, exit_text

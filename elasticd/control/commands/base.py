@@ -9,7 +9,6 @@ from typing import Any, Generic, TypeVar
 
 from elasticd.manager.access import Access, Caller
 from elasticd.manager.service import CommandService
-from elasticd.wire import NoArgs as NoArgs  # the wire schema's; kept importable from here
 
 A = TypeVar("A")
 

@@ -97,7 +97,7 @@ class ZygotePool:
     # -- a job leaves: its zygote is offered -----------------------------------------------------
     def offer(self, zygote: Zygote) -> bool:
         """Park ``zygote`` (its job left this node; its workers are stopped), or say no (False: the
-        caller stops it as before). On True the pool owns it."""
+        caller stops it). On True the pool owns it."""
         why = self._unfit(zygote)
         if why is not None:
             _log.info("zygote.not_parked", job=zygote.job, pid=zygote.pid, why=why)
