@@ -247,7 +247,7 @@ class _Step(StepBase):
         if not self.rec.leading:
             self._do(Wait())
             return
-        spec, prev = rec.spec, snap.previous_result
+        spec = rec.spec
         decision = rdzv.decide_close(
             info,
             joins,
@@ -259,7 +259,7 @@ class _Step(StepBase):
             join_timeout_s=spec.join_timeout_s,
             expect_grace_s=rec.grace(snap) + EXPECT_EXTRA_S,
             left=snap.left.get(info.round, set()),
-            running=set(prev.nodes) - snap.done.get(prev.round, set()) if prev else (),
+            running=snap.may_still_run,
         )
         if decision.verdict is rdzv.Close.NOW:
             self._close(snap, info, decision.why)
