@@ -16,9 +16,9 @@ watch while it leads, its workers, a fence or a leave, or at its deadline or the
 Without, every node steps on every tick (more interleavings, and no lost wake-up can show).
 
 Timing: a lease lives 2 s and its deadline is 1.6 s after a keep-alive; a tick moves time by at
-most 0.5 s and an outage lasts a few requests (a node makes one a tick while failing), so a node
-the next round expects is heard from, or past its deadline, before the round's expect grace
-(stop grace + 2 s) runs out: the protocol's precondition for "no two rounds run at once".
+most 0.5 s and an outage lasts a few requests (its keep-alive gets through meanwhile). A node the
+next round expects may be heard from only after the round's expect grace (stop grace + 2 s): the
+leader waits for a previous member until it rejoins, leaves or loses its lease, not for a time.
 """
 
 from __future__ import annotations

@@ -259,6 +259,7 @@ class _Step(StepBase):
             join_timeout_s=spec.join_timeout_s,
             expect_grace_s=rec.grace(snap) + EXPECT_EXTRA_S,
             left=snap.left.get(info.round, set()),
+            running=snap.may_still_run,
         )
         if decision.verdict is rdzv.Close.NOW:
             self._close(snap, info, decision.why)

@@ -8,7 +8,16 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from elasticd.agent.actions import Action, CloseRound, Finalize, NotePending, Probe, Wait, Withdraw
+from elasticd.agent.actions import (
+    Action,
+    CloseRound,
+    Finalize,
+    MarkLeft,
+    NotePending,
+    Probe,
+    Wait,
+    Withdraw,
+)
 from elasticd.agent.record import AgentRecord, Local
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous import reach
@@ -56,10 +65,11 @@ class StepBase:
                 self._do(Probe(info.round, got.targets))  # then step again, with what it found
             case reach.Admit.WITHDRAW:
                 # Most likely the cut one: let the next oldest lead, and join after it (a new join
-                # is younger than theirs). A node left out of a round is not a failure.
+                # is younger than theirs). A node left out of a round is not a failure. ``left``
+                # says that our workers are stopped (we joined): the round need not wait for us.
                 self._set(leading=False, joined_round=-1, rejoin_at=self.now + reach.REJOIN_BACKOFF_S)
                 self._note(got.why)
-                self._do(Withdraw(info.round), Wait(self.rec.rejoin_at))
+                self._do(Withdraw(info.round), MarkLeft(info.round), Wait(self.rec.rejoin_at))
             case reach.Admit.WAIT:
                 self._note(got.why)
                 self._do(Wait(got.recheck_at))

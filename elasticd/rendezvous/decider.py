@@ -64,6 +64,7 @@ def decide_close(
     join_timeout_s: float,
     expect_grace_s: float,
     left: Collection[str] = (),
+    running: Collection[str] = (),
 ) -> CloseDecision:
     """Should the leader close the round now?
 
@@ -76,10 +77,27 @@ def decide_close(
 
     An expected node that ``left`` (it stopped its workers and will not rejoin) counts as arrived:
     that is how a round waits for a drained node's workers to be gone before it starts new ones.
+
+    No grace closes over an expected node in ``running`` (a member of the previous round that is
+    not done and whose lease lives, so its workers may still run: ``JobSnapshot.may_still_run``):
+    until it rejoins (it stops them first), reports ``left`` or its lease ends, the round waits,
+    and fails at ``join_timeout_s``. Time alone
+    proves nothing: a member whose requests fail retries at its own pace while its lease lives.
     """
     count = len(joins)
     joined = {j.node for j in joins}
     missing = [n for n in info.expect if n in alive and n not in joined and n not in left]
+    deadline = info.opened_at + join_timeout_s
+    held = [n for n in missing if n in running]
+    if held:
+        named = ", ".join(held)
+        if now >= deadline:
+            why = (
+                f"node(s) {named} of the previous round neither rejoined nor left within"
+                f" {join_timeout_s:g}s while their leases lived: their workers may still run"
+            )
+            return CloseDecision(Close.FAIL, why)
+        return CloseDecision(Close.WAIT, f"waiting for {named} to stop their workers", deadline)
     if count >= nnodes.max and not (missing and now < info.opened_at + expect_grace_s):
         return CloseDecision(Close.NOW, f"{count} of at most {nnodes.max} nodes joined")
     if count >= nnodes.min:
@@ -90,7 +108,6 @@ def decide_close(
         if now >= quiet_until and now >= grace_until:
             return CloseDecision(Close.NOW, f"last call: {count} nodes joined")
         return CloseDecision(Close.WAIT, "last call", max(quiet_until, grace_until))
-    deadline = info.opened_at + join_timeout_s
     if now >= deadline:
         return CloseDecision(
             Close.FAIL, f"only {count} of the {nnodes.min} nodes needed joined within {join_timeout_s:g}s"

@@ -96,6 +96,20 @@ class JobSnapshot:
         return self.results[max(earlier)] if earlier else None
 
     @property
+    def may_still_run(self) -> set[str]:
+        """Members of the previous round whose workers may still run: not done, and their join
+        still there under their lease (one whose lease ended was fenced before it did, or died;
+        joins only counted say nothing of whose: then every member not done)."""
+        prev = self.previous_result
+        if prev is None:
+            return set()
+        if prev.round in self.join_counts:
+            held = set(prev.nodes)
+        else:
+            held = {j.node for j in self.joins.get(prev.round, [])}
+        return held - self.done.get(prev.round, set())
+
+    @property
     def ended(self) -> bool:
         """The job is over: it has a final record, or a record nothing sound can be built on."""
         return self.final is not None or bool(self.invalid)

@@ -215,7 +215,8 @@ class KVJobStore:
         await self._run(lambda: self._kv.put_json(key, {"at": time.time()}))
 
     async def mark_left(self, round_no: int, node: str) -> None:
-        """``node`` stopped its workers and will not join ``round_no``."""
+        """``node`` stopped its workers: ``round_no`` need not wait for it (it rejoins only as a
+        leader that withdrew as the cut one does, its workers still stopped)."""
         key = self._keys.left(self.job_id, round_no, node)
         await self._run(lambda: self._kv.put_json(key, {"at": time.time()}))
 

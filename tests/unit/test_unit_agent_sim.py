@@ -16,7 +16,8 @@ the protocol's invariants checked after every step (the simulator is ``tests.age
 
 Issues it found, fixed, and kept as scenarios at the end: A, a drained node that could not reach
 the store left unheard; B, a joiner that left raced the leader's close, and its absence spent a
-restart; C, the janitor took a round whose members were all done or lost for one looked after.
+restart; C, the janitor took a round whose members were all done or lost for one looked after;
+D, a round closed at its expect grace while a member whose requests failed still ran its workers.
 """
 
 from __future__ import annotations
@@ -377,6 +378,25 @@ def test_a_round_with_only_done_and_lost_members_is_restarted() -> None:
     sim.arrive()
     settle(sim)
     assert checks.results[max(checks.results)].nodes == ("n2", "n3")
+
+
+def test_a_member_whose_requests_fail_past_the_expect_grace_is_waited_for() -> None:
+    """D: n3's requests fail (its lease lives: the keep-alive gets through) as n2's workers fail;
+    its agent retries once a second, so it hears of round 1 only after the round's expect grace
+    (stop grace + 2 s), while n4, a newcomer, fills the round. The round waits for n3 to stop its
+    workers and rejoin: closing at the grace ran round 1's workers beside n3's of round 0."""
+    sim, checks = new_sim(make_spec((2, 4), 2), 4, wakes=True)
+    settle(sim)
+    sim.outage(3, 5)  # its reads of round 1 fail until well past the grace
+    sim.fail(2)
+    sim.tick()
+    opened = checks.rounds[1].opened_at
+    sim.arrive()
+    sim.run(24)
+    result = checks.results[1]
+    assert result.nodes == ("n0", "n1", "n2", "n3") and result.closed_at >= opened + 3.0
+    assert checks.restarts == 1
+    settle(sim)
 
 
 # -- joins reach only a round's leader (agents woken as a daemon's are) ---------------------------------

@@ -10,6 +10,7 @@ from elasticd.agent.actions import (
     ClearWaiting,
     CloseRound,
     Join,
+    MarkLeft,
     NotePending,
     Probe,
     Publish,
@@ -63,9 +64,10 @@ def test_the_leader_leaves_out_a_joiner_it_cannot_reach() -> None:
 
 def test_a_leader_that_reaches_no_other_joiner_hands_the_round_on() -> None:
     rec, actions = decide(joining(1, leading=True), filling(), local(reach=reach((), ("n2", "n3"))))
-    note, withdraw, wait = acts(actions)[-3:]
+    note, withdraw, left, wait = acts(actions)[-4:]
     assert isinstance(note, NotePending) and note.note and "another leads" in note.note
-    assert [withdraw, wait] == [Withdraw(1), Wait(NOW + REJOIN_BACKOFF_S)]
+    # ``left``: its workers are stopped, so the round it hands on need not wait for it
+    assert [withdraw, left, wait] == [Withdraw(1), MarkLeft(1), Wait(NOW + REJOIN_BACKOFF_S)]
     assert (rec.leading, rec.joined_round, rec.rejoin_at) == (False, -1, NOW + REJOIN_BACKOFF_S)
     gone = ported(snapshot(1, joins=("n2", "n3"), expect=ALL3))
     _, early = decide(rec, gone)

@@ -156,6 +156,7 @@ def decide(
     join_timeout_s: float = 600.0,
     expect_grace_s: float = 10.0,
     left: Collection[str] = (),
+    running: Collection[str] = (),
 ) -> CloseDecision:
     joins = [j(n, i + 1) for i, n in enumerate(joined)]
     info = RoundInfo(1, RoundReason.MEMBER_LOST, OPENED, tuple(expect))
@@ -172,6 +173,7 @@ def decide(
         join_timeout_s=join_timeout_s,
         expect_grace_s=expect_grace_s,
         left=left,
+        running=running,
     )
 
 
@@ -331,6 +333,30 @@ def test_decide_close_too_few_then_fail_at_recheck() -> None:
     first = decide(["a"], now=OPENED)
     assert first.verdict is Close.WAIT and first.recheck_at is not None
     assert decide(["a"], now=first.recheck_at).verdict is Close.FAIL
+
+
+@pytest.mark.parametrize("joined", [["a", "b", "c", "d"], ["a", "b"]], ids=["max", "last-call"])
+def test_decide_close_never_closes_over_a_previous_member_that_may_still_run(joined: list[str]) -> None:
+    """An expected member of the previous round that has not rejoined (it stops its workers
+    first), not reported ``left``, and whose lease lives, may still run its workers (its requests
+    fail, it retries at its own pace): no grace closes over it, only its news or its lease's end."""
+    kw: dict[str, Any] = {"expect": ["a", "b", "x"], "running": {"a", "b", "x"}, "join_timeout_s": 60.0}
+    past_grace = decide(joined, now=OPENED + 20, **kw)
+    assert past_grace.verdict is Close.WAIT and past_grace.recheck_at == OPENED + 60
+    assert "x" in past_grace.why
+    assert decide(joined, now=OPENED + 20, **(kw | {"left": {"x"}})).verdict is Close.NOW
+    assert decide(joined, now=OPENED + 20, alive=set(joined), **kw).verdict is Close.NOW  # lease gone
+    assert decide([*joined[:-1], "x", joined[-1]], now=OPENED + 20, **kw).verdict is Close.NOW
+    failed = decide(joined, now=OPENED + 60, **kw)
+    assert failed.verdict is Close.FAIL and "x" in failed.why and "may still run" in failed.why
+
+
+def test_decide_close_gives_only_a_grace_to_newcomers_and_done_members() -> None:
+    """An expected node not in ``running`` (an announced newcomer, or a member whose workers are
+    done) has no workers to wait for: past the grace, the round closes without it."""
+    kw: dict[str, Any] = {"now": OPENED + 20, "expect": ["a", "b", "x"], "running": {"a", "b"}}
+    assert decide(["a", "b"], **kw).verdict is Close.NOW
+    assert decide(["a", "b", "c", "d"], **kw).verdict is Close.NOW
 
 
 # -- plan_bump ---------------------------------------------------------------------------------------

@@ -209,6 +209,20 @@ def test_result_and_previous_result(
     assert (snap.previous_result.round if snap.previous_result else None) == want_previous
 
 
+def test_may_still_run_is_the_previous_members_with_a_live_join_and_not_done() -> None:
+    """Of round 0's members a, b, c, d: b is done, and c's join went with its lease (it was fenced
+    or died); a and d may still run their workers, whatever round 1's joins say."""
+    kvs = [
+        kv("round", RoundInfo(1, RoundReason.WORKER_FAILED, 0.0).to_json()),
+        kv("rdzv/0/result", result_json(0, "a", "b", "c", "d")),
+        *(join_kv(0, n, join_json(n), create=10 + i) for i, n in enumerate("abd")),
+        part_kv(KEYS.done(JOB, 0, "b"), {"at": 1.0}),
+        join_kv(1, "a", join_json("a"), create=20),
+    ]
+    assert parse(kvs).may_still_run == {"a", "d"}
+    assert parse(kvs[:1]).may_still_run == set()  # no previous round
+
+
 def test_last_join_revision_counts_only_the_current_round() -> None:
     kvs = [
         kv("round", RoundInfo(1, RoundReason.SCALE_UP, 0.0).to_json()),
