@@ -48,7 +48,8 @@ T0 = 1_000_000.0
 TTL_S = 2  # MemoryKV's shortest lease
 MARGIN_S = min(1.0, TTL_S * 0.2)  # NodeRegistry.margin_s: the deadline comes this long before etcd's
 SOLO_GRACE_S = 5 * TTL_S  # the janitor's grace for a round's only member (longer than any partition)
-MAX_STEPS = 30  # steps a node may take in a tick before it must wait: more is a livelock
+MAX_STEPS = 60  # steps a node may take in a tick before it must wait: more is a livelock (a
+# tick can hold two rounds opened and closed, each with the leader's probe and a read after it)
 
 
 class Sim:
