@@ -99,11 +99,12 @@ class CommandService:
         self._submits = SubmitWindow()  # submits per user per minute through this node
         self._queue_of: tuple[dict[str, JobSnapshot], dict[str, QueuePlace]] | None = None
         self._space = space  # how full etcd is (None: not watched)
-        # Each job's view and its JSON, by the snapshot and queue place they were made from: the
-        # recent read hands out the same snapshot while the job is unchanged (``JobsRead``), so
-        # ``status`` of a thousand jobs builds and encodes only the views of those that changed.
-        # Kept for the last read's jobs only.
-        self._views: dict[str, tuple[JobSnapshot, QueuePlace | None, dict[str, Any], bytes]] = {}
+        # Each job's view and its JSON, by the snapshot they were made from: the recent read hands
+        # out the same snapshot while the job is unchanged (``JobsRead``), so ``status`` of a
+        # thousand jobs builds and encodes only the views of those that changed. Queue places are
+        # not part of them: a submit can move every waiting job's place. Kept for the last read's
+        # jobs only.
+        self._views: dict[str, tuple[JobSnapshot, dict[str, Any], bytes]] = {}
 
     # -- permissions and limits -------------------------------------------------------------------
     async def authorize(
@@ -240,29 +241,29 @@ class CommandService:
     async def views(self, states: Collection[JobState] = (), user: str | None = None) -> list[dict[str, Any]]:
         """Every job (unreadable ones too), oldest first; only those in ``states`` (when given) and
         ``user``'s (when given). From a recent read (``JobManager.recent``)."""
-        return [view for view, _ in await self._selected_views(states, user)]
+        return [view | _queue(place) for view, _, place in await self._selected_views(states, user)]
 
     async def views_json(self, states: Collection[JobState] = (), user: str | None = None) -> bytes:
-        """``views``, as a JSON array."""
-        return b"[" + b", ".join(encoded for _, encoded in await self._selected_views(states, user)) + b"]"
+        """``views``, as a JSON array: each job's view as encoded when its job last changed, and
+        its queue place (which every submit may move) spliced in."""
+        chosen = await self._selected_views(states, user)
+        return b"[" + b", ".join(_with_place(encoded, place) for _, encoded, place in chosen) + b"]"
 
     async def _selected_views(
         self, states: Collection[JobState], user: str | None
-    ) -> list[tuple[dict[str, Any], bytes]]:
+    ) -> list[tuple[dict[str, Any], bytes, QueuePlace | None]]:
         snaps = await self._manager.recent.get()
         queue = self._places(snaps)
-        self._views = {j: self._view_of(s, queue.get(j)) for j, s in snaps.items()}
-        chosen = [self._views[j][2:] for j, s in snaps.items() if selected(s, states, user)]
+        self._views = {j: self._view_of(s) for j, s in snaps.items()}
+        chosen = [(*self._views[j][1:], queue.get(j)) for j, s in snaps.items() if selected(s, states, user)]
         return sorted(chosen, key=lambda v: v[0].get("submitted_at") or 0)
 
-    def _view_of(
-        self, snap: JobSnapshot, place: QueuePlace | None
-    ) -> tuple[JobSnapshot, QueuePlace | None, dict[str, Any], bytes]:
+    def _view_of(self, snap: JobSnapshot) -> tuple[JobSnapshot, dict[str, Any], bytes]:
         held = self._views.get(snap.job_id)
-        if held is not None and held[0] is snap and held[1] == place:
+        if held is not None and held[0] is snap:
             return held
-        view = job_view(snap, self.facts.node_id) | _queue(place)
-        return snap, place, view, json.dumps(view).encode()
+        view = job_view(snap, self.facts.node_id)
+        return snap, view, json.dumps(view).encode()
 
     def _places(self, snaps: dict[str, JobSnapshot]) -> dict[str, QueuePlace]:
         """Each waiting job's place in the fair queue (``jobs.queue``), from one read of every job
@@ -401,6 +402,13 @@ class CommandService:
             raise Conflict(f"node {node} is not drained{where}")
         publish(NodeUndrained(node, job_id))
         return {"node": node, "job": job_id}
+
+
+def _with_place(encoded: bytes, place: QueuePlace | None) -> bytes:
+    """A view's JSON object with its ``queue`` field added (the view is never empty)."""
+    if place is None:
+        return encoded
+    return encoded[:-1] + b', "queue": ' + json.dumps(place.to_json()).encode() + b"}"
 
 
 def _queue(place: QueuePlace | None) -> dict[str, Any]:

@@ -5,6 +5,7 @@ no record decoded again while it is unchanged; no pending note written again whi
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Sequence
@@ -19,6 +20,7 @@ from elasticd.etcd.memory import MemoryKV
 from elasticd.etcd.types import Compare, Found, KeyValue, Put, Query
 from elasticd.manager.jobs import JobManager
 from elasticd.manager.jobsread import JobsRead
+from elasticd.manager.service import CommandService, NodeFacts
 from elasticd.rendezvous.snapshot import parse_jobs
 from elasticd.rendezvous.store import InlineJobStore, run_inline
 from elasticd.terms.state import EndReason, JobState
@@ -270,3 +272,22 @@ def test_two_scans_at_once_take_a_node_into_a_job_once(tmp_path: Path) -> None:
 
     asyncio.run(both())
     assert [k for k in kv.read if k.startswith(KEYS.specs())] == [KEYS.job_body(job)]
+
+
+def test_status_json_is_the_views_with_their_queue_places_and_reuses_unchanged_views(tmp_path: Path) -> None:
+    """``status`` of every job sends each view as encoded when its job last changed, with its
+    queue place spliced in: a submit moves places, never the views of jobs that did not change."""
+    kv = CountingKV()
+    queue(kv, 12, nodes=("elsewhere",))
+    m = manager(kv, tmp_path)
+    facts = NodeFacts("n", 0.0, (), True, False, 10.0, tmp_path)
+    service = CommandService(facts, m, None, kv, KEYS)  # type: ignore[arg-type]  # reads only
+    views = asyncio.run(service.views())
+    assert json.loads(asyncio.run(service.views_json())) == views
+    assert all("queue" in v for v in views) and {v["queue"]["of"] for v in views} == {12}
+    held = {j: cached[2] for j, cached in service._views.items()}
+    assert run_inline(InlineJobStore(kv, KEYS, "q999").create(make_spec(id="q999", nodes=("elsewhere",))))
+    m.recent.invalidate()
+    after = json.loads(asyncio.run(service.views_json()))
+    assert {v["queue"]["of"] for v in after} == {13} and after == asyncio.run(service.views())
+    assert all(service._views[j][2] is encoded for j, encoded in held.items())  # not encoded again
