@@ -94,52 +94,70 @@ def _union(path: str, value: Any, hint: Any, unknown: Unknown) -> Any:
     raise DecodeError(path, f"must be {names}, got {type(value).__name__}", "type")
 
 
+_MISMATCH: Any = object()  # what a checker returns for a value of another JSON type
+
+
+def _float(path: str, value: Any) -> Any:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return _MISMATCH
+    try:
+        number = float(value)
+    except OverflowError as exc:
+        raise DecodeError(path, "is out of range for a number") from exc
+    if not math.isfinite(number):
+        raise DecodeError(path, "must be a finite number")
+    return number
+
+
+# The JSON scalars, by hint: each returns the value (as the hint's type) or ``_MISMATCH``.
+_SCALARS: dict[Any, typing.Callable[[str, Any], Any]] = {
+    None: lambda _path, value: None if value is None else _MISMATCH,
+    type(None): lambda _path, value: None if value is None else _MISMATCH,
+    bool: lambda _path, value: value if isinstance(value, bool) else _MISMATCH,
+    int: lambda _path, value: value if isinstance(value, int) and not isinstance(value, bool) else _MISMATCH,
+    float: _float,
+    str: lambda _path, value: value if isinstance(value, str) else _MISMATCH,
+}
+
+
 def _check(path: str, value: Any, hint: Any, unknown: Unknown) -> Any:
-    origin = typing.get_origin(hint)
     if hint is Any:
         return value
+    scalar = _SCALARS.get(hint)
+    out = scalar(path, value) if scalar is not None else _compound(path, value, hint, unknown)
+    if out is _MISMATCH:
+        raise DecodeError(path, f"must be {_name(hint)}, got {type(value).__name__}", "type")
+    return out
+
+
+def _compound(path: str, value: Any, hint: Any, unknown: Unknown) -> Any:
+    """``value`` as a union, container, enum, dataclass or hooked class (or ``_MISMATCH``)."""
+    origin = typing.get_origin(hint)
     if origin in (types.UnionType, typing.Union):
         return _union(path, value, hint, unknown)
-    if hint is type(None) or hint is None:
-        if value is None:
-            return None
-    elif hint is bool:
-        if isinstance(value, bool):
-            return value
-    elif hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif hint is float:
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            try:
-                number = float(value)
-            except OverflowError as exc:
-                raise DecodeError(path, "is out of range for a number") from exc
-            if not math.isfinite(number):
-                raise DecodeError(path, "must be a finite number")
-            return number
-    elif hint is str:
-        if isinstance(value, str):
-            return value
-    elif origin is list or origin is tuple:
+    if origin is list or origin is tuple:
         return _sequence(path, value, hint, unknown)
-    elif origin is dict:
-        key_hint, value_hint = typing.get_args(hint)
-        if key_hint is not str:
-            raise TypeError(f"unsupported type {hint!r} for {path or 'the value'}: keys must be str")
-        if isinstance(value, dict) and all(isinstance(k, str) for k in value):
-            return {k: _check(_join(path, k), v, value_hint, unknown) for k, v in value.items()}
-    elif typing.is_typeddict(hint):
+    if origin is dict:
+        return _mapping(path, value, hint, unknown)
+    if typing.is_typeddict(hint):
         return _typeddict(path, value, hint, unknown)
-    elif isinstance(hint, type) and callable(hook := getattr(hint, "__decode__", None)):
+    if isinstance(hint, type) and callable(hook := getattr(hint, "__decode__", None)):
         return _construct(path, lambda: hook(value))
-    elif isinstance(hint, type) and issubclass(hint, enum.Enum):
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
         return _enum(path, value, hint)
-    elif isinstance(hint, type) and dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return _dataclass(path, value, hint, unknown)
-    else:  # a programming error in a declared type, not the input's
-        raise TypeError(f"unsupported type {hint!r} for {path or 'the value'}")
-    raise DecodeError(path, f"must be {_name(hint)}, got {type(value).__name__}", "type")
+    # a programming error in a declared type, not the input's
+    raise TypeError(f"unsupported type {hint!r} for {path or 'the value'}")
+
+
+def _mapping(path: str, value: Any, hint: Any, unknown: Unknown) -> Any:
+    key_hint, value_hint = typing.get_args(hint)
+    if key_hint is not str:
+        raise TypeError(f"unsupported type {hint!r} for {path or 'the value'}: keys must be str")
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        return _MISMATCH
+    return {k: _check(_join(path, k), v, value_hint, unknown) for k, v in value.items()}
 
 
 def _sequence(path: str, value: Any, hint: Any, unknown: Unknown) -> Any:
