@@ -80,6 +80,11 @@ class Settings:
     log_level: str = "info"
 
     def __post_init__(self) -> None:
+        self._check_node()
+        self._check_limits()
+
+    def _check_node(self) -> None:
+        """This node's own settings: its lease, slots, workers' grace, retention, pool, log."""
         if not self.lease_ttl >= 2:  # also rejects NaN
             raise ConfigError("lease_ttl must be at least 2 seconds")
         if self.fake_gpus is not None and self.fake_gpus < 0:
@@ -98,6 +103,9 @@ class Settings:
             raise ConfigError("log_format must be auto, json or console")
         if self.log_level.lower() not in LOG_LEVELS:
             raise ConfigError("log_level must be debug, info, warning or error")
+
+    def _check_limits(self) -> None:
+        """The bounds on what users can make the cluster hold, and the etcd settings."""
         for name in ("max_jobs_per_user", "max_submits_per_minute", "admin_max_jobs_per_user",
                      "admin_max_submits_per_minute"):  # fmt: skip
             if not 0 <= getattr(self, name) <= 1_000_000:
