@@ -129,6 +129,22 @@ class JobSpec:
     priority: int = 0  # admission order among pending jobs, higher first (above 0: root and admins)
 
     def __post_init__(self) -> None:
+        # In this order: a spec with several problems is told the first one.
+        self._check_types()
+        self._check_identity()
+        self._check_text()
+        self._check_run()
+        self._check_placement()
+        self._check_limits()
+        self._check_hang_timeout()
+        self._check_warm()
+        bad = [k for k in self.env if not _ENV_KEY.match(k)]
+        if bad:
+            raise InvalidSpec(f"invalid environment variable names: {bad[:5]}")
+        if type(self.priority) is not int or not 0 <= self.priority <= MAX_PRIORITY:
+            raise InvalidSpec(f"priority must be an integer 0..{MAX_PRIORITY}, got {self.priority!r}")
+
+    def _check_types(self) -> None:
         for name in ("id", "name", "entry", "python", "cwd", "user"):
             if not isinstance(getattr(self, name), str):
                 raise InvalidSpec(f"{name} must be a string")
@@ -136,7 +152,9 @@ class JobSpec:
             raise InvalidSpec("env must map names to strings")
         if not isinstance(self.args, tuple) or not all(isinstance(a, str) for a in self.args):
             raise InvalidSpec("args must be a list of strings")
-        self._check_identity()
+
+    def _check_text(self) -> None:
+        """What reaches exec must be safe to pass there; ids and names must match their forms."""
         texts = [self.entry, self.python, self.cwd, *self.args, *self.env, *self.env.values()]
         if not all(_exec_safe(t) for t in texts):
             raise InvalidSpec("entry, python, cwd, args and env must not contain NUL or invalid UTF-8")
@@ -144,6 +162,9 @@ class JobSpec:
             raise InvalidSpec(f"id must match {JOB_ID.pattern}, got {self.id[:80]!r}")
         if not NAME.match(self.name):
             raise InvalidSpec(f"name must match {NAME.pattern}, got {self.name!r}")
+
+    def _check_run(self) -> None:
+        """What each worker runs, how many per node, and how often the job may restart."""
         if not 1 <= self.nproc_per_node <= MAX_NPROC_PER_NODE:
             raise InvalidSpec(f"nproc_per_node must be 1..{MAX_NPROC_PER_NODE}, got {self.nproc_per_node}")
         if not 0 <= self.max_restarts <= 10_000:
@@ -160,6 +181,9 @@ class JobSpec:
             raise InvalidSpec(f"cwd must be an absolute path, got {self.cwd!r}")
         if self.entry_kind is EntryKind.SCRIPT and not self.entry.startswith("/"):
             raise InvalidSpec(f"script must be an absolute path, got {self.entry!r}")
+
+    def _check_placement(self) -> None:
+        """Where and when the job's rounds form."""
         if not 0 <= self.last_call_s <= 3600 or not 0 < self.join_timeout_s <= 86400:
             raise InvalidSpec("last_call_s must be 0..3600 and join_timeout_s 0..86400 seconds")
         if len(self.nodes) > MAX_ALLOWED_NODES:
@@ -172,19 +196,15 @@ class JobSpec:
             raise InvalidSpec(f"submitted_on must be a node id, got {self.submitted_on[:80]!r}")
         if not math.isfinite(self.submitted_at):
             raise InvalidSpec("submitted_at must be a finite time")
+
+    def _check_limits(self) -> None:
+        """Each worker's resource limits."""
         if self.memory_limit_bytes is not None and not MIN_MEMORY <= self.memory_limit_bytes <= MAX_MEMORY:
             raise InvalidSpec(f"memory_limit must be 16 MiB .. 1 PiB, got {self.memory_limit_bytes} bytes")
         if self.cpu_limit is not None and not 0.01 <= self.cpu_limit <= 4096:
             raise InvalidSpec(f"cpu_limit must be 0.01..4096 CPUs, got {self.cpu_limit}")
         if self.nofile is not None and not 16 <= self.nofile <= 1 << 20:
             raise InvalidSpec(f"nofile must be 16..{1 << 20}, got {self.nofile}")
-        self._check_hang_timeout()
-        self._check_warm()
-        bad = [k for k in self.env if not _ENV_KEY.match(k)]
-        if bad:
-            raise InvalidSpec(f"invalid environment variable names: {bad[:5]}")
-        if type(self.priority) is not int or not 0 <= self.priority <= MAX_PRIORITY:
-            raise InvalidSpec(f"priority must be an integer 0..{MAX_PRIORITY}, got {self.priority!r}")
 
     def _check_identity(self) -> None:
         """Whom the workers run as: a real uid/gid and a plain name. Whether this node may run
