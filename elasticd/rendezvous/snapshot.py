@@ -146,19 +146,23 @@ class JobSnapshot:
         """Read one key into the snapshot; DecodeError (or InvalidSpec) if it is not valid."""
         if ref.job != self.job_id:
             raise DecodeError("", "the key is not under this job")
-        r = ref.round if ref.round is not None else -1
         match ref.kind:  # the records every job has are decoded once per revision (``cache``)
             case KeyKind.SPEC:
                 head = cache.get(kv, parse_head) if cache is not None else parse_head(kv.value)
                 if head.id != self.job_id:
                     raise DecodeError("id", f"is {head.id!r}, not the job's own id")
                 self.head = head
-                return
             case KeyKind.ROUND:
                 info = cache.get(kv, _round) if cache is not None else _round(kv.value)
                 self.round, self.round_mod = info, kv.mod_revision
-                return
-        value = parse_json(kv.value)
+            case KeyKind.WAITING | KeyKind.NODE_STATUS | KeyKind.PENDING | KeyKind.JOB_DRAIN:
+                self._take_note(ref, parse_json(kv.value))
+            case _:
+                self._take_round_record(ref, kv, parse_json(kv.value))
+
+    def _take_round_record(self, ref: KeyRef, kv: KeyValue, value: Any) -> None:
+        """The job's restart count, its end, and its rounds' results, joins and ends."""
+        r = ref.round if ref.round is not None else -1
         match ref.kind:
             case KeyKind.RESTARTS:
                 restarts = decode(int, value)
@@ -183,6 +187,12 @@ class JobSnapshot:
             case KeyKind.LEFT:
                 decode(LeftRecord, value)
                 self.left.setdefault(r, set()).add(ref.node)
+            case _:
+                raise DecodeError("", "no such key: a job has no record of this name")
+
+    def _take_note(self, ref: KeyRef, value: Any) -> None:
+        """What one node says about itself in this job: waiting, its status, pending, draining."""
+        match ref.kind:
             case KeyKind.WAITING:
                 self.waiting[ref.node] = decode(WaitingRecord, value)
             case KeyKind.NODE_STATUS:
@@ -191,8 +201,6 @@ class JobSnapshot:
                 self.pending[ref.node] = pending_note(value)
             case KeyKind.JOB_DRAIN:
                 self.drains[ref.node] = DrainRecord.from_json(value)
-            case _:
-                raise DecodeError("", "no such key: a job has no record of this name")
 
 
 def _round(raw: bytes) -> RoundInfo:
