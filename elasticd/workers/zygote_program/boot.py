@@ -307,32 +307,13 @@ def serve(ctl: socket.socket, files: dict[str, Stamp]) -> dict[str, Any]:
     me = os.getpid()
     while True:
         ready, _, _ = select.select([ctl.fileno(), *children.values()], [], [])
-        for pid, pidfd in list(children.items()):
-            if pidfd in ready:
-                _, status = os.waitpid(pid, 0)
-                os.close(pidfd)
-                del children[pid]
-                _send(ctl, ev="exit", pid=pid, status=status)
+        _reap(ctl, children, ready)
         if ctl.fileno() not in ready:
             continue
-        try:
-            data, fds = _recv(ctl)
-        except BadRequest as exc:
-            _send(ctl, ev="fork_failed", id=-1, error=str(exc))
+        got = _fork_request(ctl, files)
+        if got is None:
             continue
-        if not data:  # the daemon is gone: our children die with us (their parent-death signal)
-            os._exit(0)
-        try:
-            req = parse_op(data, len(fds))
-        except BadRequest as exc:
-            for fd in fds:
-                os.close(fd)
-            _send(ctl, ev="fork_failed", id=-1, error=str(exc))
-            continue
-        if req["op"] == "check":
-            stale = changed(files)
-            _send(ctl, ev="checked", id=req["id"], fresh=stale is None, files=len(files), changed=stale or "")
-            continue
+        req, fds = got
         req["fds"] = {name: fds[i] for i, name in enumerate(req["fds"])}
         try:
             pid = os.fork()
@@ -349,6 +330,40 @@ def serve(ctl: socket.socket, files: dict[str, Stamp]) -> dict[str, Any]:
         if pid > 0:
             children[pid] = os.pidfd_open(pid)
             _send(ctl, ev="forked", id=req["id"], pid=pid)
+
+
+def _reap(ctl: socket.socket, children: dict[int, int], ready: list[int]) -> None:
+    """Wait for the children whose pidfd is ``ready`` and tell the daemon how each ended."""
+    for pid, pidfd in list(children.items()):
+        if pidfd in ready:
+            _, status = os.waitpid(pid, 0)
+            os.close(pidfd)
+            del children[pid]
+            _send(ctl, ev="exit", pid=pid, status=status)
+
+
+def _fork_request(ctl: socket.socket, files: dict[str, Stamp]) -> tuple[dict[str, Any], list[int]] | None:
+    """The next request to fork, with the fds it carries; None when it was answered here (a
+    check, a bad request). Exits when the daemon is gone."""
+    try:
+        data, fds = _recv(ctl)
+    except BadRequest as exc:
+        _send(ctl, ev="fork_failed", id=-1, error=str(exc))
+        return None
+    if not data:  # the daemon is gone: our children die with us (their parent-death signal)
+        os._exit(0)
+    try:
+        req = parse_op(data, len(fds))
+    except BadRequest as exc:
+        for fd in fds:
+            os.close(fd)
+        _send(ctl, ev="fork_failed", id=-1, error=str(exc))
+        return None
+    if req["op"] == "check":
+        stale = changed(files)
+        _send(ctl, ev="checked", id=req["id"], fresh=stale is None, files=len(files), changed=stale or "")
+        return None
+    return req, fds
 
 
 if __name__ == "__elasticd_zygote__":

@@ -72,9 +72,27 @@ def become_worker(req: dict[str, Any], cfg: dict[str, Any], signals: tuple[dict[
     """In the child: what a fresh worker gets from its spawn (``workers.proctree.spawn``) and from the
     interpreter's start. Any failure ends the child with ``SPAWN_FAILED`` and a line in its log."""
     fds = req["fds"]
+    _detach_and_wait(req["zygote"], fds)
+    _own_fds(fds, req["progress_fd"] if "progress" in fds else None, req["cwd"])
+    _restore_signals(signals)
+    os.environ.clear()
+    os.environ.update(req["env"])
+    sys.argv = script_argv(cfg["kind"], cfg["entry"], req["argv"])
+    if hasattr(sys, "orig_argv"):
+        sys.orig_argv = list(req["argv"])
+    if sys.path and sys.path[0] != "" and not getattr(sys.flags, "safe_path", False):
+        sys.path[0] = path0(cfg["kind"], cfg["entry"], os.getcwd())
+    _reseed()
+    import importlib
+
+    importlib.invalidate_caches()  # directory listings the zygote cached may be stale by now
+
+
+def _detach_and_wait(zygote: int, fds: dict[str, int]) -> None:
+    """A session of its own, death with the zygote, output to the log; then wait for the go."""
     try:
         os.setsid()
-        _die_with_zygote(req["zygote"])
+        _die_with_zygote(zygote)
         log = fds.pop("log")
         os.dup2(log, 1)
         os.dup2(log, 2)
@@ -90,22 +108,30 @@ def become_worker(req: dict[str, Any], cfg: dict[str, Any], signals: tuple[dict[
         _fail(exc)
     if said != b"1":
         _fail("the daemon did not place it in its cgroup")
+
+
+def _own_fds(fds: dict[str, int], progress_fd: int | None, cwd: str) -> None:
+    """Only the fds a spawned worker has (stdin from /dev/null, the progress pipe); its cwd."""
     try:
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.close(null)
         keep = 2
-        if "progress" in fds:
-            keep = req["progress_fd"]
+        if progress_fd is not None:
+            keep = progress_fd
             if fds["progress"] != keep:
                 os.dup2(fds["progress"], keep)  # inheritable, as pass_fds makes it
                 os.close(fds["progress"])
             os.set_inheritable(keep, True)
         os.closerange(3, keep)
         os.closerange(max(3, keep + 1), os.sysconf("SC_OPEN_MAX"))
-        os.chdir(req["cwd"])
+        os.chdir(cwd)
     except OSError as exc:
         _fail(exc)
+
+
+def _restore_signals(signals: tuple[dict[int, Any], set[int]]) -> None:
+    """The handlers and mask the interpreter started with, before the imports changed them."""
     handlers, mask = signals
     for sig, handler in handlers.items():
         try:
@@ -114,17 +140,6 @@ def become_worker(req: dict[str, Any], cfg: dict[str, Any], signals: tuple[dict[
         except (ValueError, OSError, TypeError):
             continue
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    os.environ.clear()
-    os.environ.update(req["env"])
-    sys.argv = script_argv(cfg["kind"], cfg["entry"], req["argv"])
-    if hasattr(sys, "orig_argv"):
-        sys.orig_argv = list(req["argv"])
-    if sys.path and sys.path[0] != "" and not getattr(sys.flags, "safe_path", False):
-        sys.path[0] = path0(cfg["kind"], cfg["entry"], os.getcwd())
-    _reseed()
-    import importlib
-
-    importlib.invalidate_caches()  # directory listings the zygote cached may be stale by now
 
 
 def _reseed() -> None:
