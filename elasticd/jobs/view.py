@@ -15,6 +15,7 @@ from elasticd.decode import DecodeError, decode
 from elasticd.progress.tracker import RankProgress, stragglers
 from elasticd.rendezvous.model import RoundResult
 from elasticd.rendezvous.snapshot import JobSnapshot
+from elasticd.terms.head import JobHead
 from elasticd.terms.state import EndReason, FailureKind, JobState, RoundReason, WorkerFailure
 from elasticd.wire import FailureView, JobView, MemberEndState, MemberView, RankProgressView, WaitsFor
 
@@ -169,29 +170,49 @@ def job_view(snap: JobSnapshot, local_node: str) -> dict[str, Any]:
     return dict(_view(snap, local_node))
 
 
+def _members(snap: JobSnapshot, state: JobState, result: RoundResult) -> list[MemberView]:
+    """The members of ``result``'s round: their ranks, state, devices, pids and progress."""
+    members: list[MemberView] = []
+    progress = progress_of(snap, result)
+    for m in result.members:
+        status = snap.node_status.get(m.node)
+        live = status.state if status else "GONE"
+        members.append(
+            {
+                "node": m.node,
+                "address": m.address,
+                "group_rank": m.group_rank,
+                "ranks": [m.rank_offset, m.rank_offset + m.local_world_size - 1],
+                "state": end_state(snap, state, result, m.node).value if state.terminal else live,
+                "devices": status.devices if status else "",
+                "pids": list(status.pids) if status else [],
+            }
+        )
+        if m.node in progress:
+            members[-1]["progress"] = progress[m.node]
+    return members
+
+
+def _add_head(view: JobView, head: JobHead) -> None:
+    """What the submission said: the job's name, owner, sizes, command line and placement."""
+    view |= {
+        "name": head.name,
+        "user": head.user,
+        "max_restarts": head.max_restarts,
+        "nnodes": str(head.nnodes),
+        "nproc_per_node": head.nproc_per_node,
+        "argv": list(head.argv),
+        "submitted_at": head.submitted_at,
+        "submitted_on": head.submitted_on,
+        "allowed_nodes": list(head.nodes),
+    }
+
+
 def _view(snap: JobSnapshot, local_node: str) -> JobView:
     head = snap.head
     state = job_state(snap)
     result = last_result(snap, state)
-    members: list[MemberView] = []
-    if result is not None:
-        progress = progress_of(snap, result)
-        for m in result.members:
-            status = snap.node_status.get(m.node)
-            live = status.state if status else "GONE"
-            members.append(
-                {
-                    "node": m.node,
-                    "address": m.address,
-                    "group_rank": m.group_rank,
-                    "ranks": [m.rank_offset, m.rank_offset + m.local_world_size - 1],
-                    "state": end_state(snap, state, result, m.node).value if state.terminal else live,
-                    "devices": status.devices if status else "",
-                    "pids": list(status.pids) if status else [],
-                }
-            )
-            if m.node in progress:
-                members[-1]["progress"] = progress[m.node]
+    members = _members(snap, state, result) if result is not None else []
     failure = _failure(snap)
     cause = cause_of(snap)
     local = snap.node_status.get(local_node)
@@ -221,17 +242,7 @@ def _view(snap: JobSnapshot, local_node: str) -> JobView:
     if snap.invalid:
         view["invalid_records"] = [{"key": k.key, "why": k.why} for k in snap.invalid]
     if head is not None:
-        view |= {
-            "name": head.name,
-            "user": head.user,
-            "max_restarts": head.max_restarts,
-            "nnodes": str(head.nnodes),
-            "nproc_per_node": head.nproc_per_node,
-            "argv": list(head.argv),
-            "submitted_at": head.submitted_at,
-            "submitted_on": head.submitted_on,
-            "allowed_nodes": list(head.nodes),
-        }
+        _add_head(view, head)
     if failure:
         view["failure"] = cast(FailureView, failure)  # checked as a WorkerFailure when read
     if state is JobState.FAILED:
