@@ -28,34 +28,28 @@ def job_id(chosen: str | None, name: str) -> str:
     return chosen
 
 
-async def submit(service: CommandService, args: SubmitArgs, caller: Caller) -> dict[str, Any]:
-    """Submit a job; it runs as the caller, with the environment and directory it was sent with.
-
-    The spec goes into etcd; every daemon with room (and allowed by ``nodes``) may join it.
-    Within the caller's limits (``jobs.quota``): submits a minute, the spec's size, jobs held.
-    """
-    refusal = refuse_identity(
-        caller.uid, caller.user, service.facts.node_id, os.geteuid(), service.facts.allow_root_jobs
+def job_name(given: str | None, kind: EntryKind, entry: str) -> str:
+    """The name given, or the script's (the module's last part): in the characters an id takes."""
+    name = given or (
+        os.path.splitext(os.path.basename(entry))[0]
+        if kind is not EntryKind.MODULE
+        else entry.rsplit(".", 1)[-1]
     )
-    if refusal is not None:  # the same rule every node applies to the spec it reads
-        raise PermissionDenied(refusal.reason)
-    limits = service.limits_of(caller)
-    service.count_submit(caller, limits)  # first: what follows costs the daemon work
+    return "".join(c if c.isalnum() or c in "_.-" else "-" for c in name).lstrip("-_.")[:48] or "job"
+
+
+def _spec(service: CommandService, args: SubmitArgs, caller: Caller) -> JobSpec:
+    """The job's spec from the request: the caller's identity, this node's defaults."""
     try:
         kind = EntryKind(args.entry_kind)
     except ValueError as exc:
         raise InvalidSpec(f"entry_kind must be one of {[k.value for k in EntryKind]}") from exc
-    name = args.name or (
-        os.path.splitext(os.path.basename(args.entry))[0]
-        if kind is not EntryKind.MODULE
-        else args.entry.rsplit(".", 1)[-1]
-    )
-    name = "".join(c if c.isalnum() or c in "_.-" else "-" for c in name).lstrip("-_.")[:48] or "job"
+    name = job_name(args.name, kind, args.entry)
     nnodes = NodeRange.parse(args.nnodes)
     hang_s, hang_auto = parse_hang_timeout(args.hang_timeout)
     # A single-node job runs where it was submitted (as with torchrun) unless told otherwise.
     nodes = tuple(args.nodes) or ((service.facts.node_id,) if nnodes.max == 1 else ())
-    spec = JobSpec(
+    return JobSpec(
         id=job_id(args.job_id, name),
         name=name,
         entry_kind=kind,
@@ -86,6 +80,22 @@ async def submit(service: CommandService, args: SubmitArgs, caller: Caller) -> d
         preload=tuple(args.preload),
         priority=args.priority,
     )
+
+
+async def submit(service: CommandService, args: SubmitArgs, caller: Caller) -> dict[str, Any]:
+    """Submit a job; it runs as the caller, with the environment and directory it was sent with.
+
+    The spec goes into etcd; every daemon with room (and allowed by ``nodes``) may join it.
+    Within the caller's limits (``jobs.quota``): submits a minute, the spec's size, jobs held.
+    """
+    refusal = refuse_identity(
+        caller.uid, caller.user, service.facts.node_id, os.geteuid(), service.facts.allow_root_jobs
+    )
+    if refusal is not None:  # the same rule every node applies to the spec it reads
+        raise PermissionDenied(refusal.reason)
+    limits = service.limits_of(caller)
+    service.count_submit(caller, limits)  # first: what follows costs the daemon work
+    spec = _spec(service, args, caller)
     # Refuse at submit what could never start, instead of failing every attempt later; the
     # paths are checked as the caller, never with the daemon's (root's) permissions.
     problem = await asyncio.to_thread(check_paths, spec)
