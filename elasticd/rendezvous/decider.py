@@ -81,8 +81,8 @@ def decide_close(
     No grace closes over an expected node in ``running`` (a member of the previous round that is
     not done and whose lease lives, so its workers may still run: ``JobSnapshot.may_still_run``):
     until it rejoins (it stops them first), reports ``left`` or its lease ends, the round waits,
-    and fails at ``join_timeout_s``. Time alone
-    proves nothing: a member whose requests fail retries at its own pace while its lease lives.
+    and fails at ``join_timeout_s``. Time alone proves nothing: a member whose requests fail
+    retries at its own pace while its lease lives.
     """
     count = len(joins)
     joined = {j.node for j in joins}
@@ -90,14 +90,7 @@ def decide_close(
     deadline = info.opened_at + join_timeout_s
     held = [n for n in missing if n in running]
     if held:
-        named = ", ".join(held)
-        if now >= deadline:
-            why = (
-                f"node(s) {named} of the previous round neither rejoined nor left within"
-                f" {join_timeout_s:g}s while their leases lived: their workers may still run"
-            )
-            return CloseDecision(Close.FAIL, why)
-        return CloseDecision(Close.WAIT, f"waiting for {named} to stop their workers", deadline)
+        return _held_by(held, now, deadline, join_timeout_s)
     if count >= nnodes.max and not (missing and now < info.opened_at + expect_grace_s):
         return CloseDecision(Close.NOW, f"{count} of at most {nnodes.max} nodes joined")
     if count >= nnodes.min:
@@ -113,6 +106,18 @@ def decide_close(
             Close.FAIL, f"only {count} of the {nnodes.min} nodes needed joined within {join_timeout_s:g}s"
         )
     return CloseDecision(Close.WAIT, f"{count} of {nnodes.min} nodes joined", deadline)
+
+
+def _held_by(held: Sequence[str], now: float, deadline: float, join_timeout_s: float) -> CloseDecision:
+    """A round held by previous members whose workers may still run: wait, and fail at the deadline."""
+    named = ", ".join(held)
+    if now >= deadline:
+        why = (
+            f"node(s) {named} of the previous round neither rejoined nor left within"
+            f" {join_timeout_s:g}s while their leases lived: their workers may still run"
+        )
+        return CloseDecision(Close.FAIL, why)
+    return CloseDecision(Close.WAIT, f"waiting for {named} to stop their workers", deadline)
 
 
 @dataclass(frozen=True)
