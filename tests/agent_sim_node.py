@@ -250,14 +250,41 @@ class Node:
 
     def _execute(self, agent: Agent, action: act.Action, now: float) -> View | None:
         """``JobAgent._execute``, against fake workers."""
-        store, lease, name = self.store, self.lease, self.name
         match action:
             case act.ReadGlance(round_no):
-                return run_inline(store.glance(round_no, name))
+                return run_inline(self.store.glance(round_no, self.name))
             case act.ReadSnapshot(counted):
-                return Observed(run_inline(store.snapshot(counted, statuses=False)), self.alive())
+                return Observed(run_inline(self.store.snapshot(counted, statuses=False)), self.alive())
             case act.Exit():
                 raise _Exited
+            case act.StopWorkers() | act.StartWorkers() | act.Publish() | act.Probe() | act.WatchJoins():
+                self._act_here(agent, action, now)
+            case act.Join() | act.Reassert() | act.SetWaiting() | act.NotePending():
+                self._put_under_lease(agent, action)
+            case (
+                act.Withdraw()
+                | act.ClearWaiting()
+                | act.CloseRound()
+                | act.Bump()
+                | act.Finalize()
+                | act.MarkDone()
+                | act.MarkLeft()
+            ):
+                self._write(action)
+            case act.Wait() | act.WatchPeers():
+                pass  # (peers are proven dead by Crash)
+            case _:
+                assert_never(action)
+        return None
+
+    def _act_here(
+        self,
+        agent: Agent,
+        action: act.StopWorkers | act.StartWorkers | act.Publish | act.Probe | act.WatchJoins,
+        now: float,
+    ) -> None:
+        """The actions on this node itself: its fake workers, its status, its probes, its watch."""
+        match action:
             case act.StopWorkers():
                 if self.group is not None:
                     self._publish(agent, now, quietly=True)
@@ -265,28 +292,53 @@ class Node:
                     self._publish(agent, now, quietly=True)
             case act.StartWorkers(result, member):
                 if self.broken_setup:
-                    raise SetupFailure(EndReason.SPAWN_FAILED, f"cannot start workers on {name}")
+                    raise SetupFailure(EndReason.SPAWN_FAILED, f"cannot start workers on {self.name}")
                 self.group = FakeGroup(result.round, member, fenced=len(result.nodes) > 1)
             case act.Publish():
                 self._publish(agent, now)
-            case act.Join(round_no) if lease is not None:
+            case act.Probe(round_no, targets):
+                reached = frozenset(t[0] for t in targets if self.reaches(self.name, t[0]))
+                self.reach = Reach(round_no, reached, frozenset(t[0] for t in targets) - reached, now)
+            case act.WatchJoins(round_no):
+                self._follow_joins(round_no)
+
+    def _put_under_lease(
+        self, agent: Agent, action: act.Join | act.Reassert | act.SetWaiting | act.NotePending
+    ) -> None:
+        """The keys put under this node's lease; without a lease, nothing."""
+        store, lease, name = self.store, self.lease, self.name
+        if lease is None:
+            return
+        match action:
+            case act.Join(round_no):
                 i, nproc = self.index, agent.rec.spec.nproc_per_node
                 join = Join(name, f"10.0.0.{i + 1}", 29500 + i, nproc, liveness_port=4000 + i)
                 run_inline(store.join(round_no, join, lease))
-            case act.Reassert(round_no, join) if lease is not None:
+            case act.Reassert(round_no, join):
                 run_inline(store.join(round_no, join, lease))
-            case act.Withdraw(round_no):
-                run_inline(store.withdraw(round_no, name))
-            case act.SetWaiting() if lease is not None:
+            case act.SetWaiting():
                 run_inline(store.set_waiting(name, lease))
-            case act.ClearWaiting():
-                run_inline(store.clear_waiting(name))
-            case act.Probe(round_no, targets):
-                reached = frozenset(t[0] for t in targets if self.reaches(name, t[0]))
-                self.reach = Reach(round_no, reached, frozenset(t[0] for t in targets) - reached, now)
-            case act.NotePending(text) if lease is not None:
+            case act.NotePending(text):
                 run_inline(store.note_pending(name, text, lease))
                 self.notes.append(text)
+
+    def _write(
+        self,
+        action: act.Withdraw
+        | act.ClearWaiting
+        | act.CloseRound
+        | act.Bump
+        | act.Finalize
+        | act.MarkDone
+        | act.MarkLeft,
+    ) -> None:
+        """The job's records this node writes, lease or not."""
+        store, name = self.store, self.name
+        match action:
+            case act.Withdraw(round_no):
+                run_inline(store.withdraw(round_no, name))
+            case act.ClearWaiting():
+                run_inline(store.clear_waiting(name))
             case act.CloseRound(result):
                 if run_inline(store.close(result)):
                     run_inline(store.forget_rounds_before(result.round))
@@ -300,20 +352,6 @@ class Node:
                 run_inline(store.mark_done(round_no, name))
             case act.MarkLeft(round_no):
                 run_inline(store.mark_left(round_no, name))
-            case act.WatchJoins(round_no):
-                self._follow_joins(round_no)
-            case (
-                act.Wait()
-                | act.WatchPeers()
-                | act.Join()
-                | act.Reassert()
-                | act.SetWaiting()
-                | act.NotePending()
-            ):
-                pass  # (peers are proven dead by Crash; a (re)join or SetWaiting without a lease: nothing)
-            case _:
-                assert_never(action)
-        return None
 
     def _publish(self, agent: Agent, now: float, quietly: bool = False) -> None:
         """``put_node_status`` of ``JobAgent.local_view``."""
