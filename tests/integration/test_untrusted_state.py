@@ -104,6 +104,55 @@ def _counts(d: DaemonProc) -> dict[str, int]:
     return out
 
 
+def _garbage_in_one_key(
+    d: DaemonProc, etcd: EtcdClient, keys: Keys, tmp_path: Path, kind: str, value: bytes
+) -> str | None:
+    """Put ``value`` under a running job's ``kind`` key: an invalid one fails the job, with its
+    reason and final record naming the key (returned, relative to the prefix); a valid one does not."""
+    job = _submit(d, tmp_path)
+    wait_for(lambda: _running_and_published(d, job), 30, 0.05, f"{job} running")
+    base = keys.job_parts(job) if kind.startswith("@") else keys.job(job)
+    key = base + kind.removeprefix("@").format(node=d.node_id)
+    stored = etcd.get_prefix(keys.job(job)) + etcd.get_prefix(keys.job_parts(job))
+    invalid = _is_invalid(keys, job, stored, key, value)
+    put_raw(etcd, key, value)
+    shown = key[len(keys.prefix) + 1 :]
+    if invalid:
+        view = wait_for(lambda: _ended(d, job), 30, 0.05, f"{job} to fail for {shown}")
+        assert view["state"] == "FAILED", view
+        assert shown in view["reason"] and ORPHAN_REASON not in view["reason"], view
+        assert view["code"] == "invalid_record", view
+        final = wait_for(lambda: _final(etcd, keys, job), 30, 0.05, f"{job}'s final record")
+        assert (final.state.value, final.code.value) == ("FAILED", "invalid_record")
+        assert final.reason.startswith(f"invalid record at {shown}: "), final
+    else:  # a value that happens to be valid: the job goes on (or ends as it says)
+        if not _ended(d, job):
+            d.call("kill", job=job)
+        wait_for(lambda: _ended(d, job), 30, 0.05, f"{job} to end")
+    assert d.call("ping")
+    assert any(j["id"] == job for j in d.call("status")["jobs"])
+    return shown if invalid else None
+
+
+def _garbage_in_node_keys(d: DaemonProc, etcd: EtcdClient, keys: Keys) -> list[str]:
+    """Node-level keys: a bad node record is skipped, a bad node drain still drains. The keys
+    reported (relative to the prefix): the ghost's record, the badly named one, this node's drain."""
+    ghost, bad_name = keys.node("ghost-1"), keys.prefix + "/nodes/bad name"
+    for key in (ghost, bad_name, keys.drain("ghost-1")):
+        put_raw(etcd, key, b"\xffgarbage")
+    nodes = d.call("nodes")["nodes"]
+    assert [n["node"] for n in nodes] == [d.node_id]
+    drain = keys.drain(d.node_id)
+    put_raw(etcd, drain, b'["not", "a", "drain"]')
+    wait_for(lambda: d.call("nodes")["nodes"][0]["draining"], 20, 0.1, "the bad drain record to drain")
+    node_keys = [k[len(keys.prefix) + 1 :] for k in (ghost, bad_name, drain)]
+    wait_for(lambda: all(k in _counts(d) for k in node_keys), 20, 0.1, "node keys to be reported")
+    for key in (ghost, bad_name, keys.drain("ghost-1"), drain):
+        etcd.delete(key)
+    assert d.call("ping") and d.call("status")["jobs"]
+    return node_keys
+
+
 def test_garbage_under_any_key_fails_its_job_and_the_daemon_serves_on(
     daemon_factory: DaemonFactory, etcd_server: EtcdServer, tmp_path: Path
 ) -> None:
@@ -123,48 +172,14 @@ def test_garbage_under_any_key_fails_its_job_and_the_daemon_serves_on(
         )
         @given(kind=st.sampled_from(JOB_KINDS), value=VALUES)
         def example(kind: str, value: bytes) -> None:
-            job = _submit(d, tmp_path)
-            wait_for(lambda: _running_and_published(d, job), 30, 0.05, f"{job} running")
-            base = keys.job_parts(job) if kind.startswith("@") else keys.job(job)
-            key = base + kind.removeprefix("@").format(node=d.node_id)
-            stored = etcd.get_prefix(keys.job(job)) + etcd.get_prefix(keys.job_parts(job))
-            invalid = _is_invalid(keys, job, stored, key, value)
-            put_raw(etcd, key, value)
-            shown = key[len(keys.prefix) + 1 :]
-            if invalid:
+            shown = _garbage_in_one_key(d, etcd, keys, tmp_path, kind, value)
+            if shown is not None:
                 bad_keys.append(shown)
-                view = wait_for(lambda: _ended(d, job), 30, 0.05, f"{job} to fail for {shown}")
-                assert view["state"] == "FAILED", view
-                assert shown in view["reason"] and ORPHAN_REASON not in view["reason"], view
-                assert view["code"] == "invalid_record", view
-                final = wait_for(lambda: _final(etcd, keys, job), 30, 0.05, f"{job}'s final record")
-                assert (final.state.value, final.code.value) == ("FAILED", "invalid_record")
-                assert final.reason.startswith(f"invalid record at {shown}: "), final
-            else:  # a value that happens to be valid: the job goes on (or ends as it says)
-                if not _ended(d, job):
-                    d.call("kill", job=job)
-                wait_for(lambda: _ended(d, job), 30, 0.05, f"{job} to end")
-            assert d.call("ping")
-            assert any(j["id"] == job for j in d.call("status")["jobs"])
             ran.append(kind)
 
         example()
         assert len(ran) >= 20 and bad_keys, (ran, bad_keys)
-
-        # Node-level keys: a bad node record is skipped, a bad node drain still drains.
-        ghost, bad_name = keys.node("ghost-1"), keys.prefix + "/nodes/bad name"
-        for key in (ghost, bad_name, keys.drain("ghost-1")):
-            put_raw(etcd, key, b"\xffgarbage")
-        nodes = d.call("nodes")["nodes"]
-        assert [n["node"] for n in nodes] == [d.node_id]
-        drain = keys.drain(d.node_id)
-        put_raw(etcd, drain, b'["not", "a", "drain"]')
-        wait_for(lambda: d.call("nodes")["nodes"][0]["draining"], 20, 0.1, "the bad drain record to drain")
-        node_keys = [k[len(keys.prefix) + 1 :] for k in (ghost, bad_name, drain)]
-        wait_for(lambda: all(k in _counts(d) for k in node_keys), 20, 0.1, "node keys to be reported")
-        for key in (ghost, bad_name, keys.drain("ghost-1"), drain):
-            etcd.delete(key)
-        assert d.call("ping") and d.call("status")["jobs"]
+        node_keys = _garbage_in_node_keys(d, etcd, keys)
 
         # A restart on the same state comes up and serves; nothing is reported twice.
         assert d.stop() == 0
