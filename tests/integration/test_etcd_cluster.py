@@ -58,6 +58,34 @@ def caught_up(d: DaemonProc) -> bool:
     return len(log_events(d, "agent.etcd_back")) >= len(log_events(d, "agent.etcd_unavailable"))
 
 
+def _wait_leases_kept(
+    etcd_cluster: EtcdCluster, dead: int, leases: list[int], killed_at: float, ttl: int
+) -> None:
+    """Without a keep-alive after the kill, a daemon gives its lease up (and its workers are fenced)
+    before killed_at + ttl, and etcd expires it by then too, or one TTL (+ ~1 s) after a new
+    leader took over. So a daemon's first lease that etcd holds past killed_at + 2 * ttl was kept
+    alive through a surviving member after killed_at + ttl, by a daemon that had not given it up,
+    and its peers never saw it expire. (An election slower than the TTL costs the leases anyway.)"""
+    live = EtcdClient([e for i, e in enumerate(etcd_cluster.endpoints) if i != dead], timeout_s=2)
+    try:
+        wait_for(lambda: all(lease_expires_after(live, lease, killed_at + 2 * ttl) for lease in leases),
+                 2 * ttl + 15, 0.2, "the daemons' leases to be kept alive past the kill")  # fmt: skip
+    finally:
+        live.close()
+
+
+def _assert_unharmed(d: DaemonProc, ds: list[DaemonProc], job: str) -> None:
+    """The daemon runs and answers, its job runs in round 0, and it never lost its lease."""
+    assert d.proc is not None and d.proc.poll() is None, d.log_text()[-3000:]
+    assert d.call("ping", timeout_s=5)["node"] == d.node_id
+    view = d.job(job)
+    assert (view["state"], view["round"], view["restarts"]) == ("RUNNING", 0, 0), view
+    assert not view.get("stale"), view
+    listed = {n["node"] for n in d.call("nodes")["nodes"]}
+    assert listed >= {x.node_id for x in ds}, listed
+    assert not d.events("lease.lost"), d.events("lease.lost")
+
+
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize(
     ("victim", "ttl"),
@@ -97,29 +125,12 @@ def test_job_survives_loss_of_the_etcd_member_in_use(
     etcd_cluster.kill(dead)
     killed_at = time.time()
     wait_for(lambda: etcd_cluster.leader() not in (None, dead), 10, 0.1, "a new etcd leader")
-    # Without a keep-alive after the kill, a daemon gives its lease up (and its workers are fenced)
-    # before killed_at + ttl, and etcd expires it by then too, or one TTL (+ ~1 s) after a new
-    # leader took over. So a daemon's first lease that etcd holds past killed_at + 2 * ttl was kept
-    # alive through a surviving member after killed_at + ttl, by a daemon that had not given it up,
-    # and its peers never saw it expire. (An election slower than the TTL costs the leases anyway.)
-    live = EtcdClient([e for i, e in enumerate(etcd_cluster.endpoints) if i != dead], timeout_s=2)
-    try:
-        wait_for(lambda: all(lease_expires_after(live, lease, killed_at + 2 * ttl) for lease in leases),
-                 2 * ttl + 15, 0.2, "the daemons' leases to be kept alive past the kill")  # fmt: skip
-    finally:
-        live.close()
+    _wait_leases_kept(etcd_cluster, dead, leases, killed_at, ttl)
     wait_for(lambda: all(caught_up(d) for d in ds), 15, 0.1, "the daemons' agents to work with etcd again")
     assert not list(out.glob("w.1.*")), "the job restarted after the etcd member was lost"
     assert all(alive_pid(pid) for pid in pids), "round-0 workers died"
     for d in ds:
-        assert d.proc is not None and d.proc.poll() is None, d.log_text()[-3000:]
-        assert d.call("ping", timeout_s=5)["node"] == d.node_id
-        view = d.job(job)
-        assert (view["state"], view["round"], view["restarts"]) == ("RUNNING", 0, 0), view
-        assert not view.get("stale"), view
-        listed = {n["node"] for n in d.call("nodes")["nodes"]}
-        assert listed >= {x.node_id for x in ds}, listed
-        assert not d.events("lease.lost"), d.events("lease.lost")
+        _assert_unharmed(d, ds, job)
 
     (out / "finish").touch()
     final = ds[1].wait_state(job, ("SUCCEEDED", "FAILED"), 30)
