@@ -93,6 +93,39 @@ def test_job_state_restarting_when_only_an_earlier_round_has_a_result() -> None:
 # -- job_view ----------------------------------------------------------------------------------------
 
 
+# test_view_running's members, in group rank order
+_RUNNING_MEMBERS = [
+    {
+        "node": "n2",
+        "address": "10.0.0.1",
+        "group_rank": 0,
+        "ranks": [0, 1],
+        "state": "RUNNING",
+        "devices": "0,1",
+        "pids": [5, 6],
+    },
+    {
+        "node": "n1",
+        "address": "10.0.0.2",
+        "group_rank": 1,
+        "ranks": [2, 2],
+        "state": "RUNNING",
+        "devices": "0",
+        "pids": [7],
+    },
+    # no status from n3: its daemon is gone
+    {
+        "node": "n3",
+        "address": "10.0.0.3",
+        "group_rank": 2,
+        "ranks": [3, 6],
+        "state": "GONE",
+        "devices": "",
+        "pids": [],
+    },
+]
+
+
 def test_view_running() -> None:
     snap = snapshot(
         2,
@@ -114,36 +147,7 @@ def test_view_running() -> None:
     assert view["world_size"] == 7
     assert view["master"] == "10.0.0.1:29400"
     assert view["nodes"] == ["n2", "n1", "n3"]
-    assert view["members"] == [
-        {
-            "node": "n2",
-            "address": "10.0.0.1",
-            "group_rank": 0,
-            "ranks": [0, 1],
-            "state": "RUNNING",
-            "devices": "0,1",
-            "pids": [5, 6],
-        },
-        {
-            "node": "n1",
-            "address": "10.0.0.2",
-            "group_rank": 1,
-            "ranks": [2, 2],
-            "state": "RUNNING",
-            "devices": "0",
-            "pids": [7],
-        },
-        # no status from n3: its daemon is gone
-        {
-            "node": "n3",
-            "address": "10.0.0.3",
-            "group_rank": 2,
-            "ranks": [3, 6],
-            "state": "GONE",
-            "devices": "",
-            "pids": [],
-        },
-    ]
+    assert view["members"] == _RUNNING_MEMBERS
     assert view["waiting_nodes"] == ["n4", "n5"]
     assert view["node_states"] == {"n1": "RUNNING", "n2": "RUNNING"}
     assert (view["devices"], view["pids"]) == ("0,1", [5, 6])  # the local node's
