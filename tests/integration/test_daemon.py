@@ -154,7 +154,8 @@ def test_one_daemon_per_state_dir_and_per_socket(daemon_factory: DaemonFactory) 
     assert first.call("ping")["node"] == first.node_id
 
 
-def test_console_logs_on_a_tty_and_bad_config_exit_2(tmp_path: Path) -> None:
+def _output_on_a_tty(tmp_path: Path) -> bytes:
+    """What a daemon that cannot reach etcd writes on a terminal, up to its first ``etcd.waiting``."""
     master, slave = pty.openpty()
     proc = subprocess.Popen(
         [
@@ -185,22 +186,11 @@ def test_console_logs_on_a_tty_and_bad_config_exit_2(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGKILL)
     proc.wait(10)
     os.close(master)
-    first = output.decode(errors="replace").splitlines()[0]
-    assert "etcd.waiting" in output.decode() and not first.lstrip().startswith("{")
+    return output
 
-    bad = tmp_path / "bad.toml"
-    bad.write_text('lease_ttl = "soon"\n')
-    res = subprocess.run(
-        [PYTHON, "-m", "elasticd", "--config", str(bad)], capture_output=True, text=True, timeout=30
-    )
-    assert res.returncode == 2 and "lease_ttl" in res.stderr
-    res = subprocess.run(
-        [PYTHON, "-m", "elasticd", "--config", str(tmp_path / "missing.toml")],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert res.returncode == 2 and "not found" in res.stderr
+
+def _node_id_of_a_config_file(tmp_path: Path) -> str:
+    """The node id a daemon settles on with ``node_id`` in its file and ``ELASTICD_NODE_ID`` set."""
     good = tmp_path / "good.toml"
     good.write_text(
         f'node_id = "from-file"\nsocket = "{tmp_path / "g.sock"}"\nstate_dir = "{tmp_path / "gst"}"\n'
@@ -218,4 +208,25 @@ def test_console_logs_on_a_tty_and_bad_config_exit_2(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.communicate(timeout=10)
-    assert memo.read_text().strip() == "from-env"
+    return memo.read_text().strip()
+
+
+def test_console_logs_on_a_tty_and_bad_config_exit_2(tmp_path: Path) -> None:
+    output = _output_on_a_tty(tmp_path)
+    first = output.decode(errors="replace").splitlines()[0]
+    assert "etcd.waiting" in output.decode() and not first.lstrip().startswith("{")
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text('lease_ttl = "soon"\n')
+    res = subprocess.run(
+        [PYTHON, "-m", "elasticd", "--config", str(bad)], capture_output=True, text=True, timeout=30
+    )
+    assert res.returncode == 2 and "lease_ttl" in res.stderr
+    res = subprocess.run(
+        [PYTHON, "-m", "elasticd", "--config", str(tmp_path / "missing.toml")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert res.returncode == 2 and "not found" in res.stderr
+    assert _node_id_of_a_config_file(tmp_path) == "from-env"
