@@ -86,7 +86,7 @@ class Snapshots:
         dist.barrier()  # nobody moves on before the snapshot exists
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--snapshot", type=Path, default=Path("snapshot.pt"))
@@ -95,8 +95,42 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--result", type=Path, help="rank 0 writes the final epoch, loss and digest here (JSON)")
-    args = p.parse_args()
+    return p.parse_args()
 
+
+def resume(snapshots: Snapshots, model: DDP, opt: torch.optim.Optimizer, attempt: int) -> int:
+    """The first epoch to run: 0, or the one after the snapshot's, with its model and optimizer loaded."""
+    state = snapshots.load()
+    if state is None:
+        return 0
+    model.module.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    first = int(state["epoch"]) + 1
+    if dist.get_rank() == 0:
+        print(f"resuming from {snapshots.path} after epoch {first - 1} (attempt {attempt})", flush=True)
+    return first
+
+
+def train_epoch(
+    model: DDP, opt: torch.optim.Optimizer, loader: DataLoader, crash: str | None
+) -> torch.Tensor:
+    """One pass over this rank's share; the mean loss over every rank's. ``crash``: die halfway, saying so."""
+    total = torch.zeros(2)
+    for i, (x, y) in enumerate(loader):
+        if crash is not None and i == len(loader) // 2:
+            print(crash, file=sys.stderr, flush=True)
+            os._exit(13)
+        opt.zero_grad()
+        batch_loss = nn.functional.mse_loss(model(x), y)
+        batch_loss.backward()
+        opt.step()
+        total += torch.tensor([batch_loss.item() * len(x), len(x)])
+    dist.all_reduce(total)
+    return total[0] / total[1]
+
+
+def main() -> None:
+    args = parse_args()
     stop = worker.GracefulStop() if worker is not None else None
     dist.init_process_group("gloo")  # MASTER_ADDR/PORT, RANK, WORLD_SIZE come from the launcher
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -110,33 +144,17 @@ def main() -> None:
     torch.manual_seed(args.seed)
     model = DDP(nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, 1)))
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-
     snapshots = Snapshots(args.snapshot)
-    first = 0
-    state = snapshots.load()
-    if state is not None:
-        model.module.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        first = int(state["epoch"]) + 1
-        if rank == 0:
-            print(f"resuming from {args.snapshot} after epoch {first - 1} (attempt {attempt})", flush=True)
+    first = resume(snapshots, model, opt, attempt)
 
     loss = torch.zeros(())
     epoch = first - 1
     for epoch in range(first, args.epochs):
         sampler.set_epoch(epoch)  # the epoch's order depends on (seed, epoch) only
-        total = torch.zeros(2)
-        for i, (x, y) in enumerate(loader):
-            if attempt == 0 and epoch == crash_epoch and rank == crash_rank and i == len(loader) // 2:
-                print(f"rank {rank}: injected crash in epoch {epoch}", file=sys.stderr, flush=True)
-                os._exit(13)
-            opt.zero_grad()
-            batch_loss = nn.functional.mse_loss(model(x), y)
-            batch_loss.backward()
-            opt.step()
-            total += torch.tensor([batch_loss.item() * len(x), len(x)])
-        dist.all_reduce(total)
-        loss = total[0] / total[1]
+        crashes = attempt == 0 and epoch == crash_epoch and rank == crash_rank
+        loss = train_epoch(
+            model, opt, loader, f"rank {rank}: injected crash in epoch {epoch}" if crashes else None
+        )
         snapshots.save({"model": model.module.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch})
         if rank == 0:
             print(f"epoch {epoch} loss {loss.item():.5f} world {world} snapshot {args.snapshot}", flush=True)
