@@ -39,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +58,7 @@ from soak_check import (
 )
 from soak_cluster import REPO, Cluster, JobSettings, read_lives, wait_until
 from soak_faults import FaultResult, run_fault
-from soak_plan import PARTITION_KINDS, FaultKind, make_plan, parse_kinds
+from soak_plan import PARTITION_KINDS, Fault, FaultKind, make_plan, parse_kinds
 
 from tests.netns import unavailable_reason as netns_unavailable
 from tests.support import PYTHON
@@ -138,8 +138,29 @@ def daemon_complaints(c: Cluster) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
-def run(ns: argparse.Namespace) -> int:
-    seed = ns.seed if ns.seed is not None else int.from_bytes(os.urandom(4), "big")
+@dataclass(frozen=True)
+class Scope:
+    """The fault kinds this soak injects, what was left out and why, and how the daemons run."""
+
+    kinds: tuple[FaultKind, ...]
+    notes: list[str]
+    netns: bool  # the daemons run in network namespaces of their own (for the partitions)
+    hang_ok: bool  # submit has --hang-timeout
+
+
+@dataclass
+class Findings:
+    """What one soak found, filled in as it goes: an exception part way keeps what came before."""
+
+    results: list[FaultResult] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+    state: str = "?"
+    skipped: int = 0  # planned faults not started: past the duration, every kind injected once
+    keys_at_end: list[str] = field(default_factory=list)
+    complaints: dict[str, int] = field(default_factory=dict)
+
+
+def scope_of(ns: argparse.Namespace) -> Scope:
     kinds = parse_kinds(ns.faults)
     hang_ok = hang_timeout_supported()
     notes = []
@@ -153,22 +174,82 @@ def run(ns: argparse.Namespace) -> int:
         notes.append(f"partitions: disabled ({why})")
     if not kinds:
         raise SystemExit("soak: no fault kind left to inject")
-    settings = JobSettings(hang_timeout_s=ns.hang_timeout if hang_ok else None)
+    return Scope(kinds, notes, netns, hang_ok)
+
+
+def inject(c: Cluster, plan: list[Fault], ns: argparse.Namespace, n_kinds: int, found: Findings) -> None:
+    """The plan's faults, one at a time, until one is not survived; past the duration, only the
+    first ``n_kinds`` (each kind once)."""
+    clock0 = time.time()
+    for fault in plan:
+        if fault.index >= n_kinds and time.time() - clock0 > ns.duration:  # each kind once, always
+            found.skipped += 1
+            continue
+        time.sleep(max(0.0, clock0 + fault.at_s - time.time()))
+        r = run_fault(c, fault, clock0, ns.recover_timeout)
+        found.results.append(r)
+        verdict = "ok  " if r.survived else "FAIL"
+        print(f"  #{fault.index:<3} t={r.started_s:>6.1f}s {fault.kind:<13} {verdict} "
+              f"recover={r.recover_s}s resumed={r.resumed_s}s rounds={r.rounds} | {r.detail}; {r.note}",
+              flush=True)  # fmt: skip
+        if not r.survived:
+            break
+
+
+def finish_and_check(
+    c: Cluster, job: str, settings: JobSettings, scope: Scope, ns: argparse.Namespace, found: Findings
+) -> None:
+    """Ask the job to finish a few steps on, wait for its end, and run the end checks."""
+    results = found.results
+    last = c.progress.last()
+    target = (last.step if last else 0) + TAIL_STEPS
+    c.set_finish(target)
+    ended = wait_until(
+        lambda: (v := c.status()) is not None and v["state"] in ("SUCCEEDED", "FAILED", "KILLED") and v,
+        ns.recover_timeout + 60, 0.5,
+    )  # fmt: skip
+    found.state = state = ended["state"] if ended else f"not ended ({(c.status() or {}).get('state')})"
+    checks = found.checks
+    checks.append(
+        Check("job SUCCEEDED", state == "SUCCEEDED", f"{state}, restarts={ended and ended['restarts']}")
+    )
+    checks.append(check_ledger(c.out / "ckpt.pt", target))
+    checks.append(check_crash_loss(c.progress.poll(), settings.every))
+    checks.append(check_rounds_disjoint(read_lives(c.out)))
+    if any(r.fence_bound_s is not None for r in results):
+        checks.append(check_fencing(results))
+    checks.append(check_job_orphans(job))
+    checks.append(check_keys(c))
+    found.keys_at_end = [k.removeprefix(c.prefix + "/") for k in c.etcd_keys()]
+    injected = {r.fault.kind for r in results if not r.note.startswith("injector error")}
+    missing = [k.value for k in scope.kinds if k not in injected]
+    checks.append(
+        Check(
+            "every requested fault kind injected",
+            not missing,
+            f"missing: {missing}" if missing else f"{len(results)} faults, {found.skipped} not started",
+        )
+    )
+    checks.append(Check("every fault survived", all(r.survived for r in results),
+                        f"{sum(r.survived for r in results)}/{len(results)}"))  # fmt: skip
+
+
+def run(ns: argparse.Namespace) -> int:
+    seed = ns.seed if ns.seed is not None else int.from_bytes(os.urandom(4), "big")
+    scope = scope_of(ns)
+    kinds = scope.kinds
+    settings = JobSettings(hang_timeout_s=ns.hang_timeout if scope.hang_ok else None)
     plan = make_plan(seed, ns.duration, kinds, nodes=NODES, gap_s=ns.gap)
     root = Path(tempfile.mkdtemp(prefix="elasticd-soak-"))
     print(
         f"soak: seed={seed} duration={ns.duration:.0f}s kinds={','.join(kinds)} "
         f"planned={len(plan)} dir={root}"
     )
-    for n in notes:
+    for n in scope.notes:
         print(f"soak: {n}")
     sys.stdout.flush()
-    c = Cluster(root, NODES, ns.ttl, daemon_stop_grace_s=5, netns=netns)
-    results: list[FaultResult] = []
-    checks: list[Check] = []
-    state = "?"
-    skipped = 0
-    keys_at_end: list[str] = []
+    c = Cluster(root, NODES, ns.ttl, daemon_stop_grace_s=5, netns=scope.netns)
+    found = Findings()
     t_start = time.time()
     try:
         c.start()
@@ -177,81 +258,55 @@ def run(ns: argparse.Namespace) -> int:
         full = wait_until(lambda: (s := c.progress.last()) is not None and s.world == NODES and s, 180, 0.2)
         if not full:
             raise RuntimeError(f"the job never ran at full strength: {c.status()}")
-        clock0 = time.time()
-        for fault in plan:
-            if fault.index >= len(kinds) and time.time() - clock0 > ns.duration:  # each kind once, always
-                skipped += 1
-                continue
-            time.sleep(max(0.0, clock0 + fault.at_s - time.time()))
-            r = run_fault(c, fault, clock0, ns.recover_timeout)
-            results.append(r)
-            verdict = "ok  " if r.survived else "FAIL"
-            print(f"  #{fault.index:<3} t={r.started_s:>6.1f}s {fault.kind:<13} {verdict} "
-                  f"recover={r.recover_s}s resumed={r.resumed_s}s rounds={r.rounds} | {r.detail}; {r.note}",
-                  flush=True)  # fmt: skip
-            if not r.survived:
-                break
-        last = c.progress.last()
-        target = (last.step if last else 0) + TAIL_STEPS
-        c.set_finish(target)
-        ended = wait_until(
-            lambda: (v := c.status()) is not None and v["state"] in ("SUCCEEDED", "FAILED", "KILLED") and v,
-            ns.recover_timeout + 60, 0.5,
-        )  # fmt: skip
-        state = ended["state"] if ended else f"not ended ({(c.status() or {}).get('state')})"
-        checks.append(
-            Check("job SUCCEEDED", state == "SUCCEEDED", f"{state}, restarts={ended and ended['restarts']}")
-        )
-        checks.append(check_ledger(c.out / "ckpt.pt", target))
-        checks.append(check_crash_loss(c.progress.poll(), settings.every))
-        checks.append(check_rounds_disjoint(read_lives(c.out)))
-        if any(r.fence_bound_s is not None for r in results):
-            checks.append(check_fencing(results))
-        checks.append(check_job_orphans(job))
-        checks.append(check_keys(c))
-        keys_at_end = [k.removeprefix(c.prefix + "/") for k in c.etcd_keys()]
-        injected = {r.fault.kind for r in results if not r.note.startswith("injector error")}
-        missing = [k.value for k in kinds if k not in injected]
-        checks.append(
-            Check(
-                "every requested fault kind injected",
-                not missing,
-                f"missing: {missing}" if missing else f"{len(results)} faults, {skipped} not started",
-            )
-        )
-        checks.append(Check("every fault survived", all(r.survived for r in results),
-                            f"{sum(r.survived for r in results)}/{len(results)}"))  # fmt: skip
+        inject(c, plan, ns, len(kinds), found)
+        finish_and_check(c, job, settings, scope, ns, found)
     except Exception as e:
-        checks.append(Check("soak ran", False, f"{type(e).__name__}: {e}"))
+        found.checks.append(Check("soak ran", False, f"{type(e).__name__}: {e}"))
     finally:
-        complaints = daemon_complaints(c)
+        found.complaints = daemon_complaints(c)
         c.shutdown()
-        checks.append(check_own_orphans(c))
+        found.checks.append(check_own_orphans(c))
         sweep(c.markers())
-    rows = table(results, kinds)
-    ok = all(ch.ok for ch in checks)
-    print()
-    print(render(rows))
-    for n in notes:
-        print(f"({n})")
-    print()
-    for ch in checks:
-        print(f"  [{'ok' if ch.ok else 'FAIL'}] {ch.name}: {ch.detail}")
-    if complaints:
-        print("daemon warnings/errors: " + ", ".join(f"{k} x{v}" for k, v in complaints.items()))
-    print(f"soak {'PASSED' if ok else 'FAILED'} in {time.time() - t_start:.0f}s (seed {seed})", flush=True)
-    if ns.json:
-        ns.json.write_text(json.dumps({
-            "ok": ok, "seed": seed, "duration_s": ns.duration, "kinds": list(kinds), "notes": notes,
-            "plan": [asdict(f) for f in plan], "faults": [asdict(r) for r in results], "table": rows,
-            "checks": [asdict(ch) for ch in checks], "daemon_complaints": complaints, "dir": str(root),
-            "job": c.job_id, "state": state, "keys_at_end": keys_at_end, "netns": netns, "ttl_s": ns.ttl,
-        }, indent=2, default=str))  # fmt: skip
+    ok = report(ns, seed, scope, plan, c, found, t_start)
     if ok and not ns.keep:
         shutil.rmtree(root, ignore_errors=True)
     else:
         print(f"soak: kept {root}")
     return 0 if ok else 1
+
+
+def report(
+    ns: argparse.Namespace,
+    seed: int,
+    scope: Scope,
+    plan: list[Fault],
+    c: Cluster,
+    found: Findings,
+    t_start: float,
+) -> bool:
+    """Print the table, the notes and the checks (and write ``--json``); whether every check held."""
+    rows = table(found.results, scope.kinds)
+    ok = all(ch.ok for ch in found.checks)
+    print()
+    print(render(rows))
+    for n in scope.notes:
+        print(f"({n})")
+    print()
+    for ch in found.checks:
+        print(f"  [{'ok' if ch.ok else 'FAIL'}] {ch.name}: {ch.detail}")
+    if found.complaints:
+        print("daemon warnings/errors: " + ", ".join(f"{k} x{v}" for k, v in found.complaints.items()))
+    print(f"soak {'PASSED' if ok else 'FAILED'} in {time.time() - t_start:.0f}s (seed {seed})", flush=True)
+    if ns.json:
+        ns.json.write_text(json.dumps({
+            "ok": ok, "seed": seed, "duration_s": ns.duration, "kinds": list(scope.kinds),
+            "notes": scope.notes, "plan": [asdict(f) for f in plan],
+            "faults": [asdict(r) for r in found.results], "table": rows,
+            "checks": [asdict(ch) for ch in found.checks], "daemon_complaints": found.complaints,
+            "dir": str(c.root), "job": c.job_id, "state": found.state, "keys_at_end": found.keys_at_end,
+            "netns": scope.netns, "ttl_s": ns.ttl,
+        }, indent=2, default=str))  # fmt: skip
+    return ok
 
 
 def main() -> int:

@@ -39,7 +39,9 @@ import contextlib
 import os
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 class Life:
@@ -110,80 +112,112 @@ def hang_forever(trigger: Path) -> None:
         time.sleep(3600)
 
 
+@dataclass
+class Training:
+    """One worker's model, optimizer and ledger: what a checkpoint commits together."""
+
+    model: torch.nn.Linear
+    opt: torch.optim.SGD
+    ledger: list[tuple[int, int, int]]
+    ckpt: Path
+
+    @classmethod
+    def restore(cls, ckpt: Path) -> tuple[Training, dict[str, Any] | None]:
+        """The training as the last checkpoint left it (fresh if none), and that checkpoint."""
+        torch.manual_seed(0)
+        model = torch.nn.Linear(FEATURES, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        state: dict[str, Any] | None = worker.load_checkpoint(ckpt)
+        ledger: list[tuple[int, int, int]] = []
+        if state is not None:
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["opt"])
+            ledger = [(int(e[0]), int(e[1]), int(e[2])) for e in state["ledger"]]
+        return cls(model, opt, ledger, ckpt), state
+
+    def train(self, ddp: DDP, step: int, rank: int, world: int) -> None:
+        x, y = batch(step, rank, world)
+        loss = torch.nn.functional.mse_loss(ddp(x), y)
+        self.opt.zero_grad()
+        loss.backward()  # type: ignore[no-untyped-call]
+        self.opt.step()
+
+    def commit(self, next_step: int, finished: bool = False) -> None:
+        # Tells elasticd it is checkpointing, where this elasticd has it; nothing otherwise.
+        checkpointing = getattr(worker, "checkpointing", contextlib.nullcontext)
+        with checkpointing():
+            worker.save_checkpoint(
+                {"model": self.model.state_dict(), "opt": self.opt.state_dict(), "step": next_step,
+                 "ledger": self.ledger, "finished": finished},
+                self.ckpt,
+            )  # fmt: skip
+
+
+def note_step(training: Training, progress: Path, step: int, world: int, round_no: int) -> None:
+    """Rank 0's ledger entry and progress line for a completed step; every rank's life line."""
+    if dist.get_rank() == 0:
+        training.ledger.append((step, world, round_no))
+        with open(progress, "a") as f:
+            f.write(f"{step} {world} {round_no} {time.time():.3f}\n")
+    if LIFE is not None:
+        LIFE.write("step", f" {step} {world}")
+
+
+def stopped(training: Training, stop: worker.GracefulStop, finish: Path, step: int) -> bool:
+    """Whether the job ends after ``step`` (the soak's target reached) or this worker leaves (asked
+    to): either way, committed first."""
+    rank = dist.get_rank()
+    target = agreed_target(finish)
+    if 0 <= target <= step:
+        training.commit(step, finished=True)
+        if rank == 0:
+            print(f"finished: {step} steps", flush=True)
+        return True
+    if stop.should_stop():
+        training.commit(step)
+        if rank == 0:
+            print(f"asked to leave: committed at step {step}", flush=True)
+        return True
+    return False
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--every", type=int, default=25, help="checkpoint (commit) interval in steps")
     p.add_argument("--step-time", type=float, default=0.05, help="pretend each step takes this long")
     args = p.parse_args()
     out = Path(os.environ["SOAK_OUT"])
-    ckpt, progress, finish = out / "ckpt.pt", out / "progress", out / "finish"
     round_no = int(os.environ.get("ELASTICD_ROUND", "0"))
 
     stop = worker.GracefulStop()
     dist.init_process_group("gloo", init_method="env://")
     rank, world = dist.get_rank(), dist.get_world_size()
     hang = out / f"hang.{rank}"
-    torch.manual_seed(0)
-    model = torch.nn.Linear(FEATURES, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    state = worker.load_checkpoint(ckpt)
-    ledger: list[tuple[int, int, int]] = []
-    if state is not None:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        ledger = [(int(e[0]), int(e[1]), int(e[2])) for e in state["ledger"]]
-        if state.get("finished"):
-            print(f"rank {rank}: already finished at step {state['step']}", flush=True)
-            dist.destroy_process_group()
-            return
+    training, state = Training.restore(out / "ckpt.pt")
+    if state is not None and state.get("finished"):
+        print(f"rank {rank}: already finished at step {state['step']}", flush=True)
+        dist.destroy_process_group()
+        return
     step = worker.resume_step(state)
-    ddp = DDP(model)
+    ddp = DDP(training.model)
     if rank == 0:
         print(f"round {round_no} world {world}: resuming at step {step}", flush=True)
 
     # Progress reports for `elasticctl status` and `submit --hang-timeout`, where this elasticd has
-    # them (elasticd.worker.step / checkpointing); nothing otherwise.
+    # them (elasticd.worker.step); nothing otherwise.
     report_step = getattr(worker, "step", lambda n: None)
-    checkpointing = getattr(worker, "checkpointing", contextlib.nullcontext)
-
-    def commit(next_step: int, finished: bool = False) -> None:
-        with checkpointing():
-            worker.save_checkpoint(
-                {"model": model.state_dict(), "opt": opt.state_dict(), "step": next_step,
-                 "ledger": ledger, "finished": finished},
-                ckpt,
-            )  # fmt: skip
-
     while True:
         if hang.exists():
             hang_forever(hang)
-        x, y = batch(step, rank, world)
-        loss = torch.nn.functional.mse_loss(ddp(x), y)
-        opt.zero_grad()
-        loss.backward()  # type: ignore[no-untyped-call]
-        opt.step()
+        training.train(ddp, step, rank, world)
         time.sleep(args.step_time)
-        if rank == 0:
-            ledger.append((step, world, round_no))
-            with open(progress, "a") as f:
-                f.write(f"{step} {world} {round_no} {time.time():.3f}\n")
-        if LIFE is not None:
-            LIFE.write("step", f" {step} {world}")
+        note_step(training, out / "progress", step, world, round_no)
         step += 1
         report_step(step)
-        target = agreed_target(finish)
-        if 0 <= target <= step:
-            commit(step, finished=True)
-            if rank == 0:
-                print(f"finished: {step} steps", flush=True)
-            break
-        if stop.should_stop():
-            commit(step)
-            if rank == 0:
-                print(f"asked to leave: committed at step {step}", flush=True)
+        if stopped(training, stop, out / "finish", step):
             break
         if step % args.every == 0:
-            commit(step)
+            training.commit(step)
     dist.destroy_process_group()
 
 
