@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.metadata
 import json
 import os
 import platform
@@ -350,6 +349,15 @@ def tree_pgids(root_pid: int) -> tuple[list[psutil.Process], list[int]]:
 
 
 # ----------------------------------------------------------------------------- the bench ----
+def _drain_seen(tr: Trial, daemons: list[Daemon], t_req: float) -> None:
+    """When, after the request, a daemon bumped the round (the drained one: it logs the bump it
+    made) and the first started the world-1 attempt."""
+    bumps = [first_event(x, "round.bumped", t_req) for x in daemons]
+    tr.detect_s = min((b for b in bumps if b is not None), default=None)
+    starts = [first_event(x, "attempt.started", t_req, world_size=1) for x in daemons]
+    tr.relaunch_s = min((b for b in starts if b is not None), default=None)
+
+
 class Bench:
     def __init__(self, ns: argparse.Namespace) -> None:
         self.ns = ns
@@ -665,11 +673,8 @@ class Bench:
                 last = at1[0] == len(entries) - 1 and mtime is not None and t_req <= mtime <= now
                 resumed = mtime if last and mtime is not None else now
                 tr.value_s, tr.ok = resumed - t_req, True
-                if daemons:  # the bump is logged by the daemon that made it (the drained one)
-                    bumps = [first_event(x, "round.bumped", t_req) for x in daemons]
-                    tr.detect_s = min((b for b in bumps if b is not None), default=None)
-                    starts = [first_event(x, "attempt.started", t_req, world_size=1) for x in daemons]
-                    tr.relaunch_s = min((b for b in starts if b is not None), default=None)
+                if daemons:
+                    _drain_seen(tr, daemons, t_req)
                 break
             if dead := [k for k, x in survivors.items() if not _alive(x)]:
                 tr.survivor_exited = True
@@ -1035,29 +1040,8 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ns = parse_args(argv)
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    elasticd_log.configure("console", "warning")  # the bench's own EmbeddedEtcd: quiet
-    bench = Bench(ns)
-    trials: list[Trial] = []
-    started = time.time()
-    load_before = os.getloadavg()
-    interrupted = False
-    try:
-        torch_version = importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        torch_version = "?"
-    probe = SimpleNamespace(python=bench.python, base_env=bench.base_env, tmp=bench.tmp)
-    source = single.Bench.source(probe)  # type: ignore[arg-type]
-    desc = str(source.get("elasticd", source.get("error")))
-    if "code_sha256" in source:
-        desc += f" [code sha256 {source['code_sha256']}]"
-    if "git_head" in source:
-        n = len(source["uncommitted"])
-        desc += f" (git {source['git_head']}, {n} uncommitted paths under elasticd/ and elasticctl/)"
-    print(f"elasticd code: {desc}", flush=True)
+def run_trials(bench: Bench, ns: argparse.Namespace, trials: list[Trial], run: single.Run) -> None:
+    """Every planned trial, with each launcher (stopped by ^C or SIGTERM), then the clean-up."""
     try:
         bench.start_etcd()
         print(f"etcd at {bench.etcd_endpoint}; temp dir {bench.tmp}", flush=True)
@@ -1077,7 +1061,7 @@ def main(argv: list[str] | None = None) -> int:
                 trials.append(tr)
                 print("  " + fmt_trial(tr), flush=True)
     except KeyboardInterrupt:
-        interrupted = True
+        run.interrupted = True
         print("\ninterrupted; cleaning up", flush=True)
     finally:
         for proc in list(_live):
@@ -1090,25 +1074,10 @@ def main(argv: list[str] | None = None) -> int:
         for line in sweep(bench.markers, wait_s=3.0):
             print(f"!! killed leftover process: {line}", flush=True)
 
-    source_end = single.Bench.source(probe)  # type: ignore[arg-type]
-    code_changed = source_end.get("code_sha256") != source.get("code_sha256")
-    rows = summarize(trials)
-    load_after = os.getloadavg()
-    print(
-        f"\nelasticd vs torchrun, 2 nodes x 1 worker (gloo, loopback) on {os.cpu_count()} CPUs, torch "
-        f"{torch_version}, {time.time() - started:.0f}s total; load average (1/5/15 min) at start "
-        f"{'/'.join(f'{x:.1f}' for x in load_before)}, at end {'/'.join(f'{x:.1f}' for x in load_after)}\n"
-    )
-    if code_changed:
-        print(
-            f"!! the elasticd code changed during the run: sha256 {source.get('code_sha256')} at start, "
-            f"{source_end.get('code_sha256')} at the end (daemons started later ran the newer code)\n"
-        )
-    cpu = cpu_summary(trials)
-    if rows:
-        print_table(rows)
-        print_samples(rows)
-        print_cpu(cpu)
+
+def report_daemon_problems(bench: Bench) -> dict[tuple[str, str], list[str]]:
+    """Print every daemon's warnings and errors, grouped, and its stderr lines that are not log
+    records; the groups, for the JSON output."""
     warnings: dict[tuple[str, str], list[str]] = {}
     not_json: list[str] = []
     for daemon in bench.daemons:
@@ -1135,30 +1104,75 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nelasticd stderr lines that are not JSON log records ({len(not_json)}):")
         for line in not_json[:40]:
             print(f"  {line}")
+    return warnings
+
+
+def write_json(
+    path: Path, ns: argparse.Namespace, bench: Bench, run: single.Run, source_end: dict[str, Any],
+    rows: list[dict[str, Any]], cpu: dict[str, float | None], trials: list[Trial],
+    warnings: dict[tuple[str, str], list[str]],
+) -> None:  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "config": {
+            "repeats": ns.repeats, "only": ns.only, "timeout_s": ns.timeout, "lease_ttl": LEASE_TTL,
+            "max_restarts": MAX_RESTARTS, "warm_s": WARM_S, "drain_after_steps": DRAIN_AFTER_STEPS,
+            "steps_after_resume": STEPS_AFTER_RESUME, "torchrun_rdzv_conf": TORCHRUN_RDZV_CONF,
+            "daemon_stop_grace_s": DAEMON_STOP_GRACE_S,
+        },
+        "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": run.torch_version,
+                 "platform": platform.platform()},
+        "started_at": run.started,
+        "loadavg_start": run.load_before,
+        "loadavg_end": run.load_after,
+        "interrupted": run.interrupted,
+        "elasticd_source": run.source,
+        "elasticd_source_end": source_end,
+        "summary": rows,
+        "launcher_cpu": cpu,
+        "trials": [asdict(t) | {"outcome": t.outcome} for t in trials],
+        "daemon_warnings": {f"{e}: {w}": lines for (e, w), lines in warnings.items()},
+        "daemon_shutdown_hung": bench.shutdown_hung,
+    }, indent=2))  # fmt: skip
+    print(f"\nwrote {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = parse_args(argv)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    elasticd_log.configure("console", "warning")  # the bench's own EmbeddedEtcd: quiet
+    bench = Bench(ns)
+    trials: list[Trial] = []
+    started, load_before = time.time(), os.getloadavg()
+    probe = SimpleNamespace(python=bench.python, base_env=bench.base_env, tmp=bench.tmp)
+    source = single.Bench.source(probe)  # type: ignore[arg-type]
+    run = single.Run(started, load_before, single.installed_torch(), source)
+    print(f"elasticd code: {run.describe_source()}", flush=True)
+    run_trials(bench, ns, trials, run)
+
+    source_end = single.Bench.source(probe)  # type: ignore[arg-type]
+    code_changed = source_end.get("code_sha256") != source.get("code_sha256")
+    rows = summarize(trials)
+    run.load_after = os.getloadavg()
+    print(
+        f"\nelasticd vs torchrun, 2 nodes x 1 worker (gloo, loopback) on {os.cpu_count()} CPUs, torch "
+        f"{run.torch_version}, {time.time() - started:.0f}s total; load average (1/5/15 min) at start "
+        f"{single.loadavg_text(load_before)}, at end {single.loadavg_text(run.load_after)}\n"
+    )
+    if code_changed:
+        print(
+            f"!! the elasticd code changed during the run: sha256 {source.get('code_sha256')} at start, "
+            f"{source_end.get('code_sha256')} at the end (daemons started later ran the newer code)\n"
+        )
+    cpu = cpu_summary(trials)
+    if rows:
+        print_table(rows)
+        print_samples(rows)
+        print_cpu(cpu)
+    warnings = report_daemon_problems(bench)
     if ns.json:
-        ns.json.parent.mkdir(parents=True, exist_ok=True)
-        ns.json.write_text(json.dumps({
-            "config": {
-                "repeats": ns.repeats, "only": ns.only, "timeout_s": ns.timeout, "lease_ttl": LEASE_TTL,
-                "max_restarts": MAX_RESTARTS, "warm_s": WARM_S, "drain_after_steps": DRAIN_AFTER_STEPS,
-                "steps_after_resume": STEPS_AFTER_RESUME, "torchrun_rdzv_conf": TORCHRUN_RDZV_CONF,
-                "daemon_stop_grace_s": DAEMON_STOP_GRACE_S,
-            },
-            "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch_version,
-                     "platform": platform.platform()},
-            "started_at": started,
-            "loadavg_start": load_before,
-            "loadavg_end": load_after,
-            "interrupted": interrupted,
-            "elasticd_source": source,
-            "elasticd_source_end": source_end,
-            "summary": rows,
-            "launcher_cpu": cpu,
-            "trials": [asdict(t) | {"outcome": t.outcome} for t in trials],
-            "daemon_warnings": {f"{e}: {w}": lines for (e, w), lines in warnings.items()},
-            "daemon_shutdown_hung": bench.shutdown_hung,
-        }, indent=2))  # fmt: skip
-        print(f"\nwrote {ns.json}")
+        write_json(ns.json, ns, bench, run, source_end, rows, cpu, trials, warnings)
     if bench.shutdown_hung:
         print(f"\n!! daemons that did not exit within {DAEMON_SHUTDOWN_S}s of SIGTERM: {bench.shutdown_hung}")
     keep = ns.keep or bool(bench.shutdown_hung) or any(t.launcher == "elasticd" and not t.ok for t in trials)
@@ -1166,7 +1180,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nkept {bench.tmp}")
     else:
         shutil.rmtree(bench.tmp, ignore_errors=True)
-    return 130 if interrupted else 0
+    return 130 if run.interrupted else 0
 
 
 if __name__ == "__main__":

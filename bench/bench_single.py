@@ -707,28 +707,41 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ns = parse_args(argv)
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with SIGINT ignored
-    bench = Bench(ns)
-    trials: list[Trial] = []
-    started = time.time()
-    load_before = os.getloadavg()
-    interrupted = False
-    aborted = ""
+@dataclass
+class Run:
+    """What one bench run records besides its trials: where, with what, and how it ended."""
+
+    started: float
+    load_before: tuple[float, float, float]
+    torch_version: str
+    source: dict[str, Any]  # the elasticd code measured (``Bench.source``)
+    load_after: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    interrupted: bool = False
+    aborted: str = ""
+
+    def describe_source(self) -> str:
+        desc = str(self.source.get("elasticd", self.source.get("error")))
+        if "code_sha256" in self.source:
+            desc += f" [code sha256 {self.source['code_sha256']}]"
+        if "git_head" in self.source:
+            n = len(self.source["uncommitted"])
+            desc += f" (git {self.source['git_head']}, {n} uncommitted paths under elasticd/ and elasticctl/)"
+        return desc
+
+
+def loadavg_text(load: tuple[float, float, float]) -> str:
+    return "/".join(f"{x:.1f}" for x in load)
+
+
+def installed_torch() -> str:
     try:
-        torch_version = importlib.metadata.version("torch")  # without importing torch here
+        return importlib.metadata.version("torch")  # without importing torch here
     except importlib.metadata.PackageNotFoundError:
-        torch_version = "?"
-    source = bench.source()
-    desc = str(source.get("elasticd", source.get("error")))
-    if "code_sha256" in source:
-        desc += f" [code sha256 {source['code_sha256']}]"
-    if "git_head" in source:
-        n = len(source["uncommitted"])
-        desc += f" (git {source['git_head']}, {n} uncommitted paths under elasticd/ and elasticctl/)"
-    print(f"elasticd code: {desc}", flush=True)
+        return "?"
+
+
+def run_trials(bench: Bench, ns: argparse.Namespace, trials: list[Trial], run: Run) -> None:
+    """Every planned pair of trials (stopped by ^C, SIGTERM or a dead daemon), then the clean-up."""
     try:
         bench.start_daemon()
         plan = []
@@ -740,10 +753,10 @@ def main(argv: list[str] | None = None) -> int:
         for scenario, index, timeout_s in plan:
             bench.run_pair(scenario, index, timeout_s, trials)
     except KeyboardInterrupt:
-        interrupted = True
+        run.interrupted = True
         print("\ninterrupted; cleaning up", flush=True)
     except DaemonDied as exc:
-        aborted = str(exc)
+        run.aborted = str(exc)
         print(f"\n!! {exc}; stopping the run", flush=True)
     finally:
         for proc in list(_live):
@@ -753,16 +766,10 @@ def main(argv: list[str] | None = None) -> int:
         for line in killed:
             print(f"!! killed leftover process: {line}", flush=True)
 
-    rows = summarize(trials)
-    load_after = os.getloadavg()
-    print(
-        f"\nelasticd vs torchrun, {NPROC} workers/gloo on {os.cpu_count()} CPUs, torch {torch_version}, "
-        f"{time.time() - started:.0f}s total; load average (1/5/15 min) at start "
-        f"{'/'.join(f'{x:.1f}' for x in load_before)}, at end {'/'.join(f'{x:.1f}' for x in load_after)}\n"
-    )
-    if rows:
-        print_table(rows)
-        print_samples(rows)
+
+def report_daemon_problems(bench: Bench) -> list[str]:
+    """Print the daemon's warnings and errors (but the injected crash's), grouped, and its stderr
+    lines that are not log records; all of its warnings and errors, for the JSON output."""
     problems = bench.daemon_lines(levels=("warning", "error", "critical"))
     # (after a hung shutdown, what followed SIGTERM was printed already)
     printed = set(bench.daemon_lines(since=bench.stop_offset)) if bench.shutdown_hung else set()
@@ -784,30 +791,62 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {line}")
         if len(not_json) > 40:
             print(f"  ... {len(not_json) - 40} more in the JSON output")
+    return problems
+
+
+def write_json(
+    path: Path, ns: argparse.Namespace, bench: Bench, run: Run, rows: list[dict[str, Any]],
+    trials: list[Trial], problems: list[str],
+) -> None:  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "config": {
+            "repeats": ns.repeats, "restart_repeats": ns.restart_repeats, "only": ns.only,
+            "warmup": ns.warmup, "nproc_per_node": NPROC, "max_restarts": MAX_RESTARTS,
+            "daemon_args": ns.daemon_arg,
+            "start_timeout_s": ns.start_timeout, "restart_timeout_s": ns.restart_timeout,
+        },
+        "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": run.torch_version,
+                 "platform": platform.platform()},
+        "started_at": run.started,
+        "loadavg_start": run.load_before,
+        "loadavg_end": run.load_after,
+        "interrupted": run.interrupted,
+        "aborted": run.aborted,
+        "daemon_shutdown_hung": bench.shutdown_hung,
+        "daemon_exit_code": bench.daemon.returncode if bench.daemon else None,
+        "elasticd_source": run.source,
+        "summary": rows,
+        "trials": [asdict(t) | {"flaky": t.flaky} for t in trials],
+        "daemon_warnings": problems,
+    }, indent=2))  # fmt: skip
+    print(f"\nwrote {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = parse_args(argv)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with SIGINT ignored
+    bench = Bench(ns)
+    trials: list[Trial] = []
+    started, load_before = time.time(), os.getloadavg()
+    run = Run(started, load_before, installed_torch(), bench.source())
+    print(f"elasticd code: {run.describe_source()}", flush=True)
+    run_trials(bench, ns, trials, run)
+
+    rows = summarize(trials)
+    run.load_after = os.getloadavg()
+    print(
+        f"\nelasticd vs torchrun, {NPROC} workers/gloo on {os.cpu_count()} CPUs, torch {run.torch_version}, "
+        f"{time.time() - run.started:.0f}s total; load average (1/5/15 min) at start "
+        f"{loadavg_text(run.load_before)}, at end {loadavg_text(run.load_after)}\n"
+    )
+    if rows:
+        print_table(rows)
+        print_samples(rows)
+    problems = report_daemon_problems(bench)
     if ns.json:
-        ns.json.parent.mkdir(parents=True, exist_ok=True)
-        ns.json.write_text(json.dumps({
-            "config": {
-                "repeats": ns.repeats, "restart_repeats": ns.restart_repeats, "only": ns.only,
-                "warmup": ns.warmup, "nproc_per_node": NPROC, "max_restarts": MAX_RESTARTS,
-                "daemon_args": ns.daemon_arg,
-                "start_timeout_s": ns.start_timeout, "restart_timeout_s": ns.restart_timeout,
-            },
-            "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch_version,
-                     "platform": platform.platform()},
-            "started_at": started,
-            "loadavg_start": load_before,
-            "loadavg_end": load_after,
-            "interrupted": interrupted,
-            "aborted": aborted,
-            "daemon_shutdown_hung": bench.shutdown_hung,
-            "daemon_exit_code": bench.daemon.returncode if bench.daemon else None,
-            "elasticd_source": source,
-            "summary": rows,
-            "trials": [asdict(t) | {"flaky": t.flaky} for t in trials],
-            "daemon_warnings": problems,
-        }, indent=2))  # fmt: skip
-        print(f"\nwrote {ns.json}")
+        write_json(ns.json, ns, bench, run, rows, trials, problems)
     if bench.shutdown_hung:
         print(f"\n!! elasticd did not exit within {DAEMON_SHUTDOWN_S}s of SIGTERM (see the stacks above)")
     elif bench.daemon is not None and bench.daemon.returncode not in (0, -signal.SIGTERM):
@@ -817,7 +856,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nkept {bench.tmp} (daemon log: {bench.daemon_err})")
     else:
         shutil.rmtree(bench.tmp, ignore_errors=True)
-    return 130 if interrupted else 0
+    return 130 if run.interrupted else 0
 
 
 if __name__ == "__main__":
