@@ -295,7 +295,7 @@ class Setup:
         self.etcd.stop()
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--idle-seconds", type=float, default=60.0, help="each idle CPU window (default 60)")
     p.add_argument(
@@ -316,7 +316,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="write every figure here")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (daemon log, job logs)")
     p.add_argument("--daemon-arg", action="append", default=[], help="extra elasticd flag (repeatable)")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def start_job(setup: Setup) -> str:
+    """Submit the sleeper; its job id once it runs."""
+    res = setup.ctl("submit", "--nproc-per-node", "1", str(SLEEPER))
+    if res.returncode != 0:
+        raise RuntimeError(f"submit failed: {res.stderr}")
+    job = res.stdout.split()[0]
+    deadline = time.monotonic() + 60
+    while (state := setup.job_state(job)) != "RUNNING":
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"job {job} is {state}, not RUNNING, after 60 s:\n{setup.tail()}")
+        time.sleep(0.2)
+    return job
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
 
     import psutil
 
@@ -335,15 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         cpu.append(measure_cpu("idle, no job", daemon, reaper, args.idle_seconds))
         print(cpu[-1], flush=True)
         if not args.no_job:
-            res = setup.ctl("submit", "--nproc-per-node", "1", str(SLEEPER))
-            if res.returncode != 0:
-                raise RuntimeError(f"submit failed: {res.stderr}")
-            job = res.stdout.split()[0]
-            deadline = time.monotonic() + 60
-            while (state := setup.job_state(job)) != "RUNNING":
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"job {job} is {state}, not RUNNING, after 60 s:\n{setup.tail()}")
-                time.sleep(0.2)
+            job = start_job(setup)
             time.sleep(args.settle)
             mem.append(measure_mem("one running job", daemon, reaper))
             cpu.append(measure_cpu("one running job", daemon, reaper, args.idle_seconds))

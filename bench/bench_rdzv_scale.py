@@ -316,12 +316,11 @@ class Node:
         self.client.close()
 
 
-def run_elasticd(endpoint: str, n: int, procs: int, timeout_s: float, watch: str, publish: bool) -> Outcome:
-    prefix = f"/bench/{n}-{time.time_ns()}"
-    job_id = f"scale-{n}"
-    setup = EtcdClient([endpoint], timeout_s=30)
-    assert run_inline(InlineJobStore(setup, Keys(prefix), job_id).create(spec_for(n, job_id)))
-    setup.close()
+def _participants(
+    endpoint: str, prefix: str, job_id: str, n: int, procs: int, timeout_s: float, watch: str, publish: bool
+) -> list[subprocess.Popen[str]]:
+    """The processes that play the ``n`` nodes, ``procs`` of them, each ready (a client, a lease and
+    a watch per node) and waiting for a ``go`` line."""
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     per = -(-n // procs)
     children = []
@@ -340,16 +339,18 @@ def run_elasticd(endpoint: str, n: int, procs: int, timeout_s: float, watch: str
     for c in children:  # every node has its client, lease and watch before the clock starts
         assert c.stdout is not None
         c.stdout.readline()
-    t0 = time.time()
-    for c in children:
-        assert c.stdin is not None
-        c.stdin.write("go\n")
-        c.stdin.flush()
+    return children
+
+
+def _reports(
+    children: list[subprocess.Popen[str]], deadline: float
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every node's report, and the participant processes that failed."""
     reports: list[dict[str, Any]] = []
     errors: list[str] = []
     for c in children:
         try:
-            out, _ = c.communicate(timeout=max(1.0, t0 + timeout_s + 90 - time.time()))
+            out, _ = c.communicate(timeout=max(1.0, deadline - time.time()))
         except subprocess.TimeoutExpired:  # counted as not finished, not a crash of the bench
             c.kill()
             out, _ = c.communicate()
@@ -358,6 +359,38 @@ def run_elasticd(endpoint: str, n: int, procs: int, timeout_s: float, watch: str
             errors.append(f"participant process exited {c.returncode}")
             continue
         reports.extend(json.loads(lines[-1]))
+    return reports, errors
+
+
+def _time_the_round(outcome: Outcome, reports: list[dict[str, Any]], t0: float) -> None:
+    """A round every node finished: how long it took, and its close and result after the last join."""
+    last_join = max(r["joined_at"] for r in reports)
+    closed = max(r["done_at"] for r in reports)
+    outcome.seconds = closed - t0
+    outcome.after_last_join = closed - last_join
+    outcome.last_join = last_join - t0
+    leader = max((r["closed_at"] for r in reports if r["closed_at"] is not None), default=None)
+    outcome.closed = leader - last_join if leader is not None else None
+    told = [r for r in reports if r["result_at"] is not None]
+    if leader is not None and told:
+        outcome.result_event = _median_max([r["result_at"] - leader for r in told])
+        outcome.result_read = _median_max([r["done_at"] - r["result_at"] for r in told])
+        outcome.result_read_cpu = _median_max([r["last_step_cpu_s"] for r in told])
+
+
+def run_elasticd(endpoint: str, n: int, procs: int, timeout_s: float, watch: str, publish: bool) -> Outcome:
+    prefix = f"/bench/{n}-{time.time_ns()}"
+    job_id = f"scale-{n}"
+    setup = EtcdClient([endpoint], timeout_s=30)
+    assert run_inline(InlineJobStore(setup, Keys(prefix), job_id).create(spec_for(n, job_id)))
+    setup.close()
+    children = _participants(endpoint, prefix, job_id, n, procs, timeout_s, watch, publish)
+    t0 = time.time()
+    for c in children:
+        assert c.stdin is not None
+        c.stdin.write("go\n")
+        c.stdin.flush()
+    reports, errors = _reports(children, t0 + timeout_s + 90)
     errors += [r["error"] for r in reports if r["error"]]
     finished = [r for r in reports if r["done_at"] is not None]
     requests = sorted(r["requests"] for r in reports if not r["leader"]) or [0]
@@ -367,18 +400,7 @@ def run_elasticd(endpoint: str, n: int, procs: int, timeout_s: float, watch: str
     outcome.events = sum(r["events"] for r in reports)
     outcome.join_events = sum(r["join_events"] for r in reports)
     if len(finished) == n:
-        last_join = max(r["joined_at"] for r in reports)
-        closed = max(r["done_at"] for r in reports)
-        outcome.seconds = closed - t0
-        outcome.after_last_join = closed - last_join
-        outcome.last_join = last_join - t0
-        leader = max((r["closed_at"] for r in reports if r["closed_at"] is not None), default=None)
-        outcome.closed = leader - last_join if leader is not None else None
-        told = [r for r in reports if r["result_at"] is not None]
-        if leader is not None and told:
-            outcome.result_event = _median_max([r["result_at"] - leader for r in told])
-            outcome.result_read = _median_max([r["done_at"] - r["result_at"] for r in told])
-            outcome.result_read_cpu = _median_max([r["last_step_cpu_s"] for r in told])
+        _time_the_round(outcome, reports, t0)
     outcome.note = f"{len(errors)} errors, first: {errors[0]}" if errors else f"+1 watch stream per {watch}"
     outcome.note += "" if publish else ", no status publish"
     return outcome
@@ -393,6 +415,20 @@ def _cpu_s(pid: int | None) -> float:
         return 0.0
     times = psutil.Process(pid).cpu_times()
     return float(times.user + times.system)
+
+
+def _race(participant: Callable[[int], None], n: int, start: threading.Event, timeout_s: float) -> float:
+    """Run ``participant(i)`` for each of ``n`` threads, released by ``start`` once every client
+    had time to connect; when the clock started (monotonic). Waits for them up to ``timeout_s``."""
+    threads = [threading.Thread(target=participant, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)  # let every client connect before the clock starts
+    t0 = time.monotonic()
+    start.set()
+    for t in threads:
+        t.join(max(0.0, t0 + timeout_s - time.monotonic()))
+    return t0
 
 
 def run_torch(n: int, timeout_s: float) -> Outcome:
@@ -441,14 +477,7 @@ def run_torch(n: int, timeout_s: float) -> Outcome:
         except Exception as exc:  # a timeout, a store error: the side did not finish
             errors.append(f"{type(exc).__name__}: {exc}"[:200])
 
-    threads = [threading.Thread(target=participant, args=(i,), daemon=True) for i in range(n)]
-    for t in threads:
-        t.start()
-    time.sleep(0.5)  # let every client connect before the clock starts
-    t0 = time.monotonic()
-    start.set()
-    for t in threads:
-        t.join(max(0.0, t0 + timeout_s - time.monotonic()))
+    t0 = _race(participant, n, start, timeout_s)
     finished = [d for d in done_at if d is not None]
     seconds = max(finished) - t0 if len(finished) == n else None
     note = errors[0] if errors else ("timed out" if seconds is None else "")
