@@ -126,7 +126,7 @@ class JobAgent:
         """Our lease is gone: stop multi-node workers before anything else, rejoin as a newcomer.
         (A round whose only member is this node runs on: ``step`` re-asserts it under the new lease.)"""
         if self.rec.fenceable:
-            self.rec = replace(self.rec, fenced=True)
+            self.rec = replace(self.rec, part=self.rec.part.fence())
             self.wake()
 
     def leave(

@@ -80,7 +80,7 @@ class _Step(StepBase):
             if self.rec.state is AgentState.DONE:
                 self._set(state=AgentState.STOPPING)
             return
-        self._set(state=AgentState.STOPPING, solo=False)
+        self._set(state=AgentState.STOPPING, part=self.rec.part.stopped())
         self._do(StopWorkers(grace_s))
         self.group = None
 
@@ -104,12 +104,12 @@ class _Step(StepBase):
             return
         if rec.fenced:
             if self.group is not None:
-                self._set(fenced_round=rec.round)
+                self._set(part=self.rec.part.fenced_at(rec.round))
             self._stop(0.0)
             if not local.lease_valid:
                 self._do(Wait())
                 return
-            self._set(fenced=False)
+            self._set(part=self.rec.part.unfence())
         rec = self.rec
         if (
             rec.state is AgentState.JOINING
@@ -175,7 +175,9 @@ class _Step(StepBase):
             if self.group is not None or self.rec.state is AgentState.DONE:
                 self._stop(self.rec.grace(snap))
             solo = result.nodes == (self.rec.node,)
-            self._set(round=snap.current, failure=None, state=AgentState.RUNNING, solo=solo)
+            self._set(
+                round=snap.current, failure=None, state=AgentState.RUNNING, part=self.rec.part.started(solo)
+            )
             self._do(StartWorkers(result, me, snap.restarts), Publish())
             self._note(None)
             self.group = Group(GroupOutcome.RUNNING)
@@ -243,7 +245,7 @@ class _Step(StepBase):
         names = tuple(j.node for j in joins)
         if names != rec.seen_joins:
             self._set(seen_joins=names, last_join_at=self.now)
-        self._set(leading=rdzv.leader(joins) == rec.node)
+        self._set(part=self.rec.part.lead(rdzv.leader(joins) == rec.node))
         if not self.rec.leading:
             self._do(Wait())
             return
@@ -297,7 +299,7 @@ class _Step(StepBase):
                     # Killed by the reaper's fence, not a failure of theirs. (Also for a round we
                     # are the only member of: whether the reaper fences its workers is the
                     # launcher's choice, and a failure seen exactly then costs a restart either way.)
-                    self._set(fenced=True)
+                    self._set(part=self.rec.part.fence())
                     return
                 if rec.failure is None:
                     self._set(failure=group.failure)
