@@ -292,31 +292,8 @@ class _Step(StepBase):
         repeat, so a pass cut short by an unreachable store is simply done again."""
         rec = self.rec
         done = snap.done.get(snap.current, set())
-        group = self.group
-        if group is not None and rec.state is not AgentState.STOPPING:
-            if group.outcome is GroupOutcome.FAILED:
-                if rec.multi_node and not self.local.lease_valid:
-                    # Killed by the reaper's fence, not a failure of theirs. (Also for a round we
-                    # are the only member of: whether the reaper fences its workers is the
-                    # launcher's choice, and a failure seen exactly then costs a restart either way.)
-                    self._set(part=self.rec.part.fence())
-                    return
-                if rec.failure is None:
-                    self._set(failure=group.failure)
-                    self._do(Publish())
-                if group.disk_full is not None:  # the likely cause, and a restart cannot help
-                    self._set(ending=group.disk_full)
-                    self._do(Finalize(JobState.FAILED, group.disk_full.reason, group.disk_full.message))
-                    return
-                failure = self.rec.failure
-                summary = failure.summary() if failure is not None else "a worker failed"
-                self._event(snap, alive, RoundReason.WORKER_FAILED, summary, failure)
-                return
-            if group.outcome is GroupOutcome.SUCCEEDED:
-                self._set(state=AgentState.DONE)
-                if rec.node not in done:
-                    self._do(MarkDone(snap.current), Publish())
-                    return
+        if self._on_exits(snap, alive, done):
+            return
         if set(result.nodes) <= done:
             self._do(Finalize(JobState.SUCCEEDED, EndReason.SUCCEEDED, ""))
             return
@@ -340,6 +317,36 @@ class _Step(StepBase):
             self._event(snap, alive, RoundReason.SCALE_UP, detail, extra=tuple(newcomers))
             return
         self._do(Wait(on_exits=True))
+
+    def _on_exits(self, snap: JobSnapshot, alive: frozenset[str], done: set[str]) -> bool:
+        """Act on how our workers ended, if they did; True when that is this step's last word."""
+        rec, group = self.rec, self.group
+        if group is None or rec.state is AgentState.STOPPING:
+            return False
+        if group.outcome is GroupOutcome.FAILED:
+            if rec.multi_node and not self.local.lease_valid:
+                # Killed by the reaper's fence, not a failure of theirs. (Also for a round we
+                # are the only member of: whether the reaper fences its workers is the
+                # launcher's choice, and a failure seen exactly then costs a restart either way.)
+                self._set(part=self.rec.part.fence())
+                return True
+            if rec.failure is None:
+                self._set(failure=group.failure)
+                self._do(Publish())
+            if group.disk_full is not None:  # the likely cause, and a restart cannot help
+                self._set(ending=group.disk_full)
+                self._do(Finalize(JobState.FAILED, group.disk_full.reason, group.disk_full.message))
+                return True
+            failure = self.rec.failure
+            summary = failure.summary() if failure is not None else "a worker failed"
+            self._event(snap, alive, RoundReason.WORKER_FAILED, summary, failure)
+            return True
+        if group.outcome is GroupOutcome.SUCCEEDED:
+            self._set(state=AgentState.DONE)
+            if rec.node not in done:
+                self._do(MarkDone(snap.current), Publish())
+                return True
+        return False
 
     def _event(
         self,
