@@ -1,7 +1,8 @@
 """The executor's own decisions, pure: which writes need our lease (and what happens to one made
-while we hold none), what this node shows of itself, when its progress is due, and what it
-writes to the store when it leaves. ``elasticd.agent.executor`` gathers the facts, asks here, and
-does only the I/O; ``elasticd.agent.step`` decides everything else.
+while we hold none), what this node shows of itself, when its progress is due, what it writes
+to the store when it leaves, and the event a compare-and-swap records once it took.
+``elasticd.agent.executor`` gathers the facts, asks here, and does only the I/O;
+``elasticd.agent.step`` decides everything else.
 """
 
 from __future__ import annotations
@@ -35,8 +36,16 @@ from elasticd.agent.actions import (
     Withdraw,
 )
 from elasticd.agent.record import AgentRecord, AgentState
+from elasticd.decode import DecodeError, decode
+from elasticd.happenings.records import (
+    JobFailed,
+    JobSucceeded,
+    RootCauseAmended,
+    RoundBumped,
+    RoundComplete,
+)
 from elasticd.jobs.decider import GroupOutcome
-from elasticd.terms.state import JobState
+from elasticd.terms.state import FailureKind, JobState, WorkerFailure
 
 PROGRESS_PUBLISH_S = 5.0  # running workers' progress reaches etcd at most this often, when it changed
 
@@ -152,3 +161,40 @@ def sleep_s(now: float, until: float | None, sent: ProgressSent, running: bool, 
     if running:
         timeout = min(timeout, max(0.0, sent.at + PROGRESS_PUBLISH_S - now) + 0.01)
     return timeout
+
+
+def took(
+    action: CloseRound | Bump | Amend | Finalize, job: str, node: str, round_no: int
+) -> RoundComplete | RoundBumped | RootCauseAmended | JobSucceeded | JobFailed:
+    """The event a compare-and-swap records once it took (``round_no``: the round the agent runs)."""
+    match action:
+        case CloseRound(result, why, opened):
+            return RoundComplete(
+                job=job,
+                round=result.round,
+                world_size=result.world_size,
+                members=tuple(result.nodes),
+                why=why,
+                reason=opened.reason if opened else None,
+                rendezvous_s=round(result.closed_at - opened.opened_at, 3) if opened else None,
+            )
+        case Bump(seen, info, spend):
+            restarts = seen.restarts + int(spend)
+            return RoundBumped(job, info.round, info.reason, spend, restarts, info.detail)
+        case Amend(_, record):
+            return RootCauseAmended(job, node, type(record).__name__)
+        case Finalize(state, code, reason, failure):
+            ended = JobSucceeded if state is JobState.SUCCEEDED else JobFailed
+            cause, summary = _root_cause(failure)
+            return ended(job, code, reason, round=round_no, cause=cause, root_cause=summary)
+
+
+def _root_cause(failure: dict[str, Any] | None) -> tuple[FailureKind, str] | tuple[None, None]:
+    """A final failure's cause and summary, for the record of the job's end."""
+    if failure is None:
+        return None, None
+    try:
+        found = decode(WorkerFailure, failure)
+    except DecodeError:
+        return None, None
+    return found.kind, found.summary()

@@ -23,28 +23,22 @@ from elasticd.agent.joinwatch import JoinWatch
 from elasticd.agent.record import AgentRecord, AgentState, Leave, Local, Observed, View
 from elasticd.agent.seams import Clock, Launcher, Lease, SystemClock, Workers
 from elasticd.agent.step import step
-from elasticd.decode import DecodeError, decode
 from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keys import Change
 from elasticd.happenings.bus import publish
 from elasticd.happenings.records import (
-    JobFailed,
     JobSetupFailed,
-    JobSucceeded,
-    RootCauseAmended,
-    RoundBumped,
-    RoundComplete,
     WorkerFailed,
 )
 from elasticd.jobs.launch import NodeRuntime, master_port
 from elasticd.jobs.launcher import ProcessLauncher
 from elasticd.node import liveness
 from elasticd.node.peers import PeerWatch
-from elasticd.rendezvous.model import Join, RoundInfo, RoundResult
+from elasticd.rendezvous.model import Join
 from elasticd.rendezvous.reach import PROBE_TIMEOUT_S, Reach, Target
 from elasticd.rendezvous.store import JobStore
 from elasticd.terms.spec import JobSpec
-from elasticd.terms.state import FailureKind, JobState, RoundReason, SetupFailure, WorkerFailure
+from elasticd.terms.state import RoundReason, SetupFailure
 
 _log = log.get("elasticd.agent")
 
@@ -55,29 +49,6 @@ _log = log.get("elasticd.agent")
 # bounds how long a wake-up lost to a silently stalled watch could go unseen.
 POLL_S = 5.0
 LEADER_BATCH_S = 0.05
-
-
-def _round_complete(job: str, result: RoundResult, why: str, opened: RoundInfo | None) -> RoundComplete:
-    return RoundComplete(
-        job=job,
-        round=result.round,
-        world_size=result.world_size,
-        members=tuple(result.nodes),
-        why=why,
-        reason=opened.reason if opened else None,
-        rendezvous_s=round(result.closed_at - opened.opened_at, 3) if opened else None,
-    )
-
-
-def _root_cause(failure: dict[str, Any] | None) -> tuple[FailureKind, str] | tuple[None, None]:
-    """A final failure's cause and summary, for the record of the job's end."""
-    if failure is None:
-        return None, None
-    try:
-        found = decode(WorkerFailure, failure)
-    except DecodeError:
-        return None, None
-    return found.kind, found.summary()
 
 
 class _Exited(Exception):
@@ -320,26 +291,21 @@ class JobAgent:
                 await store.mark_left(round_no, node)
 
     async def _record(self, action: act.CloseRound | act.Bump | act.Amend | act.Finalize) -> None:
-        """A compare-and-swap on the round's or the job's record, and its event when it took."""
-        store, node = self._store, self.node
+        """A compare-and-swap on the round's or the job's record; when it took, its event."""
+        store = self._store
         match action:
-            case act.CloseRound(result, why, opened):
-                if await store.close(result):
-                    publish(_round_complete(self.spec.id, result, why, opened))
-                    await store.forget_rounds_before(result.round)
+            case act.CloseRound(result):
+                took = await store.close(result)
             case act.Bump(seen, info, spend):
-                if await store.bump(seen, info, spend):
-                    restarts = seen.restarts + int(spend)
-                    publish(RoundBumped(self.spec.id, info.round, info.reason, spend, restarts, info.detail))
+                took = await store.bump(seen, info, spend)
             case act.Amend(seen_mod, record):
-                if await store.amend(seen_mod, record):
-                    publish(RootCauseAmended(self.spec.id, node, type(record).__name__))
+                took = await store.amend(seen_mod, record)
             case act.Finalize(state, code, reason, failure):
-                if await store.finalize(state, code, reason, failure):
-                    ended = JobSucceeded if state is JobState.SUCCEEDED else JobFailed
-                    cause, summary = _root_cause(failure)
-                    at = self.rec.round
-                    publish(ended(self.spec.id, code, reason, round=at, cause=cause, root_cause=summary))
+                took = await store.finalize(state, code, reason, failure)
+        if took:
+            publish(conduct.took(action, self.spec.id, self.node, self.rec.round))
+            if isinstance(action, act.CloseRound):
+                await store.forget_rounds_before(action.result.round)
 
     async def _probe(self, round_no: int, targets: tuple[Target, ...]) -> None:
         reached, unreached = await liveness.probe(targets, PROBE_TIMEOUT_S)

@@ -1,5 +1,5 @@
 """elasticd.agent.conduct: the executor's own rules, pure (the lease gate, the state a node shows,
-progress pacing, how long a wait sleeps, the writes on leaving)."""
+progress pacing, how long a wait sleeps, the writes on leaving, the events of writes that took)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,13 @@ from elasticd.agent import actions as act
 from elasticd.agent import conduct
 from elasticd.agent.conduct import PROGRESS_PUBLISH_S, Dropped, Leased, ProgressSent
 from elasticd.agent.record import AgentState
+from elasticd.happenings.records import JobFailed, JobSucceeded, RootCauseAmended, RoundBumped, RoundComplete
 from elasticd.jobs.decider import GroupOutcome
 from elasticd.rendezvous.model import Join as JoinRecord
-from elasticd.terms.state import EndReason, JobState
-from tests.agent_steps import LEASE, NOW, record
+from elasticd.rendezvous.model import RoundInfo
+from elasticd.rendezvous.snapshot import Seen
+from elasticd.terms.state import EndReason, JobState, RoundReason
+from tests.agent_steps import JOB, LEASE, NOW, failure, record, result
 
 POLL_S = 5.0
 LEASED = [
@@ -131,3 +134,29 @@ def test_progress_is_checked_at_most_once_a_period(
 ) -> None:
     due = conduct.progress_due(ProgressSent(at=at), running, LEASE if leased else None, at + later)
     assert due == (running and leased and later >= PROGRESS_PUBLISH_S)
+
+
+def test_the_event_a_write_records_once_it_took() -> None:
+    res = result(2, ("n1", "n2"), closed_at=NOW)
+    opened = RoundInfo(2, RoundReason.WORKER_FAILED, NOW - 1.5, (), "")
+    assert conduct.took(act.CloseRound(res, "full", opened), JOB, "n1", 1) == RoundComplete(
+        JOB, 2, res.world_size, ("n1", "n2"), "full", RoundReason.WORKER_FAILED, 1.5
+    )
+    closed = conduct.took(act.CloseRound(res, "full"), JOB, "n1", 1)
+    assert isinstance(closed, RoundComplete) and (closed.reason, closed.rendezvous_s) == (None, None)
+    info = RoundInfo(3, RoundReason.SCALE_UP, NOW, (), "n4 waiting")
+    bumped = conduct.took(act.Bump(Seen(1, 1, 2), info, True), JOB, "n1", 2)
+    assert bumped == RoundBumped(JOB, 3, RoundReason.SCALE_UP, True, 3, "n4 waiting")
+    assert conduct.took(act.Amend(7, info), JOB, "n1", 2) == RootCauseAmended(JOB, "n1", "RoundInfo")
+
+
+def test_the_end_of_a_job_names_its_root_cause_when_one_decodes() -> None:
+    why = failure()
+    end = act.Finalize(JobState.FAILED, EndReason.WORKER_FAILED, "out of restarts", why.to_json())
+    assert conduct.took(end, JOB, "n1", 4) == JobFailed(
+        JOB, EndReason.WORKER_FAILED, "out of restarts", 4, why.kind, why.summary()
+    )
+    bad = act.Finalize(JobState.FAILED, EndReason.WORKER_FAILED, "x", {"rank": "not a number"})
+    assert conduct.took(bad, JOB, "n1", 4) == JobFailed(JOB, EndReason.WORKER_FAILED, "x", 4)
+    ok = act.Finalize(JobState.SUCCEEDED, EndReason.SUCCEEDED, "")
+    assert conduct.took(ok, JOB, "n1", 4) == JobSucceeded(JOB, EndReason.SUCCEEDED, "", 4)
