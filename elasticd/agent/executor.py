@@ -371,7 +371,6 @@ class JobAgent:
             self._progress = replace(self._progress, progress=tuple(view["progress"]))
 
     async def _publish_quietly(self) -> None:
-        lease = self._lease.lease_id
-        if lease is not None:
-            with contextlib.suppress(EtcdUnavailable):
-                await self._store.put_node_status(self.node, self.local_view(), lease)
+        """``Publish`` around stopping workers, whether or not the store can be reached."""
+        with contextlib.suppress(EtcdUnavailable):
+            await self._execute(act.Publish())
