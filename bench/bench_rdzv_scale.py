@@ -269,7 +269,7 @@ class Node:
         names = tuple(j.node for j in joins)
         if names != state["seen"]:
             state["seen"], state["last_join_at"] = names, time.time()
-        self.rec = replace(self.rec, leading=rdzv.leader(joins) == self.me)
+        self.rec = replace(self.rec, part=self.rec.part.lead(rdzv.leader(joins) == self.me))
         self.follow_joins(self.leading)
         if self.leading and snap.round is not None:
             decision = rdzv.decide_close(

@@ -264,7 +264,7 @@ class Sim:
         if node.agent is not None:
             self.spending += 1
             if node.agent.rec.fenceable:  # JobAgent.fence
-                node.agent.rec = replace(node.agent.rec, fenced=True)
+                node.agent.rec = replace(node.agent.rec, part=node.agent.rec.part.fence())
                 node.wake()
 
     def _register(self, node: Node) -> None:

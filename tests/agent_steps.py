@@ -27,7 +27,7 @@ from elasticd.agent.actions import (
     WatchPeers,
     Withdraw,
 )
-from elasticd.agent.record import AgentRecord, AgentState, Local, Observed
+from elasticd.agent.record import AgentRecord, AgentState, Local, Observed, Part
 from elasticd.agent.step import step
 from elasticd.jobs.decider import Group, GroupOutcome
 from elasticd.rendezvous import decider as rdzv
@@ -142,7 +142,9 @@ def snapshot(
 def record(
     state: AgentState = AgentState.RUNNING, round_no: int = 1, *, job: JobSpec = SPEC, **fields: Any
 ) -> AgentRecord:
-    return AgentRecord(job, ME, state=state, round=round_no, **fields)
+    """A record; the ``Part`` flags (leading, solo, fenced, fenced_round) may be given as fields."""
+    part = Part(**{k: fields.pop(k) for k in ("leading", "solo", "fenced", "fenced_round") if k in fields})
+    return AgentRecord(job, ME, state=state, round=round_no, part=part, **fields)
 
 
 def joining(round_no: int, *, leading: bool = False, ran: int = -1, **fields: Any) -> AgentRecord:

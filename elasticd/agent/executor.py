@@ -1,7 +1,9 @@
 """The agent's executor: it asks ``step`` what to do and carries the actions out.
 
 One ``JobAgent`` per job this node takes part in, on the daemon's event loop. All decisions are
-in ``elasticd.agent.step``; this module only reads, writes, starts and stops, logs, and sleeps.
+in ``elasticd.agent.step`` and, for the executor's own rules (the lease gate, the state shown,
+progress pacing, the writes on leaving), ``elasticd.agent.conduct``; this module only reads,
+writes, starts and stops, logs, and sleeps.
 After an action fails (the store is unreachable, workers cannot be set up), the rest of the list
 is dropped and the failure is the next step's input.
 """
@@ -12,59 +14,41 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, assert_never
 
 from elasticd import log
 from elasticd.agent import actions as act
+from elasticd.agent import conduct
 from elasticd.agent.joinwatch import JoinWatch
 from elasticd.agent.record import AgentRecord, AgentState, Leave, Local, Observed, View
 from elasticd.agent.seams import Clock, Launcher, Lease, SystemClock, Workers
 from elasticd.agent.step import step
-from elasticd.decode import DecodeError, decode
 from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keys import Change
 from elasticd.happenings.bus import publish
 from elasticd.happenings.records import (
-    JobFailed,
     JobSetupFailed,
-    JobSucceeded,
-    RootCauseAmended,
-    RoundBumped,
-    RoundComplete,
     WorkerFailed,
 )
-from elasticd.jobs.decider import GroupOutcome
 from elasticd.jobs.launch import NodeRuntime, master_port
 from elasticd.jobs.launcher import ProcessLauncher
 from elasticd.node import liveness
 from elasticd.node.peers import PeerWatch
 from elasticd.rendezvous.model import Join
-from elasticd.rendezvous.reach import PROBE_TIMEOUT_S, Reach
+from elasticd.rendezvous.reach import PROBE_TIMEOUT_S, Reach, Target
 from elasticd.rendezvous.store import JobStore
 from elasticd.terms.spec import JobSpec
-from elasticd.terms.state import FailureKind, JobState, RoundReason, SetupFailure, WorkerFailure
+from elasticd.terms.state import RoundReason, SetupFailure
 
 _log = log.get("elasticd.agent")
 
 # Safety net under the watch. Everything the agent acts on wakes it at once: the job's keys and
 # the nodes' (the manager's watch; a round's joins: its leader's ``JoinWatch``), its workers' exits
 # and hangs (futures), a fence or a leave (``wake``), a peer's death (``PeerWatch``), a decision's
-# deadline (``Wait.until``); progress is published when due (below). This only bounds how long a
-# wake-up lost to a silently stalled watch could go unseen.
+# deadline (``Wait.until``); progress is published when due (``conduct.progress_due``). This only
+# bounds how long a wake-up lost to a silently stalled watch could go unseen.
 POLL_S = 5.0
-PROGRESS_PUBLISH_S = 5.0  # running workers' progress reaches etcd at most this often, when it changed
 LEADER_BATCH_S = 0.05
-
-
-def _root_cause(failure: dict[str, Any] | None) -> tuple[FailureKind, str] | tuple[None, None]:
-    """A final failure's cause and summary, for the record of the job's end."""
-    if failure is None:
-        return None, None
-    try:
-        found = decode(WorkerFailure, failure)
-    except DecodeError:
-        return None, None
-    return found.kind, found.summary()
 
 
 class _Exited(Exception):
@@ -100,8 +84,7 @@ class JobAgent:
         self._joins = JoinWatch(store, self.wake)
         self._wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
-        self._progress_at = 0.0  # when progress was last published (our clock)
-        self._progress_sent: list[dict[str, Any]] = []
+        self._progress = conduct.ProgressSent()  # when progress was last due, and what was sent
         self._reach: Reach | None = None  # what the last probe found (an input to ``step``)
 
     @property
@@ -126,7 +109,7 @@ class JobAgent:
         """Our lease is gone: stop multi-node workers before anything else, rejoin as a newcomer.
         (A round whose only member is this node runs on: ``step`` re-asserts it under the new lease.)"""
         if self.rec.fenceable:
-            self.rec = replace(self.rec, fenced=True)
+            self.rec = replace(self.rec, part=self.rec.part.fence())
             self.wake()
 
     def leave(
@@ -144,15 +127,15 @@ class JobAgent:
     def local_view(self) -> dict[str, Any]:
         """This node's part as it knows it, even when the store cannot be asked."""
         rec, workers = self.rec, self.workers
-        state = rec.state.value
-        if workers is not None and rec.state is AgentState.RUNNING and not workers.pids():
-            outcome = workers.observe(describe=False).outcome
-            state = AgentState.DONE.value if outcome is GroupOutcome.SUCCEEDED else JobState.FAILED.value
+        pids = workers.pids() if workers is not None else []
+        exited = None
+        if workers is not None and conduct.shows_exit(rec.state, True, len(pids)):
+            exited = workers.observe(describe=False).outcome
         return {
-            "state": state,
+            "state": conduct.shown_state(rec.state, exited),
             "round": rec.round,
             "devices": self._rt.inventory.visible_devices(self.slots),
-            "pids": workers.pids() if workers is not None else [],
+            "pids": pids,
             "failure": rec.failure.to_json() if rec.failure else None,
             "updated_at": self._clock.time(),
             "progress": [p.to_json() for p in workers.progress()] if workers is not None else [],
@@ -175,11 +158,8 @@ class JobAgent:
             await self._launcher.close()
             self._transition(self.rec, replace(self.rec, state=AgentState.LEFT))
             with contextlib.suppress(EtcdUnavailable):
-                await self._store.clear_waiting(self.node)
-                if self.rec.note is not None and self._lease.lease_id is not None:
-                    await self._store.note_pending(self.node, None, self._lease.lease_id)
-                if self.rec.joined_round >= 0:
-                    await self._store.withdraw(self.rec.joined_round, self.node)
+                for action in conduct.farewell(self.rec):
+                    await self._execute(action)
             self._on_change(self)
 
     async def _run(self) -> None:
@@ -227,114 +207,118 @@ class JobAgent:
             _log.info("agent.etcd_back", job=job, after_s=round(self._clock.time() - old.etcd_down_since, 1))
 
     async def _execute(self, action: act.Action) -> View | None:
-        store, node, lease = self._store, self.node, self._lease.lease_id
-        match action:
-            case act.ReadGlance(round_no):
-                return await store.glance(round_no, node)
-            case act.ReadSnapshot(counted):
-                snap = await store.snapshot(counted, statuses=False)  # no decider reads them
-                if snap.invalid and snap.final is None and self._on_invalid is not None:
-                    self._on_invalid()  # the janitor ends the job: now, not at its next poll
-                return Observed(snap, await self._lease.alive())
+        """Carry ``action`` out: the one place where step's actions meet the store, the workers
+        and the clock (the lease gate decides first which writes can be made: ``conduct.gate``)."""
+        carried = conduct.gate(action, self._lease.lease_id)
+        match carried:
+            case conduct.Dropped(dropped, why):
+                _log.info("agent.dropped", job=self.spec.id, action=type(dropped).__name__, why=why)
+            case conduct.Leased(leased, lease):
+                await self._leased(leased, lease)
+            case act.ReadGlance() | act.ReadSnapshot() as read:
+                return await self._read(read)
             case act.Wait(until, on_exits, batch):
-                await self._publish_progress()
-                if batch:
-                    await asyncio.sleep(LEADER_BATCH_S)  # joins arriving together are then read together
-                await self._sleep(until, on_exits)
+                await self._wait(until, on_exits, batch)
             case act.Exit(why, event):
-                _log.info(event, job=self.spec.id, node=node, round=self.rec.round, why=why)
+                _log.info(event, job=self.spec.id, node=self.node, round=self.rec.round, why=why)
                 raise _Exited
             case act.StopWorkers(grace_s):
                 await self._stop_workers(grace_s)
-            case act.StartWorkers():
-                await self._start_workers(action)
+            case act.StartWorkers() as start:
+                await self._start_workers(start)
+            case act.Probe(round_no, targets):
+                await self._probe(round_no, targets)
+            case act.WatchPeers() | act.WatchJoins() as watch:
+                await self._follow(watch)
+            case act.Withdraw() | act.ClearWaiting() | act.MarkDone() | act.MarkLeft() as mark:
+                await self._mark(mark)
+            case act.CloseRound() | act.Bump() | act.Amend() | act.Finalize() as record:
+                await self._record(record)
+            case _:
+                assert_never(carried)
+        return None
+
+    async def _read(self, action: act.ReadGlance | act.ReadSnapshot) -> View:
+        if isinstance(action, act.ReadGlance):
+            return await self._store.glance(action.round, self.node)
+        snap = await self._store.snapshot(action.counted, statuses=False)  # no decider reads them
+        if snap.invalid and snap.final is None and self._on_invalid is not None:
+            self._on_invalid()  # the janitor ends the job: now, not at its next poll
+        return Observed(snap, await self._lease.alive())
+
+    async def _follow(self, action: act.WatchPeers | act.WatchJoins) -> None:
+        if isinstance(action, act.WatchPeers):
+            self._peers.follow(action.round, action.peers)
+        else:
+            await self._joins.follow(action.round)
+
+    async def _wait(self, until: float | None, on_exits: bool, batch: bool) -> None:
+        await self._publish_progress()
+        if batch:
+            await asyncio.sleep(LEADER_BATCH_S)  # joins arriving together are then read together
+        await self._sleep(until, on_exits)
+
+    async def _leased(self, action: conduct.LeasedAction, lease: int) -> None:
+        """A write under our lease (``conduct.gate`` found one)."""
+        store, node = self._store, self.node
+        match action:
             case act.Publish():
-                if lease is not None:
-                    await store.put_node_status(node, self.local_view(), lease)
+                await store.put_node_status(node, self.local_view(), lease)
             case act.Join(round_no):
-                if lease is not None:
-                    rt = self._rt
-                    join = Join(
-                        node,
-                        rt.address,
-                        master_port(rt),
-                        self.spec.nproc_per_node,
-                        liveness_port=rt.liveness_port,
-                    )
-                    await store.join(round_no, join, lease)
+                rt = self._rt
+                port = master_port(rt)
+                join = Join(node, rt.address, port, self.spec.nproc_per_node, liveness_port=rt.liveness_port)
+                await store.join(round_no, join, lease)
             case act.Reassert(round_no, join):
-                if lease is not None:
-                    await store.join(round_no, join, lease)
-                    _log.info("agent.reasserted", job=self.spec.id, node=node, round=round_no, lease=lease)
+                await store.join(round_no, join, lease)
+                _log.info("agent.reasserted", job=self.spec.id, node=node, round=round_no, lease=lease)
+            case act.SetWaiting():
+                await store.set_waiting(node, lease)
+            case act.NotePending(note):
+                await store.note_pending(node, note, lease)
+
+    async def _mark(self, action: act.Withdraw | act.ClearWaiting | act.MarkDone | act.MarkLeft) -> None:
+        """Our marks in the job's records (no lease: they outlive it, or remove what it held)."""
+        store, node = self._store, self.node
+        match action:
             case act.Withdraw(round_no):
                 await store.withdraw(round_no, node)
-            case act.SetWaiting():
-                if lease is not None:
-                    await store.set_waiting(node, lease)
             case act.ClearWaiting():
                 await store.clear_waiting(node)
-            case act.Probe(round_no, targets):
-                reached, unreached = await liveness.probe(targets, PROBE_TIMEOUT_S)
-                before = self._reach.unreached if self._reach is not None else frozenset()
-                self._reach = Reach(round_no, reached, unreached, self._clock.time())
-                if unreached != before:  # once per change: a cut node probes every few seconds
-                    say = _log.warning if unreached else _log.info
-                    say("peer.reach", job=self.spec.id, round=round_no, unreached=sorted(unreached))
-            case act.NotePending(note):
-                if lease is not None:
-                    await store.note_pending(node, note, lease)
-            case act.CloseRound(result, why, opened):
-                if await store.close(result):
-                    publish(
-                        RoundComplete(
-                            job=self.spec.id,
-                            round=result.round,
-                            world_size=result.world_size,
-                            members=tuple(result.nodes),
-                            why=why,
-                            reason=opened.reason if opened else None,
-                            rendezvous_s=round(result.closed_at - opened.opened_at, 3) if opened else None,
-                        )
-                    )
-                    await store.forget_rounds_before(result.round)
-            case act.Bump(seen, info, spend):
-                if await store.bump(seen, info, spend):
-                    publish(
-                        RoundBumped(
-                            job=self.spec.id,
-                            round=info.round,
-                            reason=info.reason,
-                            spend=spend,
-                            restarts=seen.restarts + int(spend),
-                            detail=info.detail,
-                        )
-                    )
-            case act.Amend(seen_mod, record):
-                if await store.amend(seen_mod, record):
-                    publish(RootCauseAmended(self.spec.id, node, type(record).__name__))
-            case act.Finalize(state, code, reason, failure):
-                if await store.finalize(state, code, reason, failure):
-                    ended = JobSucceeded if state is JobState.SUCCEEDED else JobFailed
-                    cause, summary = _root_cause(failure)
-                    at = self.rec.round
-                    publish(ended(self.spec.id, code, reason, round=at, cause=cause, root_cause=summary))
             case act.MarkDone(round_no):
                 await store.mark_done(round_no, node)
             case act.MarkLeft(round_no):
                 await store.mark_left(round_no, node)
-            case act.WatchPeers(round_no, peers):
-                self._peers.follow(round_no, peers)
-            case act.WatchJoins(round_no):
-                await self._joins.follow(round_no)
-        return None
+
+    async def _record(self, action: act.CloseRound | act.Bump | act.Amend | act.Finalize) -> None:
+        """A compare-and-swap on the round's or the job's record; when it took, its event."""
+        store = self._store
+        match action:
+            case act.CloseRound(result):
+                took = await store.close(result)
+            case act.Bump(seen, info, spend):
+                took = await store.bump(seen, info, spend)
+            case act.Amend(seen_mod, record):
+                took = await store.amend(seen_mod, record)
+            case act.Finalize(state, code, reason, failure):
+                took = await store.finalize(state, code, reason, failure)
+        if took:
+            publish(conduct.took(action, self.spec.id, self.node, self.rec.round))
+            if isinstance(action, act.CloseRound):
+                await store.forget_rounds_before(action.result.round)
+
+    async def _probe(self, round_no: int, targets: tuple[Target, ...]) -> None:
+        reached, unreached = await liveness.probe(targets, PROBE_TIMEOUT_S)
+        before = self._reach.unreached if self._reach is not None else frozenset()
+        self._reach = Reach(round_no, reached, unreached, self._clock.time())
+        if unreached != before:  # once per change: a cut node probes every few seconds
+            say = _log.warning if unreached else _log.info
+            say("peer.reach", job=self.spec.id, round=round_no, unreached=sorted(unreached))
 
     async def _sleep(self, until: float | None, on_exits: bool) -> None:
         """Wait for a wake-up, a worker exit (``on_exits``), or ``until`` (wall clock), at most POLL_S,
         and while workers run, at most until their progress is next due to be published."""
-        now = self._clock.time()
-        timeout = POLL_S if until is None else max(0.0, min(POLL_S, until - now))
-        if self.workers is not None and self.rec.state is AgentState.RUNNING:
-            timeout = min(timeout, max(0.0, self._progress_at + PROGRESS_PUBLISH_S - now) + 0.01)
+        timeout = conduct.sleep_s(self._clock.time(), until, self._progress, self._running(), POLL_S)
         waiter: asyncio.Future[Any] = asyncio.ensure_future(self._wake.wait())
         futures: set[asyncio.Future[Any]] = {waiter}
         if on_exits and self.workers is not None:
@@ -370,26 +354,23 @@ class JobAgent:
         _log.info("attempt.stopped", job=self.spec.id, round=self.rec.round)
         await self._publish_quietly()
 
+    def _running(self) -> bool:
+        return self.workers is not None and self.rec.state is AgentState.RUNNING
+
     async def _publish_progress(self) -> None:
-        """While our workers run, publish their progress: every ``PROGRESS_PUBLISH_S``, when it
-        changed, so a stepping job costs etcd one small put per node that often (and a change is
-        published at most that long after it happened)."""
-        workers, lease = self.workers, self._lease.lease_id
-        if workers is None or lease is None or self.rec.state is not AgentState.RUNNING:
+        """While our workers run, publish their progress when due and changed (``conduct``)."""
+        lease, now = self._lease.lease_id, self._clock.time()
+        if lease is None or not conduct.progress_due(self._progress, self._running(), lease, now):
             return
-        now = self._clock.time()
-        if now - self._progress_at < PROGRESS_PUBLISH_S:
-            return
-        self._progress_at = now  # checked: the next check is due PROGRESS_PUBLISH_S from now
+        self._progress = replace(self._progress, at=now)  # the next check is due from now
         view = self.local_view()
-        if view["progress"] == self._progress_sent:
+        if not conduct.progress_changed(self._progress, view["progress"]):
             return
         with contextlib.suppress(EtcdUnavailable):
             await self._store.put_node_status(self.node, view, lease)
-            self._progress_sent = view["progress"]
+            self._progress = replace(self._progress, progress=tuple(view["progress"]))
 
     async def _publish_quietly(self) -> None:
-        lease = self._lease.lease_id
-        if lease is not None:
-            with contextlib.suppress(EtcdUnavailable):
-                await self._store.put_node_status(self.node, self.local_view(), lease)
+        """``Publish`` around stopping workers, whether or not the store can be reached."""
+        with contextlib.suppress(EtcdUnavailable):
+            await self._execute(act.Publish())

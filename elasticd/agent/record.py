@@ -7,7 +7,7 @@ what only this node knows when it steps (its lease, its workers, what an action 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from elasticd.etcd.keys import Change, KeyKind
@@ -42,6 +42,57 @@ class AgentState(StrEnum):
 
 
 @dataclass(frozen=True)
+class Part:
+    """This node's part beyond its ``AgentState``: three flags that hold in several states, so
+    they are a sub-state beside it rather than more values of it (each step returns a new one).
+
+    ``leading``: we lead the round being filled (the oldest join). Read only while JOINING.
+      lead(x)      set from every read of the open round we joined (any state: a node that
+                   joins again keeps its last value until it reads the round)
+      withdrawn()  True -> False: a leader that cannot reach enough joiners hands the round on
+    ``solo``: the workers we run are of a round whose only member is this node (never fenced).
+      started(x)   our workers of a round start: x is whether we are its only member
+      stopped()    -> False: our workers are stopped
+    ``fenced``: our lease was lost while what we run has peers: stop first, rejoin as a newcomer.
+      fence()      False -> True: the lease is lost (``JobAgent.fence``), or a failure is seen
+                   while it is invalid (the reaper's fence killed our workers)
+      fenced_at(r) while fenced, our workers of round r are stopped: report r once back
+      unfence()    True -> False: the workers are stopped and the lease is valid again
+    ``fenced_round`` is kept after ``unfence``: the step reports that round's loss once.
+    """
+
+    leading: bool = False
+    solo: bool = False
+    fenced: bool = False
+    fenced_round: int = -1
+
+    def lead(self, leads: bool) -> Part:
+        return replace(self, leading=leads)
+
+    def withdrawn(self) -> Part:
+        return replace(self, leading=False)
+
+    def started(self, solo: bool) -> Part:
+        return replace(self, solo=solo)
+
+    def stopped(self) -> Part:
+        return replace(self, solo=False)
+
+    def fence(self) -> Part:
+        return replace(self, fenced=True)
+
+    def fenced_at(self, round_no: int) -> Part:
+        if not self.fenced:
+            raise ValueError("only a fenced part stops its workers for the fence")
+        return replace(self, fenced_round=round_no)
+
+    def unfence(self) -> Part:
+        if not self.fenced:
+            raise ValueError("only a fenced part is unfenced")
+        return replace(self, fenced=False)
+
+
+@dataclass(frozen=True)
 class Leave:
     """A request to leave the job on purpose (daemon stop, drain)."""
 
@@ -53,26 +104,47 @@ class Leave:
 
 @dataclass(frozen=True)
 class AgentRecord:
-    """The agent's memory. ``round`` is the round whose workers it runs (or ran)."""
+    """The agent's memory. ``round`` is the round whose workers it runs (or ran).
+
+    Its state is ``state`` (``AgentState``) with ``part`` (``Part``: leading, solo, fenced); the
+    other fields are what it remembers (rounds, times, a failure, a pending leave or ending).
+    """
 
     spec: JobSpec
     node: str
     state: AgentState = AgentState.JOINING
     round: int = -1
     failure: WorkerFailure | None = None
-    fenced: bool = False  # our lease was lost: stop multi-node workers, rejoin as a newcomer
-    fenced_round: int = -1  # the round whose workers a fence stopped: report it once back
-    solo: bool = False  # the workers we run are of a round whose only member is this node
+    part: Part = field(default_factory=Part)
     lease: int | None = None  # the lease our join (and status) of our round were last put under
     leave: Leave | None = None
     joined_round: int = -1
-    leading: bool = False  # whether we lead the round being filled
     seen_joins: tuple[str, ...] = ()
     last_join_at: float = 0.0
     etcd_down_since: float | None = None
     ending: SetupFailure | None = None  # the job must end for a reason not its own: say so until it has
     rejoin_at: float = 0.0  # withdrew as a leader that cannot reach its peers: not before this
     note: str | None = None  # the pending note we published last (why we wait)
+
+    @property
+    def fenced(self) -> bool:
+        """Our lease was lost: stop multi-node workers, rejoin as a newcomer."""
+        return self.part.fenced
+
+    @property
+    def fenced_round(self) -> int:
+        """The round whose workers a fence stopped: reported once back."""
+        return self.part.fenced_round
+
+    @property
+    def solo(self) -> bool:
+        """The workers we run are of a round whose only member is this node."""
+        return self.part.solo
+
+    @property
+    def leading(self) -> bool:
+        """Whether we lead the round being filled."""
+        return self.part.leading
 
     @property
     def multi_node(self) -> bool:

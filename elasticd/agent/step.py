@@ -80,7 +80,7 @@ class _Step(StepBase):
             if self.rec.state is AgentState.DONE:
                 self._set(state=AgentState.STOPPING)
             return
-        self._set(state=AgentState.STOPPING, solo=False)
+        self._set(state=AgentState.STOPPING, part=self.rec.part.stopped())
         self._do(StopWorkers(grace_s))
         self.group = None
 
@@ -104,12 +104,12 @@ class _Step(StepBase):
             return
         if rec.fenced:
             if self.group is not None:
-                self._set(fenced_round=rec.round)
+                self._set(part=self.rec.part.fenced_at(rec.round))
             self._stop(0.0)
             if not local.lease_valid:
                 self._do(Wait())
                 return
-            self._set(fenced=False)
+            self._set(part=self.rec.part.unfence())
         rec = self.rec
         if (
             rec.state is AgentState.JOINING
@@ -175,7 +175,9 @@ class _Step(StepBase):
             if self.group is not None or self.rec.state is AgentState.DONE:
                 self._stop(self.rec.grace(snap))
             solo = result.nodes == (self.rec.node,)
-            self._set(round=snap.current, failure=None, state=AgentState.RUNNING, solo=solo)
+            self._set(
+                round=snap.current, failure=None, state=AgentState.RUNNING, part=self.rec.part.started(solo)
+            )
             self._do(StartWorkers(result, me, snap.restarts), Publish())
             self._note(None)
             self.group = Group(GroupOutcome.RUNNING)
@@ -243,7 +245,7 @@ class _Step(StepBase):
         names = tuple(j.node for j in joins)
         if names != rec.seen_joins:
             self._set(seen_joins=names, last_join_at=self.now)
-        self._set(leading=rdzv.leader(joins) == rec.node)
+        self._set(part=self.rec.part.lead(rdzv.leader(joins) == rec.node))
         if not self.rec.leading:
             self._do(Wait())
             return
@@ -290,31 +292,8 @@ class _Step(StepBase):
         repeat, so a pass cut short by an unreachable store is simply done again."""
         rec = self.rec
         done = snap.done.get(snap.current, set())
-        group = self.group
-        if group is not None and rec.state is not AgentState.STOPPING:
-            if group.outcome is GroupOutcome.FAILED:
-                if rec.multi_node and not self.local.lease_valid:
-                    # Killed by the reaper's fence, not a failure of theirs. (Also for a round we
-                    # are the only member of: whether the reaper fences its workers is the
-                    # launcher's choice, and a failure seen exactly then costs a restart either way.)
-                    self._set(fenced=True)
-                    return
-                if rec.failure is None:
-                    self._set(failure=group.failure)
-                    self._do(Publish())
-                if group.disk_full is not None:  # the likely cause, and a restart cannot help
-                    self._set(ending=group.disk_full)
-                    self._do(Finalize(JobState.FAILED, group.disk_full.reason, group.disk_full.message))
-                    return
-                failure = self.rec.failure
-                summary = failure.summary() if failure is not None else "a worker failed"
-                self._event(snap, alive, RoundReason.WORKER_FAILED, summary, failure)
-                return
-            if group.outcome is GroupOutcome.SUCCEEDED:
-                self._set(state=AgentState.DONE)
-                if rec.node not in done:
-                    self._do(MarkDone(snap.current), Publish())
-                    return
+        if self._on_exits(snap, alive, done):
+            return
         if set(result.nodes) <= done:
             self._do(Finalize(JobState.SUCCEEDED, EndReason.SUCCEEDED, ""))
             return
@@ -338,6 +317,36 @@ class _Step(StepBase):
             self._event(snap, alive, RoundReason.SCALE_UP, detail, extra=tuple(newcomers))
             return
         self._do(Wait(on_exits=True))
+
+    def _on_exits(self, snap: JobSnapshot, alive: frozenset[str], done: set[str]) -> bool:
+        """Act on how our workers ended, if they did; True when that is this step's last word."""
+        rec, group = self.rec, self.group
+        if group is None or rec.state is AgentState.STOPPING:
+            return False
+        if group.outcome is GroupOutcome.FAILED:
+            if rec.multi_node and not self.local.lease_valid:
+                # Killed by the reaper's fence, not a failure of theirs. (Also for a round we
+                # are the only member of: whether the reaper fences its workers is the
+                # launcher's choice, and a failure seen exactly then costs a restart either way.)
+                self._set(part=self.rec.part.fence())
+                return True
+            if rec.failure is None:
+                self._set(failure=group.failure)
+                self._do(Publish())
+            if group.disk_full is not None:  # the likely cause, and a restart cannot help
+                self._set(ending=group.disk_full)
+                self._do(Finalize(JobState.FAILED, group.disk_full.reason, group.disk_full.message))
+                return True
+            failure = self.rec.failure
+            summary = failure.summary() if failure is not None else "a worker failed"
+            self._event(snap, alive, RoundReason.WORKER_FAILED, summary, failure)
+            return True
+        if group.outcome is GroupOutcome.SUCCEEDED:
+            self._set(state=AgentState.DONE)
+            if rec.node not in done:
+                self._do(MarkDone(snap.current), Publish())
+                return True
+        return False
 
     def _event(
         self,

@@ -67,7 +67,11 @@ class StepBase:
                 # Most likely the cut one: let the next oldest lead, and join after it (a new join
                 # is younger than theirs). A node left out of a round is not a failure. ``left``
                 # says that our workers are stopped (we joined): the round need not wait for us.
-                self._set(leading=False, joined_round=-1, rejoin_at=self.now + reach.REJOIN_BACKOFF_S)
+                self._set(
+                    part=self.rec.part.withdrawn(),
+                    joined_round=-1,
+                    rejoin_at=self.now + reach.REJOIN_BACKOFF_S,
+                )
                 self._note(got.why)
                 self._do(Withdraw(info.round), MarkLeft(info.round), Wait(self.rec.rejoin_at))
             case reach.Admit.WAIT:

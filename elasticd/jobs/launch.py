@@ -16,7 +16,7 @@ from pathlib import Path
 
 from elasticd import log
 from elasticd.jobs import logdir, logread, stackfile
-from elasticd.jobs.decider import Group, GroupOutcome, group_outcome
+from elasticd.jobs.decider import Exited, Group, Judgement, judge, report, settle_left
 from elasticd.jobs.env import WorldLayout, worker_env
 from elasticd.jobs.identity import switch_to
 from elasticd.jobs.rootcause import Exit, by_first_failure, exception_of, parse_error_file
@@ -34,6 +34,7 @@ from elasticd.workers.cgroups.limits import LimitBackend, LimitError, Placement,
 from elasticd.workers.cgroups.tracking import NoTracker, Tracker
 from elasticd.workers.group import ColdSpawner, Launch, Spawner, Worker, WorkerGroup, wall_clock
 from elasticd.workers.proctree.reaper import Reaper
+from elasticd.workers.proctree.spawn import Identity
 from elasticd.workers.warm.pool import ZygotePool
 from elasticd.workers.warm.spawner import WarmSpawner
 from elasticd.workers.warm.zygote import Zygote
@@ -42,7 +43,6 @@ _log = log.get("elasticd.launch")
 
 TAIL_BYTES = 4096
 TAIL_LINES = 30
-SETTLE_S = 1.0  # how long a failure waits for its siblings' exits before it is reported
 
 
 @dataclass(frozen=True)
@@ -128,50 +128,7 @@ async def start_group(
     )
     ranks = [layout.rank_offset + local_rank for local_rank in range(layout.local_world_size)]
     files = logdir.create_attempt(rt.log_dir, spec.id, attempt, ranks, owner, rt.node_id)
-    launches: list[Launch] = []
-    channels: list[ProgressChannel] = []
-    try:
-        visible = rt.inventory.visible_devices(slots)
-        for local_rank, f in enumerate(files):
-            channel = ProgressChannel((identity.uid, identity.gid) if identity else None)
-            channels.append(channel)
-            env = worker_env(
-                base=spec.env,
-                layout=layout,
-                local_rank=local_rank,
-                run_id=spec.id,
-                restart_count=restart_count,
-                max_restarts=spec.max_restarts,
-                visible_devices=visible,
-                error_file=str(f.error_path),
-                owner=rt.node_id,
-            )
-            env[PROGRESS_FD_ENV] = str(channel.write_fd)
-            env[HEARTBEAT_FILE_ENV] = f"/dev/fd/{channel.write_fd}"
-            launches.append(
-                Launch(
-                    local_rank=local_rank,
-                    rank=f.rank,
-                    argv=tuple(spec.argv),
-                    env=env,
-                    cwd=spec.cwd,
-                    log_fd=f.log_fd,
-                    log_path=f.log_path,
-                    error_file=f.error_path,
-                    identity=identity,
-                    limits=_place(rt, spec, f.rank),
-                    progress_fd=channel.write_fd,
-                )
-            )
-    except BaseException:
-        for f in files:
-            os.close(f.log_fd)
-        for launch in launches:
-            if launch.limits is not None:
-                launch.limits.close()
-        for channel in channels:
-            channel.close()
-        raise
+    launches, channels = _prepare(rt, spec, _Attempt(layout, restart_count, slots, identity), files)
     watch = HangWatch(
         [
             WatchedRank(launch.rank, launch.local_rank, ch)
@@ -199,6 +156,78 @@ async def start_group(
             channel.close_write()
     watch.attach([(w.pid, _runs(w)) for w in group.workers])
     return group, watch
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    """What every rank's launch of one attempt on this node shares."""
+
+    layout: WorldLayout
+    restart_count: int
+    slots: tuple[int, ...]
+    identity: Identity | None
+
+
+def _prepare(
+    rt: NodeRuntime, spec: JobSpec, at: _Attempt, files: Sequence[logdir.RankFiles]
+) -> tuple[list[Launch], list[ProgressChannel]]:
+    """Each rank's launch and progress pipe; on any error, every fd and placement made so far is
+    released (the log fds too: ``WorkerGroup.start`` would have closed them)."""
+    launches: list[Launch] = []
+    channels: list[ProgressChannel] = []
+    try:
+        visible = rt.inventory.visible_devices(at.slots)
+        for local_rank, f in enumerate(files):
+            channel = ProgressChannel((at.identity.uid, at.identity.gid) if at.identity else None)
+            channels.append(channel)
+            launches.append(_launch(rt, spec, at, visible, local_rank, f, channel))
+    except BaseException:
+        for f in files:
+            os.close(f.log_fd)
+        for launch in launches:
+            if launch.limits is not None:
+                launch.limits.close()
+        for channel in channels:
+            channel.close()
+        raise
+    return launches, channels
+
+
+def _launch(
+    rt: NodeRuntime,
+    spec: JobSpec,
+    at: _Attempt,
+    visible: str,
+    local_rank: int,
+    f: logdir.RankFiles,
+    channel: ProgressChannel,
+) -> Launch:
+    env = worker_env(
+        base=spec.env,
+        layout=at.layout,
+        local_rank=local_rank,
+        run_id=spec.id,
+        restart_count=at.restart_count,
+        max_restarts=spec.max_restarts,
+        visible_devices=visible,
+        error_file=str(f.error_path),
+        owner=rt.node_id,
+    )
+    env[PROGRESS_FD_ENV] = str(channel.write_fd)
+    env[HEARTBEAT_FILE_ENV] = f"/dev/fd/{channel.write_fd}"
+    return Launch(
+        local_rank=local_rank,
+        rank=f.rank,
+        argv=tuple(spec.argv),
+        env=env,
+        cwd=spec.cwd,
+        log_fd=f.log_fd,
+        log_path=f.log_path,
+        error_file=f.error_path,
+        identity=at.identity,
+        limits=_place(rt, spec, f.rank),
+        progress_fd=channel.write_fd,
+    )
 
 
 def _runs(worker: Worker) -> Callable[[], bool]:
@@ -281,12 +310,24 @@ def describe_failure(
     )
 
 
+def _timer(delay_s: float) -> asyncio.Future[int]:
+    """A future that completes ``delay_s`` from now (on the running loop)."""
+    loop = asyncio.get_running_loop()
+    timer: asyncio.Future[int] = loop.create_future()
+
+    def ring() -> None:
+        if not timer.done():
+            timer.set_result(0)
+
+    loop.call_later(delay_s, ring)
+    return timer
+
+
 class ProcessWorkers:
     """A started ``WorkerGroup`` as the agent sees it (``elasticd.agent.seams.Workers``).
 
-    A failure is reported once the group's other workers have exited too, or ``SETTLE_S`` after
-    it was seen: a crash usually brings its siblings down within moments (a broken collective),
-    and the report must name the first to fail, not the first noticed, and list the others.
+    It gathers the facts (exits, a named hang, the time) and reads what the decider asks for; the
+    settle window, hang-versus-exit precedence and the full-disk ending are ``jobs.decider``'s.
     """
 
     def __init__(
@@ -305,51 +346,45 @@ class ProcessWorkers:
     def pgids(self) -> list[int]:
         return [w.pid for w in self._group.workers if w.pid]
 
-    def _settling(self) -> float:
-        """Seconds left before a failure seen while siblings still run is reported (0: now)."""
-        if not self._group.running:
-            return 0.0
-        seen = [w.exited_at for w in self._group.workers if not w.running and w.exited.result() != 0]
-        first = min((t for t in seen if t is not None), default=None)
-        return 0.0 if first is None else max(0.0, first + SETTLE_S - wall_clock())
+    def _exited(self) -> list[Worker]:
+        return [w for w in self._group.workers if not w.running]
+
+    def _facts(self) -> tuple[list[Exited], int]:
+        """The exits so far (code, when) and how many workers still run: the decider's input."""
+        exited = [Exited(w.exited.result(), w.exited_at) for w in self._exited()]
+        return exited, len(self._group.running)
 
     def exits(self) -> set[asyncio.Future[int]]:
         """The running workers' exits, the end of a failure's settling time, and a hang."""
         futures = {w.exited for w in self._group.running}
         if self._watch is not None and not self._watch.hung.done():
             futures.add(self._watch.hung)
-        left = self._settling()
+        left = settle_left(*self._facts(), wall_clock())
         if left > 0:
             if self._settled is None:
-                loop = asyncio.get_running_loop()
-                timer: asyncio.Future[int] = loop.create_future()
-
-                def ring() -> None:
-                    if not timer.done():
-                        timer.set_result(0)
-
-                loop.call_later(left + 0.01, ring)
-                self._settled = timer
+                self._settled = _timer(left + 0.01)
             futures.add(self._settled)
         return futures
 
     def observe(self, describe: bool) -> Group:
-        exited = [w for w in self._group.workers if not w.running]
-        outcome = group_outcome([w.exited.result() for w in exited], len(self._group.running))
+        """The group as the decider judges it (``jobs.decider.judge``), with what it asked read."""
         hang = self._watch.failure if self._watch is not None else None
-        if hang is not None and outcome is not GroupOutcome.FAILED:  # exits, when there are, say more
-            return Group(GroupOutcome.FAILED, self._with_progress(hang) if describe else None)
-        settling = outcome is GroupOutcome.FAILED and self._settling() > 0
-        if outcome is not GroupOutcome.FAILED or not describe:
-            return Group(GroupOutcome.RUNNING if settling else outcome)
-        failed = [w for w in exited if w.exited.result() != 0]
-        failure = self._with_progress(
-            describe_failure(self._rt.node_id, self._attempt, failed, self._started_at)
-        )
-        if settling:  # not reported yet (a sibling may be failing too), but known if the round moves
-            return Group(GroupOutcome.RUNNING, failure)
-        full = logdir.log_disk_full(self._rt.log_dir)
-        return Group(outcome, failure, logdir.disk_full(self._rt.log_dir, self._rt.node_id) if full else None)
+        got = judge(*self._facts(), hang is not None, wall_clock(), describe)
+        return report(got.verdict, self._failure(got, hang), self._disk_full(got))
+
+    def _failure(self, got: Judgement, hang: WorkerFailure | None) -> WorkerFailure | None:
+        if got.describe_hang and hang is not None:
+            return self._with_progress(hang)
+        if not got.describe_exits:
+            return None
+        failed = [w for w in self._exited() if w.exited.result() != 0]
+        described = describe_failure(self._rt.node_id, self._attempt, failed, self._started_at)
+        return self._with_progress(described)
+
+    def _disk_full(self, got: Judgement) -> SetupFailure | None:
+        if not got.check_disk or not logdir.log_disk_full(self._rt.log_dir):
+            return None
+        return logdir.disk_full(self._rt.log_dir, self._rt.node_id)
 
     def _with_progress(self, failure: WorkerFailure) -> WorkerFailure:
         """``failure`` with how far the attempt got: its furthest reported step and run time (to

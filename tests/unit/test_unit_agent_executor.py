@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from elasticd.agent import actions as act
 from elasticd.agent import executor
 from elasticd.agent.executor import JobAgent
 from elasticd.agent.record import AgentState
@@ -362,3 +363,30 @@ def test_the_leader_probes_a_joiners_liveness_port_before_it_closes(listening: b
 
     spec = make_spec(nnodes=NodeRange(1, 2), nproc_per_node=2, max_restarts=2, last_call_s=5.0)
     scenario(body, spec=spec)
+
+
+def test_a_write_asked_for_without_a_lease_is_dropped_and_logged(monkeypatch: pytest.MonkeyPatch) -> None:
+    said: list[tuple[str, dict[str, Any]]] = []
+    monkeypatch.setattr(executor, "_log", SimpleNamespace(info=lambda event, **kw: said.append((event, kw))))
+
+    async def main() -> None:
+        kv = MemoryKV()
+        store = InlineJobStore(kv, KEYS, JOB)
+        job = make_spec(nnodes=NodeRange(1, 1), nproc_per_node=2)
+        assert run_inline(store.create(job))
+        rt = NodeRuntime("n1", "127.0.0.1", Path("/nonexistent"), Inventory((), 2), SimpleNamespace())  # type: ignore[arg-type]
+        lease = FakeLease(kv)
+        lease.lease_id = None  # lost between the step and the write
+        agent = JobAgent(job, rt, store, lease, (0, 1), lambda a: None, launcher=FakeLauncher(None))
+        for action in (act.Publish(), act.SetWaiting(), act.NotePending("why")):
+            assert await agent._execute(action) is None
+        written = (KEYS.node_status(JOB, "n1"), KEYS.waiting(JOB, "n1"), KEYS.pending_note(JOB, "n1"))
+        assert [kv.get(key) for key in written] == [None, None, None]
+
+    asyncio.run(main())
+    assert [(e, kw["action"]) for e, kw in said] == [
+        ("agent.dropped", "Publish"),
+        ("agent.dropped", "SetWaiting"),
+        ("agent.dropped", "NotePending"),
+    ]
+    assert all("no lease" in kw["why"] for _, kw in said)

@@ -108,6 +108,7 @@ PURE = (
     "elasticd.rendezvous.decider",
     "elasticd.rendezvous.reach",
     "elasticd.agent.stepbase",
+    "elasticd.agent.conduct",
     "elasticd.jobs.decider",
     "elasticd.jobs.admission",
     "elasticd.jobs.rootcause",

@@ -16,7 +16,7 @@ from elasticctl import render
 from elasticd.decode import decode
 from elasticd.jobs import launch as launch_mod
 from elasticd.jobs import logdir
-from elasticd.jobs.decider import Group, GroupOutcome
+from elasticd.jobs.decider import SETTLE_S, Group, GroupOutcome
 from elasticd.jobs.launch import ProcessWorkers, describe_failure
 from elasticd.jobs.ranktext import rank_prefixed
 from elasticd.jobs.rootcause import Exit, by_first_failure, parse_error_file
@@ -238,7 +238,7 @@ def test_a_failure_is_reported_once_siblings_exited_or_settled(
         w4._exited_at = now[0]
         w4.exited.set_result(1)  # the broken collective takes rank 4 down too
         assert workers.observe(describe=True).outcome is GroupOutcome.RUNNING  # rank 6 still runs
-        now[0] += launch_mod.SETTLE_S  # rank 6 hangs: report without it
+        now[0] += SETTLE_S  # rank 6 hangs: report without it
         seen = workers.observe(describe=True)
         assert seen.outcome is GroupOutcome.FAILED and seen.failure is not None
         assert seen.failure.rank == 5 and [f.rank for f in seen.failure.also_failed] == [4]
