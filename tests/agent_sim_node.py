@@ -266,6 +266,7 @@ class Node:
                 | act.ClearWaiting()
                 | act.CloseRound()
                 | act.Bump()
+                | act.Amend()
                 | act.Finalize()
                 | act.MarkDone()
                 | act.MarkLeft()
@@ -328,6 +329,7 @@ class Node:
         | act.ClearWaiting
         | act.CloseRound
         | act.Bump
+        | act.Amend
         | act.Finalize
         | act.MarkDone
         | act.MarkLeft,
@@ -345,6 +347,9 @@ class Node:
             case act.Bump(seen, info, spend):
                 if run_inline(store.bump(seen, info, spend)):
                     self.note(f"{name} opened round {info.round} ({info.reason.value}: {info.detail})")
+            case act.Amend(seen_mod, record):
+                if run_inline(store.amend(seen_mod, record)):
+                    self.note(f"{name} amended the record to name its own failure first")
             case act.Finalize(state, code, reason, failure):
                 if run_inline(store.finalize(state, code, reason, failure)):
                     self.note(f"{name} ended the job {state.value} ({code.value}: {reason})")
