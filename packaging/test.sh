@@ -10,4 +10,7 @@ cd "$repo"
 "$bin/ruff" format --check elasticd elasticctl tests bench examples
 "$bin/mypy"
 # pytest exits 5 when it collects nothing; with `set -e` that fails the run, as it should.
-exec "$bin/python" -m pytest -p no:cacheprovider --timeout 300 "$@"
+# Two workers (ELASTICD_TEST_WORKERS): most integration tests wait on leases, timeouts and rounds,
+# not on the CPU. A group (pytest.mark.xdist_group) keeps tests that share a costly fixture together.
+exec "$bin/python" -m pytest -p no:cacheprovider --timeout 300 \
+    -n "${ELASTICD_TEST_WORKERS:-2}" --dist loadgroup "$@"

@@ -26,6 +26,9 @@ job=${SLURM_JOB_ID:?run me inside a Slurm allocation}
 base=${ELASTIC_NODE_DIR:-${TMPDIR:-/tmp}/elasticd-$job}
 dir=$base/$node
 export ELASTICD_SOCKET=$dir/ctl.sock
+# A UNIX socket's path holds at most 107 bytes: a deep $TMPDIR would leave a daemon that never binds.
+((${#ELASTICD_SOCKET} <= 107)) ||
+	die "the control socket $ELASTICD_SOCKET is ${#ELASTICD_SOCKET} bytes, over the 107 a UNIX socket allows: set ELASTIC_NODE_DIR to a shorter directory"
 
 # $TMPDIR may be a shared /tmp: the directory is created 0700 by us, or must already be ours and
 # not a link, before anything goes into it.

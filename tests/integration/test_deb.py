@@ -22,7 +22,8 @@ import pytest
 
 from tests.support import REPO
 
-pytestmark = [pytest.mark.root, pytest.mark.slow]
+# One worker builds the package once for all of them (the fixtures are per session, per worker).
+pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.xdist_group("deb")]
 
 PREFIX = "/opt/elasticd"
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]

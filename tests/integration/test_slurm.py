@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -119,12 +120,26 @@ class Allocation:
 
 
 @pytest.fixture
-def allocation(tmp_path: Path) -> Iterator[Allocation]:
-    a = Allocation(tmp_path)
+def allocation() -> Iterator[Allocation]:
+    # Not under tmp_path, which can be deep (pytest-xdist adds a level): the sockets' paths must
+    # fit a UNIX socket's 107 bytes.
+    root = Path(tempfile.mkdtemp(prefix="eslurm-"))
+    a = Allocation(root)
     try:
         yield a
     finally:  # the tests check the recipe's own clean-up; this one is for a test that failed first
         a.kill_everything()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_socket_path_too_long_for_unix_is_refused_with_the_way_out(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    env = {"PATH": os.environ["PATH"], "SLURMD_NODENAME": "n0", "SLURM_JOB_ID": "4242", "TMPDIR": str(deep)}
+    done = subprocess.run(["bash", str(REPO / "packaging/slurm/elastic-node.sh")], capture_output=True,
+                          text=True, env=env, timeout=30)  # fmt: skip
+    assert done.returncode == 2, done
+    assert "over the 107 a UNIX socket allows: set ELASTIC_NODE_DIR" in done.stderr, done.stderr
 
 
 @pytest.mark.torch
