@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -58,8 +59,8 @@ def spawned_modes(d: DaemonProc, job: str) -> list[str]:
 
 
 SAME = [
-    "main_name", "main_file", "main_spec", "main_loader", "main_keys", "argv", "orig_argv", "executable",
-    "flags", "path", "cwd", "ids", "rlimits", "umask", "fds", "signals", "sigmask", "threads",
+    "main_name", "main_file", "main_spec", "main_loader", "main_keys", "argv", "orig_argv", "cmdline",
+    "executable", "flags", "path", "cwd", "ids", "rlimits", "umask", "fds", "signals", "sigmask", "threads",
     "session_leader", "pdeathsig", "stdin", "cgroup", "cuda_initialized", "gc",
 ]  # fmt: skip
 
@@ -74,10 +75,11 @@ def assert_like_cold(
         for key in SAME:
             w, c = warm[where][key], cold[where][key]
             assert w == c, f"{key} of (round, rank) {where}: warm {w!r} != cold {c!r}"
-        w_env, c_env = warm[where]["env"], cold[where]["env"]
-        assert sorted(w_env) == sorted(c_env), f"env names of {where}: {set(w_env) ^ set(c_env)}"
-        differ = {k for k in c_env if w_env[k] != c_env[k]} - JOB_SPECIFIC
-        assert not differ, f"env of {where}: {[(k, w_env[k], c_env[k]) for k in sorted(differ)]}"
+        for env in ("env", "environ"):  # os.environ, and /proc/<pid>/environ
+            w_env, c_env = warm[where][env], cold[where][env]
+            assert sorted(w_env) == sorted(c_env), f"{env} names of {where}: {set(w_env) ^ set(c_env)}"
+            differ = {k for k in c_env if w_env[k] != c_env[k]} - JOB_SPECIFIC
+            assert not differ, f"{env} of {where}: {[(k, w_env[k], c_env[k]) for k in sorted(differ)]}"
     if log_events(daemon, "tracking.backend", backend="cgroup2"):
         for (_, rank), r in warm.items():
             assert r["cgroup"][0].endswith(f"/<job>/rank_{rank}"), f"not in its rank's cgroup: {r['cgroup']}"
@@ -103,6 +105,25 @@ def test_a_warm_worker_is_indistinguishable_from_a_cold_one(daemon: DaemonProc, 
     assert spawned_modes(daemon, cold_job) == ["cold", "cold"], "--no-warm forked"
     assert not log_events(daemon, "zygote.spawned", job=cold_job), "--no-warm started a zygote"
     wait_log(daemon, "zygote.parked", job=warm_job)  # kept for the next identical job (warm.pool)
+
+
+def test_a_warm_worker_is_found_and_killed_by_its_scripts_name(daemon: DaemonProc, tmp_path: Path) -> None:
+    """``pgrep -f`` and ``pkill -f`` find warm workers by their script, as a user stops their run."""
+    script = tmp_path / "train_by_name.py"  # a path no other test's process holds
+    script.write_text((SCRIPTS / "member.py").read_text())
+    job = submit_job(
+        daemon, tmp_path, "--nproc-per-node", "2", "--max-restarts", "0", str(script), "--lr", "0.1"
+    )
+    wait_for(lambda: len(list(tmp_path.glob("w.0.*.json"))) == 2, 120, what="the workers")
+    pids = sorted(json.loads(p.read_text())["pid"] for p in tmp_path.glob("w.0.*.json"))
+    found = subprocess.run(["pgrep", "-f", f"{script} --lr 0.1$"], capture_output=True, text=True, timeout=10)
+    assert sorted(int(p) for p in found.stdout.split()) == pids, found
+    cmdline = Path(f"/proc/{pids[0]}/cmdline").read_bytes().split(b"\0")
+    assert cmdline[-5:] == [b"-u", str(script).encode(), b"--lr", b"0.1", b""], cmdline
+    subprocess.run(["pkill", "-f", str(script)], check=True, timeout=10)
+    status = daemon.wait_state(job, ("SUCCEEDED", "FAILED"), 60)
+    assert status["state"] == "FAILED", status
+    assert spawned_modes(daemon, job) == ["warm"]
 
 
 def test_a_crash_prints_the_scripts_traceback_as_python_does(daemon: DaemonProc, tmp_path: Path) -> None:

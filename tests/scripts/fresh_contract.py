@@ -40,6 +40,10 @@ def disposition(sig):
 
 with open("/proc/self/cgroup") as f:
     cgroups = f.read()
+with open("/proc/self/cmdline", "rb") as f:
+    cmdline = f.read()
+with open("/proc/self/environ", "rb") as f:
+    environ = f.read()
 pdeathsig = ctypes.c_int(0)
 ctypes.CDLL(None).prctl(2, ctypes.byref(pdeathsig), 0, 0, 0)  # PR_GET_PDEATHSIG
 record = {
@@ -54,6 +58,8 @@ record = {
     "executable": sys.executable,
     "flags": repr(sys.flags),
     "env": dict(os.environ),
+    "cmdline": cmdline.decode().split("\0"),
+    "environ": dict(e.split("=", 1) for e in environ.decode().split("\0") if e),
     "path": sys.path,
     "cwd": os.getcwd(),
     "ids": [os.getresuid(), os.getresgid(), sorted(os.getgroups())],

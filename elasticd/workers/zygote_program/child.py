@@ -23,6 +23,7 @@ from typing import Any
 
 if __name__ != "__elasticd_zygote__":  # the daemon's tests and mypy; in the zygote, globals already
     from elasticd.workers.zygote_program.shared import BOOT_FILE, PARENT_GONE, SPAWN_FAILED
+    from elasticd.workers.zygote_program.title import look_like
 
 
 # --- pure parts (unit-tested in the daemon's test suite) ---------------------------------------------
@@ -77,6 +78,7 @@ def become_worker(req: dict[str, Any], cfg: dict[str, Any], signals: tuple[dict[
     _restore_signals(signals)
     os.environ.clear()
     os.environ.update(req["env"])
+    look_like(req["argv"], req["env"])  # ps, pgrep -f and /proc/<pid>/environ show the worker's own
     sys.argv = script_argv(cfg["kind"], cfg["entry"], req["argv"])
     if hasattr(sys, "orig_argv"):
         sys.orig_argv = list(req["argv"])
