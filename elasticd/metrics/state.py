@@ -41,6 +41,7 @@ class NodeState:
     groups: dict[str, int] = field(default_factory=dict)  # AgentState value -> this node's jobs
     workers: dict[str, int] = field(default_factory=dict)  # job -> live worker processes here
     steps_per_s: dict[str, float] = field(default_factory=dict)  # job -> its ranks' here, summed
+    step_times: dict[tuple[str, int], float] = field(default_factory=dict)  # (job, rank) -> median step s
     slots: int = 0
     free_slots: int = 0
     lease_renewals: int = 0
@@ -54,6 +55,7 @@ async def gather(manager: JobManager, registry: NodeRegistry, space: Space | Non
     groups = Counter(agent.state.value for agent in manager.agents.values())
     workers: dict[str, int] = {}
     rates: dict[str, float] = {}
+    step_times: dict[tuple[str, int], float] = {}
     for job, agent in manager.agents.items():
         if agent.workers is None:
             continue
@@ -61,12 +63,14 @@ async def gather(manager: JobManager, registry: NodeRegistry, space: Space | Non
         progress = agent.workers.progress()
         if any(p.steps_per_s is not None for p in progress):
             rates[job] = sum(p.steps_per_s or 0.0 for p in progress)
+        step_times |= {(job, p.rank): p.step_time_s for p in progress if p.step_time_s is not None}
     capacity = manager.capacity()
     local = NodeState(
         node=registry.node_id,
         groups={s.value: groups.get(s.value, 0) for s in AgentState},
         workers=workers,
         steps_per_s=rates,
+        step_times=step_times,
         slots=int(capacity["slots"]),
         free_slots=int(capacity["free_slots"]),
         lease_renewals=registry.renewals,
@@ -122,6 +126,7 @@ class StateCollector(Collector):
             "job",
             s.steps_per_s,
         )
+        yield _step_times(s.step_times)
         yield _gauge("elasticd_slots", "This node's slots", s.slots)
         yield _gauge("elasticd_free_slots", "This node's free slots", s.free_slots)
         yield CounterMetricFamily(
@@ -130,6 +135,19 @@ class StateCollector(Collector):
         yield _gauge("elasticd_lease_held", "Whether this node holds its lease", int(s.lease_held))
         if s.etcd_space is not None:
             yield from _space(s.etcd_space)
+
+
+def _step_times(times: Mapping[tuple[str, int], float]) -> GaugeMetricFamily:
+    """Each of this node's ranks' median step time: a rank well above its job's median, across
+    every node's ranks, is a straggler (as ``status`` flags it: ``progress.tracker.stragglers``)."""
+    family = GaugeMetricFamily(
+        "elasticd_rank_step_seconds",
+        "Median seconds per step of each of this node's ranks, by job and rank (from their progress reports)",
+        labels=["job", "rank"],
+    )
+    for (job, rank), took in sorted(times.items()):
+        family.add_metric([job, str(rank)], took)
+    return family
 
 
 def _space(space: Space) -> Iterator[Metric]:

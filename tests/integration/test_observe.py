@@ -20,6 +20,7 @@ from elasticd.events.model import ClusterEvent
 from elasticd.events.rings import Limits
 from elasticd.events.store import EventLog
 from elasticd.netaddr import free_port
+from tests import monitoring as mon
 from tests.conftest import DaemonFactory
 from tests.support import PYTHON, DaemonProc, EtcdServer, wait_for
 from tests.users import NOBODY, as_user, other_users, public_daemon, public_dir
@@ -38,17 +39,30 @@ while not os.path.exists(os.path.join(os.environ["OUT"], "stop")):
 """
 
 
-def scrape(port: int) -> dict[str, float]:
-    """Every sample of the endpoint: ``name{labels}`` -> value."""
+def exposition(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         assert r.status == 200
-        text = r.read().decode()
+        return str(r.read().decode())
+
+
+def scrape(port: int) -> dict[str, float]:
+    """Every sample of the endpoint: ``name{labels}`` -> value."""
+    text = exposition(port)
     out = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
             name, _, value = line.rpartition(" ")
             out[name] = float(value)
     return out
+
+
+def assert_serves_what_monitoring_names(port: int, m: dict[str, float], job: str) -> None:
+    """Every metric the shipped dashboard and alerting rules name is served (but per-GPU ones:
+    no GPU here), and a stepping rank's step time is among them."""
+    assert any(k.startswith(f'elasticd_rank_step_seconds{{job="{job}",rank="0"}}') for k in m), sorted(m)
+    asked = mon.referenced(mon.dashboard_exprs()) | mon.referenced(mon.rule_exprs())
+    missing = asked - mon.GPU_ONLY - mon.served(exposition(port))
+    assert not missing, f"named by packaging/monitoring, not served: {missing}"
 
 
 def events(d: DaemonProc, *argv: str) -> list[dict[str, Any]]:
@@ -83,6 +97,7 @@ def test_metrics_during_a_job_and_its_history(daemon_factory: DaemonFactory, tmp
     assert m['elasticd_worker_groups{state="RUNNING"}'] == 1
     assert m["elasticd_nodes"] == 1 and m["elasticd_etcd_up"] == 1
     assert m['elasticd_worker_failures_total{cause="user_code"}'] == 1
+    assert_serves_what_monitoring_names(port, m, job)
 
     # ``events -f`` prints the job's success when it happens.
     follow = subprocess.Popen(

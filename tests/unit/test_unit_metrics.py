@@ -79,13 +79,15 @@ def test_gauges_render_the_last_look() -> None:
     assert generate_latest(registry) == b""  # no look yet
     collector.update(
         NodeState("n1", jobs={"RUNNING": 2, "FAILED": 1}, nodes=3, groups={"RUNNING": 2}, workers={"j": 4},
-                  steps_per_s={"j": 12.5}, slots=8, free_slots=4, lease_renewals=7, lease_held=True)
+                  steps_per_s={"j": 12.5}, step_times={("j", 0): 0.08, ("j", 1): 0.3}, slots=8, free_slots=4,
+                  lease_renewals=7, lease_held=True)
     )  # fmt: skip
     assert _value(registry, "elasticd_jobs", state="RUNNING") == 2
     assert _value(registry, "elasticd_nodes") == 3
     assert _value(registry, "elasticd_worker_groups", state="RUNNING") == 2
     assert _value(registry, "elasticd_worker_processes", job="j") == 4
     assert _value(registry, "elasticd_steps_per_second", job="j") == 12.5
+    assert _value(registry, "elasticd_rank_step_seconds", job="j", rank="1") == 0.3
     assert _value(registry, "elasticd_lease_renewals_total") == 7
     collector.update(NodeState("n1", etcd_up=False))
     assert _value(registry, "elasticd_etcd_up") == 0 and _value(registry, "elasticd_nodes") is None
