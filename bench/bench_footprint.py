@@ -22,6 +22,7 @@ seconds after the daemon answers, and measures:
   over all of them.
 
     .venv/bin/python bench/bench_footprint.py [--idle-seconds 60] [--clients 50] [--json PATH]
+    .venv/bin/python bench/bench_footprint.py --etcd-client gateway,grpc   # both clients, one run
 
 Targets: idle CPU <= 0.2 % of a core in both phases; daemon + reaper <= 60 MB RSS;
 RPC p99 < 5 ms with 50 concurrent clients. The bench prints them next to the figures; it does
@@ -316,6 +317,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--json", type=Path, help="write every figure here")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (daemon log, job logs)")
     p.add_argument("--daemon-arg", action="append", default=[], help="extra elasticd flag (repeatable)")
+    p.add_argument(
+        "--etcd-client",
+        default="gateway",
+        help="etcd_client of the daemon; several, comma-separated, are measured one after the other "
+        "(gateway,grpc: both footprints in one run; grpc needs the grpc extra)",
+    )
     return p.parse_args(argv)
 
 
@@ -333,55 +340,73 @@ def start_job(setup: Setup) -> str:
     return job
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+@dataclass
+class Figures:
+    """One run's figures: one daemon, talking to etcd through one client (``etcd_client``)."""
 
+    client: str
+    cpu: list[CpuSample]
+    mem: list[MemSample]
+    rpc: RpcResult | None
+
+
+def measure(args: argparse.Namespace, client: str) -> Figures:
+    """Start etcd and a daemon with ``--etcd-client client``, measure, stop them."""
     import psutil
 
     tmp = Path(tempfile.mkdtemp(prefix="elasticd-bench-fp-"))
-    setup = Setup(tmp, args.daemon_arg)
-    cpu: list[CpuSample] = []
-    mem: list[MemSample] = []
-    rpc: RpcResult | None = None
+    setup = Setup(tmp, [*args.daemon_arg, "--etcd-client", client])
+    got = Figures(client, [], [], None)
     job = ""
     try:
         setup.wait_ready()
         daemon, reaper = psutil.Process(setup.proc.pid), setup.reaper()
-        print(f"elasticd pid {daemon.pid}, reaper pid {reaper.pid}, etcd {setup.etcd.endpoint}", flush=True)
+        print(f"[{client}] elasticd pid {daemon.pid}, reaper pid {reaper.pid}, etcd {setup.etcd.endpoint}",
+              flush=True)  # fmt: skip
         time.sleep(args.settle)
-        mem.append(measure_mem("idle, no job", daemon, reaper))
-        cpu.append(measure_cpu("idle, no job", daemon, reaper, args.idle_seconds))
-        print(cpu[-1], flush=True)
+        got.mem.append(measure_mem("idle, no job", daemon, reaper))
+        got.cpu.append(measure_cpu("idle, no job", daemon, reaper, args.idle_seconds))
+        print(got.cpu[-1], flush=True)
         if not args.no_job:
             job = start_job(setup)
             time.sleep(args.settle)
-            mem.append(measure_mem("one running job", daemon, reaper))
-            cpu.append(measure_cpu("one running job", daemon, reaper, args.idle_seconds))
-            print(cpu[-1], flush=True)
+            got.mem.append(measure_mem("one running job", daemon, reaper))
+            got.cpu.append(measure_cpu("one running job", daemon, reaper, args.idle_seconds))
+            print(got.cpu[-1], flush=True)
         if args.clients > 0:
-            rpc = measure_rpc(setup.socket, args.clients, args.requests, args.think_ms, args.commands)
-            print(rpc, flush=True)
-            mem.append(measure_mem("after the RPC load", daemon, reaper))
+            got.rpc = measure_rpc(setup.socket, args.clients, args.requests, args.think_ms, args.commands)
+            print(got.rpc, flush=True)
+            got.mem.append(measure_mem("after the RPC load", daemon, reaper))
         if job:
             setup.ctl("kill", job)
     finally:
         setup.close()
-    report(cpu, mem, rpc)
-    if args.json:
-        out = {
-            "cpu": [asdict(c) for c in cpu],
-            "mem": [asdict(m) | {"total_rss_mb": m.total_rss_mb} for m in mem],
-            "rpc": asdict(rpc) if rpc else None,
-            "targets": {"cpu_pct": CPU_TARGET_PCT, "rss_mb": RSS_TARGET_MB, "p99_ms": P99_TARGET_MS},
-        }
-        args.json.write_text(json.dumps(out, indent=2))
     if args.keep:
         print(f"kept {tmp} (daemon log: {setup.log})")
     else:
         import shutil
 
         shutil.rmtree(tmp, ignore_errors=True)
-    return 0 if rpc is None or not rpc.errors else 1
+    return got
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    runs = [measure(args, client) for client in args.etcd_client.split(",")]
+    for run in runs:
+        print(f"\n== etcd_client = {run.client}")
+        report(run.cpu, run.mem, run.rpc)
+    if args.json:
+        out = {
+            run.client: {
+                "cpu": [asdict(c) for c in run.cpu],
+                "mem": [asdict(m) | {"total_rss_mb": m.total_rss_mb} for m in run.mem],
+                "rpc": asdict(run.rpc) if run.rpc else None,
+            }
+            for run in runs
+        } | {"targets": {"cpu_pct": CPU_TARGET_PCT, "rss_mb": RSS_TARGET_MB, "p99_ms": P99_TARGET_MS}}
+        args.json.write_text(json.dumps(out, indent=2))
+    return 0 if all(run.rpc is None or not run.rpc.errors for run in runs) else 1
 
 
 def _mark(ok: bool) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 
 from elasticd.control.address import default_socket_path
 from elasticd.errors import ConfigError
+from elasticd.etcd.kv import CLIENTS
 from elasticd.metrics.address import HostPort
 from elasticd.netaddr import PortRange, is_loopback
 
@@ -49,6 +50,7 @@ class Settings:
     etcd_ca: Path | None = None
     etcd_cert: Path | None = None
     etcd_key: Path | None = None
+    etcd_client: str = "gateway"  # or "grpc" (the grpc extra): etcd.clients
     etcd_user: str | None = None
     etcd_password: str | None = field(default=None, repr=False)  # prefer etcd_password_file
     etcd_password_file: Path | None = None  # root-only (0600); read once at start
@@ -101,6 +103,8 @@ class Settings:
             raise ConfigError(f"warm_keep_s must be 0..{MAX_WARM_KEEP_S:g} seconds (0: keep no zygote)")
         if self.log_format not in LOG_FORMATS:
             raise ConfigError("log_format must be auto, json or console")
+        if self.etcd_client not in CLIENTS:
+            raise ConfigError("etcd_client must be gateway or grpc")
         if self.log_level.lower() not in LOG_LEVELS:
             raise ConfigError("log_level must be debug, info, warning or error")
 
@@ -221,6 +225,13 @@ OPTIONS: dict[str, Option] = {
         _optional(Path), "client certificate for etcd (mutual TLS; its subject must have no CN)", "FILE"
     ),
     "etcd_key": Option(_optional(Path), "the client certificate's private key", "FILE"),
+    "etcd_client": Option(
+        str,
+        "how to talk to etcd: gateway (its JSON gateway, the default) or grpc (the grpc extra; a client "
+        "certificate's CN can be the etcd user)",
+        "CLIENT",
+        choices=CLIENTS,
+    ),
     "etcd_user": Option(_optional(str), "etcd user: this node's identity with etcd auth on", "USER"),
     "etcd_password": Option(
         _optional(str),

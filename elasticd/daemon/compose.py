@@ -24,9 +24,10 @@ from elasticd.control.server import ControlServer
 from elasticd.daemon import systemd
 from elasticd.daemon.observe import Observability
 from elasticd.errors import ConfigError, EtcdUnavailable
-from elasticd.etcd.client import EtcdClient
+from elasticd.etcd.clients import connect
 from elasticd.etcd.embedded import EmbeddedEtcd
 from elasticd.etcd.keys import Keys
+from elasticd.etcd.kv import Backend
 from elasticd.etcd.space import SpaceLimits
 from elasticd.etcd.types import EtcdAuth
 from elasticd.happenings.bus import publish
@@ -82,7 +83,7 @@ class Background:
 
 @dataclass(frozen=True)
 class Etcd:
-    client: EtcdClient
+    client: Backend
     endpoints: list[str]
     auth: EtcdAuth
 
@@ -115,12 +116,12 @@ async def connect_etcd(s: Settings, stack: contextlib.AsyncExitStack) -> Etcd:
         stack.callback(embedded.stop)  # before start: a start that fails halfway is stopped too
         await asyncio.to_thread(embedded.start)
         endpoints = [embedded.endpoint]
-    client = EtcdClient(endpoints, auth)
+    client = connect(s.etcd_client, endpoints, auth)
     deadline = time.monotonic() + ETCD_CONNECT_TIMEOUT_S
     while True:
         try:
             version = await asyncio.to_thread(client.health)
-            _log.info("etcd.connected", endpoints=endpoints, version=version)
+            _log.info("etcd.connected", endpoints=endpoints, version=version, client=s.etcd_client)
             stack.callback(client.close)
             return Etcd(client, endpoints, auth)
         except EtcdUnavailable as exc:
@@ -178,7 +179,7 @@ async def build_jobs(
     """The lease's registry and the job manager, which need each other (``LeaseHooks``)."""
     # The lease has its own client with short calls: a keep-alive stuck on a dead etcd member
     # must fail over well within the TTL, or the node would fence itself for nothing.
-    lease_etcd = EtcdClient(etcd.endpoints, etcd.auth, timeout_s=max(0.5, s.lease_ttl / 5))
+    lease_etcd = connect(s.etcd_client, etcd.endpoints, etcd.auth, timeout_s=max(0.5, s.lease_ttl / 5))
     stack.callback(lease_etcd.close)
     hooks = LeaseHooks()
     registry = NodeRegistry(

@@ -86,6 +86,11 @@ def error_of(status: int, body: bytes) -> GatewayError:
     return GatewayError(Failure.UNREACHABLE, f"HTTP {status}: {first}")
 
 
+def status_error(code: int, message: str) -> GatewayError:
+    """A grpc status (the grpc client's failed call) mapped as the gateway's same code is."""
+    return _error(code, message)
+
+
 def _error(code: Any, message: Any) -> GatewayError:
     number = code if isinstance(code, int) and not isinstance(code, bool) else -1
     text = str(message or f"grpc code {code}")[:500]

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from elasticd.etcd.types import Compare, EtcdStatus, Found, KeyValue, Put, Query
 
 ALL_KEYS = "\0"
+CLIENTS = ("gateway", "grpc")  # the setting etcd_client: which Backend talks to a real etcd
 
 
 def prefix_end(prefix: str) -> str:
@@ -94,4 +95,17 @@ class KV(Protocol):
 
     def compact(self, revision: int) -> None:
         """Drop the history before ``revision`` (a revision already compacted: nothing)."""
+        ...
+
+
+class Backend(KV, Protocol):
+    """A ``KV`` on a real etcd, as the daemon holds it: ``EtcdClient`` (the JSON gateway) or
+    ``GrpcEtcdClient`` (grpc), picked by ``etcd.clients.connect``."""
+
+    def health(self) -> str:
+        """The server's version; raises ``EtcdUnavailable`` when no endpoint answers."""
+        ...
+
+    def close(self) -> None:
+        """Cancel the watches still open and close the connections."""
         ...

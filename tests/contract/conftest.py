@@ -8,27 +8,39 @@ from pathlib import Path
 
 import pytest
 
+from elasticd.errors import ConfigError
 from elasticd.etcd.client import EtcdClient
-from elasticd.etcd.kv import KV
+from elasticd.etcd.clients import connect
+from elasticd.etcd.kv import KV, Backend
 from elasticd.etcd.memory import MemoryKV
 from tests.support import EtcdServer, gateway_post, unique, wait_for
 
 WAIT_S = 10.0
+# In memory; a real etcd through its JSON gateway (EtcdClient); the same etcd over grpc.
+BACKENDS = ["memory", "etcd", "grpc"]
+
+
+def client(kind: str, endpoint: str, timeout_s: float = 5.0) -> Backend:
+    """A real etcd's client of ``kind`` ("etcd": the gateway's); grpc is skipped without its extra."""
+    try:
+        return connect("grpc" if kind == "grpc" else "gateway", [endpoint], timeout_s=timeout_s)
+    except ConfigError as exc:
+        pytest.skip(f"the grpc backend cannot load (pip install 'elasticd[grpc]'): {exc}")
 
 
 def watch_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "etcd-watch"]
 
 
-@pytest.fixture(params=["memory", "etcd"])
+@pytest.fixture(params=BACKENDS)
 def kv(request: pytest.FixtureRequest) -> Iterator[KV]:
     if request.param == "memory":
         yield MemoryKV()
         return
     server: EtcdServer = request.getfixturevalue("etcd_server")
-    client = EtcdClient([server.endpoint])
-    yield client
-    client.close()  # cancels the watches a test left open: their threads end at once
+    real = client(request.param, server.endpoint)
+    yield real
+    real.close()  # cancels the watches a test left open: their threads end at once
     assert watch_threads() == []
 
 
@@ -40,7 +52,7 @@ def base(kv: KV) -> Iterator[str]:
     kv.delete_prefix(prefix + "/")
 
 
-@pytest.fixture(params=["memory", "etcd"])
+@pytest.fixture(params=BACKENDS)
 def breakable(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[KV, Callable[[], None]]]:
     """A KV and a way to break its watches: ``break_watches`` in memory; for etcd, a private
     server (not the session's) that is stopped."""
@@ -48,13 +60,15 @@ def breakable(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[
         memory = MemoryKV()
         yield memory, memory.break_watches
         return
+    real = client(request.param, "127.0.0.1:1", timeout_s=2)  # skips before a server starts
+    real.close()
     server = EtcdServer(tmp_path / "etcd", unique("breakable"))
     server.start()
-    client = EtcdClient([server.endpoint], timeout_s=2)
+    real = client(request.param, server.endpoint, timeout_s=2)
     try:
-        yield client, server.stop
+        yield real, server.stop
     finally:
-        client.close()
+        real.close()
         server.stop()
     wait_for(lambda: watch_threads() == [], WAIT_S, 0.01, "watch threads to end")
 
@@ -62,7 +76,7 @@ def breakable(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[
 Alarm = Callable[[str, bool], None]  # (alarm name, raise: True / disarm: False)
 
 
-@pytest.fixture(params=["memory", "etcd"])
+@pytest.fixture(params=BACKENDS)
 def alarmable(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[KV, Alarm]]:
     """A KV and a way to raise or disarm one of its alarms: ``MemoryKV.alarms``; for etcd, a
     private server (the alarm is the whole cluster's) and ``/v3/maintenance/alarm``."""
@@ -74,17 +88,20 @@ def alarmable(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[
 
         yield memory, set_memory
         return
+    client(request.param, "127.0.0.1:1").close()  # skips before a server starts
     server = EtcdServer(tmp_path / "etcd", unique("alarmed"))
     server.start()
-    client = EtcdClient([server.endpoint], timeout_s=2)
+    gateway = EtcdClient([server.endpoint], timeout_s=2)  # raises alarms as an operator would
+    real = client(request.param, server.endpoint, timeout_s=2)
 
     def set_etcd(name: str, on: bool) -> None:
-        member = gateway_post(client, "/v3/maintenance/status", {})["header"]["member_id"]
+        member = gateway_post(gateway, "/v3/maintenance/status", {})["header"]["member_id"]
         action = "ACTIVATE" if on else "DEACTIVATE"
-        gateway_post(client, "/v3/maintenance/alarm", {"action": action, "memberID": member, "alarm": name})
+        gateway_post(gateway, "/v3/maintenance/alarm", {"action": action, "memberID": member, "alarm": name})
 
     try:
-        yield client, set_etcd
+        yield real, set_etcd
     finally:
-        client.close()
+        real.close()
+        gateway.close()
         server.stop()

@@ -124,6 +124,7 @@ def test_a_warm_worker_is_found_and_killed_by_its_scripts_name(daemon: DaemonPro
     status = daemon.wait_state(job, ("SUCCEEDED", "FAILED"), 60)
     assert status["state"] == "FAILED", status
     assert spawned_modes(daemon, job) == ["warm"]
+    wait_log(daemon, "zygote.parked", job=job)  # the zygote shows its loader: pkill -f left it
 
 
 def test_a_crash_prints_the_scripts_traceback_as_python_does(daemon: DaemonProc, tmp_path: Path) -> None:

@@ -42,7 +42,7 @@ def fake_parts(monkeypatch: pytest.MonkeyPatch, trail: Trail) -> None:
     monkeypatch.setattr(compose, "Reaper", lambda *_: trail.part("reaper", "start", "close"))
     embedded = trail.part("etcd", "start", "stop", attrs={"endpoint": "http://127.0.0.1:1"})
     monkeypatch.setattr(compose, "EmbeddedEtcd", lambda *_, **__: embedded)
-    monkeypatch.setattr(compose, "EtcdClient", lambda *_, **__: trail.part("client", "health", "close"))
+    monkeypatch.setattr(compose, "connect", lambda *_, **__: trail.part("client", "health", "close"))
     monkeypatch.setattr(compose, "discover", lambda *_: trail.done.append("discover"))
 
 

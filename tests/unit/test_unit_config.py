@@ -53,6 +53,7 @@ SAMPLES: dict[str, tuple[str, str, str | None]] = {
     "etcd_ca": ("/f/ca.pem", "/e/ca.pem", "/c/ca.pem"),
     "etcd_cert": ("/f/cert.pem", "/e/cert.pem", "/c/cert.pem"),
     "etcd_key": ("/f/key.pem", "/e/key.pem", "/c/key.pem"),
+    "etcd_client": ("gateway", "grpc", "gateway"),
     "etcd_user": ("u-file", "u-env", "u-flag"),
     "etcd_password": ("p-file", "p-env", "p-flag"),
     "etcd_password_file": ("/f/pw", "/e/pw", "/c/pw"),
