@@ -173,7 +173,8 @@ def test_another_users_job_runs_warm_on_the_system_python(daemon_factory: Daemon
         script = work / "who.py"
         script.write_text(
             "import sys\nloaded = 'json' in sys.modules\nimport json, os\n"
-            "rec = {'json': loaded, 'ids': [os.getuid(), os.getgid()], 'ppid': os.getppid()}\n"
+            "rec = {'json': loaded, 'ids': [os.getuid(), os.getgid()], 'ppid': os.getppid(),\n"
+            "       'cmdline': open('/proc/self/cmdline', 'rb').read().decode().split(chr(0))}\n"
             "path = os.path.join(os.path.dirname(__file__), 'rec.' + os.environ['RANK'])\n"
             "open(path, 'w').write(json.dumps(rec))\n"
         )
@@ -189,4 +190,5 @@ def test_another_users_job_runs_warm_on_the_system_python(daemon_factory: Daemon
         assert all(r["json"] for r in recs), "json was not preloaded"
         assert all(r["ids"] == [NOBODY, NOBODY] for r in recs), recs
         assert {r["ppid"] for r in recs} == {ready["pid"]}, "not forked from the zygote"
+        assert all(r["cmdline"][-3:] == ["-u", str(script), ""] for r in recs), recs  # retitled unprivileged
         assert spawned_modes(d, job) == ["warm"]
