@@ -23,10 +23,10 @@ from elasticd.etcd.space import Space
 from elasticd.happenings.bus import publish
 from elasticd.happenings.records import JobFailed, JobJoining, JobLeft
 from elasticd.jobs import logdir, logread
+from elasticd.jobs.board import Board
 from elasticd.jobs.launch import NodeRuntime
 from elasticd.jobs.queue import Turns, admission_order
 from elasticd.jobs.quota import NO_QUOTAS, Quotas
-from elasticd.jobs.ticket import tickets_of
 from elasticd.manager import janitor as janitors
 from elasticd.manager import quotas as limits
 from elasticd.manager.access import ROOT_ONLY, Admins
@@ -76,6 +76,9 @@ class JobManager:
         self.rt = rt
         self._quotas, self._admins = quotas, admins
         self.turns = Turns()  # whose jobs this node admitted lately: the fair queue's turns
+        # The tickets and the queue of the latest read of every job, shared by the scan and
+        # ``status`` and made once per read (per job, once per snapshot).
+        self.board = Board(self.turns)
         self._kv = kv
         self._keys = keys
         self._state = state
@@ -94,9 +97,10 @@ class JobManager:
         self._jobs = JobsRead(kv, keys)  # the scan's and status's reads cost what changed
         self._settled: tuple[Jobs, int] | None = None  # the read and drain of the last full scan
         self._settled_at = 0.0
-        # What ``status`` shows: every job from a recent read, dropped at any change to a job
-        # this daemon sees (``wake``) and at its own writes (``CommandService``).
-        self.recent: RecentRead[dict[str, JobSnapshot]] = RecentRead(self.snapshots)
+        # Every job from a recent read, dropped at any change this daemon sees that wakes the scan
+        # (``wake``) and at its own writes (``CommandService``): what ``status`` shows, and the
+        # scan's read, which ``status`` callers share (the scan a change wakes reads once for both).
+        self.recent: RecentRead[Jobs] = RecentRead(self._jobs.read)
         if hooks is not None:  # the registry's lease news: fence on a loss, rescan on a grant
             hooks.attach(self)
 
@@ -115,8 +119,7 @@ class JobManager:
         """Something changed: for one job (``change.job``), or anywhere (None, or a node key)."""
         if change is not None and (change.kind in QUIET_KINDS or not self._node_wakes.wakes(change)):
             return
-        if change is None or change.job is not None:
-            self.recent.invalidate()
+        self.recent.invalidate()  # the scan this wakes reads again, and ``status`` with it
         if change is None or change.job is None:
             for agent in self.agents.values():
                 agent.wake()
@@ -187,10 +190,20 @@ class JobManager:
         """Every job, all as of one revision (one read of ``jobs/`` and ``parts/``)."""
         return (await self._read_jobs())[0]
 
+    async def recent_snapshots(self) -> dict[str, JobSnapshot]:
+        """Every job, from the recent read (``RecentRead.get``): what ``status`` answers from."""
+        return (await self.recent.get())[0]
+
+    def held_snapshots(self) -> dict[str, JobSnapshot] | None:
+        """The recent read's jobs while it is valid, without reading (None: none is)."""
+        held = self.recent.held()
+        return held[0] if held is not None else None
+
     async def _read_jobs(self) -> Jobs:
         """Every job as ``snapshots``, and the parts of no job (``parse_jobs``), which the
-        janitor deletes; read again only if something changed (``JobsRead``)."""
-        return await self._jobs.read()
+        janitor deletes: a read that began after the last change seen, shared with ``status``
+        (``RecentRead.fresh``), and read again only as far as something changed (``JobsRead``)."""
+        return await self.recent.fresh()
 
     async def scan(self, clean_up: bool = True, quiet: bool = False) -> None:
         """Join what this node should join; with ``clean_up``, do the janitor's round if elected
@@ -213,13 +226,20 @@ class JobManager:
         if clean_up:
             self._due = None
         janitor = clean_up and await self.janitor.elected(lease)
-        if janitor:  # first: etcd near its quota (or at it, refusing the writes below) needs room
-            for job_id in await self.janitor.relieve(snaps):
-                snaps.pop(job_id, None)
-        tickets = tickets_of(snaps.values())  # the jobs that have not ended
+        # First: etcd near its quota (or at it, refusing the writes below) needs room. The read is
+        # shared (``JobsRead``, ``Board``, ``status``): the jobs removed are left out of a copy.
+        if janitor and (removed := await self.janitor.relieve(snaps)):
+            snaps = {j: s for j, s in snaps.items() if j not in removed}
+        tickets = self.board.tickets(snaps)  # the jobs that have not ended
         failed = await limits.enforce(tickets, self._quotas, self._admins, self.store_of)
-        for job_id in admission_order((t for t in tickets if t.id not in failed), self.turns.last):
-            if job_id not in self.agents:
+        if failed:
+            order = admission_order((t for t in tickets if t.id not in failed), self.turns.last)
+        else:
+            order = self.board.queue(snaps).admission
+        node = self.rt.node_id
+        for job_id in order:
+            head = snaps[job_id].head
+            if job_id not in self.agents and head is not None and head.allows(node):
                 await self._consider(snaps[job_id], lease)
         if janitor:
             await self.janitor.sweep(snaps)
