@@ -74,7 +74,6 @@ class JobManager:
         hooks: LeaseHooks | None = None,
     ) -> None:
         self.rt = rt
-        self._quotas, self._admins = quotas, admins
         self.turns = Turns()  # whose jobs this node admitted lately: the fair queue's turns
         # The tickets and the queue of the latest read of every job, shared by the scan and
         # ``status`` and made once per read (per job, once per snapshot).
@@ -85,6 +84,7 @@ class JobManager:
         self._registry = registry
         self.store_of = store_of or (lambda job_id: EtcdJobStore(kv, keys, job_id))
         self.admitter = Admitter(rt, allow_root_jobs)
+        self._limits = limits.Enforcer(quotas, admins, self.store_of)
         self.janitor = Janitor(kv, keys, rt.node_id, self.store_of, retention_s, space=space)
         self.agents: dict[str, JobAgent] = {}
         self._wake = asyncio.Event()
@@ -231,7 +231,7 @@ class JobManager:
         if janitor and (removed := await self.janitor.relieve(snaps)):
             snaps = {j: s for j, s in snaps.items() if j not in removed}
         tickets = self.board.tickets(snaps)  # the jobs that have not ended
-        failed = await limits.enforce(tickets, self._quotas, self._admins, self.store_of)
+        failed = await self._limits.enforce(tickets)
         if failed:
             order = admission_order((t for t in tickets if t.id not in failed), self.turns.last)
         else:
