@@ -17,7 +17,7 @@ from elasticd.agent.record import AgentState
 from elasticd.aio import wait_event
 from elasticd.decode import DecodeError
 from elasticd.errors import EtcdUnavailable
-from elasticd.etcd.keys import Change, Keys
+from elasticd.etcd.keys import Change, KeyKind, Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.space import Space
 from elasticd.happenings.bus import publish
@@ -55,6 +55,9 @@ SCAN_S = 10.0
 # longer than this after the last full scan: a full one then redoes whatever a failed write left.
 FULL_SCAN_S = 60.0
 DUE_SLACK_S = 0.05  # wake just after a janitor deadline, not just before it
+# How long a submit waits for the watch to report the head it created (``expect_head``) before it
+# scans anyway: the watch reports it within milliseconds unless it is broken (then re-armed).
+HEAR_S = 0.5
 
 
 class JobManager:
@@ -94,6 +97,8 @@ class JobManager:
         # Jobs a scan is taking this node into: it reads the full spec (an await) between the
         # admission and the agent, and a submit's scan and the watch's may overlap.
         self._joining: set[str] = set()
+        # Heads this node's submits created and wait to hear of from the watch (``expect_head``).
+        self._expected: dict[str, asyncio.Event] = {}
         self._jobs = JobsRead(kv, keys)  # the scan's and status's reads cost what changed
         self._settled: tuple[Jobs, int] | None = None  # the read and drain of the last full scan
         self._settled_at = 0.0
@@ -117,6 +122,8 @@ class JobManager:
     # -- wake-ups ---------------------------------------------------------------------------------
     def wake(self, change: Change | None = None) -> None:
         """Something changed: for one job (``change.job``), or anywhere (None, or a node key)."""
+        if change is not None and change.job in self._expected and change.kind is KeyKind.SPEC:
+            self._expected[change.job].set()  # (its waiter resumes after this call's invalidation)
         if change is not None and (change.kind in QUIET_KINDS or not self._node_wakes.wakes(change)):
             return
         self.recent.invalidate()  # the scan this wakes reads again, and ``status`` with it
@@ -166,6 +173,22 @@ class JobManager:
             _log.info("watch.rearm")
             self._node_wakes.forget()
             self.wake()
+
+    def expect_head(self, job_id: str) -> asyncio.Event:
+        """An event set when the watch reports ``job_id``'s head (see ``heard``); call before
+        creating it, and ``forget_head`` after."""
+        return self._expected.setdefault(job_id, asyncio.Event())
+
+    def forget_head(self, job_id: str) -> None:
+        self._expected.pop(job_id, None)
+
+    async def heard(self, event: asyncio.Event) -> None:
+        """Wait (at most ``HEAR_S``) for the watch's news of a head this node created. The news
+        wakes the scan, and drops the recent read; a scan or ``status`` begun after it shares the
+        read that scan makes (``RecentRead.fresh``). Without the wait, a submit's own scan read
+        the new job, then the scan its news woke read again (with a thousand jobs queued, each
+        read costs etcd a pass over every job's keys)."""
+        await wait_event(event, HEAR_S)
 
     def fence_all(self) -> None:
         for agent in self.agents.values():

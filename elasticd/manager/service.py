@@ -178,10 +178,15 @@ class CommandService:
                 requested=spec.nproc_per_node,
                 available=biggest,
             )
-        if not await self._manager.store_of(spec.id).create(spec):
-            raise Conflict(f"job {spec.id} already exists")
-        self._manager.recent.invalidate()
-        publish(JobSubmitted(spec.id, spec.user, tuple(spec.argv), str(spec.nnodes)))
+        heard = self._manager.expect_head(spec.id)
+        try:
+            if not await self._manager.store_of(spec.id).create(spec):
+                raise Conflict(f"job {spec.id} already exists")
+            self._manager.recent.invalidate()
+            publish(JobSubmitted(spec.id, spec.user, tuple(spec.argv), str(spec.nnodes)))
+            await self._manager.heard(heard)  # so that this scan shares the read its news wakes
+        finally:
+            self._manager.forget_head(spec.id)
         await self._manager.scan(clean_up=False)
         return await self.view(spec.id, queue=False)  # its place: ``status`` (no second full read)
 
