@@ -188,7 +188,8 @@ class JobManager:
         read that scan makes (``RecentRead.fresh``). Without the wait, a submit's own scan read
         the new job, then the scan its news woke read again (with a thousand jobs queued, each
         read costs etcd a pass over every job's keys)."""
-        await wait_event(event, HEAR_S)
+        if not await wait_event(event, HEAR_S):
+            _log.info("watch.late", waited_s=HEAR_S)  # (broken, or etcd or this host overloaded)
 
     def fence_all(self) -> None:
         for agent in self.agents.values():
