@@ -185,9 +185,9 @@ class JobManager:
     async def heard(self, event: asyncio.Event) -> None:
         """Wait (at most ``HEAR_S``) for the watch's news of a head this node created. The news
         wakes the scan, and drops the recent read; a scan or ``status`` begun after it shares the
-        read that scan makes (``RecentRead.fresh``). Without the wait, a submit's own scan read
-        the new job, then the scan its news woke read again (with a thousand jobs queued, each
-        read costs etcd a pass over every job's keys)."""
+        read that scan makes (``RecentRead.fresh``). Without the wait, a submit's own scan would
+        read the new job, then the scan its news wakes would read again (with a thousand jobs
+        queued, each read costs etcd a pass over every job's keys)."""
         if not await wait_event(event, HEAR_S):
             _log.info("watch.late", waited_s=HEAR_S)  # (broken, or etcd or this host overloaded)
 

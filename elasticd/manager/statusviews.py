@@ -1,9 +1,9 @@
 """``status`` of every job, at a cost that follows what changed, not how many jobs are queued.
 
-A thousand queued jobs make a reply of ~700 KB. Building it from the jobs at every call (a view
+A thousand queued jobs make a reply of ~800 KB. Building it from the jobs at every call (a view
 and a JSON encoding per job, a ticket per job for the queue, a reason's text per waiting job)
-cost ~25 ms of the daemon's one event loop, and a submit right before it changes the read, so
-nothing built for the last call could be given out again. So:
+would take ~25 ms of the daemon's one event loop, and a submit right before it changes the read,
+so nothing built for the last call can be given out again. So:
 
 - each job's view and its JSON are made once per snapshot (the read hands out the same snapshot
   while the job's keys are unchanged: ``manager/jobsread.py``);
