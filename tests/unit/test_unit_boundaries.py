@@ -124,6 +124,7 @@ PURE = (
     "elasticd.jobs.queue",
     "elasticd.jobs.quota",
     "elasticd.jobs.ticket",
+    "elasticd.jobs.board",
     "elasticd.jobs.rate",
     "elasticd.jobs.logscope",
     # records, models and views
