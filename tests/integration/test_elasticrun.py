@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,7 +38,7 @@ def torchrun(cwd: Path, *argv: str, env: dict[str, str]) -> subprocess.Completed
     )
 
 
-def contracts(out: Path) -> list[dict[str, object]]:
+def contracts(out: Path) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted(out.glob("contract.*.json"))]
 
 

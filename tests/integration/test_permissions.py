@@ -6,6 +6,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,7 +40,7 @@ def _sleeper(public: Path) -> Path:
     return script
 
 
-def _submit_args(script: Path, **extra: object) -> dict[str, object]:
+def _submit_args(script: Path, **extra: object) -> dict[str, Any]:
     return {
         "entry_kind": "script",
         "entry": str(script),

@@ -15,6 +15,7 @@ from elasticd.daemon import compose
 from elasticd.errors import ConfigError
 from elasticd.netaddr import NoFreePort
 from elasticd.node.hooks import LeaseHooks
+from elasticd.node.liveness import LivenessServer
 
 
 class Trail:
@@ -63,7 +64,7 @@ def test_a_part_that_fails_to_build_leaves_the_ones_before_it_undone_in_reverse_
     def no_port(*_: Any) -> None:
         raise NoFreePort("no free port in 29500-29501")
 
-    monkeypatch.setattr(compose.LivenessServer, "start", lambda self, ports: no_port())
+    monkeypatch.setattr(LivenessServer, "start", lambda self, ports: no_port())
     with pytest.raises(ConfigError, match="no free port"):
         start(tmp_path)
     built = ["state.open", "state.node_id", "reaper.start", "etcd.start", "client.health", "discover"]

@@ -15,10 +15,9 @@ from elasticd.rendezvous.model import (
     Member,
     NodeStatus,
     RoundInfo,
-    RoundReason,
     RoundResult,
 )
-from elasticd.terms.state import EndReason, JobState
+from elasticd.terms.state import EndReason, JobState, RoundReason
 
 
 def _via_json(data: dict[str, Any]) -> dict[str, Any]:
@@ -301,6 +300,7 @@ def test_final_record_rejects(change: dict[str, Any]) -> None:
 def test_drain_record() -> None:
     assert DrainRecord.from_json({"grace_s": 30, "at": 1.0, "by": "root"}) == DrainRecord(30.0, 1.0, "root")
     assert DrainRecord.from_json({}) == DrainRecord()
+    bad: object
     for bad in ({"grace_s": -1}, {"grace_s": 3601}, {"grace_s": "5"}, {"at": None}, [], "drain"):
         with pytest.raises(DecodeError):
             DrainRecord.from_json(bad)

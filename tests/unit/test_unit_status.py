@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 import typing
 from datetime import datetime
 from typing import Any
 
 import pytest
 
-from elasticctl import cli, render
+from elasticctl import render
 from elasticctl.commands import status as status_command
 from elasticctl.entry import UsageError
+from elasticctl.parser import build_parser
 from elasticctl.views import status as status_view
 from elasticd import wire
 from elasticd.control.params import parse_args
@@ -305,7 +307,7 @@ class Canned:
 
 
 def parse(*argv: str) -> argparse.Namespace:
-    return cli.build_parser().parse_args(["status", *argv])
+    return build_parser().parse_args(["status", *argv])
 
 
 def ended(job_id: str, state: JobState = JobState.SUCCEEDED) -> JobSnapshot:
@@ -365,7 +367,7 @@ def test_watch_defaults_and_stops_with_exit_0_on_ctrl_c(
         if len(sleeps) == 2:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(status_view.time, "sleep", sleep)
+    monkeypatch.setattr(time, "sleep", sleep)
     assert status_view.run(client, parse("-q", "--state", "SUCCEEDED", "--watch", "0.5")) == 0
     assert capsys.readouterr().out == "a\n\na\n\n"  # two looks, an empty line after each
     assert sleeps == [0.5, 0.5]

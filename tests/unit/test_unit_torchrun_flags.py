@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any, cast
 
@@ -77,7 +78,7 @@ def test_mapped_values() -> None:
 
 
 def test_nproc_per_node_as_torchrun_reads_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(torchrun.os, "cpu_count", lambda: 6)
+    monkeypatch.setattr(os, "cpu_count", lambda: 6)
     assert nproc("3", lambda: 8) == 3
     assert (nproc("gpu", lambda: 8), nproc("auto", lambda: 8)) == (8, 8)
     assert (nproc("cpu", lambda: 8), nproc("auto", lambda: 0)) == (6, 6)
