@@ -117,6 +117,8 @@ PURE = (
     "elasticd.manager.recent",
     "elasticd.manager.wakes",
     "elasticd.node.allocator",
+    "elasticd.gpu.devices",
+    "elasticd.gpu.topology",
     "elasticd.etcd.space",
     "elasticd.events.rings",
     "elasticd.events.select",
