@@ -180,11 +180,20 @@ class LogsReply(TypedDict):
     attempt_started_at: NotRequired[dict[str, float]]  # attempts with logs here, and when each started
 
 
+class MigView(TypedDict):
+    uuid: str
+    name: str
+    memory_mib: int
+
+
 class GpuView(TypedDict):
     index: int
     uuid: str
     name: str
     memory_mib: int
+    bus_id: str
+    cpus: list[int]
+    mig: list[MigView]
 
 
 class InventoryView(TypedDict):
