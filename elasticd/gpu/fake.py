@@ -9,6 +9,7 @@ the topologies placement is tested on.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import queue
 import threading
@@ -81,7 +82,8 @@ class FakeNvml:
         self.ancestor = ancestor or {}
         self.nvlinked = nvlinked or set()
         self.fail_on = fail_on
-        self.calls: list[str] = []
+        self.calls: list[str] = []  # the latest calls, in order
+        self.counts: collections.Counter[str] = collections.Counter()  # every call, by name
         self.initialised = 0
         self._events: queue.Queue[tuple[int, int]] = queue.Queue(maxsize=1024)
         self._registered: set[int] = set()
@@ -96,6 +98,7 @@ class FakeNvml:
     def _call(self, name: str, handle: _Handle | None = None) -> FakeGpu | None:
         with self._lock:
             self.calls.append(name)
+            self.counts[name] += 1
             del self.calls[:-4096]
         if name == self.fail_on:
             raise RuntimeError(f"NVML failure in {name}")

@@ -1,6 +1,8 @@
 """Which of this host's slots (GPUs or CPU slots) each job holds. Pure: no I/O.
 
-Two jobs never hold the same slot, so their CUDA_VISIBLE_DEVICES are disjoint.
+Two jobs never hold the same slot, so their CUDA_VISIBLE_DEVICES are disjoint. A slot ``out`` of
+the pool (an unhealthy GPU's) is never handed out; a job that holds one keeps it until it is
+released (its node leaves the job, ``manager/gpus.py``).
 """
 
 from __future__ import annotations
@@ -12,14 +14,19 @@ class Allocator:
     def __init__(self, capacity: int, held: Mapping[str, tuple[int, ...]] | None = None) -> None:
         self.capacity = capacity
         self._held: dict[str, tuple[int, ...]] = dict(held or {})
+        self.out: frozenset[int] = frozenset()
 
     @property
     def held(self) -> dict[str, tuple[int, ...]]:
         return dict(self._held)
 
     def free(self) -> list[int]:
-        taken = {s for slots in self._held.values() for s in slots}
+        taken = {s for slots in self._held.values() for s in slots} | self.out
         return [s for s in range(self.capacity) if s not in taken]
+
+    def holders(self, slots: frozenset[int]) -> list[str]:
+        """The jobs that hold any of ``slots``."""
+        return sorted(job for job, held in self._held.items() if slots & set(held))
 
     def fits_host(self, count: int) -> bool:
         return 0 < count <= self.capacity

@@ -46,7 +46,7 @@ class FailureView(TypedDict):
     failed_at: NotRequired[float | None]  # its error file's timestamp, else when its exit was seen
     also_failed: NotRequired[list[FailedRankView]]  # the node's other failed ranks, first failed first
     also_failed_more: NotRequired[int]  # failed ranks beyond those listed
-    kind: NotRequired[str]  # a FailureKind: user_code, oom, signal, hang, node_lost, infrastructure
+    kind: NotRequired[str]  # a FailureKind: user_code, oom, signal, hang, node_lost, gpu, infrastructure
     exception: NotRequired[str]  # the exception's type, when the output names one
     exited_at: NotRequired[float | None]
     step: NotRequired[int | None]  # the furthest step the failing node's ranks reported

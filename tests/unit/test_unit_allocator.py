@@ -90,3 +90,16 @@ def test_fits_host_ignores_current_use() -> None:
     a.allocate("j1", 2)
     assert a.fits_host(2)
     assert a.allocate("j2", 2) is None
+
+
+def test_slots_out_of_the_pool_are_never_handed_out() -> None:
+    a = Allocator(4)
+    assert a.allocate("j1", 2) == (0, 1)
+    a.out = frozenset({1, 2})
+    assert a.free() == [3]
+    assert a.allocate("j2", 2) is None
+    assert a.holders(frozenset({1, 2})) == ["j1"]
+    a.release("j1")
+    assert a.allocate("j2", 2) == (0, 3)
+    a.out = frozenset()
+    assert a.free() == [1, 2]

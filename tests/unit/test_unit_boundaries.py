@@ -119,6 +119,7 @@ PURE = (
     "elasticd.node.allocator",
     "elasticd.gpu.devices",
     "elasticd.gpu.topology",
+    "elasticd.gpu.health",
     "elasticd.etcd.space",
     "elasticd.events.rings",
     "elasticd.events.select",

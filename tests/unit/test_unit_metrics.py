@@ -155,3 +155,17 @@ def test_an_address_in_use_is_a_config_error() -> None:
             await first.close()
 
     asyncio.run(run())
+
+
+def test_gpu_unhealthy_is_counted_by_a_bounded_fault() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from elasticd.happenings.records import GpuUnhealthy
+    from elasticd.metrics.counters import EventMetrics
+
+    reg = CollectorRegistry()
+    m = EventMetrics(reg)
+    m.observe(GpuUnhealthy("n1", "GPU-1", "ecc", "x", None))
+    m.observe(GpuUnhealthy("n1", "GPU-2", "made-up", "x", None))
+    assert reg.get_sample_value("elasticd_gpu_unhealthy_total", {"fault": "ecc"}) == 1
+    assert reg.get_sample_value("elasticd_gpu_unhealthy_total", {"fault": "other"}) == 1
