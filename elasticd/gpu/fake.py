@@ -69,7 +69,7 @@ class FakeNvml:
     """pynvml over ``gpus``. ``ancestor(i, j)`` is the PCIe common ancestor level of two GPUs
     (``api.TOPOLOGY_*``), ``nvlinked`` the pairs joined by NVLink (or one NVSwitch fabric)."""
 
-    NVMLError = FakeNvmlError
+    NVMLError: type[Exception] = FakeNvmlError
 
     def __init__(
         self,

@@ -20,6 +20,7 @@ from elasticd.errors import (
     Conflict,
     EtcdUnavailable,
     InsufficientCapacity,
+    InvalidArgs,
     InvalidSpec,
     JobNotFound,
     NodeNotFound,
@@ -31,7 +32,14 @@ from elasticd.etcd.types import Query
 from elasticd.events.schema import EventsArgs
 from elasticd.events.store import EventLog, Page
 from elasticd.happenings.bus import publish
-from elasticd.happenings.records import JobKilled, JobRemoved, JobSubmitted, NodeDrained, NodeUndrained
+from elasticd.happenings.records import (
+    GpuReturned,
+    JobKilled,
+    JobRemoved,
+    JobSubmitted,
+    NodeDrained,
+    NodeUndrained,
+)
 from elasticd.jobs import logdir, quota
 from elasticd.jobs.logs import Read, attempt_starts, log_files, read_logs
 from elasticd.jobs.logscope import check_scope, round_view
@@ -46,7 +54,7 @@ from elasticd.manager.jobs import JobManager
 from elasticd.node.registry import NodeRecord, NodeRegistry
 from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.head import parse_head
-from elasticd.terms.ids import valid_job_id
+from elasticd.terms.ids import valid_gpu_uuid, valid_job_id
 from elasticd.terms.spec import JobSpec
 from elasticd.terms.state import EndReason, JobState
 from elasticd.wire import LogsArgs, RoundView, is_terminal
@@ -402,6 +410,16 @@ class CommandService:
             raise Conflict(f"node {node} is not drained{where}")
         publish(NodeUndrained(node, job_id))
         return {"node": node, "job": job_id}
+
+    async def return_gpu(self, node: str, uuid: str, user: str) -> dict[str, Any]:
+        """Return a GPU its node took out of the pool: its daemon judges it afresh from its
+        counters as they are now (``manager/gpus.py``)."""
+        if not valid_gpu_uuid(uuid):
+            raise InvalidArgs("gpu must be a GPU UUID (GPU-...)")
+        if not await asyncio.to_thread(self._kv.delete, self._keys.gpu(node, uuid)):
+            raise Conflict(f"GPU {uuid} of node {node} is not out of the pool")
+        publish(GpuReturned(node, uuid, user))
+        return {"node": node, "job": None, "gpu": uuid}
 
 
 def _with_place(encoded: bytes, place: QueuePlace | None) -> bytes:

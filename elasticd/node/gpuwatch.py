@@ -18,7 +18,7 @@ from elasticd import log
 from elasticd.gpu import health
 from elasticd.gpu.health import Verdict
 from elasticd.gpu.nvml import ERROR_TIMEOUT, EVENT_XID_CRITICAL, Nvml, code_of, text
-from elasticd.gpu.read import Counters, handles, read_counters, session
+from elasticd.gpu.read import Counters, Usage, handles, read_counters, read_usage, session
 
 _log = log.get("elasticd.gpu")
 
@@ -42,6 +42,7 @@ class GpuWatch:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._accepted: set[str] = set()
+        self._usage: dict[str, Usage] = {}
         self._thread = threading.Thread(target=self._run, name="gpu-watch", daemon=True)
 
     def start(self) -> None:
@@ -56,6 +57,11 @@ class GpuWatch:
         """The operator returned the GPU: judge it from its counters as they are now."""
         with self._lock:
             self._accepted.add(uuid)
+
+    def usage(self) -> dict[str, Usage]:
+        """Each GPU's memory used and utilisation at the last poll."""
+        with self._lock:
+            return dict(self._usage)
 
     def _run(self) -> None:
         try:
@@ -82,6 +88,9 @@ class GpuWatch:
                     for uuid, handle in by_uuid.items():
                         if uuid not in reported:
                             self._verdict(uuid, _judge(nvml, handle, baselines[uuid]), reported)
+                    usage = {uuid: read_usage(nvml, handle) for uuid, handle in by_uuid.items()}
+                    with self._lock:
+                        self._usage = usage
                     next_poll = time.monotonic() + self._poll_s
                 xid = (
                     _wait(nvml, events, self._wait_s) if events is not None else self._stop.wait(self._wait_s)

@@ -50,6 +50,19 @@ class InventoryRecord:
 
 
 @dataclass(frozen=True)
+class GpuState:
+    """One GPU as its node's record shows it (``manager/gpus.py``: ``GpuPool.states``)."""
+
+    uuid: str
+    state: str = "healthy"  # or "unhealthy": out of the pool until an operator returns it
+    reason: str = ""
+    memory_used_mib: int | None = None
+    utilization_pct: int | None = None
+    job: str | None = None
+    local_rank: int | None = None
+
+
+@dataclass(frozen=True)
 class NodeRecord:
     """Value of ``nodes/<node>`` (see ``NodeRegistry.full_record``), as other nodes read it.
 
@@ -67,6 +80,7 @@ class NodeRecord:
     free_devices: str = ""
     jobs: tuple[str, ...] = ()
     draining: bool = False
+    gpu_states: tuple[GpuState, ...] = ()
 
     def __post_init__(self) -> None:
         if not valid_node_id(self.node):
@@ -77,7 +91,7 @@ class NodeRecord:
             raise ValueError("jobs must be job ids")
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self) | {"jobs": list(self.jobs)}
+        return asdict(self) | {"jobs": list(self.jobs), "gpu_states": [asdict(g) for g in self.gpu_states]}
 
 
 def parse_node(keys: Keys, kv: KeyValue) -> NodeRecord | None:

@@ -90,6 +90,7 @@ class DrainArgs:
 class UndrainArgs:
     node: str
     job: str | None = None
+    gpu: str | None = None  # return this GPU (its UUID) to the node's pool instead
 
 
 def default(args: type[Any], name: str) -> Any:

@@ -202,6 +202,18 @@ class InventoryView(TypedDict):
     gpus: list[GpuView]
 
 
+class GpuStateView(TypedDict):
+    """One GPU's health and use (``elasticd.node.registry.GpuState``)."""
+
+    uuid: str
+    state: str  # healthy, unhealthy
+    reason: str
+    memory_used_mib: int | None
+    utilization_pct: int | None
+    job: str | None
+    local_rank: int | None
+
+
 class NodeView(TypedDict):
     """A live node (``elasticd.node.registry.NodeRecord.to_json``)."""
 
@@ -215,6 +227,7 @@ class NodeView(TypedDict):
     free_devices: str
     jobs: list[str]
     draining: bool
+    gpu_states: list[GpuStateView]
 
 
 class EtcdSpaceView(TypedDict):
@@ -249,6 +262,7 @@ class DrainReply(TypedDict):
 class UndrainReply(TypedDict):
     node: str
     job: str | None
+    gpu: NotRequired[str]
 
 
 class CallerView(TypedDict):

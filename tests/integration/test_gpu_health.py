@@ -1,0 +1,51 @@
+"""An unhealthy GPU, read through a fake NVML the test drives, leaves the pool; its job goes on
+without it (no restart spent) and an operator returns it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from elasticd.gpu.fakefile import write
+from tests.conftest import DaemonFactory
+from tests.support import DaemonProc, submit_job, wait_for, wait_round
+
+MEMBER = str(Path(__file__).parent.parent / "scripts" / "member.py")
+
+
+def gpu_states(d: DaemonProc) -> list[dict[str, Any]]:
+    return list(d.call("nodes")["nodes"][0]["gpu_states"])
+
+
+def test_an_unhealthy_gpu_leaves_the_pool_and_its_job_moves(
+    daemon_factory: DaemonFactory, tmp_path: Path
+) -> None:
+    nvml = tmp_path / "nvml.json"
+    spec: dict[str, Any] = {"topology": "pcie_only", "count": 2, "node": "t", "gpus": [{}, {}]}
+    write(nvml, spec)
+    d = daemon_factory(None, "--fake-nvml", str(nvml), "--gpu-poll", "0.1")
+    out = tmp_path / "out"
+    out.mkdir()
+    job = submit_job(d, out, "--nproc-per-node", "1", MEMBER)
+    first = wait_round(out, 0, 1)
+    assert first[0]["CUDA_VISIBLE_DEVICES"] == "0"
+
+    spec["gpus"][0] = {"ecc_uncorrected": 2}
+    write(nvml, spec)
+    second = wait_round(out, 1, 1)
+    assert second[0]["CUDA_VISIBLE_DEVICES"] == "1"  # the job went on without GPU 0
+    view = d.job(job)
+    assert view["state"] == "RUNNING" and view["restarts"] == 0
+    bad = gpu_states(d)[0]
+    assert (bad["uuid"], bad["state"]) == ("GPU-t-0", "unhealthy")
+    assert bad["reason"] == "uncorrectable ECC errors: 2 (was 0)"
+    events = d.call("events", job=job)["events"]
+    assert any(e["kind"] == "gpu_unhealthy" and e["fields"]["fault"] == "ecc" for e in events), events
+    assert any(e["kind"] == "restart" and "gpu_failed" in e["message"] for e in events), events
+
+    res = d.ctl("undrain", d.node_id, "--gpu", "GPU-t-0")
+    assert res.returncode == 0, res.stderr
+    wait_for(lambda: gpu_states(d)[0]["state"] == "healthy", 10, what="the GPU back in the pool")
+    assert d.ctl("undrain", d.node_id, "--gpu", "GPU-t-0").returncode == 3  # no longer out
+    (out / "finish").touch()
+    d.wait_state(job, ("SUCCEEDED",))
