@@ -114,10 +114,15 @@ class GpuPool:
     def _apply(self) -> None:
         self._allocator.out = self.slots_of(set(self.marks))
 
-    def states(self) -> list[dict[str, Any]]:
+    def states(
+        self, first_rank: Mapping[str, int | None] | None = None, coarse: bool = True
+    ) -> list[dict[str, Any]]:
         """Each GPU as the node record shows it: its state and why, its usage, the job holding it
-        and the local rank there (memory in 256 MiB steps and utilisation in 5 % steps, so that
-        the record, compared at every keep-alive, is not rewritten for every small change)."""
+        and the rank there (``first_rank``: each job's global rank of its local rank 0). Memory
+        in 256 MiB steps and utilisation in 5 % steps, so that
+        the record, compared at every keep-alive, is not rewritten for every small change; exact
+        for the metrics, with ``coarse`` off)."""
+        mem_step, util_step = (256, 5) if coarse else (1, 1)
         usage = self._usage()
         held = self._allocator.held
         out = []
@@ -131,15 +136,23 @@ class GpuPool:
                     "uuid": gpu.uuid,
                     "state": "unhealthy" if mark is not None else "healthy",
                     "reason": mark.reason if mark is not None else "",
-                    "memory_used_mib": _step(u.memory_used_mib, 256),
-                    "utilization_pct": _step(u.utilization_pct, 5),
+                    "memory_used_mib": _step(u.memory_used_mib, mem_step),
+                    "utilization_pct": _step(u.utilization_pct, util_step),
                     "job": holder[0] if holder else None,
-                    "local_rank": min(holder[1].index(s) for s in slots if s in holder[1])
-                    if holder
-                    else None,
+                    "rank": _rank(holder, slots, first_rank or {}),
                 }
             )
         return out
+
+
+def _rank(
+    holder: tuple[str, tuple[int, ...]] | None, slots: frozenset[int], first_rank: Mapping[str, int | None]
+) -> int | None:
+    """The global rank on the GPU (its first slot's, for a partitioned GPU), once workers run."""
+    if holder is None or first_rank.get(holder[0]) is None:
+        return None
+    local = min(holder[1].index(s) for s in slots if s in holder[1])
+    return int(first_rank[holder[0]] or 0) + local
 
 
 def _step(value: int | None, step: int) -> int | None:

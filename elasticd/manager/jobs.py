@@ -116,7 +116,7 @@ class JobManager:
             "free_devices": self.rt.inventory.visible_devices(tuple(free)),
             "jobs": sorted(self.agents),
             "draining": self.admitter.draining is not None,
-            "gpu_states": self.gpus.states(),
+            "gpu_states": self.gpus.states({j: a.first_rank for j, a in self.agents.items()}),
         }
 
     # -- wake-ups ---------------------------------------------------------------------------------
@@ -318,6 +318,7 @@ class JobManager:
             self._state.save_job(
                 job_id, {"slots": list(agent.slots), "pgids": pgids, "saved_at": time.time()}
             )
+            self._registry.publish_soon()  # the record shows the ranks on its GPUs
             return
         if self.agents.get(job_id) is agent:
             del self.agents[job_id]

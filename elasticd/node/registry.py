@@ -59,7 +59,7 @@ class GpuState:
     memory_used_mib: int | None = None
     utilization_pct: int | None = None
     job: str | None = None
-    local_rank: int | None = None
+    rank: int | None = None
 
 
 @dataclass(frozen=True)

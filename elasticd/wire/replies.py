@@ -211,7 +211,7 @@ class GpuStateView(TypedDict):
     memory_used_mib: int | None
     utilization_pct: int | None
     job: str | None
-    local_rank: int | None
+    rank: int | None
 
 
 class NodeView(TypedDict):

@@ -3,6 +3,7 @@ without it (no restart spent) and an operator returns it."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,12 @@ def test_an_unhealthy_gpu_leaves_the_pool_and_its_job_moves(
     bad = gpu_states(d)[0]
     assert (bad["uuid"], bad["state"]) == ("GPU-t-0", "unhealthy")
     assert bad["reason"] == "uncorrectable ECC errors: 2 (was 0)"
+    held = wait_for(lambda: (g := gpu_states(d)[1])["rank"] is not None and g, 10, what="the rank on GPU 1")
+    assert (held["state"], held["job"], held["rank"]) == ("healthy", job, 0)
+    shown = d.ctl("nodes")
+    assert shown.returncode == 0 and "GPU-t-0" in shown.stdout and "uncorrectable ECC" in shown.stdout
+    as_json = json.loads(d.ctl("nodes", "--json").stdout)
+    assert as_json["nodes"][0]["gpu_states"][0]["state"] == "unhealthy"
     events = d.call("events", job=job)["events"]
     assert any(e["kind"] == "gpu_unhealthy" and e["fields"]["fault"] == "ecc" for e in events), events
     assert any(e["kind"] == "restart" and "gpu_failed" in e["message"] for e in events), events
