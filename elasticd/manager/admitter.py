@@ -25,7 +25,7 @@ class Admitter:
         self._rt = rt
         self._allow_root_jobs = allow_root_jobs  # this node's own config, whatever a spec says
         self._uid = os.geteuid()
-        self.allocator = Allocator(rt.inventory.slots)
+        self.allocator = Allocator(rt.inventory.slots, link=rt.inventory.slot_link)
         self.draining: DrainRecord | None = None  # this node's drain record, while drained
 
     @property

@@ -9,10 +9,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from elasticd.gpu.placement import LinkOf, choose
+from elasticd.gpu.topology import Link
+
+
+def _unknown(a: int, b: int) -> Link:
+    return Link.SYSTEM
+
 
 class Allocator:
-    def __init__(self, capacity: int, held: Mapping[str, tuple[int, ...]] | None = None) -> None:
+    def __init__(
+        self, capacity: int, held: Mapping[str, tuple[int, ...]] | None = None, link: LinkOf | None = None
+    ) -> None:
         self.capacity = capacity
+        self._link = link or _unknown  # how two slots are linked (``Inventory.slot_link``)
         self._held: dict[str, tuple[int, ...]] = dict(held or {})
         self.out: frozenset[int] = frozenset()
 
@@ -32,16 +42,18 @@ class Allocator:
         return 0 < count <= self.capacity
 
     def allocate(self, job_id: str, count: int) -> tuple[int, ...] | None:
-        """The lowest ``count`` free slots for ``job_id``, or None if not enough are free now."""
+        """``count`` free slots for ``job_id`` with the best common link (``gpu/placement.py``;
+        the lowest ones when the topology is unknown), or None if not enough are free now."""
         if count < 1:
             raise ValueError(f"a job needs at least one slot, asked for {count}")
         if job_id in self._held:
             return self._held[job_id]
         free = self.free()
-        if count > len(free):
+        chosen = choose(free, count, self._link)
+        if chosen is None:
             return None
-        self._held[job_id] = tuple(free[:count])
-        return self._held[job_id]
+        self._held[job_id] = chosen
+        return chosen
 
     def release(self, job_id: str) -> None:
         self._held.pop(job_id, None)

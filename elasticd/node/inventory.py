@@ -14,7 +14,7 @@ from elasticd import log
 from elasticd.gpu.devices import Device, Gpu, MigSlice
 from elasticd.gpu.nvml import Nvml
 from elasticd.gpu.read import read_gpus
-from elasticd.gpu.topology import Topology
+from elasticd.gpu.topology import Link, Topology
 
 __all__ = ["Device", "Gpu", "Inventory", "MigSlice", "discover", "fake_gpus", "inventory_of", "load_nvml"]
 
@@ -44,6 +44,14 @@ class Inventory:
             else:
                 out.append(Device(pos, gpu.uuid))
         return tuple(out)
+
+    def slot_link(self, a: int, b: int) -> Link:
+        """How two slots are linked: MIG slices of one GPU as closely as can be, else their GPUs'
+        link (``gpu/placement.py`` ranks sets of slots by it)."""
+        devices = self.devices
+        if not 0 <= a < len(devices) or not 0 <= b < len(devices):
+            return Link.SYSTEM
+        return self.topology.link(devices[a].gpu, devices[b].gpu)
 
     def visible_devices(self, slots: tuple[int, ...]) -> str:
         """CUDA_VISIBLE_DEVICES for a job holding ``slots``: GPU indices and MIG UUIDs, or empty on

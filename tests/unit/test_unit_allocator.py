@@ -103,3 +103,35 @@ def test_slots_out_of_the_pool_are_never_handed_out() -> None:
     assert a.allocate("j2", 2) == (0, 3)
     a.out = frozenset()
     assert a.free() == [1, 2]
+
+
+def test_allocation_follows_the_topology() -> None:
+    from typing import Any
+
+    from elasticd.gpu import fake, read
+    from elasticd.node.inventory import inventory_of
+
+    nvml: Any = fake.two_sockets(8)
+    inv = inventory_of(*read.read_gpus(nvml))
+    a = Allocator(inv.slots, link=inv.slot_link)
+    assert a.allocate("one", 1) == (0,)
+    assert a.allocate("pair", 2) == (2, 3)  # a whole PCIe switch, not 1 and 2
+    assert a.allocate("quad", 4) == (4, 5, 6, 7)  # one socket
+    assert a.allocate("last", 1) == (1,)
+
+
+def test_slot_link_of_mig_slices() -> None:
+    from typing import Any
+
+    from elasticd.gpu import fake, read
+    from elasticd.gpu.topology import Link
+    from elasticd.node.inventory import inventory_of
+
+    f = fake.two_sockets(4)
+    f.gpus[3].mig = [fake.FakeMig("MIG-a"), fake.FakeMig("MIG-b")]
+    nvml: Any = f
+    inv = inventory_of(*read.read_gpus(nvml))
+    assert inv.slots == 5
+    assert inv.slot_link(3, 4) is Link.NVLINK  # two slices of one GPU
+    assert inv.slot_link(2, 3) is Link.PCIE_SWITCH  # GPU 2 and a slice of GPU 3
+    assert inv.slot_link(0, 9) is Link.SYSTEM

@@ -120,6 +120,7 @@ PURE = (
     "elasticd.gpu.devices",
     "elasticd.gpu.topology",
     "elasticd.gpu.health",
+    "elasticd.gpu.placement",
     "elasticd.etcd.space",
     "elasticd.events.rings",
     "elasticd.events.select",
