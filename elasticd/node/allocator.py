@@ -7,7 +7,7 @@ released (its node leaves the job, ``manager/gpus.py``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from elasticd.gpu.placement import LinkOf, choose
 from elasticd.gpu.topology import Link
@@ -19,9 +19,14 @@ def _unknown(a: int, b: int) -> Link:
 
 class Allocator:
     def __init__(
-        self, capacity: int, held: Mapping[str, tuple[int, ...]] | None = None, link: LinkOf | None = None
+        self,
+        capacity: int,
+        held: Mapping[str, tuple[int, ...]] | None = None,
+        link: LinkOf | None = None,
+        mig: Sequence[bool] = (),
     ) -> None:
         self.capacity = capacity
+        self._mig = frozenset(s for s, is_mig in enumerate(mig) if is_mig)  # slots that are MIG slices
         self._link = link or _unknown  # how two slots are linked (``Inventory.slot_link``)
         self._held: dict[str, tuple[int, ...]] = dict(held or {})
         self.out: frozenset[int] = frozenset()
@@ -30,9 +35,12 @@ class Allocator:
     def held(self) -> dict[str, tuple[int, ...]]:
         return dict(self._held)
 
-    def free(self) -> list[int]:
+    def free(self, mig: bool | None = None) -> list[int]:
+        """Free slots: all, or only MIG slices (``mig``) or only whole GPUs (``not mig``)."""
         taken = {s for slots in self._held.values() for s in slots} | self.out
-        return [s for s in range(self.capacity) if s not in taken]
+        return [
+            s for s in range(self.capacity) if s not in taken and (mig is None or (s in self._mig) == mig)
+        ]
 
     def holders(self, slots: frozenset[int]) -> list[str]:
         """The jobs that hold any of ``slots``."""
@@ -41,14 +49,16 @@ class Allocator:
     def fits_host(self, count: int) -> bool:
         return 0 < count <= self.capacity
 
-    def allocate(self, job_id: str, count: int) -> tuple[int, ...] | None:
+    def allocate(self, job_id: str, count: int, mig: bool = False) -> tuple[int, ...] | None:
         """``count`` free slots for ``job_id`` with the best common link (``gpu/placement.py``;
-        the lowest ones when the topology is unknown), or None if not enough are free now."""
+        the lowest ones when the topology is unknown), or None if not enough are free now. A MIG
+        job (``mig``) gets MIG slices only, any other job whole GPUs only: a whole-GPU job never
+        lands on a partitioned GPU."""
         if count < 1:
             raise ValueError(f"a job needs at least one slot, asked for {count}")
         if job_id in self._held:
             return self._held[job_id]
-        free = self.free()
+        free = self.free(mig)
         chosen = choose(free, count, self._link)
         if chosen is None:
             return None

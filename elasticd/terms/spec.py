@@ -37,6 +37,9 @@ MIN_MEMORY = 16 << 20
 MAX_MEMORY = 1 << 50
 
 
+NUMA_BINDINGS = ("node", "socket", "exclusive", "core-complex")  # torchrun's, as it names them
+
+
 @dataclass(frozen=True)
 class NodeRange:
     min: int
@@ -127,6 +130,8 @@ class JobSpec:
     warm: bool = True  # fork workers from a per-job zygote that imported torch once (workers.warm)
     preload: tuple[str, ...] = ()  # modules the zygote imports besides torch
     priority: int = 0  # admission order among pending jobs, higher first (above 0: root and admins)
+    numa_binding: str | None = None  # torchrun's --numa-binding: node, socket, exclusive, core-complex
+    mig: bool = False  # run on MIG slices (a MIG job), never on whole GPUs, and the other way round
 
     def __post_init__(self) -> None:
         for name in ("id", "name", "entry", "python", "cwd", "user"):
@@ -183,6 +188,12 @@ class JobSpec:
         bad = [k for k in self.env if not _ENV_KEY.match(k)]
         if bad:
             raise InvalidSpec(f"invalid environment variable names: {bad[:5]}")
+        if self.numa_binding is not None and self.numa_binding not in NUMA_BINDINGS:
+            raise InvalidSpec(
+                f"numa_binding must be one of {', '.join(NUMA_BINDINGS)}, got {self.numa_binding[:40]!r}"
+            )
+        if type(self.mig) is not bool:
+            raise InvalidSpec("mig must be true or false")
         if type(self.priority) is not int or not 0 <= self.priority <= MAX_PRIORITY:
             raise InvalidSpec(f"priority must be an integer 0..{MAX_PRIORITY}, got {self.priority!r}")
 

@@ -56,3 +56,24 @@ def test_an_unhealthy_gpu_leaves_the_pool_and_its_job_moves(
     assert d.ctl("undrain", d.node_id, "--gpu", "GPU-t-0").returncode == 3  # no longer out
     (out / "finish").touch()
     d.wait_state(job, ("SUCCEEDED",))
+
+
+def test_mig_slices_are_slots_of_mig_jobs_only(daemon_factory: DaemonFactory, tmp_path: Path) -> None:
+    nvml = tmp_path / "nvml.json"
+    write(
+        nvml,
+        {"topology": "pcie_only", "count": 2, "node": "m", "gpus": [{}, {"mig": ["MIG-m-a", "MIG-m-b"]}]},
+    )
+    d = daemon_factory(None, "--fake-nvml", str(nvml))
+    assert d.call("nodes")["nodes"][0]["slots"] == 3
+    out_mig, out_whole = tmp_path / "mig", tmp_path / "whole"
+    out_mig.mkdir()
+    out_whole.mkdir()
+    mig_job = submit_job(d, out_mig, "--mig", "--nproc-per-node", "2", MEMBER)
+    whole_job = submit_job(d, out_whole, "--nproc-per-node", "1", MEMBER)
+    assert {r["CUDA_VISIBLE_DEVICES"] for r in wait_round(out_mig, 0, 2)} == {"MIG-m-a,MIG-m-b"}
+    assert wait_round(out_whole, 0, 1)[0]["CUDA_VISIBLE_DEVICES"] == "0"
+    for out in (out_mig, out_whole):
+        (out / "finish").touch()
+    d.wait_state(mig_job, ("SUCCEEDED",))
+    d.wait_state(whole_job, ("SUCCEEDED",))

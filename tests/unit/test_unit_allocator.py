@@ -135,3 +135,26 @@ def test_slot_link_of_mig_slices() -> None:
     assert inv.slot_link(3, 4) is Link.NVLINK  # two slices of one GPU
     assert inv.slot_link(2, 3) is Link.PCIE_SWITCH  # GPU 2 and a slice of GPU 3
     assert inv.slot_link(0, 9) is Link.SYSTEM
+
+
+def test_a_whole_gpu_job_never_lands_on_a_partitioned_gpu_nor_a_mig_job_on_a_whole_one() -> None:
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    @given(
+        st.lists(st.booleans(), min_size=1, max_size=8), st.lists(st.tuples(st.integers(1, 4), st.booleans()))
+    )
+    def check(kinds: list[bool], jobs: list[tuple[int, bool]]) -> None:
+        a = Allocator(len(kinds), mig=kinds)
+        for i, (count, mig) in enumerate(jobs):
+            got = a.allocate(f"j{i}", count, mig)
+            if got is not None:
+                assert all(kinds[s] == mig for s in got)
+        taken = [s for slots in a.held.values() for s in slots]
+        assert len(taken) == len(set(taken))
+
+    check()
+    a = Allocator(4, mig=[False, True, True, False])
+    assert a.allocate("whole", 2) == (0, 3)
+    assert a.allocate("mig", 2, mig=True) == (1, 2)
+    assert a.free(mig=False) == [] and a.allocate("more", 1) is None

@@ -85,6 +85,8 @@ async def submit(service: CommandService, args: SubmitArgs, caller: Caller) -> d
         warm=args.warm,
         preload=tuple(args.preload),
         priority=args.priority,
+        numa_binding=args.numa_binding,
+        mig=args.mig,
     )
     # Refuse at submit what could never start, instead of failing every attempt later; the
     # paths are checked as the caller, never with the daemon's (root's) permissions.
