@@ -18,8 +18,7 @@ from enum import StrEnum
 from typing import Any
 
 from elasticctl.entry import UsageError
-from elasticd.terms.options import MODULE_NAME
-from elasticd.terms.spec import NUMA_BINDINGS
+from elasticd.terms.options import MODULE_NAME, NUMA_BINDINGS
 
 
 class Treat(StrEnum):

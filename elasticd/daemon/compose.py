@@ -46,6 +46,7 @@ from elasticd.node.gpuwatch import GpuWatch
 from elasticd.node.hooks import LeaseHooks
 from elasticd.node.inventory import Inventory, discover, load_nvml
 from elasticd.node.liveness import LivenessServer
+from elasticd.node.numa import read_host
 from elasticd.node.registry import NodeRegistry
 from elasticd.node.statedir import StateDir
 from elasticd.trustedpath import read_secret
@@ -231,6 +232,7 @@ def runtime(
         single_host_only=s.single_host_only,
         tracking=tracking,
         zygotes=ZygotePool(Limits(s.warm_pool_size, s.warm_keep_s), tracking),
+        numa=read_host(),
     )
 
 

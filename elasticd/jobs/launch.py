@@ -15,7 +15,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from elasticd import log
+from elasticd.gpu.binding import Host
 from elasticd.jobs import logdir, logread, stackfile
+from elasticd.jobs.affinity import rank_cpus
 from elasticd.jobs.decider import Group, GroupOutcome, group_outcome
 from elasticd.jobs.env import WorldLayout, worker_env
 from elasticd.jobs.identity import switch_to
@@ -61,6 +63,7 @@ class NodeRuntime:
     single_host_only: bool = False  # address left at loopback with an external etcd (Settings)
     tracking: Tracker = field(default_factory=NoTracker)  # a cgroup per job where allowed (tracking.detect)
     zygotes: ZygotePool = field(default_factory=ZygotePool.disabled)  # parked for the next identical job
+    numa: Host | None = None  # the host's NUMA layout (node/numa.py), for --numa-binding
 
 
 def master_port(rt: NodeRuntime) -> int:
@@ -132,6 +135,8 @@ async def start_group(
     channels: list[ProgressChannel] = []
     try:
         visible = rt.inventory.visible_devices(slots)
+        pins = rt.limits.name == "rlimit"
+        cpus = rank_cpus(spec.numa_binding, rt.numa, rt.inventory, slots, len(files), spec.cpu_limit, pins)
         for local_rank, f in enumerate(files):
             channel = ProgressChannel((identity.uid, identity.gid) if identity else None)
             channels.append(channel)
@@ -161,6 +166,7 @@ async def start_group(
                     identity=identity,
                     limits=_place(rt, spec, f.rank),
                     progress_fd=channel.write_fd,
+                    cpus=cpus[local_rank],
                 )
             )
     except BaseException:

@@ -19,6 +19,7 @@ from elasticd.terms.options import (
     DEFAULT_LAST_CALL_S,
     MAX_PRIORITY,
     MODULE_NAME,
+    NUMA_BINDINGS,
     EntryKind,
 )
 
@@ -37,7 +38,6 @@ MIN_MEMORY = 16 << 20
 MAX_MEMORY = 1 << 50
 
 
-NUMA_BINDINGS = ("node", "socket", "exclusive", "core-complex")  # torchrun's, as it names them
 
 
 @dataclass(frozen=True)

@@ -121,6 +121,7 @@ PURE = (
     "elasticd.gpu.topology",
     "elasticd.gpu.health",
     "elasticd.gpu.placement",
+    "elasticd.gpu.binding",
     "elasticd.etcd.space",
     "elasticd.events.rings",
     "elasticd.events.select",
