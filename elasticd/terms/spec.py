@@ -38,8 +38,6 @@ MIN_MEMORY = 16 << 20
 MAX_MEMORY = 1 << 50
 
 
-
-
 @dataclass(frozen=True)
 class NodeRange:
     min: int
