@@ -90,6 +90,8 @@ class GpuPool:
         marks: dict[str, GpuMark] = {}
         for kv in kvs:
             uuid = kv.key.rsplit("/", 1)[-1]
+            if not self.known(uuid):  # another host's GPU, or none: nothing here to take out
+                continue
             try:
                 marks[uuid] = decode(GpuMark, parse_json(kv.value))
             except DecodeError as exc:  # the key's presence is the intent: the GPU stays out

@@ -49,6 +49,9 @@ class InventoryRecord:
     gpus: tuple[Gpu, ...] = ()
 
 
+MAX_GPU_STATES = 512  # GPUs and MIG parents one record may describe
+
+
 @dataclass(frozen=True)
 class GpuState:
     """One GPU as its node's record shows it (``manager/gpus.py``: ``GpuPool.states``)."""
@@ -89,6 +92,8 @@ class NodeRecord:
             raise ValueError("slots and free_slots must satisfy 0 <= free_slots <= slots")
         if not all(valid_job_id(j) for j in self.jobs):
             raise ValueError("jobs must be job ids")
+        if len(self.gpu_states) > MAX_GPU_STATES:
+            raise ValueError(f"gpu_states must be at most {MAX_GPU_STATES}")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self) | {"jobs": list(self.jobs), "gpu_states": [asdict(g) for g in self.gpu_states]}

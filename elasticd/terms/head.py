@@ -146,6 +146,8 @@ class JobHead:
         out["nnodes"] = str(self.nnodes)
         out["nodes"] = list(self.nodes)
         out["argv"] = list(self.argv)
+        if not self.mig:  # left out at its default: older daemons read the head still
+            del out["mig"]
         return out
 
     @classmethod

@@ -251,6 +251,11 @@ class JobSpec:
         out["nnodes"] = str(self.nnodes)
         out["nodes"] = list(self.nodes)
         out["preload"] = list(self.preload)
+        # Left out at their defaults: a daemon that does not know them reads such a spec still,
+        # and rejects (as it must) only a job that asks for them.
+        for name in ("numa_binding", "mig"):
+            if not out[name]:
+                del out[name]
         return out
 
     def allows(self, node: str) -> bool:

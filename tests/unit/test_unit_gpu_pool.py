@@ -91,3 +91,11 @@ def test_states() -> None:
     assert p.states({"j": 4}, coarse=False)[0]["memory_used_mib"] == 1000
     assert states[1]["reason"] == "Xid 79" and states[2]["job"] is None
     assert p.states()[0]["rank"] is None  # workers not started
+
+
+def test_marks_of_gpus_this_node_lacks_are_ignored() -> None:
+    kv = MemoryKV()
+    kv.put_json(KEYS.gpu("n", "GPU-elsewhere"), {"fault": "xid", "reason": "Xid 79"})
+    p, alloc = pool(kv)
+    asyncio.run(p.sync())
+    assert p.marks == {} and alloc.out == frozenset()

@@ -296,3 +296,17 @@ def test_numa_binding_and_mig_are_checked() -> None:
     with pytest.raises(InvalidSpec, match="mig must be"):
         replace(base, mig=1)  # type: ignore[arg-type]
     assert JobHead.of(replace(base, mig=True), 100).mig is True
+
+
+def test_gpu_options_are_stored_only_when_asked_for() -> None:
+    from dataclasses import replace
+
+    from elasticd.terms.head import JobHead
+
+    base = make_spec()
+    assert "numa_binding" not in base.to_json() and "mig" not in base.to_json()
+    assert "mig" not in JobHead.of(base, 100).to_json()
+    asked = replace(base, numa_binding="node", mig=True)
+    assert JobSpec.from_json(asked.to_json()) == asked
+    assert JobHead.of(asked, 100).to_json()["mig"] is True
+    assert JobSpec.from_json(base.to_json()) == base
