@@ -436,7 +436,7 @@ def test_a_gpu_failure_leaves_the_job_with_its_own_reason_and_spends_no_restart(
     round says why (``gpu_failed``), and the budget is untouched even when it is spent."""
     gpu = Leave(RoundReason.GPU_FAILED, "GPU unhealthy on n1 (GPU-1: Xid 79)")
     snap = snapshot(1, joins=("n1", "n2", "n3"), members=("n1", "n2", "n3"), counted=True, restarts=3)
-    rec, actions = decide(record(AgentState.RUNNING, 1, leave=gpu), snap, local(RUNNING))
+    _, actions = decide(record(AgentState.RUNNING, 1, leave=gpu), snap, local(RUNNING))
     info = RoundInfo(2, RoundReason.GPU_FAILED, NOW, ("n1", "n2", "n3"), gpu.detail, None, None)
     bump = acts(actions)[0]
     assert isinstance(bump, Bump) and bump.info == info and bump.spend is False
