@@ -27,7 +27,7 @@ def test_an_unhealthy_gpu_leaves_the_pool_and_its_job_moves(
     d = daemon_factory(None, "--fake-nvml", str(nvml), "--gpu-poll", "0.1")
     out = tmp_path / "out"
     out.mkdir()
-    job = submit_job(d, out, "--nproc-per-node", "1", MEMBER)
+    job = submit_job(d, out, "--no-warm", "--nproc-per-node", "1", MEMBER)
     first = wait_round(out, 0, 1)
     assert first[0]["CUDA_VISIBLE_DEVICES"] == "0"
 
@@ -69,8 +69,8 @@ def test_mig_slices_are_slots_of_mig_jobs_only(daemon_factory: DaemonFactory, tm
     out_mig, out_whole = tmp_path / "mig", tmp_path / "whole"
     out_mig.mkdir()
     out_whole.mkdir()
-    mig_job = submit_job(d, out_mig, "--mig", "--nproc-per-node", "2", MEMBER)
-    whole_job = submit_job(d, out_whole, "--nproc-per-node", "1", MEMBER)
+    mig_job = submit_job(d, out_mig, "--no-warm", "--mig", "--nproc-per-node", "2", MEMBER)
+    whole_job = submit_job(d, out_whole, "--no-warm", "--nproc-per-node", "1", MEMBER)
     assert {r["CUDA_VISIBLE_DEVICES"] for r in wait_round(out_mig, 0, 2)} == {"MIG-m-a,MIG-m-b"}
     assert wait_round(out_whole, 0, 1)[0]["CUDA_VISIBLE_DEVICES"] == "0"
     for out in (out_mig, out_whole):
