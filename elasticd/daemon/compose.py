@@ -236,6 +236,14 @@ def runtime(
     )
 
 
+def nvml_of(s: Settings) -> Nvml | None:
+    """The tests' fake NVML (``fake_nvml``), none where ``fake_gpus`` stands in for it, else pynvml
+    (None where it is not installed)."""
+    if s.fake_nvml is not None:
+        return FileNvml(s.fake_nvml)
+    return None if s.fake_gpus is not None else load_nvml()
+
+
 def watch_gpus(
     s: Settings,
     nvml: Nvml | None,
@@ -273,9 +281,7 @@ async def start(
     stack.callback(reaper.close)
     reaper.start()
     etcd = await connect_etcd(s, stack)
-    nvml = (
-        FileNvml(s.fake_nvml) if s.fake_nvml is not None else None if s.fake_gpus is not None else load_nvml()
-    )
+    nvml = nvml_of(s)
     inventory = discover(node_id, None if nvml else s.fake_gpus, s.slots, nvml)
     warn_if_unreachable(s)
     liveness = await start_liveness(s, stack)
