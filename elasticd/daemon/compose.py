@@ -49,7 +49,7 @@ from elasticd.node.liveness import LivenessServer
 from elasticd.node.numa import read_host
 from elasticd.node.registry import NodeRegistry
 from elasticd.node.statedir import StateDir
-from elasticd.trustedpath import read_secret
+from elasticd.trustedpath import read_secret, trusted_file
 from elasticd.workers.cgroups.hierarchy import detect
 from elasticd.workers.cgroups.limits import LimitBackend
 from elasticd.workers.cgroups.tracking import Tracker
@@ -239,8 +239,8 @@ def runtime(
 def nvml_of(s: Settings) -> Nvml | None:
     """The tests' fake NVML (``fake_nvml``), none where ``fake_gpus`` stands in for it, else pynvml
     (None where it is not installed)."""
-    if s.fake_nvml is not None:
-        return FileNvml(s.fake_nvml)
+    if s.fake_nvml is not None:  # re-read by name as the test changes it: root's, under root's dirs
+        return FileNvml(trusted_file(s.fake_nvml, "fake_nvml"))
     return None if s.fake_gpus is not None else load_nvml()
 
 
