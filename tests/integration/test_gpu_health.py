@@ -9,7 +9,7 @@ from typing import Any
 
 from elasticd.gpu.fakefile import write
 from tests.conftest import DaemonFactory
-from tests.support import DaemonProc, submit_job, wait_for, wait_round
+from tests.support import DaemonProc, submit_job, unique, wait_for, wait_round
 
 MEMBER = str(Path(__file__).parent.parent / "scripts" / "member.py")
 
@@ -77,3 +77,35 @@ def test_mig_slices_are_slots_of_mig_jobs_only(daemon_factory: DaemonFactory, tm
         (out / "finish").touch()
     d.wait_state(mig_job, ("SUCCEEDED",))
     d.wait_state(whole_job, ("SUCCEEDED",))
+
+
+def test_an_elastic_job_goes_on_with_the_other_node(daemon_factory: DaemonFactory, tmp_path: Path) -> None:
+    """Two hosts of one GPU each; the GPU of one goes bad: the job goes on at world 1 on the
+    other, with no restart spent, while the first waits for a healthy GPU."""
+    tag = unique("g")
+    files = [tmp_path / f"nvml{i}.json" for i in range(2)]
+    for i, f in enumerate(files):
+        write(f, {"topology": "pcie_only", "count": 1, "node": f"{tag}{i}", "gpus": [{}]})
+    a, b = (
+        daemon_factory(f"{tag}-{i}", "--lease-ttl", "3", "--fake-nvml", str(f), "--gpu-poll", "0.1")
+        for i, f in enumerate(files)
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    job = submit_job(a, out, "--no-warm", "--nnodes", "1:2", "--last-call", "1", MEMBER)
+    assert len(wait_round(out, 0, 2)) == 2
+    write(
+        files[0], {"topology": "pcie_only", "count": 1, "node": f"{tag}0", "gpus": [{"remap_failed": True}]}
+    )
+    view = wait_for(
+        lambda: (v := b.job(job))["round"] >= 1 and v["world_size"] == 1 and v, 20, what="world 1"
+    )
+    assert (view["state"], view["restarts"], view["cause"], view["nodes"]) == (
+        "RUNNING",
+        0,
+        "gpu",
+        [b.node_id],
+    )
+    assert wait_round(out, view["round"], 1)[0]["CUDA_VISIBLE_DEVICES"] == "0"
+    (out / "finish").touch()
+    assert b.wait_state(job, ("SUCCEEDED", "FAILED"))["state"] == "SUCCEEDED"
