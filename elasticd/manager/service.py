@@ -179,12 +179,12 @@ class CommandService:
             await self._check_limits(spec, limits)
         records = await asyncio.to_thread(self._registry.records)
         candidates = [n for n in records if spec.allows(n.node)]
-        biggest = max((n.slots for n in candidates), default=0)
+        biggest = max((n.slots_for(spec.mig) for n in candidates), default=0)
         if candidates and biggest < spec.nproc_per_node:
             where = f"node {self.facts.node_id}" if len(candidates) == 1 else "the largest node"
+            unit = "MIG slices" if spec.mig else self._manager.admitter.unit
             raise InsufficientCapacity(
-                f"job asks for {spec.nproc_per_node} {self._manager.admitter.unit} per node "
-                f"but {where} has {biggest}",
+                f"job asks for {spec.nproc_per_node} {unit} per node but {where} has {biggest}",
                 requested=spec.nproc_per_node,
                 available=biggest,
             )

@@ -98,6 +98,14 @@ class NodeRecord:
     def to_json(self) -> dict[str, Any]:
         return asdict(self) | {"jobs": list(self.jobs), "gpu_states": [asdict(g) for g in self.gpu_states]}
 
+    def slots_for(self, mig: bool) -> int:
+        """The slots a job could ever get here: MIG slices for a MIG job, else whole GPUs (or
+        CPU slots on a host without GPUs)."""
+        gpus = self.inventory.gpus
+        if mig:
+            return sum(len(g.mig) for g in gpus)
+        return sum(1 for g in gpus if not g.mig) if gpus else self.slots
+
 
 def parse_node(keys: Keys, kv: KeyValue) -> NodeRecord | None:
     """A ``nodes/<node>`` key as a record; None (reported once) if the key or value is bad.

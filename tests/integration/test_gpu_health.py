@@ -66,6 +66,8 @@ def test_mig_slices_are_slots_of_mig_jobs_only(daemon_factory: DaemonFactory, tm
     )
     d = daemon_factory(None, "--fake-nvml", str(nvml))
     assert d.call("nodes")["nodes"][0]["slots"] == 3
+    too_big = d.ctl("submit", "--mig", "--nproc-per-node", "3", MEMBER)
+    assert too_big.returncode == 3 and "asks for 3 MIG slices per node but node" in too_big.stderr
     out_mig, out_whole = tmp_path / "mig", tmp_path / "whole"
     out_mig.mkdir()
     out_whole.mkdir()

@@ -99,3 +99,15 @@ def test_marks_of_gpus_this_node_lacks_are_ignored() -> None:
     p, alloc = pool(kv)
     asyncio.run(p.sync())
     assert p.marks == {} and alloc.out == frozenset()
+
+
+def test_a_node_record_counts_the_slots_of_each_kind() -> None:
+    from elasticd.gpu.devices import Gpu, MigSlice
+    from elasticd.node.registry import InventoryRecord, NodeRecord
+
+    mig = (MigSlice("MIG-a", "1g", 10), MigSlice("MIG-b", "1g", 10))
+    gpus = (Gpu(0, "GPU-0", "H100", 80), Gpu(1, "GPU-1", "H100", 80, mig=mig))
+    record = NodeRecord("n1", 3, inventory=InventoryRecord("gpu", 3, gpus))
+    assert (record.slots_for(False), record.slots_for(True)) == (1, 2)
+    cpu = NodeRecord("n2", 8)
+    assert (cpu.slots_for(False), cpu.slots_for(True)) == (8, 0)
