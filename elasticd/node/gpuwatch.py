@@ -92,10 +92,17 @@ class GpuWatch:
                     with self._lock:
                         self._usage = usage
                     next_poll = time.monotonic() + self._poll_s
-                xid = (
-                    _wait(nvml, events, self._wait_s) if events is not None else self._stop.wait(self._wait_s)
-                )
-                if isinstance(xid, tuple) and xid[0] not in reported:
+                if events is None:
+                    self._stop.wait(self._wait_s)
+                    continue
+                try:
+                    xid = _wait(nvml, events, self._wait_s)
+                except nvml.NVMLError as exc:  # events do not work here: the poll goes on alone
+                    _log.warning("gpu.events_off", error=str(exc))
+                    nvml.nvmlEventSetFree(events)
+                    events = None
+                    continue
+                if xid is not None and xid[0] not in reported:
                     self._verdict(xid[0], health.judge_xid(xid[1]), reported)
         finally:
             if events is not None:
@@ -137,13 +144,13 @@ def _events(nvml: Nvml, hs: list[Any]) -> Any:
 
 
 def _wait(nvml: Nvml, events: Any, wait_s: float) -> tuple[str, int] | None:
-    """The next Xid (the GPU's UUID and the code), or None after ``wait_s``."""
+    """The next Xid (the GPU's UUID and the code), or None after ``wait_s``; an NVML error other
+    than the timeout is raised."""
     try:
         data = nvml.nvmlEventSetWait_v2(events, int(wait_s * 1000))
     except nvml.NVMLError as exc:
         if code_of(exc) != ERROR_TIMEOUT:
-            _log.warning("gpu.event_wait_failed", error=str(exc))
-            time.sleep(wait_s)  # bounded: no busy loop on a persistent error
+            raise
         return None
     if not int(data.eventType) & EVENT_XID_CRITICAL:
         return None

@@ -88,3 +88,29 @@ def test_without_events_the_poll_still_judges() -> None:
         assert q.get(timeout=WAIT_S)[1].fault is Fault.PAGE_RETIREMENT
     finally:
         watch.close()
+
+
+def test_a_broken_event_wait_leaves_the_poll_alone() -> None:
+    nvml = fake.pcie_only(1)
+
+    tries: list[int] = []
+
+    def broken(event_set: object, timeout_ms: int) -> Any:
+        tries.append(timeout_ms)
+        raise fake.FakeNvmlError(13)  # FUNCTION_NOT_FOUND: an old driver without the _v2 wait
+
+    nvml.nvmlEventSetWait_v2 = broken  # type: ignore[method-assign,assignment]
+    q: queue.Queue[tuple[str, Verdict]] = queue.Queue()
+    lib: Any = nvml
+    watch = GpuWatch(lib, lambda uuid, v: q.put((uuid, v)), poll_s=0.02, wait_s=0.01)
+    watch.start()
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while nvml.counts["nvmlEventSetFree"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert nvml.counts["nvmlEventSetFree"] == 1  # given up at once, while the watch runs
+        nvml.gpus[0].ecc_uncorrected = 1
+        assert q.get(timeout=WAIT_S)[1].fault is Fault.ECC
+        assert len(tries) == 1  # and never tried again
+    finally:
+        watch.close()
