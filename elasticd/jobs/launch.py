@@ -15,7 +15,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from elasticd import log
+from elasticd.gpu.binding import Host
 from elasticd.jobs import logdir, logread, stackfile
+from elasticd.jobs.affinity import rank_cpus
 from elasticd.jobs.decider import Exited, Group, Judgement, judge, report, settle_left
 from elasticd.jobs.env import WorldLayout, worker_env
 from elasticd.jobs.identity import switch_to
@@ -61,6 +63,7 @@ class NodeRuntime:
     single_host_only: bool = False  # address left at loopback with an external etcd (Settings)
     tracking: Tracker = field(default_factory=NoTracker)  # a cgroup per job where allowed (tracking.detect)
     zygotes: ZygotePool = field(default_factory=ZygotePool.disabled)  # parked for the next identical job
+    numa: Host | None = None  # the host's NUMA layout (node/numa.py), for --numa-binding
 
 
 def master_port(rt: NodeRuntime) -> int:
@@ -177,10 +180,12 @@ def _prepare(
     channels: list[ProgressChannel] = []
     try:
         visible = rt.inventory.visible_devices(at.slots)
+        pins = rt.limits.name == "rlimit"
+        cpus = rank_cpus(spec.numa_binding, rt.numa, rt.inventory, at.slots, len(files), spec.cpu_limit, pins)
         for local_rank, f in enumerate(files):
             channel = ProgressChannel((at.identity.uid, at.identity.gid) if at.identity else None)
             channels.append(channel)
-            launches.append(_launch(rt, spec, at, visible, local_rank, f, channel))
+            launches.append(_launch(rt, spec, at, (visible, cpus[local_rank]), local_rank, f, channel))
     except BaseException:
         for f in files:
             os.close(f.log_fd)
@@ -197,11 +202,14 @@ def _launch(
     rt: NodeRuntime,
     spec: JobSpec,
     at: _Attempt,
-    visible: str,
+    devices: tuple[str, frozenset[int] | None],
     local_rank: int,
     f: logdir.RankFiles,
     channel: ProgressChannel,
 ) -> Launch:
+    """One rank's launch; ``devices``: the GPUs it sees (``CUDA_VISIBLE_DEVICES``) and the CPUs it
+    is bound to (None: not bound)."""
+    visible, cpus = devices
     env = worker_env(
         base=spec.env,
         layout=at.layout,
@@ -227,6 +235,7 @@ def _launch(
         identity=at.identity,
         limits=_place(rt, spec, f.rank),
         progress_fd=channel.write_fd,
+        cpus=cpus,
     )
 
 

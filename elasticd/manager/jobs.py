@@ -20,8 +20,9 @@ from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keys import Change, KeyKind, Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.space import Space
+from elasticd.gpu.health import Verdict
 from elasticd.happenings.bus import publish
-from elasticd.happenings.records import JobFailed, JobJoining, JobLeft
+from elasticd.happenings.records import GpuUnhealthy, JobFailed, JobJoining, JobLeft
 from elasticd.jobs import logdir, logread
 from elasticd.jobs.board import Board
 from elasticd.jobs.launch import NodeRuntime
@@ -31,11 +32,13 @@ from elasticd.manager import janitor as janitors
 from elasticd.manager import quotas as limits
 from elasticd.manager.access import ROOT_ONLY, Admins
 from elasticd.manager.admitter import Admitter
+from elasticd.manager.gpus import GpuPool
 from elasticd.manager.janitor import Janitor
 from elasticd.manager.jobsread import Jobs, JobsRead
 from elasticd.manager.recovery import recover
 from elasticd.manager.sharedread import RecentRead
 from elasticd.manager.wakes import QUIET_KINDS, SCAN_KINDS, NodeWakes
+from elasticd.node.gpuwatch import GpuWatch
 from elasticd.node.hooks import LeaseHooks
 from elasticd.node.registry import NodeRegistry, parse_node_drain
 from elasticd.node.statedir import StateDir
@@ -75,6 +78,7 @@ class JobManager:
         admins: Admins = ROOT_ONLY,
         space: Callable[[], Space | None] = lambda: None,
         hooks: LeaseHooks | None = None,
+        gpu_watch: GpuWatch | None = None,
     ) -> None:
         self.rt = rt
         self.turns = Turns()  # whose jobs this node admitted lately: the fair queue's turns
@@ -88,6 +92,10 @@ class JobManager:
         self.store_of = store_of or (lambda job_id: EtcdJobStore(kv, keys, job_id))
         self.admitter = Admitter(rt, allow_root_jobs)
         self._limits = limits.Enforcer(quotas, admins, self.store_of)
+        self.gpus = GpuPool(
+            kv, keys, rt.node_id, rt.inventory, self.admitter.allocator,
+            accept=gpu_watch.accept if gpu_watch else None, usage=gpu_watch.usage if gpu_watch else None,
+        )  # fmt: skip
         self.janitor = Janitor(kv, keys, rt.node_id, self.store_of, retention_s, space=space)
         self.agents: dict[str, JobAgent] = {}
         self._wake = asyncio.Event()
@@ -117,6 +125,7 @@ class JobManager:
             "free_devices": self.rt.inventory.visible_devices(tuple(free)),
             "jobs": sorted(self.agents),
             "draining": self.admitter.draining is not None,
+            "gpu_states": self.gpus.states({j: a.first_rank for j, a in self.agents.items()}),
         }
 
     # -- wake-ups ---------------------------------------------------------------------------------
@@ -246,6 +255,9 @@ class JobManager:
         self._settled = None  # until this scan completes
         self.admitter.draining = parse_node_drain(self._keys, drain) if drain is not None else None
         self._apply_drains(snaps)
+        if self.rt.inventory.gpus:
+            await self.gpus.sync()
+            self._leave_bad_gpus()
         janitors.report(snaps)
         if clean_up:
             self._due = None
@@ -350,6 +362,7 @@ class JobManager:
             self._state.save_job(
                 job_id, {"slots": list(agent.slots), "pgids": pgids, "saved_at": time.time()}
             )
+            self._registry.publish_soon()  # the record shows the ranks on its GPUs
             return
         if self.agents.get(job_id) is agent:
             del self.agents[job_id]
@@ -357,6 +370,48 @@ class JobManager:
         self._state.drop_job(job_id)
         publish(JobLeft(job_id, self.rt.node_id))
         self.wake()
+
+    # -- unhealthy GPUs -------------------------------------------------------------------------------
+    async def watch_gpus(self, verdicts: asyncio.Queue[tuple[str, Verdict]]) -> None:
+        """Carry out the health watcher's verdicts (``node/gpuwatch.py``), one at a time."""
+        while True:
+            uuid, verdict = await verdicts.get()
+            try:
+                await self.gpu_unhealthy(uuid, verdict)
+            except EtcdUnavailable as exc:  # the mark is kept and written at the next scan
+                _log.warning("gpu.report_failed", uuid=uuid, error=str(exc))
+
+    async def gpu_unhealthy(self, uuid: str, verdict: Verdict) -> None:
+        """Take the GPU out of the pool; the job holding it goes on without it (``_leave_bad_gpus``)."""
+        if not self.gpus.known(uuid):
+            return
+        holders = self.admitter.allocator.holders(self.gpus.slots_of({uuid}))
+        await self.gpus.report(uuid, verdict, holders[0] if holders else None, time.time())
+        publish(
+            GpuUnhealthy(
+                self.rt.node_id, uuid, verdict.fault.value, verdict.reason, holders[0] if holders else None
+            )
+        )
+        self._leave_bad_gpus()
+        self._registry.publish_soon()
+        self._wake.set()
+
+    def _leave_bad_gpus(self) -> None:
+        """Every job holding a GPU out of the pool leaves (no restart spent); the scan admits it
+        again where enough healthy GPUs are free."""
+        out = self.admitter.allocator.out
+        for job_id in self.admitter.allocator.holders(out):
+            agent = self.agents.get(job_id)
+            if agent is None:
+                continue
+            bad = sorted(
+                {
+                    self.rt.inventory.gpus[self.rt.inventory.devices[s].gpu].uuid
+                    for s in set(agent.slots) & out
+                }
+            )
+            reasons = "; ".join(f"{u}: {self.gpus.marks[u].reason}" for u in bad if u in self.gpus.marks)
+            agent.leave(RoundReason.GPU_FAILED, f"GPU unhealthy on {self.rt.node_id} ({reasons})")
 
     # -- start and stop -----------------------------------------------------------------------------
     async def recover(self) -> None:

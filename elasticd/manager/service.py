@@ -20,6 +20,7 @@ from elasticd.errors import (
     Conflict,
     EtcdUnavailable,
     InsufficientCapacity,
+    InvalidArgs,
     InvalidSpec,
     JobNotFound,
     NodeNotFound,
@@ -31,7 +32,14 @@ from elasticd.etcd.types import Query
 from elasticd.events.schema import EventsArgs
 from elasticd.events.store import EventLog, Page
 from elasticd.happenings.bus import publish
-from elasticd.happenings.records import JobKilled, JobRemoved, JobSubmitted, NodeDrained, NodeUndrained
+from elasticd.happenings.records import (
+    GpuReturned,
+    JobKilled,
+    JobRemoved,
+    JobSubmitted,
+    NodeDrained,
+    NodeUndrained,
+)
 from elasticd.jobs import logdir, quota
 from elasticd.jobs.logs import Read, attempt_starts, log_files, read_logs
 from elasticd.jobs.logscope import check_scope, round_view
@@ -46,7 +54,7 @@ from elasticd.manager.statusviews import StatusViews
 from elasticd.node.registry import NodeRecord, NodeRegistry
 from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.head import parse_head
-from elasticd.terms.ids import valid_job_id
+from elasticd.terms.ids import valid_gpu_uuid, valid_job_id
 from elasticd.terms.spec import JobSpec
 from elasticd.terms.state import EndReason, JobState
 from elasticd.wire import LogsArgs, RoundView, is_terminal
@@ -169,12 +177,12 @@ class CommandService:
             await self._check_limits(spec, limits)
         records = await asyncio.to_thread(self._registry.records)
         candidates = [n for n in records if spec.allows(n.node)]
-        biggest = max((n.slots for n in candidates), default=0)
+        biggest = max((n.slots_for(spec.mig) for n in candidates), default=0)
         if candidates and biggest < spec.nproc_per_node:
             where = f"node {self.facts.node_id}" if len(candidates) == 1 else "the largest node"
+            unit = "MIG slices" if spec.mig else self._manager.admitter.unit
             raise InsufficientCapacity(
-                f"job asks for {spec.nproc_per_node} {self._manager.admitter.unit} per node "
-                f"but {where} has {biggest}",
+                f"job asks for {spec.nproc_per_node} {unit} per node but {where} has {biggest}",
                 requested=spec.nproc_per_node,
                 available=biggest,
             )
@@ -383,6 +391,16 @@ class CommandService:
             raise Conflict(f"node {node} is not drained{where}")
         publish(NodeUndrained(node, job_id))
         return {"node": node, "job": job_id}
+
+    async def return_gpu(self, node: str, uuid: str, user: str) -> dict[str, Any]:
+        """Return a GPU its node took out of the pool: its daemon judges it afresh from its
+        counters as they are now (``manager/gpus.py``)."""
+        if not valid_gpu_uuid(uuid):
+            raise InvalidArgs("gpu must be a GPU UUID (GPU-...)")
+        if not await asyncio.to_thread(self._kv.delete, self._keys.gpu(node, uuid)):
+            raise Conflict(f"GPU {uuid} of node {node} is not out of the pool")
+        publish(GpuReturned(node, uuid, user))
+        return {"node": node, "job": None, "gpu": uuid}
 
 
 def _queue(place: QueuePlace | None) -> dict[str, Any]:

@@ -44,6 +44,7 @@ def fake_parts(monkeypatch: pytest.MonkeyPatch, trail: Trail) -> None:
     embedded = trail.part("etcd", "start", "stop", attrs={"endpoint": "http://127.0.0.1:1"})
     monkeypatch.setattr(compose, "EmbeddedEtcd", lambda *_, **__: embedded)
     monkeypatch.setattr(compose, "EtcdClient", lambda *_, **__: trail.part("client", "health", "close"))
+    monkeypatch.setattr(compose, "load_nvml", lambda: None)
     monkeypatch.setattr(compose, "discover", lambda *_: trail.done.append("discover"))
 
 

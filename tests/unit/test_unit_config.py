@@ -59,6 +59,8 @@ SAMPLES: dict[str, tuple[str, str, str | None]] = {
     "etcd_binary": ("/f/etcd", "/e/etcd", "/c/etcd"),
     "lease_ttl": ("4", "5.5", "7"),
     "fake_gpus": ("1", "2", "3"),
+    "fake_nvml": ("/f/nvml.json", "/e/nvml.json", "/c/nvml.json"),
+    "gpu_poll": ("1.5", "2.5", "3.5"),
     "slots": ("1", "2", "3"),
     "stop_grace": ("0", "1.5", "30"),
     "job_retention": ("0", "60", "86400"),
@@ -159,7 +161,7 @@ def test_defaults() -> None:
     assert (s.warm_pool_size, s.warm_keep_s) == (2, 120.0)
     none_by_default = (
         "log_dir", "node_id", "address", "etcd_ca", "etcd_cert", "etcd_key",
-        "etcd_user", "etcd_password", "etcd_password_file", "etcd_binary", "fake_gpus", "slots",
+        "etcd_user", "etcd_password", "etcd_password_file", "etcd_binary", "fake_gpus", "fake_nvml", "slots",
     )  # fmt: skip
     assert all(getattr(s, name) is None for name in none_by_default)
 

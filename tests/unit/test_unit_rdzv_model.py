@@ -48,6 +48,7 @@ def test_every_reason_is_classified() -> None:
         "member_lost",
         "scale_up",
         "member_left",
+        "gpu_failed",
     ]
 
 
@@ -316,6 +317,6 @@ def test_node_status() -> None:
         "updated_at": 5.0,
     }
     assert NodeStatus.from_json(data) == NodeStatus("RUNNING", 2, "0,1", (11, 12), 5.0)
-    for change in ({"pids": [0]}, {"pids": ["1"]}, {"state": "running"}, {"round": -2}, {"devices": "a"}):
+    for change in ({"pids": [0]}, {"pids": ["1"]}, {"state": "running"}, {"round": -2}, {"devices": "a b"}):
         with pytest.raises(DecodeError):
             NodeStatus.from_json(data | change)

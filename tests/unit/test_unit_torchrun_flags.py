@@ -128,3 +128,18 @@ def test_elasticrun_nodes_limits_where_the_job_may_run(
     args, _, _ = run.submit_args(parse("--nodes", "n1, n2,"), cast(Any, None))
     assert args.nodes == ["n1", "n2"]
     assert run.submit_args(parse(), cast(Any, None))[0].nodes == []
+
+
+@pytest.mark.parametrize(
+    ("given", "value"),
+    [("node", "node"), ("socket", "socket"), ("exclusive", "exclusive"), ("core-complex", "core-complex"),
+     ("core_complex", "core-complex")],
+)  # fmt: skip
+def test_numa_binding_is_mapped(given: str, value: str) -> None:
+    assert interpret(parse("--numa-binding", given), lambda: 0).fields["numa_binding"] == value
+    assert interpret(parse("--numa_binding", given), lambda: 0).fields["numa_binding"] == value
+
+
+def test_numa_binding_refuses_other_values() -> None:
+    with pytest.raises(FlagError, match="--numa-binding takes one of"):
+        interpret(parse("--numa-binding", "everywhere"), lambda: 0)
