@@ -34,13 +34,13 @@ import contextlib
 import fcntl
 import os
 import signal
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from elasticd.progress.protocol import MAX_STEP, PROGRESS_FD_ENV
+from elasticd.workers.snapshot_program import memory as snapshots
 
 
 class _Progress:
@@ -113,6 +113,7 @@ class GracefulStop:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.requested = True
+        _STOPS.append(self)
 
     def should_stop(self) -> bool:
         """True on every rank, at the same step, as soon as any rank was asked to stop.
@@ -139,51 +140,72 @@ class GracefulStop:
             signal.signal(sig, handler)
 
 
+_STOPS: list[GracefulStop] = []  # the stops a signal requested: a snapshot persists at once then
+
+
+def _stopping() -> bool:
+    return bool(_STOPS)
+
+
 def _rank() -> int:
     dist = _dist()
     return int(dist.get_rank()) if dist is not None else int(os.environ.get("RANK", "0"))
 
 
-def save_checkpoint(state: Any, path: str | os.PathLike[str], *, rank: int = 0) -> None:
-    """Write ``state`` atomically (temporary file, fsync, rename, fsync of the directory) from one
-    rank, then wait for every rank: when this returns, the checkpoint is durable for everyone."""
+def save_checkpoint(
+    state: Any,
+    path: str | os.PathLike[str],
+    *,
+    rank: int = 0,
+    memory: bool = True,
+    persist_every: int | None = None,
+) -> None:
+    """Checkpoint ``state`` (the same on every rank; rank ``rank`` writes the file).
+
+    Under elasticd with memory snapshots on (the daemon's ``snapshot_bytes``) and ``memory``: every
+    rank's state is copied into the job's snapshot keeper on this node, and this returns as soon as
+    the copy is committed, with no collective. ``path`` is written behind, atomically, from the
+    snapshot: every ``persist_every`` snapshots (default ``$ELASTICD_SNAPSHOT_PERSIST_EVERY``, else
+    10), at once after a stop was requested (``GracefulStop``), and after a restart restored a
+    snapshot. Elsewhere (plain torchrun, or the keeper cannot take it): written at once (temporary
+    file, fsync, rename, fsync of the directory), then every rank waits for it: when this returns,
+    the checkpoint is durable for everyone.
+    """
+    if memory and snapshots.save(state, Path(path), rank, persist_every, _stopping()):
+        return
     with checkpointing():
         _save(state, Path(path), rank)
 
 
 def _save(state: Any, target: Path, rank: int) -> None:
-    import torch
-
     if _rank() == rank:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                torch.save(state, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        dir_fd = os.open(target.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        snapshots.write_file(state, target)
     dist = _dist()
     if dist is not None:
         dist.barrier()
 
 
-def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> Any:
-    """The saved state, or None if there is no checkpoint yet."""
+def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu", *, memory: bool = True) -> Any:
+    """The newest checkpoint every rank can load, or None if there is none yet.
+
+    With ``memory``: the newest step held as a snapshot by every rank's keeper (each rank's own,
+    else any rank's: the state is the same on every rank), agreed with one ``all_gather`` when
+    ``torch.distributed`` is initialised; else the file at ``path``. Each rank logs where its
+    state came from (``snapshot.restored source=memory|disk``) to its stderr."""
+    if memory:
+        found = snapshots.restore(Path(path), _dist())
+        if found is not None:
+            return found
     import torch
 
     target = Path(path)
     if not target.exists():
         return None
-    return torch.load(target, map_location=map_location, weights_only=False)
+    state = torch.load(target, map_location=map_location, weights_only=False)
+    snapshots.say(
+        "snapshot.restored", source="disk", step=resume_step(state) if isinstance(state, dict) else -1
+    )
+    return state
 
 
 def resume_step(state: Any, key: str = "step") -> int:

@@ -221,6 +221,7 @@ def runtime(
         single_host_only=s.single_host_only,
         tracking=tracking,
         zygotes=ZygotePool(Limits(s.warm_pool_size, s.warm_keep_s), tracking),
+        snapshot_bytes=s.snapshot_bytes,
     )
 
 

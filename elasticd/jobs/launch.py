@@ -34,6 +34,7 @@ from elasticd.workers.cgroups.limits import LimitBackend, LimitError, Placement,
 from elasticd.workers.cgroups.tracking import NoTracker, Tracker
 from elasticd.workers.group import ColdSpawner, Launch, Spawner, Worker, WorkerGroup, wall_clock
 from elasticd.workers.proctree.reaper import Reaper
+from elasticd.workers.snapshot_program.protocol import SOCKET_ENV as SNAPSHOT_SOCKET_ENV
 from elasticd.workers.warm.pool import ZygotePool
 from elasticd.workers.warm.spawner import WarmSpawner
 from elasticd.workers.warm.zygote import Zygote
@@ -61,6 +62,7 @@ class NodeRuntime:
     single_host_only: bool = False  # address left at loopback with an external etcd (Settings)
     tracking: Tracker = field(default_factory=NoTracker)  # a cgroup per job where allowed (tracking.detect)
     zygotes: ZygotePool = field(default_factory=ZygotePool.disabled)  # parked for the next identical job
+    snapshot_bytes: int = 0  # a job's snapshot keeper's bound here (0: none; workers.warm.keeper)
 
 
 def master_port(rt: NodeRuntime) -> int:
@@ -115,9 +117,13 @@ async def start_group(
     slots: tuple[int, ...],
     fence: bool,
     zygote: Zygote | None = None,
+    snapshots: str | None = None,
 ) -> tuple[WorkerGroup, HangWatch]:
     """Spawn this node's workers for one round (on the event-loop thread), each with its progress
     pipe, and the watch that reads them (and judges hangs, when the job asks).
+
+    ``snapshots``: the job's snapshot keeper's socket, which the workers are told of; the keeper,
+    like the zygote, outlives the attempt, and so does its cgroup leaf.
 
     Raises ``SetupFailure`` (LOG_DIR_UNSAFE, LOG_DISK_FULL) when the attempt's logs cannot be
     created safely: the caller ends the job with that reason instead of spending restarts.
@@ -148,6 +154,8 @@ async def start_group(
             )
             env[PROGRESS_FD_ENV] = str(channel.write_fd)
             env[HEARTBEAT_FILE_ENV] = f"/dev/fd/{channel.write_fd}"
+            if snapshots is not None:
+                env[SNAPSHOT_SOCKET_ENV] = snapshots
             launches.append(
                 Launch(
                     local_rank=local_rank,
@@ -189,6 +197,8 @@ async def start_group(
     spawner: Spawner = ColdSpawner()
     if zygote is not None:  # it outlives the attempt, and so does its cgroup
         spawner, tracked = WarmSpawner(zygote, spawner), tracked.ranks()
+    if snapshots is not None:
+        tracked = tracked.ranks()
     group = WorkerGroup(
         launches, rt.reaper, spec.stop_grace_s, fence=fence, tracking=tracked, spawner=spawner
     )

@@ -1,0 +1,243 @@
+"""Memory snapshots for ``elasticd.worker``: save into the job's keeper, persist behind, restore
+the newest step every rank holds (torch imported lazily; nothing here runs under plain torchrun).
+
+Persisting reads the frame back from a segment, never from the training loop's tensors, so the
+loop may go on changing them: the file is the snapshot's step, whole. A segment is written again
+two snapshots later (the keeper's double buffer), so a persist still running then is waited for
+(``_Persist.before_snapshot``): the only way persisting can stall the loop is a disk slower than
+two steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from elasticd.workers.snapshot_program import frame
+from elasticd.workers.snapshot_program.client import Held, KeeperClient, SnapshotError
+from elasticd.workers.snapshot_program.protocol import SOCKET_ENV
+
+PERSIST_EVERY_ENV = "ELASTICD_SNAPSHOT_PERSIST_EVERY"
+DEFAULT_PERSIST_EVERY = 10
+
+
+def say(event: str, **fields: Any) -> None:
+    """One line on the rank's stderr (its log): ``elasticd: snapshot.restored step=3 ...``; only
+    under elasticd (plain torchrun's output stays as it was)."""
+    if SOCKET_ENV not in os.environ:
+        return
+    text = " ".join(f"{k}={v}" for k, v in fields.items())
+    print(f"elasticd: {event} {text}".rstrip(), file=sys.stderr, flush=True)
+
+
+def write_file(state: Any, target: Path) -> None:
+    """``torch.save`` to ``target`` atomically: a temporary file, fsync, rename, fsync of the directory."""
+    import torch
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+class _Persist:
+    """One name's file, written behind from a segment by a thread."""
+
+    def __init__(self) -> None:
+        self.thread: threading.Thread | None = None
+        self.started_at = -2  # the snapshot count when it started (-1: from a restored snapshot)
+        self.error: BaseException | None = None
+
+    def before_snapshot(self, count: int) -> None:
+        """The segment it reads is the one snapshot ``count`` may overwrite: wait for it then."""
+        if self.thread is not None and count >= self.started_at + 2:
+            self.wait()
+
+    def wait(self) -> bool:
+        """Wait for the running persist; False when it failed (said on stderr)."""
+        thread, self.thread = self.thread, None
+        if thread is not None:
+            thread.join()
+        if self.error is None:
+            return True
+        error, self.error = self.error, None
+        say("snapshot.persist_failed", error=repr(error)[:300])
+        return False
+
+    def start(self, buf: Any, target: Path, count: int, release: Any = None) -> None:
+        self.wait()
+
+        def run() -> None:
+            try:
+                step, state = frame.read(buf, views=True)
+                write_file(state, target)
+                say("snapshot.persisted", step=step, path=target)
+            except BaseException as exc:  # reported by the next wait, on the training thread
+                self.error = exc
+            finally:
+                if release is not None:
+                    release()
+
+        self.started_at = count
+        self.thread = threading.Thread(target=run, name="elasticd-persist", daemon=False)
+        self.thread.start()
+
+
+class Snapshots:
+    """This process's snapshots, by name (the checkpoint's path)."""
+
+    def __init__(self) -> None:
+        self._client: KeeperClient | None = None
+        self._checked = False
+        self._counts: dict[str, int] = {}
+        self._persists: dict[str, _Persist] = {}
+        self.broken = ""  # why the keeper is not used any more (said once)
+
+    def client(self) -> KeeperClient | None:
+        if not self._checked:
+            self._checked = True
+            path = os.environ.get(SOCKET_ENV, "")
+            self._client = KeeperClient(path) if path.startswith("/") else None
+        return None if self.broken else self._client
+
+    def _persist(self, name: str) -> _Persist:
+        return self._persists.setdefault(name, _Persist())
+
+    def save(self, state: Any, path: Path, writer: int, every: int | None, stopping: bool) -> bool:
+        """Snapshot ``state``; False when it could not be (the caller writes the file)."""
+        client = self.client()
+        if client is None:
+            return False
+        name, me = str(path.absolute()), _rank()
+        count = self._counts.get(name, 0)
+        step = _step_of(state, count)
+        persist = self._persist(name)
+        persist.before_snapshot(count)
+        try:
+            slot = client.save(state, name, me, step)
+        except SnapshotError as exc:
+            self.broken = str(exc)
+            say("snapshot.unavailable", rank=me, reason=exc, fallback="disk")
+            persist.wait()
+            return False
+        self._counts[name] = count + 1
+        every = every if every is not None else _env_int(PERSIST_EVERY_ENV, DEFAULT_PERSIST_EVERY)
+        due = stopping or (every > 0 and (count + 1) % every == 0)
+        buf = client.mapped(name, me, slot)
+        if me == writer and due and buf is not None:
+            persist.start(buf, path, count)
+            if stopping:  # a planned stop: the file is there before the worker leaves, or written now
+                return persist.wait()
+        return True
+
+    def restore(self, path: Path, dist: Any) -> Any:
+        """The state of the newest step every rank holds in memory, or None (the caller reads the
+        file). Every rank must call it when ``dist`` is given: it is a collective."""
+        client = self.client()
+        name, me = str(path.absolute()), _rank()
+        held: list[Held] = []
+        why = "no snapshot keeper (snapshot_bytes is 0, or not under elasticd)"
+        if client is not None:
+            try:
+                held = client.held(name)
+                why = "no snapshot in memory"
+            except SnapshotError as exc:
+                why = f"snapshot keeper: {exc}"
+        steps = sorted({h.step for h in held})
+        step = agree(steps, dist)
+        if step is None:
+            why = "no step held in memory by every rank" if held else why
+            say("snapshot.memory_skipped", rank=me, reason=why)
+            return None
+        pick = min((h for h in held if h.step == step), key=lambda h: (h.rank != me, h.rank))
+        assert client is not None
+        try:
+            got, state = client.load(name, pick)
+        except SnapshotError as exc:  # every other rank restores from memory: so must we, or fail
+            raise RuntimeError(f"cannot restore the agreed snapshot of step {step}: {exc}") from exc
+        say("snapshot.restored", source="memory", rank=me, step=got, from_rank=pick.rank)
+        self._counts[name] = 0
+        if me == 0:
+            self._persist_restored(client, name, pick, path)
+        if dist is not None:
+            dist.barrier()  # nobody's next snapshot may overwrite a segment another rank still reads
+        return state
+
+    def _persist_restored(self, client: KeeperClient, name: str, held: Held, path: Path) -> None:
+        """After a failure, the restored snapshot is written to disk behind (a node lost next keeps it)."""
+        import mmap
+
+        try:
+            reply, fd = client.call(op="open", name=name, rank=held.rank, slot=held.slot, gen=held.gen)
+        except SnapshotError:
+            return
+        if fd is None:
+            return
+        try:
+            buf = mmap.mmap(fd, int(reply["length"]), prot=mmap.PROT_READ)
+        finally:
+            os.close(fd)
+        self._persist(name).start(buf, path, -1, release=lambda: _close(buf))
+
+    def flush(self) -> None:
+        """Wait for every persist running."""
+        for persist in self._persists.values():
+            persist.wait()
+
+
+def _close(buf: Any) -> None:
+    with contextlib.suppress(BufferError):
+        buf.close()
+
+
+def agree(steps: list[int], dist: Any) -> int | None:
+    """The newest step in every rank's ``steps`` (None: there is none). One ``all_gather_object``."""
+    if dist is None:
+        return steps[-1] if steps else None
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, steps)
+    common = set(steps)
+    for other in everyone:
+        common &= set(other if isinstance(other, list) else [])
+    return max(common) if common else None
+
+
+def _step_of(state: Any, count: int) -> int:
+    step = state.get("step") if isinstance(state, dict) else None
+    return step if type(step) is int and step >= 0 else count
+
+
+def _env_int(name: str, default: int) -> int:
+    text = os.environ.get(name, "")
+    return int(text) if text.isdigit() else default
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank())
+    return int(os.environ.get("RANK", "0"))
+
+
+SNAPSHOTS = Snapshots()
+save = SNAPSHOTS.save
+restore = SNAPSHOTS.restore
+flush = SNAPSHOTS.flush

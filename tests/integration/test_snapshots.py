@@ -1,0 +1,78 @@
+"""Memory snapshots under a real daemon: a worker SIGKILLed mid-step resumes from the keeper's
+memory (no disk read, at most the step it was in redone); a /dev/shm smaller than the bound is
+refused at submit."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.support import REPO, DaemonProc, wait_log
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.torch
+SCRIPT = REPO / "tests" / "scripts" / "snapshot_train.py"
+
+
+def restored(log: str) -> list[dict[str, str]]:
+    return [
+        dict(re.findall(r"(\w+)=(\S+)", m)) for m in re.findall(r"elasticd: snapshot\.restored (.*)", log)
+    ]
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_worker_resumes_from_memory(daemon_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    daemon: DaemonProc = daemon_factory(None, "--slots", "2", "--snapshot-bytes", str(64 << 20))
+    out = tmp_path / "out"
+    out.mkdir()
+    env = dict(os.environ, OUT=str(out), STEPS="20", CRASH_STEP="12", CRASH_RANK="1")
+    env["ELASTICD_SNAPSHOT_PERSIST_EVERY"] = "5"
+    res = daemon.ctl(
+        "submit",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+        "--follow",
+        str(SCRIPT),
+        env=env,
+        timeout_s=100,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    job_id = res.stdout.splitlines()[0]
+    assert daemon.job(job_id)["restarts"] == 1
+    ledgers = {
+        (a, r): [int(s) for s in (out / f"ledger.{a}.{r}").read_text().split()]
+        for a in (0, 1)
+        for r in (0, 1)
+    }
+    assert ledgers[(0, 1)] == list(range(12))  # rank 1 died in step 12
+    assert ledgers[(0, 0)] in (list(range(12)), list(range(13)))  # rank 0 may not get past it
+    # both resumed at step 12 (the snapshot taken after step 11): only the step in flight is redone,
+    # though the disk held step 10 only
+    assert ledgers[(1, 0)] == ledgers[(1, 1)] == list(range(12, 20))
+    logs = daemon.log_dir / job_id / "attempt_1"
+    for rank in (0, 1):
+        text = (logs / f"rank_{rank}.log").read_text()
+        assert [r["source"] for r in restored(text)] == ["memory"], text
+        assert restored(text)[0]["step"] == "12"
+    first = (daemon.log_dir / job_id / "attempt_0" / "rank_0.log").read_text()
+    assert restored(first) == [] and "snapshot.memory_skipped" in first
+    # one keeper served both attempts, and went with the job
+    wait_log(daemon, "snapshots.closed", job=job_id)
+    assert len(daemon.events("snapshots.spawned")) == 1
+    assert json.loads((out / "result.json").read_text())["attempt"] == 1
+
+
+def test_a_dev_shm_smaller_than_the_bound_is_refused_at_submit(daemon_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    daemon: DaemonProc = daemon_factory(None, "--slots", "1", "--snapshot-bytes", str(1 << 44))
+    script = tmp_path / "noop.py"
+    script.write_text("print('ran')\n")
+    res = daemon.ctl("submit", str(script))
+    assert res.returncode == 3, res.stdout + res.stderr
+    assert "snapshot_space" in res.stderr and "/dev/shm" in res.stderr
+    assert daemon.call("status")["jobs"] == []
