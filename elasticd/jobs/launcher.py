@@ -55,6 +55,7 @@ def keeper_setup(rt: NodeRuntime, spec: JobSpec) -> KeeperSetup | str:
         env=zygote_env(spec.env, spec.id, rt.node_id),
         identity=switch_to(spec),
         bound=rt.snapshot_bytes,
+        address=rt.address,
     )
 
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from elasticd.errors import ErrorCode
 from elasticd.jobs import snapshotspace
 from elasticd.workers.snapshot_program import keeper as k
-from elasticd.workers.snapshot_program.memory import agree
+from elasticd.workers.snapshot_program import restore as nearest
 from elasticd.workers.snapshot_program.protocol import (
     HEADER,
     BadMessage,
@@ -184,23 +184,35 @@ def test_a_small_dev_shm_is_refused_with_its_code() -> None:
     assert snapshotspace.shm_bytes("/nonexistent") is None
 
 
-class FakeDist:
-    def __init__(self, others: list[object]) -> None:
-        self.others = others
-
-    def get_world_size(self) -> int:
-        return len(self.others) + 1
-
-    def all_gather_object(self, out: list[object], mine: object) -> None:
-        out[:] = [mine, *self.others]
+def report(rank: int, held: list[list[int]], key: str | None = None, port: int = 0) -> dict[str, object]:
+    address = "10.0.0.1" if port else ""
+    return {"rank": rank, "key": key, "proposal": f"p{rank}", "address": address, "port": port, "held": held}
 
 
-def test_every_rank_agrees_on_the_newest_step_all_hold() -> None:
-    assert agree([3, 4], None) == 4
-    assert agree([], None) is None
-    assert agree([11, 12], FakeDist([[12, 13], [11, 12]])) == 12  # a rank one step ahead
-    assert agree([11, 12], FakeDist([[]])) is None  # a rank lost its node: the disk
-    assert agree([5], FakeDist(["junk"])) is None
+def test_every_rank_picks_the_same_key_ring_and_step() -> None:
+    assert nearest.choose_key([report(1, []), report(0, [])]) == "p0"
+    assert nearest.choose_key([report(0, []), report(1, [], key="k1"), report(2, [], key="k2")]) == "k1"
+    a, b, c = 7001, 7002, 7003
+    reports = [report(0, [], port=a), report(1, [], port=a), report(2, [], port=b), report(3, [], port=c)]
+    assert [nearest.ring_peer(reports, r) for r in range(4)] == [
+        ("10.0.0.1", b), ("10.0.0.1", b), ("10.0.0.1", c), ("10.0.0.1", a),
+    ]  # fmt: skip
+    assert nearest.ring_peer(reports[:2], 0) is None  # one node: no peer
+    assert nearest.ring_peer([report(0, [])], 0) is None  # no link
+
+
+def test_a_rank_loads_the_newest_step_from_the_nearest_copy() -> None:
+    from elasticd.workers.snapshot_program.client import Held
+
+    mine = [Held(0, 0, 1, 12, 100), Held(1, 1, 2, 12, 100, replica=True), Held(0, 1, 3, 11, 100)]
+    reports = [report(0, [[0, 12], [1, 12], [0, 11]], port=1), report(1, [[1, 11]], port=2)]
+    # rank 1's node lost its newest: it loads step 12 from node 1's keeper, its own rank's replica first
+    found = nearest.sources(reports, [Held(1, 0, 1, 11, 100)], 1)
+    assert [(s.step, s.rank, s.peer) for s in found] == [(12, 1, ("10.0.0.1", 1)), (12, 0, ("10.0.0.1", 1))]
+    # rank 0 loads its own, from its own keeper
+    assert nearest.sources(reports, mine, 0)[0].held == mine[0]
+    assert nearest.sources([report(0, []), report(1, [])], [], 0) == []
+    assert nearest.sources([report(0, [[0, 3]]), {"junk": 1}], [Held(0, 0, 1, 3, 10)], 0)[0].step == 3
 
 
 def test_frames_round_trip() -> None:
@@ -228,3 +240,43 @@ def test_frames_round_trip() -> None:
     buf[align(HEADER.size)] ^= 0xFF  # a torn meta is refused
     with pytest.raises(BadMessage):
         frame.read(buf)
+
+
+def test_keepers_replicate_to_their_peer_and_refuse_other_keys() -> None:
+    import socket
+    import time
+
+    from elasticd.workers.snapshot_program import peers, replica
+
+    keepers = []
+    for _ in range(2):
+        tcp = socket.create_server(("127.0.0.1", 0))
+        keeper = k.Keeper(64 << 20, "127.0.0.1", tcp.getsockname()[1])
+        peers.start(keeper, tcp)
+        keepers.append(keeper)
+    a, b = keepers
+    key = "ab" * 32
+    for keeper in keepers:
+        assert keeper.handle({"op": "key", "key": key})[0]["key"] == key
+    a.handle({"op": "peer", "address": "127.0.0.1", "port": b.port})
+    reply, fd = a.handle({"op": "begin", "name": "c", "rank": 0, "step": 4, "size": 100})
+    frame_bytes(a, reply, fd, 4, b"y" * 60)
+    assert a.handle({"op": "commit", "name": "c", "rank": 0, "slot": reply["slot"], "gen": reply["gen"]})[0][
+        "ok"
+    ]
+    deadline = time.monotonic() + 10
+    while not (held := b.handle({"op": "list", "name": "c"})[0]["held"]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert held == [{"rank": 0, "slot": 0, "gen": 1, "step": 4, "length": held[0]["length"], "replica": True}]
+    got = replica.fetch(("127.0.0.1", b.port), bytes.fromhex(key), "c", 0, 4)
+    assert parse_header(bytes(got[: HEADER.size]))[0] == 4 and b"y" * 60 in got
+    with pytest.raises(ConnectionError):  # another job's key: the link closes before anything is sent
+        replica.fetch(("127.0.0.1", b.port), bytes.fromhex("cd" * 32), "c", 0, 4)
+    with pytest.raises(BadMessage):
+        replica.fetch(("127.0.0.1", b.port), bytes.fromhex(key), "c", 0, 5)  # not held
+    # a put signed with another key never becomes a replica
+    with replica.connect(("127.0.0.1", b.port)) as sock:
+        head = {"op": "put", "name": "c", "rank": 1, "step": 9, "length": 10, "nonce": replica.nonce()}
+        replica.send_head(sock, bytes.fromhex("cd" * 32), head)
+        assert sock.recv(1) == b""  # closed on the head
+    assert [h["rank"] for h in b.handle({"op": "list", "name": "c"})[0]["held"]] == [0]

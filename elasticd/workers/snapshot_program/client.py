@@ -37,6 +37,7 @@ class Held:
     gen: int
     step: int
     length: int
+    replica: bool = False  # sent by another node's keeper
 
 
 class KeeperClient:
@@ -125,16 +126,17 @@ class KeeperClient:
         out = []
         for item in reply.get("held", []):
             try:
-                out.append(Held(*(int(item[k]) for k in ("rank", "slot", "gen", "step", "length"))))
+                rank, slot, gen, step, length = (
+                    int(item[k]) for k in ("rank", "slot", "gen", "step", "length")
+                )
+                out.append(Held(rank, slot, gen, step, length, replica=item.get("replica") is True))
             except (KeyError, TypeError, ValueError):
                 raise SnapshotError("snapshot keeper: a bad list") from None
         return out
 
     def load(self, name: str, held: Held) -> tuple[int, Any]:
         """``(step, state)`` of a held snapshot, copied out of the keeper's segment."""
-        reply, fd = self.call(op="open", name=name, rank=held.rank, slot=held.slot, gen=held.gen)
-        if fd is None:
-            raise SnapshotError("snapshot keeper: no segment came with its reply")
+        reply, fd = self.open(name, held)
         try:
             length = int(reply["length"])
             buf = mmap.mmap(fd, length, prot=mmap.PROT_READ)
@@ -146,6 +148,32 @@ class KeeperClient:
             raise SnapshotError(f"snapshot of step {held.step}: {exc}") from exc
         finally:
             self._unmap(buf)
+
+    def open(self, name: str, held: Held) -> tuple[dict[str, Any], int]:
+        """The keeper's reply and a read-only fd of the segment of ``held``."""
+        reply, fd = self.call(
+            op="open", name=name, rank=held.rank, slot=held.slot, gen=held.gen, replica=held.replica
+        )
+        if fd is None:
+            raise SnapshotError("snapshot keeper: no segment came with its reply")
+        return reply, fd
+
+    def key(self, key: str | None = None) -> tuple[str | None, str, int]:
+        """Set the job's key (given) and read it back: ``(key, address, port)`` of the keeper's
+        replication link (port 0: it has none)."""
+        reply, _ = self.call(op="key", key=key)
+        known, address, port = reply.get("key"), reply.get("address"), reply.get("port")
+        if (
+            not (known is None or isinstance(known, str))
+            or not isinstance(address, str)
+            or type(port) is not int
+        ):
+            raise SnapshotError("snapshot keeper: a bad key reply")
+        return known, address, port
+
+    def peer(self, address: str | None, port: int) -> None:
+        """Replicate this node's snapshots to the keeper at ``address:port`` (None: to none)."""
+        self.call(op="peer", address=address, port=port)
 
     def close(self) -> None:
         sock, self._sock = self._sock, None

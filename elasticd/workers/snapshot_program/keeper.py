@@ -17,7 +17,10 @@ What it does:
    ``commit`` checks the frame's header and the meta's CRC before the slot counts as complete. A
    worker that dies mid-copy leaves that slot ``writing`` and the previous snapshot whole;
 3. ``list`` the complete snapshots of a name, and ``open`` one: a read-only fd of its segment;
-4. exit, freeing every segment, when the daemon closes its control socket (the job ended here).
+4. replicate each complete snapshot to one other node's keeper, once the ranks told it the job's
+   key and its peer (``key``, ``peer``; ``peers``), and hold the replicas other keepers send it,
+   double-buffered in the same way and within the same bound;
+5. exit, freeing every segment, when the daemon closes its control socket (the job ended here).
 
 Memory: a segment's pages are charged to the cgroup of the process that first touches them, the
 worker that writes the frame (under its rank's limits); they stay inside the job's cgroup.
@@ -25,29 +28,15 @@ worker that writes the frame (under its rank's limits); they stay inside the job
 
 from __future__ import annotations
 
-import contextlib
 import os
-import select
-import signal
-import socket
-import struct
-import sys
-import tempfile
+import threading
 import zlib
 from typing import Any
 
 if __name__ != "__elasticd_keeper__":  # the daemon's tests and mypy; in the keeper, globals already
-    from elasticd.workers.snapshot_program.protocol import (
-        HEADER,
-        MAX_MESSAGE,
-        BadMessage,
-        align,
-        encode,
-        parse_header,
-        parse_request,
-    )
+    from elasticd.workers.snapshot_program.protocol import HEADER, BadMessage, align, parse_header
+    from elasticd.workers.snapshot_program.replica import parse_key, parse_peer
 
-MAX_CLIENTS = 512  # a node's ranks, and a few more
 MAX_KEYS = 4096  # (name, rank) pairs held
 GRAIN = 2 << 20  # segments grow in steps of 2 MiB: a state that grows a little reuses its segment
 EMPTY, WRITING, COMPLETE = "empty", "writing", "complete"
@@ -56,7 +45,7 @@ EMPTY, WRITING, COMPLETE = "empty", "writing", "complete"
 class Slot:
     """One segment of a double buffer."""
 
-    __slots__ = ("capacity", "fd", "gen", "length", "seq", "state", "step")
+    __slots__ = ("begun", "capacity", "fd", "gen", "length", "seq", "state", "step")
 
     def __init__(self) -> None:
         self.fd = -1
@@ -66,6 +55,7 @@ class Slot:
         self.step = 0
         self.length = 0
         self.seq = 0  # commit order: the newest complete slot has the larger
+        self.begun = 0  # writes begun in it: a reader that saw it change read a torn frame
 
 
 # --- pure parts (unit-tested in the daemon's test suite) ---------------------------------------------
@@ -137,54 +127,105 @@ def verify(slot: Slot) -> str | None:
 
 
 class Keeper:
-    def __init__(self, bound: int) -> None:
+    """Every snapshot and replica this node holds for the job. ``lock`` guards all of it: the main
+    loop, the replication server and the pusher (``peers``) each take it for their lookups, never
+    for a copy."""
+
+    def __init__(self, bound: int, address: str = "", port: int = 0) -> None:
         self.bound = bound
+        self.address, self.port = address, port  # where ``peers.Server`` listens (none: port 0)
         self.slots: dict[tuple[str, int], list[Slot]] = {}
+        self.replicas: dict[tuple[str, int], list[Slot]] = {}
+        self.key: bytes | None = None
+        self.peer: tuple[str, int] | None = None
+        self.lock = threading.Lock()
+        self.pushes: dict[tuple[str, int], int] = {}  # complete snapshots not yet replicated: key -> slot
+        self.wake = threading.Condition(self.lock)
         self._gen = 0
         self._seq = 0
 
     def held(self) -> int:
-        return sum(s.capacity for pair in self.slots.values() for s in pair)
+        pairs = [*self.slots.values(), *self.replicas.values()]
+        return sum(s.capacity for pair in pairs for s in pair)
 
     def handle(self, req: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
-        """A reply and the fd to send with it (the caller closes it after sending, if it is new)."""
+        """A reply and the fd to send with it (the caller closes it after sending)."""
+        with self.lock:
+            return self._handle(req)
+
+    def _handle(self, req: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
+        if req["op"] == "key":
+            given = parse_key(req["key"])
+            if given is not None:
+                self.key = given
+            known = self.key.hex() if self.key is not None else None
+            return {"ok": True, "key": known, "address": self.address, "port": self.port}, None
+        if req["op"] == "peer":
+            self.peer = parse_peer(req["address"], req["port"])
+            self.pushes = {k: self.newest(pair) for k, pair in self.slots.items() if self.newest(pair) >= 0}
+            self.wake.notify_all()
+            return {"ok": True}, None
         key = (req["name"], req.get("rank", -1))
         if req["op"] == "list":
-            held = [
-                {"rank": rank, "slot": i, "gen": s.gen, "step": s.step, "length": s.length}
-                for (name, rank), pair in sorted(self.slots.items())
-                if name == req["name"]
-                for i, s in enumerate(pair)
-                if s.state == COMPLETE
-            ]
-            return {"ok": True, "held": held}, None
+            return {"ok": True, "held": self.listing(req["name"])}, None
         if req["op"] == "begin":
-            return self._begin(key, req["step"], req["size"])
-        pair = self.slots.get(key)
+            return self._begin(self.slots, key, req["step"], req["size"])
+        pair = (self.replicas if req.get("replica") else self.slots).get(key)
         slot = pair[req["slot"]] if pair is not None else None
         if slot is None or slot.gen != req["gen"]:
             return {"ok": False, "error": "no such segment (replaced since)"}, None
         if req["op"] == "commit":
-            if slot.state != WRITING:
-                return {"ok": False, "error": f"segment is {slot.state}, not being written"}, None
-            why = verify(slot)
-            if why is not None:
-                slot.state = EMPTY
-                return {"ok": False, "error": f"incomplete snapshot: {why}"}, None
-            self._seq += 1
-            slot.state, slot.seq = COMPLETE, self._seq
-            return {"ok": True, "step": slot.step, "held": self.held()}, None
+            return self._commit(key, req["slot"], slot), None
         if slot.state != COMPLETE:
             return {"ok": False, "error": f"segment is {slot.state}"}, None
         ro = os.open(f"/proc/self/fd/{slot.fd}", os.O_RDONLY | os.O_CLOEXEC)
         return {"ok": True, "length": slot.length, "step": slot.step}, ro
 
-    def _begin(self, key: tuple[str, int], step: int, size: int) -> tuple[dict[str, Any], int | None]:
-        pair = self.slots.get(key)
+    def listing(self, name: str) -> list[dict[str, Any]]:
+        return [
+            {"rank": rank, "slot": i, "gen": s.gen, "step": s.step, "length": s.length, "replica": replica}
+            for replica, table in ((False, self.slots), (True, self.replicas))
+            for (held, rank), pair in sorted(table.items())
+            if held == name
+            for i, s in enumerate(pair)
+            if s.state == COMPLETE
+        ]
+
+    @staticmethod
+    def newest(pair: list[Slot]) -> int:
+        done = [i for i in (0, 1) if pair[i].state == COMPLETE]
+        return max(done, key=lambda i: pair[i].seq) if done else -1
+
+    def find(self, name: str, rank: int, step: int) -> Slot | None:
+        """A complete snapshot or replica of ``(name, rank)`` at ``step``."""
+        for table in (self.slots, self.replicas):
+            for slot in table.get((name, rank), []):
+                if slot.state == COMPLETE and slot.step == step:
+                    return slot
+        return None
+
+    def _commit(self, key: tuple[str, int], index: int, slot: Slot) -> dict[str, Any]:
+        if slot.state != WRITING:
+            return {"ok": False, "error": f"segment is {slot.state}, not being written"}
+        why = verify(slot)
+        if why is not None:
+            slot.state = EMPTY
+            return {"ok": False, "error": f"incomplete snapshot: {why}"}
+        self._seq += 1
+        slot.state, slot.seq = COMPLETE, self._seq
+        if self.peer is not None and key in self.slots:
+            self.pushes[key] = index
+            self.wake.notify_all()
+        return {"ok": True, "step": slot.step, "held": self.held()}
+
+    def _begin(
+        self, table: dict[tuple[str, int], list[Slot]], key: tuple[str, int], step: int, size: int
+    ) -> tuple[dict[str, Any], int | None]:
+        pair = table.get(key)
         if pair is None:
-            if len(self.slots) >= MAX_KEYS:
+            if len(self.slots) + len(self.replicas) >= MAX_KEYS:
                 return {"ok": False, "error": f"more than {MAX_KEYS} snapshot names and ranks"}, None
-            pair = self.slots[key] = [Slot(), Slot()]
+            pair = table[key] = [Slot(), Slot()]
         index = pick(pair)
         slot = pair[index]
         why = over_bound(self.held(), slot, size, self.bound)
@@ -197,96 +238,30 @@ class Keeper:
             self._gen += 1
             slot.fd, slot.capacity, slot.gen = fd, grown(size), self._gen
         slot.state, slot.step, slot.length = WRITING, step, 0
+        slot.begun += 1
         reply = {"ok": True, "slot": index, "gen": slot.gen, "capacity": slot.capacity}
         return reply, os.dup(slot.fd)
 
+    def begin_replica(self, name: str, rank: int, step: int, size: int) -> tuple[Slot, int, int] | str:
+        """A replica's segment to receive into: ``(slot, gen, fd)``, or why not. Never an older
+        step than the newest replica held (a replayed put is refused)."""
+        with self.lock:
+            pair = self.replicas.get((name, rank))
+            if pair is not None and (newest := self.newest(pair)) >= 0 and pair[newest].step > step:
+                return f"holds step {pair[newest].step} already"
+            reply, fd = self._begin(self.replicas, (name, rank), step, size)
+            if not reply["ok"] or fd is None:
+                return str(reply.get("error"))
+            return self.replicas[(name, rank)][reply["slot"]], reply["gen"], fd
 
-def _send(conn: socket.socket, reply: dict[str, Any], fd: int | None) -> None:
-    anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", fd))] if fd is not None else []
-    try:
-        conn.sendmsg([encode(**reply)], anc)
-    finally:
-        if fd is not None:
-            os.close(fd)
-
-
-def _serve_one(keeper: Keeper, conn: socket.socket) -> bool:
-    """One request from ``conn``; False when the connection is done."""
-    try:
-        data, _, flags, _ = conn.recvmsg(MAX_MESSAGE + 1)
-    except (BlockingIOError, InterruptedError):
-        return True
-    except OSError:
-        return False
-    if not data:
-        return False
-    try:
-        if flags & socket.MSG_TRUNC:
-            raise BadMessage("message too long")
-        reply, fd = keeper.handle(parse_request(data))
-    except BadMessage as exc:
-        reply, fd = {"ok": False, "error": str(exc)}, None
-    except OSError as exc:  # a segment the kernel would not give (memory): this snapshot fails
-        reply, fd = {"ok": False, "error": f"cannot make a segment: {exc.strerror or exc}"}, None
-    try:
-        _send(conn, reply, fd)
-    except OSError:
-        return False
-    return True
-
-
-def _accept(listener: socket.socket, clients: dict[int, socket.socket]) -> None:
-    try:
-        conn, _ = listener.accept()
-    except OSError:
-        return
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _, uid, _ = struct.unpack("3i", creds)
-    if uid != os.getuid() or len(clients) >= MAX_CLIENTS:
-        conn.close()
-        return
-    clients[conn.fileno()] = conn
-
-
-def serve(ctl: socket.socket, listener: socket.socket, keeper: Keeper) -> None:
-    """Until the daemon closes ``ctl``."""
-    clients: dict[int, socket.socket] = {}
-    while True:
-        ready, _, _ = select.select([ctl.fileno(), listener.fileno(), *clients], [], [])
-        if ctl.fileno() in ready and not ctl.recv(1):
-            return
-        if listener.fileno() in ready:
-            _accept(listener, clients)
-        for fd in ready:
-            conn = clients.get(fd)
-            if conn is not None and not _serve_one(keeper, conn):
-                del clients[fd]
-                conn.close()
-
-
-def main(ctl_fd: int) -> None:
-    ctl = socket.socket(fileno=ctl_fd)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    try:
-        bound = int(ctl.recv(256))
-    except ValueError:
-        ctl.send(encode(ev="unavailable", reason="bad configuration"))
-        return
-    where = tempfile.mkdtemp(prefix="elasticd-snapshots-")  # 0700, ours, a fresh name
-    path = os.path.join(where, "sock")
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        listener.bind(path)
-        listener.listen(64)
-        ctl.send(encode(ev="ready", pid=os.getpid(), socket=path))
-        serve(ctl, listener, Keeper(bound))
-    finally:
-        listener.close()
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-        with contextlib.suppress(OSError):
-            os.rmdir(where)
-
-
-if __name__ == "__elasticd_keeper__":
-    main(globals()["CTL_FD"])  # given by the loader
+    def commit_replica(self, slot: Slot, gen: int) -> str | None:
+        with self.lock:
+            if slot.gen != gen or slot.state != WRITING:
+                return "replaced while it was received"
+            why = verify(slot)
+            if why is not None:
+                slot.state = EMPTY
+                return why
+            self._seq += 1
+            slot.state, slot.seq = COMPLETE, self._seq
+            return None

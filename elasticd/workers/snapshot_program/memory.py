@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from elasticd.workers.snapshot_program import frame
+from elasticd.workers.snapshot_program import restore as nearest
 from elasticd.workers.snapshot_program.client import Held, KeeperClient, SnapshotError
 from elasticd.workers.snapshot_program.protocol import SOCKET_ENV
 
@@ -148,34 +149,38 @@ class Snapshots:
         return True
 
     def restore(self, path: Path, dist: Any) -> Any:
-        """The state of the newest step every rank holds in memory, or None (the caller reads the
-        file). Every rank must call it when ``dist`` is given: it is a collective."""
+        """The state of the newest step any of the job's keepers holds, or None (the caller reads
+        the file). A collective when ``dist`` is given: every rank must call it. It also tells this
+        node's keeper the job's key and its replication peer (``snapshot_program.restore``)."""
         client = self.client()
         name, me = str(path.absolute()), _rank()
-        held: list[Held] = []
-        why = "no snapshot keeper (snapshot_bytes is 0, or not under elasticd)"
-        if client is not None:
-            try:
-                held = client.held(name)
-                why = "no snapshot in memory"
-            except SnapshotError as exc:
-                why = f"snapshot keeper: {exc}"
-        steps = sorted({h.step for h in held})
-        step = agree(steps, dist)
-        if step is None:
-            why = "no step held in memory by every rank" if held else why
-            say("snapshot.memory_skipped", rank=me, reason=why)
+        mine, held, why = nearest.report(client, name, me)
+        reports = nearest.gather(mine, dist)
+        key = nearest.choose_key(reports)
+        if client is not None and mine["port"]:
+            with contextlib.suppress(SnapshotError):  # then this node's snapshots are not replicated
+                client.key(key)
+                peer = nearest.ring_peer(reports, me)
+                client.peer(*(peer if peer is not None else (None, 0)))
+        found = nearest.sources(reports, held, me)
+        if not found:
+            say("snapshot.memory_skipped", rank=me, reason=why or "no snapshot of this checkpoint in memory")
             return None
-        pick = min((h for h in held if h.step == step), key=lambda h: (h.rank != me, h.rank))
-        assert client is not None
-        try:
-            got, state = client.load(name, pick)
-        except SnapshotError as exc:  # every other rank restores from memory: so must we, or fail
-            raise RuntimeError(f"cannot restore the agreed snapshot of step {step}: {exc}") from exc
-        say("snapshot.restored", source="memory", rank=me, step=got, from_rank=pick.rank)
+        assert client is not None or all(s.held is None for s in found)
+        state, errors = None, []
+        for source in found:
+            try:
+                state = nearest.load(client or KeeperClient(""), name, key, source)
+                break
+            except SnapshotError as exc:
+                errors.append(str(exc))
+        else:  # every other rank restores this step from memory: so must we, or fail
+            raise RuntimeError(f"cannot restore the snapshot of step {found[0].step}: {'; '.join(errors)}")
+        where = "memory" if source.held is not None else "peer"
+        say("snapshot.restored", source=where, rank=me, step=source.step, from_rank=source.rank)
         self._counts[name] = 0
-        if me == 0:
-            self._persist_restored(client, name, pick, path)
+        if me == 0 and client is not None and source.held is not None:
+            self._persist_restored(client, name, source.held, path)
         if dist is not None:
             dist.barrier()  # nobody's next snapshot may overwrite a segment another rank still reads
         return state
@@ -185,10 +190,8 @@ class Snapshots:
         import mmap
 
         try:
-            reply, fd = client.call(op="open", name=name, rank=held.rank, slot=held.slot, gen=held.gen)
+            reply, fd = client.open(name, held)
         except SnapshotError:
-            return
-        if fd is None:
             return
         try:
             buf = mmap.mmap(fd, int(reply["length"]), prot=mmap.PROT_READ)
@@ -205,18 +208,6 @@ class Snapshots:
 def _close(buf: Any) -> None:
     with contextlib.suppress(BufferError):
         buf.close()
-
-
-def agree(steps: list[int], dist: Any) -> int | None:
-    """The newest step in every rank's ``steps`` (None: there is none). One ``all_gather_object``."""
-    if dist is None:
-        return steps[-1] if steps else None
-    everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, steps)
-    common = set(steps)
-    for other in everyone:
-        common &= set(other if isinstance(other, list) else [])
-    return max(common) if common else None
 
 
 def _step_of(state: Any, count: int) -> int:

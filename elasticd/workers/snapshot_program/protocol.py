@@ -26,7 +26,7 @@ MAX_STEP = (1 << 63) - 1
 MAGIC = b"ELSNAP01"
 HEADER = struct.Struct("<8sQQQI")  # magic, step, meta_len, total, meta_crc
 ALIGN = 64
-OPS = ("begin", "commit", "list", "open")
+OPS = ("begin", "commit", "list", "open", "key", "peer")
 
 
 class BadMessage(ValueError):
@@ -71,7 +71,9 @@ def _int(req: dict[str, Any], key: str, top: int) -> int:
 
 def parse_request(data: bytes) -> dict[str, Any]:
     """One request: ``begin`` (name, rank, step, size), ``commit`` (name, rank, slot, gen),
-    ``list`` (name) or ``open`` (name, rank, slot, gen). Raises ``BadMessage``."""
+    ``list`` (name), ``open`` (name, rank, slot, gen, replica), ``key`` (the job's key to set, or
+    null: read it) or ``peer`` (address and port of the keeper to replicate to, or null). The
+    values of ``key`` and ``peer`` are checked by ``replica``. Raises ``BadMessage``."""
     if len(data) > MAX_MESSAGE:
         raise BadMessage("message too long")
     try:
@@ -80,6 +82,10 @@ def parse_request(data: bytes) -> dict[str, Any]:
         raise BadMessage("not JSON") from None
     if not isinstance(req, dict) or req.get("op") not in OPS:
         raise BadMessage(f"op must be one of {OPS}")
+    if req["op"] == "key":
+        return {"op": "key", "key": req.get("key")}
+    if req["op"] == "peer":
+        return {"op": "peer", "address": req.get("address"), "port": req.get("port")}
     name = req.get("name")
     if not isinstance(name, str) or not name or len(name) > MAX_NAME or "\0" in name:
         raise BadMessage(f"name must be a string of 1..{MAX_NAME} characters")
@@ -93,6 +99,7 @@ def parse_request(data: bytes) -> dict[str, Any]:
     else:
         out["slot"] = _int(req, "slot", 1)
         out["gen"] = _int(req, "gen", 1 << 62)
+        out["replica"] = req.get("replica") is True
     return out
 
 

@@ -29,7 +29,13 @@ from elasticd.workers.proctree.spawn import Identity, worker_preexec
 _log = log.get("elasticd.snapshots")
 
 PROGRAM = "elasticd.workers.snapshot_program"
-PARTS = ("protocol.py", "keeper.py")  # run in this order, in one namespace
+PARTS = (
+    "protocol.py",
+    "replica.py",
+    "keeper.py",
+    "peers.py",
+    "main.py",
+)  # run in this order, in one namespace
 PROGRAM_NAME = "__elasticd_keeper__"
 LOADER = (
     "import os;g={{'__name__':'" + PROGRAM_NAME + "','CTL_FD':{ctl}}};"
@@ -50,6 +56,7 @@ class KeeperSetup:
     env: dict[str, str] = field(hash=False)
     identity: Identity | None
     bound: int  # bytes the job's snapshots may hold on this node (setting snapshot_bytes)
+    address: str = ""  # where it listens for other keepers (this node's address; "": no replication)
 
 
 def program_source() -> bytes:
@@ -110,7 +117,10 @@ class SnapshotKeeper:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         src_r, src_w = os.pipe2(os.O_CLOEXEC)
         try:
-            os.write(src_w, program_source())  # well under a pipe's buffer
+            source = program_source()
+            if len(source) >= 65536:  # written whole before the child reads: must fit the pipe
+                raise OSError("the keeper's program is larger than a pipe's buffer")
+            os.write(src_w, source)
             os.close(src_w)
             src_w = -1
             setup = self.setup
@@ -125,7 +135,7 @@ class SnapshotKeeper:
                 close_fds=True,
                 pass_fds=(src_r, theirs.fileno()),
             )
-            ours.send(str(setup.bound).encode())
+            ours.send(json.dumps({"bound": setup.bound, "address": setup.address}).encode())
             ours.setblocking(False)
         except BaseException:
             ours.close()
