@@ -1,6 +1,6 @@
-"""Memory snapshots under a real daemon: a worker SIGKILLed mid-step resumes from the keeper's
-memory (no disk read, at most the step it was in redone); a /dev/shm smaller than the bound is
-refused at submit."""
+"""Memory snapshots under real daemons: a worker SIGKILLed mid-step resumes from the keeper's
+memory (no disk read, at most the step it was in redone); a node SIGKILLed is resumed from its
+peer's replica; a /dev/shm smaller than the bound is refused at submit."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import REPO, DaemonProc, wait_log
+from elasticd.workers.snapshot_program.client import KeeperClient
+from tests.support import REPO, DaemonProc, start_cluster, submit_job, wait_for, wait_log
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
@@ -76,3 +77,42 @@ def test_a_dev_shm_smaller_than_the_bound_is_refused_at_submit(daemon_factory, t
     assert res.returncode == 3, res.stdout + res.stderr
     assert "snapshot_space" in res.stderr and "/dev/shm" in res.stderr
     assert daemon.call("status")["jobs"] == []
+
+
+@pytest.mark.timeout(180)
+def test_a_lost_node_is_resumed_from_its_peers_replica(daemon_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    a, b, spare = start_cluster(daemon_factory, 3, "--snapshot-bytes", str(64 << 20))
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {"STEPS": "12", "PAUSE_STEP": "6", "CRASH_STEP": "-1", "CRASH_RANK": "1"}
+    env["ELASTICD_SNAPSHOT_PERSIST_EVERY"] = "0"  # never on disk: only memory can resume it
+    job = submit_job(a, out, "--nnodes", "2", "--nproc-per-node", "1", "--max-restarts", "2",
+                     "--nodes", f"{a.node_id},{b.node_id},{spare.node_id}", str(SCRIPT), env=env)  # fmt: skip
+    wait_for(lambda: (out / "paused").exists(), 90, 0.1, "rank 1 to stop after step 6")
+    ran = [d for d in (a, b, spare) if (d.log_dir / job / "attempt_0").exists()]
+    paused_on = next(d for d in ran if (d.log_dir / job / "attempt_0" / "rank_1.log").exists())
+    held_on = next(d for d in ran if d is not paused_on)
+    spare = next(d for d in (a, b, spare) if d not in ran)
+    keeper = KeeperClient(wait_log(held_on, "snapshots.ready", job=job)["socket"])
+    name = str((out / "ckpt.pt").absolute())
+    wait_for(
+        lambda: any(h.replica and h.rank == 1 and h.step == 7 for h in keeper.held(name)),
+        30, 0.05, "rank 1's snapshot of step 7 to reach the other node",
+    )  # fmt: skip
+    keeper.close()
+    paused_on.kill9()  # the node is gone: its workers and its keeper with it (the reaper)
+    final = held_on.wait_state(job, ("SUCCEEDED", "FAILED"), 120)
+    assert final["state"] == "SUCCEEDED", final
+    # no file existed to resume from: the first one is the restored snapshot, written behind
+    first = held_on.log_dir / job / "attempt_1" / "rank_0.log"
+    text = (
+        first.read_text()
+        if first.exists()
+        else (spare.log_dir / job / "attempt_1" / "rank_0.log").read_text()
+    )
+    assert text.index("snapshot.restored source=memory") < text.index("snapshot.persisted step=7")
+    assert [int(s) for s in (out / "ledger.1.1").read_text().split()] == list(range(7, 12))
+    assert [int(s) for s in (out / "ledger.1.0").read_text().split()] == list(range(7, 12))
+    logs = {d.node_id: d.log_dir / job / "attempt_1" for d in (held_on, spare)}
+    rank1 = next(p / "rank_1.log" for p in logs.values() if (p / "rank_1.log").exists())
+    assert restored(rank1.read_text()) == [{"source": "peer", "rank": "1", "step": "7", "from_rank": "1"}]

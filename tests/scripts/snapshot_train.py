@@ -1,5 +1,7 @@
 """DDP on gloo with a memory snapshot after every step (``worker.save_checkpoint``); on attempt 0,
-rank $CRASH_RANK SIGKILLs itself in the middle of step $CRASH_STEP (after its forward pass).
+rank $CRASH_RANK SIGKILLs itself in the middle of step $CRASH_STEP (after its forward pass), or
+(with $PAUSE_STEP) rank $CRASH_RANK stops after its snapshot of that step and writes $OUT/paused,
+for its node to be killed.
 
 Each rank appends every completed step to $OUT/ledger.<attempt>.<rank>; rank 0 writes
 $OUT/result.json at the end (the final step, the attempt, the weights).
@@ -19,6 +21,7 @@ out = os.environ["OUT"]
 total_steps = int(os.environ.get("STEPS", "20"))
 crash_step = int(os.environ.get("CRASH_STEP", "12"))
 crash_rank = int(os.environ.get("CRASH_RANK", "1"))
+pause_step = int(os.environ.get("PAUSE_STEP", "-1"))
 attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 ckpt = os.path.join(out, "ckpt.pt")
 
@@ -46,6 +49,10 @@ for step in range(worker.resume_step(state), total_steps):
         {"step": step + 1, "model": model.module.state_dict(), "opt": opt.state_dict()}, ckpt
     )
     worker.step(step)
+    if attempt == 0 and rank == crash_rank and step == pause_step:
+        with open(os.path.join(out, "paused"), "w") as f:
+            f.write(f"{step + 1}\n")
+        signal.pause()  # until its node goes
 if rank == 0:
     weights = [p.detach().flatten().tolist() for p in model.module.parameters()]
     with open(os.path.join(out, "result.json"), "w") as f:
