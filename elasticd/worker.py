@@ -208,6 +208,26 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu", *, 
     return state
 
 
+def snapshot_writer(
+    path: str | os.PathLike[str], step: int | None = None, persist_every: int | None = None
+) -> Any:
+    """A ``torch.distributed.checkpoint`` ``StorageWriter`` on the job's snapshot keepers:
+    ``dcp.save(state, storage_writer=worker.snapshot_writer(DIR, step))``. Each rank snapshots its
+    own shard; ``DIR`` is written every ``persist_every`` saves (and always without a keeper).
+    ``step`` orders snapshots (default: one more than the last saved or restored here)."""
+    from elasticd.workers.snapshot_program.dcp import SnapshotWriter
+
+    return SnapshotWriter(path, step, persist_every)
+
+
+def snapshot_reader(path: str | os.PathLike[str]) -> Any:
+    """The ``StorageReader`` to match: ``dcp.load(state, storage_reader=worker.snapshot_reader(DIR))``
+    reads the newest step whose every shard a keeper holds, at any world size; else ``DIR``."""
+    from elasticd.workers.snapshot_program.dcp import SnapshotReader
+
+    return SnapshotReader(path)
+
+
 def resume_step(state: Any, key: str = "step") -> int:
     """The step to start from: the one after the last completed step, or 0."""
     return int(state[key]) if state else 0
