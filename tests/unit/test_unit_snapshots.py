@@ -45,7 +45,7 @@ def test_requests_are_parsed_and_bounded() -> None:
         req(op="list", name="x" * 2000),
         req(op="begin", name="n", rank=-1, step=0, size=1),
         req(op="begin", name="n", rank=0, step=0, size=True),
-        req(op="commit", name="n", rank=0, slot=2, gen=1),
+        req(op="commit", name="n", rank=0, slot=3, gen=1),
         b" " * (70 * 1024),
     ):
         with pytest.raises(BadMessage):
@@ -280,3 +280,33 @@ def test_keepers_replicate_to_their_peer_and_refuse_other_keys() -> None:
         replica.send_head(sock, bytes.fromhex("cd" * 32), head)
         assert sock.recv(1) == b""  # closed on the head
     assert [h["rank"] for h in b.handle({"op": "list", "name": "c"})[0]["held"]] == [0]
+
+
+def test_a_pinned_slot_is_never_written_again_and_let_go_once_replaced_twice() -> None:
+    keeper = k.Keeper(64 << 20)
+
+    def snap(step: int) -> int:
+        reply, fd = keeper.handle({"op": "begin", "name": "c", "rank": 0, "step": step, "size": 100})
+        frame_bytes(keeper, reply, fd, step, b"z")
+        assert keeper.handle(
+            {"op": "commit", "name": "c", "rank": 0, "slot": reply["slot"], "gen": reply["gen"]}
+        )[0]["ok"]
+        return int(reply["slot"])  # type: ignore[call-overload]
+
+    first = snap(1)
+    second = snap(2)
+    _, ro = keeper.handle({"op": "open", "name": "c", "rank": 0, "slot": second, "gen": 2, "pin": True})
+    assert ro is not None
+    os.close(ro)
+    pinned_fd = keeper.slots[("c", 0)][second].fd
+    assert snap(3) == first  # the older one is reused; the pinned newest is not
+    third = snap(4)
+    assert third == 2 and len(keeper.slots[("c", 0)]) == 3  # a third segment rather than the pinned one
+    # two newer snapshots replaced the pinned one: its segment is let go, not reused
+    assert keeper.slots[("c", 0)][second].state == k.EMPTY and keeper.slots[("c", 0)][second].fd == -1
+    with pytest.raises(OSError):
+        os.fstat(pinned_fd)
+    assert [h["step"] for h in keeper.handle({"op": "list", "name": "c"})[0]["held"]] == [3, 4]
+    for slot in keeper.slots[("c", 0)]:
+        if slot.fd >= 0:
+            os.close(slot.fd)

@@ -135,24 +135,27 @@ class KeeperClient:
         return out
 
     def load(self, name: str, held: Held) -> tuple[int, Any]:
-        """``(step, state)`` of a held snapshot, copied out of the keeper's segment."""
-        reply, fd = self.open(name, held)
+        """``(step, state)`` of a held snapshot. Its tensors are views of a private (copy-on-write)
+        mapping of the keeper's segment, which the keeper pins: it never writes that segment again,
+        so the pages stay shared until the training loop writes them, and a restore copies nothing
+        (``load_state_dict``'s copy reads them once)."""
+        reply, fd = self.open(name, held, pin=True)
         try:
             length = int(reply["length"])
-            buf = mmap.mmap(fd, length, prot=mmap.PROT_READ)
+            buf = mmap.mmap(fd, length, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
         try:
-            return frame.read(buf)
+            return frame.read(buf, views=True)
         except (BadMessage, ValueError) as exc:
-            raise SnapshotError(f"snapshot of step {held.step}: {exc}") from exc
-        finally:
             self._unmap(buf)
+            raise SnapshotError(f"snapshot of step {held.step}: {exc}") from exc
 
-    def open(self, name: str, held: Held) -> tuple[dict[str, Any], int]:
-        """The keeper's reply and a read-only fd of the segment of ``held``."""
+    def open(self, name: str, held: Held, pin: bool = False) -> tuple[dict[str, Any], int]:
+        """The keeper's reply and a read-only fd of the segment of ``held`` (``pin``: the keeper
+        never writes that segment again)."""
         reply, fd = self.call(
-            op="open", name=name, rank=held.rank, slot=held.slot, gen=held.gen, replica=held.replica
+            op="open", name=name, rank=held.rank, slot=held.slot, gen=held.gen, replica=held.replica, pin=pin
         )
         if fd is None:
             raise SnapshotError("snapshot keeper: no segment came with its reply")

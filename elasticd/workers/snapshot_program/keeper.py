@@ -38,6 +38,7 @@ if __name__ != "__elasticd_keeper__":  # the daemon's tests and mypy; in the kee
     from elasticd.workers.snapshot_program.replica import parse_key, parse_peer
 
 MAX_KEYS = 4096  # (name, rank) pairs held
+MAX_SLOTS = 3  # two, and one more while a restored worker still shares a pinned one
 GRAIN = 2 << 20  # segments grow in steps of 2 MiB: a state that grows a little reuses its segment
 EMPTY, WRITING, COMPLETE = "empty", "writing", "complete"
 
@@ -45,7 +46,7 @@ EMPTY, WRITING, COMPLETE = "empty", "writing", "complete"
 class Slot:
     """One segment of a double buffer."""
 
-    __slots__ = ("begun", "capacity", "fd", "gen", "length", "seq", "state", "step")
+    __slots__ = ("begun", "capacity", "fd", "gen", "length", "pinned", "seq", "state", "step")
 
     def __init__(self) -> None:
         self.fd = -1
@@ -56,19 +57,34 @@ class Slot:
         self.length = 0
         self.seq = 0  # commit order: the newest complete slot has the larger
         self.begun = 0  # writes begun in it: a reader that saw it change read a torn frame
+        self.pinned = False  # a worker restored from it copy-on-write: never written again
 
 
 # --- pure parts (unit-tested in the daemon's test suite) ---------------------------------------------
 
 
+def newest(pair: list[Slot]) -> int:
+    """The newest complete slot's index (-1: none)."""
+    done = [i for i, s in enumerate(pair) if s.state == COMPLETE]
+    return max(done, key=lambda i: pair[i].seq) if done else -1
+
+
 def pick(pair: list[Slot]) -> int:
-    """The slot a new snapshot goes to: never the newest complete one."""
-    done = [i for i in (0, 1) if pair[i].state == COMPLETE]
-    if not done:
-        return 0
-    if len(done) == 1:
-        return 1 - done[0]
-    return 0 if pair[0].seq < pair[1].seq else 1
+    """The slot a new snapshot goes to: never the newest complete one, nor a pinned one (a
+    worker's restored state may still share its pages); the oldest of the others. A third slot
+    is added (``len(pair)`` returned) when a pin leaves no other."""
+    top = newest(pair)
+    free = [i for i, s in enumerate(pair) if i != top and not s.pinned]
+    return min(free, key=lambda i: pair[i].seq) if free else len(pair)
+
+
+def retired(pair: list[Slot]) -> list[int]:
+    """Pinned slots two newer complete snapshots have replaced: their segments can be let go
+    (closed, never reused: a worker's mapping keeps its pages as long as it needs them)."""
+    seqs = sorted((s.seq for s in pair if s.state == COMPLETE), reverse=True)
+    if len(seqs) < 3:
+        return []
+    return [i for i, s in enumerate(pair) if s.pinned and s.seq < seqs[1]]
 
 
 def grown(size: int) -> int:
@@ -171,13 +187,14 @@ class Keeper:
         if req["op"] == "begin":
             return self._begin(self.slots, key, req["step"], req["size"])
         pair = (self.replicas if req.get("replica") else self.slots).get(key)
-        slot = pair[req["slot"]] if pair is not None else None
+        slot = pair[req["slot"]] if pair is not None and req["slot"] < len(pair) else None
         if slot is None or slot.gen != req["gen"]:
             return {"ok": False, "error": "no such segment (replaced since)"}, None
         if req["op"] == "commit":
             return self._commit(key, req["slot"], slot), None
         if slot.state != COMPLETE:
             return {"ok": False, "error": f"segment is {slot.state}"}, None
+        slot.pinned = slot.pinned or bool(req.get("pin"))
         ro = os.open(f"/proc/self/fd/{slot.fd}", os.O_RDONLY | os.O_CLOEXEC)
         return {"ok": True, "length": slot.length, "step": slot.step}, ro
 
@@ -193,8 +210,13 @@ class Keeper:
 
     @staticmethod
     def newest(pair: list[Slot]) -> int:
-        done = [i for i in (0, 1) if pair[i].state == COMPLETE]
-        return max(done, key=lambda i: pair[i].seq) if done else -1
+        return newest(pair)
+
+    @staticmethod
+    def _retire(pair: list[Slot]) -> None:
+        for i in retired(pair):
+            os.close(pair[i].fd)
+            pair[i] = Slot()
 
     def find(self, name: str, rank: int, step: int) -> Slot | None:
         """A complete snapshot or replica of ``(name, rank)`` at ``step``."""
@@ -213,6 +235,7 @@ class Keeper:
             return {"ok": False, "error": f"incomplete snapshot: {why}"}
         self._seq += 1
         slot.state, slot.seq = COMPLETE, self._seq
+        self._retire(self.slots[key])
         if self.peer is not None and key in self.slots:
             self.pushes[key] = index
             self.wake.notify_all()
@@ -227,6 +250,10 @@ class Keeper:
                 return {"ok": False, "error": f"more than {MAX_KEYS} snapshot names and ranks"}, None
             pair = table[key] = [Slot(), Slot()]
         index = pick(pair)
+        if index == len(pair):
+            if index >= MAX_SLOTS:
+                return {"ok": False, "error": "every segment is pinned by a restored worker"}, None
+            pair.append(Slot())
         slot = pair[index]
         why = over_bound(self.held(), slot, size, self.bound)
         if why is not None:

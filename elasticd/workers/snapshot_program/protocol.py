@@ -71,9 +71,10 @@ def _int(req: dict[str, Any], key: str, top: int) -> int:
 
 def parse_request(data: bytes) -> dict[str, Any]:
     """One request: ``begin`` (name, rank, step, size), ``commit`` (name, rank, slot, gen),
-    ``list`` (name), ``open`` (name, rank, slot, gen, replica), ``key`` (the job's key to set, or
-    null: read it) or ``peer`` (address and port of the keeper to replicate to, or null). The
-    values of ``key`` and ``peer`` are checked by ``replica``. Raises ``BadMessage``."""
+    ``list`` (name), ``open`` (name, rank, slot, gen, replica, pin: never write it again),
+    ``key`` (the job's key to set, or null: read it) or ``peer`` (address and port of the keeper
+    to replicate to, or null). ``key``'s and ``peer``'s values are checked by ``replica``. Raises
+    ``BadMessage``."""
     if len(data) > MAX_MESSAGE:
         raise BadMessage("message too long")
     try:
@@ -97,9 +98,10 @@ def parse_request(data: bytes) -> dict[str, Any]:
         out["step"] = _int(req, "step", MAX_STEP)
         out["size"] = _int(req, "size", 1 << 48)
     else:
-        out["slot"] = _int(req, "slot", 1)
+        out["slot"] = _int(req, "slot", 2)
         out["gen"] = _int(req, "gen", 1 << 62)
         out["replica"] = req.get("replica") is True
+        out["pin"] = req.get("pin") is True
     return out
 
 

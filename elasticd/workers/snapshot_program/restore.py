@@ -119,6 +119,6 @@ def load(client: KeeperClient, name: str, key: str, source: Source) -> Any:
     assert source.peer is not None
     try:
         buf = replica.fetch(source.peer, bytes.fromhex(key), name, source.rank, source.step)
-        return frame.read(buf)[1]
+        return frame.read(buf, views=True)[1]  # the received bytes are ours: no second copy
     except (OSError, BadMessage, ValueError) as exc:
         raise SnapshotError(f"from {source.peer[0]}:{source.peer[1]}: {exc}") from exc
