@@ -11,9 +11,12 @@ each with a CPU state of ``--mib`` MiB (16 float32 tensors). Each round, interle
   (``torch.save``, fsync, rename, fsync of the directory; each rank writes, as a sharded state
   must), ending in the barrier it always has.
 
-Then, restores: ``worker.load_checkpoint`` from the keeper against ``torch.load`` of the file just
-written (from the page cache). Medians over ``--rounds`` (after two warm-up snapshots, which make
-the keeper's two segments), each rank's time, the slower rank's per round.
+Then, restores: ``worker.load_checkpoint`` from the keeper (tensors mapped copy-on-write: the
+copy is left to the training loop's first writes) against ``torch.load`` of the file just written
+(from the page cache); and each followed by the copy a script makes next (``load_state_dict``:
+into tensors it has), where copy-on-write pays its copy. The file a restore writes behind is
+waited for between two timed restores. Medians over ``--rounds`` (after two warm-up snapshots,
+which make the keeper's two segments) of the slower rank's time per round.
 
     python bench/bench_snapshot.py --mib 256 --rounds 7
     python bench/bench_snapshot.py --mib 1024 --rounds 5
@@ -100,10 +103,28 @@ def rank_main(args: argparse.Namespace) -> None:
         rows["floor"].append(timed(copy_floor))
         rows["snapshot"].append(timed(snapshot))
         rows["disk"].append(timed(to_disk))
-    loads: dict[str, list[float]] = {"restore": [], "torch_load": []}
+    loads: dict[str, list[float]] = {
+        "restore": [],
+        "torch_load": [],
+        "restore_copy": [],
+        "torch_load_copy": [],
+    }
+    into = [torch.empty(per) for _ in range(n)]
+
+    def copied(load: object) -> None:
+        got = load()  # type: ignore[operator]
+        for dst, src in zip(into, got["model"].values(), strict=True):
+            dst.copy_(src)
+
+    from elasticd.workers.snapshot_program import memory
+
     for _ in range(args.rounds):
         loads["restore"].append(timed(lambda: worker.load_checkpoint(ckpt)))
+        memory.flush()  # the first restore writes the file behind: not while the next is timed
         loads["torch_load"].append(timed(lambda: torch.load(disk, weights_only=False)))
+        loads["restore_copy"].append(timed(lambda: copied(lambda: worker.load_checkpoint(ckpt))))
+        memory.flush()
+        loads["torch_load_copy"].append(timed(lambda: copied(lambda: torch.load(disk, weights_only=False))))
     mine = {**rows, **loads}
     everyone: list[object] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
@@ -116,6 +137,7 @@ def rank_main(args: argparse.Namespace) -> None:
             "snapshot_over_floor": round(med["snapshot"] / med["floor"], 2),
             "snapshot_over_disk": round(med["snapshot"] / med["disk"], 4),
             "restore_over_torch_load": round(med["restore"] / med["torch_load"], 3),
+            "with_copy_ratio": round(med["restore_copy"] / med["torch_load_copy"], 3),
             "floor_gib_s": round(2 * args.mib / 1024 / med["floor"], 1),
             "load_avg": os.getloadavg()[0],
         }), flush=True)  # fmt: skip

@@ -113,7 +113,8 @@ class GracefulStop:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.requested = True
-        _STOPS.append(self)
+        if self not in _STOPS:
+            _STOPS.append(self)
 
     def should_stop(self) -> bool:
         """True on every rank, at the same step, as soon as any rank was asked to stop.
@@ -132,6 +133,8 @@ class GracefulStop:
         flag = torch.tensor([1 if self.requested else 0], dtype=torch.int32, device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         self.requested = bool(flag.item())
+        if self.requested and self not in _STOPS:  # another rank was asked: a snapshot persists now
+            _STOPS.append(self)
         return self.requested
 
     def restore(self) -> None:

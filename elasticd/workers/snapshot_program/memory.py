@@ -65,6 +65,7 @@ class _Persist:
         self.thread: threading.Thread | None = None
         self.started_at = -2  # the snapshot count when it started (-1: from a restored snapshot)
         self.error: BaseException | None = None
+        self.steps: set[int] = set()  # steps written, or being written, by this process
 
     def before_snapshot(self, count: int) -> None:
         """The segment it reads is the one snapshot ``count`` may overwrite: wait for it then."""
@@ -88,10 +89,12 @@ class _Persist:
         def run() -> None:
             try:
                 step, state = frame.read(buf, views=True)
+                self.steps.add(step)
                 write_file(state, target)
                 say("snapshot.persisted", step=step, path=target)
             except BaseException as exc:  # reported by the next wait, on the training thread
                 self.error = exc
+                self.steps.clear()
             finally:
                 if release is not None:
                     release()
@@ -189,6 +192,8 @@ class Snapshots:
         """After a failure, the restored snapshot is written to disk behind (a node lost next keeps it)."""
         import mmap
 
+        if held.step in self._persist(name).steps:  # this process wrote it already
+            return
         try:
             reply, fd = client.open(name, held)
         except SnapshotError:
