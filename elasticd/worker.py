@@ -25,7 +25,11 @@ same lines (``step 12``) to ``$ELASTICD_HEARTBEAT_FILE``.
 
 When elasticd changes the membership of a job (a drain, a node joining), every worker gets
 SIGTERM and the stop grace period: with this pattern no completed step is lost. A crash (SIGKILL,
-a lost node) loses the steps since the last periodic checkpoint, as always.
+a lost node) loses the steps since the last periodic checkpoint, unless the daemons keep memory
+snapshots (``snapshot_bytes``): then ``save_checkpoint`` after every step costs about a copy of the
+state into the job's snapshot keeper on the node, the file is written behind, and
+``load_checkpoint`` resumes from the newest step any keeper of the job holds, on this node or
+replicated on another (``elasticd.workers.snapshot_program``).
 """
 
 from __future__ import annotations
