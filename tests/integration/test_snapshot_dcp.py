@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,32 +14,12 @@ from pathlib import Path
 import pytest
 
 from elasticd.netaddr import free_port
-from elasticd.workers.warm.keeper import LOADER, program_source
+from tests.keeper_proc import Keeper
 from tests.support import REPO
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
 SCRIPT = REPO / "tests" / "scripts" / "dcp_snapshot.py"
-
-
-class Keeper:
-    """A real keeper process, started as the daemon starts one (its loader and program)."""
-
-    def __init__(self) -> None:
-        self.ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        src_r, src_w = os.pipe()
-        os.write(src_w, program_source())
-        os.close(src_w)
-        argv = [sys.executable, "-c", LOADER.format(src=src_r, ctl=theirs.fileno())]
-        self.proc = subprocess.Popen(argv, pass_fds=(src_r, theirs.fileno()))
-        os.close(src_r)
-        theirs.close()
-        self.ctl.send(json.dumps({"bound": 64 << 20, "address": "127.0.0.1"}).encode())
-        self.socket = json.loads(self.ctl.recv(4096))["socket"]
-
-    def close(self) -> None:
-        self.ctl.close()
-        self.proc.wait(10)
 
 
 @pytest.fixture

@@ -1,0 +1,94 @@
+"""``save_checkpoint``/``load_checkpoint`` against a real keeper process, in this process (no
+daemon, one rank): the file written behind every N snapshots and at once on a stop, the fallbacks
+to disk (``memory=False``, over the bound, the keeper gone), and where a load comes from."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.keeper_proc import Keeper
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.torch
+
+
+@pytest.fixture
+def snapshots(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[Keeper]]:
+    """A fresh ``Snapshots`` for each test, pointed at the keeper the test starts."""
+    from elasticd import worker
+    from elasticd.workers.snapshot_program import memory
+
+    keepers: list[Keeper] = []
+
+    def start(bound: int = 64 << 20) -> Keeper:
+        keeper = Keeper(bound, address="")
+        keepers.append(keeper)
+        monkeypatch.setenv("ELASTICD_SNAPSHOT_SOCKET", keeper.socket)
+        fresh = memory.Snapshots()
+        for name in ("save", "restore", "flush"):
+            monkeypatch.setattr(memory, name, getattr(fresh, name))
+        monkeypatch.setattr(memory, "SNAPSHOTS", fresh)
+        return keeper
+
+    monkeypatch.setattr(worker, "_STOPS", [])
+    yield start  # type: ignore[misc]
+    for keeper in keepers:
+        keeper.close()
+
+
+def state(step: int) -> dict[str, object]:
+    return {"step": step, "w": torch.full((256,), float(step))}
+
+
+def on_disk(path: Path) -> int | None:
+    return int(torch.load(path, weights_only=False)["step"]) if path.exists() else None
+
+
+def test_the_file_follows_every_n_snapshots_and_at_once_on_a_stop(
+    snapshots, tmp_path: Path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    from elasticd import worker
+    from elasticd.workers.snapshot_program import memory
+
+    snapshots()
+    monkeypatch.setenv("ELASTICD_SNAPSHOT_PERSIST_EVERY", "3")
+    ckpt = tmp_path / "ckpt.pt"
+    for step in (1, 2):
+        worker.save_checkpoint(state(step), ckpt)
+    memory.flush()
+    assert on_disk(ckpt) is None  # memory only
+    worker.save_checkpoint(state(3), ckpt)
+    memory.flush()
+    assert on_disk(ckpt) == 3
+    stop = worker.GracefulStop()
+    try:
+        stop._handle(signal.SIGTERM, None)
+        worker.save_checkpoint(state(4), ckpt)
+        assert on_disk(ckpt) == 4  # written before save_checkpoint returned
+    finally:
+        stop.restore()
+    loaded = worker.load_checkpoint(ckpt)
+    assert loaded["step"] == 4 and torch.equal(loaded["w"], state(4)["w"])  # type: ignore[index]
+
+
+def test_disk_whenever_memory_cannot(snapshots, tmp_path: Path, capfd) -> None:  # type: ignore[no-untyped-def]
+    from elasticd import worker
+
+    keeper = snapshots(bound=4 << 20)  # two segments of 2 MiB
+    ckpt = tmp_path / "ckpt.pt"
+    worker.save_checkpoint(state(1), ckpt, memory=False)
+    assert on_disk(ckpt) == 1
+    big = {"step": 2, "w": torch.zeros(1 << 20)}  # 4 MiB: over the bound
+    worker.save_checkpoint(big, ckpt)
+    assert on_disk(ckpt) == 2
+    assert "snapshot.unavailable" in capfd.readouterr().err
+    snapshots()  # a new keeper (a new node's): nothing in memory, so the file, and why
+    keeper.close()
+    assert worker.load_checkpoint(ckpt)["step"] == 2
+    err = capfd.readouterr().err
+    assert "snapshot.memory_skipped rank=0 reason=no snapshot in memory" in err
+    assert "snapshot.restored source=disk step=2" in err
