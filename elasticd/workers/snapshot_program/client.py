@@ -45,6 +45,7 @@ class KeeperClient:
         self._path = path
         self._sock: socket.socket | None = None
         self._maps: dict[tuple[str, int, int], tuple[int, mmap.mmap]] = {}  # (name, rank, slot) -> gen, map
+        self._pinned: set[int] = set()  # ids of the mappings registered with CUDA
         self._lock = threading.Lock()  # one request at a time (a persist thread may ask too)
 
     def _connect(self) -> socket.socket:
@@ -91,6 +92,11 @@ class KeeperClient:
         reply, fd = self.call(op="begin", name=name, rank=rank, step=step, size=p.total)
         slot, gen = int(reply["slot"]), int(reply["gen"])
         buf = self._mapping(name, rank, slot, gen, int(reply["capacity"]), fd)
+        if id(buf) not in self._pinned and frame.on_device(p):
+            from elasticd.workers.snapshot_program import device
+
+            if device.register(buf):
+                self._pinned.add(id(buf))
         frame.write(p, step, buf)
         self.call(op="commit", name=name, rank=rank, slot=slot, gen=gen)
         return slot
@@ -116,8 +122,12 @@ class KeeperClient:
         self._maps[key] = (gen, buf)
         return buf
 
-    @staticmethod
-    def _unmap(buf: mmap.mmap) -> None:
+    def _unmap(self, buf: mmap.mmap) -> None:
+        if id(buf) in self._pinned:
+            from elasticd.workers.snapshot_program import device
+
+            self._pinned.discard(id(buf))
+            device.unregister(buf)
         with contextlib.suppress(BufferError):  # a tensor still views it: it goes with the last view
             buf.close()
 

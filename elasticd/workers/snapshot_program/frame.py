@@ -96,17 +96,31 @@ def _bytes_view(buf: Any, offset: int, nbytes: int) -> Any:
 
 
 def write(p: Plan, step: int, buf: Any) -> None:
-    """Copy the frame of ``p`` into ``buf`` (a writable mapping of at least ``p.total`` bytes)."""
+    """Copy the frame of ``p`` into ``buf`` (a writable mapping of at least ``p.total`` bytes).
+    CUDA tensors go through ``device.copy_out`` (a stream of their own, pinned when ``buf`` is)."""
     start = align(HEADER.size)
     buf[start : start + len(p.meta)] = p.meta
+    on_device = []
     for tensor, entry in zip(p.tensors, p.entries, strict=True):
         if entry.nbytes == 0:
             continue
         src = tensor.detach()
         if not src.is_contiguous():
             src = src.contiguous()
-        _bytes_view(buf, entry.offset, entry.nbytes).copy_(src.reshape(-1).view(dtype=_u8()))
+        dst = _bytes_view(buf, entry.offset, entry.nbytes)
+        if src.is_cuda:
+            on_device.append((dst, src.reshape(-1).view(dtype=_u8())))
+        else:
+            dst.copy_(src.reshape(-1).view(dtype=_u8()))
+    if on_device:
+        from elasticd.workers.snapshot_program import device
+
+        device.copy_out(on_device)
     buf[0 : HEADER.size] = header(step, p.meta, p.total)
+
+
+def on_device(p: Plan) -> bool:
+    return any(getattr(t, "is_cuda", False) for t in p.tensors)
 
 
 def _u8() -> Any:
