@@ -195,10 +195,12 @@ def _save(state: Any, target: Path, rank: int) -> None:
 def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu", *, memory: bool = True) -> Any:
     """The newest checkpoint every rank can load, or None if there is none yet.
 
-    With ``memory``: the newest step held as a snapshot by every rank's keeper (each rank's own,
-    else any rank's: the state is the same on every rank), agreed with one ``all_gather`` when
-    ``torch.distributed`` is initialised; else the file at ``path``. Each rank logs where its
-    state came from (``snapshot.restored source=memory|disk``) to its stderr."""
+    Under elasticd with memory snapshots on, and ``memory``: the newest step any of the job's
+    keepers holds (each rank its own rank's copy, else any rank's: the state is the same on every
+    rank), agreed with one ``all_gather`` when ``torch.distributed`` is initialised, so every rank
+    must call it then; else the file at ``path`` (and elsewhere, as under plain torchrun, only the
+    file: no collective). Each rank logs where its state came from (``snapshot.restored
+    source=memory|peer|disk``) to its stderr."""
     if memory:
         found = snapshots.restore(Path(path), _dist())
         if found is not None:

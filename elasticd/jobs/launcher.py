@@ -136,9 +136,17 @@ class ProcessLauncher:
             slots=slots,
             fence=len(result.nodes) > 1,  # a one-member round has no peers to fence it from
             zygote=zygote,
-            snapshots=await self._keeper.ready() if self._keeper is not None else None,
+            snapshots=await self._snapshots(),
         )
         return ProcessWorkers(group, self._rt, result.round, watch)
+
+    async def _snapshots(self) -> str | None:
+        """What the workers' ``ELASTICD_SNAPSHOT_SOCKET`` says: the keeper's socket, "" when this
+        node keeps snapshots but its keeper is unavailable (the ranks' restore is a collective: every
+        rank of the job must take part, each saying what it holds), None when it keeps none."""
+        if self._keeper is None:
+            return None
+        return await self._keeper.ready() or ""
 
     async def close(self) -> None:
         """The job ended on this node, or this node left it: its workers are stopped. Its zygote

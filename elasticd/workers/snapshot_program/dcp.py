@@ -29,6 +29,7 @@ from torch.futures import Future
 from elasticd.workers.snapshot_program import restore as nearest
 from elasticd.workers.snapshot_program.client import SnapshotError
 from elasticd.workers.snapshot_program.memory import DEFAULT_PERSIST_EVERY, PERSIST_EVERY_ENV, SNAPSHOTS, say
+from elasticd.workers.snapshot_program.protocol import SOCKET_ENV
 
 _LAST_STEP: dict[str, int] = {}  # per checkpoint directory: the newest step saved or restored here
 
@@ -140,6 +141,8 @@ class SnapshotReader(StorageReader):
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         """A collective (``dcp.load`` calls it on every rank): from memory when every shard of
         the newest complete step is held by some keeper, else from the directory."""
+        if SOCKET_ENV not in os.environ:  # not under elasticd's snapshots: the directory, as FileSystemReader
+            return self.fs.read_metadata(*args, **kwargs)
         data, meta = _names(self.path)
         client, me = SNAPSHOTS.client(), _rank()
         mine, held, why = nearest.report(client, meta, me)
