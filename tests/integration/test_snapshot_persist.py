@@ -92,3 +92,17 @@ def test_disk_whenever_memory_cannot(snapshots, tmp_path: Path, capfd) -> None: 
     err = capfd.readouterr().err
     assert "snapshot.memory_skipped rank=0 reason=no snapshot in memory" in err
     assert "snapshot.restored source=disk step=2" in err
+
+
+def test_a_script_that_ends_leaves_its_newest_snapshot_in_the_file(snapshots, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from elasticd import worker
+    from elasticd.workers.snapshot_program import memory
+
+    snapshots()
+    ckpt = tmp_path / "ckpt.pt"
+    for step in (1, 2):
+        worker.save_checkpoint(state(step), ckpt, persist_every=10)
+    memory.flush()
+    assert on_disk(ckpt) is None
+    memory.SNAPSHOTS.at_exit()  # what atexit runs at a normal exit
+    assert on_disk(ckpt) == 2

@@ -10,6 +10,7 @@ two steps.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import sys
@@ -112,6 +113,7 @@ class Snapshots:
         self._checked = False
         self._counts: dict[str, int] = {}
         self._persists: dict[str, _Persist] = {}
+        self._last: dict[str, tuple[Any, Path, int, int]] = {}  # the writer's newest snapshot, by name
         self.broken = ""  # why the keeper is not used any more (said once)
 
     def client(self) -> KeeperClient | None:
@@ -145,11 +147,28 @@ class Snapshots:
         every = every if every is not None else _env_int(PERSIST_EVERY_ENV, DEFAULT_PERSIST_EVERY)
         due = stopping or (every > 0 and (count + 1) % every == 0)
         buf = client.mapped(name, me, slot)
-        if me == writer and due and buf is not None:
-            persist.start(buf, path, count)
-            if stopping:  # a planned stop: the file is there before the worker leaves, or written now
-                return persist.wait()
+        if me == writer and buf is not None:
+            self._last_of(name, (buf, path, step, count))
+            if due:
+                persist.start(buf, path, count)
+                if stopping:  # a planned stop: the file is there before the worker leaves, or written now
+                    return persist.wait()
         return True
+
+    def _last_of(self, name: str, last: tuple[Any, Path, int, int]) -> None:
+        if not self._last:
+            atexit.register(self.at_exit)
+        self._last[name] = last
+
+    def at_exit(self) -> None:
+        """A script that ends leaves its newest snapshot in the file too (the writer rank, at a
+        normal exit: a killed worker's newest snapshot stays in memory, for the restart)."""
+        for name, (buf, path, step, count) in self._last.items():
+            persist = self._persist(name)
+            persist.wait()
+            if step not in persist.steps:
+                persist.start(buf, path, count)
+                persist.wait()
 
     def restore(self, path: Path, dist: Any) -> Any:
         """The state of the newest step any of the job's keepers holds, or None (the caller reads
