@@ -174,9 +174,9 @@ def save_checkpoint(
     the copy is committed, with no collective. ``path`` is written behind, atomically, from the
     snapshot: every ``persist_every`` snapshots (default ``$ELASTICD_SNAPSHOT_PERSIST_EVERY``, else
     10), at once after a stop was requested (``GracefulStop``), after a restart restored a
-    snapshot, and at the process's normal exit. Elsewhere (plain torchrun, or the keeper cannot take it): written at once (temporary
-    file, fsync, rename, fsync of the directory), then every rank waits for it: when this returns,
-    the checkpoint is durable for everyone.
+    snapshot, and at the process's normal exit. Elsewhere (plain torchrun, or the keeper cannot
+    take it): written at once (temporary file, fsync, rename, fsync of the directory), then every
+    rank waits for it: when this returns, the checkpoint is durable for everyone.
     """
     if memory and snapshots.save(state, Path(path), rank, persist_every, _stopping()):
         return
