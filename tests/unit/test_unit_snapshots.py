@@ -310,3 +310,20 @@ def test_a_pinned_slot_is_never_written_again_and_let_go_once_replaced_twice() -
     for slot in keeper.slots[("c", 0)]:
         if slot.fd >= 0:
             os.close(slot.fd)
+
+
+def test_a_peer_that_trickles_its_head_loses_the_link(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    from elasticd.workers.snapshot_program import peers, replica
+
+    monkeypatch.setattr(replica, "IO_TIMEOUT_S", 0.3)
+    tcp = socket.create_server(("127.0.0.1", 0))
+    keeper = k.Keeper(64 << 20, "127.0.0.1", tcp.getsockname()[1])
+    keeper.handle({"op": "key", "key": "ab" * 32})
+    peers.start(keeper, tcp)
+    with socket.create_connection(("127.0.0.1", keeper.port), timeout=5) as slow:
+        slow.sendall(b"\x00\x00")  # half a length, then nothing
+        assert slow.recv(1) == b""  # closed after the head's deadline, not held
+    with pytest.raises(BadMessage):  # and the server serves the next link
+        replica.fetch(("127.0.0.1", keeper.port), bytes.fromhex("ab" * 32), "c", 0, 1)

@@ -53,6 +53,8 @@ def _serve_one(keeper: Keeper, conn: socket.socket) -> bool:
         reply, fd = {"ok": False, "error": str(exc)}, None
     except OSError as exc:  # a segment the kernel would not give (memory): this snapshot fails
         reply, fd = {"ok": False, "error": f"cannot make a segment: {exc.strerror or exc}"}, None
+    except Exception as exc:  # a bug here must cost one request, never the snapshots held
+        reply, fd = {"ok": False, "error": f"keeper: {type(exc).__name__}: {exc}"[:300]}, None
     try:
         _send(conn, reply, fd)
     except OSError:

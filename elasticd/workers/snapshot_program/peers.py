@@ -20,7 +20,7 @@ import threading
 from typing import Any
 
 if __name__ != "__elasticd_keeper__":
-    from elasticd.workers.snapshot_program.keeper import COMPLETE, Keeper, Slot
+    from elasticd.workers.snapshot_program.keeper import COMPLETE, EMPTY, Keeper, Slot
     from elasticd.workers.snapshot_program.replica import (
         CHUNK,
         IO_TIMEOUT_S,
@@ -102,7 +102,7 @@ class Server:
                     recv_into(conn, part, mac)
             if not hmac.compare_digest(recv_exact(conn, TAG), mac.digest()):
                 with self.keeper.lock:
-                    slot.state = "empty"
+                    slot.state = EMPTY
                 conn.sendall(b"\x01")
                 return
         finally:

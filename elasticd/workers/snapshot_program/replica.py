@@ -22,6 +22,7 @@ import json
 import os
 import socket
 import struct
+import time
 from typing import Any
 
 if __name__ != "__elasticd_keeper__":
@@ -67,16 +68,22 @@ def tag(key: bytes, *parts: bytes) -> bytes:
     return mac.digest()
 
 
-def recv_exact(sock: socket.socket, n: int) -> bytes:
+def recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytes:
     buf = bytearray(n)
-    recv_into(sock, memoryview(buf), None)
+    recv_into(sock, memoryview(buf), None, deadline)
     return bytes(buf)
 
 
-def recv_into(sock: socket.socket, view: memoryview, mac: Any) -> None:
-    """Fill ``view`` from ``sock`` (updating ``mac``); ``ConnectionError`` if the peer stops short."""
+def recv_into(sock: socket.socket, view: memoryview, mac: Any, deadline: float | None = None) -> None:
+    """Fill ``view`` from ``sock`` (updating ``mac``); ``ConnectionError`` if the peer stops short,
+    ``TimeoutError`` past ``deadline`` (``time.monotonic``) or a silent ``IO_TIMEOUT_S``."""
     got = 0
     while got < len(view):
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the peer is too slow")
+            sock.settimeout(min(left, IO_TIMEOUT_S))
         with view[got : got + CHUNK] as part:
             n = sock.recv_into(part)
             if n == 0:
@@ -94,12 +101,15 @@ def send_head(sock: socket.socket, key: bytes, head: dict[str, Any]) -> bytes:
 
 
 def recv_head(sock: socket.socket, key: bytes | None) -> tuple[dict[str, Any], bytes]:
-    """A head and its bytes, its tag checked (``BadMessage`` if it is not the job's)."""
-    (n,) = LENGTH.unpack(recv_exact(sock, LENGTH.size))
+    """A head and its bytes, its tag checked (``BadMessage`` if it is not the job's), all of it
+    within ``IO_TIMEOUT_S``: a peer that trickles a head does not hold the link."""
+    deadline = time.monotonic() + IO_TIMEOUT_S
+    (n,) = LENGTH.unpack(recv_exact(sock, LENGTH.size, deadline))
     if n > MAX_HEAD:
         raise BadMessage("head too long")
-    data = recv_exact(sock, n)
-    got = recv_exact(sock, TAG)
+    data = recv_exact(sock, n, deadline)
+    got = recv_exact(sock, TAG, deadline)
+    sock.settimeout(IO_TIMEOUT_S)
     if key is None or not hmac.compare_digest(got, tag(key, data)):
         raise BadMessage("not signed with the job's key")
     try:
