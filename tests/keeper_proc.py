@@ -19,7 +19,8 @@ class Keeper:
         src_r, src_w = os.pipe()
         os.write(src_w, program_source())
         os.close(src_w)
-        argv = [sys.executable, "-c", LOADER.format(src=src_r, ctl=theirs.fileno())]
+        # -I -S: an interpreter that cannot import elasticd (a job's python need not): stdlib only
+        argv = [sys.executable, "-I", "-S", "-c", LOADER.format(src=src_r, ctl=theirs.fileno())]
         self.proc = subprocess.Popen(argv, pass_fds=(src_r, theirs.fileno()))
         os.close(src_r)
         theirs.close()

@@ -36,9 +36,9 @@ PARTS = (
     "peers.py",
     "main.py",
 )  # run in this order, in one namespace
-PROGRAM_NAME = "__elasticd_keeper__"
+KEEPER_NAME = "__elasticd_keeper__"
 LOADER = (
-    "import os;g={{'__name__':'" + PROGRAM_NAME + "','CTL_FD':{ctl}}};"
+    "import os;g={{'__name__':'" + KEEPER_NAME + "','CTL_FD':{ctl}}};"
     "[exec(compile(p,'<elasticd-keeper>','exec'),g) for p in "
     "b''.join(iter(lambda:os.read({src},65536),b'')).split(b'\\0')]"
 )
