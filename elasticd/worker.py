@@ -1,7 +1,9 @@
 """Helpers for training scripts: stop together on SIGTERM, checkpoint atomically, resume.
 
-This is the only elasticd module that touches torch, and it imports it lazily; the daemon never
-imports it. It works the same under elasticd and under plain ``torchrun``.
+This module and the workers' side of memory snapshots (``elasticd.workers.snapshot_program``: its
+``frame``, ``client``, ``memory``, ``restore``, ``device``, ``dcp``) are the only ones that touch
+torch, lazily; the daemon never imports them. It works the same under elasticd and under plain
+``torchrun``.
 
 The pattern (see ``examples/elastic_train.py``)::
 
