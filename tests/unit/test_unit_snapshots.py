@@ -6,6 +6,7 @@ import contextlib
 import json
 import mmap
 import os
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -327,3 +328,32 @@ def test_a_peer_that_trickles_its_head_loses_the_link(monkeypatch: pytest.Monkey
         assert slow.recv(1) == b""  # closed after the head's deadline, not held
     with pytest.raises(BadMessage):  # and the server serves the next link
         replica.fetch(("127.0.0.1", keeper.port), bytes.fromhex("ab" * 32), "c", 0, 1)
+
+
+def test_a_killed_keepers_directory_is_swept_by_the_next_keeper(tmp_path: Path) -> None:
+    import socket
+    import time
+
+    from elasticd.workers.snapshot_program import main
+
+    old = time.time() - 120
+    dead = tmp_path / f"{main.PREFIX}dead"
+    dead.mkdir(mode=0o700)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.bind(str(dead / "sock"))  # bound, never listening again: its keeper is gone
+    live = tmp_path / f"{main.PREFIX}live"
+    live.mkdir(mode=0o700)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(str(live / "sock"))
+    listener.listen(1)
+    young = tmp_path / f"{main.PREFIX}young"  # maybe a keeper about to bind: left alone
+    young.mkdir(mode=0o700)
+    other = tmp_path / "unrelated"
+    other.mkdir()
+    for d in (dead, live, other):
+        os.utime(d, (old, old))
+    try:
+        assert main.sweep_stale(str(tmp_path)) == 1
+        assert not dead.exists() and live.exists() and young.exists() and other.exists()
+    finally:
+        listener.close()

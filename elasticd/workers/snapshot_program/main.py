@@ -9,9 +9,11 @@ import os
 import select
 import signal
 import socket
+import stat
 import struct
 import sys
 import tempfile
+import time
 from typing import Any
 
 if __name__ != "__elasticd_keeper__":
@@ -91,6 +93,45 @@ def serve(ctl: socket.socket, listener: socket.socket, keeper: Keeper) -> None:
                 conn.close()
 
 
+PREFIX = "elasticd-snapshots-"
+STALE_S = 60.0  # a directory younger than this may be a keeper's that has not bound its socket yet
+
+
+def sweep_stale(base: str) -> int:
+    """Remove our uid's keeper directories in ``base`` that no keeper listens in any more (a keeper
+    killed with SIGKILL leaves its directory and socket behind). Our own files only, as ourselves:
+    the daemon never touches these. Returns how many went."""
+    gone = 0
+    try:
+        names = sorted(n for n in os.listdir(base) if n.startswith(PREFIX))[:256]
+    except OSError:
+        return 0
+    for name in names:
+        where = os.path.join(base, name)
+        try:
+            st = os.lstat(where)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or time.time() - st.st_mtime < STALE_S:
+            continue
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            probe.connect(os.path.join(where, "sock"))
+            continue  # a live keeper
+        except (ConnectionRefusedError, FileNotFoundError):
+            pass
+        except OSError:
+            continue
+        finally:
+            probe.close()
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(where, "sock"))
+        with contextlib.suppress(OSError):
+            os.rmdir(where)
+            gone += 1
+    return gone
+
+
 def _config(data: bytes) -> tuple[int, str]:
     cfg = json.loads(data)
     bound, address = cfg["bound"], cfg["address"]
@@ -120,7 +161,8 @@ def main(ctl_fd: int) -> None:
     except (ValueError, KeyError, TypeError):
         ctl.send(encode(ev="unavailable", reason="bad configuration"))
         return
-    where = tempfile.mkdtemp(prefix="elasticd-snapshots-")  # 0700, ours, a fresh name
+    sweep_stale(tempfile.gettempdir())
+    where = tempfile.mkdtemp(prefix=PREFIX)  # 0700, ours, a fresh name
     path = os.path.join(where, "sock")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     tcp = _replication(address)
