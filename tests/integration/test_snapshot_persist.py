@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.keeper_proc import Keeper
+from tests.users import NOBODY, SYSTEM_PYTHON, other_users
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
@@ -106,3 +107,30 @@ def test_a_script_that_ends_leaves_its_newest_snapshot_in_the_file(snapshots, tm
     assert on_disk(ckpt) is None
     memory.SNAPSHOTS.at_exit()  # what atexit runs at a normal exit
     assert on_disk(ckpt) == 2
+
+
+@other_users
+def test_no_other_user_reaches_a_jobs_keeper() -> None:
+    import subprocess
+
+    from elasticd.workers.snapshot_program.client import KeeperClient, SnapshotError
+
+    keeper = Keeper(uid=NOBODY, address="", python=SYSTEM_PYTHON)  # a job of uid nobody
+    try:
+        where = Path(keeper.socket).parent
+        assert where.stat().st_uid == NOBODY and where.stat().st_mode & 0o777 == 0o700
+        # root can open the path, but the keeper hangs up on any uid but its own
+        with pytest.raises(SnapshotError):
+            KeeperClient(keeper.socket).held("/c.pt")
+        # another user cannot even reach the socket
+        probe = f"import socket as s; s.socket(s.AF_UNIX, s.SOCK_SEQPACKET).connect({keeper.socket!r})"
+        other = subprocess.run(
+            [SYSTEM_PYTHON, "-c", probe],
+            user=NOBODY - 1,
+            group=NOBODY - 1,
+            extra_groups=[],
+            capture_output=True,
+        )
+        assert other.returncode != 0 and b"PermissionError" in other.stderr
+    finally:
+        keeper.close()
