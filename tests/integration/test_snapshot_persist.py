@@ -134,3 +134,19 @@ def test_no_other_user_reaches_a_jobs_keeper() -> None:
         assert other.returncode != 0 and b"PermissionError" in other.stderr
     finally:
         keeper.close()
+
+
+def test_a_state_without_a_step_numbers_on_from_the_restored_one(snapshots, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from elasticd import worker
+    from elasticd.workers.snapshot_program import memory
+
+    snapshots()
+    ckpt = tmp_path / "ckpt.pt"
+    for i in range(3):
+        worker.save_checkpoint({"w": torch.full((4,), float(i))}, ckpt)  # steps 0, 1, 2 by count
+    assert worker.load_checkpoint(ckpt)["w"][0] == 2.0
+    fresh = memory.Snapshots()  # the next worker process: its count starts again
+    memory.SNAPSHOTS, memory.save, memory.restore = fresh, fresh.save, fresh.restore
+    assert worker.load_checkpoint(ckpt)["w"][0] == 2.0
+    worker.save_checkpoint({"w": torch.full((4,), 3.0)}, ckpt)  # step 3, not 0
+    assert worker.load_checkpoint(ckpt)["w"][0] == 3.0

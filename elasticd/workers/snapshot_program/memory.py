@@ -111,7 +111,8 @@ class Snapshots:
     def __init__(self) -> None:
         self._client: KeeperClient | None = None
         self._checked = False
-        self._counts: dict[str, int] = {}
+        self._counts: dict[str, int] = {}  # snapshots taken by this process, by name
+        self._base: dict[str, int] = {}  # the step numbering's start when the state has no "step"
         self._persists: dict[str, _Persist] = {}
         self._last: dict[str, tuple[Any, Path, int, int]] = {}  # the writer's newest snapshot, by name
         self.broken = ""  # why the keeper is not used any more (said once)
@@ -133,7 +134,7 @@ class Snapshots:
             return False
         name, me = str(path.absolute()), _rank()
         count = self._counts.get(name, 0)
-        step = _step_of(state, count)
+        step = _step_of(state, self._base.get(name, 0) + count)
         persist = self._persist(name)
         persist.before_snapshot(count)
         try:
@@ -203,6 +204,7 @@ class Snapshots:
         where = "memory" if source.held is not None else "peer"
         say("snapshot.restored", source=where, rank=me, step=source.step, from_rank=source.rank)
         self._counts[name] = 0
+        self._base[name] = source.step + 1  # a state without "step" numbers on from the restored one
         if me == 0 and client is not None and source.held is not None:
             self._persist_restored(client, name, source.held, path)
         if dist is not None:
