@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 from pathlib import Path
 
 import pytest
@@ -116,3 +117,19 @@ def test_a_lost_node_is_resumed_from_its_peers_replica(daemon_factory, tmp_path:
     logs = {d.node_id: d.log_dir / job / "attempt_1" for d in (held_on, spare)}
     rank1 = next(p / "rank_1.log" for p in logs.values() if (p / "rank_1.log").exists())
     assert restored(rank1.read_text()) == [{"source": "peer", "rank": "1", "step": "7", "from_rank": "1"}]
+
+
+def test_a_keeper_that_dies_is_said_and_the_job_goes_on(daemon_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    daemon: DaemonProc = daemon_factory(None, "--slots", "1", "--snapshot-bytes", str(64 << 20))
+    script = tmp_path / "sleeper.py"
+    script.write_text("import time\ntime.sleep(60)\n")
+    res = daemon.ctl("submit", "--no-warm", str(script))
+    assert res.returncode == 0, res.stderr
+    job = res.stdout.splitlines()[0]
+    ready = wait_log(daemon, "snapshots.ready", job=job)
+    os.kill(ready["pid"], signal.SIGKILL)
+    lost = wait_log(daemon, "snapshots.lost", job=job)
+    assert lost["pid"] == ready["pid"] and lost["status"] == -signal.SIGKILL
+    assert daemon.job(job)["state"] == "RUNNING"
+    assert daemon.ctl("kill", job).returncode == 0
+    daemon.wait_state(job, ("KILLED",))

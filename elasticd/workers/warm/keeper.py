@@ -97,6 +97,7 @@ class SnapshotKeeper:
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
         self._ready: asyncio.Task[str | None] | None = None
+        self._pidfd = -1
 
     @property
     def pid(self) -> int | None:
@@ -161,7 +162,26 @@ class SnapshotKeeper:
             await self.close()
             return None
         _log.info("snapshots.ready", job=self.setup.job_id, pid=self._proc.pid, socket=self.socket_path)
+        self._watch(loop, self._proc)
         return self.socket_path
+
+    def _watch(self, loop: asyncio.AbstractEventLoop, proc: subprocess.Popen[bytes]) -> None:
+        """Say so when the keeper dies before the job ends here: its snapshots are gone, and the
+        workers write their checkpoints to disk from then on."""
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+        except OSError:
+            return
+
+        def died() -> None:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+            self._pidfd = -1
+            if self._proc is proc:
+                _log.warning("snapshots.lost", job=self.setup.job_id, pid=proc.pid, status=proc.poll())
+
+        self._pidfd = pidfd
+        loop.add_reader(pidfd, died)
 
     async def ready(self) -> str | None:
         """The keeper's socket path, once it listens; None when it will not."""
@@ -183,6 +203,10 @@ class SnapshotKeeper:
             task.cancel()
         sock, self._sock = self._sock, None
         proc, self._proc = self._proc, None
+        if self._pidfd >= 0:
+            asyncio.get_running_loop().remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = -1
         if sock is not None:
             sock.close()
         if proc is None:
