@@ -233,6 +233,7 @@ def runtime(
         tracking=tracking,
         zygotes=ZygotePool(Limits(s.warm_pool_size, s.warm_keep_s), tracking),
         numa=read_host(),
+        snapshot_bytes=s.snapshot_bytes,
     )
 
 

@@ -37,6 +37,7 @@ from elasticd.workers.cgroups.tracking import NoTracker, Tracker
 from elasticd.workers.group import ColdSpawner, Launch, Spawner, Worker, WorkerGroup, wall_clock
 from elasticd.workers.proctree.reaper import Reaper
 from elasticd.workers.proctree.spawn import Identity
+from elasticd.workers.snapshot_program.protocol import SOCKET_ENV as SNAPSHOT_SOCKET_ENV
 from elasticd.workers.warm.pool import ZygotePool
 from elasticd.workers.warm.spawner import WarmSpawner
 from elasticd.workers.warm.zygote import Zygote
@@ -64,6 +65,7 @@ class NodeRuntime:
     tracking: Tracker = field(default_factory=NoTracker)  # a cgroup per job where allowed (tracking.detect)
     zygotes: ZygotePool = field(default_factory=ZygotePool.disabled)  # parked for the next identical job
     numa: Host | None = None  # the host's NUMA layout (node/numa.py), for --numa-binding
+    snapshot_bytes: int = 0  # a job's snapshot keeper's bound here (0: none; workers.warm.keeper)
 
 
 def master_port(rt: NodeRuntime) -> int:
@@ -118,9 +120,13 @@ async def start_group(
     slots: tuple[int, ...],
     fence: bool,
     zygote: Zygote | None = None,
+    snapshots: str | None = None,
 ) -> tuple[WorkerGroup, HangWatch]:
     """Spawn this node's workers for one round (on the event-loop thread), each with its progress
     pipe, and the watch that reads them (and judges hangs, when the job asks).
+
+    ``snapshots``: the job's snapshot keeper's socket, which the workers are told of; the keeper,
+    like the zygote, outlives the attempt, and so does its cgroup leaf.
 
     Raises ``SetupFailure`` (LOG_DIR_UNSAFE, LOG_DISK_FULL) when the attempt's logs cannot be
     created safely: the caller ends the job with that reason instead of spending restarts.
@@ -131,7 +137,8 @@ async def start_group(
     )
     ranks = [layout.rank_offset + local_rank for local_rank in range(layout.local_world_size)]
     files = logdir.create_attempt(rt.log_dir, spec.id, attempt, ranks, owner, rt.node_id)
-    launches, channels = _prepare(rt, spec, _Attempt(layout, restart_count, slots, identity), files)
+    at = _Attempt(layout, restart_count, slots, identity, snapshots)
+    launches, channels = _prepare(rt, spec, at, files)
     watch = HangWatch(
         [
             WatchedRank(launch.rank, launch.local_rank, ch)
@@ -149,6 +156,8 @@ async def start_group(
     spawner: Spawner = ColdSpawner()
     if zygote is not None:  # it outlives the attempt, and so does its cgroup
         spawner, tracked = WarmSpawner(zygote, spawner), tracked.ranks()
+    if snapshots is not None:
+        tracked = tracked.ranks()
     group = WorkerGroup(
         launches, rt.reaper, spec.stop_grace_s, fence=fence, tracking=tracked, spawner=spawner
     )
@@ -169,6 +178,7 @@ class _Attempt:
     restart_count: int
     slots: tuple[int, ...]
     identity: Identity | None
+    snapshots: str | None  # the job's snapshot keeper's socket, which every rank is told of
 
 
 def _prepare(
@@ -223,6 +233,8 @@ def _launch(
     )
     env[PROGRESS_FD_ENV] = str(channel.write_fd)
     env[HEARTBEAT_FILE_ENV] = f"/dev/fd/{channel.write_fd}"
+    if at.snapshots is not None:
+        env[SNAPSHOT_SOCKET_ENV] = at.snapshots
     return Launch(
         local_rank=local_rank,
         rank=f.rank,

@@ -40,7 +40,7 @@ from elasticd.happenings.records import (
     NodeDrained,
     NodeUndrained,
 )
-from elasticd.jobs import logdir, quota
+from elasticd.jobs import logdir, quota, snapshotspace
 from elasticd.jobs.logs import Read, attempt_starts, log_files, read_logs
 from elasticd.jobs.logscope import check_scope, round_view
 from elasticd.jobs.queue import QueuePlace
@@ -55,6 +55,7 @@ from elasticd.node.registry import NodeRecord, NodeRegistry
 from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.head import parse_head
 from elasticd.terms.ids import valid_gpu_uuid, valid_job_id
+from elasticd.terms.options import EntryKind
 from elasticd.terms.spec import JobSpec
 from elasticd.terms.state import EndReason, JobState
 from elasticd.wire import LogsArgs, RoundView, is_terminal
@@ -173,6 +174,12 @@ class CommandService:
         hold (counted from the recent read; a submit that races another past the limit is failed
         by the scan, ``jobs.quota.over_limits``)."""
         self._refuse_if_etcd_full()
+        if spec.entry_kind is not EntryKind.EXEC:  # a python job may keep memory snapshots here
+            bound = self._manager.rt.snapshot_bytes
+            if (
+                small := snapshotspace.refusal(bound, snapshotspace.shm_bytes(), self.facts.node_id)
+            ) is not None:
+                raise small
         if limits is not None:
             await self._check_limits(spec, limits)
         records = await asyncio.to_thread(self._registry.records)

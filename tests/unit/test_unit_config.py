@@ -67,6 +67,7 @@ SAMPLES: dict[str, tuple[str, str, str | None]] = {
     "allow_root_jobs": ("false", "true", None),  # the flag: --no-allow-root-jobs
     "warm_pool_size": ("0", "1", "8"),
     "warm_keep_s": ("0", "30", "600.5"),
+    "snapshot_bytes": ("0", "1048576", "4294967296"),
     "log_group": ("lg-file", "lg-env", "lg-flag"),
     "max_jobs_per_user": ("0", "5", "100"),
     "max_submits_per_minute": ("0", "6", "60"),
@@ -321,6 +322,9 @@ def test_paths_and_optionals_are_converted(tmp_path: Path) -> None:
         ("warm_keep_s", "nan"),
         ("warm_keep_s", "inf"),
         ("warm_keep_s", "a while"),
+        ("snapshot_bytes", "-1"),
+        ("snapshot_bytes", "1.5"),
+        ("snapshot_bytes", str(1 << 45)),
     ],
 )
 def test_bad_values(key: str, value: str) -> None:
