@@ -65,7 +65,7 @@ def _baseline() -> set[str]:
     return set(_top_level(run.stderr))
 
 
-def _answer(router: zmq.Socket, timeout_s: float) -> float | None:
+def _answer(router: zmq.Socket[bytes], timeout_s: float) -> float | None:
     """Wait for one request; answer it with an error reply; its arrival time."""
     if not router.poll(int(timeout_s * 1000)):
         return None
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trials", type=int, default=25)
     p.add_argument("--importtime", action="store_true", help="also run the CLI under -X importtime")
     ns = p.parse_args(argv)
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     with tempfile.TemporaryDirectory(prefix="bench-ctl-") as tmp:
         sock = Path(tmp) / "control.sock"
         router = ctx.socket(zmq.ROUTER)
@@ -117,16 +117,16 @@ def main(argv: list[str] | None = None) -> int:
             top: dict[str, int] = {}
             for _ in range(ns.trials):
                 cmd = [sys.executable, "-X", "importtime", *_argv(Path(tmp))]
-                proc = subprocess.Popen(
+                traced = subprocess.Popen(
                     cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
                 )
                 at = _answer(router, 30)
-                proc.kill()  # stopped at its request: what it imported so far is on stderr
-                _, err = proc.communicate(timeout=30)
+                traced.kill()  # stopped at its request: what it imported so far is on stderr
+                _, trace = traced.communicate(timeout=30)
                 if at is None:
-                    print(f"trial failed: {err}", file=sys.stderr)
+                    print(f"trial failed: {trace}", file=sys.stderr)
                     return 1
-                top = {k: v for k, v in _top_level(err).items() if k not in base}
+                top = {k: v for k, v in _top_level(trace).items() if k not in base}
                 totals.append(sum(top.values()) / 1000)
             print(f"imports before the request: median {statistics.median(totals):.1f} ms (-X importtime)")
             for name, us in sorted(top.items(), key=lambda kv: -kv[1])[:10]:

@@ -142,10 +142,13 @@ def _participant_proc(argv: list[str]) -> int:
     ]
     if watch == "process":  # one stream for the process, fanned out to its nodes' wake-ups
         shared = EtcdClient([endpoint], timeout_s=60)
+
+        def fan_out(key: str, deleted: bool) -> None:
+            for node in nodes:
+                node.on_change(key, deleted)
+
         for start, end in keys.watched():
-            shared.watch_range(
-                start, end, lambda k, d: [node.on_change(k, d) for node in nodes], lambda: None
-            )
+            shared.watch_range(start, end, fan_out, lambda: None)
     print("ready", flush=True)
     sys.stdin.readline()
     threads = [threading.Thread(target=node.run, args=(timeout,), daemon=True) for node in nodes]
@@ -434,7 +437,7 @@ def _race(participant: Callable[[int], None], n: int, start: threading.Event, ti
 def run_torch(n: int, timeout_s: float) -> Outcome:
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
-    from torch.distributed import TCPStore
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]  # torch does not re-export it
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
         DynamicRendezvousHandler,

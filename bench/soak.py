@@ -177,7 +177,9 @@ def scope_of(ns: argparse.Namespace) -> Scope:
     return Scope(kinds, notes, netns, hang_ok)
 
 
-def inject(c: Cluster, plan: list[Fault], ns: argparse.Namespace, n_kinds: int, found: Findings) -> None:
+def inject(
+    c: Cluster, plan: tuple[Fault, ...], ns: argparse.Namespace, n_kinds: int, found: Findings
+) -> None:
     """The plan's faults, one at a time, until one is not survived; past the duration, only the
     first ``n_kinds`` (each kind once)."""
     clock0 = time.time()
@@ -279,7 +281,7 @@ def report(
     ns: argparse.Namespace,
     seed: int,
     scope: Scope,
-    plan: list[Fault],
+    plan: tuple[Fault, ...],
     c: Cluster,
     found: Findings,
     t_start: float,

@@ -139,7 +139,7 @@ class Training:
         x, y = batch(step, rank, world)
         loss = torch.nn.functional.mse_loss(ddp(x), y)
         self.opt.zero_grad()
-        loss.backward()  # type: ignore[no-untyped-call]
+        loss.backward()
         self.opt.step()
 
     def commit(self, next_step: int, finished: bool = False) -> None:

@@ -23,6 +23,7 @@ WHY = {
     "member_lost": "a node was lost",
     "scale_up": "scaling up",
     "member_left": "a node left (drained or stopped)",
+    "gpu_failed": "a GPU went unhealthy",
 }
 QUIET_S = 2.0  # a wait for nodes is told once it lasts this long: every round's joins take a moment
 WAITS = {WaitsFor.CAPACITY: "waits for free slots", WaitsFor.NODES: "waits for nodes"}

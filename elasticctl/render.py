@@ -232,6 +232,32 @@ def _bytes(n: int) -> str:
     return f"{n} B"
 
 
+def gpus_table(nodes: list[NodeView]) -> str | None:
+    """Each GPU of each node: its state and why, its use, and the job and rank on it (None: no
+    node has GPUs)."""
+    rows = [["NODE", "GPU", "UUID", "STATE", "MEMORY", "UTIL", "JOB", "RANK", "REASON"]]
+    for n in nodes:
+        gpus = {g.get("uuid"): g for g in n.get("inventory", {}).get("gpus", [])}
+        for st in n.get("gpu_states", []):
+            gpu: dict[str, Any] = dict(gpus.get(st.get("uuid"), {}))
+            used, total = st.get("memory_used_mib"), gpu.get("memory_mib")
+            util, rank = st.get("utilization_pct"), st.get("rank")
+            rows.append(
+                [
+                    n.get("node", "?"),
+                    str(gpu.get("index", "?")) + (f" (MIG x{len(gpu['mig'])})" if gpu.get("mig") else ""),
+                    str(st.get("uuid", "?")),
+                    str(st.get("state", "?")),
+                    f"{used}/{total} MiB" if used is not None else "-",
+                    f"{util}%" if util is not None else "-",
+                    st.get("job") or "-",
+                    str(rank) if rank is not None else "-",
+                    st.get("reason") or "",
+                ]
+            )
+    return table(rows) if len(rows) > 1 else None
+
+
 def nodes_table(nodes: list[NodeView]) -> str:
     rows = [["NODE", "HOST", "ADDRESS", "DEVICES", "SLOTS", "FREE", "STATE", "VERSION"]]
     for n in nodes:

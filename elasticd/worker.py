@@ -1,7 +1,9 @@
 """Helpers for training scripts: stop together on SIGTERM, checkpoint atomically, resume.
 
-This is the only elasticd module that touches torch, and it imports it lazily; the daemon never
-imports it. It works the same under elasticd and under plain ``torchrun``.
+This module and the workers' side of memory snapshots (``elasticd.workers.snapshot_program``: its
+``frame``, ``client``, ``memory``, ``restore``, ``device``, ``dcp``) are the only ones that touch
+torch, lazily; the daemon never imports them. It works the same under elasticd and under plain
+``torchrun``.
 
 The pattern (see ``examples/elastic_train.py``)::
 
@@ -25,7 +27,11 @@ same lines (``step 12``) to ``$ELASTICD_HEARTBEAT_FILE``.
 
 When elasticd changes the membership of a job (a drain, a node joining), every worker gets
 SIGTERM and the stop grace period: with this pattern no completed step is lost. A crash (SIGKILL,
-a lost node) loses the steps since the last periodic checkpoint, as always.
+a lost node) loses the steps since the last periodic checkpoint, unless the daemons keep memory
+snapshots (``snapshot_bytes``): then ``save_checkpoint`` after every step costs about a copy of the
+state into the job's snapshot keeper on the node, the file is written behind, and
+``load_checkpoint`` resumes from the newest step any keeper of the job holds, on this node or
+replicated on another (``elasticd.workers.snapshot_program``).
 """
 
 from __future__ import annotations
@@ -34,13 +40,13 @@ import contextlib
 import fcntl
 import os
 import signal
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from elasticd.progress.protocol import MAX_STEP, PROGRESS_FD_ENV
+from elasticd.workers.snapshot_program import memory as snapshots
 
 
 class _Progress:
@@ -113,6 +119,8 @@ class GracefulStop:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.requested = True
+        if self not in _STOPS:
+            _STOPS.append(self)
 
     def should_stop(self) -> bool:
         """True on every rank, at the same step, as soon as any rank was asked to stop.
@@ -131,6 +139,8 @@ class GracefulStop:
         flag = torch.tensor([1 if self.requested else 0], dtype=torch.int32, device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         self.requested = bool(flag.item())
+        if self.requested and self not in _STOPS:  # another rank was asked: a snapshot persists now
+            _STOPS.append(self)
         return self.requested
 
     def restore(self) -> None:
@@ -139,51 +149,94 @@ class GracefulStop:
             signal.signal(sig, handler)
 
 
+_STOPS: list[GracefulStop] = []  # the stops a signal requested: a snapshot persists at once then
+
+
+def _stopping() -> bool:
+    return bool(_STOPS)
+
+
 def _rank() -> int:
     dist = _dist()
     return int(dist.get_rank()) if dist is not None else int(os.environ.get("RANK", "0"))
 
 
-def save_checkpoint(state: Any, path: str | os.PathLike[str], *, rank: int = 0) -> None:
-    """Write ``state`` atomically (temporary file, fsync, rename, fsync of the directory) from one
-    rank, then wait for every rank: when this returns, the checkpoint is durable for everyone."""
+def save_checkpoint(
+    state: Any,
+    path: str | os.PathLike[str],
+    *,
+    rank: int = 0,
+    memory: bool = True,
+    persist_every: int | None = None,
+) -> None:
+    """Checkpoint ``state`` (the same on every rank; rank ``rank`` writes the file).
+
+    Under elasticd with memory snapshots on (the daemon's ``snapshot_bytes``) and ``memory``: every
+    rank's state is copied into the job's snapshot keeper on this node, and this returns as soon as
+    the copy is committed, with no collective. ``path`` is written behind, atomically, from the
+    snapshot: every ``persist_every`` snapshots (default ``$ELASTICD_SNAPSHOT_PERSIST_EVERY``, else
+    10), at once after a stop was requested (``GracefulStop``), after a restart restored a
+    snapshot, and at the process's normal exit. Elsewhere (plain torchrun, or the keeper cannot
+    take it): written at once (temporary file, fsync, rename, fsync of the directory), then every
+    rank waits for it: when this returns, the checkpoint is durable for everyone.
+    """
+    if memory and snapshots.save(state, Path(path), rank, persist_every, _stopping()):
+        return
     with checkpointing():
         _save(state, Path(path), rank)
 
 
 def _save(state: Any, target: Path, rank: int) -> None:
-    import torch
-
     if _rank() == rank:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                torch.save(state, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        dir_fd = os.open(target.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        snapshots.write_file(state, target)
     dist = _dist()
     if dist is not None:
         dist.barrier()
 
 
-def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> Any:
-    """The saved state, or None if there is no checkpoint yet."""
+def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu", *, memory: bool = True) -> Any:
+    """The newest checkpoint every rank can load, or None if there is none yet.
+
+    Under elasticd with memory snapshots on, and ``memory``: the newest step any of the job's
+    keepers holds (each rank its own rank's copy, else any rank's: the state is the same on every
+    rank), agreed with one ``all_gather`` when ``torch.distributed`` is initialised, so every rank
+    must call it then; else the file at ``path`` (and elsewhere, as under plain torchrun, only the
+    file: no collective). Each rank logs where its state came from (``snapshot.restored
+    source=memory|peer|disk``) to its stderr."""
+    if memory:
+        found = snapshots.restore(Path(path), _dist())
+        if found is not None:
+            return found
     import torch
 
     target = Path(path)
     if not target.exists():
         return None
-    return torch.load(target, map_location=map_location, weights_only=False)
+    state = torch.load(target, map_location=map_location, weights_only=False)
+    snapshots.say(
+        "snapshot.restored", source="disk", step=resume_step(state) if isinstance(state, dict) else -1
+    )
+    return state
+
+
+def snapshot_writer(
+    path: str | os.PathLike[str], step: int | None = None, persist_every: int | None = None
+) -> Any:
+    """A ``torch.distributed.checkpoint`` ``StorageWriter`` on the job's snapshot keepers:
+    ``dcp.save(state, storage_writer=worker.snapshot_writer(DIR, step))``. Each rank snapshots its
+    own shard; ``DIR`` is written every ``persist_every`` saves (and always without a keeper).
+    ``step`` orders snapshots (default: one more than the last saved or restored here)."""
+    from elasticd.workers.snapshot_program.dcp import SnapshotWriter
+
+    return SnapshotWriter(path, step, persist_every)
+
+
+def snapshot_reader(path: str | os.PathLike[str]) -> Any:
+    """The ``StorageReader`` to match: ``dcp.load(state, storage_reader=worker.snapshot_reader(DIR))``
+    reads the newest step whose every shard a keeper holds, at any world size; else ``DIR``."""
+    from elasticd.workers.snapshot_program.dcp import SnapshotReader
+
+    return SnapshotReader(path)
 
 
 def resume_step(state: Any, key: str = "step") -> int:

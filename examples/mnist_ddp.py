@@ -53,7 +53,8 @@ class Net(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classify(self.features(x))
+        logits: torch.Tensor = self.classify(self.features(x))
+        return logits
 
 
 def digest(model: nn.Module) -> str:
@@ -64,7 +65,7 @@ def digest(model: nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
-def evaluate(model: nn.Module, loader: DataLoader) -> float:
+def evaluate(model: nn.Module, loader: DataLoader[tuple[torch.Tensor, ...]]) -> float:
     """Accuracy over the whole test set: every rank counts its shard, then the counts are summed."""
     model.eval()
     counts = torch.zeros(2)
@@ -91,7 +92,9 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     train = synthetic_digits(args.train_samples, seed=args.seed)
     test = synthetic_digits(args.test_samples, seed=args.seed + 1000)
-    sampler = DistributedSampler(train, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
+    sampler: DistributedSampler[int] = DistributedSampler(
+        train, num_replicas=world, rank=rank, shuffle=True, seed=args.seed
+    )
     train_loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler)
     test_loader = DataLoader(
         test, batch_size=200, sampler=DistributedSampler(test, num_replicas=world, rank=rank, shuffle=False)

@@ -37,7 +37,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 try:  # optional: progress, and a clean stop on SIGTERM, when elasticd is installed
     from elasticd import worker
 except ImportError:  # plain torchrun
-    worker = None
+    worker = None  # type: ignore[assignment]  # mypy has no type for "this module, or None"
 
 FEATURES, HIDDEN = 16, 32
 
@@ -112,7 +112,7 @@ def resume(snapshots: Snapshots, model: DDP, opt: torch.optim.Optimizer, attempt
 
 
 def train_epoch(
-    model: DDP, opt: torch.optim.Optimizer, loader: DataLoader, crash: str | None
+    model: DDP, opt: torch.optim.Optimizer, loader: DataLoader[tuple[torch.Tensor, ...]], crash: str | None
 ) -> torch.Tensor:
     """One pass over this rank's share; the mean loss over every rank's. ``crash``: die halfway, saying so."""
     total = torch.zeros(2)
@@ -139,7 +139,9 @@ def main() -> None:
     crash_rank = int(os.environ.get("CRASH_RANK", "1"))
 
     data = synthetic_regression(args.samples, args.seed)
-    sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
+    sampler: DistributedSampler[int] = DistributedSampler(
+        data, num_replicas=world, rank=rank, shuffle=True, seed=args.seed
+    )
     loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler)
     torch.manual_seed(args.seed)
     model = DDP(nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, 1)))

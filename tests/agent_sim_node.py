@@ -341,6 +341,17 @@ class Node:
                 run_inline(store.withdraw(round_no, name))
             case act.ClearWaiting():
                 run_inline(store.clear_waiting(name))
+            case act.MarkDone(round_no):
+                run_inline(store.mark_done(round_no, name))
+            case act.MarkLeft(round_no):
+                run_inline(store.mark_left(round_no, name))
+            case act.CloseRound() | act.Bump() | act.Amend() | act.Finalize():
+                self._swap(action)
+
+    def _swap(self, action: act.CloseRound | act.Bump | act.Amend | act.Finalize) -> None:
+        """The compare-and-swap writes of the round's and the job's records."""
+        store, name = self.store, self.name
+        match action:
             case act.CloseRound(result):
                 if run_inline(store.close(result)):
                     run_inline(store.forget_rounds_before(result.round))
@@ -353,10 +364,6 @@ class Node:
             case act.Finalize(state, code, reason, failure):
                 if run_inline(store.finalize(state, code, reason, failure)):
                     self.note(f"{name} ended the job {state.value} ({code.value}: {reason})")
-            case act.MarkDone(round_no):
-                run_inline(store.mark_done(round_no, name))
-            case act.MarkLeft(round_no):
-                run_inline(store.mark_left(round_no, name))
 
     def _publish(self, agent: Agent, now: float, quietly: bool = False) -> None:
         """``put_node_status`` of ``JobAgent.local_view``."""

@@ -34,11 +34,17 @@ def drain(client: Client, ns: argparse.Namespace) -> int:
 def undrain_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("node")
     p.add_argument("--job", default=default(UndrainArgs, "job"), help="only for this job")
+    p.add_argument(
+        "--gpu",
+        default=default(UndrainArgs, "gpu"),
+        metavar="UUID",
+        help="return this unhealthy GPU to the pool",
+    )
 
 
 def undrain(client: Client, ns: argparse.Namespace) -> int:
-    client.request("undrain", UndrainArgs(ns.node, ns.job))
-    print(f"{ns.node} takes jobs again")
+    client.request("undrain", UndrainArgs(ns.node, ns.job, ns.gpu))
+    print(f"GPU {ns.gpu} of {ns.node} is back in the pool" if ns.gpu else f"{ns.node} takes jobs again")
     return 0
 
 

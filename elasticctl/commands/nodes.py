@@ -12,13 +12,16 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(client: Client, ns: argparse.Namespace) -> int:
-    from elasticctl.render import etcd_line, nodes_table
+    from elasticctl.render import etcd_line, gpus_table, nodes_table
 
     reply: NodesReply = client.request("nodes", NoArgs())
     if ns.json:
         print_json(reply)
     else:
         print(nodes_table(reply["nodes"]))
+        if (gpus := gpus_table(reply["nodes"])) is not None:
+            print()
+            print(gpus)
         if (etcd := reply.get("etcd")) is not None:
             print(etcd_line(etcd))
     return 0

@@ -103,6 +103,12 @@ def _limits(s: argparse.ArgumentParser, job: Callable[[str], object]) -> None:
         help="open files per worker process (RLIMIT_NOFILE)",
     )
     s.add_argument(
+        "--mig",
+        action="store_true",
+        default=job("mig"),
+        help="run each rank on a MIG slice of a partitioned GPU (default: on whole GPUs)",
+    )
+    s.add_argument(
         "--priority",
         type=count("--priority"),
         default=job("priority"),
@@ -170,6 +176,8 @@ def submit_request(ns: argparse.Namespace, gpus: Callable[[], int]) -> tuple[Sub
         preload=ns.preload,
         job_id=fields.get("job_id"),
         priority=ns.priority,
+        numa_binding=fields.get("numa_binding"),
+        mig=ns.mig,
     )
     return args, mapped
 

@@ -71,6 +71,7 @@ class JobAgent:
     ) -> None:
         self.spec = spec
         self.slots = slots
+        self.first_rank: int | None = None  # the global rank of our local rank 0, while workers run
         self._rt = rt
         self._store = store
         self._lease = lease
@@ -331,6 +332,7 @@ class JobAgent:
 
     async def _start_workers(self, action: act.StartWorkers) -> None:
         result, member = action.result, action.member
+        self.first_rank = member.group_rank * self.spec.nproc_per_node
         self.workers = await self._launcher.start(self.spec, result, member, action.restarts, self.slots)
         self._on_change(self)
         _log.info(

@@ -30,6 +30,9 @@ from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import Backend
 from elasticd.etcd.space import SpaceLimits
 from elasticd.etcd.types import EtcdAuth
+from elasticd.gpu.fakefile import FileNvml
+from elasticd.gpu.health import Verdict
+from elasticd.gpu.nvml import Nvml
 from elasticd.happenings.bus import publish
 from elasticd.happenings.records import DaemonReady
 from elasticd.jobs.launch import NodeRuntime
@@ -40,12 +43,14 @@ from elasticd.manager.etcdspace import SpaceWatch
 from elasticd.manager.jobs import JobManager
 from elasticd.manager.service import CommandService, NodeFacts
 from elasticd.netaddr import NoFreePort
+from elasticd.node.gpuwatch import GpuWatch
 from elasticd.node.hooks import LeaseHooks
-from elasticd.node.inventory import Inventory, discover
+from elasticd.node.inventory import Inventory, discover, load_nvml
 from elasticd.node.liveness import LivenessServer
+from elasticd.node.numa import read_host
 from elasticd.node.registry import NodeRegistry
 from elasticd.node.statedir import StateDir
-from elasticd.trustedpath import read_secret
+from elasticd.trustedpath import read_secret, trusted_file
 from elasticd.workers.cgroups.hierarchy import detect
 from elasticd.workers.cgroups.limits import LimitBackend
 from elasticd.workers.cgroups.tracking import Tracker
@@ -174,7 +179,13 @@ class Jobs:
 
 
 async def build_jobs(
-    s: Settings, stack: contextlib.AsyncExitStack, etcd: Etcd, keys: Keys, state: StateDir, rt: NodeRuntime
+    s: Settings,
+    stack: contextlib.AsyncExitStack,
+    etcd: Etcd,
+    keys: Keys,
+    state: StateDir,
+    rt: NodeRuntime,
+    gpu_watch: GpuWatch | None = None,
 ) -> Jobs:
     """The lease's registry and the job manager, which need each other (``LeaseHooks``)."""
     # The lease has its own client with short calls: a keep-alive stuck on a dead etcd member
@@ -196,7 +207,7 @@ async def build_jobs(
     await space.read()  # before the first submit or the janitor's first sweep
     manager = JobManager(rt, etcd.client, keys, state, registry, s.allow_root_jobs,
                          retention_s=s.job_retention or None, quotas=quotas, admins=admins,
-                         space=lambda: space.space, hooks=hooks)  # fmt: skip
+                         space=lambda: space.space, hooks=hooks, gpu_watch=gpu_watch)  # fmt: skip
     return Jobs(manager, registry, space, quotas, admins)
 
 
@@ -222,7 +233,38 @@ def runtime(
         single_host_only=s.single_host_only,
         tracking=tracking,
         zygotes=ZygotePool(Limits(s.warm_pool_size, s.warm_keep_s), tracking),
+        numa=read_host(),
+        snapshot_bytes=s.snapshot_bytes,
     )
+
+
+def nvml_of(s: Settings) -> Nvml | None:
+    """The tests' fake NVML (``fake_nvml``), none where ``fake_gpus`` stands in for it, else pynvml
+    (None where it is not installed)."""
+    if s.fake_nvml is not None:  # re-read by name as the test changes it: root's, under root's dirs
+        return FileNvml(trusted_file(s.fake_nvml, "fake_nvml"))
+    return None if s.fake_gpus is not None else load_nvml()
+
+
+def watch_gpus(
+    s: Settings,
+    nvml: Nvml | None,
+    inventory: Inventory,
+    verdicts: asyncio.Queue[tuple[str, Verdict]],
+    stack: contextlib.AsyncExitStack,
+) -> GpuWatch | None:
+    """The health watcher's thread, on a host whose GPUs NVML (or the tests' fake) reads."""
+    if nvml is None or not inventory.gpus:
+        return None
+    loop = asyncio.get_running_loop()
+
+    def report(uuid: str, verdict: Verdict) -> None:  # on the watcher's thread
+        loop.call_soon_threadsafe(verdicts.put_nowait, (uuid, verdict))
+
+    watch = GpuWatch(nvml, report, s.gpu_poll)
+    stack.callback(watch.close)
+    watch.start()
+    return watch
 
 
 async def start(
@@ -241,11 +283,14 @@ async def start(
     stack.callback(reaper.close)
     reaper.start()
     etcd = await connect_etcd(s, stack)
-    inventory = discover(node_id, s.fake_gpus, s.slots)
+    nvml = nvml_of(s)
+    inventory = discover(node_id, None if nvml else s.fake_gpus, s.slots, nvml)
     warn_if_unreachable(s)
     liveness = await start_liveness(s, stack)
     rt = runtime(s, node_id, inventory, reaper, liveness, limits, tracking)
-    jobs = await build_jobs(s, stack, etcd, keys, state, rt)
+    verdicts: asyncio.Queue[tuple[str, Verdict]] = asyncio.Queue()
+    gpu_watch = watch_gpus(s, nvml, inventory, verdicts, stack)
+    jobs = await build_jobs(s, stack, etcd, keys, state, rt, gpu_watch)
     observe = Observability(
         node_id, etcd.client, keys, s.metrics_address, jobs.manager, jobs.registry, jobs.space
     )
@@ -254,6 +299,8 @@ async def start(
     background = Background()
     stack.push_async_callback(background.close)
     server = await serve(s, etcd, keys, jobs, background, started_at)
+    if gpu_watch is not None:
+        background.start(jobs.manager.watch_gpus(verdicts), "gpu_health")
     stack.push_async_callback(leave, server, jobs.manager, jobs.registry, liveness, node_id)
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, request_stop, signal.Signals(sig).name)

@@ -23,12 +23,13 @@ from enum import StrEnum
 
 from elasticd.decode import DecodeError
 from elasticd.etcd.kv import prefix_end
-from elasticd.terms.ids import MAX_ROUND, valid_job_id, valid_node_id
+from elasticd.terms.ids import MAX_ROUND, valid_gpu_uuid, valid_job_id, valid_node_id
 
 
 class KeyKind(StrEnum):
     NODE = "node"  # nodes/<node>
     NODE_DRAIN = "node_drain"  # drain/<node>
+    GPU = "gpu"  # gpus/<node>/<uuid>: a GPU out of the pool, and why (elasticd.manager.gpus)
     JANITOR = "janitor"  # janitor: the node that does cluster-wide clean-up
     SPEC = "spec"  # jobs/<job>/spec: the job's head (elasticd.terms.head)
     BODY = "body"  # specs/<job>: the job's full spec; outside jobs/, and outside the daemons' watch
@@ -147,7 +148,7 @@ class Keys:
     def watched(self) -> tuple[tuple[str, str], ...]:
         """The ranges [start, end) every daemon watches: the whole prefix but the jobs' parts and
         their full specs. ``parts/`` and ``specs/`` are left out as one range: the layout has no
-        key between them (``nodes``, ``drain``, ``janitor``, ``jobs``, ``events`` and ``event_seq``
+        key between them (``nodes``, ``drain``, ``gpus``, ``janitor``, ``jobs``, ``events`` and ``event_seq``
         sort before ``parts/``), so one more watch stream is not needed."""
         return (
             (f"{self.prefix}/", self.all_parts()),
@@ -206,6 +207,12 @@ class Keys:
     def drain(self, node: str) -> str:
         return f"{self.prefix}/drain/{node}"
 
+    def gpus(self, node: str) -> str:
+        return f"{self.prefix}/gpus/{node}/"
+
+    def gpu(self, node: str, uuid: str) -> str:
+        return f"{self.prefix}/gpus/{node}/{uuid}"
+
     def job_drain(self, job_id: str, node: str) -> str:
         return f"{self.prefix}/jobs/{job_id}/drain/{node}"
 
@@ -245,6 +252,8 @@ class Keys:
                 return KeyRef(KeyKind.NODE, node=_node(node))
             case ["drain", node]:
                 return KeyRef(KeyKind.NODE_DRAIN, node=_node(node))
+            case ["gpus", node, uuid] if valid_gpu_uuid(uuid):
+                return KeyRef(KeyKind.GPU, node=_node(node))
             case ["janitor"]:
                 return KeyRef(KeyKind.JANITOR)
             case ["events", "cluster", seq]:

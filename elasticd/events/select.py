@@ -35,6 +35,8 @@ class EventKind(StrEnum):
     NODE_UP = "node_up"
     NODE_DOWN = "node_down"
     LEASE_LOST = "lease_lost"
+    GPU_UNHEALTHY = "gpu_unhealthy"  # a GPU left the pool
+    GPU_RETURNED = "gpu_returned"  # an operator returned it
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,7 @@ RoundEvent = (
 )
 NodeEvent = (
     r.JobSubmitted | r.JobJoining | r.JobLeft | r.NodeDrained | r.NodeUndrained | r.DaemonReady
-    | r.DaemonStopping | r.LeaseLost
+    | r.DaemonStopping | r.LeaseLost | r.GpuUnhealthy | r.GpuReturned
 )  # fmt: skip
 
 
@@ -94,6 +96,8 @@ def describe(h: r.Happening) -> Said | None:
         case r.JobSubmitted() | r.JobJoining() | r.JobLeft() | r.NodeDrained() | r.NodeUndrained():
             return _node(h)
         case r.DaemonReady() | r.DaemonStopping() | r.LeaseLost():
+            return _node(h)
+        case r.GpuUnhealthy() | r.GpuReturned():
             return _node(h)
         case _:
             assert_never(h)
@@ -178,6 +182,19 @@ def _node(h: NodeEvent) -> Said:
             return Said(EventKind.NODE_DOWN, f"elasticd stopping ({h.reason})", {"reason": h.reason})
         case r.LeaseLost():
             return Said(EventKind.LEASE_LOST, f"node lease lost: {h.why}", {"why": h.why}, node=h.node)
+        case r.GpuUnhealthy():
+            fields = {"uuid": h.uuid, "fault": h.fault, "reason": h.reason}
+            return Said(EventKind.GPU_UNHEALTHY, f"GPU {h.uuid} unhealthy: {h.reason}", fields, h.job, h.node)
+        case r.GpuReturned():
+            fields = {"uuid": h.uuid, "by": h.by}
+            return Said(
+                EventKind.GPU_RETURNED,
+                f"GPU {h.uuid} returned by {h.by}",
+                fields,
+                None,
+                h.node,
+                own_node=False,
+            )
         case _:
             assert_never(h)
 

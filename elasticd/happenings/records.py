@@ -241,6 +241,29 @@ class NodeUndrained(Record):
 
 
 @dataclass(frozen=True)
+class GpuUnhealthy(Record):
+    """A GPU left the allocatable pool (``elasticd.gpu.health``); ``job`` held it then."""
+
+    EVENT = "gpu.unhealthy"
+    LEVEL = "warning"
+    node: str
+    uuid: str
+    fault: str  # an ``elasticd.gpu.health.Fault`` value
+    reason: str
+    job: str | None
+
+
+@dataclass(frozen=True)
+class GpuReturned(Record):
+    """An operator returned a GPU to the pool (``undrain --gpu``)."""
+
+    EVENT = "gpu.returned"
+    node: str
+    uuid: str
+    by: str
+
+
+@dataclass(frozen=True)
 class DaemonReady(Record):
     EVENT = "daemon.ready"
     node: str
@@ -269,4 +292,5 @@ Happening = (
     JobSubmitted | JobJoining | JobLeft | JobSucceeded | JobFailed | JobSetupFailed | JobKilled
     | JobRemoved | JobExpired | JobOrphaned | RoundComplete | RoundBumped | WorkerFailed | WorkerHung
     | RootCauseAmended | NodeDrained | NodeUndrained | DaemonReady | DaemonStopping | LeaseLost
+    | GpuUnhealthy | GpuReturned
 )  # fmt: skip

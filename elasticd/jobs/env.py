@@ -71,7 +71,8 @@ def zygote_env(base: Mapping[str, str], run_id: str, owner: str) -> dict[str, st
     environment of the job's zygote (``elasticd.workers.warm.zygote``), which imports torch with what
     libraries read at load time (``OMP_NUM_THREADS``: OpenMP and OpenBLAS size their pools then).
     It carries the node's and job's markers, which its forked workers keep in their
-    ``/proc/<pid>/environ`` (what ``proctree.marked`` reads) whatever their ``os.environ``."""
+    ``/proc/<pid>/environ`` (what ``proctree.marked`` reads) where the kernel refuses them their
+    own (``workers.zygote_program.title``)."""
     env = dict(base)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")

@@ -15,7 +15,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from elasticd import log
+from elasticd.gpu.binding import Host
 from elasticd.jobs import logdir, logread, stackfile
+from elasticd.jobs.affinity import rank_cpus
 from elasticd.jobs.decider import Exited, Group, Judgement, judge, report, settle_left
 from elasticd.jobs.env import WorldLayout, worker_env
 from elasticd.jobs.identity import switch_to
@@ -35,6 +37,7 @@ from elasticd.workers.cgroups.tracking import NoTracker, Tracker
 from elasticd.workers.group import ColdSpawner, Launch, Spawner, Worker, WorkerGroup, wall_clock
 from elasticd.workers.proctree.reaper import Reaper
 from elasticd.workers.proctree.spawn import Identity
+from elasticd.workers.snapshot_program.protocol import SOCKET_ENV as SNAPSHOT_SOCKET_ENV
 from elasticd.workers.warm.pool import ZygotePool
 from elasticd.workers.warm.spawner import WarmSpawner
 from elasticd.workers.warm.zygote import Zygote
@@ -61,6 +64,8 @@ class NodeRuntime:
     single_host_only: bool = False  # address left at loopback with an external etcd (Settings)
     tracking: Tracker = field(default_factory=NoTracker)  # a cgroup per job where allowed (tracking.detect)
     zygotes: ZygotePool = field(default_factory=ZygotePool.disabled)  # parked for the next identical job
+    numa: Host | None = None  # the host's NUMA layout (node/numa.py), for --numa-binding
+    snapshot_bytes: int = 0  # a job's snapshot keeper's bound here (0: none; workers.warm.keeper)
 
 
 def master_port(rt: NodeRuntime) -> int:
@@ -115,9 +120,13 @@ async def start_group(
     slots: tuple[int, ...],
     fence: bool,
     zygote: Zygote | None = None,
+    snapshots: str | None = None,
 ) -> tuple[WorkerGroup, HangWatch]:
     """Spawn this node's workers for one round (on the event-loop thread), each with its progress
     pipe, and the watch that reads them (and judges hangs, when the job asks).
+
+    ``snapshots``: the job's snapshot keeper's socket, which the workers are told of; the keeper,
+    like the zygote, outlives the attempt, and so does its cgroup leaf.
 
     Raises ``SetupFailure`` (LOG_DIR_UNSAFE, LOG_DISK_FULL) when the attempt's logs cannot be
     created safely: the caller ends the job with that reason instead of spending restarts.
@@ -128,7 +137,8 @@ async def start_group(
     )
     ranks = [layout.rank_offset + local_rank for local_rank in range(layout.local_world_size)]
     files = logdir.create_attempt(rt.log_dir, spec.id, attempt, ranks, owner, rt.node_id)
-    launches, channels = _prepare(rt, spec, _Attempt(layout, restart_count, slots, identity), files)
+    at = _Attempt(layout, restart_count, slots, identity, snapshots)
+    launches, channels = _prepare(rt, spec, at, files)
     watch = HangWatch(
         [
             WatchedRank(launch.rank, launch.local_rank, ch)
@@ -146,6 +156,8 @@ async def start_group(
     spawner: Spawner = ColdSpawner()
     if zygote is not None:  # it outlives the attempt, and so does its cgroup
         spawner, tracked = WarmSpawner(zygote, spawner), tracked.ranks()
+    if snapshots is not None:
+        tracked = tracked.ranks()
     group = WorkerGroup(
         launches, rt.reaper, spec.stop_grace_s, fence=fence, tracking=tracked, spawner=spawner
     )
@@ -166,6 +178,7 @@ class _Attempt:
     restart_count: int
     slots: tuple[int, ...]
     identity: Identity | None
+    snapshots: str | None  # the job's snapshot keeper's socket, which every rank is told of
 
 
 def _prepare(
@@ -177,10 +190,12 @@ def _prepare(
     channels: list[ProgressChannel] = []
     try:
         visible = rt.inventory.visible_devices(at.slots)
+        pins = rt.limits.name == "rlimit"
+        cpus = rank_cpus(spec.numa_binding, rt.numa, rt.inventory, at.slots, len(files), spec.cpu_limit, pins)
         for local_rank, f in enumerate(files):
             channel = ProgressChannel((at.identity.uid, at.identity.gid) if at.identity else None)
             channels.append(channel)
-            launches.append(_launch(rt, spec, at, visible, local_rank, f, channel))
+            launches.append(_launch(rt, spec, at, (visible, cpus[local_rank]), local_rank, f, channel))
     except BaseException:
         for f in files:
             os.close(f.log_fd)
@@ -197,11 +212,14 @@ def _launch(
     rt: NodeRuntime,
     spec: JobSpec,
     at: _Attempt,
-    visible: str,
+    devices: tuple[str, frozenset[int] | None],
     local_rank: int,
     f: logdir.RankFiles,
     channel: ProgressChannel,
 ) -> Launch:
+    """One rank's launch; ``devices``: the GPUs it sees (``CUDA_VISIBLE_DEVICES``) and the CPUs it
+    is bound to (None: not bound)."""
+    visible, cpus = devices
     env = worker_env(
         base=spec.env,
         layout=at.layout,
@@ -215,6 +233,8 @@ def _launch(
     )
     env[PROGRESS_FD_ENV] = str(channel.write_fd)
     env[HEARTBEAT_FILE_ENV] = f"/dev/fd/{channel.write_fd}"
+    if at.snapshots is not None:
+        env[SNAPSHOT_SOCKET_ENV] = at.snapshots
     return Launch(
         local_rank=local_rank,
         rank=f.rank,
@@ -227,6 +247,7 @@ def _launch(
         identity=at.identity,
         limits=_place(rt, spec, f.rank),
         progress_fd=channel.write_fd,
+        cpus=cpus,
     )
 
 

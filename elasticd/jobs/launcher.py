@@ -15,6 +15,7 @@ from elasticd.rendezvous.model import Member, RoundResult
 from elasticd.terms.options import EntryKind
 from elasticd.terms.spec import JobSpec
 from elasticd.workers.cgroups.limits import ResourceLimits
+from elasticd.workers.warm.keeper import KeeperSetup, SnapshotKeeper
 from elasticd.workers.warm.zygote import Zygote, ZygoteSetup
 
 _log = log.get("elasticd.launch")
@@ -41,6 +42,23 @@ def zygote_setup(rt: NodeRuntime, spec: JobSpec) -> ZygoteSetup | str:
     )
 
 
+def keeper_setup(rt: NodeRuntime, spec: JobSpec) -> KeeperSetup | str:
+    """What the job's snapshot keeper is started with, or why the job has none here."""
+    if rt.snapshot_bytes <= 0:
+        return "off (snapshot_bytes is 0)"
+    if spec.entry_kind is EntryKind.EXEC:
+        return "not a python entry point (--no-python)"
+    return KeeperSetup(
+        job_id=spec.id,
+        python=spec.python,
+        cwd=spec.cwd,
+        env=zygote_env(spec.env, spec.id, rt.node_id),
+        identity=switch_to(spec),
+        bound=rt.snapshot_bytes,
+        address=rt.address,
+    )
+
+
 class ProcessLauncher:
     """Starts worker process trees as the submitter (``elasticd.agent.seams.Launcher``), one job's on
     this node: forked from the job's zygote while there is one (``prepare`` adopts a parked one or
@@ -49,18 +67,33 @@ class ProcessLauncher:
     def __init__(self, rt: NodeRuntime) -> None:
         self._rt = rt
         self._zygote: asyncio.Task[Zygote] | None = None
+        self._keeper: SnapshotKeeper | None = None
         self._job = ""
 
     def prepare(self, spec: JobSpec) -> None:
         """The job was admitted here: get its zygote now, so its imports overlap the rendezvous."""
-        if self._zygote is not None:
+        if self._zygote is not None or self._keeper is not None:
             return
         self._job = spec.id
+        self._start_keeper(spec)
         setup = zygote_setup(self._rt, spec)
         if isinstance(setup, str):
             _log.info("zygote.none", job=spec.id, reason=setup)
             return
         self._zygote = asyncio.ensure_future(self._obtain(setup))
+
+    def _start_keeper(self, spec: JobSpec) -> None:
+        setup = keeper_setup(self._rt, spec)
+        if isinstance(setup, str):
+            _log.debug("snapshots.none", job=spec.id, reason=setup)
+            return
+        try:
+            procs_fd = self._rt.tracking.job(spec.id).join_snapshots()
+        except OSError as exc:
+            _log.error("tracking.join_failed", job=spec.id, rank="snapshots", error=str(exc))
+            procs_fd = None
+        self._keeper = SnapshotKeeper(setup, self._rt.reaper, procs_fd)
+        self._keeper.spawn()
 
     async def _obtain(self, setup: ZygoteSetup) -> Zygote:
         """A parked zygote identical to the one ``setup`` starts, or a new one (spawned on the event
@@ -103,12 +136,29 @@ class ProcessLauncher:
             slots=slots,
             fence=len(result.nodes) > 1,  # a one-member round has no peers to fence it from
             zygote=zygote,
+            snapshots=await self._snapshots(),
         )
         return ProcessWorkers(group, self._rt, result.round, watch)
 
+    async def _snapshots(self) -> str | None:
+        """What the workers' ``ELASTICD_SNAPSHOT_SOCKET`` says: the keeper's socket, "" when this
+        node keeps snapshots but its keeper is unavailable (the ranks' restore is a collective: every
+        rank of the job must take part, each saying what it holds), None when it keeps none."""
+        if self._keeper is None:
+            return None
+        return await self._keeper.ready() or ""
+
     async def close(self) -> None:
         """The job ended on this node, or this node left it: its workers are stopped. Its zygote
-        goes to the node's pool if it takes it (moved out of the job's cgroup first), else stops."""
+        goes to the node's pool if it takes it (moved out of the job's cgroup first), else stops.
+        Its snapshot keeper stops, and its snapshots with it."""
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            try:
+                await keeper.close()
+                await asyncio.to_thread(self._rt.tracking.job(self._job).drop_snapshots)
+            except Exception as exc:  # the agent is leaving: say so, never stop it from leaving
+                _log.error("snapshots.close_failed", job=self._job, error=str(exc))
         task, self._zygote = self._zygote, None
         if task is None:
             return

@@ -32,14 +32,21 @@ place in the order of the node asked (``places``). Pure: no I/O and no clock.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import zip_longest
 
 from elasticd.jobs.ticket import JobTicket
 
 MAX_TURNS = 4096  # users whose last admission a node remembers (the least recent are forgotten)
 NEVER = -1
+
+# What a waiting job's ``why`` says, as values (``why``): its priority, how many waiting jobs of a
+# higher priority come first, its user, which of that user's waiting jobs it is, the slots the
+# user holds, and whether this node admitted a job of theirs lately. Most of a queue's places
+# keep theirs when one job comes or goes (its place and ``of`` move): the text is made once.
+Reason = tuple[int, int, str, int, int, bool]
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,12 @@ class Turns:
     @property
     def last(self) -> Mapping[int, int]:
         return self._last
+
+    @property
+    def admissions(self) -> int:
+        """How many admissions this node made: the queue's order moves only when this does (or
+        when the jobs do)."""
+        return self._count
 
     def admitted(self, uid: int) -> None:
         self._count += 1
@@ -113,30 +126,48 @@ def queue_order(tickets: Iterable[JobTicket], last: Mapping[int, int] | None = N
 def admission_order(tickets: Iterable[JobTicket], last: Mapping[int, int] | None = None) -> list[str]:
     """Every job a node may join, by id: those that ran first (oldest first), then the queue."""
     every = list(tickets)
-    started = sorted((t for t in every if t.started), key=_submission)
-    return [t.id for t in started] + [t.id for t in queue_order(every, last)]
+    return started_first(every, queue_order(every, last))
+
+
+def started_first(tickets: Iterable[JobTicket], order: Sequence[JobTicket]) -> list[str]:
+    """``admission_order`` of ``tickets``, given their queue order (``queue_order``)."""
+    started = sorted((t for t in tickets if t.started), key=_submission)
+    return [t.id for t in started] + [t.id for t in order]
+
+
+def reasons(
+    order: Sequence[JobTicket], held: Mapping[int, int], last: Mapping[int, int] | None = None
+) -> list[tuple[str, Reason]]:
+    """Each waiting job's id, in queue ``order`` (``queue_order``), with what its place's ``why``
+    says (``held``: ``held_slots`` of every job; ``last``: as for ``queue_order``)."""
+    last = last or {}
+    higher: dict[int, int] = {}  # priority -> waiting jobs of a higher priority
+    turns: dict[tuple[int, int], int] = {}  # (priority, uid) -> jobs of that user seen so far
+    out: list[tuple[str, Reason]] = []
+    for i, t in enumerate(order):  # the order is by priority first
+        first = higher.setdefault(t.priority, i)
+        k = turns[(t.priority, t.uid)] = turns.get((t.priority, t.uid), 0) + 1
+        out.append((t.id, (t.priority, first, t.user, k, held.get(t.uid, 0), t.uid in last)))
+    return out
+
+
+@lru_cache(maxsize=MAX_TURNS)
+def why(reason: Reason) -> str:
+    """The text of a place's reason (``reasons``)."""
+    priority, higher, user, k, held, lately = reason
+    said = [f"priority {priority}"]
+    if higher:
+        said.append(f"{higher} waiting job(s) of higher priority first")
+    had = ", had a job admitted here lately" if lately else ""
+    said.append(
+        f"{user}'s waiting job {k}: users take turns, one job each, whoever was admitted "
+        f"least recently first ({user} holds {held} slots{had})"
+    )
+    return "; ".join(said)
 
 
 def places(tickets: Iterable[JobTicket], last: Mapping[int, int] | None = None) -> dict[str, QueuePlace]:
     """Each waiting job's place in the queue, and why, by id."""
     every = list(tickets)
-    last = last or {}
-    held = held_slots(every)
-    order = queue_order(every, last)
-    higher: dict[int, int] = {}  # priority -> waiting jobs of a higher priority
-    for i, t in enumerate(order):  # the order is by priority first
-        higher.setdefault(t.priority, i)
-    turns: dict[tuple[int, int], int] = {}  # (priority, uid) -> jobs of that user seen so far
-    out: dict[str, QueuePlace] = {}
-    for i, t in enumerate(order, 1):
-        k = turns[(t.priority, t.uid)] = turns.get((t.priority, t.uid), 0) + 1
-        why = [f"priority {t.priority}"]
-        if higher[t.priority]:
-            why.append(f"{higher[t.priority]} waiting job(s) of higher priority first")
-        lately = ", had a job admitted here lately" if t.uid in last else ""
-        why.append(
-            f"{t.user}'s waiting job {k}: users take turns, one job each, whoever was admitted "
-            f"least recently first ({t.user} holds {held.get(t.uid, 0)} slots{lately})"
-        )
-        out[t.id] = QueuePlace(i, len(order), "; ".join(why))
-    return out
+    ranked = reasons(queue_order(every, last), held_slots(every), last)
+    return {job: QueuePlace(i, len(ranked), why(r)) for i, (job, r) in enumerate(ranked, 1)}

@@ -101,6 +101,8 @@ def cause_of(snap: JobSnapshot) -> FailureKind | None:
         return FailureKind(failure.get("kind") or FailureKind.USER_CODE)  # validated when read
     if snap.round is not None and snap.round.reason is RoundReason.MEMBER_LOST:
         return FailureKind.NODE_LOST
+    if snap.round is not None and snap.round.reason is RoundReason.GPU_FAILED:
+        return FailureKind.GPU
     return None
 
 

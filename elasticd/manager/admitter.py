@@ -25,7 +25,10 @@ class Admitter:
         self._rt = rt
         self._allow_root_jobs = allow_root_jobs  # this node's own config, whatever a spec says
         self._uid = os.geteuid()
-        self.allocator = Allocator(rt.inventory.slots)
+        devices = rt.inventory.devices
+        self.allocator = Allocator(
+            rt.inventory.slots, link=rt.inventory.slot_link, mig=[d.mig for d in devices]
+        )
         self.draining: DrainRecord | None = None  # this node's drain record, while drained
 
     @property
@@ -41,13 +44,13 @@ class Admitter:
             if await store.finalize(JobState.FAILED, refusal.code, refusal.reason):
                 _log.warning("job.refused", job=head.id, code=refusal.code.value, reason=refusal.reason)
             return None
-        free = len(self.allocator.free())
+        free = len(self.allocator.free(head.mig))
         decision = admit(
             snap,
             node,
             free,
             self._rt.inventory.slots,
-            self.unit,
+            "MIG slices" if head.mig else self.unit,
             draining=self.draining is not None,
             single_host_only=self._rt.single_host_only,
         )
@@ -57,7 +60,7 @@ class Admitter:
             await store.note_pending(node, decision.note, lease)
         if not decision.join:
             return None
-        return self.allocator.allocate(head.id, head.nproc_per_node)
+        return self.allocator.allocate(head.id, head.nproc_per_node, head.mig)
 
     def release(self, job_id: str) -> None:
         self.allocator.release(job_id)

@@ -133,8 +133,15 @@ class Janitor:
                 publish(JobExpired(snap.job_id, ended_at=snap.final.ended_at))
             elif snap.final is None and snap.invalid:
                 await self._fail_invalid(snap)
-            elif snap.head is not None and not snap.ended:
+            elif snap.head is not None and not snap.ended and not self._waits_in_time(snap):
                 await self._orphan(snap)
+
+    def _waits_in_time(self, snap: JobSnapshot) -> bool:
+        """A job no round of which closed, with a join or within its join timeout: ``_orphan``
+        does nothing for it (the cheap test first: a queue of a thousand waits at every sweep)."""
+        if snap.result is not None or snap.round is None or snap.head is None:
+            return False
+        return bool(snap.current_joins) or self._clock() - snap.round.opened_at <= snap.head.join_timeout_s
 
     async def drop_strays(self, strays: dict[str, list[str]]) -> None:
         """Delete parts of jobs that have no records (``snapshot.parse_jobs``), unless the job

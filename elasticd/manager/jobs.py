@@ -17,25 +17,28 @@ from elasticd.agent.record import AgentState
 from elasticd.aio import wait_event
 from elasticd.decode import DecodeError
 from elasticd.errors import EtcdUnavailable
-from elasticd.etcd.keys import Change, Keys
+from elasticd.etcd.keys import Change, KeyKind, Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.space import Space
+from elasticd.gpu.health import Verdict
 from elasticd.happenings.bus import publish
-from elasticd.happenings.records import JobFailed, JobJoining, JobLeft
+from elasticd.happenings.records import GpuUnhealthy, JobFailed, JobJoining, JobLeft
 from elasticd.jobs import logdir, logread
+from elasticd.jobs.board import Board
 from elasticd.jobs.launch import NodeRuntime
 from elasticd.jobs.queue import Turns, admission_order
 from elasticd.jobs.quota import NO_QUOTAS, Quotas
-from elasticd.jobs.ticket import tickets_of
 from elasticd.manager import janitor as janitors
 from elasticd.manager import quotas as limits
 from elasticd.manager.access import ROOT_ONLY, Admins
 from elasticd.manager.admitter import Admitter
+from elasticd.manager.gpus import GpuPool
 from elasticd.manager.janitor import Janitor
 from elasticd.manager.jobsread import Jobs, JobsRead
 from elasticd.manager.recovery import recover
 from elasticd.manager.sharedread import RecentRead
 from elasticd.manager.wakes import QUIET_KINDS, SCAN_KINDS, NodeWakes
+from elasticd.node.gpuwatch import GpuWatch
 from elasticd.node.hooks import LeaseHooks
 from elasticd.node.registry import NodeRegistry, parse_node_drain
 from elasticd.node.statedir import StateDir
@@ -55,6 +58,9 @@ SCAN_S = 10.0
 # longer than this after the last full scan: a full one then redoes whatever a failed write left.
 FULL_SCAN_S = 60.0
 DUE_SLACK_S = 0.05  # wake just after a janitor deadline, not just before it
+# How long a submit waits for the watch to report the head it created (``expect_head``) before it
+# scans anyway: the watch reports it within milliseconds unless it is broken (then re-armed).
+HEAR_S = 0.5
 
 
 class JobManager:
@@ -72,16 +78,24 @@ class JobManager:
         admins: Admins = ROOT_ONLY,
         space: Callable[[], Space | None] = lambda: None,
         hooks: LeaseHooks | None = None,
+        gpu_watch: GpuWatch | None = None,
     ) -> None:
         self.rt = rt
-        self._quotas, self._admins = quotas, admins
         self.turns = Turns()  # whose jobs this node admitted lately: the fair queue's turns
+        # The tickets and the queue of the latest read of every job, shared by the scan and
+        # ``status`` and made once per read (per job, once per snapshot).
+        self.board = Board(self.turns)
         self._kv = kv
         self._keys = keys
         self._state = state
         self._registry = registry
         self.store_of = store_of or (lambda job_id: EtcdJobStore(kv, keys, job_id))
         self.admitter = Admitter(rt, allow_root_jobs)
+        self._limits = limits.Enforcer(quotas, admins, self.store_of)
+        self.gpus = GpuPool(
+            kv, keys, rt.node_id, rt.inventory, self.admitter.allocator,
+            accept=gpu_watch.accept if gpu_watch else None, usage=gpu_watch.usage if gpu_watch else None,
+        )  # fmt: skip
         self.janitor = Janitor(kv, keys, rt.node_id, self.store_of, retention_s, space=space)
         self.agents: dict[str, JobAgent] = {}
         self._wake = asyncio.Event()
@@ -91,12 +105,15 @@ class JobManager:
         # Jobs a scan is taking this node into: it reads the full spec (an await) between the
         # admission and the agent, and a submit's scan and the watch's may overlap.
         self._joining: set[str] = set()
+        # Heads this node's submits created and wait to hear of from the watch (``expect_head``).
+        self._expected: dict[str, asyncio.Event] = {}
         self._jobs = JobsRead(kv, keys)  # the scan's and status's reads cost what changed
         self._settled: tuple[Jobs, int] | None = None  # the read and drain of the last full scan
         self._settled_at = 0.0
-        # What ``status`` shows: every job from a recent read, dropped at any change to a job
-        # this daemon sees (``wake``) and at its own writes (``CommandService``).
-        self.recent: RecentRead[dict[str, JobSnapshot]] = RecentRead(self.snapshots)
+        # Every job from a recent read, dropped at any change this daemon sees that wakes the scan
+        # (``wake``) and at its own writes (``CommandService``): what ``status`` shows, and the
+        # scan's read, which ``status`` callers share (the scan a change wakes reads once for both).
+        self.recent: RecentRead[Jobs] = RecentRead(self._jobs.read)
         if hooks is not None:  # the registry's lease news: fence on a loss, rescan on a grant
             hooks.attach(self)
 
@@ -108,15 +125,17 @@ class JobManager:
             "free_devices": self.rt.inventory.visible_devices(tuple(free)),
             "jobs": sorted(self.agents),
             "draining": self.admitter.draining is not None,
+            "gpu_states": self.gpus.states({j: a.first_rank for j, a in self.agents.items()}),
         }
 
     # -- wake-ups ---------------------------------------------------------------------------------
     def wake(self, change: Change | None = None) -> None:
         """Something changed: for one job (``change.job``), or anywhere (None, or a node key)."""
+        if change is not None and change.job in self._expected and change.kind is KeyKind.SPEC:
+            self._expected[change.job].set()  # (its waiter resumes after this call's invalidation)
         if change is not None and (change.kind in QUIET_KINDS or not self._node_wakes.wakes(change)):
             return
-        if change is None or change.job is not None:
-            self.recent.invalidate()
+        self.recent.invalidate()  # the scan this wakes reads again, and ``status`` with it
         if change is None or change.job is None:
             for agent in self.agents.values():
                 agent.wake()
@@ -164,6 +183,23 @@ class JobManager:
             self._node_wakes.forget()
             self.wake()
 
+    def expect_head(self, job_id: str) -> asyncio.Event:
+        """An event set when the watch reports ``job_id``'s head (see ``heard``); call before
+        creating it, and ``forget_head`` after."""
+        return self._expected.setdefault(job_id, asyncio.Event())
+
+    def forget_head(self, job_id: str) -> None:
+        self._expected.pop(job_id, None)
+
+    async def heard(self, event: asyncio.Event) -> None:
+        """Wait (at most ``HEAR_S``) for the watch's news of a head this node created. The news
+        wakes the scan, and drops the recent read; a scan or ``status`` begun after it shares the
+        read that scan makes (``RecentRead.fresh``). Without the wait, a submit's own scan would
+        read the new job, then the scan its news wakes would read again (with a thousand jobs
+        queued, each read costs etcd a pass over every job's keys)."""
+        if not await wait_event(event, HEAR_S):
+            _log.info("watch.late", waited_s=HEAR_S)  # (broken, or etcd or this host overloaded)
+
     def fence_all(self) -> None:
         for agent in self.agents.values():
             agent.fence()
@@ -187,10 +223,20 @@ class JobManager:
         """Every job, all as of one revision (one read of ``jobs/`` and ``parts/``)."""
         return (await self._read_jobs())[0]
 
+    async def recent_snapshots(self) -> dict[str, JobSnapshot]:
+        """Every job, from the recent read (``RecentRead.get``): what ``status`` answers from."""
+        return (await self.recent.get())[0]
+
+    def held_snapshots(self) -> dict[str, JobSnapshot] | None:
+        """The recent read's jobs while it is valid, without reading (None: none is)."""
+        held = self.recent.held()
+        return held[0] if held is not None else None
+
     async def _read_jobs(self) -> Jobs:
         """Every job as ``snapshots``, and the parts of no job (``parse_jobs``), which the
-        janitor deletes; read again only if something changed (``JobsRead``)."""
-        return await self._jobs.read()
+        janitor deletes: a read that began after the last change seen, shared with ``status``
+        (``RecentRead.fresh``), and read again only as far as something changed (``JobsRead``)."""
+        return await self.recent.fresh()
 
     async def scan(self, clean_up: bool = True, quiet: bool = False) -> None:
         """Join what this node should join; with ``clean_up``, do the janitor's round if elected
@@ -209,17 +255,27 @@ class JobManager:
         self._settled = None  # until this scan completes
         self.admitter.draining = parse_node_drain(self._keys, drain) if drain is not None else None
         self._apply_drains(snaps)
+        if self.rt.inventory.gpus:
+            await self.gpus.sync()
+            self._leave_bad_gpus()
         janitors.report(snaps)
         if clean_up:
             self._due = None
         janitor = clean_up and await self.janitor.elected(lease)
-        if janitor:  # first: etcd near its quota (or at it, refusing the writes below) needs room
-            for job_id in await self.janitor.relieve(snaps):
-                snaps.pop(job_id, None)
-        tickets = tickets_of(snaps.values())  # the jobs that have not ended
-        failed = await limits.enforce(tickets, self._quotas, self._admins, self.store_of)
-        for job_id in admission_order((t for t in tickets if t.id not in failed), self.turns.last):
-            if job_id not in self.agents:
+        # First: etcd near its quota (or at it, refusing the writes below) needs room. The read is
+        # shared (``JobsRead``, ``Board``, ``status``): the jobs removed are left out of a copy.
+        if janitor and (removed := await self.janitor.relieve(snaps)):
+            snaps = {j: s for j, s in snaps.items() if j not in removed}
+        tickets = self.board.tickets(snaps)  # the jobs that have not ended
+        failed = await self._limits.enforce(tickets)
+        if failed:
+            order = admission_order((t for t in tickets if t.id not in failed), self.turns.last)
+        else:
+            order = self.board.queue(snaps).admission
+        node = self.rt.node_id
+        for job_id in order:
+            head = snaps[job_id].head
+            if job_id not in self.agents and head is not None and head.allows(node):
                 await self._consider(snaps[job_id], lease)
         if janitor:
             await self.janitor.sweep(snaps)
@@ -306,6 +362,7 @@ class JobManager:
             self._state.save_job(
                 job_id, {"slots": list(agent.slots), "pgids": pgids, "saved_at": time.time()}
             )
+            self._registry.publish_soon()  # the record shows the ranks on its GPUs
             return
         if self.agents.get(job_id) is agent:
             del self.agents[job_id]
@@ -313,6 +370,48 @@ class JobManager:
         self._state.drop_job(job_id)
         publish(JobLeft(job_id, self.rt.node_id))
         self.wake()
+
+    # -- unhealthy GPUs -------------------------------------------------------------------------------
+    async def watch_gpus(self, verdicts: asyncio.Queue[tuple[str, Verdict]]) -> None:
+        """Carry out the health watcher's verdicts (``node/gpuwatch.py``), one at a time."""
+        while True:
+            uuid, verdict = await verdicts.get()
+            try:
+                await self.gpu_unhealthy(uuid, verdict)
+            except EtcdUnavailable as exc:  # the mark is kept and written at the next scan
+                _log.warning("gpu.report_failed", uuid=uuid, error=str(exc))
+
+    async def gpu_unhealthy(self, uuid: str, verdict: Verdict) -> None:
+        """Take the GPU out of the pool; the job holding it goes on without it (``_leave_bad_gpus``)."""
+        if not self.gpus.known(uuid):
+            return
+        holders = self.admitter.allocator.holders(self.gpus.slots_of({uuid}))
+        await self.gpus.report(uuid, verdict, holders[0] if holders else None, time.time())
+        publish(
+            GpuUnhealthy(
+                self.rt.node_id, uuid, verdict.fault.value, verdict.reason, holders[0] if holders else None
+            )
+        )
+        self._leave_bad_gpus()
+        self._registry.publish_soon()
+        self._wake.set()
+
+    def _leave_bad_gpus(self) -> None:
+        """Every job holding a GPU out of the pool leaves (no restart spent); the scan admits it
+        again where enough healthy GPUs are free."""
+        out = self.admitter.allocator.out
+        for job_id in self.admitter.allocator.holders(out):
+            agent = self.agents.get(job_id)
+            if agent is None:
+                continue
+            bad = sorted(
+                {
+                    self.rt.inventory.gpus[self.rt.inventory.devices[s].gpu].uuid
+                    for s in set(agent.slots) & out
+                }
+            )
+            reasons = "; ".join(f"{u}: {self.gpus.marks[u].reason}" for u in bad if u in self.gpus.marks)
+            agent.leave(RoundReason.GPU_FAILED, f"GPU unhealthy on {self.rt.node_id} ({reasons})")
 
     # -- start and stop -----------------------------------------------------------------------------
     async def recover(self) -> None:

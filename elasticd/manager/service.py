@@ -8,10 +8,10 @@ every read and write they make goes through here, and so does every permission c
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from elasticd.errors import (
     Conflict,
     EtcdUnavailable,
     InsufficientCapacity,
+    InvalidArgs,
     InvalidSpec,
     JobNotFound,
     NodeNotFound,
@@ -31,22 +32,30 @@ from elasticd.etcd.types import Query
 from elasticd.events.schema import EventsArgs
 from elasticd.events.store import EventLog, Page
 from elasticd.happenings.bus import publish
-from elasticd.happenings.records import JobKilled, JobRemoved, JobSubmitted, NodeDrained, NodeUndrained
-from elasticd.jobs import logdir, quota
+from elasticd.happenings.records import (
+    GpuReturned,
+    JobKilled,
+    JobRemoved,
+    JobSubmitted,
+    NodeDrained,
+    NodeUndrained,
+)
+from elasticd.jobs import logdir, quota, snapshotspace
 from elasticd.jobs.logs import Read, attempt_starts, log_files, read_logs
 from elasticd.jobs.logscope import check_scope, round_view
-from elasticd.jobs.queue import QueuePlace, places
+from elasticd.jobs.queue import QueuePlace
 from elasticd.jobs.quota import NO_QUOTAS, Limits, Quotas
 from elasticd.jobs.rate import SubmitWindow
-from elasticd.jobs.ticket import tickets_of
-from elasticd.jobs.view import job_view, selected
+from elasticd.jobs.view import job_view
 from elasticd.manager.access import ROOT_ONLY, ROOT_UID, Access, Admins, Caller, authorize, may_read_job
 from elasticd.manager.etcdspace import SpaceWatch
 from elasticd.manager.jobs import JobManager
+from elasticd.manager.statusviews import StatusViews
 from elasticd.node.registry import NodeRecord, NodeRegistry
 from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.head import parse_head
-from elasticd.terms.ids import valid_job_id
+from elasticd.terms.ids import valid_gpu_uuid, valid_job_id
+from elasticd.terms.options import EntryKind
 from elasticd.terms.spec import JobSpec
 from elasticd.terms.state import EndReason, JobState
 from elasticd.wire import LogsArgs, RoundView, is_terminal
@@ -97,14 +106,12 @@ class CommandService:
         self._keys = keys
         self._events = EventLog(kv, keys)
         self._submits = SubmitWindow()  # submits per user per minute through this node
-        self._queue_of: tuple[dict[str, JobSnapshot], dict[str, QueuePlace]] | None = None
         self._space = space  # how full etcd is (None: not watched)
-        # Each job's view and its JSON, by the snapshot they were made from: the recent read hands
-        # out the same snapshot while the job is unchanged (``JobsRead``), so ``status`` of a
-        # thousand jobs builds and encodes only the views of those that changed. Queue places are
-        # not part of them: a submit can move every waiting job's place. Kept for the last read's
-        # jobs only.
-        self._views: dict[str, tuple[JobSnapshot, dict[str, Any], bytes]] = {}
+
+    @cached_property
+    def status_views(self) -> StatusViews:
+        """Every job's view, encoded once per change, and ``status``'s replies made of them."""
+        return StatusViews(self.facts.node_id, self._manager.board)
 
     # -- permissions and limits -------------------------------------------------------------------
     async def authorize(
@@ -167,23 +174,34 @@ class CommandService:
         hold (counted from the recent read; a submit that races another past the limit is failed
         by the scan, ``jobs.quota.over_limits``)."""
         self._refuse_if_etcd_full()
+        if spec.entry_kind is not EntryKind.EXEC:  # a python job may keep memory snapshots here
+            bound = self._manager.rt.snapshot_bytes
+            if (
+                small := snapshotspace.refusal(bound, snapshotspace.shm_bytes(), self.facts.node_id)
+            ) is not None:
+                raise small
         if limits is not None:
             await self._check_limits(spec, limits)
         records = await asyncio.to_thread(self._registry.records)
         candidates = [n for n in records if spec.allows(n.node)]
-        biggest = max((n.slots for n in candidates), default=0)
+        biggest = max((n.slots_for(spec.mig) for n in candidates), default=0)
         if candidates and biggest < spec.nproc_per_node:
             where = f"node {self.facts.node_id}" if len(candidates) == 1 else "the largest node"
+            unit = "MIG slices" if spec.mig else self._manager.admitter.unit
             raise InsufficientCapacity(
-                f"job asks for {spec.nproc_per_node} {self._manager.admitter.unit} per node "
-                f"but {where} has {biggest}",
+                f"job asks for {spec.nproc_per_node} {unit} per node but {where} has {biggest}",
                 requested=spec.nproc_per_node,
                 available=biggest,
             )
-        if not await self._manager.store_of(spec.id).create(spec):
-            raise Conflict(f"job {spec.id} already exists")
-        self._manager.recent.invalidate()
-        publish(JobSubmitted(spec.id, spec.user, tuple(spec.argv), str(spec.nnodes)))
+        heard = self._manager.expect_head(spec.id)
+        try:
+            if not await self._manager.store_of(spec.id).create(spec):
+                raise Conflict(f"job {spec.id} already exists")
+            self._manager.recent.invalidate()
+            publish(JobSubmitted(spec.id, spec.user, tuple(spec.argv), str(spec.nnodes)))
+            await self._manager.heard(heard)  # so that this scan shares the read its news wakes
+        finally:
+            self._manager.forget_head(spec.id)
         await self._manager.scan(clean_up=False)
         return await self.view(spec.id, queue=False)  # its place: ``status`` (no second full read)
 
@@ -192,10 +210,11 @@ class CommandService:
             raise too_large
         if limits.jobs.value <= 0:
             return
-        snaps = await self._manager.recent.get()
+        snaps = await self._manager.recent_snapshots()
         if spec.id in snaps:  # a second node's line of one multi-node job: ``conflict``, not a quota
             return
-        refusal = quota.jobs_refusal(spec.user, quota.held_by(tickets_of(snaps.values()), spec.uid), limits)
+        held = quota.held_by(self._manager.board.tickets(snaps), spec.uid)
+        refusal = quota.jobs_refusal(spec.user, held, limits)
         if refusal is not None:
             raise refusal
 
@@ -213,10 +232,10 @@ class CommandService:
         (``JobManager.recent``), else from a read of this job alone; with ``queue``, a waiting
         job's place in the queue (from the recent read: the queue is every job's)."""
         try:
-            snap = (self._manager.recent.held() or {}).get(job_id) or await self.snapshot(job_id)
+            snap = (self._manager.held_snapshots() or {}).get(job_id) or await self.snapshot(job_id)
             view = job_view(snap, self.facts.node_id)
             if queue and view["state"] == JobState.PENDING:
-                place = self._places(await self._manager.recent.get()).get(job_id)
+                place = self._manager.board.queue(await self._manager.recent_snapshots()).place(job_id)
                 view.update(_queue(place))
             return view
         except EtcdUnavailable:
@@ -240,37 +259,14 @@ class CommandService:
 
     async def views(self, states: Collection[JobState] = (), user: str | None = None) -> list[dict[str, Any]]:
         """Every job (unreadable ones too), oldest first; only those in ``states`` (when given) and
-        ``user``'s (when given). From a recent read (``JobManager.recent``)."""
-        return [view | _queue(place) for view, _, place in await self._selected_views(states, user)]
+        ``user``'s (when given); a waiting job with its queue place. From a recent read
+        (``JobManager.recent``)."""
+        return self.status_views.views(await self._manager.recent_snapshots(), states, user)
 
     async def views_json(self, states: Collection[JobState] = (), user: str | None = None) -> bytes:
-        """``views``, as a JSON array: each job's view as encoded when its job last changed, and
-        its queue place (which every submit may move) spliced in."""
-        chosen = await self._selected_views(states, user)
-        return b"[" + b", ".join(_with_place(encoded, place) for _, encoded, place in chosen) + b"]"
-
-    async def _selected_views(
-        self, states: Collection[JobState], user: str | None
-    ) -> list[tuple[dict[str, Any], bytes, QueuePlace | None]]:
-        snaps = await self._manager.recent.get()
-        queue = self._places(snaps)
-        self._views = {j: self._view_of(s) for j, s in snaps.items()}
-        chosen = [(*self._views[j][1:], queue.get(j)) for j, s in snaps.items() if selected(s, states, user)]
-        return sorted(chosen, key=lambda v: v[0].get("submitted_at") or 0)
-
-    def _view_of(self, snap: JobSnapshot) -> tuple[JobSnapshot, dict[str, Any], bytes]:
-        held = self._views.get(snap.job_id)
-        if held is not None and held[0] is snap:
-            return held
-        view = job_view(snap, self.facts.node_id)
-        return snap, view, json.dumps(view).encode()
-
-    def _places(self, snaps: dict[str, JobSnapshot]) -> dict[str, QueuePlace]:
-        """Each waiting job's place in the fair queue (``jobs.queue``), from one read of every job
-        (computed once per read: ``status`` callers share the recent read)."""
-        if self._queue_of is None or self._queue_of[0] is not snaps:
-            self._queue_of = (snaps, places(tickets_of(snaps.values()), self._manager.turns.last))
-        return self._queue_of[1]
+        """``views``, as a JSON array: each job's view as encoded when its job last changed, with
+        its queue place spliced in; made once per read (``StatusViews``)."""
+        return self.status_views.json(await self._manager.recent_snapshots(), states, user)
 
     async def kill(self, job_id: str, user: str) -> dict[str, Any]:
         snap = await self.snapshot(job_id)
@@ -403,12 +399,15 @@ class CommandService:
         publish(NodeUndrained(node, job_id))
         return {"node": node, "job": job_id}
 
-
-def _with_place(encoded: bytes, place: QueuePlace | None) -> bytes:
-    """A view's JSON object with its ``queue`` field added (the view is never empty)."""
-    if place is None:
-        return encoded
-    return encoded[:-1] + b', "queue": ' + json.dumps(place.to_json()).encode() + b"}"
+    async def return_gpu(self, node: str, uuid: str, user: str) -> dict[str, Any]:
+        """Return a GPU its node took out of the pool: its daemon judges it afresh from its
+        counters as they are now (``manager/gpus.py``)."""
+        if not valid_gpu_uuid(uuid):
+            raise InvalidArgs("gpu must be a GPU UUID (GPU-...)")
+        if not await asyncio.to_thread(self._kv.delete, self._keys.gpu(node, uuid)):
+            raise Conflict(f"GPU {uuid} of node {node} is not out of the pool")
+        publish(GpuReturned(node, uuid, user))
+        return {"node": node, "job": None, "gpu": uuid}
 
 
 def _queue(place: QueuePlace | None) -> dict[str, Any]:

@@ -58,6 +58,12 @@ class RecentRead(Generic[T]):
             return value
         return await asyncio.shield(self._join())  # a caller that goes away leaves the read to others
 
+    async def fresh(self) -> T:
+        """A read that began after the last change: the one in flight if it did, else a new one
+        (never a held value, however recent: what the watch does not report is seen too). The
+        scan's: it shares its read with ``get``'s callers, and theirs with it."""
+        return await asyncio.shield(self._join())
+
     def _join(self) -> asyncio.Task[T]:
         """The read in flight if it began after the last change, else a new one."""
         generation = self._generation

@@ -13,6 +13,7 @@ from enum import StrEnum
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from elasticd.gpu.health import Fault
 from elasticd.happenings import records as r
 from elasticd.terms.state import FailureKind, JobState, RoundReason
 
@@ -22,6 +23,7 @@ DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 RECOVERY_REASONS = frozenset({RoundReason.WORKER_FAILED, RoundReason.MEMBER_LOST})
 REASONS = frozenset(RoundReason)
 FAILURE_KINDS = frozenset(FailureKind)
+GPU_FAULTS = frozenset(f.value for f in Fault)
 
 
 def _label(value: StrEnum, known: frozenset[StrEnum]) -> str:
@@ -64,6 +66,12 @@ class EventMetrics:
         self.hangs = Counter("elasticd_hangs", "Hung ranks found on this node", registry=registry)
         self.submits = Counter("elasticd_jobs_submitted", "Jobs submitted to this node", registry=registry)
         self.drains = Counter("elasticd_drains", "Drains requested through this node", registry=registry)
+        self.gpu_unhealthy = Counter(
+            "elasticd_gpu_unhealthy",
+            "GPUs of this node that left the pool, by fault",
+            ["fault"],
+            registry=registry,
+        )
         self.lease_lost = Counter("elasticd_lease_lost", "Times this node lost its lease", registry=registry)
 
     def observe(self, h: r.Happening) -> None:
@@ -74,12 +82,8 @@ class EventMetrics:
                 self.restarts.labels(RoundReason.MEMBER_LOST.value).inc()
             case r.RoundComplete():
                 self._round_closed(h)
-            case r.JobSucceeded():
-                self.jobs_ended.labels(JobState.SUCCEEDED.value).inc()
-            case r.JobFailed() | r.JobSetupFailed():
-                self.jobs_ended.labels(JobState.FAILED.value).inc()
-            case r.JobKilled():
-                self.jobs_ended.labels(JobState.KILLED.value).inc()
+            case r.JobSucceeded() | r.JobFailed() | r.JobSetupFailed() | r.JobKilled():
+                self._job_ended(h)
             case r.WorkerFailed():
                 self.worker_failures.labels(_label(h.cause, FAILURE_KINDS)).inc()
             case r.WorkerHung():
@@ -90,6 +94,17 @@ class EventMetrics:
                 self.drains.inc()
             case r.LeaseLost():
                 self.lease_lost.inc()
+            case r.GpuUnhealthy():
+                self.gpu_unhealthy.labels(h.fault if h.fault in GPU_FAULTS else "other").inc()
+
+    def _job_ended(self, h: r.JobSucceeded | r.JobFailed | r.JobSetupFailed | r.JobKilled) -> None:
+        match h:
+            case r.JobSucceeded():
+                self.jobs_ended.labels(JobState.SUCCEEDED.value).inc()
+            case r.JobFailed() | r.JobSetupFailed():
+                self.jobs_ended.labels(JobState.FAILED.value).inc()
+            case r.JobKilled():
+                self.jobs_ended.labels(JobState.KILLED.value).inc()
 
     def _round_closed(self, h: r.RoundComplete) -> None:
         took = h.rendezvous_s

@@ -15,7 +15,7 @@ import asyncio
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -47,6 +47,7 @@ class NodeState:
     lease_renewals: int = 0
     lease_held: bool = False
     etcd_space: Space | None = None  # how full etcd is, as last read (None: not watched)
+    gpus: tuple[dict[str, Any], ...] = ()  # each GPU's state and use (``GpuPool.states``), in index order
 
 
 async def gather(manager: JobManager, registry: NodeRegistry, space: Space | None = None) -> NodeState:
@@ -76,6 +77,7 @@ async def gather(manager: JobManager, registry: NodeRegistry, space: Space | Non
         lease_renewals=registry.renewals,
         lease_held=registry.lease_id is not None,
         etcd_space=space,
+        gpus=tuple(manager.gpus.states({j: a.first_rank for j, a in manager.agents.items()}, coarse=False)),
     )
     try:
         snaps, records = await asyncio.gather(manager.snapshots(), asyncio.to_thread(registry.records))
@@ -135,6 +137,34 @@ class StateCollector(Collector):
         yield _gauge("elasticd_lease_held", "Whether this node holds its lease", int(s.lease_held))
         if s.etcd_space is not None:
             yield from _space(s.etcd_space)
+        if s.gpus:
+            yield from _gpus(s.gpus)
+
+
+def _gpus(gpus: tuple[dict[str, Any], ...]) -> Iterator[Metric]:
+    """Per GPU, labelled by its index and UUID: healthy or not, memory used, utilisation, and
+    which job holds it (one sample per held GPU, value 1)."""
+    labels = ["gpu", "uuid"]
+    healthy = GaugeMetricFamily(
+        "elasticd_gpu_healthy", "Whether the GPU is in the pool (1) or out as unhealthy (0)", labels=labels
+    )
+    memory = GaugeMetricFamily("elasticd_gpu_memory_used_bytes", "GPU memory in use (NVML)", labels=labels)
+    util = GaugeMetricFamily(
+        "elasticd_gpu_utilization_percent", "GPU utilisation over NVML's last sample period", labels=labels
+    )
+    held = GaugeMetricFamily(
+        "elasticd_gpu_job", "The job holding the GPU (1), and the rank on it", labels=[*labels, "job", "rank"]
+    )
+    for i, g in enumerate(gpus):
+        key = [str(i), str(g["uuid"])]
+        healthy.add_metric(key, int(g["state"] == "healthy"))
+        if g["memory_used_mib"] is not None:
+            memory.add_metric(key, g["memory_used_mib"] * 1024 * 1024)
+        if g["utilization_pct"] is not None:
+            util.add_metric(key, g["utilization_pct"])
+        if g["job"] is not None:
+            held.add_metric([*key, str(g["job"]), "" if g["rank"] is None else str(g["rank"])], 1)
+    yield from (healthy, memory, util, held)
 
 
 def _step_times(times: Mapping[tuple[str, int], float]) -> GaugeMetricFamily:

@@ -49,6 +49,22 @@ class InventoryRecord:
     gpus: tuple[Gpu, ...] = ()
 
 
+MAX_GPU_STATES = 512  # GPUs and MIG parents one record may describe
+
+
+@dataclass(frozen=True)
+class GpuState:
+    """One GPU as its node's record shows it (``manager/gpus.py``: ``GpuPool.states``)."""
+
+    uuid: str
+    state: str = "healthy"  # or "unhealthy": out of the pool until an operator returns it
+    reason: str = ""
+    memory_used_mib: int | None = None
+    utilization_pct: int | None = None
+    job: str | None = None
+    rank: int | None = None
+
+
 @dataclass(frozen=True)
 class NodeRecord:
     """Value of ``nodes/<node>`` (see ``NodeRegistry.full_record``), as other nodes read it.
@@ -67,6 +83,7 @@ class NodeRecord:
     free_devices: str = ""
     jobs: tuple[str, ...] = ()
     draining: bool = False
+    gpu_states: tuple[GpuState, ...] = ()
 
     def __post_init__(self) -> None:
         if not valid_node_id(self.node):
@@ -75,9 +92,19 @@ class NodeRecord:
             raise ValueError("slots and free_slots must satisfy 0 <= free_slots <= slots")
         if not all(valid_job_id(j) for j in self.jobs):
             raise ValueError("jobs must be job ids")
+        if len(self.gpu_states) > MAX_GPU_STATES:
+            raise ValueError(f"gpu_states must be at most {MAX_GPU_STATES}")
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self) | {"jobs": list(self.jobs)}
+        return asdict(self) | {"jobs": list(self.jobs), "gpu_states": [asdict(g) for g in self.gpu_states]}
+
+    def slots_for(self, mig: bool) -> int:
+        """The slots a job could ever get here: MIG slices for a MIG job, else whole GPUs (or
+        CPU slots on a host without GPUs)."""
+        gpus = self.inventory.gpus
+        if mig:
+            return sum(len(g.mig) for g in gpus)
+        return sum(1 for g in gpus if not g.mig) if gpus else self.slots
 
 
 def parse_node(keys: Keys, kv: KeyValue) -> NodeRecord | None:

@@ -257,7 +257,7 @@ class LeftRecord(_Stamp):
 
 
 _STATE = re.compile(r"^[A-Z][A-Z_]{0,31}$")
-_DEVICES = re.compile(r"^[0-9,]{0,1024}$")
+_DEVICES = re.compile(r"^[0-9A-Za-z,._-]{0,4096}$")  # GPU indices and MIG UUIDs (CUDA_VISIBLE_DEVICES)
 
 
 @dataclass(frozen=True)
@@ -276,7 +276,7 @@ class NodeStatus:
         _need(bool(_STATE.match(self.state)), f"state must be an upper-case name, got {self.state[:40]!r}")
         _need(len(self.progress) <= MAX_NPROC_PER_NODE, f"progress lists at most {MAX_NPROC_PER_NODE} ranks")
         _need(-1 <= self.round <= MAX_ROUND, f"round must be -1..{MAX_ROUND}, got {self.round}")
-        _need(bool(_DEVICES.match(self.devices)), "devices must be a list of device indices")
+        _need(bool(_DEVICES.match(self.devices)), "devices must be a list of device indices or MIG UUIDs")
         _need(all(0 < p < 2**31 for p in self.pids), "pids must be process ids")
         _check_time("updated_at", self.updated_at)
         check_failure(self.failure)

@@ -71,6 +71,7 @@ class JobHead:
     argv: tuple[str, ...]  # the workers' command line, bounded for display (``display_argv``)
     argv_cut: bool
     spec_bytes: int  # the stored size of the full spec (``specs/<job>``)
+    mig: bool = False  # the job runs on MIG slices only (whole GPUs only when False)
 
     def __post_init__(self) -> None:
         if not (isinstance(self.id, str) and JOB_ID.match(self.id)):
@@ -128,6 +129,7 @@ class JobHead:
             join_timeout_s=spec.join_timeout_s,
             last_call_s=spec.last_call_s,
             stop_grace_s=spec.stop_grace_s,
+            mig=spec.mig,
             max_same_failures=spec.max_same_failures,
             hang_timeout_s=spec.hang_timeout_s,
             hang_timeout_auto=spec.hang_timeout_auto,
@@ -144,6 +146,8 @@ class JobHead:
         out["nnodes"] = str(self.nnodes)
         out["nodes"] = list(self.nodes)
         out["argv"] = list(self.argv)
+        if not self.mig:  # left out at its default: older daemons read the head still
+            del out["mig"]
         return out
 
     @classmethod

@@ -15,6 +15,13 @@ JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 MAX_ROUND = 2**31 - 1
 
 
+GPU_UUID = re.compile(r"^(GPU|MIG)-[A-Za-z0-9_.-]{1,90}$")  # NVML's, and the fake's
+
+
+def valid_gpu_uuid(text: str) -> bool:
+    return bool(GPU_UUID.match(text))
+
+
 def valid_node_id(text: str) -> bool:
     return bool(NODE_ID.match(text))
 

@@ -21,3 +21,6 @@ class EntryKind(StrEnum):
     SCRIPT = "script"  # python -u SCRIPT ARGS
     MODULE = "module"  # python -u -m MODULE ARGS
     EXEC = "exec"  # EXE ARGS (torchrun --no-python)
+
+
+NUMA_BINDINGS = ("node", "socket", "exclusive", "core-complex")  # torchrun's --numa-binding values

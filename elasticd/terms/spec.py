@@ -19,6 +19,7 @@ from elasticd.terms.options import (
     DEFAULT_LAST_CALL_S,
     MAX_PRIORITY,
     MODULE_NAME,
+    NUMA_BINDINGS,
     EntryKind,
 )
 
@@ -127,6 +128,8 @@ class JobSpec:
     warm: bool = True  # fork workers from a per-job zygote that imported torch once (workers.warm)
     preload: tuple[str, ...] = ()  # modules the zygote imports besides torch
     priority: int = 0  # admission order among pending jobs, higher first (above 0: root and admins)
+    numa_binding: str | None = None  # torchrun's --numa-binding: node, socket, exclusive, core-complex
+    mig: bool = False  # run on MIG slices (a MIG job), never on whole GPUs, and the other way round
 
     def __post_init__(self) -> None:
         # In this order: a spec with several problems is told the first one.
@@ -143,6 +146,15 @@ class JobSpec:
             raise InvalidSpec(f"invalid environment variable names: {bad[:5]}")
         if type(self.priority) is not int or not 0 <= self.priority <= MAX_PRIORITY:
             raise InvalidSpec(f"priority must be an integer 0..{MAX_PRIORITY}, got {self.priority!r}")
+        self._check_gpu()
+
+    def _check_gpu(self) -> None:
+        if self.numa_binding is not None and self.numa_binding not in NUMA_BINDINGS:
+            raise InvalidSpec(
+                f"numa_binding must be one of {', '.join(NUMA_BINDINGS)}, got {self.numa_binding[:40]!r}"
+            )
+        if type(self.mig) is not bool:
+            raise InvalidSpec("mig must be true or false")
 
     def _check_types(self) -> None:
         for name in ("id", "name", "entry", "python", "cwd", "user"):
@@ -262,6 +274,11 @@ class JobSpec:
         out["nnodes"] = str(self.nnodes)
         out["nodes"] = list(self.nodes)
         out["preload"] = list(self.preload)
+        # Left out at their defaults: a daemon that does not know them reads such a spec still,
+        # and rejects (as it must) only a job that asks for them.
+        for name in ("numa_binding", "mig"):
+            if not out[name]:
+                del out[name]
         return out
 
     def allows(self, node: str) -> bool:

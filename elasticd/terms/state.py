@@ -117,6 +117,7 @@ class RoundReason(StrEnum):
     MEMBER_LOST = "member_lost"  # a member's lease expired or its daemon died (spends)
     SCALE_UP = "scale_up"  # a node is waiting to join a running job
     MEMBER_LEFT = "member_left"  # a member left on purpose (drain, daemon stop)
+    GPU_FAILED = "gpu_failed"  # a member left because a GPU it held went unhealthy (not the job's fault)
 
     @property
     def spends_budget(self) -> bool:
@@ -128,8 +129,9 @@ class FailureKind(StrEnum):
 
     A worker's failure is USER_CODE (it exited non-zero: an exception, ``sys.exit``), OOM (the
     OOM killer), SIGNAL (killed by another signal) or HANG (no progress for the hang timeout).
-    A round can also end because a member was lost (NODE_LOST) or because the node could not run
-    the job at all (INFRASTRUCTURE: setup failures, a full log disk, an invalid record).
+    A round can also end because a member was lost (NODE_LOST), because a GPU a member held went
+    unhealthy (GPU: the member left without it, no restart spent) or because the node could not
+    run the job at all (INFRASTRUCTURE: setup failures, a full log disk, an invalid record).
     """
 
     USER_CODE = "user_code"
@@ -137,6 +139,7 @@ class FailureKind(StrEnum):
     SIGNAL = "signal"
     HANG = "hang"
     NODE_LOST = "node_lost"
+    GPU = "gpu"
     INFRASTRUCTURE = "infrastructure"
 
 

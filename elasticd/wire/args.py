@@ -42,6 +42,8 @@ class SubmitArgs:
     preload: list[str] = field(default_factory=list)  # modules the zygote imports besides torch
     job_id: str | None = None  # a job id of the submitter's choosing (torchrun's --rdzv-id)
     priority: int = 0  # admission order among waiting jobs, higher first; above 0: root and admins only
+    numa_binding: str | None = None  # node, socket, exclusive or core-complex (torchrun's --numa-binding)
+    mig: bool = False  # run on MIG slices, not whole GPUs
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,7 @@ class DrainArgs:
 class UndrainArgs:
     node: str
     job: str | None = None
+    gpu: str | None = None  # return this GPU (its UUID) to the node's pool instead
 
 
 def default(args: type[Any], name: str) -> Any:

@@ -46,7 +46,7 @@ class FailureView(TypedDict):
     failed_at: NotRequired[float | None]  # its error file's timestamp, else when its exit was seen
     also_failed: NotRequired[list[FailedRankView]]  # the node's other failed ranks, first failed first
     also_failed_more: NotRequired[int]  # failed ranks beyond those listed
-    kind: NotRequired[str]  # a FailureKind: user_code, oom, signal, hang, node_lost, infrastructure
+    kind: NotRequired[str]  # a FailureKind: user_code, oom, signal, hang, node_lost, gpu, infrastructure
     exception: NotRequired[str]  # the exception's type, when the output names one
     exited_at: NotRequired[float | None]
     step: NotRequired[int | None]  # the furthest step the failing node's ranks reported
@@ -180,17 +180,38 @@ class LogsReply(TypedDict):
     attempt_started_at: NotRequired[dict[str, float]]  # attempts with logs here, and when each started
 
 
+class MigView(TypedDict):
+    uuid: str
+    name: str
+    memory_mib: int
+
+
 class GpuView(TypedDict):
     index: int
     uuid: str
     name: str
     memory_mib: int
+    bus_id: str
+    cpus: list[int]
+    mig: list[MigView]
 
 
 class InventoryView(TypedDict):
     kind: str
     slots: int
     gpus: list[GpuView]
+
+
+class GpuStateView(TypedDict):
+    """One GPU's health and use (``elasticd.node.registry.GpuState``)."""
+
+    uuid: str
+    state: str  # healthy, unhealthy
+    reason: str
+    memory_used_mib: int | None
+    utilization_pct: int | None
+    job: str | None
+    rank: int | None
 
 
 class NodeView(TypedDict):
@@ -206,6 +227,7 @@ class NodeView(TypedDict):
     free_devices: str
     jobs: list[str]
     draining: bool
+    gpu_states: list[GpuStateView]
 
 
 class EtcdSpaceView(TypedDict):
@@ -240,6 +262,7 @@ class DrainReply(TypedDict):
 class UndrainReply(TypedDict):
     node: str
     job: str | None
+    gpu: NotRequired[str]
 
 
 class CallerView(TypedDict):

@@ -63,6 +63,7 @@ class Launch:
     progress_fd: int | None = (
         None  # inherited by the worker (elasticd.progress.channel); the caller closes it
     )
+    cpus: frozenset[int] | None = None  # bound to these CPUs before it runs (--numa-binding)
 
 
 class Worker:
@@ -114,16 +115,22 @@ def _watch_exit(proc: subprocess.Popen[bytes]) -> asyncio.Future[int]:
     return fut
 
 
-def before_drop(procs_fd: int | None, limits: Placement | None) -> Callable[[], None] | None:
+def before_drop(
+    procs_fd: int | None, limits: Placement | None, cpus: frozenset[int] | None = None
+) -> Callable[[], None] | None:
     """The child's root-only step: join the tracking cgroup (first, so nothing escapes it), then
-    the limits. Only writes to fds the parent opened: no path is resolved after the fork."""
-    if procs_fd is None:
+    the limits, then the CPUs it is bound to (after the limits: they are the final word, within
+    any pinned cores). Only writes to fds the parent opened: no path is resolved after the fork."""
+    if procs_fd is None and cpus is None:
         return limits.preexec if limits is not None else None
 
     def join() -> None:
-        os.write(procs_fd, b"0")
+        if procs_fd is not None:
+            os.write(procs_fd, b"0")
         if limits is not None:
             limits.preexec()
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)
 
     return join
 
@@ -166,7 +173,9 @@ class ColdSpawner:
             stderr=subprocess.STDOUT,
             env=launch.env,
             start_new_session=True,
-            preexec_fn=worker_preexec(launch.cwd, launch.identity, before_drop(procs_fd, launch.limits)),
+            preexec_fn=worker_preexec(
+                launch.cwd, launch.identity, before_drop(procs_fd, launch.limits, launch.cpus)
+            ),
             close_fds=True,
             pass_fds=() if launch.progress_fd is None else (launch.progress_fd,),
         )

@@ -191,8 +191,8 @@ def test_parts_live_apart_from_the_job_and_are_read_with_it_at_one_revision(
     keys = Keys(base)
     run(store.create(make_spec()))
     lease = kv.grant_lease(30)
-    for r, node in ((0, "n1"), (0, "n2"), (1, "n1"), (1, "n3")):
-        run(store.join(r, _join(node), lease))
+    for round_no, node in ((0, "n1"), (0, "n2"), (1, "n1"), (1, "n3")):
+        run(store.join(round_no, _join(node), lease))
     run(store.put_node_status("n1", STATUS, lease))
     run(store.note_pending("n4", "no free slots", lease))
     assert [kv.key for kv in kv.get_prefix(keys.job_parts(JOB))] == [

@@ -119,11 +119,12 @@ def test_recovery_kills_what_a_crashed_daemon_and_its_reaper_left(
     wait_for(lambda: (tmp_path / "pids.0").exists() and (tmp_path / "pids.0").read_text(), 30)
     (tmp_path / "pids.0").rename(tmp_path / "first.0")  # the restarted job writes its own
     pids = [int(x) for x in (tmp_path / "first.0").read_text().split()]
+    assert d.proc is not None
     reaper = [
         p
         for p in psutil.Process(d.proc.pid).children()
         if "elasticd.workers.proctree.reaper" in " ".join(p.cmdline())
-    ]  # type: ignore[union-attr]
+    ]
     assert len(reaper) == 1
     # Freeze the worker tree so the parent-death signal cannot act, kill the reaper, then the daemon.
     for p in pids:

@@ -118,7 +118,7 @@ def reference_weights(steps: int) -> list[float]:
 
     sys.path.insert(0, str(REPO / "examples"))
     try:
-        import elastic_train as et  # type: ignore[import-not-found]
+        import elastic_train as et
     finally:
         sys.path.pop(0)
     model = et.make_model()
@@ -127,7 +127,7 @@ def reference_weights(steps: int) -> list[float]:
         x, y = et.batch(step, 0, 1)
         loss = torch.nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
-        loss.backward()  # type: ignore[no-untyped-call]
+        loss.backward()
         opt.step()
     return [v for p in model.parameters() for v in p.detach().flatten().tolist()]
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,7 +38,7 @@ def torchrun(cwd: Path, *argv: str, env: dict[str, str]) -> subprocess.Completed
     )
 
 
-def contracts(out: Path) -> list[dict[str, object]]:
+def contracts(out: Path) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted(out.glob("contract.*.json"))]
 
 
@@ -99,8 +100,8 @@ def test_a_failed_job_exits_1_and_a_refused_flag_2_with_its_reason(
     res = elasticrun(daemon, tmp_path, "--nproc-per-node", "2", str(SCRIPTS / "fail_rank.py"),
                      env={"OUT": str(tmp_path)})  # fmt: skip
     assert res.returncode == 1 and "FAILED" in res.stderr
-    res = elasticrun(daemon, tmp_path, "--numa-binding", "node", str(SCRIPTS / "sleeper.py"))
-    assert res.returncode == 2 and "--numa-binding is not supported" in res.stderr
+    res = elasticrun(daemon, tmp_path, "--virtual-local-rank", str(SCRIPTS / "sleeper.py"))
+    assert res.returncode == 2 and "--virtual-local-rank is not supported" in res.stderr
     res = elasticrun(daemon, tmp_path, "--nproc-per-node", "lots", str(SCRIPTS / "sleeper.py"))
     assert res.returncode == 2 and "positive number, gpu, cpu or auto" in res.stderr
 

@@ -86,7 +86,9 @@ def assert_unix_only(etcd: psutil.Process, socket_dir: Path) -> None:
     for c in conns:
         if c.family == socket.AF_UNIX and c.type == socket.SOCK_STREAM and c.laddr:
             # etcd binds relative to its cwd, which is the socket directory
-            assert c.laddr in (CLIENT_SOCKET, PEER_SOCKET) or c.laddr.startswith(f"{socket_dir}/"), c
+            path: object = c.laddr  # a UNIX socket's is its path (types-psutil knows only IP pairs)
+            assert isinstance(path, str), c
+            assert path in (CLIENT_SOCKET, PEER_SOCKET) or path.startswith(f"{socket_dir}/"), c
     assert Path(etcd.cwd()) == socket_dir
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,7 +35,7 @@ def test_job_runs_as_submitter_and_only_owner_or_root_may_kill(
         "time.sleep(float(os.environ.get('SLEEP', '0')))\n"
     )
     script.chmod(0o644)
-    base = {
+    base: dict[str, Any] = {
         "entry_kind": "script",
         "entry": str(script),
         "cwd": str(work),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -164,8 +165,12 @@ def test_gpu_jobs_get_disjoint_devices_and_overflow_waits_pending(
     ja, jb = d.wait_state(a, ("RUNNING",)), d.wait_state(b, ("RUNNING",))
     devs_a, devs_b = set(ja["devices"].split(",")), set(jb["devices"].split(","))
     assert len(devs_a) == len(devs_b) == 2 and not devs_a & devs_b
+
+    def logged_devices(job_id: str) -> bool:
+        return "devices=" in d.ctl("logs", job_id).stdout
+
     for job_id, devs in ((a, ja["devices"]), (b, jb["devices"])):
-        wait_for(lambda j=job_id: "devices=" in d.ctl("logs", j).stdout, 30)
+        wait_for(functools.partial(logged_devices, job_id), 30)
         assert f"devices='{devs}'" in d.ctl("logs", job_id).stdout
 
     c = submit(d, "--nproc-per-node", "1", str(SCRIPTS / "sleeper.py"), env=env)

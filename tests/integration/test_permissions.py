@@ -6,6 +6,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,7 +40,7 @@ def _sleeper(public: Path) -> Path:
     return script
 
 
-def _submit_args(script: Path, **extra: object) -> dict[str, object]:
+def _submit_args(script: Path, **extra: object) -> dict[str, Any]:
     return {
         "entry_kind": "script",
         "entry": str(script),
@@ -74,6 +75,8 @@ def test_only_owner_or_root_may_kill_drain_undrain_or_read_logs(
     for cmd in ("drain", "undrain"):  # node-wide: root only
         reply = nobody(d, cmd, node=d.node_id)
         assert reply["ok"] is False and reply["code"] == "permission_denied", (cmd, reply)
+    reply = nobody(d, "undrain", node=d.node_id, gpu="GPU-0")  # returning a GPU: root only too
+    assert reply["ok"] is False and reply["code"] == "permission_denied", reply
     # Everyone in the group may look.
     assert nobody(d, "status")["ok"] and nobody(d, "status", job=root_job)["ok"]
     assert nobody(d, "nodes")["ok"] and nobody(d, "ping")["ok"]

@@ -9,8 +9,9 @@ import pwd
 import signal
 import subprocess
 import threading
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,7 +56,7 @@ def test_an_ended_job_keeps_its_world_members_and_times(daemon: DaemonProc, ende
         assert (job["state"], job["world_size"], job["nodes"]) == (state, 2, [daemon.node_id]), job
         assert [m["state"] for m in job["members"]] == [state]  # not the STOPPING its agent left
         times = {k: datetime.fromisoformat(job[k]) for k in ("submitted_at", "started_at", "ended_at")}
-        assert all(t.utcoffset() is not None and t.utcoffset().total_seconds() == 0 for t in times.values())
+        assert all(t.utcoffset() == timedelta(0) for t in times.values())
         assert times["submitted_at"] <= times["started_at"] <= times["ended_at"]
         assert job[k := "ended_at"][-6:] == "+00:00" and job[k][-10] == ".", job[k]  # milliseconds
     failed = status_json(daemon, ended["FAILED"])
@@ -125,8 +126,10 @@ def test_status_after_a_command_shows_its_write(daemon_factory: DaemonFactory, t
     it, so the status right after a submit, a kill or an rm shows that write; a job another
     daemon submits shows here when the watch brings the change (no later than the read's max age)."""
     here, there = daemon_factory(), daemon_factory()
-    sleeper = {"entry_kind": "script", "entry": str(SCRIPTS / "sleeper.py"), "cwd": str(tmp_path),
-               "python": PYTHON, "env": {"PATH": "/usr/bin:/bin", "OUT": str(tmp_path)}}  # fmt: skip
+    sleeper: dict[str, Any] = {
+        "entry_kind": "script", "entry": str(SCRIPTS / "sleeper.py"), "cwd": str(tmp_path),
+        "python": PYTHON, "env": {"PATH": "/usr/bin:/bin", "OUT": str(tmp_path)},
+    }  # fmt: skip
     _states(here)  # a read is held from now on
     job = here.call("submit", **sleeper)["id"]
     assert job in _states(here)

@@ -189,6 +189,7 @@ def test_the_reapers_fence_takes_the_jobs_cgroup(tmp_path: Path) -> None:
     tracker = tracking.detect(instance=node)
     assert tracker.base is not None
     job = tracker.job("fenced-job")
+    assert isinstance(job, tracking.CgroupJob)
     fd = job.join(0)
     assert fd is not None
     sleeper = psutil.Popen(

@@ -21,8 +21,9 @@ from tests.users import NOBODY, SYSTEM_PYTHON, as_user, other_users, public_daem
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(240)]
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
-# What legitimately differs between two jobs (ids, ports, fd numbers of the daemon's pipes).
-JOB_SPECIFIC = {"MASTER_PORT", "ELASTICD_PROGRESS_FD", "ELASTICD_HEARTBEAT_FILE"}
+# What legitimately differs between two jobs (ids, ports, fd numbers of the daemon's pipes, the
+# socket of the job's snapshot keeper where the daemons keep snapshots).
+JOB_SPECIFIC = {"MASTER_PORT", "ELASTICD_PROGRESS_FD", "ELASTICD_HEARTBEAT_FILE", "ELASTICD_SNAPSHOT_SOCKET"}
 
 
 def records(out: Path, job: str) -> dict[tuple[int, int], dict[str, Any]]:

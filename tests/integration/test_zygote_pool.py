@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -163,8 +164,10 @@ def test_a_job_never_gets_another_users_zygote(daemon_factory: DaemonFactory) ->
         script = work / "who.py"
         script.write_text("import json, os\nprint(json.dumps([os.getuid(), os.getppid()]))\n")
         script.chmod(0o644)
-        args = {"entry_kind": "script", "entry": str(script), "cwd": str(work), "python": SYSTEM_PYTHON,
-                "env": {"PATH": "/usr/bin:/bin"}, "preload": ["json"]}  # fmt: skip
+        args: dict[str, Any] = {
+            "entry_kind": "script", "entry": str(script), "cwd": str(work), "python": SYSTEM_PYTHON,
+            "env": {"PATH": "/usr/bin:/bin"}, "preload": ["json"],
+        }  # fmt: skip
 
         def submit(uid: int) -> str:
             reply = d.call("submit", **args) if uid == 0 else as_user(uid, uid, d.socket, "submit", **args)

@@ -20,7 +20,7 @@ os.umask(umask)
 progress = os.environ.get("ELASTICD_PROGRESS_FD")
 
 
-def fds():
+def fds() -> dict[str, str]:
     out = {}
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -31,19 +31,19 @@ def fds():
     return out
 
 
-def disposition(sig):
+def disposition(sig: int) -> str:
     handler = signal.getsignal(sig)
     if handler is None:
         return "C"
-    return getattr(handler, "name", None) or getattr(handler, "__name__", repr(handler))
+    return str(getattr(handler, "name", None) or getattr(handler, "__name__", repr(handler)))
 
 
 with open("/proc/self/cgroup") as f:
     cgroups = f.read()
-with open("/proc/self/cmdline", "rb") as f:
-    cmdline = f.read()
-with open("/proc/self/environ", "rb") as f:
-    environ = f.read()
+with open("/proc/self/cmdline", "rb") as raw:
+    cmdline = raw.read()
+with open("/proc/self/environ", "rb") as raw:
+    environ = raw.read()
 pdeathsig = ctypes.c_int(0)
 ctypes.CDLL(None).prctl(2, ctypes.byref(pdeathsig), 0, 0, 0)  # PR_GET_PDEATHSIG
 record = {
@@ -51,7 +51,7 @@ record = {
     "main_name": __name__,
     "main_file": __file__,
     "main_spec": repr(__spec__),
-    "main_loader": type(__loader__).__name__,
+    "main_loader": type(globals().get("__loader__")).__name__,  # typeshed does not declare __loader__
     "main_keys": sorted(k for k in globals() if k.startswith("__")),
     "argv": sys.argv,
     "orig_argv": getattr(sys, "orig_argv", None),

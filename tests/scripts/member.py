@@ -22,6 +22,7 @@ keys = [
     "TORCHELASTIC_RESTART_COUNT",
     "ELASTICD_ROUND",
     "ELASTICD_OWNER",
+    "CUDA_VISIBLE_DEVICES",
 ]
 record = {k: os.environ.get(k) for k in keys} | {"pid": os.getpid(), "started": time.time()}
 path = os.path.join(out, f"w.{os.environ['ELASTICD_ROUND']}.{os.environ['RANK']}.json")

@@ -157,3 +157,26 @@ def test_submit_names_priority_above_zero_as_an_admin_option() -> None:
     assert submit.admin_option(args) is None
     assert submit.admin_option(replace(args, priority=1)) == "--priority"
     assert all(c.admin_option(None) is None for name, c in REGISTRY.items() if name != "submit")
+
+
+def test_returning_a_gpu_is_root_only_as_a_node_wide_drain() -> None:
+    from elasticd.wire import UndrainArgs
+
+    undrain = REGISTRY["undrain"]
+    args = UndrainArgs("n1", gpu="GPU-1")
+    assert undrain.job_of(args) is None
+    _run(undrain.access, ROOT, undrain.job_of(args))
+    for caller in (OWNER, OTHER):
+        with pytest.raises(PermissionDenied, match="only root"):
+            _run(undrain.access, caller, undrain.job_of(args))
+
+
+def test_a_job_owner_cannot_return_a_gpu_through_their_job() -> None:
+    from elasticd.errors import InvalidArgs
+    from elasticd.wire import UndrainArgs
+
+    undrain = REGISTRY["undrain"]
+    args = UndrainArgs("n1", job="mine", gpu="GPU-1")
+    _run(undrain.access, OWNER, undrain.job_of(args))  # the owner passes for their job...
+    with pytest.raises(InvalidArgs, match="not both"):  # ...and the command refuses the pair
+        asyncio.run(undrain.handler(None, args, OWNER))  # type: ignore[arg-type]

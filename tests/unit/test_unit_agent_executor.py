@@ -225,7 +225,7 @@ def test_workers_keep_running_through_a_store_outage_and_report_when_it_is_back(
 
 
 def test_a_leave_request_marks_left_and_spends_no_restart() -> None:
-    from elasticd.rendezvous.model import RoundReason
+    from elasticd.terms.state import RoundReason
 
     async def body(agent: JobAgent, launcher: FakeLauncher, store: InlineJobStore, kv: MemoryKV) -> None:
         await until(lambda: launcher.groups)
@@ -332,7 +332,7 @@ def test_the_next_oldest_join_takes_over_a_round_whose_leader_died(monkeypatch: 
         assert agent.rec.leading and agent._joins.round == 0 and not launcher.groups
         _other_node(kv, "n3", daemon=False)
         await until(lambda: launcher.groups)
-        assert run_inline(store.snapshot()).result.nodes == ("n1", "n3")  # type: ignore[union-attr]
+        assert run_inline(store.snapshot()).result.nodes == ("n1", "n3")
         run_inline(store.finalize(JobState.KILLED, EndReason.KILLED, "killed"))
 
     scenario(body, spec=TWO_NODES, before=lambda kv: leader.append(_other_node(kv, "n2")))

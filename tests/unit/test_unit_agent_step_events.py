@@ -429,3 +429,16 @@ def test_member_of_a_round_with_peers_never_reasserts_it_is_fenced() -> None:
     snap = snapshot(1, joins=("n1", "n2"), members=("n1", "n2"), counted=True)
     _, actions = cycle(rec, snap, local(RUNNING))
     assert not any(isinstance(a, Reassert) for a in actions)
+
+
+def test_a_gpu_failure_leaves_the_job_with_its_own_reason_and_spends_no_restart() -> None:
+    """A member whose GPU went unhealthy leaves as a drained one does: the others go on, the
+    round says why (``gpu_failed``), and the budget is untouched even when it is spent."""
+    gpu = Leave(RoundReason.GPU_FAILED, "GPU unhealthy on n1 (GPU-1: Xid 79)")
+    snap = snapshot(1, joins=("n1", "n2", "n3"), members=("n1", "n2", "n3"), counted=True, restarts=3)
+    _, actions = decide(record(AgentState.RUNNING, 1, leave=gpu), snap, local(RUNNING))
+    info = RoundInfo(2, RoundReason.GPU_FAILED, NOW, ("n1", "n2", "n3"), gpu.detail, None, None)
+    bump = acts(actions)[0]
+    assert isinstance(bump, Bump) and bump.info == info and bump.spend is False
+    assert acts(actions)[-2:] == [MarkLeft(2), Exit("left the job")]
+    assert not RoundReason.GPU_FAILED.spends_budget

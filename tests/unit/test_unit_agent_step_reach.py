@@ -79,8 +79,7 @@ def test_a_leader_that_reaches_no_other_joiner_hands_the_round_on() -> None:
 def test_too_few_reachable_joiners_make_the_round_wait_and_say_why() -> None:
     spec3 = replace(joining(1).spec, nnodes=replace(joining(1).spec.nnodes, min=3))
     rec = replace(joining(1, leading=True), spec=spec3)
-    snap = filling()
-    snap.spec = spec3
+    snap = ported(snapshot(1, job=spec3, joins=ALL3, expect=ALL3))  # filling(), of the spec that needs 3
     new, actions = decide(rec, snap, local(reach=reach(("n2",), ("n3",))))
     note, wait = acts(actions)[-2:]
     assert isinstance(note, NotePending) and note.note and "waits" in note.note

@@ -90,3 +90,71 @@ def test_fits_host_ignores_current_use() -> None:
     a.allocate("j1", 2)
     assert a.fits_host(2)
     assert a.allocate("j2", 2) is None
+
+
+def test_slots_out_of_the_pool_are_never_handed_out() -> None:
+    a = Allocator(4)
+    assert a.allocate("j1", 2) == (0, 1)
+    a.out = frozenset({1, 2})
+    assert a.free() == [3]
+    assert a.allocate("j2", 2) is None
+    assert a.holders(frozenset({1, 2})) == ["j1"]
+    a.release("j1")
+    assert a.allocate("j2", 2) == (0, 3)
+    a.out = frozenset()
+    assert a.free() == [1, 2]
+
+
+def test_allocation_follows_the_topology() -> None:
+    from typing import Any
+
+    from elasticd.gpu import fake, read
+    from elasticd.node.inventory import inventory_of
+
+    nvml: Any = fake.two_sockets(8)
+    inv = inventory_of(*read.read_gpus(nvml))
+    a = Allocator(inv.slots, link=inv.slot_link)
+    assert a.allocate("one", 1) == (0,)
+    assert a.allocate("pair", 2) == (2, 3)  # a whole PCIe switch, not 1 and 2
+    assert a.allocate("quad", 4) == (4, 5, 6, 7)  # one socket
+    assert a.allocate("last", 1) == (1,)
+
+
+def test_slot_link_of_mig_slices() -> None:
+    from typing import Any
+
+    from elasticd.gpu import fake, read
+    from elasticd.gpu.topology import Link
+    from elasticd.node.inventory import inventory_of
+
+    f = fake.two_sockets(4)
+    f.gpus[3].mig = [fake.FakeMig("MIG-a"), fake.FakeMig("MIG-b")]
+    nvml: Any = f
+    inv = inventory_of(*read.read_gpus(nvml))
+    assert inv.slots == 5
+    assert inv.slot_link(3, 4) is Link.NVLINK  # two slices of one GPU
+    assert inv.slot_link(2, 3) is Link.PCIE_SWITCH  # GPU 2 and a slice of GPU 3
+    assert inv.slot_link(0, 9) is Link.SYSTEM
+
+
+def test_a_whole_gpu_job_never_lands_on_a_partitioned_gpu_nor_a_mig_job_on_a_whole_one() -> None:
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    @given(
+        st.lists(st.booleans(), min_size=1, max_size=8), st.lists(st.tuples(st.integers(1, 4), st.booleans()))
+    )
+    def check(kinds: list[bool], jobs: list[tuple[int, bool]]) -> None:
+        a = Allocator(len(kinds), mig=kinds)
+        for i, (count, mig) in enumerate(jobs):
+            got = a.allocate(f"j{i}", count, mig)
+            if got is not None:
+                assert all(kinds[s] == mig for s in got)
+        taken = [s for slots in a.held.values() for s in slots]
+        assert len(taken) == len(set(taken))
+
+    check()
+    a = Allocator(4, mig=[False, True, True, False])
+    assert a.allocate("whole", 2) == (0, 3)
+    assert a.allocate("mig", 2, mig=True) == (1, 2)
+    assert a.free(mig=False) == [] and a.allocate("more", 1) is None

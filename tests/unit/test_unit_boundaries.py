@@ -67,7 +67,7 @@ def test_submit_sends_its_request_before_importing_what_comes_after(command: str
     what it imported by then is on stderr, and it waits for the answer, importing nothing more."""
     (tmp_path / "train.py").write_text("")
     sock = tmp_path / "ctl.sock"
-    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
     router.bind(f"ipc://{sock}")
     env = os.environ | {"ELASTICD_SOCKET": str(sock)}
@@ -118,12 +118,18 @@ PURE = (
     "elasticd.manager.recent",
     "elasticd.manager.wakes",
     "elasticd.node.allocator",
+    "elasticd.gpu.devices",
+    "elasticd.gpu.topology",
+    "elasticd.gpu.health",
+    "elasticd.gpu.placement",
+    "elasticd.gpu.binding",
     "elasticd.etcd.space",
     "elasticd.events.rings",
     "elasticd.events.select",
     "elasticd.jobs.queue",
     "elasticd.jobs.quota",
     "elasticd.jobs.ticket",
+    "elasticd.jobs.board",
     "elasticd.jobs.rate",
     "elasticd.jobs.logscope",
     # records, models and views
@@ -200,9 +206,9 @@ def test_socket_path_env_root_and_user(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ELASTICD_SOCKET", "/tmp/x.sock")
     assert address.default_socket_path() == Path("/tmp/x.sock")
     monkeypatch.delenv("ELASTICD_SOCKET")
-    monkeypatch.setattr(address.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
     assert address.default_socket_path() == Path("/run/elasticd/control.sock")
-    monkeypatch.setattr(address.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
     monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/1000")
     assert address.default_socket_path() == Path("/run/user/1000/elasticd/control.sock")
     monkeypatch.delenv("XDG_RUNTIME_DIR")

@@ -15,6 +15,7 @@ from elasticd.daemon import compose
 from elasticd.errors import ConfigError
 from elasticd.netaddr import NoFreePort
 from elasticd.node.hooks import LeaseHooks
+from elasticd.node.liveness import LivenessServer
 
 
 class Trail:
@@ -43,6 +44,7 @@ def fake_parts(monkeypatch: pytest.MonkeyPatch, trail: Trail) -> None:
     embedded = trail.part("etcd", "start", "stop", attrs={"endpoint": "http://127.0.0.1:1"})
     monkeypatch.setattr(compose, "EmbeddedEtcd", lambda *_, **__: embedded)
     monkeypatch.setattr(compose, "connect", lambda *_, **__: trail.part("client", "health", "close"))
+    monkeypatch.setattr(compose, "load_nvml", lambda: None)
     monkeypatch.setattr(compose, "discover", lambda *_: trail.done.append("discover"))
 
 
@@ -63,7 +65,7 @@ def test_a_part_that_fails_to_build_leaves_the_ones_before_it_undone_in_reverse_
     def no_port(*_: Any) -> None:
         raise NoFreePort("no free port in 29500-29501")
 
-    monkeypatch.setattr(compose.LivenessServer, "start", lambda self, ports: no_port())
+    monkeypatch.setattr(LivenessServer, "start", lambda self, ports: no_port())
     with pytest.raises(ConfigError, match="no free port"):
         start(tmp_path)
     built = ["state.open", "state.node_id", "reaper.start", "etcd.start", "client.health", "discover"]

@@ -60,12 +60,15 @@ SAMPLES: dict[str, tuple[str, str, str | None]] = {
     "etcd_binary": ("/f/etcd", "/e/etcd", "/c/etcd"),
     "lease_ttl": ("4", "5.5", "7"),
     "fake_gpus": ("1", "2", "3"),
+    "fake_nvml": ("/f/nvml.json", "/e/nvml.json", "/c/nvml.json"),
+    "gpu_poll": ("1.5", "2.5", "3.5"),
     "slots": ("1", "2", "3"),
     "stop_grace": ("0", "1.5", "30"),
     "job_retention": ("0", "60", "86400"),
     "allow_root_jobs": ("false", "true", None),  # the flag: --no-allow-root-jobs
     "warm_pool_size": ("0", "1", "8"),
     "warm_keep_s": ("0", "30", "600.5"),
+    "snapshot_bytes": ("0", "1048576", "4294967296"),
     "log_group": ("lg-file", "lg-env", "lg-flag"),
     "max_jobs_per_user": ("0", "5", "100"),
     "max_submits_per_minute": ("0", "6", "60"),
@@ -160,7 +163,7 @@ def test_defaults() -> None:
     assert (s.warm_pool_size, s.warm_keep_s) == (2, 120.0)
     none_by_default = (
         "log_dir", "node_id", "address", "etcd_ca", "etcd_cert", "etcd_key",
-        "etcd_user", "etcd_password", "etcd_password_file", "etcd_binary", "fake_gpus", "slots",
+        "etcd_user", "etcd_password", "etcd_password_file", "etcd_binary", "fake_gpus", "fake_nvml", "slots",
     )  # fmt: skip
     assert all(getattr(s, name) is None for name in none_by_default)
 
@@ -320,6 +323,9 @@ def test_paths_and_optionals_are_converted(tmp_path: Path) -> None:
         ("warm_keep_s", "nan"),
         ("warm_keep_s", "inf"),
         ("warm_keep_s", "a while"),
+        ("snapshot_bytes", "-1"),
+        ("snapshot_bytes", "1.5"),
+        ("snapshot_bytes", str(1 << 45)),
     ],
 )
 def test_bad_values(key: str, value: str) -> None:

@@ -6,7 +6,7 @@ import contextlib
 import json
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import given, settings
@@ -26,6 +26,9 @@ from elasticd.rendezvous.model import (
 from elasticd.terms.spec import JobSpec, NodeRange
 from elasticd.terms.state import WorkerFailure
 from tests.strategies import json_values
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 
 class Color(StrEnum):
@@ -191,7 +194,7 @@ def test_report_invalid_logs_once_per_revision() -> None:
 
 # -- arbitrary JSON never raises anything but DecodeError ---------------------------------------------
 JSON = json_values(max_leaves=30, max_items=5)
-RECORDS = [
+RECORDS: list[type[DataclassInstance]] = [
     Record,
     JobSpec,
     RoundInfo,

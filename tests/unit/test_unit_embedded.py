@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from elasticd.errors import ConfigError, EtcdUnavailable
-from elasticd.etcd.client import parse_endpoint
 from elasticd.etcd.embedded import (
     CLIENT_SOCKET,
     PEER_SOCKET,
@@ -21,6 +20,7 @@ from elasticd.etcd.embedded import (
     ensure_private_dir,
     socket_path_fits,
 )
+from elasticd.etcd.transport import parse_endpoint
 
 NOBODY = 65534
 FAKE_BINARY = Path("/bin/true")  # never run: these tests stop before starting etcd

@@ -4,6 +4,7 @@ the environment that the daemon's children would inherit."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import os
@@ -58,14 +59,14 @@ def test_grpc_keeps_its_protobuf_setting_to_itself() -> None:
 
 
 def test_without_the_extra_grpc_is_a_clear_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = grpc_client.importlib.import_module
+    real = importlib.import_module
 
     def missing(name: str) -> object:
         if name.startswith("etcd3"):
             raise ImportError(f"No module named {name!r}")
         return real(name)
 
-    monkeypatch.setattr(grpc_client.importlib, "import_module", missing)
+    monkeypatch.setattr(importlib, "import_module", missing)
     with pytest.raises(ConfigError, match=r"pip install 'elasticd\[grpc\]'"):
         connect("grpc", ["127.0.0.1:1"])
     assert grpc_client.PB_ENV not in os.environ or os.environ[grpc_client.PB_ENV] != "python"

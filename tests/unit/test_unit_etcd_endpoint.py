@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from elasticd.errors import ConfigError
-from elasticd.etcd.client import EtcdClient, parse_endpoint
-from elasticd.etcd.transport import Endpoint, uses_tls
+from elasticd.etcd.client import EtcdClient
+from elasticd.etcd.transport import Endpoint, parse_endpoint, uses_tls
 from elasticd.etcd.types import EtcdAuth
 
 

@@ -20,7 +20,7 @@ from elasticd.events.store import EventLog
 from elasticd.manager.etcdspace import SpaceWatch
 from elasticd.manager.janitor import RELIEF_S, Janitor
 from elasticd.manager.service import CommandService, NodeFacts
-from elasticd.rendezvous.snapshot import parse_jobs
+from elasticd.rendezvous.snapshot import JobSnapshot, parse_jobs
 from elasticd.rendezvous.store import InlineJobStore, run_inline
 from elasticd.terms.state import EndReason, JobState
 from tests.fakes import make_spec
@@ -137,8 +137,8 @@ def test_under_pressure_the_janitor_removes_the_oldest_ended_jobs_and_compacts_e
     janitor = Janitor(kv, KEYS, "n1", lambda job: InlineJobStore(kv, KEYS, job), retention_s=None,
                       clock=lambda: now[0], space=lambda: space[0])  # fmt: skip
 
-    def snaps() -> dict[str, object]:
-        return parse_jobs(KEYS, kv.get_prefix("/x/"))[0]  # type: ignore[return-value]
+    def snaps() -> dict[str, JobSnapshot]:
+        return parse_jobs(KEYS, kv.get_prefix("/x/"))[0]
 
     assert asyncio.run(janitor.relieve(snaps())) == set()  # OK: nothing before its retention
     kv.alarms.add("NOSPACE")  # etcd refuses what grows it: deletes and compaction still go

@@ -334,3 +334,15 @@ def test_the_bus_hands_records_to_subscribers_whatever_the_level(
     printed = [json.loads(line)["event"] for line in capsys.readouterr().err.splitlines()]
     assert "round.complete" not in printed and "worker.failed" in printed
     assert printed.count("log.subscriber_failed") == 2  # reported, and the others still ran
+
+
+def test_gpu_records_are_events_and_counted() -> None:
+    from elasticd.happenings.records import GpuReturned, GpuUnhealthy
+
+    bad = select(
+        GpuUnhealthy("n1", "GPU-1", "ecc", "uncorrectable ECC errors: 1 (was 0)", "job-a"), "n1", NOW
+    )
+    assert bad is not None and bad.kind == "gpu_unhealthy" and bad.job == "job-a" and bad.node == "n1"
+    assert "GPU-1 unhealthy" in bad.message
+    back = select(GpuReturned("n2", "GPU-1", "root"), "n1", NOW)
+    assert back is not None and back.kind == "gpu_returned" and back.node == "n2"

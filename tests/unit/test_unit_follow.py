@@ -18,6 +18,7 @@ from elasticctl.client import Client, DaemonError
 from elasticctl.commands.logs import parse_since
 from elasticctl.follow import elsewhere_notes
 from elasticctl.life import Life
+from elasticctl.parser import build_parser
 from elasticd.control.params import parse_args
 from elasticd.errors import AttemptNotFound, InvalidArgs, RankNotFound
 from elasticd.jobs.logscope import check_scope, round_view, spans
@@ -305,7 +306,7 @@ def test_parse_since_refuses(text: str) -> None:
 )
 def test_logs_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
-        cli.build_parser().parse_args(["logs", JOB, *argv])
+        build_parser().parse_args(["logs", JOB, *argv])
     assert info.value.code == exits.EXIT_USAGE and argv[0] in capsys.readouterr().err
 
 

@@ -67,6 +67,10 @@ SAMPLES: list[tuple[r.Happening, str, str, dict[str, Any]]] = [
     (r.DaemonStopping("SIGTERM"), "info", "daemon.stopping", {"reason": "SIGTERM"}),
     (r.LeaseLost("n1", 42, "expired"), "warning", "lease.lost",
      {"node": "n1", "lease": 42, "why": "expired"}),
+    (r.GpuUnhealthy("n1", "GPU-1", "xid", "Xid 79", "a"), "warning", "gpu.unhealthy",
+     {"node": "n1", "uuid": "GPU-1", "fault": "xid", "reason": "Xid 79", "job": "a"}),
+    (r.GpuReturned("n1", "GPU-1", "root"), "info", "gpu.returned",
+     {"node": "n1", "uuid": "GPU-1", "by": "root"}),
 ]  # fmt: skip
 
 

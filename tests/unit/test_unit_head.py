@@ -26,7 +26,7 @@ from elasticd.terms.head import (
 from elasticd.terms.spec import MAX_ALLOWED_NODES, NodeRange
 from tests.fakes import head_of, make_spec
 
-TEXT = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\0"), max_size=300)
+TEXT = st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\0"), max_size=300)
 
 
 def stored(head: JobHead) -> bytes:

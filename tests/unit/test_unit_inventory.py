@@ -1,143 +1,118 @@
-"""elasticd.node.inventory: NVML enumeration with a fake module, discovery, visible devices."""
+"""elasticd.node.inventory and gpu/read.py: NVML reads on the fake, discovery, slots."""
 
 from __future__ import annotations
 
 import os
 import sys
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from elasticd.gpu import fake, read
+from elasticd.gpu.fake import FakeGpu, FakeMig, FakeNvml
+from elasticd.gpu.topology import Link, Topology
 from elasticd.node import inventory
-from elasticd.node.inventory import Gpu, Inventory, discover, fake_gpus, read_nvml
-
-MIB = 1024 * 1024
+from elasticd.node.inventory import Gpu, Inventory, MigSlice, discover, fake_gpus, inventory_of
 
 
-class FakeNvml:
-    """The subset of pynvml that read_nvml uses; records calls."""
-
-    def __init__(self, devices: list[tuple[Any, Any, int]], fail_on: str | None = None) -> None:
-        self.devices = devices  # (uuid, name, total bytes)
-        self.fail_on = fail_on
-        self.calls: list[str] = []
-
-    def _call(self, name: str) -> None:
-        self.calls.append(name)
-        if name == self.fail_on:
-            raise RuntimeError(f"NVML failure in {name}")
-
-    def nvmlInit(self) -> None:
-        self._call("nvmlInit")
-
-    def nvmlShutdown(self) -> None:
-        self._call("nvmlShutdown")
-
-    def nvmlDeviceGetCount(self) -> int:
-        self._call("nvmlDeviceGetCount")
-        return len(self.devices)
-
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
-        self._call("nvmlDeviceGetHandleByIndex")
-        return i
-
-    def nvmlDeviceGetUUID(self, handle: int) -> Any:
-        self._call("nvmlDeviceGetUUID")
-        return self.devices[handle][0]
-
-    def nvmlDeviceGetName(self, handle: int) -> Any:
-        self._call("nvmlDeviceGetName")
-        return self.devices[handle][1]
-
-    def nvmlDeviceGetMemoryInfo(self, handle: int) -> SimpleNamespace:
-        self._call("nvmlDeviceGetMemoryInfo")
-        return SimpleNamespace(total=self.devices[handle][2], free=0, used=0)
-
-
-TWO_GPUS: list[tuple[Any, Any, int]] = [
-    (b"GPU-aaaa", b"NVIDIA A100-SXM4-80GB", 80 * 1024 * MIB),  # older pynvml returns bytes
-    ("GPU-bbbb", "NVIDIA H100 80GB HBM3", 81559 * MIB + 123),  # newer returns str
-]
-
-
-def test_read_nvml_bytes_and_str() -> None:
-    nvml = FakeNvml(TWO_GPUS)
-    gpus = read_nvml(nvml)  # type: ignore[arg-type]
-    assert gpus == (
-        Gpu(0, "GPU-aaaa", "NVIDIA A100-SXM4-80GB", 80 * 1024),
-        Gpu(1, "GPU-bbbb", "NVIDIA H100 80GB HBM3", 81559),
+def two() -> FakeNvml:
+    return FakeNvml(
+        [
+            FakeGpu("GPU-aaaa", "NVIDIA A100-SXM4-80GB", 80 * 1024),
+            FakeGpu("GPU-bbbb", "NVIDIA H100 80GB HBM3", 81559),
+        ]
     )
-    assert nvml.calls[0] == "nvmlInit"
-    assert nvml.calls[-1] == "nvmlShutdown"
-    assert nvml.calls.count("nvmlShutdown") == 1
 
 
-def test_read_nvml_no_devices() -> None:
-    nvml = FakeNvml([])
-    assert read_nvml(nvml) == ()  # type: ignore[arg-type]
-    assert nvml.calls == ["nvmlInit", "nvmlDeviceGetCount", "nvmlShutdown"]
+def test_read_gpus() -> None:
+    nvml: Any = two()
+    gpus, topology = read.read_gpus(nvml)
+    assert [(g.index, g.uuid, g.name, g.memory_mib) for g in gpus] == [
+        (0, "GPU-aaaa", "NVIDIA A100-SXM4-80GB", 80 * 1024),
+        (1, "GPU-bbbb", "NVIDIA H100 80GB HBM3", 81559),
+    ]
+    assert topology.link(0, 1) is Link.SYSTEM
+    assert nvml.calls[0] == "nvmlInit" and nvml.calls[-1] == "nvmlShutdown"
+    assert nvml.initialised == 0
 
 
-@pytest.mark.parametrize(
-    "fail_on",
-    [
-        "nvmlDeviceGetCount",
-        "nvmlDeviceGetHandleByIndex",
-        "nvmlDeviceGetUUID",
-        "nvmlDeviceGetName",
-        "nvmlDeviceGetMemoryInfo",
-    ],
-)
-def test_read_nvml_shuts_down_when_a_call_raises(fail_on: str) -> None:
-    nvml = FakeNvml(TWO_GPUS, fail_on=fail_on)
+def test_read_gpus_bytes_from_older_pynvml() -> None:
+    f = two()
+    nvml: Any = f
+    real_uuid = f.nvmlDeviceGetUUID
+    setattr(f, "nvmlDeviceGetUUID", lambda h: real_uuid(h).encode())  # noqa: B010 (a str method made to answer bytes)
+    gpus, _ = read.read_gpus(nvml)
+    assert gpus[0].uuid == "GPU-aaaa"
+
+
+@pytest.mark.parametrize("fail_on", ["nvmlDeviceGetCount", "nvmlDeviceGetUUID", "nvmlDeviceGetMemoryInfo"])
+def test_read_gpus_shuts_down_when_a_call_raises(fail_on: str) -> None:
+    nvml: Any = FakeNvml(two().gpus, fail_on=fail_on)
     with pytest.raises(RuntimeError, match=fail_on):
-        read_nvml(nvml)  # type: ignore[arg-type]
-    assert nvml.calls[-1] == "nvmlShutdown"
+        read.read_gpus(nvml)
+    assert nvml.calls[-1] == "nvmlShutdown" and nvml.initialised == 0
 
 
-def test_read_nvml_init_failure_propagates() -> None:
-    nvml = FakeNvml(TWO_GPUS, fail_on="nvmlInit")
-    with pytest.raises(RuntimeError):
-        read_nvml(nvml)  # type: ignore[arg-type]
-    assert "nvmlDeviceGetCount" not in nvml.calls
+def test_topologies() -> None:
+    dgx: Any = fake.dgx_like(8)
+    _, t = read.read_gpus(dgx)
+    assert t.worst(tuple(range(8))) is Link.NVLINK
+    two_s: Any = fake.two_sockets(8)
+    _, t = read.read_gpus(two_s)
+    assert (t.link(0, 1), t.link(0, 2), t.link(0, 4)) == (Link.PCIE_SWITCH, Link.SOCKET, Link.SYSTEM)
+    pcie: Any = fake.pcie_only(4)
+    _, t = read.read_gpus(pcie)
+    assert (t.link(2, 3), t.link(1, 2)) == (Link.PCIE_SWITCH, Link.HOSTBRIDGE)
 
 
-def test_read_nvml_with_simple_namespace() -> None:
-    shutdown: list[bool] = []
-    nvml = SimpleNamespace(
-        nvmlInit=lambda: None,
-        nvmlShutdown=lambda: shutdown.append(True),
-        nvmlDeviceGetCount=lambda: 1,
-        nvmlDeviceGetHandleByIndex=lambda i: f"h{i}",
-        nvmlDeviceGetUUID=lambda h: "GPU-x",
-        nvmlDeviceGetName=lambda h: b"Tesla T4",
-        nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(total=15360 * MIB),
+def test_cpu_affinity_and_bus_id() -> None:
+    nvml: Any = fake.two_sockets(4, cpus_per_socket=3)
+    gpus, _ = read.read_gpus(nvml)
+    assert [g.cpus for g in gpus] == [(0, 1, 2), (0, 1, 2), (3, 4, 5), (3, 4, 5)]
+    assert gpus[1].bus_id == "00000000:11:00.0"
+
+
+def test_cpu_affinity_unsupported_is_empty() -> None:
+    nvml: Any = FakeNvml([FakeGpu("GPU-x")])
+    gpus, _ = read.read_gpus(nvml)
+    assert gpus[0].cpus == ()
+
+
+def test_mig_slices_are_slots_and_visible_by_uuid() -> None:
+    f = fake.pcie_only(2)
+    f.gpus[1].mig = [FakeMig("MIG-a"), FakeMig("MIG-b", memory_mib=20480)]
+    nvml: Any = f
+    gpus, topology = read.read_gpus(nvml)
+    assert gpus[1].mig == (
+        MigSlice("MIG-a", "NVIDIA H100 80GB HBM3 MIG 1g.10gb", 10240),
+        MigSlice("MIG-b", "NVIDIA H100 80GB HBM3 MIG 1g.10gb", 20480),
     )
-    assert read_nvml(nvml) == (Gpu(0, "GPU-x", "Tesla T4", 15360),)  # type: ignore[arg-type]
-    assert shutdown == [True]
-
-
-def _no_nvml_probe(monkeypatch: pytest.MonkeyPatch) -> None:
-    def boom() -> tuple[Gpu, ...]:
-        raise AssertionError("NVML must not be probed")
-
-    monkeypatch.setattr(inventory, "_probe_nvml", boom)
-
-
-def test_discover_fake_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
-    _no_nvml_probe(monkeypatch)
-    inv = discover("node-a", fake=3, cpu_slots=16)
-    assert inv.kind == "gpu"
+    inv = inventory_of(gpus, topology)
     assert inv.slots == 3
-    assert inv.gpus == fake_gpus(3, "node-a")
-    assert [g.index for g in inv.gpus] == [0, 1, 2]
-    assert len({g.uuid for g in inv.gpus}) == 3
-    assert all("node-a" in g.uuid for g in inv.gpus)
+    assert [d.mig for d in inv.devices] == [False, True, True]
+    assert inv.visible_devices((0, 1, 2)) == "0,MIG-a,MIG-b"
+
+
+def test_counters() -> None:
+    f = fake.dgx_like(2)
+    g = f.gpus[0]
+    g.ecc_uncorrected, g.remap_pending, g.recovery_action = 3, True, 2
+    g.nvlink_errors = {(0, 1): 2, (5, 3): 4, (30, 3): 100}  # link 30 is beyond the active ones
+    nvml: Any = f
+    with read.session(nvml):
+        c = read.read_counters(nvml, read.handles(nvml)[0])
+        u = read.read_usage(nvml, read.handles(nvml)[1])
+    assert c == read.Counters(3, False, True, False, 6, 2)
+    assert u == read.Usage(0, 0)
+
+
+def test_discover_fake_gpus() -> None:
+    inv = discover("node-a", fake=3, cpu_slots=16)
+    assert (inv.kind, inv.slots, inv.gpus) == ("gpu", 3, fake_gpus(3, "node-a"))
 
 
 def test_discover_fake_zero_gives_cpu_slots_without_probing(monkeypatch: pytest.MonkeyPatch) -> None:
-    _no_nvml_probe(monkeypatch)
+    monkeypatch.setattr(inventory, "load_nvml", lambda: pytest.fail("NVML must not be probed"))
     inv = discover("n", fake=0, cpu_slots=5)
     assert (inv.kind, inv.gpus, inv.slots) == ("cpu", (), 5)
 
@@ -146,65 +121,62 @@ def test_discover_fake_zero_gives_cpu_slots_without_probing(monkeypatch: pytest.
 def test_discover_cpu_slots_default_to_cpu_count(
     monkeypatch: pytest.MonkeyPatch, cpu_count: int | None, slots: int
 ) -> None:
-    _no_nvml_probe(monkeypatch)
     monkeypatch.setattr(os, "cpu_count", lambda: cpu_count)
     assert discover("n", fake=0).slots == slots
 
 
+def test_discover_with_an_nvml_module() -> None:
+    nvml: Any = fake.dgx_like(4)
+    inv = discover("n", nvml=nvml)
+    assert (inv.kind, inv.slots) == ("gpu", 4)
+    assert inv.topology.worst((0, 1, 2, 3)) is Link.NVLINK
+
+
 def test_discover_uses_pynvml_when_not_faked(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = FakeNvml(TWO_GPUS)
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setitem(sys.modules, "pynvml", two())
     inv = discover("n", fake=None, cpu_slots=7)
-    assert inv.kind == "gpu"
-    assert inv.slots == 2
     assert [g.uuid for g in inv.gpus] == ["GPU-aaaa", "GPU-bbbb"]
-    assert fake.calls[-1] == "nvmlShutdown"
 
 
 def test_discover_pynvml_with_zero_devices_gives_cpu_slots(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([]))
-    inv = discover("n", cpu_slots=7)
-    assert (inv.kind, inv.slots) == ("cpu", 7)
+    assert discover("n", cpu_slots=7).slots == 7
 
 
 @pytest.mark.parametrize("fail_on", ["nvmlInit", "nvmlDeviceGetName"])
 def test_discover_nvml_failure_gives_cpu_slots(monkeypatch: pytest.MonkeyPatch, fail_on: str) -> None:
-    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(TWO_GPUS, fail_on=fail_on))
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(two().gpus, fail_on=fail_on))
     inv = discover("n", cpu_slots=3)
     assert (inv.kind, inv.gpus, inv.slots) == ("cpu", (), 3)
 
 
 def test_discover_without_pynvml_installed_gives_cpu_slots(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)  # makes `import pynvml` raise ImportError
-    inv = discover("n", cpu_slots=2)
-    assert (inv.kind, inv.slots) == ("cpu", 2)
+    assert discover("n", cpu_slots=2).kind == "cpu"
 
 
-@pytest.mark.parametrize(
-    ("slots", "expected"),
-    [((), ""), ((0,), "0"), ((1, 3), "1,3"), ((0, 1, 2, 3), "0,1,2,3")],
-)
+@pytest.mark.parametrize(("slots", "expected"), [((), ""), ((0,), "0"), ((1, 3), "1,3")])
 def test_visible_devices_on_gpu_host(slots: tuple[int, ...], expected: str) -> None:
-    inv = Inventory(fake_gpus(4, "n"), 4)
-    assert inv.visible_devices(slots) == expected
+    assert Inventory(fake_gpus(4, "n"), 4).visible_devices(slots) == expected
 
 
 def test_visible_devices_use_gpu_indices() -> None:
     inv = Inventory((Gpu(2, "GPU-2", "x", 1), Gpu(5, "GPU-5", "x", 1)), 2)
-    assert inv.visible_devices((1,)) == "5"
     assert inv.visible_devices((0, 1)) == "2,5"
 
 
-@pytest.mark.parametrize("slots", [(), (0,), (0, 1, 2)])
-def test_visible_devices_on_cpu_host_is_empty(slots: tuple[int, ...]) -> None:
-    assert Inventory((), 8).visible_devices(slots) == ""
+def test_visible_devices_on_cpu_host_is_empty() -> None:
+    assert Inventory((), 8).visible_devices((0, 1)) == ""
 
 
 def test_to_json() -> None:
     assert Inventory((), 4).to_json() == {"kind": "cpu", "slots": 4, "gpus": []}
     gpu = Inventory((Gpu(0, "GPU-0", "T4", 15360),), 1).to_json()
-    assert gpu == {
-        "kind": "gpu",
-        "slots": 1,
-        "gpus": [{"index": 0, "uuid": "GPU-0", "name": "T4", "memory_mib": 15360}],
-    }
+    assert gpu["gpus"] == [
+        {"index": 0, "uuid": "GPU-0", "name": "T4", "memory_mib": 15360, "bus_id": "", "cpus": (), "mig": ()}
+    ]
+
+
+def test_unknown_topology_is_system() -> None:
+    assert Topology().worst((0, 1)) is Link.SYSTEM
+    assert Topology().worst((3,)) is Link.NVLINK

@@ -28,6 +28,7 @@ ROUNDS = st.integers(0, MAX_ROUND)
 WATCHED = {
     KeyKind.NODE: True,
     KeyKind.NODE_DRAIN: True,
+    KeyKind.GPU: True,
     KeyKind.JANITOR: True,
     KeyKind.EVENT: True,
     KeyKind.EVENT_SEQ: True,
@@ -52,6 +53,8 @@ def built(keys: Keys, job: str, node: str, r: int) -> dict[str, KeyRef]:
     return {
         keys.node(node): KeyRef(KeyKind.NODE, node=node),
         keys.drain(node): KeyRef(KeyKind.NODE_DRAIN, node=node),
+        keys.gpu(node, "GPU-0a1b-2c"): KeyRef(KeyKind.GPU, node=node),
+        keys.gpu(node, "MIG-0a1b"): KeyRef(KeyKind.GPU, node=node),
         keys.janitor(): KeyRef(KeyKind.JANITOR),
         keys.event(EventRing.CLUSTER, 7): KeyRef(KeyKind.EVENT),
         keys.event(EventRing.RECENT, 7, job): KeyRef(KeyKind.EVENT),

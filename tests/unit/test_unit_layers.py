@@ -21,7 +21,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("terms",),  # the shared vocabulary: ids, the job spec and head, job states
     ("happenings",),  # typed records of what happened, and the bus that hands them out
     ("workers",),  # processes, cgroups, the warm parent
-    ("etcd", "progress"),  # the store seam and key layout; worker progress and hangs
+    (
+        "etcd",
+        "gpu",
+        "progress",
+    ),  # the store seam and key layout; GPUs through NVML; worker progress and hangs
     ("rendezvous", "events"),  # rounds and snapshots; the cluster event history
     ("node", "wire"),  # this node and its peers; the control protocol's messages
     ("jobs",),  # running one job's workers on this node, and the job rules above the store

@@ -157,3 +157,36 @@ def test_an_address_in_use_is_a_config_error() -> None:
             await first.close()
 
     asyncio.run(run())
+
+
+def test_gpu_unhealthy_is_counted_by_a_bounded_fault() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from elasticd.happenings.records import GpuUnhealthy
+    from elasticd.metrics.counters import EventMetrics
+
+    reg = CollectorRegistry()
+    m = EventMetrics(reg)
+    m.observe(GpuUnhealthy("n1", "GPU-1", "ecc", "x", None))
+    m.observe(GpuUnhealthy("n1", "GPU-2", "made-up", "x", None))
+    assert reg.get_sample_value("elasticd_gpu_unhealthy_total", {"fault": "ecc"}) == 1
+    assert reg.get_sample_value("elasticd_gpu_unhealthy_total", {"fault": "other"}) == 1
+
+
+def test_per_gpu_gauges() -> None:
+    registry = CollectorRegistry()
+    collector = StateCollector()
+    registry.register(collector)
+    gpus = (
+        {"uuid": "GPU-a", "state": "healthy", "reason": "", "memory_used_mib": 3, "utilization_pct": 40,
+         "job": "j", "rank": 5},
+        {"uuid": "GPU-b", "state": "unhealthy", "reason": "Xid 79", "memory_used_mib": None,
+         "utilization_pct": None, "job": None, "rank": None},
+    )  # fmt: skip
+    collector.update(NodeState("n1", gpus=gpus))
+    assert _value(registry, "elasticd_gpu_healthy", gpu="0", uuid="GPU-a") == 1
+    assert _value(registry, "elasticd_gpu_healthy", gpu="1", uuid="GPU-b") == 0
+    assert _value(registry, "elasticd_gpu_memory_used_bytes", gpu="0", uuid="GPU-a") == 3 * 1024 * 1024
+    assert _value(registry, "elasticd_gpu_utilization_percent", gpu="0", uuid="GPU-a") == 40
+    assert _value(registry, "elasticd_gpu_job", gpu="0", uuid="GPU-a", job="j", rank="5") == 1
+    assert _value(registry, "elasticd_gpu_memory_used_bytes", gpu="1", uuid="GPU-b") is None

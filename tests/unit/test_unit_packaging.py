@@ -29,6 +29,7 @@ COMPOSE = REPO / "packaging/compose/compose.yaml"
 SHELL_SCRIPTS = sorted(
     [
         *(REPO / "packaging").glob("*.sh"),
+        *(REPO / "bench").glob("*.sh"),
         *(REPO / "packaging/deb").glob("post*"),
         *(REPO / "packaging/deb").glob("pre*"),
         *K8S.glob("*.sh"),

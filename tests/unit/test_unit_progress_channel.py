@@ -54,7 +54,7 @@ def test_a_flood_is_read_in_bounded_pieces_and_paused(monkeypatch: pytest.Monkey
     async def main() -> None:
         channel = ProgressChannel()
         flood = b"x" * 60_000 + b"\nstep 9\n"
-        monkeypatch.setattr(ch.os, "read", counting_read)
+        monkeypatch.setattr(os, "read", counting_read)
         os.write(channel.write_fd, flood)  # fits in the pipe: no writer needed
         got = await _collect(channel, 1)
         assert got == [StepReport(9)] and channel.junk == 1

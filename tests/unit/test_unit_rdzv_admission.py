@@ -8,11 +8,11 @@ import pytest
 
 from elasticd.jobs.admission import Admission, admit, single_host_note
 from elasticd.rendezvous.decider import build_result
-from elasticd.rendezvous.model import Join, RoundInfo
+from elasticd.rendezvous.model import DrainRecord, FinalRecord, Join, RoundInfo
 from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.options import EntryKind
 from elasticd.terms.spec import JobSpec, NodeRange
-from elasticd.terms.state import RoundReason
+from elasticd.terms.state import EndReason, JobState, RoundReason
 from tests import fakes
 
 JOB = "train-0a1b2c3d"
@@ -45,7 +45,7 @@ def snapshot(
     joins: tuple[str, ...] = (),
     members: tuple[str, ...] | None = None,
     previous: tuple[str, ...] | None = None,
-    final: dict[str, Any] | None = None,
+    final: FinalRecord | None = None,
     drains: tuple[str, ...] = (),
 ) -> JobSnapshot:
     """A job in round ``round_no`` with ``joins`` so far; ``members`` closes it (a result)."""
@@ -57,7 +57,7 @@ def snapshot(
             snap.results[round_no] = build_result(round_no, [_join(n, 0) for n in members], 0.0)
         if previous is not None and round_no > 0:
             snap.results[round_no - 1] = build_result(round_no - 1, [_join(n, 0) for n in previous], 0.0)
-    snap.drains = {n: {} for n in drains}
+    snap.drains = {n: DrainRecord() for n in drains}
     return snap
 
 
@@ -77,8 +77,8 @@ YES = Admission(True)
         # nothing to join
         (JobSnapshot(JOB), "n9", NO),
         (snapshot(round_no=None), "n9", NO),
-        (snapshot(final={"state": "SUCCEEDED", "reason": ""}), "n9", NO),
-        (snapshot(final={"state": "KILLED", "reason": ""}, members=("n1",)), "n9", NO),
+        (snapshot(final=FinalRecord(JobState.SUCCEEDED, "", EndReason.SUCCEEDED)), "n9", NO),
+        (snapshot(final=FinalRecord(JobState.KILLED, "", EndReason.KILLED), members=("n1",)), "n9", NO),
         # the spec restricts the nodes
         (snapshot(spec=make_spec(nodes=("n1", "n2"))), "n9", NO),
         (snapshot(spec=make_spec(nodes=("n1", "n2"))), "n2", YES),
@@ -142,7 +142,7 @@ def test_enough_free_slots(free: int, nproc: int) -> None:
         snapshot(joins=("n1", "n2", "n3")),  # no seat
         snapshot(drains=("n9",)),
         snapshot(spec=make_spec(nodes=("n1",))),
-        snapshot(final={"state": "FAILED", "reason": "x"}),
+        snapshot(final=FinalRecord(JobState.FAILED, "x", EndReason.WORKER_FAILED)),
     ],
     ids=["full", "drained", "not-allowed", "final"],
 )

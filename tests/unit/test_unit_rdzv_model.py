@@ -15,10 +15,9 @@ from elasticd.rendezvous.model import (
     Member,
     NodeStatus,
     RoundInfo,
-    RoundReason,
     RoundResult,
 )
-from elasticd.terms.state import EndReason, JobState
+from elasticd.terms.state import EndReason, JobState, RoundReason
 
 
 def _via_json(data: dict[str, Any]) -> dict[str, Any]:
@@ -49,6 +48,7 @@ def test_every_reason_is_classified() -> None:
         "member_lost",
         "scale_up",
         "member_left",
+        "gpu_failed",
     ]
 
 
@@ -301,6 +301,7 @@ def test_final_record_rejects(change: dict[str, Any]) -> None:
 def test_drain_record() -> None:
     assert DrainRecord.from_json({"grace_s": 30, "at": 1.0, "by": "root"}) == DrainRecord(30.0, 1.0, "root")
     assert DrainRecord.from_json({}) == DrainRecord()
+    bad: object
     for bad in ({"grace_s": -1}, {"grace_s": 3601}, {"grace_s": "5"}, {"at": None}, [], "drain"):
         with pytest.raises(DecodeError):
             DrainRecord.from_json(bad)
@@ -316,6 +317,6 @@ def test_node_status() -> None:
         "updated_at": 5.0,
     }
     assert NodeStatus.from_json(data) == NodeStatus("RUNNING", 2, "0,1", (11, 12), 5.0)
-    for change in ({"pids": [0]}, {"pids": ["1"]}, {"state": "running"}, {"round": -2}, {"devices": "a"}):
+    for change in ({"pids": [0]}, {"pids": ["1"]}, {"state": "running"}, {"round": -2}, {"devices": "a b"}):
         with pytest.raises(DecodeError):
             NodeStatus.from_json(data | change)

@@ -17,13 +17,12 @@ from elasticd.rendezvous.model import (
     Member,
     NodeStatus,
     RoundInfo,
-    RoundReason,
     RoundResult,
     WaitingRecord,
 )
 from elasticd.rendezvous.snapshot import InvalidKey, JobSnapshot
 from elasticd.terms.spec import JobSpec, NodeRange
-from elasticd.terms.state import EndReason, JobState
+from elasticd.terms.state import EndReason, JobState, RoundReason
 from tests import fakes
 
 JOB = "train-0a1b2c3d"

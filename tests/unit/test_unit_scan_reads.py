@@ -285,9 +285,9 @@ def test_status_json_is_the_views_with_their_queue_places_and_reuses_unchanged_v
     views = asyncio.run(service.views())
     assert json.loads(asyncio.run(service.views_json())) == views
     assert all("queue" in v for v in views) and {v["queue"]["of"] for v in views} == {12}
-    held = {j: cached[2] for j, cached in service._views.items()}
+    held = {j: cached[2] for j, cached in service.status_views.held.items()}
     assert run_inline(InlineJobStore(kv, KEYS, "q999").create(make_spec(id="q999", nodes=("elsewhere",))))
     m.recent.invalidate()
     after = json.loads(asyncio.run(service.views_json()))
     assert {v["queue"]["of"] for v in after} == {13} and after == asyncio.run(service.views())
-    assert all(service._views[j][2] is encoded for j, encoded in held.items())  # not encoded again
+    assert all(service.status_views.held[j][2] is encoded for j, encoded in held.items())  # not encoded again

@@ -281,3 +281,32 @@ def test_no_warm_and_preload_on_both_command_lines() -> None:
     assert ns.warm is True and ns.preload == []
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--preload", "os;rm", "t.py"])
+
+
+def test_numa_binding_and_mig_are_checked() -> None:
+    from dataclasses import replace
+
+    from elasticd.errors import InvalidSpec
+    from elasticd.terms.head import JobHead
+
+    base = make_spec()
+    assert replace(base, numa_binding="socket").numa_binding == "socket"
+    with pytest.raises(InvalidSpec, match="numa_binding must be one of"):
+        replace(base, numa_binding="everywhere")
+    with pytest.raises(InvalidSpec, match="mig must be"):
+        replace(base, mig=1)  # type: ignore[arg-type]
+    assert JobHead.of(replace(base, mig=True), 100).mig is True
+
+
+def test_gpu_options_are_stored_only_when_asked_for() -> None:
+    from dataclasses import replace
+
+    from elasticd.terms.head import JobHead
+
+    base = make_spec()
+    assert "numa_binding" not in base.to_json() and "mig" not in base.to_json()
+    assert "mig" not in JobHead.of(base, 100).to_json()
+    asked = replace(base, numa_binding="node", mig=True)
+    assert JobSpec.from_json(asked.to_json()) == asked
+    assert JobHead.of(asked, 100).to_json()["mig"] is True
+    assert JobSpec.from_json(base.to_json()) == base

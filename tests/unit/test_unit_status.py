@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 import typing
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
-from elasticctl import cli, render
+from elasticctl import render
 from elasticctl.commands import status as status_command
 from elasticctl.entry import UsageError
+from elasticctl.parser import build_parser
 from elasticctl.views import status as status_view
 from elasticd import wire
 from elasticd.control.params import parse_args
@@ -305,7 +307,7 @@ class Canned:
 
 
 def parse(*argv: str) -> argparse.Namespace:
-    return cli.build_parser().parse_args(["status", *argv])
+    return build_parser().parse_args(["status", *argv])
 
 
 def ended(job_id: str, state: JobState = JobState.SUCCEEDED) -> JobSnapshot:
@@ -365,7 +367,7 @@ def test_watch_defaults_and_stops_with_exit_0_on_ctrl_c(
         if len(sleeps) == 2:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(status_view.time, "sleep", sleep)
+    monkeypatch.setattr(time, "sleep", sleep)
     assert status_view.run(client, parse("-q", "--state", "SUCCEEDED", "--watch", "0.5")) == 0
     assert capsys.readouterr().out == "a\n\na\n\n"  # two looks, an empty line after each
     assert sleeps == [0.5, 0.5]
@@ -438,3 +440,27 @@ def test_a_waiting_jobs_place_in_the_queue_is_shown() -> None:
         pending, CLOSED
     )
     assert "queue:" not in render.job_detail(running, CLOSED)
+
+
+def test_gpus_table() -> None:
+    from elasticctl.render import gpus_table
+
+    node: Any = {
+        "node": "n1",
+        "inventory": {"gpus": [{"index": 0, "uuid": "GPU-a", "memory_mib": 81559, "mig": []},
+                               {"index": 1, "uuid": "GPU-b", "memory_mib": 81559,
+                                "mig": [{"uuid": "MIG-x"}]}]},
+        "gpu_states": [
+            {"uuid": "GPU-a", "state": "healthy", "reason": "", "memory_used_mib": 1024,
+             "utilization_pct": 35, "job": "train", "rank": 3},
+            {"uuid": "GPU-b", "state": "unhealthy", "reason": "Xid 79", "memory_used_mib": None,
+             "utilization_pct": None, "job": None, "rank": None},
+        ],
+    }  # fmt: skip
+    text = gpus_table([node])
+    assert text is not None
+    lines = text.splitlines()
+    assert lines[0].split() == ["NODE", "GPU", "UUID", "STATE", "MEMORY", "UTIL", "JOB", "RANK", "REASON"]
+    assert lines[1].split() == ["n1", "0", "GPU-a", "healthy", "1024/81559", "MiB", "35%", "train", "3"]
+    assert "1 (MIG x1)" in lines[2] and lines[2].rstrip().endswith("Xid 79")
+    assert gpus_table([cast(Any, {"node": "cpu-host", "inventory": {"gpus": []}})]) is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any, cast
 
@@ -77,7 +78,7 @@ def test_mapped_values() -> None:
 
 
 def test_nproc_per_node_as_torchrun_reads_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(torchrun.os, "cpu_count", lambda: 6)
+    monkeypatch.setattr(os, "cpu_count", lambda: 6)
     assert nproc("3", lambda: 8) == 3
     assert (nproc("gpu", lambda: 8), nproc("auto", lambda: 8)) == (8, 8)
     assert (nproc("cpu", lambda: 8), nproc("auto", lambda: 0)) == (6, 6)
@@ -127,3 +128,18 @@ def test_elasticrun_nodes_limits_where_the_job_may_run(
     args, _, _ = run.submit_args(parse("--nodes", "n1, n2,"), cast(Any, None))
     assert args.nodes == ["n1", "n2"]
     assert run.submit_args(parse(), cast(Any, None))[0].nodes == []
+
+
+@pytest.mark.parametrize(
+    ("given", "value"),
+    [("node", "node"), ("socket", "socket"), ("exclusive", "exclusive"), ("core-complex", "core-complex"),
+     ("core_complex", "core-complex")],
+)  # fmt: skip
+def test_numa_binding_is_mapped(given: str, value: str) -> None:
+    assert interpret(parse("--numa-binding", given), lambda: 0).fields["numa_binding"] == value
+    assert interpret(parse("--numa_binding", given), lambda: 0).fields["numa_binding"] == value
+
+
+def test_numa_binding_refuses_other_values() -> None:
+    with pytest.raises(FlagError, match="--numa-binding takes one of"):
+        interpret(parse("--numa-binding", "everywhere"), lambda: 0)

@@ -14,6 +14,7 @@ import pytest
 
 from elasticd.terms.ids import valid_job_id
 from elasticd.workers.cgroups.fs import V2_DAEMON, V2_JOBS, KernelFs
+from elasticd.workers.cgroups.kill import kill_cgroup, members
 from elasticd.workers.cgroups.tracking import (
     POOL_LEAF,
     CgroupJob,
@@ -21,8 +22,6 @@ from elasticd.workers.cgroups.tracking import (
     NoTracker,
     Tracker,
     detect,
-    kill_cgroup,
-    members,
 )
 from elasticd.workers.group import ColdSpawner, Launch, WorkerGroup
 from elasticd.workers.proctree import markers

@@ -80,3 +80,24 @@ def test_not_a_secret_file(tmp_path: Path) -> None:
     assert "cannot be read" in refused(tmp_path / "missing")
     assert "is empty" in refused(secret_file(tmp_path / "empty", "\n"))
     assert "larger than" in refused(secret_file(tmp_path / "big", "x" * 5000))
+
+
+def test_trusted_file_is_ours_under_trusted_directories(tmp_path: Path) -> None:
+    from elasticd.trustedpath import trusted_file
+
+    safe = tmp_path / "safe"
+    safe.mkdir(mode=0o755)
+    f = safe / "nvml.json"
+    f.write_text("{}")
+    f.chmod(0o644)
+    assert trusted_file(f, "fake_nvml") == f.resolve()
+    f.chmod(0o666)
+    with pytest.raises(ConfigError, match=r"fake_nvml .* is unsafe"):
+        trusted_file(f, "fake_nvml")
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    g = open_dir / "nvml.json"
+    g.write_text("{}")
+    with pytest.raises(ConfigError, match="writable by everyone"):
+        trusted_file(g, "fake_nvml")

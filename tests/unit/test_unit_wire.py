@@ -17,6 +17,7 @@ import pytest
 from elasticctl import cli, exits, follow, render
 from elasticctl.client import Client
 from elasticctl.commands import submit as submit_command
+from elasticctl.parser import build_parser
 from elasticd import wire
 from elasticd.control.commands import REGISTRY, logs, nodes, ping
 from elasticd.control.params import parse_args
@@ -194,7 +195,7 @@ SUBMIT_OPTIONS = {
 
 
 def test_submit_option_defaults_are_the_wire_defaults() -> None:
-    ns = cli.build_parser().parse_args(["submit", "train.py"])
+    ns = build_parser().parse_args(["submit", "train.py"])
     for dest, field in SUBMIT_OPTIONS.items():
         assert getattr(ns, dest) == default(SubmitArgs, field), dest
     assert (ns.nnodes, ns.nproc_per_node, ns.max_restarts) == ("1", 1, 3)  # the documented ones
@@ -212,14 +213,14 @@ def test_submit_option_defaults_are_the_wire_defaults() -> None:
 def test_other_option_defaults_are_the_wire_defaults(
     argv: list[str], args: type[Any], options: dict[str, str]
 ) -> None:
-    ns = cli.build_parser().parse_args(argv)
+    ns = build_parser().parse_args(argv)
     for dest, field in options.items():
         assert getattr(ns, dest) == default(args, field), dest
 
 
 def test_submit_help_shows_the_wire_defaults(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
-        cli.build_parser().parse_args(["submit", "--help"])
+        build_parser().parse_args(["submit", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert f"(default {default(SubmitArgs, 'join_timeout_s'):g})" in text
     assert f"restart budget (default {default(SubmitArgs, 'max_restarts')})" in text
@@ -248,7 +249,7 @@ def test_request_leaves_out_defaults_and_keeps_required_ones() -> None:
 def test_submit_with_no_options_sends_no_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "train.py").write_text("")
-    args = submit_command.submit_args(cli.build_parser().parse_args(["submit", "--env-clear", "train.py"]))
+    args = submit_command.submit_args(build_parser().parse_args(["submit", "--env-clear", "train.py"]))
     for field in SUBMIT_OPTIONS.values():
         assert getattr(args, field) == default(SubmitArgs, field)
     assert set(request(args)) == {"entry_kind", "entry", "cwd", "python"}

@@ -20,7 +20,7 @@ from elasticd.workers.group import Launch
 from elasticd.workers.warm import spawn as zygote_spawn
 from elasticd.workers.warm import wire
 from elasticd.workers.warm import zygote as zy
-from elasticd.workers.zygote_program import boot, child
+from elasticd.workers.zygote_program import boot, child, shared
 from tests.fakes import FAKE_ZYGOTE_HEAD, READY, NoReaper, until
 
 pytestmark = pytest.mark.timeout(60)
@@ -84,7 +84,7 @@ def test_the_program_is_its_parts_and_fits_the_pipe() -> None:
     source = zygote_spawn.boot_source()
     parts = source.split(b"\0")
     assert len(parts) == len(zygote_spawn.BOOT_PARTS) and len(source) < 65536
-    assert all(compile(p, zygote_spawn.BOOT_FILE, "exec") for p in parts)
+    assert all(compile(p, shared.BOOT_FILE, "exec") for p in parts)
 
 
 def test_argv_and_path_are_the_interpreters() -> None:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from elasticd.workers.zygote_program import title
 
-TEXT = st.text(st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)), max_size=20)
+TEXT = st.text(st.characters(codec="utf-8", exclude_characters="\0"), max_size=20)
 # A child forked as the zygote forks its workers: it takes a new title, then tells its pid and waits.
 CHILD = (
     "import os, sys, json\n"

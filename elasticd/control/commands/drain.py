@@ -17,7 +17,12 @@ async def drain(service: CommandService, args: DrainArgs, caller: Caller) -> dic
 
 
 async def undrain(service: CommandService, args: UndrainArgs, caller: Caller) -> dict[str, Any]:
-    """Let a drained node take jobs again (it joins running elastic jobs at their next round)."""
+    """Let a drained node take jobs again (it joins running elastic jobs at their next round), or
+    return one of its GPUs (``gpu``) that it took out of the pool as unhealthy."""
+    if args.gpu is not None:
+        if args.job is not None:
+            raise InvalidArgs("undrain takes --job or --gpu, not both")
+        return await service.return_gpu(args.node, args.gpu, caller.user)
     return await service.undrain(args.node, args.job)
 
 

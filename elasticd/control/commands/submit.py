@@ -79,6 +79,8 @@ def _spec(service: CommandService, args: SubmitArgs, caller: Caller) -> JobSpec:
         warm=args.warm,
         preload=tuple(args.preload),
         priority=args.priority,
+        numa_binding=args.numa_binding,
+        mig=args.mig,
     )
 
 

@@ -40,6 +40,7 @@ from elasticd.workers.cgroups.limits import LimitError, check_name
 _log = log.get("elasticd.tracking")
 
 ZYGOTE_LEAF = "zygote"  # a job's zygote's leaf, beside its ranks' (never a rank_<k> name)
+SNAPSHOTS_LEAF = "snapshots"  # a job's snapshot keeper's leaf (workers.warm.keeper), beside the zygote's
 POOL_LEAF = "_zygotes"  # parked zygotes (warm.pool), beside the jobs: "_" never starts a job id
 
 
@@ -73,6 +74,14 @@ class JobTracking(Protocol):
     def drop_zygote(self) -> None:
         """The job ended here: kill what is left in the zygote's leaf and remove it (and the job's
         cgroup, once empty)."""
+        ...
+
+    def join_snapshots(self) -> int | None:
+        """Like ``join_zygote`` for the job's snapshot keeper, which outlives attempts too."""
+        ...
+
+    def drop_snapshots(self) -> None:
+        """Like ``drop_zygote`` for the keeper's leaf."""
         ...
 
     def ranks(self) -> JobTracking:
@@ -114,15 +123,27 @@ class CgroupJob:
             _log.warning("tracking.cgroup_busy", cgroup=str(self.path))
 
     def join_zygote(self) -> int | None:
-        leaf = self.path / ZYGOTE_LEAF
+        return self._join_leaf(ZYGOTE_LEAF)
+
+    def drop_zygote(self) -> None:
+        self._drop_leaf(ZYGOTE_LEAF)
+
+    def join_snapshots(self) -> int | None:
+        return self._join_leaf(SNAPSHOTS_LEAF)
+
+    def drop_snapshots(self) -> None:
+        self._drop_leaf(SNAPSHOTS_LEAF)
+
+    def _join_leaf(self, name: str) -> int:
+        leaf = self.path / name
         with contextlib.suppress(FileExistsError):
             self._fs.mkdir(self.path)
         with contextlib.suppress(FileExistsError):
             self._fs.mkdir(leaf)
         return self._fs.open_procs(leaf)
 
-    def drop_zygote(self) -> None:
-        leaf = self.path / ZYGOTE_LEAF
+    def _drop_leaf(self, name: str) -> None:
+        leaf = self.path / name
         if not kill_cgroup(self._fs, leaf) or not remove_tree(self._fs, leaf):
             _log.warning("tracking.cgroup_busy", cgroup=str(leaf))
         if self.path.is_dir() and not any(p.is_dir() for p in self.path.iterdir()):
@@ -166,6 +187,12 @@ class CgroupRanks:
     def drop_zygote(self) -> None:
         self._job.drop_zygote()
 
+    def join_snapshots(self) -> int | None:
+        return self._job.join_snapshots()
+
+    def drop_snapshots(self) -> None:
+        self._job.drop_snapshots()
+
     def ranks(self) -> CgroupRanks:
         return self
 
@@ -186,6 +213,12 @@ class NoJobTracking:
         return None
 
     def drop_zygote(self) -> None:
+        return None
+
+    def join_snapshots(self) -> int | None:
+        return None
+
+    def drop_snapshots(self) -> None:
         return None
 
     def ranks(self) -> NoJobTracking:

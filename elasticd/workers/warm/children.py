@@ -80,15 +80,23 @@ class Children:
             self._ended(child)
         return exited
 
-    def place(self, pid: int, procs_fd: int | None) -> None:
-        """Move the new worker into its rank's tracking cgroup while it waits for its go.
+    def place(self, pid: int, procs_fd: int | None, cpus: frozenset[int] | None = None) -> None:
+        """Move the new worker into its rank's tracking cgroup, and bind it to ``cpus``, while it
+        waits for its go (it is one thread then: the threads it starts inherit the binding).
 
         The daemon writes the pid itself: a ``cgroup.procs`` fd opened by root would let whoever
         holds it move *any* process there (the kernel checks the opener's credentials), so it is
         never handed to the zygote. The pid is the zygote's child, pinned by a pidfd: alive
         before and after the write, it is the process the write moved."""
         child = self._children.get(pid)
-        if procs_fd is None or child is None or child.pidfd < 0 or ended(child.pidfd):
+        if child is None or child.pidfd < 0 or ended(child.pidfd):
+            return
+        if cpus is not None:
+            try:
+                os.sched_setaffinity(child.pid, cpus)
+            except OSError as exc:  # it ended meanwhile: its exit is reported as any other
+                _log.error("zygote.bind_failed", job=self._job(), pid=child.pid, error=str(exc))
+        if procs_fd is None:
             return
         try:
             os.write(procs_fd, str(child.pid).encode())

@@ -91,8 +91,9 @@ class ZygoteSetup:
 
 def new_marker() -> str:
     """The value of the zygote's ``ELASTICD_JOB``: its own, never a job id. Its forked workers keep
-    it in ``/proc/<pid>/environ`` (what ``proctree.marked`` reads) whatever their ``os.environ``, so
-    the groups it forks sweep for it too; unique, so no other job's sweep can ever match it."""
+    it in ``/proc/<pid>/environ`` (what ``proctree.marked`` reads) where the kernel refuses them
+    their own environment block (``zygote_program.title``), so the groups it forks sweep for it
+    too; unique, so no other job's sweep can ever match it."""
     return f"zygote-{secrets.token_hex(8)}"
 
 

@@ -285,7 +285,7 @@ class Zygote:
         try:
             pid = await self._request(rid, launch, names, fds)
             exited = self._adopt(pid)
-            self._children.place(pid, procs_fd)
+            self._children.place(pid, procs_fd, launch.cpus)
             with contextlib.suppress(OSError):  # EPIPE: it has ended already (its exit follows)
                 os.write(go_w, b"1")
         finally:

@@ -1,0 +1,221 @@
+"""The daemon's side of a job's snapshot keeper: start it, learn its socket, stop it.
+
+The keeper (``workers.snapshot_program.keeper``) holds a job's newest snapshots in memory on this
+node, so it must outlive the job's workers: like the zygote it is started when the job is admitted
+here (its own leaf of the job's tracking cgroup, ``snapshots``, which a worker group's stop spares,
+and a marker of its own, which no sweep of the job's workers matches) and stopped when the job
+ends here. It runs the job's own interpreter as the submitter, so everything it says is untrusted:
+the daemon takes one bounded ``ready`` message (its pid, and the path of its socket, which it
+passes on to the workers' environment) and never opens the socket nor a segment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import subprocess
+from dataclasses import dataclass, field
+from importlib import resources
+
+from elasticd import log
+from elasticd.workers.group import before_drop
+from elasticd.workers.proctree.markers import JOB_ENV
+from elasticd.workers.proctree.reaper import Reaper
+from elasticd.workers.proctree.spawn import Identity, worker_preexec
+
+_log = log.get("elasticd.snapshots")
+
+PROGRAM = "elasticd.workers.snapshot_program"
+PARTS = (
+    "protocol.py",
+    "replica.py",
+    "keeper.py",
+    "peers.py",
+    "main.py",
+)  # run in this order, in one namespace
+KEEPER_NAME = "__elasticd_keeper__"
+LOADER = (
+    "import os;g={{'__name__':'" + KEEPER_NAME + "','CTL_FD':{ctl}}};"
+    "[exec(compile(p,'<elasticd-keeper>','exec'),g) for p in "
+    "b''.join(iter(lambda:os.read({src},65536),b'')).split(b'\\0')]"
+)
+READY_TIMEOUT_S = 30.0  # an interpreter's start, without torch
+STOP_TIMEOUT_S = 5.0
+MAX_READY = 4096
+MAX_SOCKET_PATH = 107  # sun_path, less its NUL
+
+
+@dataclass(frozen=True)
+class KeeperSetup:
+    job_id: str
+    python: str
+    cwd: str
+    env: dict[str, str] = field(hash=False)
+    identity: Identity | None
+    bound: int  # bytes the job's snapshots may hold on this node (setting snapshot_bytes)
+    address: str = ""  # where it listens for other keepers (this node's address; "": no replication)
+
+
+def program_source() -> bytes:
+    files = resources.files(PROGRAM)
+    return b"\0".join(files.joinpath(name).read_bytes() for name in PARTS)
+
+
+def parse_ready(data: bytes, pid: int) -> str:
+    """The socket path of the keeper's ``ready`` message; raises ``ValueError`` for anything else."""
+    if len(data) > MAX_READY:
+        raise ValueError("message too long")
+    try:
+        msg = json.loads(data)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    if not isinstance(msg, dict):
+        raise ValueError("not an object")
+    if msg.get("ev") == "unavailable":
+        raise ValueError(f"unavailable: {str(msg.get('reason'))[:200]}")
+    path = msg.get("socket")
+    if msg.get("ev") != "ready" or msg.get("pid") != pid or not isinstance(path, str):
+        raise ValueError("not a ready message of this keeper")
+    if not path.startswith("/") or len(path.encode()) > MAX_SOCKET_PATH or "\0" in path or "\n" in path:
+        raise ValueError("not a usable socket path")
+    return path
+
+
+class SnapshotKeeper:
+    """One job's keeper on this node. Methods run on the event-loop thread (the parent-death
+    signal is tied to the thread that forks)."""
+
+    def __init__(self, setup: KeeperSetup, reaper: Reaper, procs_fd: int | None) -> None:
+        self.setup = setup
+        self.marker = f"snapshots-{os.urandom(8).hex()}"
+        self.socket_path: str | None = None
+        self._reaper = reaper
+        self._procs_fd = procs_fd
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._sock: socket.socket | None = None
+        self._ready: asyncio.Task[str | None] | None = None
+        self._pidfd = -1
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def spawn(self) -> None:
+        procs_fd, self._procs_fd = self._procs_fd, None
+        try:
+            self._proc, self._sock = self._start(procs_fd)
+        except (OSError, subprocess.SubprocessError) as exc:
+            _log.warning("snapshots.unavailable", job=self.setup.job_id, reason=f"cannot start: {exc}")
+            return
+        self._reaper.track(self._proc.pid)
+        self._ready = asyncio.ensure_future(self._await_ready())
+        _log.info("snapshots.spawned", job=self.setup.job_id, pid=self._proc.pid, bound=self.setup.bound)
+
+    def _start(self, procs_fd: int | None) -> tuple[subprocess.Popen[bytes], socket.socket]:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        src_r, src_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            source = program_source()
+            if len(source) >= 65536:  # written whole before the child reads: must fit the pipe
+                raise OSError("the keeper's program is larger than a pipe's buffer")
+            os.write(src_w, source)
+            os.close(src_w)
+            src_w = -1
+            setup = self.setup
+            proc = subprocess.Popen(
+                [setup.python, "-c", LOADER.format(src=src_r, ctl=theirs.fileno()), "elasticd-keeper"],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env=setup.env | {JOB_ENV: self.marker},
+                start_new_session=True,
+                preexec_fn=worker_preexec(setup.cwd, setup.identity, before_drop(procs_fd, None)),
+                close_fds=True,
+                pass_fds=(src_r, theirs.fileno()),
+            )
+            ours.send(json.dumps({"bound": setup.bound, "address": setup.address}).encode())
+            ours.setblocking(False)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+            os.close(src_r)
+            if src_w >= 0:
+                os.close(src_w)
+            if procs_fd is not None:
+                os.close(procs_fd)
+        return proc, ours
+
+    async def _await_ready(self) -> str | None:
+        assert self._sock is not None and self._proc is not None
+        loop = asyncio.get_running_loop()
+        try:
+            data = await asyncio.wait_for(loop.sock_recv(self._sock, MAX_READY + 1), READY_TIMEOUT_S)
+            self.socket_path = parse_ready(data, self._proc.pid)
+        except (TimeoutError, OSError, ValueError) as exc:
+            reason = "not ready in time" if isinstance(exc, TimeoutError) else str(exc) or "closed"
+            _log.warning("snapshots.unavailable", job=self.setup.job_id, pid=self._proc.pid, reason=reason)
+            await self.close()
+            return None
+        _log.info("snapshots.ready", job=self.setup.job_id, pid=self._proc.pid, socket=self.socket_path)
+        self._watch(loop, self._proc)
+        return self.socket_path
+
+    def _watch(self, loop: asyncio.AbstractEventLoop, proc: subprocess.Popen[bytes]) -> None:
+        """Say so when the keeper dies before the job ends here: its snapshots are gone, and the
+        workers write their checkpoints to disk from then on."""
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+        except OSError:
+            return
+
+        def died() -> None:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+            self._pidfd = -1
+            if self._proc is proc:
+                _log.warning("snapshots.lost", job=self.setup.job_id, pid=proc.pid, status=proc.poll())
+
+        self._pidfd = pidfd
+        loop.add_reader(pidfd, died)
+
+    async def ready(self) -> str | None:
+        """The keeper's socket path, once it listens; None when it will not."""
+        task = self._ready
+        if task is None:
+            return None
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled():  # closed before it was ready
+                return None
+            raise
+
+    async def close(self) -> None:
+        """Stop the keeper: it frees its segments and removes its directory when its control socket
+        closes; killed if it has not gone within ``STOP_TIMEOUT_S``."""
+        task = self._ready
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            task.cancel()
+        sock, self._sock = self._sock, None
+        proc, self._proc = self._proc, None
+        if self._pidfd >= 0:
+            asyncio.get_running_loop().remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = -1
+        if sock is not None:
+            sock.close()
+        if proc is None:
+            return
+        try:
+            await asyncio.to_thread(proc.wait, STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(OSError):
+                proc.kill()
+            await asyncio.to_thread(proc.wait)
+        self._reaper.untrack(proc.pid)
+        _log.info("snapshots.closed", job=self.setup.job_id, pid=proc.pid, returncode=proc.returncode)

@@ -1,0 +1,65 @@
+"""torch.distributed.checkpoint on the snapshot keeper, with real gloo ranks and a real keeper
+process: a state sharded over 2 ranks is loaded at 1 rank from memory, and from the
+directory (the reason said) when no keeper holds it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from elasticd.netaddr import free_port
+from tests.keeper_proc import Keeper
+from tests.support import REPO
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.torch
+SCRIPT = REPO / "tests" / "scripts" / "dcp_snapshot.py"
+
+
+@pytest.fixture
+def keepers() -> Iterator[list[Keeper]]:
+    made: list[Keeper] = []
+    yield made
+    for k in made:
+        k.close()
+
+
+def run(world: int, keeper: Keeper, out: Path, mode: str) -> list[str]:
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        env = dict(
+            os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MODE=mode, OUT=str(out)
+        )
+        env |= {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "ELASTICD_SNAPSHOT_SOCKET": keeper.socket,
+        }
+        env["PYTHONPATH"] = str(REPO)
+        procs.append(
+            subprocess.Popen([sys.executable, str(SCRIPT)], env=env, stderr=subprocess.PIPE, text=True)
+        )
+    errs = [p.communicate(timeout=60)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * world, errs
+    return errs
+
+
+@pytest.mark.timeout(120)
+def test_sharded_state_resumes_at_another_world_size(keepers: list[Keeper], tmp_path: Path) -> None:
+    keepers.append(Keeper())
+    run(2, keepers[0], tmp_path, "save")
+    want = [float(i) for i in range(24)]
+    errs = run(1, keepers[0], tmp_path, "load")  # both shards, from the keeper
+    assert "snapshot.restored source=memory" in errs[0] and "step=3" in errs[0], errs
+    assert json.loads((tmp_path / "loaded.1.json").read_text()) == {"w": want, "step": 3}
+    keepers.append(Keeper())  # a node that holds nothing: the directory, and why
+    errs = run(1, keepers[1], tmp_path, "load")
+    assert "snapshot.memory_skipped" in errs[0] and "reason=no snapshot in memory" in errs[0], errs
+    assert json.loads((tmp_path / "loaded.1.json").read_text()) == {"w": want, "step": 3}

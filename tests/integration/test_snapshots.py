@@ -1,0 +1,135 @@
+"""Memory snapshots under real daemons: a worker SIGKILLed mid-step resumes from the keeper's
+memory (no disk read, at most the step it was in redone); a node SIGKILLed is resumed from its
+peer's replica; a /dev/shm smaller than the bound is refused at submit."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+from pathlib import Path
+
+import pytest
+
+from elasticd.workers.snapshot_program.client import KeeperClient
+from tests.support import REPO, DaemonProc, start_cluster, submit_job, wait_for, wait_log
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.torch
+SCRIPT = REPO / "tests" / "scripts" / "snapshot_train.py"
+
+
+def restored(log: str) -> list[dict[str, str]]:
+    return [
+        dict(re.findall(r"(\w+)=(\S+)", m)) for m in re.findall(r"elasticd: snapshot\.restored (.*)", log)
+    ]
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_worker_resumes_from_memory(daemon_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    daemon: DaemonProc = daemon_factory(None, "--slots", "2", "--snapshot-bytes", str(64 << 20))
+    out = tmp_path / "out"
+    out.mkdir()
+    env = dict(os.environ, OUT=str(out), STEPS="20", CRASH_STEP="12", CRASH_RANK="1")
+    env["ELASTICD_SNAPSHOT_PERSIST_EVERY"] = "5"
+    res = daemon.ctl(
+        "submit",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+        "--follow",
+        str(SCRIPT),
+        env=env,
+        timeout_s=100,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    job_id = res.stdout.splitlines()[0]
+    assert daemon.job(job_id)["restarts"] == 1
+    ledgers = {
+        (a, r): [int(s) for s in (out / f"ledger.{a}.{r}").read_text().split()]
+        for a in (0, 1)
+        for r in (0, 1)
+    }
+    assert ledgers[(0, 1)] == list(range(12))  # rank 1 died in step 12
+    assert ledgers[(0, 0)] in (list(range(12)), list(range(13)))  # rank 0 may not get past it
+    # both resumed at step 12 (the snapshot taken after step 11): only the step in flight is redone,
+    # though the disk held step 10 only
+    assert ledgers[(1, 0)] == ledgers[(1, 1)] == list(range(12, 20))
+    logs = daemon.log_dir / job_id / "attempt_1"
+    for rank in (0, 1):
+        text = (logs / f"rank_{rank}.log").read_text()
+        assert [r["source"] for r in restored(text)] == ["memory"], text
+        assert restored(text)[0]["step"] == "12"
+    first = (daemon.log_dir / job_id / "attempt_0" / "rank_0.log").read_text()
+    assert restored(first) == [] and "snapshot.memory_skipped" in first
+    # one keeper served both attempts, and went with the job
+    wait_log(daemon, "snapshots.closed", job=job_id)
+    assert len(daemon.events("snapshots.spawned")) == 1
+    assert json.loads((out / "result.json").read_text())["attempt"] == 1
+
+
+def test_a_dev_shm_smaller_than_the_bound_is_refused_at_submit(daemon_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    daemon: DaemonProc = daemon_factory(None, "--slots", "1", "--snapshot-bytes", str(1 << 44))
+    script = tmp_path / "noop.py"
+    script.write_text("print('ran')\n")
+    res = daemon.ctl("submit", str(script))
+    assert res.returncode == 3, res.stdout + res.stderr
+    assert "snapshot_space" in res.stderr and "/dev/shm" in res.stderr
+    assert daemon.call("status")["jobs"] == []
+
+
+@pytest.mark.timeout(180)
+def test_a_lost_node_is_resumed_from_its_peers_replica(daemon_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    a, b, spare = start_cluster(daemon_factory, 3, "--snapshot-bytes", str(64 << 20))
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {"STEPS": "12", "PAUSE_STEP": "6", "CRASH_STEP": "-1", "CRASH_RANK": "1"}
+    env["ELASTICD_SNAPSHOT_PERSIST_EVERY"] = "0"  # never on disk: only memory can resume it
+    job = submit_job(a, out, "--nnodes", "2", "--nproc-per-node", "1", "--max-restarts", "2",
+                     "--nodes", f"{a.node_id},{b.node_id},{spare.node_id}", str(SCRIPT), env=env)  # fmt: skip
+    wait_for(lambda: (out / "paused").exists(), 90, 0.1, "rank 1 to stop after step 6")
+    ran = [d for d in (a, b, spare) if (d.log_dir / job / "attempt_0").exists()]
+    paused_on = next(d for d in ran if (d.log_dir / job / "attempt_0" / "rank_1.log").exists())
+    held_on = next(d for d in ran if d is not paused_on)
+    spare = next(d for d in (a, b, spare) if d not in ran)
+    keeper = KeeperClient(wait_log(held_on, "snapshots.ready", job=job)["socket"])
+    name = str((out / "ckpt.pt").absolute())
+    wait_for(
+        lambda: any(h.replica and h.rank == 1 and h.step == 7 for h in keeper.held(name)),
+        30, 0.05, "rank 1's snapshot of step 7 to reach the other node",
+    )  # fmt: skip
+    keeper.close()
+    paused_on.kill9()  # the node is gone: its workers and its keeper with it (the reaper)
+    final = held_on.wait_state(job, ("SUCCEEDED", "FAILED"), 120)
+    assert final["state"] == "SUCCEEDED", final
+    # no file existed to resume from: the first one is the restored snapshot, written behind
+    first = held_on.log_dir / job / "attempt_1" / "rank_0.log"
+    text = (
+        first.read_text()
+        if first.exists()
+        else (spare.log_dir / job / "attempt_1" / "rank_0.log").read_text()
+    )
+    assert text.index("snapshot.restored source=memory") < text.index("snapshot.persisted step=7")
+    assert [int(s) for s in (out / "ledger.1.1").read_text().split()] == list(range(7, 12))
+    assert [int(s) for s in (out / "ledger.1.0").read_text().split()] == list(range(7, 12))
+    logs = {d.node_id: d.log_dir / job / "attempt_1" for d in (held_on, spare)}
+    rank1 = next(p / "rank_1.log" for p in logs.values() if (p / "rank_1.log").exists())
+    assert restored(rank1.read_text()) == [{"source": "peer", "rank": "1", "step": "7", "from_rank": "1"}]
+
+
+def test_a_keeper_that_dies_is_said_and_the_job_goes_on(daemon_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    daemon: DaemonProc = daemon_factory(None, "--slots", "1", "--snapshot-bytes", str(64 << 20))
+    script = tmp_path / "sleeper.py"
+    script.write_text("import time\ntime.sleep(60)\n")
+    res = daemon.ctl("submit", "--no-warm", str(script))
+    assert res.returncode == 0, res.stderr
+    job = res.stdout.splitlines()[0]
+    ready = wait_log(daemon, "snapshots.ready", job=job)
+    os.kill(ready["pid"], signal.SIGKILL)
+    lost = wait_log(daemon, "snapshots.lost", job=job)
+    assert lost["pid"] == ready["pid"] and lost["status"] == -signal.SIGKILL
+    assert daemon.job(job)["state"] == "RUNNING"
+    assert daemon.ctl("kill", job).returncode == 0
+    daemon.wait_state(job, ("KILLED",))

@@ -1,0 +1,40 @@
+"""A real snapshot keeper process for tests, started as the daemon starts one (its loader and program)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+from elasticd.workers.warm.keeper import LOADER, program_source
+
+
+class Keeper:
+    """A real keeper process, started as the daemon starts one (its loader and program)."""
+
+    def __init__(
+        self,
+        bound: int = 64 << 20,
+        address: str = "127.0.0.1",
+        uid: int | None = None,
+        python: str = sys.executable,
+    ) -> None:
+        """``uid``: run it as that user (and group), with ``python``, as a daemon runs a job's."""
+        self.ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        src_r, src_w = os.pipe()
+        os.write(src_w, program_source())
+        os.close(src_w)
+        # -I -S: an interpreter that cannot import elasticd (a job's python need not): stdlib only
+        argv = [python, "-I", "-S", "-c", LOADER.format(src=src_r, ctl=theirs.fileno())]
+        user = {} if uid is None else {"user": uid, "group": uid, "extra_groups": [], "cwd": "/"}
+        self.proc = subprocess.Popen(argv, pass_fds=(src_r, theirs.fileno()), **user)  # type: ignore[call-overload]
+        os.close(src_r)
+        theirs.close()
+        self.ctl.send(json.dumps({"bound": bound, "address": address}).encode())
+        self.socket = json.loads(self.ctl.recv(4096))["socket"]
+
+    def close(self) -> None:
+        self.ctl.close()
+        self.proc.wait(10)

@@ -1,0 +1,35 @@
+"""torch.distributed.checkpoint through the snapshot keeper: ``MODE=save`` saves a tensor sharded
+over the ranks (DTensor, Shard(0)) and a step; ``MODE=load`` loads it at this world size and
+writes $OUT/loaded.<world>.json on rank 0 (the full tensor and the step)."""
+
+import json
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict_loader import load
+from torch.distributed.checkpoint.state_dict_saver import save
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
+
+from elasticd import worker
+
+out, mode = os.environ["OUT"], os.environ["MODE"]
+ckpt = os.path.join(out, "dcp")
+dist.init_process_group("gloo", init_method="env://")
+world = dist.get_world_size()
+mesh = init_device_mesh("cpu", (world,))
+state: dict[str, Any]
+if mode == "save":
+    full = torch.arange(24.0).reshape(12, 2)
+    state = {"w": distribute_tensor(full, mesh, [Shard(0)]), "step": 3}
+    save(state, storage_writer=worker.snapshot_writer(ckpt, step=3, persist_every=1))
+else:
+    state = {"w": distribute_tensor(torch.zeros(12, 2), mesh, [Shard(0)]), "step": 0}
+    load(state, storage_reader=worker.snapshot_reader(ckpt))
+    full = state["w"].full_tensor()
+    if dist.get_rank() == 0:
+        with open(os.path.join(out, f"loaded.{world}.json"), "w") as f:
+            json.dump({"w": full.flatten().tolist(), "step": state["step"]}, f)
+dist.destroy_process_group()
