@@ -23,7 +23,8 @@ KINDS = {
     "Counter": "counter", "CounterMetricFamily": "counter", "Histogram": "histogram",
     "Gauge": "gauge", "GaugeMetricFamily": "gauge", "_gauge": "gauge", "_by": "gauge",
 }  # fmt: skip
-# Per-GPU metrics exist only on a node with GPUs (a CI daemon has none): checked against the source.
+# Per-GPU metrics exist only on a node with GPUs: served by a daemon on a fake NVML
+# (tests/integration/test_gpu_health.py), left out of the scrape of a GPU-less one.
 GPU_ONLY = frozenset(
     {
         "elasticd_gpu_healthy",

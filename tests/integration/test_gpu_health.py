@@ -4,10 +4,13 @@ without it (no restart spent) and an operator returns it."""
 from __future__ import annotations
 
 import json
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 from elasticd.gpu.fakefile import write
+from elasticd.netaddr import free_port
+from tests import monitoring as mon
 from tests.conftest import DaemonFactory
 from tests.support import DaemonProc, submit_job, unique, wait_for, wait_round
 
@@ -24,7 +27,8 @@ def test_an_unhealthy_gpu_leaves_the_pool_and_its_job_moves(
     nvml = tmp_path / "nvml.json"
     spec: dict[str, Any] = {"topology": "pcie_only", "count": 2, "node": "t", "gpus": [{}, {}]}
     write(nvml, spec)
-    d = daemon_factory(None, "--fake-nvml", str(nvml), "--gpu-poll", "0.1")
+    port = free_port()
+    d = daemon_factory(None, "--fake-nvml", str(nvml), "--gpu-poll", "0.1", "--metrics-address", str(port))
     out = tmp_path / "out"
     out.mkdir()
     job = submit_job(d, out, "--no-warm", "--nproc-per-node", "1", MEMBER)
@@ -40,6 +44,11 @@ def test_an_unhealthy_gpu_leaves_the_pool_and_its_job_moves(
     bad = gpu_states(d)[0]
     assert (bad["uuid"], bad["state"]) == ("GPU-t-0", "unhealthy")
     assert bad["reason"] == "uncorrectable ECC errors: 2 (was 0)"
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        scraped = r.read().decode()
+    missing = mon.GPU_ONLY - mon.served(scraped)  # the per-GPU metrics the dashboard and rules name
+    assert not missing, missing
+    assert 'elasticd_gpu_healthy{gpu="0",uuid="GPU-t-0"} 0.0' in scraped, scraped
     held = wait_for(lambda: (g := gpu_states(d)[1])["rank"] is not None and g, 10, what="the rank on GPU 1")
     assert (held["state"], held["job"], held["rank"]) == ("healthy", job, 0)
     shown = d.ctl("nodes")

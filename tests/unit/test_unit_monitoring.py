@@ -14,8 +14,6 @@ from tests import monitoring as mon
 def test_every_metric_a_panel_or_a_rule_names_is_declared_by_the_daemon() -> None:
     asked = mon.referenced(mon.dashboard_exprs()) | mon.referenced(mon.rule_exprs())
     missing = asked - mon.declared()
-    if not (mon.ROOT / "elasticd" / "gpu").is_dir():  # a tree without the GPU support has no GPU gauges
-        missing -= mon.GPU_ONLY
     assert not missing, (
         f"named by the dashboard or the rules, declared nowhere in elasticd/metrics: {missing}"
     )
