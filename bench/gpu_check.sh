@@ -7,6 +7,8 @@
 #   4. an unhealthy GPU simulated at the NVML layer (bench/gpu_nvml_shim: the real pynvml with
 #      uncorrectable ECC errors added) leaving the pool: its job leaves it without spending a
 #      restart, and `undrain --gpu` returns it.
+#   5. a GPU-tensor memory snapshot (bench/bench_snapshot_gpu.py): the training loop's stall against
+#      the pinned and pageable device-to-host copies of the same 1 GiB state.
 # It prints PASS or FAIL for each step and a summary; the exit status is 0 only if all pass.
 #
 # Needs: Python 3.12 with CUDA torch, nvidia-ml-py and psutil installed, and elasticd's other
@@ -145,4 +147,7 @@ step "--numa-binding node on the real topology" 120 "$PY" "$REPO/bench/gpu_check
 # --- 4. an unhealthy GPU leaves the pool
 step "unhealthy GPU (ECC at the NVML layer) leaves the pool, no restart spent, undrain returns it" 240 \
     "$PY" "$REPO/bench/gpu_check_steps.py" unhealthy "${STEP_ARGS[@]}"
+# --- 5. a GPU-tensor snapshot: the device-to-host copy through pinned memory, against plain copies
+step "GPU-tensor snapshot: stall against pinned and pageable device-to-host copies (1 GiB)" 240 \
+    "$PY" "$REPO/bench/bench_snapshot_gpu.py" --mib 1024 --rounds 5
 ELASTICD_SOCKET="$WORK/ctl.sock" "$PY" -m elasticctl nodes || true

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Create or refresh ./.venv for development, the demo and the tests. Sourced by demo.sh and test.sh.
-# Usage: packaging/dev-env.sh [EXTRAS]   (default EXTRAS: test)
+# Usage: packaging/dev-env.sh [EXTRAS]   (default EXTRAS: test,grpc)
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-extras="${1:-test}"
+extras="${1:-test,grpc}"
 venv="$repo/.venv"
 python="${PYTHON:-python3}"
 

@@ -3,7 +3,7 @@
 # Extra arguments go to pytest (e.g. packaging/test.sh -k ddp).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-"$repo/packaging/dev-env.sh" test
+"$repo/packaging/dev-env.sh" test,grpc
 bin="$repo/.venv/bin"
 cd "$repo"
 "$bin/ruff" check .
