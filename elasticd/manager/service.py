@@ -203,7 +203,11 @@ class CommandService:
         finally:
             self._manager.forget_head(spec.id)
         await self._manager.scan(clean_up=False)
-        return await self.view(spec.id, queue=False)  # its place: ``status`` (no second full read)
+        # The held read predates what this node's agent just noted (e.g. that the job waits for
+        # capacity), which no watch reports: read the job alone, and let the next ``status`` read
+        # what changed. Its place: ``status``.
+        self._manager.recent.invalidate()
+        return await self.view(spec.id, queue=False, held=False)
 
     async def _check_limits(self, spec: JobSpec, limits: Limits) -> None:
         if (too_large := quota.size_refusal(quota.stored_size(spec.to_json()), spec.env, limits)) is not None:
@@ -227,12 +231,14 @@ class CommandService:
             raise JobNotFound(f"no job {job_id!r}")
         return snap
 
-    async def view(self, job_id: str, queue: bool = True) -> dict[str, Any]:
+    async def view(self, job_id: str, queue: bool = True, held: bool = True) -> dict[str, Any]:
         """The job as ``status`` shows it: from the recent read of every job while it is valid
-        (``JobManager.recent``), else from a read of this job alone; with ``queue``, a waiting
-        job's place in the queue (from the recent read: the queue is every job's)."""
+        (``JobManager.recent``; not unless ``held``), else from a read of this job alone; with
+        ``queue``, a waiting job's place in the queue (from the recent read: the queue is every
+        job's)."""
         try:
-            snap = (self._manager.held_snapshots() or {}).get(job_id) or await self.snapshot(job_id)
+            recent = self._manager.held_snapshots() if held else None
+            snap = (recent or {}).get(job_id) or await self.snapshot(job_id)
             view = job_view(snap, self.facts.node_id)
             if queue and view["state"] == JobState.PENDING:
                 place = self._manager.board.queue(await self._manager.recent_snapshots()).place(job_id)

@@ -82,7 +82,9 @@ def test_last_call_closes_with_min_and_join_timeout_fails(
     records = wait_round(tmp_path, 0, 2)
     took = time.monotonic() - t0
     assert_agreement(records)
-    assert 1.5 <= took < 1.5 + 4, took
+    # Closed at the last call with 2 of at most 3 (without it, the round would wait for a third
+    # node until the join timeout, 600 s); the slack is the workers' start on loaded cores.
+    assert 1.5 <= took < 1.5 + 15, took
     view = b.job(job)
     assert view["state"] == "RUNNING" and sorted(view["nodes"]) == sorted([a.node_id, b.node_id])
     (tmp_path / "finish").touch()
