@@ -213,9 +213,8 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu", *, 
     if not target.exists():
         return None
     state = torch.load(target, map_location=map_location, weights_only=False)
-    snapshots.say(
-        "snapshot.restored", source="disk", step=resume_step(state) if isinstance(state, dict) else -1
-    )
+    step = state.get("step") if isinstance(state, dict) else None  # a state need not count steps
+    snapshots.say("snapshot.restored", source="disk", step=step if isinstance(step, int) else -1)
     return state
 
 

@@ -104,7 +104,7 @@ class JobManager:
         self._node_wakes = NodeWakes()
         # Jobs a scan is taking this node into: it reads the full spec (an await) between the
         # admission and the agent, and a submit's scan and the watch's may overlap.
-        self._joining: set[str] = set()
+        self._joining: dict[str, asyncio.Event] = {}  # set once that scan's consideration ended
         # Heads this node's submits created and wait to hear of from the watch (``expect_head``).
         self._expected: dict[str, asyncio.Event] = {}
         self._jobs = JobsRead(kv, keys)  # the scan's and status's reads cost what changed
@@ -308,13 +308,19 @@ class JobManager:
         assert snap.head is not None
         if not snap.head.allows(self.rt.node_id):
             return  # a job for other nodes: nothing to decide or note here (``admit``, ``refuse``)
-        if snap.job_id in self._joining:
-            return  # another scan (a submit's, the watch's) is taking this node into the job
-        self._joining.add(snap.job_id)
+        joining = self._joining.get(snap.job_id)
+        if joining is not None:
+            # Another scan (a submit's, the watch's) is taking this node into the job: its outcome
+            # (an agent started, or the note of why not) is this scan's too, so a submit's reply
+            # waits for it.
+            await joining.wait()
+            return
+        done = self._joining[snap.job_id] = asyncio.Event()
         try:
             await self._join(snap, snap.head, lease)
         finally:
-            self._joining.discard(snap.job_id)
+            del self._joining[snap.job_id]
+            done.set()
 
     async def _join(self, snap: JobSnapshot, head: JobHead, lease: int) -> None:
         store = self.store_of(snap.job_id)
