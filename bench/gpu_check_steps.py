@@ -103,9 +103,8 @@ def nccl_step(ns: argparse.Namespace) -> bool:
         and not record["initialised_at_start"]
         and not record["bad_fork"]
         and "elasticd-zygote" in cmdline
-        and not touched
-        and "libcuda.so" not in maps
-        and final["state"] == "SUCCEEDED"
+        and not touched  # (libcuda may be mapped: a CUDA build of torch can load it at import,
+        and final["state"] == "SUCCEEDED"  # which starts no context and opens no device)
     )
     say(f"job {job}: {final['state']}; warm parent without CUDA: {ok}")
     return ok
