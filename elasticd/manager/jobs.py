@@ -227,6 +227,10 @@ class JobManager:
         """Every job, from the recent read (``RecentRead.get``): what ``status`` answers from."""
         return (await self.recent.get())[0]
 
+    def amend_snapshot(self, snap: JobSnapshot) -> None:
+        """The recent read, with ``snap`` (read after it, by this node) in place of its job's."""
+        self.recent.amend(lambda jobs: ({**jobs[0], snap.job_id: snap}, jobs[1]))
+
     def held_snapshots(self) -> dict[str, JobSnapshot] | None:
         """The recent read's jobs while it is valid, without reading (None: none is)."""
         held = self.recent.held()

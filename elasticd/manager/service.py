@@ -204,9 +204,8 @@ class CommandService:
             self._manager.forget_head(spec.id)
         await self._manager.scan(clean_up=False)
         # The held read predates what this node's agent just noted (e.g. that the job waits for
-        # capacity), which no watch reports: read the job alone, and let the next ``status`` read
-        # what changed. Its place: ``status``.
-        self._manager.recent.invalidate()
+        # capacity), which no watch reports: the job is read alone, and put in the held read for
+        # the next ``status``. Its place: ``status``.
         return await self.view(spec.id, queue=False, held=False)
 
     async def _check_limits(self, spec: JobSpec, limits: Limits) -> None:
@@ -238,7 +237,10 @@ class CommandService:
         job's)."""
         try:
             recent = self._manager.held_snapshots() if held else None
-            snap = (recent or {}).get(job_id) or await self.snapshot(job_id)
+            snap = (recent or {}).get(job_id)
+            if snap is None:
+                snap = await self.snapshot(job_id)
+                self._manager.amend_snapshot(snap)
             view = job_view(snap, self.facts.node_id)
             if queue and view["state"] == JobState.PENDING:
                 place = self._manager.board.queue(await self._manager.recent_snapshots()).place(job_id)

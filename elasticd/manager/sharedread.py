@@ -51,6 +51,13 @@ class RecentRead(Generic[T]):
             self._join()  # for the next caller; this one is served now
         return held.value
 
+    def amend(self, change: Callable[[T], T]) -> None:
+        """Put ``change(value)`` in place of the held value while it is valid, as of the same read:
+        for what this process itself just wrote and read back, which no watch reports."""
+        held = self._held
+        if held is not None and self.held() is not None:
+            self._held = Held(change(held.value), held.generation, held.began)
+
     async def get(self) -> T:
         """The held value while it is valid, else a read that began after the last change."""
         value = self.held()
