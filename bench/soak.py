@@ -1,12 +1,13 @@
 """Chaos soak: an elastic DDP job on 3 daemons and one etcd, under a seeded plan of random faults.
 
     /work/main/.venv/bin/python bench/soak.py [--duration 600] [--seed N] [--faults all|k1,k2,...]
-                                             [--gap 15] [--json PATH] [--keep]
+                                             [--gap 15] [--etcd-client gateway|grpc] [--json PATH] [--keep]
 
 What runs: a real etcd (loopback, temp data dir) and 3 daemons on it, started with the test
-suite's support code; the job ``bench/soak_job.py`` (gloo on CPU, ``--nnodes 2:3``, one worker per
-node, ``elasticd.worker.GracefulStop`` and checkpoints, a ledger committed with each checkpoint;
-its crash-loss contract is at the top of that file).
+suite's support code, each talking to etcd through ``--etcd-client`` (its JSON gateway, or grpc);
+the job ``bench/soak_job.py`` (gloo on CPU, ``--nnodes 2:3``, one worker per node,
+``elasticd.worker.GracefulStop`` and checkpoints, a ledger committed with each checkpoint; its
+crash-loss contract is at the top of that file).
 
 Faults (``soak_plan.FaultKind``; one at a time, each after the previous one recovered; see
 ``soak_faults.py`` for what recovery means): worker_kill, daemon_kill (then a restart with the
@@ -22,14 +23,15 @@ more faults from the plan while the duration lasts. At the end the soak asks the
 job SUCCEEDED; the committed ledger has every step once, in order; no rollback beyond the
 checkpoint interval; never two rounds with live workers at once (from the workers' own life
 lines); every node cut from etcd fenced within the lease TTL + 1 s; no worker of the job left;
-no etcd key beyond the job's history and the live nodes' own; every requested fault kind
-injected; after stopping everything, none of the soak's processes left. Exit status 0 only if all
-hold. The plan is reproducible from ``--seed``.
+no etcd key beyond the job's history and the live nodes' own; every daemon start on the requested
+etcd client; every requested fault kind injected; after stopping everything, none of the soak's
+processes left. Exit status 0 only if all hold. The plan is reproducible from ``--seed``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -49,6 +51,7 @@ from bench_single import sweep
 from soak_check import (
     Check,
     check_crash_loss,
+    check_etcd_client,
     check_fencing,
     check_job_orphans,
     check_keys,
@@ -60,6 +63,7 @@ from soak_cluster import REPO, Cluster, JobSettings, read_lives, wait_until
 from soak_faults import FaultResult, run_fault
 from soak_plan import PARTITION_KINDS, Fault, FaultKind, make_plan, parse_kinds
 
+from elasticd.etcd.kv import CLIENTS
 from tests.netns import unavailable_reason as netns_unavailable
 from tests.support import PYTHON
 
@@ -83,6 +87,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ttl", type=float, default=3, help="daemons' --lease-ttl (default 3)")
     p.add_argument("--recover-timeout", type=float, default=120, help="per fault (default 120 s)")
     p.add_argument("--hang-timeout", type=float, default=10, help="submit --hang-timeout, when supported")
+    p.add_argument("--etcd-client", choices=CLIENTS, default="gateway",
+                   help="the daemons' --etcd-client (default gateway; grpc: elasticd[grpc])")  # fmt: skip
     p.add_argument("--json", type=Path, help="write everything here")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (kept anyway on failure)")
     return p.parse_args(argv)
@@ -161,6 +167,8 @@ class Findings:
 
 
 def scope_of(ns: argparse.Namespace) -> Scope:
+    if ns.etcd_client == "grpc" and importlib.util.find_spec("etcd3") is None:
+        raise SystemExit("soak: --etcd-client grpc needs the grpc extra (pip install 'elasticd[grpc]')")
     kinds = parse_kinds(ns.faults)
     hang_ok = hang_timeout_supported()
     notes = []
@@ -222,6 +230,7 @@ def finish_and_check(
         checks.append(check_fencing(results))
     checks.append(check_job_orphans(job))
     checks.append(check_keys(c))
+    checks.append(check_etcd_client(c))
     found.keys_at_end = [k.removeprefix(c.prefix + "/") for k in c.etcd_keys()]
     injected = {r.fault.kind for r in results if not r.note.startswith("injector error")}
     missing = [k.value for k in scope.kinds if k not in injected]
@@ -245,12 +254,12 @@ def run(ns: argparse.Namespace) -> int:
     root = Path(tempfile.mkdtemp(prefix="elasticd-soak-"))
     print(
         f"soak: seed={seed} duration={ns.duration:.0f}s kinds={','.join(kinds)} "
-        f"planned={len(plan)} dir={root}"
+        f"planned={len(plan)} etcd_client={ns.etcd_client} dir={root}"
     )
     for n in scope.notes:
         print(f"soak: {n}")
     sys.stdout.flush()
-    c = Cluster(root, NODES, ns.ttl, daemon_stop_grace_s=5, netns=scope.netns)
+    c = Cluster(root, NODES, ns.ttl, daemon_stop_grace_s=5, netns=scope.netns, etcd_client=ns.etcd_client)
     found = Findings()
     t_start = time.time()
     try:
@@ -306,7 +315,7 @@ def report(
             "faults": [asdict(r) for r in found.results], "table": rows,
             "checks": [asdict(ch) for ch in found.checks], "daemon_complaints": found.complaints,
             "dir": str(c.root), "job": c.job_id, "state": found.state, "keys_at_end": found.keys_at_end,
-            "netns": scope.netns, "ttl_s": ns.ttl,
+            "netns": scope.netns, "ttl_s": ns.ttl, "etcd_client": ns.etcd_client,
         }, indent=2, default=str))  # fmt: skip
     return ok
 

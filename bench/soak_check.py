@@ -1,4 +1,5 @@
-"""The soak's end checks: the committed ledger, the crash-loss bound, orphans, leaked etcd keys.
+"""The soak's end checks: the committed ledger, the crash-loss bound, orphans, leaked etcd keys,
+the etcd client the daemons ran on.
 
 Each check is a ``Check`` (name, ok, detail); the soak passes only when every one holds.
 """
@@ -160,6 +161,18 @@ def check_own_orphans(c: Cluster, timeout_s: float = 15.0) -> Check:
     wait_until(lambda: not leftovers(), timeout_s, 0.2)
     left = leftovers()
     return Check("no orphan process after the shutdown", not left, "; ".join(left) or "none")
+
+
+def check_etcd_client(c: Cluster) -> Check:
+    """Every daemon start talked to etcd through the client the soak asked for (``--etcd-client``):
+    each daemon's log has its ``etcd.connected`` events, and every one names that client."""
+    seen: dict[str, list[str]] = {}
+    for d in c.daemons:
+        seen[d.node_id] = [str(e.get("client")) for e in d.events("etcd.connected")]
+    wrong = {node: got for node, got in seen.items() if not got or set(got) != {c.etcd_client}}
+    starts = sum(len(v) for v in seen.values())
+    detail = f"wrong or none: {wrong}" if wrong else f"{starts} daemon starts on {c.etcd_client}"
+    return Check(f"every daemon on the {c.etcd_client} etcd client", not wrong, detail)
 
 
 def allowed_key(keys: Keys, key: str, job_id: str, last_round: int, live_nodes: set[str]) -> bool:

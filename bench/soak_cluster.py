@@ -2,7 +2,9 @@
 
 Built on the test suite's own support code (``tests/support.py``: ``EtcdServer``, ``DaemonProc``,
 ``wait_for``), so the soak starts etcd and daemons exactly as the integration tests do: loopback,
-free ports, a temp data dir, one node id, socket, state dir and log dir per daemon.
+free ports, a temp data dir, one node id, socket, state dir and log dir per daemon. The daemons
+talk to etcd through the client ``etcd_client`` names (``--etcd-client``: gateway or grpc); the
+soak's own reads of etcd (keys left, the round) go through the gateway.
 
 With ``netns`` (root, ``tests/netns.py``), each daemon runs in a network namespace of its own on a
 bridge, etcd listens on the bridge, the daemons reach it through a delaying relay
@@ -120,9 +122,16 @@ class Progress:
 
 class Cluster:
     def __init__(
-        self, root: Path, nodes: int, ttl_s: float, daemon_stop_grace_s: float, netns: bool = False
+        self,
+        root: Path,
+        nodes: int,
+        ttl_s: float,
+        daemon_stop_grace_s: float,
+        netns: bool = False,
+        etcd_client: str = "gateway",
     ) -> None:
         self.root = root
+        self.etcd_client = etcd_client  # every daemon's --etcd-client (the soak's own reads use the gateway)
         self.ttl_s = ttl_s
         self.n_nodes = nodes
         self.grace_s = daemon_stop_grace_s
@@ -162,7 +171,7 @@ class Cluster:
         return [
             "--etcd-endpoints", endpoint, "--etcd-prefix", self.prefix,
             "--address", address, "--lease-ttl", str(self.ttl_s), "--slots", "2",
-            "--stop-grace", str(self.grace_s),
+            "--stop-grace", str(self.grace_s), "--etcd-client", self.etcd_client,
         ]  # fmt: skip
 
     # -- life ---------------------------------------------------------------------------------

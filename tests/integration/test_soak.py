@@ -1,4 +1,5 @@
-"""The chaos soak (bench/soak.py), short: every fault kind at least once, then its end checks hold.
+"""The chaos soak (bench/soak.py), short: every fault kind at least once, then its end checks hold;
+and a shorter one with the daemons on the grpc etcd client, under the faults that hit etcd.
 
 The soak starts its own etcd and daemons (through tests/support.py) and cleans them up itself;
 ``tests/soak_run.py`` bounds it, and on a timeout stops it and removes what it left.
@@ -6,27 +7,35 @@ The soak starts its own etcd and daemons (through tests/support.py) and cleans t
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
+import json
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support import REPO, etcd_available
+from tests.support import REPO, DaemonProc, etcd_available
 
 sys.path.append(str(REPO / "bench"))  # bench/ is scripts, not a package
 
-from soak_check import allowed_key, check_crash_loss, check_rounds_disjoint
-from soak_cluster import LifeLine, Step
+from soak_check import allowed_key, check_crash_loss, check_etcd_client, check_rounds_disjoint
+from soak_cluster import Cluster, LifeLine, Step
 from soak_plan import ALL_KINDS, PARTITION_KINDS, FaultKind, make_plan, parse_kinds
 
 from elasticd.etcd.keys import Keys
 from tests.netns import unavailable_reason as netns_unavailable
-from tests.soak_run import run_soak
+from tests.soak_run import SoakRun, run_soak
 
 SEED = 20240610
 DURATION_S = 90
 BOUND_S = 240  # the soak's own budget: 90 s of faults, set-up, the finish and the checks
+# Over grpc: the kinds that make the client lose etcd or a lease (etcd killed and restarted, a
+# daemon frozen past its lease, a daemon killed and restarted) and a worker kill, each once (the four
+# take longer than the 30 s to recover, so the plan's fifth slot is not started): ~55-75 s in all.
+GRPC_KINDS = (FaultKind.ETCD_RESTART, FaultKind.DAEMON_STOP, FaultKind.DAEMON_KILL, FaultKind.WORKER_KILL)
+GRPC_DURATION_S = 30
+GRPC_BOUND_S = 150
 
 
 def test_plan_is_seeded_and_covers_every_kind_first() -> None:
@@ -96,6 +105,34 @@ def test_soak_survives_every_fault_kind(tmp_path: Path) -> None:
          "--recover-timeout", "60"],
         tmp_path, BOUND_S,
     )  # fmt: skip
+    assert_passed(run)
+    if netns_unavailable() is None:
+        assert FaultKind.ONE_WAY.value in run.result["kinds"], run.result["table"]
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(GRPC_BOUND_S + 90)
+@pytest.mark.skipif(not etcd_available(), reason="no etcd binary")
+@pytest.mark.skipif(
+    importlib.util.find_spec("etcd3") is None, reason="the grpc extra is not installed (elasticd[grpc])"
+)
+def test_soak_on_the_grpc_client(tmp_path: Path) -> None:
+    """The same soak and end checks with every daemon on ``--etcd-client grpc``: its reconnects,
+    lease keep-alives and watches through an etcd restart, a frozen daemon, a killed one."""
+    pytest.importorskip("torch")
+    run = run_soak(
+        ["--duration", str(GRPC_DURATION_S), "--seed", str(SEED), "--gap", "6", "--recover-timeout", "45",
+         "--faults", ",".join(GRPC_KINDS), "--etcd-client", "grpc"],
+        tmp_path, GRPC_BOUND_S,
+    )  # fmt: skip
+    assert_passed(run)
+    assert run.result["etcd_client"] == "grpc", run.text[-6000:]
+    assert set(run.result["kinds"]) == set(GRPC_KINDS), run.result["kinds"]
+
+
+def assert_passed(run: SoakRun) -> None:
+    """The soak exited 0 and left nothing; the job SUCCEEDED; every end check held (ledger exact,
+    no orphan, no leaked key, the daemons on the asked client); every kind injected and survived."""
     text, result = run.text, run.result
     assert run.returncode == 0, text[-6000:]
     assert not run.leftovers, run.leftovers
@@ -105,5 +142,25 @@ def test_soak_survives_every_fault_kind(tmp_path: Path) -> None:
     injected = {row["kind"] for row in result["table"] if row["injected"] > 0}
     assert injected == set(result["kinds"]), result["table"]
     assert all(row["survived"] == row["injected"] for row in result["table"]), result["table"]
-    if netns_unavailable() is None:
-        assert FaultKind.ONE_WAY.value in injected, result["table"]
+
+
+def test_etcd_client_check_reads_every_daemon_start(tmp_path: Path) -> None:
+    """The check behind "every daemon on the grpc client": every start's ``etcd.connected`` counts."""
+    c = Cluster(tmp_path, 2, ttl_s=3, daemon_stop_grace_s=5, etcd_client="grpc")
+
+    def started(d: DaemonProc, *clients: str) -> None:
+        d.root.mkdir(parents=True, exist_ok=True)
+        lines = [json.dumps({"event": "etcd.connected", "client": cl}) for cl in clients]
+        d.stderr_path.write_text("\n".join(["not json", *lines]) + "\n")
+
+    a, b = c.daemons
+    assert all(d.args[d.args.index("--etcd-client") + 1] == "grpc" for d in c.daemons)
+    started(a, "grpc", "grpc")  # started, killed, restarted
+    started(b)
+    check = check_etcd_client(c)
+    assert not check.ok and b.node_id in check.detail
+    started(b, "grpc", "gateway")
+    assert not check_etcd_client(c).ok
+    started(b, "grpc")
+    check = check_etcd_client(c)
+    assert check.ok and "3 daemon starts on grpc" in check.detail, check
