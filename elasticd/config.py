@@ -51,7 +51,7 @@ class Settings:
     etcd_ca: Path | None = None
     etcd_cert: Path | None = None
     etcd_key: Path | None = None
-    etcd_client: str = "gateway"  # or "grpc" (the grpc extra): etcd.clients
+    etcd_client: str = "gateway"  # or "grpc" (the grpc extra): etcd.backend
     etcd_user: str | None = None
     etcd_password: str | None = field(default=None, repr=False)  # prefer etcd_password_file
     etcd_password_file: Path | None = None  # root-only (0600); read once at start

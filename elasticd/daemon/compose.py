@@ -24,7 +24,7 @@ from elasticd.control.server import ControlServer
 from elasticd.daemon import systemd
 from elasticd.daemon.observe import Observability
 from elasticd.errors import ConfigError, EtcdUnavailable
-from elasticd.etcd.clients import connect
+from elasticd.etcd.backend import connect
 from elasticd.etcd.embedded import EmbeddedEtcd
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import Backend

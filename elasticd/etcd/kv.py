@@ -100,7 +100,7 @@ class KV(Protocol):
 
 class Backend(KV, Protocol):
     """A ``KV`` on a real etcd, as the daemon holds it: ``EtcdClient`` (the JSON gateway) or
-    ``GrpcEtcdClient`` (grpc), picked by ``etcd.clients.connect``."""
+    ``GrpcEtcdClient`` (grpc), picked by ``etcd.backend.connect``."""
 
     def health(self) -> str:
         """The server's version; raises ``EtcdUnavailable`` when no endpoint answers."""

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from elasticd.errors import ConfigError
+from elasticd.etcd.backend import connect
 from elasticd.etcd.client import EtcdClient
-from elasticd.etcd.clients import connect
 from elasticd.etcd.kv import KV, Backend
 from elasticd.etcd.memory import MemoryKV
 from tests.support import EtcdServer, gateway_post, unique, wait_for

@@ -15,7 +15,7 @@ import pytest
 
 from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.client import EtcdClient
-from elasticd.etcd.grpc_client import GrpcEtcdClient
+from elasticd.etcd.grpc.client import GrpcEtcdClient
 from elasticd.etcd.types import EtcdAuth
 from tests.conftest import DaemonFactory
 from tests.integration.test_etcd_security import PREFIX, etcdctl, setup_rbac

@@ -15,15 +15,15 @@ import pytest
 
 from elasticd.config import load_settings
 from elasticd.errors import ConfigError
-from elasticd.etcd import grpc_client
+from elasticd.etcd.backend import connect
 from elasticd.etcd.client import EtcdClient
-from elasticd.etcd.clients import connect
 from elasticd.etcd.gateway import Failure
+from elasticd.etcd.grpc import proto
 
 HAS_GRPC = importlib.util.find_spec("etcd3") is not None
 PROBE = (
     "import json, os, sys\n"
-    "from elasticd.etcd.clients import connect\n"
+    "from elasticd.etcd.backend import connect\n"
     "c = connect(sys.argv[1], ['127.0.0.1:1'])\n"
     "print(json.dumps({'type': type(c).__name__, 'grpc': 'grpc' in sys.modules,\n"
     "                  'protobuf': 'google.protobuf' in sys.modules,\n"
@@ -32,7 +32,7 @@ PROBE = (
 
 
 def probe(kind: str) -> dict[str, object]:
-    env = {k: v for k, v in os.environ.items() if k != grpc_client.PB_ENV}
+    env = {k: v for k, v in os.environ.items() if k != proto.PB_ENV}
     res = subprocess.run(
         [sys.executable, "-c", PROBE, kind], capture_output=True, text=True, timeout=60, env=env
     )
@@ -69,7 +69,7 @@ def test_without_the_extra_grpc_is_a_clear_config_error(monkeypatch: pytest.Monk
     monkeypatch.setattr(importlib, "import_module", missing)
     with pytest.raises(ConfigError, match=r"pip install 'elasticd\[grpc\]'"):
         connect("grpc", ["127.0.0.1:1"])
-    assert grpc_client.PB_ENV not in os.environ or os.environ[grpc_client.PB_ENV] != "python"
+    assert proto.PB_ENV not in os.environ or os.environ[proto.PB_ENV] != "python"
 
 
 class FakeRpcError(Exception):
@@ -95,8 +95,8 @@ class FakeRpcError(Exception):
     ],
 )
 def test_a_grpc_status_maps_as_the_gateways_code_does(code: int, details: str, failure: Failure) -> None:
-    assert grpc_client.status_of(FakeRpcError(code, details)).failure is failure
+    assert proto.status_of(FakeRpcError(code, details)).failure is failure
 
 
 def test_an_error_without_a_status_is_unreachable() -> None:
-    assert grpc_client.status_of(RuntimeError("channel closed")).failure is Failure.UNREACHABLE
+    assert proto.status_of(RuntimeError("channel closed")).failure is Failure.UNREACHABLE

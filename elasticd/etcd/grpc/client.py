@@ -1,33 +1,11 @@
-"""etcd over grpc (``etcd_client = grpc``): the KV seam through the ``etcd3`` package's v3 API.
-
-Why a second backend beside the JSON gateway (``etcd.client``, the default): etcd's gateway
-cannot map a client certificate's CN to an etcd user (etcd-io/etcd#10392), which is how most
-production clusters (Kubernetes' among them) identify clients, and some clusters turn the gateway
-off. Over grpc, a client certificate with a CN *is* the etcd user, no password needed. The price
-is the idle footprint (``bench/bench_footprint.py``: grpc's event-engine threads, ~30 MB more
-RSS), which is why it is not the default.
-
-What it uses of ``etcd3`` (0.12): the generated v3 API (``etcd3.etcdrpc``: messages and stubs) on
-a channel of our own, so that every request can say what the seam needs (``count_only``,
-``limit``, ``min_mod_revision`` and sorts inside one read-only transaction) and so that UNIX
-endpoints (the embedded etcd) and several endpoints with failover work as with the gateway client.
-etcd3's generated code predates protobuf 4 and needs protobuf's pure-Python implementation, a
-process-wide setting read when protobuf is first imported: ``_load`` sets it for that import only,
-and only here, so the gateway path and every process the daemon starts never see it.
-
-Errors map as the gateway's do: a grpc status is the same v3 status code the gateway reports, so
-``gateway.status_error`` names the ``Failure`` and ``client.refused`` our error.
-"""
+"""The KV seam over grpc: etcd3's stubs on channels of our own, with the gateway client's failover,
+re-login and error mapping (the package's doc says why a second backend)."""
 
 from __future__ import annotations
 
-import importlib
 import json
-import os
 import threading
-import warnings
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from elasticd import log
@@ -35,6 +13,8 @@ from elasticd.errors import ConfigError, EtcdUnavailable
 from elasticd.etcd import gateway as gw
 from elasticd.etcd.client import NO_AUTH, refused
 from elasticd.etcd.gateway import Failure, GatewayError
+from elasticd.etcd.grpc.proto import Channel, found, in_use, load, status_of
+from elasticd.etcd.grpc.watch import Watch
 from elasticd.etcd.kv import prefix_end
 from elasticd.etcd.transport import Endpoint, parse_endpoint, uses_tls
 from elasticd.etcd.types import Compare, EtcdAuth, EtcdStatus, Found, KeyValue, Put, Query
@@ -42,61 +22,10 @@ from elasticd.etcd.types import Compare, EtcdAuth, EtcdStatus, Found, KeyValue, 
 _log = log.get("elasticd.etcd")
 
 T = TypeVar("T")
-PB_ENV = "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"
-JOIN_S = 5.0
-DB_SIZE_IN_USE_FIELD = 9  # StatusResponse.dbSizeInUse (etcd >= 3.4), newer than etcd3's protos
-
-
-def _load() -> tuple[Any, Any]:
-    """``grpc`` and ``etcd3.etcdrpc``, with protobuf's pure-Python implementation for this import
-    (the environment is as it was afterwards: processes we start do not inherit the setting)."""
-    had = os.environ.get(PB_ENV)
-    os.environ[PB_ENV] = "python"
-    try:
-        with warnings.catch_warnings():  # etcd3's generated code uses descriptor calls protobuf deprecates
-            warnings.simplefilter("ignore", DeprecationWarning)
-            grpc = importlib.import_module("grpc")
-            rpc = importlib.import_module("etcd3.etcdrpc")
-    except ImportError as exc:
-        raise ConfigError(
-            f"etcd_client = grpc needs the grpc extra (pip install 'elasticd[grpc]'): {exc}"
-        ) from exc
-    except TypeError as exc:  # protobuf was imported before, with its C implementation
-        raise ConfigError(
-            f"etcd_client = grpc: etcd3's protobuf code cannot load in this process: {exc}"
-        ) from exc
-    finally:
-        if had is None:
-            os.environ.pop(PB_ENV, None)
-        else:
-            os.environ[PB_ENV] = had
-    return grpc, rpc
 
 
 def _b(text: str) -> bytes:
     return text.encode()
-
-
-def status_of(grpc_error: Any) -> GatewayError:
-    """A failed call's grpc status, as the gateway's mapping names it."""
-    try:
-        code, details = grpc_error.code().value[0], grpc_error.details()
-    except Exception:  # not a call's error (a channel that never connected says less)
-        return GatewayError(Failure.UNREACHABLE, str(grpc_error) or type(grpc_error).__name__)
-    return gw.status_error(code, details)
-
-
-@dataclass
-class _Channel:
-    """One endpoint's channel and the stubs on it."""
-
-    endpoint: Endpoint
-    channel: Any
-    kv: Any
-    lease: Any
-    watch: Any
-    maintenance: Any
-    auth: Any
 
 
 class GrpcEtcdClient:
@@ -108,7 +37,7 @@ class GrpcEtcdClient:
     ) -> None:
         if not endpoints:
             raise ConfigError("at least one etcd endpoint is required")
-        self._grpc, self._rpc = _load()
+        self._grpc, self._rpc = load()
         self._auth = auth or EtcdAuth()
         self.endpoints = [parse_endpoint(e) for e in endpoints]
         self._creds = self._credentials() if any(uses_tls(e, self._auth) for e in self.endpoints) else None
@@ -133,7 +62,7 @@ class GrpcEtcdClient:
         except OSError as exc:
             raise ConfigError(f"etcd TLS files (etcd_ca, etcd_cert, etcd_key) are unusable: {exc}") from exc
 
-    def _open(self, e: Endpoint) -> _Channel:
+    def _open(self, e: Endpoint) -> Channel:
         if e.scheme == "unix":
             target = f"unix:{e.path}"
         else:
@@ -143,11 +72,11 @@ class GrpcEtcdClient:
             self._grpc.secure_channel(target, self._creds) if tls else self._grpc.insecure_channel(target)
         )
         rpc = self._rpc
-        return _Channel(e, channel, rpc.KVStub(channel), rpc.LeaseStub(channel), rpc.WatchStub(channel),
+        return Channel(e, channel, rpc.KVStub(channel), rpc.LeaseStub(channel), rpc.WatchStub(channel),
                         rpc.MaintenanceStub(channel), rpc.AuthStub(channel))  # fmt: skip
 
     # -- endpoints, login and errors ----------------------------------------------------------
-    def _login(self, ch: _Channel) -> str:
+    def _login(self, ch: Channel) -> str:
         request = self._rpc.AuthenticateRequest(name=self._auth.user, password=self._auth.password or "")
         try:
             return str(ch.auth.Authenticate(request, timeout=self._timeout_s).token)
@@ -157,7 +86,7 @@ class GrpcEtcdClient:
                 return NO_AUTH
             raise error from exc
 
-    def _current(self) -> tuple[int, _Channel, str | None]:
+    def _current(self) -> tuple[int, Channel, str | None]:
         with self._lock:
             index, token = self._index, self._token
         ch = self._channels[index]
@@ -174,7 +103,7 @@ class GrpcEtcdClient:
                 self._index = (failed + 1) % len(self._channels)
                 self._token = None
 
-    def call(self, op: Callable[[_Channel, Any], T]) -> T:
+    def call(self, op: Callable[[Channel, Any], T]) -> T:
         """``op(channel, metadata)`` with failover and one fresh login; every failure mapped."""
         last: Exception | None = None
         relogged = False
@@ -244,7 +173,7 @@ class GrpcEtcdClient:
             return []
         ops = [self._rpc.RequestOp(request_range=self._range(q)) for q in queries]
         answer = self._unary("kv", "Txn", self._rpc.TxnRequest(success=ops))
-        return [_found(r.response_range) for r in answer.responses]
+        return [found(r.response_range) for r in answer.responses]
 
     def put_json(self, key: str, value: Any, lease: int | None = None) -> None:
         self._unary("kv", "Put", self._put(Put(key, value, lease)))
@@ -297,8 +226,8 @@ class GrpcEtcdClient:
             create_request=self._rpc.WatchCreateRequest(key=_b(start), range_end=_b(end))
         )
 
-        def op(ch: _Channel, md: Any) -> Callable[[], None]:
-            stream = _Watch(self._grpc, ch, create, md, on_change, on_broken)
+        def op(ch: Channel, md: Any) -> Callable[[], None]:
+            stream = Watch(self._grpc, ch, create, md, on_change, on_broken)
             stream.wait_created(self._timeout_s)
             return stream.cancel
 
@@ -329,7 +258,7 @@ class GrpcEtcdClient:
         """One keep-alive on the stream, its answer (TTL 0: the lease is gone), and the stream closed."""
         request = self._rpc.LeaseKeepAliveRequest(ID=lease_id)
 
-        def op(ch: _Channel, md: Any) -> int:
+        def op(ch: Channel, md: Any) -> int:
             for answer in ch.lease.LeaseKeepAlive(iter([request]), timeout=self._timeout_s, metadata=md):
                 return int(answer.TTL)
             return 0
@@ -339,7 +268,7 @@ class GrpcEtcdClient:
     def revoke_lease(self, lease_id: int) -> None:
         request = self._rpc.LeaseRevokeRequest(ID=lease_id)
 
-        def op(ch: _Channel, md: Any) -> None:
+        def op(ch: Channel, md: Any) -> None:
             try:
                 ch.lease.LeaseRevoke(request, timeout=self._timeout_s, metadata=md)
             except self._grpc.RpcError as exc:
@@ -353,7 +282,7 @@ class GrpcEtcdClient:
         rpc = self._rpc
         get = rpc.AlarmRequest(action=rpc.AlarmRequest.GET)
 
-        def op(ch: _Channel, md: Any) -> EtcdStatus | None:
+        def op(ch: Channel, md: Any) -> EtcdStatus | None:
             try:
                 status = ch.maintenance.Status(rpc.StatusRequest(), timeout=self._timeout_s, metadata=md)
                 alarms = ch.maintenance.Alarm(get, timeout=self._timeout_s, metadata=md)
@@ -365,7 +294,7 @@ class GrpcEtcdClient:
             raised = {names[a.alarm].name if a.alarm in names else f"ALARM{a.alarm}" for a in alarms.alarms}
             raised.discard("NONE")
             return EtcdStatus(
-                int(status.dbSize), _in_use(status), int(status.header.revision), tuple(sorted(raised))
+                int(status.dbSize), in_use(status), int(status.header.revision), tuple(sorted(raised))
             )
 
         return self.call(op)
@@ -373,7 +302,7 @@ class GrpcEtcdClient:
     def compact(self, revision: int) -> None:
         request = self._rpc.CompactionRequest(revision=revision, physical=False)
 
-        def op(ch: _Channel, md: Any) -> None:
+        def op(ch: Channel, md: Any) -> None:
             try:
                 ch.kv.Compact(request, timeout=self._timeout_s, metadata=md)
             except self._grpc.RpcError as exc:
@@ -384,7 +313,7 @@ class GrpcEtcdClient:
         self.call(op)
 
     def health(self) -> str:
-        def op(ch: _Channel, md: Any) -> str:
+        def op(ch: Channel, md: Any) -> str:
             try:
                 return str(
                     ch.maintenance.Status(
@@ -397,114 +326,3 @@ class GrpcEtcdClient:
                 raise
 
         return self.call(op)
-
-
-def _found(r: Any) -> Found:
-    kvs = [KeyValue(kv.key.decode("utf-8", "replace"), bytes(kv.value), int(kv.create_revision),
-                    int(kv.mod_revision), int(kv.lease)) for kv in r.kvs]  # fmt: skip
-    return Found(kvs, int(r.count))
-
-
-def _in_use(status: Any) -> int:
-    """``dbSizeInUse``, which etcd >= 3.4 sends and etcd3's older protos keep as an unknown field
-    (0, "not said", when it cannot be read)."""
-    try:
-        unknown = importlib.import_module("google.protobuf.unknown_fields")
-        for f in unknown.UnknownFieldSet(status):
-            if f.field_number == DB_SIZE_IN_USE_FIELD and isinstance(f.data, int):
-                return max(0, f.data)
-    except Exception:  # an older protobuf without the module: the member's size in use is not said
-        pass
-    return 0
-
-
-class _Watch:
-    """One watch stream, read by one thread (``etcd-watch``); cancel and delivery take one lock,
-    so no callback runs once ``cancel`` returned (a callback may itself cancel)."""
-
-    def __init__(
-        self,
-        grpc: Any,
-        ch: _Channel,
-        create: Any,
-        metadata: Any,
-        on_change: Callable[[str, bool], None],
-        on_broken: Callable[[], None],
-    ) -> None:
-        self._grpc = grpc
-        self._on_change = on_change
-        self._on_broken = on_broken
-        self._lock = threading.RLock()
-        self._over = False
-        self._done = threading.Event()  # the request stream may end (cancel)
-        self._created = threading.Event()
-        self._error: GatewayError | None = None
-        self._call = ch.watch.Watch(self._requests(create), metadata=metadata)
-        self._thread = threading.Thread(target=self._read, name="etcd-watch", daemon=True)
-        self._thread.start()
-
-    def _requests(self, create: Any) -> Iterator[Any]:
-        yield create
-        self._done.wait()
-
-    def wait_created(self, timeout_s: float) -> None:
-        if not self._created.wait(timeout_s):
-            self.cancel()
-            raise GatewayError(Failure.UNREACHABLE, f"no answer to a watch within {timeout_s} s")
-        if self._error is not None:
-            self.cancel()
-            raise self._error
-
-    def cancel(self) -> None:
-        with self._lock:
-            if self._over:
-                return
-            self._over = True
-        self._done.set()
-        self._call.cancel()
-        if threading.current_thread() is not self._thread:
-            self._thread.join(JOIN_S)
-
-    def _read(self) -> None:
-        why = "etcd ended the stream"
-        try:
-            for answer in self._call:
-                if not self._created.is_set() and (answer.canceled or not answer.created):
-                    self._error = gw.watch_canceled(answer.cancel_reason or "the watch was not created")
-                    return
-                self._created.set()
-                for event in answer.events:
-                    self._deliver(event.kv.key.decode("utf-8", "replace"), event.type == 1)  # 1: DELETE
-                if answer.canceled:
-                    why = f"etcd canceled the watch: {answer.cancel_reason or answer.compact_revision}"
-                    break
-        except self._grpc.RpcError as exc:
-            self._error = status_of(exc)
-            why = self._error.message
-        finally:
-            self._done.set()
-            if not self._created.is_set():  # never created: the opener raises, nothing is broken
-                self._error = self._error or GatewayError(Failure.UNREACHABLE, why)
-                self._created.set()
-                return  # noqa: B012  (the opener reports it; no on_broken for a watch never made)
-        self._broken(why)
-
-    def _deliver(self, key: str, deleted: bool) -> None:
-        with self._lock:
-            if self._over:
-                return
-            try:
-                self._on_change(key, deleted)
-            except Exception:  # a watcher's bug: logged; the stream and later events carry on
-                _log.exception("watch.callback_failed", key=key)
-
-    def _broken(self, why: str) -> None:
-        with self._lock:
-            if self._over:
-                return
-            self._over = True
-            _log.info("watch.broken", why=why)
-            try:
-                self._on_broken()
-            except Exception:
-                _log.exception("watch.callback_failed", key=None)

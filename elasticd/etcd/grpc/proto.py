@@ -1,0 +1,85 @@
+"""etcd3's generated v3 API loaded for this backend only, and what its answers and errors mean."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+from elasticd.errors import ConfigError
+from elasticd.etcd import gateway as gw
+from elasticd.etcd.gateway import Failure, GatewayError
+from elasticd.etcd.transport import Endpoint
+from elasticd.etcd.types import Found, KeyValue
+
+PB_ENV = "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"
+DB_SIZE_IN_USE_FIELD = 9  # StatusResponse.dbSizeInUse (etcd >= 3.4), newer than etcd3's protos
+
+
+def load() -> tuple[Any, Any]:
+    """``grpc`` and ``etcd3.etcdrpc``, with protobuf's pure-Python implementation for this import
+    (the environment is as it was afterwards: processes we start do not inherit the setting)."""
+    had = os.environ.get(PB_ENV)
+    os.environ[PB_ENV] = "python"
+    try:
+        with warnings.catch_warnings():  # etcd3's generated code uses descriptor calls protobuf deprecates
+            warnings.simplefilter("ignore", DeprecationWarning)
+            grpc = importlib.import_module("grpc")
+            rpc = importlib.import_module("etcd3.etcdrpc")
+    except ImportError as exc:
+        raise ConfigError(
+            f"etcd_client = grpc needs the grpc extra (pip install 'elasticd[grpc]'): {exc}"
+        ) from exc
+    except TypeError as exc:  # protobuf was imported before, with its C implementation
+        raise ConfigError(
+            f"etcd_client = grpc: etcd3's protobuf code cannot load in this process: {exc}"
+        ) from exc
+    finally:
+        if had is None:
+            os.environ.pop(PB_ENV, None)
+        else:
+            os.environ[PB_ENV] = had
+    return grpc, rpc
+
+
+def status_of(grpc_error: Any) -> GatewayError:
+    """A failed call's grpc status, as the gateway's mapping names it."""
+    try:
+        code, details = grpc_error.code().value[0], grpc_error.details()
+    except Exception:  # not a call's error (a channel that never connected says less)
+        return GatewayError(Failure.UNREACHABLE, str(grpc_error) or type(grpc_error).__name__)
+    return gw.status_error(code, details)
+
+
+@dataclass
+class Channel:
+    """One endpoint's channel and the stubs on it."""
+
+    endpoint: Endpoint
+    channel: Any
+    kv: Any
+    lease: Any
+    watch: Any
+    maintenance: Any
+    auth: Any
+
+
+def found(r: Any) -> Found:
+    kvs = [KeyValue(kv.key.decode("utf-8", "replace"), bytes(kv.value), int(kv.create_revision),
+                    int(kv.mod_revision), int(kv.lease)) for kv in r.kvs]  # fmt: skip
+    return Found(kvs, int(r.count))
+
+
+def in_use(status: Any) -> int:
+    """``dbSizeInUse``, which etcd >= 3.4 sends and etcd3's older protos keep as an unknown field
+    (0, "not said", when it cannot be read)."""
+    try:
+        unknown = importlib.import_module("google.protobuf.unknown_fields")
+        for f in unknown.UnknownFieldSet(status):
+            if f.field_number == DB_SIZE_IN_USE_FIELD and isinstance(f.data, int):
+                return max(0, f.data)
+    except Exception:  # an older protobuf without the module: the member's size in use is not said
+        pass
+    return 0
