@@ -3,7 +3,8 @@
 #   1. NVML inventory, topology and health counters read for real (elasticd's own readers);
 #   2. a one-rank NCCL job under a real daemon, its worker forked from the job's warm zygote, and
 #      CUDA never initialised in that zygote (no /dev/nvidia* open, libcuda not mapped, no bad fork);
-#   3. --numa-binding node on the real topology: the rank runs on its GPU's NUMA node's CPUs;
+#   3. --numa-binding node on the real topology: the rank runs on its GPU's NUMA node's CPUs, its
+#      memory policy preferring that node (or the default, where the daemon logged the kernel's refusal);
 #   4. an unhealthy GPU simulated at the NVML layer (bench/gpu_nvml_shim: the real pynvml with
 #      uncorrectable ECC errors added) leaving the pool: its job leaves it without spending a
 #      restart, and `undrain --gpu` returns it.

@@ -15,10 +15,11 @@ from typing import Any, cast
 
 from elasticctl.client import Client
 from elasticd.gpu import read
-from elasticd.gpu.binding import bind
+from elasticd.gpu.binding import bind, memory_nodes
 from elasticd.gpu.nvml import Nvml
 from elasticd.node.inventory import load_nvml
 from elasticd.node.numa import device_cpus, read_host
+from elasticd.workers.zygote_program.mempolicy import preferred_mode
 
 WORKER = str(Path(__file__).resolve().parent / "gpu_check_worker.py")
 
@@ -123,7 +124,13 @@ def numa_step(ns: argparse.Namespace) -> bool:
     expected = bind("node", host, [gpu_cpus], frozenset(os.sched_getaffinity(0)))[0]
     say(f"NUMA nodes {[(n, _span(c)) for n, c in sorted(host.nodes.items())]}; GPU 0 cpus {_span(gpu_cpus)}")
     say(f"rank 0 runs on {_span(frozenset(got['cpus']))}; expected {_span(expected or frozenset())}")
-    return expected is not None and frozenset(got["cpus"]) == expected
+    nodes = memory_nodes(host, expected)
+    want = [preferred_mode(nodes), sorted(nodes)] if nodes else [0, []]
+    refused = '"numa.mempolicy_refused"' in (ns.work / "daemon.log").read_text(errors="replace")
+    note = " (the kernel refused it: the default)" if refused else ""
+    say(f"its memory policy {got.get('policy')}; expected {want}{note}")
+    policy_ok = got.get("policy") == (want if not refused else [0, []])
+    return expected is not None and frozenset(got["cpus"]) == expected and policy_ok
 
 
 def unhealthy_step(ns: argparse.Namespace) -> bool:

@@ -1,7 +1,7 @@
 """The worker of bench/gpu_check.sh: ``nccl`` (one collective on the GPU, after noting whether
-CUDA was initialised before it, by the warm parent), ``affinity`` (the CPUs it may run on) or
-``hold`` (keep the GPU until told). Writes ``$OUT/<mode>.<round>.json``; waits for ``$OUT/finish``
-(at most 300 s) where it holds on."""
+CUDA was initialised before it, by the warm parent), ``affinity`` (the CPUs it may run on, and its
+memory policy) or ``hold`` (keep the GPU until told). Writes ``$OUT/<mode>.<round>.json``; waits
+for ``$OUT/finish`` (at most 300 s) where it holds on."""
 
 from __future__ import annotations
 
@@ -27,7 +27,14 @@ def wait_finish() -> None:
 def main() -> int:
     mode = sys.argv[1]
     if mode == "affinity":
-        write("affinity", {"cpus": sorted(os.sched_getaffinity(0))})
+        from elasticd.workers.zygote_program.mempolicy import current_policy
+
+        try:
+            mode_nodes = current_policy()
+            policy: object = [mode_nodes[0], sorted(mode_nodes[1])]
+        except OSError as exc:
+            policy = str(exc)
+        write("affinity", {"cpus": sorted(os.sched_getaffinity(0)), "policy": policy})
         return 0
     import torch
 

@@ -102,8 +102,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "--numa-binding",
         Treat.MAPPED,
-        "`node`, `socket`, `exclusive`, `core-complex`: each rank's CPUs bound near its GPU "
-        "(memory: first touch)",
+        "`node`, `socket`, `exclusive`, `core-complex`: each rank's CPUs bound near its GPU, "
+        "its memory preferring their NUMA node",
     ),
     Flag("--signals-to-handle", Treat.NOTED, "Ctrl-C, SIGTERM, SIGHUP and SIGQUIT stop the job"),
     Flag("--shutdown-timeout", Treat.MAPPED, "the job's stop grace: SIGTERM, then SIGKILL after it"),

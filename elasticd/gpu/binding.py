@@ -12,9 +12,8 @@ nodes``, so that ranks spread over the nodes. Then, as torchrun's values say:
 
 Every set is cut to the CPUs the daemon may use; a rank whose set comes out empty is not bound
 (None). With ``--cpu-limit`` and no cgroups, the pinned cores are taken within the set
-(``limited``). Memory follows: the kernel allocates a page on the node of the CPU that first
-touches it, so no memory policy is set (a ``set_mempolicy`` needs libnuma or a per-architecture
-syscall number).
+(``limited``). A bound rank's memory prefers the NUMA nodes its CPUs are on (``memory_nodes``:
+set by the worker itself, ``workers/zygote_program/mempolicy.py``), unless the layout was a guess.
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ class Host:
     nodes: dict[int, frozenset[int]]  # NUMA node -> its CPUs
     sockets: tuple[frozenset[int], ...] = ()  # each package's CPUs
     complexes: tuple[frozenset[int], ...] = ()  # CPUs sharing one L3 cache
+    measured: bool = True  # False: sysfs said nothing, ``nodes`` is a guess (node 0 holds every CPU)
 
 
 def home(host: Host, gpu_cpus: frozenset[int], local_rank: int) -> int:
@@ -71,6 +71,14 @@ def _cpus(mode: str, host: Host, node: int, turn: int, sharing: int) -> frozense
         domains = [c & mine for c in host.complexes if c & mine] or [mine]
         return domains[turn % len(domains)]
     return mine
+
+
+def memory_nodes(host: Host, cpus: frozenset[int] | None) -> frozenset[int] | None:
+    """The nodes whose memory a rank bound to ``cpus`` prefers: those holding its CPUs. None: no
+    policy (not bound, or a guessed layout, whose node 0 may not be the CPUs' node)."""
+    if cpus is None or not host.measured:
+        return None
+    return frozenset(n for n, mine in host.nodes.items() if mine & cpus) or None
 
 
 def limited(cpus: frozenset[int], cpu_limit: float, local_rank: int) -> frozenset[int]:

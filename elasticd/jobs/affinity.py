@@ -3,7 +3,8 @@
 The GPU's CPUs come from NVML's affinity (read with the inventory) or, where NVML gave none,
 from sysfs' ``local_cpulist`` of its PCI device. The sets are applied in the spawn path as root
 before the worker runs (``sched_setaffinity``: ``workers/group.py`` for an exec'd worker,
-``workers/warm/zygote.py`` for a forked one, before its go).
+``workers/warm/zygote.py`` for a forked one, before its go); the memory policy that goes with
+them (``gpu/binding.memory_nodes``) is set by the worker's own thread (``workers/numa_memory.py``).
 """
 
 from __future__ import annotations

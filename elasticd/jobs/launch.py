@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from elasticd import log
-from elasticd.gpu.binding import Host
+from elasticd.gpu.binding import Host, memory_nodes
 from elasticd.jobs import logdir, logread, stackfile
 from elasticd.jobs.affinity import rank_cpus
 from elasticd.jobs.decider import Exited, Group, Judgement, judge, report, settle_left
@@ -248,6 +248,7 @@ def _launch(
         limits=_place(rt, spec, f.rank),
         progress_fd=channel.write_fd,
         cpus=cpus,
+        mems=memory_nodes(rt.numa, cpus) if rt.numa is not None else None,
     )
 
 

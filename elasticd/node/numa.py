@@ -1,6 +1,7 @@
 """This host's NUMA layout from sysfs: nodes and their CPUs, sockets, core complexes (CPUs that
 share an L3 cache) and a PCI device's ``local_cpulist``. ``root`` is ``/sys`` but for tests,
-which fake it. Read once at start; anything missing reads as one node holding every CPU.
+which fake it. Read once at start; anything missing reads as one node holding every CPU (a guess:
+no memory policy names it).
 """
 
 from __future__ import annotations
@@ -63,13 +64,15 @@ def read_host(root: Path = Path("/sys")) -> Host:
         l3 = _read(cpu_dir / entry / "cache/index3/shared_cpu_list")
         if l3 is not None and (shared := parse_cpulist(l3)):
             complexes.add(shared)
-    if not nodes:
+    measured = bool(nodes)
+    if not measured:
         every = frozenset(os.sched_getaffinity(0))
         nodes = {0: every}
     return Host(
         nodes=nodes,
         sockets=tuple(frozenset(s) for _, s in sorted(sockets.items())),
         complexes=tuple(sorted(complexes, key=min)),
+        measured=measured,
     )
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Protocol
 
 from elasticd import log
+from elasticd.workers import numa_memory
 from elasticd.workers.cgroups.limits import Placement
 from elasticd.workers.cgroups.tracking import JobTracking, NoJobTracking
 from elasticd.workers.proctree import tree as proctree
@@ -64,6 +65,7 @@ class Launch:
         None  # inherited by the worker (elasticd.progress.channel); the caller closes it
     )
     cpus: frozenset[int] | None = None  # bound to these CPUs before it runs (--numa-binding)
+    mems: frozenset[int] | None = None  # NUMA nodes its memory prefers (those of ``cpus``)
 
 
 class Worker:
@@ -116,13 +118,19 @@ def _watch_exit(proc: subprocess.Popen[bytes]) -> asyncio.Future[int]:
 
 
 def before_drop(
-    procs_fd: int | None, limits: Placement | None, cpus: frozenset[int] | None = None
+    procs_fd: int | None,
+    limits: Placement | None,
+    cpus: frozenset[int] | None = None,
+    mems: frozenset[int] | None = None,
 ) -> Callable[[], None] | None:
     """The child's root-only step: join the tracking cgroup (first, so nothing escapes it), then
     the limits, then the CPUs it is bound to (after the limits: they are the final word, within
-    any pinned cores). Only writes to fds the parent opened: no path is resolved after the fork."""
-    if procs_fd is None and cpus is None:
+    any pinned cores), then its memory policy (the thread's own: it survives exec; a refusal is
+    the daemon's to log, ``numa_memory``). Only writes to fds the parent opened: no path is
+    resolved after the fork."""
+    if procs_fd is None and cpus is None and mems is None:
         return limits.preexec if limits is not None else None
+    prefer = numa_memory.checked(mems) if mems else None
 
     def join() -> None:
         if procs_fd is not None:
@@ -131,6 +139,8 @@ def before_drop(
             limits.preexec()
         if cpus is not None:
             os.sched_setaffinity(0, cpus)
+        if prefer is not None:
+            prefer()
 
     return join
 
@@ -174,7 +184,7 @@ class ColdSpawner:
             env=launch.env,
             start_new_session=True,
             preexec_fn=worker_preexec(
-                launch.cwd, launch.identity, before_drop(procs_fd, launch.limits, launch.cpus)
+                launch.cwd, launch.identity, before_drop(procs_fd, launch.limits, launch.cpus, launch.mems)
             ),
             close_fds=True,
             pass_fds=() if launch.progress_fd is None else (launch.progress_fd,),

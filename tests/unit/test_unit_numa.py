@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from elasticd.gpu import fake, read
-from elasticd.gpu.binding import MODES, Host, bind, home, limited
+from elasticd.gpu.binding import MODES, Host, bind, home, limited, memory_nodes
 from elasticd.jobs.affinity import rank_cpus
 from elasticd.node.inventory import inventory_of
 from elasticd.node.numa import device_cpus, parse_cpulist, read_host
@@ -91,6 +91,17 @@ def test_properties(mode: str, host: Host, gpus: list[frozenset[int]]) -> None:
                 )
 
 
+def test_memory_prefers_the_nodes_of_the_bound_cpus() -> None:
+    assert memory_nodes(TWO, cpus(8, 11)) == frozenset({1})
+    assert memory_nodes(SNC, cpus(0, 7)) == frozenset({0, 1})  # socket: its two nodes
+    assert memory_nodes(SNC, bind("socket", SNC, [cpus(4, 7)], cpus(0, 7))[0]) == frozenset({0, 1})
+    assert memory_nodes(TWO, bind("exclusive", TWO, [cpus(8, 15)] * 2, ALL)[1]) == frozenset({1})
+    assert memory_nodes(TWO, None) is None  # not bound: no policy
+    assert memory_nodes(TWO, frozenset({99})) is None
+    guessed = Host(nodes={0: ALL}, measured=False)  # sysfs said nothing: node 0 may be wrong
+    assert memory_nodes(guessed, cpus(0, 3)) is None
+
+
 def test_unknown_mode() -> None:
     with pytest.raises(ValueError):
         bind("everywhere", TWO, [frozenset()], ALL)
@@ -121,7 +132,7 @@ def fake_sysfs(root: Path) -> Path:
 
 def test_read_host_from_a_fake_sysfs(tmp_path: Path) -> None:
     host = read_host(fake_sysfs(tmp_path))
-    assert host.nodes == {0: cpus(0, 3), 1: cpus(4, 7)}
+    assert host.nodes == {0: cpus(0, 3), 1: cpus(4, 7)} and host.measured
     assert host.sockets == (cpus(0, 3), cpus(4, 7))
     assert host.complexes == (cpus(0, 3), cpus(4, 7))
     assert device_cpus("00000000:11:00.0", tmp_path) == cpus(4, 7)  # NVML's 8-digit domain
@@ -133,7 +144,7 @@ def test_read_host_with_no_sysfs_is_one_node_of_every_cpu(tmp_path: Path) -> Non
     import os
 
     host = read_host(tmp_path)
-    assert host.nodes == {0: frozenset(os.sched_getaffinity(0))}
+    assert host.nodes == {0: frozenset(os.sched_getaffinity(0))} and not host.measured
 
 
 def test_rank_cpus_from_nvml_or_sysfs_and_with_a_cpu_limit(tmp_path: Path) -> None:

@@ -18,7 +18,12 @@ ROOT = "elasticd.workers"
 BASE = Path(elasticd.workers.__file__).parent
 
 # Bottom to top. A module imports only from a lower layer, or from its own package.
-LAYERS = (("zygote_program", "snapshot_program"), ("proctree", "cgroups"), ("group",), ("warm",))
+LAYERS = (
+    ("zygote_program", "snapshot_program"),
+    ("proctree", "cgroups", "numa_memory"),
+    ("group",),
+    ("warm",),
+)
 # Within cgroups, bottom to top: each module imports only modules listed before it.
 CGROUPS = ("fs", "limits", "backends", "hierarchy", "kill", "tracking")
 

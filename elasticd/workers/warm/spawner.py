@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from elasticd import log
+from elasticd.workers import numa_memory
 from elasticd.workers.group import Launch, Spawner
 from elasticd.workers.warm.zygote import Zygote, ZygoteError, ZygoteState
 
@@ -25,6 +26,8 @@ class WarmSpawner:
 
     async def spawn(self, launch: Launch, procs_fd: int | None) -> tuple[int, asyncio.Future[int]]:
         if self._zygote.usable:
+            if launch.mems:  # the forked worker sets its policy itself: a refusal is logged here
+                numa_memory.checked(launch.mems)
             try:
                 return await self._zygote.fork(launch, procs_fd)
             except ZygoteError as exc:

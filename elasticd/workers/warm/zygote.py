@@ -303,6 +303,7 @@ class Zygote:
             "cwd": launch.cwd,
             "fds": names,
             "progress_fd": launch.progress_fd,
+            "mems": sorted(launch.mems) if launch.mems else None,  # set by the child itself, after its go
         }
         reply: asyncio.Future[Forked | ForkFailed] = self._loop.create_future()
         self._forks[rid] = reply

@@ -41,6 +41,7 @@ if TYPE_CHECKING:  # (annotations only: the job's python may be older than the d
     Stamp = tuple[int, int, int, int]  # st_dev, st_ino, st_mtime_ns, st_size of one file
 if __name__ != "__elasticd_zygote__":  # the daemon's tests and mypy; in the zygote, a global already
     from elasticd.workers.zygote_program.child import become_worker, path0, run_entry
+    from elasticd.workers.zygote_program.mempolicy import MAX_NODE
 
 MAX_REQUEST = 4 << 20  # a fork request: argv and env of one rank
 MAX_FDS = 8
@@ -82,7 +83,8 @@ def parse_config(data: bytes) -> dict[str, Any]:
 
 def parse_request(data: bytes, nfds: int) -> dict[str, Any]:
     """A fork request: ``{"id", "argv", "env", "cwd", "fds": [names of the attached fds, in order],
-    "progress_fd": the number the worker's env names for the progress pipe, or null}``."""
+    "progress_fd": the number the worker's env names for the progress pipe, or null, "mems": the
+    NUMA nodes its memory prefers, or null}``."""
     try:
         req = json.loads(data)
     except ValueError as exc:
@@ -113,6 +115,11 @@ def parse_request(data: bytes, nfds: int) -> dict[str, Any]:
         raise BadRequest("progress_fd goes with a progress fd")
     if target is not None and (type(target) is not int or not 3 <= target < 65536):
         raise BadRequest("progress_fd must be 3..65535")
+    mems = req.get("mems")
+    if mems is not None and (
+        not isinstance(mems, list) or not mems or not all(type(n) is int and 0 <= n < MAX_NODE for n in mems)
+    ):
+        raise BadRequest(f"mems must be a non-empty list of NUMA nodes 0..{MAX_NODE - 1}")
     return {
         "op": "fork",
         "id": rid,
@@ -121,6 +128,7 @@ def parse_request(data: bytes, nfds: int) -> dict[str, Any]:
         "cwd": cwd,
         "fds": names,
         "progress_fd": target,
+        "mems": mems,
     }
 
 

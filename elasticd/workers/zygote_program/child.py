@@ -22,6 +22,7 @@ from types import TracebackType
 from typing import Any
 
 if __name__ != "__elasticd_zygote__":  # the daemon's tests and mypy; in the zygote, globals already
+    from elasticd.workers.zygote_program.mempolicy import prefer_nodes
     from elasticd.workers.zygote_program.shared import BOOT_FILE, PARENT_GONE, SPAWN_FAILED
     from elasticd.workers.zygote_program.title import look_like
 
@@ -74,6 +75,8 @@ def become_worker(req: dict[str, Any], cfg: dict[str, Any], signals: tuple[dict[
     interpreter's start. Any failure ends the child with ``SPAWN_FAILED`` and a line in its log."""
     fds = req["fds"]
     _detach_and_wait(req["zygote"], fds)
+    if req.get("mems"):
+        _prefer(req["mems"])
     _own_fds(fds, req["progress_fd"] if "progress" in fds else None, req["cwd"])
     _restore_signals(signals)
     os.environ.clear()
@@ -110,6 +113,15 @@ def _detach_and_wait(zygote: int, fds: dict[str, int]) -> None:
         _fail(exc)
     if said != b"1":
         _fail("the daemon did not place it in its cgroup")
+
+
+def _prefer(nodes: list[int]) -> None:
+    """Its memory policy, once placed and bound (``mempolicy``); a refusal is not the worker's end:
+    the daemon made the same call itself and logged it."""
+    import contextlib
+
+    with contextlib.suppress(Exception):  # (no libc, a kernel without the call)
+        prefer_nodes(nodes)()
 
 
 def _own_fds(fds: dict[str, int], progress_fd: int | None, cwd: str) -> None:
