@@ -6,7 +6,8 @@ nodes``, so that ranks spread over the nodes. Then, as torchrun's values say:
 
 - ``node``: every CPU of the home node;
 - ``socket``: every CPU of the socket (package) the home node is on;
-- ``exclusive``: the home node's CPUs split into equal, disjoint runs among the ranks at home there;
+- ``exclusive``: the home node's physical cores (each with its hardware threads) split into equal,
+  disjoint runs among the ranks at home there, so that no two ranks share a core;
 - ``core-complex``: one L3 cache domain of the home node, a different one for each rank at home
   there (in turn once there are more ranks than domains).
 
@@ -30,6 +31,7 @@ class Host:
     nodes: dict[int, frozenset[int]]  # NUMA node -> its CPUs
     sockets: tuple[frozenset[int], ...] = ()  # each package's CPUs
     complexes: tuple[frozenset[int], ...] = ()  # CPUs sharing one L3 cache
+    cores: tuple[frozenset[int], ...] = ()  # each physical core's hardware threads (SMT siblings)
     measured: bool = True  # False: sysfs said nothing, ``nodes`` is a guess (node 0 holds every CPU)
 
 
@@ -64,13 +66,22 @@ def _cpus(mode: str, host: Host, node: int, turn: int, sharing: int) -> frozense
         socket = next((s for s in host.sockets if s & mine), frozenset())
         return socket | mine
     if mode == "exclusive":
-        ordered = sorted(mine)
+        ordered = physical_cores(host, mine)
         size = max(1, len(ordered) // sharing)
-        return frozenset(ordered[turn * size : (turn + 1) * size] if turn < len(ordered) else ordered)
+        run = ordered[turn * size : (turn + 1) * size] if turn < len(ordered) else ordered
+        return frozenset().union(*run)
     if mode == "core-complex":
         domains = [c & mine for c in host.complexes if c & mine] or [mine]
         return domains[turn % len(domains)]
     return mine
+
+
+def physical_cores(host: Host, cpus: frozenset[int]) -> list[frozenset[int]]:
+    """``cpus`` grouped by physical core, in CPU order (a CPU of no known core is a core alone)."""
+    cores = {c & cpus for c in host.cores if c & cpus}
+    known = frozenset().union(*cores) if cores else frozenset()
+    cores |= {frozenset({cpu}) for cpu in cpus - known}
+    return sorted(cores, key=min)
 
 
 def memory_nodes(host: Host, cpus: frozenset[int] | None) -> frozenset[int] | None:

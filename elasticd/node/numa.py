@@ -52,6 +52,7 @@ def read_host(root: Path = Path("/sys")) -> Host:
             nodes[int(m.group(1))] = cpus
     sockets: dict[int, set[int]] = {}
     complexes: set[frozenset[int]] = set()
+    cores: set[frozenset[int]] = set()
     cpu_dir = root / "devices/system/cpu"
     for entry in sorted(os.listdir(cpu_dir)) if cpu_dir.is_dir() else []:
         m = _CPU.match(entry)
@@ -61,6 +62,9 @@ def read_host(root: Path = Path("/sys")) -> Host:
         package = _read(cpu_dir / entry / "topology/physical_package_id")
         if package is not None and package.strip().lstrip("-").isdigit():
             sockets.setdefault(int(package), set()).add(cpu)
+        siblings = _read(cpu_dir / entry / "topology/thread_siblings_list")
+        if siblings is not None and (threads := parse_cpulist(siblings)):
+            cores.add(threads)
         l3 = _read(cpu_dir / entry / "cache/index3/shared_cpu_list")
         if l3 is not None and (shared := parse_cpulist(l3)):
             complexes.add(shared)
@@ -72,6 +76,7 @@ def read_host(root: Path = Path("/sys")) -> Host:
         nodes=nodes,
         sockets=tuple(frozenset(s) for _, s in sorted(sockets.items())),
         complexes=tuple(sorted(complexes, key=min)),
+        cores=tuple(sorted(cores, key=min)),
         measured=measured,
     )
 

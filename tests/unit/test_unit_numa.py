@@ -50,6 +50,27 @@ def test_exclusive_splits_a_node_among_the_ranks_at_home_there() -> None:
     assert bind("exclusive", TWO, gpus, ALL) == [cpus(0, 3), cpus(4, 7), cpus(8, 15)]
 
 
+def test_exclusive_never_splits_a_physical_core_between_ranks() -> None:
+    # SMT: CPU k and k + 4 are one core's two threads (as Linux numbers them on most x86 hosts).
+    smt = Host(nodes={0: cpus(0, 7)}, cores=tuple(frozenset({c, c + 4}) for c in range(4)))
+    assert bind("exclusive", smt, [cpus(0, 7)] * 2, cpus(0, 7)) == [
+        frozenset({0, 1, 4, 5}),
+        frozenset({2, 3, 6, 7}),
+    ]
+
+
+@given(st.integers(1, 8), st.integers(1, 6))
+def test_exclusive_sets_are_disjoint_whole_cores(ranks: int, n_cores: int) -> None:
+    smt = Host(
+        nodes={0: cpus(0, 2 * n_cores - 1)}, cores=tuple(frozenset({c, c + n_cores}) for c in range(n_cores))
+    )
+    sets = [s for s in bind("exclusive", smt, [frozenset()] * ranks, cpus(0, 2 * n_cores - 1)) if s]
+    for s in sets:
+        assert all(core <= s or not core & s for core in smt.cores)  # whole cores only
+    if ranks <= n_cores:
+        assert all(not a & b for i, a in enumerate(sets) for b in sets[i + 1 :])
+
+
 def test_core_complex_gives_each_rank_its_own_l3() -> None:
     gpus = [cpus(0, 7)] * 3
     assert bind("core-complex", TWO, gpus, ALL) == [cpus(0, 3), cpus(4, 7), cpus(0, 3)]
@@ -124,6 +145,7 @@ def fake_sysfs(root: Path) -> Path:
         (d / "topology/physical_package_id").write_text(f"{cpu // 4}\n")
         (d / "cache/index3").mkdir(parents=True)
         (d / "cache/index3/shared_cpu_list").write_text("0-3\n" if cpu < 4 else "4-7\n")
+        (d / "topology/thread_siblings_list").write_text(f"{cpu - cpu % 2}-{cpu - cpu % 2 + 1}\n")
     dev = root / "bus/pci/devices/0000:11:00.0"
     dev.mkdir(parents=True)
     (dev / "local_cpulist").write_text("4-7\n")
@@ -135,6 +157,7 @@ def test_read_host_from_a_fake_sysfs(tmp_path: Path) -> None:
     assert host.nodes == {0: cpus(0, 3), 1: cpus(4, 7)} and host.measured
     assert host.sockets == (cpus(0, 3), cpus(4, 7))
     assert host.complexes == (cpus(0, 3), cpus(4, 7))
+    assert host.cores == (cpus(0, 1), cpus(2, 3), cpus(4, 5), cpus(6, 7))
     assert device_cpus("00000000:11:00.0", tmp_path) == cpus(4, 7)  # NVML's 8-digit domain
     assert device_cpus("0000:12:00.0", tmp_path) == frozenset()
     assert device_cpus("../../etc", tmp_path) == frozenset()
