@@ -52,9 +52,15 @@ class JobSettings:
     max_restarts: int = 1000
     stop_grace_s: float = 5.0
     last_call_s: float = 1.0
-    every: int = 25
+    every: int = 25  # the disk checkpoint interval, in steps, without snapshots
     step_time_s: float = 0.05
     hang_timeout_s: float | None = None  # None: submit has no --hang-timeout
+    snapshots: bool = True  # a memory snapshot after every step (the daemons keep them)
+
+    @property
+    def interval(self) -> int:
+        """Steps between two commits: what a crash may have to redo."""
+        return 1 if self.snapshots else self.every
 
 
 @dataclass(frozen=True)
@@ -120,9 +126,16 @@ class Progress:
 
 class Cluster:
     def __init__(
-        self, root: Path, nodes: int, ttl_s: float, daemon_stop_grace_s: float, netns: bool = False
+        self,
+        root: Path,
+        nodes: int,
+        ttl_s: float,
+        daemon_stop_grace_s: float,
+        netns: bool = False,
+        snapshot_bytes: int = 0,
     ) -> None:
         self.root = root
+        self.snapshot_bytes = snapshot_bytes  # the daemons' bound on a job's memory snapshots (0: off)
         self.ttl_s = ttl_s
         self.n_nodes = nodes
         self.grace_s = daemon_stop_grace_s
@@ -162,7 +175,7 @@ class Cluster:
         return [
             "--etcd-endpoints", endpoint, "--etcd-prefix", self.prefix,
             "--address", address, "--lease-ttl", str(self.ttl_s), "--slots", "2",
-            "--stop-grace", str(self.grace_s),
+            "--stop-grace", str(self.grace_s), "--snapshot-bytes", str(self.snapshot_bytes),
         ]  # fmt: skip
 
     # -- life ---------------------------------------------------------------------------------
@@ -241,6 +254,7 @@ class Cluster:
             "--env", f"SOAK_OUT={self.out}", "--name", "soak",
             *(["--hang-timeout", str(s.hang_timeout_s)] if s.hang_timeout_s is not None else []),
             str(JOB_SCRIPT), "--", "--every", str(s.every), "--step-time", str(s.step_time_s),
+            *(["--snapshots"] if s.snapshots else []),
         ]  # fmt: skip
         res = self.daemons[0].ctl(*argv, env=self.env)
         if res.returncode != 0:
