@@ -226,16 +226,14 @@ def wait_first_step(out: Path, proc: subprocess.Popen[bytes], timeout_s: float) 
 
 
 def live_worker(out: Path, rank: int, killed: set[int]) -> int | None:
-    """The pid rank ``rank``'s current worker wrote, if it lives and was not killed already."""
+    """The pid rank ``rank``'s current worker wrote, if that process lives and was not killed already."""
     try:
-        pid = int((out / f"pid.{rank}").read_text())
+        pid, ticks = (int(v) for v in (out / f"pid.{rank}").read_text().split())
+        stat = Path(f"/proc/{pid}/stat").read_text()
     except (OSError, ValueError):
         return None
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return None
-    return pid if pid not in killed and JOB.name.encode() in cmdline else None
+    alive = int(stat[stat.rindex(")") + 2 :].split()[19]) == ticks  # the same process, not a reused pid
+    return pid if alive and pid not in killed else None
 
 
 def kill_worker(out: Path, rank: int, killed: set[int], timeout_s: float = 120) -> float:
@@ -355,11 +353,13 @@ def run_trials(ns: argparse.Namespace, root: Path, calib: Calib) -> list[Result]
 
 
 def render(results: list[Result], calib: Calib) -> str:
-    rows = [("", "faults", "useful/capacity", "goodput", "redone/fault", "max", "downtime", "ckpt stall")]
+    rows = [("", "faults", "useful/capacity", "goodput", "redone/fault", "max", "downtime", "step",
+             "ckpt stall")]  # fmt: skip
     for r in results:
         rows.append((r.launcher, str(r.faults), f"{r.useful_steps}/{r.capacity_steps:.0f}",
                      f"{r.goodput:.3f}", f"{r.redone_per_fault:.2f}", str(r.redone_max),
-                     f"{r.downtime_median_s} s", f"{r.save_stall_median_s} s"))  # fmt: skip
+                     f"{r.downtime_median_s} s", f"{r.train_median_s} s",
+                     f"{r.save_stall_median_s} s"))  # fmt: skip
     widths = [max(len(row[i]) for row in rows) + 2 for i in range(len(rows[0]))]
     text = "\n".join("".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in rows)
     head = (f"step {calib.step_s * 1000:.1f} ms, state {calib.state_bytes / 2**20:.1f} MiB per rank, "

@@ -7,7 +7,9 @@ file behind; under torchrun: the file at once, fsync'd) and ``load_checkpoint`` 
 
 What it writes into ``DIR`` (the bench reads it; on the command line, so the bench finds the
 workers it leaves by it):
-- ``pid.<RANK>``: this worker's pid, written (atomically) at start: the bench SIGKILLs it.
+- ``pid.<RANK>``: this worker's pid and start time (``/proc/PID/stat``'s, in clock ticks: a
+  worker elasticd forks from its zygote has the zygote's command line), written at start (atomically):
+  the bench SIGKILLs it.
 - ``progress``: rank 0's line per completed step: ``step time attempt train_s save_s`` (an
   uncommitted log: after a crash it shows the redone steps again).
 - ``finish`` (the bench writes it): every rank stops after the same step (an all_reduce) and exits 0.
@@ -40,6 +42,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=256, help="samples per rank and step")
     p.add_argument("--calibrate", type=int, default=0, help="N steps, then time 3 saves, and exit")
     return p.parse_args()
+
+
+def start_ticks(pid: int) -> int:
+    """When the process started, in clock ticks since boot (with its pid: which process it is)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2 :].split()[19])
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -143,7 +151,7 @@ def main() -> None:
     args = parse_args()
     out = args.out
     dist.init_process_group("gloo", init_method="env://")
-    write_atomic(out / f"pid.{dist.get_rank()}", str(os.getpid()))
+    write_atomic(out / f"pid.{dist.get_rank()}", f"{os.getpid()} {start_ticks(os.getpid())}")
     trainer = Trainer(args.hidden, args.batch)
     if args.calibrate:
         calibrate(trainer, out, args.calibrate)
