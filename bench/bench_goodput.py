@@ -384,6 +384,7 @@ def main() -> None:
     ns = p.parse_args()
     # the job runs the submitter's `python`: this one (torch, this checkout), as in the tests
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     with tempfile.TemporaryDirectory(prefix="elasticd-goodput-") as tmp:
         root = Path(tmp)
         calib = calibrate(ns, root)
