@@ -20,6 +20,7 @@ workers it leaves by it):
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import statistics
@@ -41,6 +42,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=512, help="the MLP's width (its middle layer: 2x)")
     p.add_argument("--batch", type=int, default=256, help="samples per rank and step")
     p.add_argument("--calibrate", type=int, default=0, help="N steps, then time 3 saves, and exit")
+    p.add_argument("--init-timeout", type=float, default=15, help="seconds for init_process_group")
     return p.parse_args()
 
 
@@ -150,7 +152,11 @@ def train(trainer: Trainer, out: Path, every: int, start: int) -> None:
 def main() -> None:
     args = parse_args()
     out = args.out
-    dist.init_process_group("gloo", init_method="env://")
+    # A restart under torchrun --standalone sometimes hangs here (gloo's connect) on this machine:
+    # with a timeout the attempt fails and torchrun starts another, instead of waiting 30 minutes.
+    dist.init_process_group(
+        "gloo", init_method="env://", timeout=datetime.timedelta(seconds=args.init_timeout)
+    )
     write_atomic(out / f"pid.{dist.get_rank()}", f"{os.getpid()} {start_ticks(os.getpid())}")
     trainer = Trainer(args.hidden, args.batch)
     if args.calibrate:
