@@ -180,6 +180,7 @@ class Elasticd:
         n = len(self.daemons)
         shape = ["--nproc-per-node", "2"] if n == 1 else ["--nnodes", str(n), "--nproc-per-node", "1"]
         cmd = [PYTHON, "-m", "elasticctl", "submit", *shape, "--max-restarts", RESTARTS,
+               "--max-same-failures", "0",
                "--cwd", str(out), "--follow", *argv[:1], "--", *argv[1:]]  # fmt: skip
         env = job_env() | {"ELASTICD_SOCKET": str(self.daemons[0].socket)}
         proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env, cwd=out, start_new_session=True)

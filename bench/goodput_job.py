@@ -140,6 +140,7 @@ def train(trainer: Trainer, out: Path, every: int, start: int) -> None:
         trainer.step(step)
         t1 = time.perf_counter()
         step += 1
+        worker.step(step)  # progress, for elasticd (a restart with progress since is no repeat failure)
         if step % every == 0:
             worker.save_checkpoint(trainer.state(step), out / "ckpt.pt")
         t2 = time.perf_counter()
