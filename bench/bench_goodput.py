@@ -114,6 +114,7 @@ class Result:
     downtime_median_s: float | None
     save_stall_median_s: float | None
     train_median_s: float
+    goodput_own: float  # useful steps over the run's own capacity (duration / its median step): load aside
     redone_each: list[int]  # per resumption, in order
     downtimes_s: list[float]
 
@@ -306,6 +307,7 @@ def figures(name: str, lines: list[Line], t0: float, duration: float, faults: in
             downtimes.append(cur.at - prev.at)
     saves = [ln.save_s for ln in lines if ln.save_s > 0.0005]
     capacity = duration / calib.step_s
+    train = statistics.median(ln.train_s for ln in lines)
     return Result(
         redone_each=redone, downtimes_s=[round(d, 3) for d in downtimes],
         launcher=name, faults=faults, useful_steps=useful, capacity_steps=round(capacity, 1),
@@ -313,7 +315,7 @@ def figures(name: str, lines: list[Line], t0: float, duration: float, faults: in
         redone_per_fault=round(sum(redone) / max(1, faults), 2), redone_max=max(redone, default=0),
         downtime_median_s=round(statistics.median(downtimes), 3) if downtimes else None,
         save_stall_median_s=round(statistics.median(saves), 4) if saves else None,
-        train_median_s=round(statistics.median(ln.train_s for ln in lines), 4),
+        train_median_s=round(train, 4), goodput_own=round(useful * train / duration, 4),
     )  # fmt: skip
 
 
