@@ -6,8 +6,9 @@
 What runs: a real etcd (loopback, temp data dir) and 3 daemons on it, started with the test
 suite's support code, each talking to etcd through ``--etcd-client`` (its JSON gateway, or grpc);
 the job ``bench/soak_job.py`` (gloo on CPU, ``--nnodes 2:3``, one worker per node,
-``elasticd.worker.GracefulStop`` and checkpoints, a ledger committed with each checkpoint; its
-crash-loss contract is at the top of that file).
+``elasticd.worker.GracefulStop`` and a memory snapshot after every step, the daemons started with
+``--snapshot-bytes``; ``--no-snapshots``: a disk checkpoint every 25 steps; a ledger committed
+with each; its crash-loss contract is at the top of that file).
 
 Faults (``soak_plan.FaultKind``; one at a time, each after the previous one recovered; see
 ``soak_faults.py`` for what recovery means): worker_kill, daemon_kill (then a restart with the
@@ -21,11 +22,11 @@ bridge (``tests/netns.py``); where namespaces cannot be used they are disabled, 
 Every requested kind is injected once, first, even if that takes longer than ``--duration``; then
 more faults from the plan while the duration lasts. At the end the soak asks the job to finish and checks:
 job SUCCEEDED; the committed ledger has every step once, in order; no rollback beyond the
-checkpoint interval; never two rounds with live workers at once (from the workers' own life
-lines); every node cut from etcd fenced within the lease TTL + 1 s; no worker of the job left;
-no etcd key beyond the job's history and the live nodes' own; every daemon start on the requested
-etcd client; every requested fault kind injected; after stopping everything, none of the soak's
-processes left. Exit status 0 only if all hold. The plan is reproducible from ``--seed``.
+commit interval (1 step with snapshots); never two rounds with live workers at once (from the
+workers' own life lines); every node cut from etcd fenced within the lease TTL + 1 s; no worker
+of the job left; no etcd key beyond the job's history and the live nodes' own; every daemon start
+on the requested etcd client; every requested fault kind injected; after stopping everything, none
+of the soak's processes left. Exit status 0 only if all hold. The plan is reproducible from ``--seed``.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ from tests.support import PYTHON
 
 NODES = 3
 TAIL_STEPS = 30  # steps the job runs after the last fault before it finishes
+SNAPSHOT_BYTES = 32 << 20  # per job and node: the job's state and ledger, two per rank, and replicas
 
 
 def hang_timeout_supported() -> bool:
@@ -89,6 +91,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hang-timeout", type=float, default=10, help="submit --hang-timeout, when supported")
     p.add_argument("--etcd-client", choices=CLIENTS, default="gateway",
                    help="the daemons' --etcd-client (default gateway; grpc: elasticd[grpc])")  # fmt: skip
+    p.add_argument("--snapshots", action=argparse.BooleanOptionalAction, default=True,
+                   help="the job snapshots to memory after every step (default; --no-snapshots: "
+                   "a disk checkpoint every 25 steps)")  # fmt: skip
     p.add_argument("--json", type=Path, help="write everything here")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (kept anyway on failure)")
     return p.parse_args(argv)
@@ -224,7 +229,7 @@ def finish_and_check(
         Check("job SUCCEEDED", state == "SUCCEEDED", f"{state}, restarts={ended and ended['restarts']}")
     )
     checks.append(check_ledger(c.out / "ckpt.pt", target))
-    checks.append(check_crash_loss(c.progress.poll(), settings.every))
+    checks.append(check_crash_loss(c.progress.poll(), settings.interval))
     checks.append(check_rounds_disjoint(read_lives(c.out)))
     if any(r.fence_bound_s is not None for r in results):
         checks.append(check_fencing(results))
@@ -249,17 +254,19 @@ def run(ns: argparse.Namespace) -> int:
     seed = ns.seed if ns.seed is not None else int.from_bytes(os.urandom(4), "big")
     scope = scope_of(ns)
     kinds = scope.kinds
-    settings = JobSettings(hang_timeout_s=ns.hang_timeout if scope.hang_ok else None)
+    settings = JobSettings(hang_timeout_s=ns.hang_timeout if scope.hang_ok else None, snapshots=ns.snapshots)
     plan = make_plan(seed, ns.duration, kinds, nodes=NODES, gap_s=ns.gap)
     root = Path(tempfile.mkdtemp(prefix="elasticd-soak-"))
     print(
         f"soak: seed={seed} duration={ns.duration:.0f}s kinds={','.join(kinds)} "
-        f"planned={len(plan)} etcd_client={ns.etcd_client} dir={root}"
+        f"planned={len(plan)} etcd_client={ns.etcd_client} snapshots={'on' if ns.snapshots else 'off'} "
+        f"dir={root}"
     )
     for n in scope.notes:
         print(f"soak: {n}")
     sys.stdout.flush()
-    c = Cluster(root, NODES, ns.ttl, daemon_stop_grace_s=5, netns=scope.netns, etcd_client=ns.etcd_client)
+    c = Cluster(root, NODES, ns.ttl, daemon_stop_grace_s=5, netns=scope.netns, etcd_client=ns.etcd_client,
+                snapshot_bytes=SNAPSHOT_BYTES if ns.snapshots else 0)  # fmt: skip
     found = Findings()
     t_start = time.time()
     try:
@@ -315,7 +322,7 @@ def report(
             "faults": [asdict(r) for r in found.results], "table": rows,
             "checks": [asdict(ch) for ch in found.checks], "daemon_complaints": found.complaints,
             "dir": str(c.root), "job": c.job_id, "state": found.state, "keys_at_end": found.keys_at_end,
-            "netns": scope.netns, "ttl_s": ns.ttl, "etcd_client": ns.etcd_client,
+            "netns": scope.netns, "ttl_s": ns.ttl, "etcd_client": ns.etcd_client, "snapshots": ns.snapshots,
         }, indent=2, default=str))  # fmt: skip
     return ok
 

@@ -66,7 +66,8 @@ def rollbacks(steps: list[Step]) -> list[tuple[int, int]]:
 
 
 def check_crash_loss(steps: list[Step], every: int) -> Check:
-    """Each rollback redoes at most ``every`` steps (the checkpoint interval); none skips ahead."""
+    """Each rollback redoes at most ``every`` steps (the commit interval: the disk checkpoint's, or
+    1 with a memory snapshot after every step); none skips ahead."""
     backs = rollbacks(steps)
     redone = [last - resumed + 1 for last, resumed in backs]
     skipped = [(a, b) for a, b in backs if b > a + 1]
@@ -74,7 +75,8 @@ def check_crash_loss(steps: list[Step], every: int) -> Check:
     ok = not skipped and not too_many
     detail = (
         f"{len(backs)} resumptions, {sum(r for r in redone if r > 0)} steps redone "
-        f"(max {max(redone, default=0)} per crash, bound {every})"
+        f"(max {max(redone, default=0)} per crash, bound {every}; "
+        f"{sum(r == 1 for r in redone)} redid 1 step, {sum(r > 1 for r in redone)} more)"
         + (f", skipped ahead: {skipped[:5]}" if skipped else "")
     )
     return Check("crash loss within the contract", ok, detail)

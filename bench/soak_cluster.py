@@ -54,9 +54,15 @@ class JobSettings:
     max_restarts: int = 1000
     stop_grace_s: float = 5.0
     last_call_s: float = 1.0
-    every: int = 25
+    every: int = 25  # the disk checkpoint interval, in steps, without snapshots
     step_time_s: float = 0.05
     hang_timeout_s: float | None = None  # None: submit has no --hang-timeout
+    snapshots: bool = True  # a memory snapshot after every step (the daemons keep them)
+
+    @property
+    def interval(self) -> int:
+        """Steps between two commits: what a crash may have to redo."""
+        return 1 if self.snapshots else self.every
 
 
 @dataclass(frozen=True)
@@ -129,9 +135,11 @@ class Cluster:
         daemon_stop_grace_s: float,
         netns: bool = False,
         etcd_client: str = "gateway",
+        snapshot_bytes: int = 0,
     ) -> None:
         self.root = root
         self.etcd_client = etcd_client  # every daemon's --etcd-client (the soak's own reads use the gateway)
+        self.snapshot_bytes = snapshot_bytes  # the daemons' bound on a job's memory snapshots (0: off)
         self.ttl_s = ttl_s
         self.n_nodes = nodes
         self.grace_s = daemon_stop_grace_s
@@ -172,6 +180,7 @@ class Cluster:
             "--etcd-endpoints", endpoint, "--etcd-prefix", self.prefix,
             "--address", address, "--lease-ttl", str(self.ttl_s), "--slots", "2",
             "--stop-grace", str(self.grace_s), "--etcd-client", self.etcd_client,
+            "--snapshot-bytes", str(self.snapshot_bytes),
         ]  # fmt: skip
 
     # -- life ---------------------------------------------------------------------------------
@@ -250,6 +259,7 @@ class Cluster:
             "--env", f"SOAK_OUT={self.out}", "--name", "soak",
             *(["--hang-timeout", str(s.hang_timeout_s)] if s.hang_timeout_s is not None else []),
             str(JOB_SCRIPT), "--", "--every", str(s.every), "--step-time", str(s.step_time_s),
+            *(["--snapshots"] if s.snapshots else []),
         ]  # fmt: skip
         res = self.daemons[0].ctl(*argv, env=self.env)
         if res.returncode != 0:

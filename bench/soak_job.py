@@ -1,17 +1,23 @@
 """The chaos soak's job: tiny DDP (gloo, CPU) that keeps a ledger of every step it completed.
 
-    SOAK_OUT=DIR  python soak_job.py [--every 25] [--step-time 0.05]   (run by elasticd, see soak.py)
+    SOAK_OUT=DIR  python soak_job.py [--every 25] [--step-time 0.05] [--snapshots]
+    (run by elasticd, see soak.py)
 
 The crash-loss contract (what ``soak_check.py`` holds the job to):
 
 - The **ledger** is the list of completed steps (step, world size, round), kept in memory by
-  rank 0 and written *inside* the checkpoint (``DIR/ckpt.pt``, ``elasticd.worker.save_checkpoint``:
-  temporary file, fsync, rename). The ledger and the model state therefore commit together,
-  atomically: the committed ledger is exactly the steps the committed model has seen, each once,
-  in order, with no gap and no duplicate, whatever kills the job and when.
+  every rank (the same on each: a restore may take any rank's snapshot) as an int64 tensor and
+  committed *inside* the checkpoint, with the model state: ``elasticd.worker.save_checkpoint``
+  into ``DIR/ckpt.pt`` (a file: temporary file, fsync, rename; or, with ``--snapshots``, a memory
+  snapshot that the file follows behind). The ledger and the model state therefore commit
+  together, atomically: the committed ledger is exactly the steps the committed model has seen,
+  each once, in order, with no gap and no duplicate, whatever kills the job and when.
 - A **crash** (kill -9 of a worker, a fenced node, a hung rank killed after its grace) loses the
-  steps done since the last checkpoint, at most ``--every`` steps per crash: they are not in the
-  committed ledger and are run again by the next round.
+  steps done since the last commit: they are not in the committed ledger and are run again by the
+  next round. Without ``--snapshots`` the job commits to disk every ``--every`` steps, so a crash
+  redoes at most ``--every`` steps; with ``--snapshots`` it commits a memory snapshot after every
+  step (``load_checkpoint`` resumes from the newest one any of the job's keepers holds), so a crash
+  redoes at most the one step in flight.
 - A **graceful stop** (SIGTERM from a drain, a node joining, a daemon stop:
   ``elasticd.worker.GracefulStop``) loses nothing: every rank stops after the same step and rank 0
   commits before leaving.
@@ -23,7 +29,8 @@ The crash-loss contract (what ``soak_check.py`` holds the job to):
   workers at once (``soak_check.check_rounds_disjoint``).
 - ``DIR/progress`` is an *uncommitted* log, one line per completed step appended by rank 0
   (``step world round time``), so the soak can see the job advance and measure recovery. After a
-  crash it shows the redone steps twice; the soak checks that each rollback is at most ``--every``.
+  crash it shows the redone steps twice; the soak checks that each rollback is at most the
+  commit interval (``--every``, or 1 with ``--snapshots``).
 
 Control files the soak writes into DIR:
 - ``finish``: a total step count (written atomically); the job ends after that many steps. Ranks
@@ -112,28 +119,49 @@ def hang_forever(trigger: Path) -> None:
         time.sleep(3600)
 
 
+class Ledger:
+    """The completed steps (step, world, round) as rows of an int64 tensor that doubles as it
+    grows: a snapshot copies it as one tensor, not a list walked entry by entry."""
+
+    def __init__(self, rows: torch.Tensor | None = None) -> None:
+        self._buf = torch.zeros((max(1024, 0 if rows is None else 2 * len(rows)), 3), dtype=torch.int64)
+        self.n = 0 if rows is None else len(rows)
+        if rows is not None:
+            self._buf[: self.n] = rows
+
+    def append(self, step: int, world: int, round_no: int) -> None:
+        if self.n == len(self._buf):
+            self._buf = torch.cat([self._buf, torch.zeros_like(self._buf)])
+        self._buf[self.n] = torch.tensor([step, world, round_no])
+        self.n += 1
+
+    def rows(self) -> torch.Tensor:
+        return self._buf[: self.n].clone()  # its own storage: a file holds only these rows
+
+
 @dataclass
 class Training:
     """One worker's model, optimizer and ledger: what a checkpoint commits together."""
 
     model: torch.nn.Linear
     opt: torch.optim.SGD
-    ledger: list[tuple[int, int, int]]
+    ledger: Ledger
     ckpt: Path
+    memory: bool  # commit a memory snapshot (else the file, at once)
 
     @classmethod
-    def restore(cls, ckpt: Path) -> tuple[Training, dict[str, Any] | None]:
-        """The training as the last checkpoint left it (fresh if none), and that checkpoint."""
+    def restore(cls, ckpt: Path, memory: bool) -> tuple[Training, dict[str, Any] | None]:
+        """The training as the last commit left it (fresh if none), and that commit."""
         torch.manual_seed(0)
         model = torch.nn.Linear(FEATURES, 1)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        state: dict[str, Any] | None = worker.load_checkpoint(ckpt)
-        ledger: list[tuple[int, int, int]] = []
+        state: dict[str, Any] | None = worker.load_checkpoint(ckpt, memory=memory)
+        ledger = Ledger()
         if state is not None:
             model.load_state_dict(state["model"])
             opt.load_state_dict(state["opt"])
-            ledger = [(int(e[0]), int(e[1]), int(e[2])) for e in state["ledger"]]
-        return cls(model, opt, ledger, ckpt), state
+            ledger = Ledger(torch.as_tensor(state["ledger"], dtype=torch.int64).reshape(-1, 3))
+        return cls(model, opt, ledger, ckpt, memory), state
 
     def train(self, ddp: DDP, step: int, rank: int, world: int) -> None:
         x, y = batch(step, rank, world)
@@ -148,15 +176,15 @@ class Training:
         with checkpointing():
             worker.save_checkpoint(
                 {"model": self.model.state_dict(), "opt": self.opt.state_dict(), "step": next_step,
-                 "ledger": self.ledger, "finished": finished},
-                self.ckpt,
+                 "ledger": self.ledger.rows(), "finished": finished},
+                self.ckpt, memory=self.memory,
             )  # fmt: skip
 
 
 def note_step(training: Training, progress: Path, step: int, world: int, round_no: int) -> None:
-    """Rank 0's ledger entry and progress line for a completed step; every rank's life line."""
+    """Every rank's ledger entry and life line for a completed step; rank 0's progress line."""
+    training.ledger.append(step, world, round_no)
     if dist.get_rank() == 0:
-        training.ledger.append((step, world, round_no))
         with open(progress, "a") as f:
             f.write(f"{step} {world} {round_no} {time.time():.3f}\n")
     if LIFE is not None:
@@ -183,7 +211,8 @@ def stopped(training: Training, stop: worker.GracefulStop, finish: Path, step: i
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--every", type=int, default=25, help="checkpoint (commit) interval in steps")
+    p.add_argument("--every", type=int, default=25, help="disk checkpoint (commit) interval in steps")
+    p.add_argument("--snapshots", action="store_true", help="commit a memory snapshot after every step")
     p.add_argument("--step-time", type=float, default=0.05, help="pretend each step takes this long")
     args = p.parse_args()
     out = Path(os.environ["SOAK_OUT"])
@@ -193,7 +222,7 @@ def main() -> None:
     dist.init_process_group("gloo", init_method="env://")
     rank, world = dist.get_rank(), dist.get_world_size()
     hang = out / f"hang.{rank}"
-    training, state = Training.restore(out / "ckpt.pt")
+    training, state = Training.restore(out / "ckpt.pt", args.snapshots)
     if state is not None and state.get("finished"):
         print(f"rank {rank}: already finished at step {state['step']}", flush=True)
         dist.destroy_process_group()
@@ -216,7 +245,7 @@ def main() -> None:
         report_step(step)
         if stopped(training, stop, out / "finish", step):
             break
-        if step % args.every == 0:
+        if args.snapshots or step % args.every == 0:
             training.commit(step)
     dist.destroy_process_group()
 

@@ -178,19 +178,21 @@ def save_checkpoint(
     10), at once after a stop was requested (``GracefulStop``), after a restart restored a
     snapshot, and at the process's normal exit. Elsewhere (plain torchrun, or the keeper cannot
     take it): written at once (temporary file, fsync, rename, fsync of the directory), then every
-    rank waits for it: when this returns, the checkpoint is durable for everyone.
+    rank waits for it: when this returns, the checkpoint is durable for everyone. A rank whose keeper
+    cannot take the state while the job's snapshots are on (its keeper died, or the state is over
+    the bound) writes without that wait: the other ranks, snapshotting to memory, make no collective.
     """
     if memory and snapshots.save(state, Path(path), rank, persist_every, _stopping()):
         return
     with checkpointing():
-        _save(state, Path(path), rank)
+        _save(state, Path(path), rank, together=not (memory and snapshots.on()))
 
 
-def _save(state: Any, target: Path, rank: int) -> None:
+def _save(state: Any, target: Path, rank: int, together: bool = True) -> None:
     if _rank() == rank:
         snapshots.write_file(state, target)
     dist = _dist()
-    if dist is not None:
+    if together and dist is not None:
         dist.barrier()
 
 

@@ -358,3 +358,37 @@ def test_a_killed_keepers_directory_is_swept_by_the_next_keeper(tmp_path: Path) 
         assert not dead.exists() and live.exists() and young.exists() and other.exists()
     finally:
         listener.close()
+
+
+class _Dist:
+    """torch.distributed as a rank sees it: ``barrier`` counted (a real one would wait for ranks
+    that, snapshotting to memory, never come)."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank, self.barriers = rank, 0
+
+    def get_rank(self) -> int:
+        return self.rank
+
+    def barrier(self) -> None:
+        self.barriers += 1
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_rank_whose_keeper_fails_writes_without_waiting_for_ranks_in_memory(
+    rank: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("torch")
+    from elasticd import worker
+    from elasticd.workers.snapshot_program import memory, protocol
+
+    dist = _Dist(rank)
+    monkeypatch.setattr(worker, "_dist", lambda: dist)
+    monkeypatch.setattr(memory, "save", lambda *_: False)  # e.g. its keeper died
+    monkeypatch.setenv(protocol.SOCKET_ENV, str(tmp_path / "gone.sock"))
+    worker.save_checkpoint({"step": 3}, tmp_path / "ckpt.pt")
+    assert dist.barriers == 0
+    assert (tmp_path / "ckpt.pt").exists() == (rank == 0)  # the writer rank wrote it, alone
+    monkeypatch.delenv(protocol.SOCKET_ENV)  # no snapshots in this job: every rank waits, as always
+    worker.save_checkpoint({"step": 4}, tmp_path / "ckpt.pt")
+    assert dist.barriers == 1

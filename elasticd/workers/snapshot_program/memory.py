@@ -28,6 +28,11 @@ PERSIST_EVERY_ENV = "ELASTICD_SNAPSHOT_PERSIST_EVERY"
 DEFAULT_PERSIST_EVERY = 10
 
 
+def on() -> bool:
+    """Whether this worker runs under elasticd's memory snapshots (the job's keeper was started)."""
+    return SOCKET_ENV in os.environ
+
+
 def say(event: str, **fields: Any) -> None:
     """One line on the rank's stderr (its log): ``elasticd: snapshot.restored step=3 ...``; only
     under elasticd (plain torchrun's output stays as it was)."""
