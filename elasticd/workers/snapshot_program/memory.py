@@ -180,7 +180,7 @@ class Snapshots:
         """The state of the newest step any of the job's keepers holds, or None (the caller reads
         the file). A collective when ``dist`` is given: every rank must call it. It also tells this
         node's keeper the job's key and its replication peer (``snapshot_program.restore``)."""
-        if SOCKET_ENV not in os.environ:  # not under elasticd's snapshots: no collective, as before
+        if SOCKET_ENV not in os.environ:  # not under elasticd's snapshots: no collective (plain torchrun)
             return None
         client = self.client()
         name, me = str(path.absolute()), _rank()
