@@ -37,7 +37,7 @@ from elasticd.etcd.gateway import Failure, GatewayError
 from elasticd.etcd.kv import prefix_end
 from elasticd.etcd.transport import ConnectionLost, Endpoint, Transport, parse_endpoint, tls_context, uses_tls
 from elasticd.etcd.types import Compare, EtcdAuth, EtcdStatus, Found, KeyValue, Put, Query
-from elasticd.etcd.watch import open_watch
+from elasticd.etcd.watch import OpenWatches, open_watch
 
 _log = log.get("elasticd.etcd")
 
@@ -94,7 +94,7 @@ class EtcdClient:
         self._lock = threading.Lock()
         self._index = 0
         self._token: str | None = None  # of the current endpoint (simple tokens are per member)
-        self._watches: set[Callable[[], None]] = set()
+        self._watches = OpenWatches()
         self._warned_auth_off = False
 
     # -- endpoints, login and errors: the one place ---------------------------------------------
@@ -174,10 +174,7 @@ class EtcdClient:
 
     def close(self) -> None:
         """Cancel the watches still open and close the idle connections."""
-        with self._lock:
-            watches, self._watches = list(self._watches), set()
-        for cancel in watches:
-            cancel()
+        self._watches.close_all()
         for transport in self._transports:
             transport.close()
 
@@ -232,15 +229,7 @@ class EtcdClient:
         Returns once etcd has created the watch; the function returned cancels it."""
         body = gw.watch_request(start, end)
         cancel = self.call(lambda t, token: open_watch(t, body, token, on_change, on_broken))
-        with self._lock:
-            self._watches.add(cancel)
-
-        def stop() -> None:
-            with self._lock:
-                self._watches.discard(cancel)
-            cancel()
-
-        return stop
+        return self._watches.track(cancel)
 
     def watch_prefix(
         self, prefix: str, on_change: Callable[[str, bool], None], on_broken: Callable[[], None]

@@ -30,6 +30,33 @@ _log = log.get("elasticd.etcd")
 JOIN_S = 5.0
 
 
+class OpenWatches:
+    """A client's open watches (either backend's): each cancelled once, by its own stop or at the
+    client's close."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: set[Callable[[], None]] = set()
+
+    def track(self, cancel: Callable[[], None]) -> Callable[[], None]:
+        """``cancel`` kept until the returned stop (or ``close_all``) runs it."""
+        with self._lock:
+            self._open.add(cancel)
+
+        def stop() -> None:
+            with self._lock:
+                self._open.discard(cancel)
+            cancel()
+
+        return stop
+
+    def close_all(self) -> None:
+        with self._lock:
+            still, self._open = list(self._open), set()
+        for cancel in still:
+            cancel()
+
+
 def open_watch(
     transport: Transport,
     body: dict[str, object],

@@ -18,6 +18,7 @@ from elasticd.etcd.grpc.watch import Watch
 from elasticd.etcd.kv import prefix_end
 from elasticd.etcd.transport import Endpoint, parse_endpoint, uses_tls
 from elasticd.etcd.types import Compare, EtcdAuth, EtcdStatus, Found, KeyValue, Put, Query
+from elasticd.etcd.watch import OpenWatches
 
 _log = log.get("elasticd.etcd")
 
@@ -46,7 +47,7 @@ class GrpcEtcdClient:
         self._lock = threading.Lock()
         self._index = 0
         self._token: str | None = None
-        self._watches: set[Callable[[], None]] = set()
+        self._watches = OpenWatches()
 
     def _credentials(self) -> Any:
         def read(path: Any) -> bytes | None:
@@ -131,10 +132,7 @@ class GrpcEtcdClient:
         raise EtcdUnavailable(f"etcd is unreachable at {where} (grpc): {last}") from last
 
     def close(self) -> None:
-        with self._lock:
-            watches, self._watches = list(self._watches), set()
-        for cancel in watches:
-            cancel()
+        self._watches.close_all()
         for ch in self._channels:
             ch.channel.close()
 
@@ -232,15 +230,7 @@ class GrpcEtcdClient:
             return stream.cancel
 
         cancel = self.call(op)
-        with self._lock:
-            self._watches.add(cancel)
-
-        def stop() -> None:
-            with self._lock:
-                self._watches.discard(cancel)
-            cancel()
-
-        return stop
+        return self._watches.track(cancel)
 
     def watch_prefix(
         self, prefix: str, on_change: Callable[[str, bool], None], on_broken: Callable[[], None]
