@@ -183,23 +183,29 @@ def test_recovery_takes_a_parked_zygote_that_outlived_its_daemon_and_reaper(
     assert instance_cgroup_gone(d)
 
 
-def test_the_reapers_fence_takes_the_jobs_cgroup(tmp_path: Path) -> None:
-    """The fence, without a cluster: the real sidecar, told a fenced job and a deadline now past."""
+def test_the_reapers_fence_takes_the_jobs_cgroup_but_its_keeper(tmp_path: Path) -> None:
+    """The fence, without a cluster: the real sidecar, told a fenced job and a deadline now past.
+    The job's snapshot keeper trains nothing and holds what the node resumes from: the fence spares
+    it, and it goes when the daemon does."""
     node = f"fence-{secrets.token_hex(3)}"
     tracker = tracking.detect(instance=node)
     assert tracker.base is not None
     job = tracker.job("fenced-job")
     assert isinstance(job, tracking.CgroupJob)
-    fd = job.join(0)
-    assert fd is not None
-    sleeper = psutil.Popen(
-        ["/bin/sleep", "1000"], preexec_fn=lambda: os.write(fd, b"0"), start_new_session=True
-    )
-    os.close(fd)
+
+    def sleeper_in(fd: int | None) -> psutil.Popen:
+        assert fd is not None
+        proc = psutil.Popen(["/bin/sleep", "1000"], preexec_fn=lambda: os.write(fd, b"0"), start_new_session=True)
+        os.close(fd)
+        return proc
+
+    sleeper, keeper = sleeper_in(job.join(0)), sleeper_in(job.join_snapshots())
     reaper = Reaper(node, tracker.base)
     try:
         reaper.start()
         assert "/fenced-job/rank_0" in v2_cgroup(sleeper.pid)
+        assert f"/fenced-job/{tracking.SNAPSHOTS_LEAF}" in v2_cgroup(keeper.pid)
+        reaper.track(keeper.pid)
         # Only the cgroup can find it: it carries no marker, and the group told is a finished one's.
         gone = psutil.Popen(["/bin/true"])
         gone.wait()
@@ -207,10 +213,15 @@ def test_the_reapers_fence_takes_the_jobs_cgroup(tmp_path: Path) -> None:
         reaper.set_deadline(0.001)  # CLOCK_MONOTONIC long past
         sleeper.wait(15)
         assert sleeper.returncode == -signal.SIGKILL
+        assert keeper.is_running() and keeper.status() != psutil.STATUS_ZOMBIE
+        reaper.close()  # the daemon is gone
+        keeper.wait(15)
+        assert keeper.returncode == -signal.SIGKILL
     finally:
-        if sleeper.poll() is None:
-            sleeper.kill()
-            sleeper.wait()
+        for proc in (sleeper, keeper):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
         reaper.close()
         remove_tree(KernelFs(), job.path)
         tracker.release()

@@ -13,7 +13,7 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from elasticd.workers.cgroups import fs, kill, limits
+from elasticd.workers.cgroups import fs, kill, limits, tracking
 from elasticd.workers.proctree import markers, reaper
 
 
@@ -21,6 +21,7 @@ def test_shared_names_agree() -> None:
     assert (reaper.OWNER_ENV, reaper.JOB_ENV) == (markers.OWNER_ENV, markers.JOB_ENV)
     assert reaper.V2_JOBS == fs.V2_JOBS
     assert reaper.KILL_WAIT_S == kill.KILL_WAIT_S
+    assert reaper.SNAPSHOTS_LEAF == tracking.SNAPSHOTS_LEAF
 
 
 def _limits_accepts(name: str) -> bool:

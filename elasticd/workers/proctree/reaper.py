@@ -15,8 +15,11 @@ Two things make it act:
 - The deadline passes without a newer one: the daemon could not renew its lease in time (frozen,
   stuck, cut off from etcd). Its peers will go on without this node, so fenced groups (multi-node
   jobs) are killed *before* the lease can expire: two rounds of a job never run at once. A fenced
-  job's tracking cgroup ``<base>/<job>`` is killed with them, and every process marked with the
-  job or one of its groups' markers.
+  job's tracking cgroup ``<base>/<job>`` is killed with them, every leaf but its snapshot keeper's,
+  and every process marked with the job or one of its groups' markers. The keeper trains nothing,
+  so it cannot make two rounds run at once; it holds the job's newest snapshots, which the node
+  resumes from when it rejoins (every node of a job is fenced at once when etcd itself is away).
+  It goes with the daemon, or when the daemon stops it at the job's end here.
 
 Run as ``python -I -S -c <import this module> elasticd.workers.proctree.reaper OWNER [CGROUP_BASE]``
 (``Reaper.start``; ``python -m elasticd.workers.proctree.reaper OWNER [CGROUP_BASE]`` works too);
@@ -56,6 +59,7 @@ OWNER_ENV = "ELASTICD_OWNER"  # workers.proctree.markers
 JOB_ENV = "ELASTICD_JOB"  # workers.proctree.markers
 _ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
 V2_JOBS = "elasticd.jobs"  # workers.cgroups.fs: the parent of every daemon's base on this host
+SNAPSHOTS_LEAF = "snapshots"  # workers.cgroups.tracking: a job's keeper, which a fence spares
 KILL_WAIT_S = 5.0  # workers.cgroups.kill: how long a sweep waits for the kernel to empty the base
 _BUSY = (errno.EBUSY, errno.ENOTEMPTY)
 
@@ -193,11 +197,19 @@ def _kill_now(procs: list[tuple[int, int | None]], pgids: list[int]) -> None:
                 os.close(fd)
 
 
+def _kill_job_but_keeper(cgroup: str) -> None:
+    """Kill every leaf of a job's cgroup but the keeper's (a job's processes live in leaves only:
+    its ranks', its zygote's, its keeper's)."""
+    for leaf in _subdirs(cgroup):
+        if os.path.basename(leaf) != SNAPSHOTS_LEAF:
+            _kill_cgroup(leaf, wait_s=0)  # the kernel takes it from here
+
+
 def _fence(owner: str, fenced: dict[int, tuple[str, ...]], base: str | None) -> None:
     jobs = {marks[0] for marks in fenced.values()}
     for job in sorted(jobs):
         if base is not None and valid_job(job):  # the daemon sends only job ids
-            _kill_cgroup(os.path.join(base, job), wait_s=0)  # the kernel takes it from here
+            _kill_job_but_keeper(os.path.join(base, job))
     marks = frozenset(m for ms in fenced.values() for m in ms)
     _kill_now(_marked(owner, marks), sorted(fenced))
     fenced.clear()
