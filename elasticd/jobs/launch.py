@@ -1,14 +1,14 @@
-"""Turning a round's result into this node's worker group, and a failed worker into a report.
+"""Turning a round's result into this node's worker group, and watching it run.
 
-Log files are created and read through ``jobs.logdir`` only: the workers run as the submitter, and
-anything under the log directory that a job could have touched must never be opened by path as root.
+Log files are created through ``jobs.logdir`` only: the workers run as the submitter, and anything
+under the log directory that a job could have touched must never be opened by path as root (a
+failed worker's report is read by ``jobs.failurereport``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -16,12 +16,12 @@ from pathlib import Path
 
 from elasticd import log
 from elasticd.gpu.binding import Host, memory_nodes
-from elasticd.jobs import logdir, logread, stackfile
+from elasticd.jobs import logdir, stackfile
 from elasticd.jobs.affinity import rank_cpus
 from elasticd.jobs.decider import Exited, Group, Judgement, judge, report, settle_left
 from elasticd.jobs.env import WorldLayout, worker_env
+from elasticd.jobs.failurereport import describe_failure
 from elasticd.jobs.identity import switch_to
-from elasticd.jobs.rootcause import Exit, by_first_failure, exception_of, parse_error_file
 from elasticd.netaddr import NoFreePort, PortRange, pick_port
 from elasticd.node.inventory import Inventory
 from elasticd.progress.channel import ProgressChannel
@@ -31,7 +31,7 @@ from elasticd.progress.tracker import RankProgress
 from elasticd.progress.watch import HangWatch, WatchedRank
 from elasticd.rendezvous.model import Member, RoundResult
 from elasticd.terms.spec import JobSpec
-from elasticd.terms.state import EndReason, FailedRank, SetupFailure, WorkerFailure
+from elasticd.terms.state import EndReason, SetupFailure, WorkerFailure
 from elasticd.workers.cgroups.limits import LimitBackend, LimitError, Placement, ResourceLimits, RlimitBackend
 from elasticd.workers.cgroups.tracking import NoTracker, Tracker
 from elasticd.workers.group import ColdSpawner, Launch, Spawner, Worker, WorkerGroup, wall_clock
@@ -43,9 +43,6 @@ from elasticd.workers.warm.spawner import WarmSpawner
 from elasticd.workers.warm.zygote import Zygote
 
 _log = log.get("elasticd.launch")
-
-TAIL_BYTES = 4096
-TAIL_LINES = 30
 
 
 @dataclass(frozen=True)
@@ -260,76 +257,6 @@ def _write_stacks(
     rt: NodeRuntime, job_id: str, attempt: int, owner: logdir.Owner, rank: int, text: str
 ) -> None:
     stackfile.write_stacks(rt.log_dir, job_id, attempt, rank, text, owner, rt.node_id)
-
-
-def _in_tree(path: Path) -> tuple[Path, tuple[str, ...]]:
-    """``<log_dir>/<job>/attempt_<n>/<file>`` split into the log root and the names below it."""
-    return path.parents[2], path.parts[-3:]
-
-
-def read_tail(path: Path) -> str:
-    """The last lines of a rank's log (``path`` as in ``Launch.log_path``), read safely."""
-    root, parts = _in_tree(path)
-    lines = logread.read_tail(root, parts, TAIL_BYTES).decode(errors="replace").splitlines()
-    return "\n".join(lines[-TAIL_LINES:])
-
-
-def read_error_file(path: Path) -> tuple[str, float | None]:
-    """The message and timestamp torch's ``@record`` wrote to TORCHELASTIC_ERROR_FILE, if any
-    (the daemon pre-creates the file empty, so empty means no message)."""
-    root, parts = _in_tree(path)
-    try:
-        data = json.loads(logread.read_small(root, parts))
-    except ValueError:
-        return "", None
-    return parse_error_file(data)
-
-
-def describe_failure(
-    node: str, attempt: int, failed: Sequence[Worker], started_at: float | None = None
-) -> WorkerFailure:
-    """The root cause among ``failed`` (workers that exited non-zero, at least one): the first to
-    fail by time (see ``jobs.rootcause``), with the others as ``also_failed``."""
-    errors = {w.launch.rank: read_error_file(w.launch.error_file) for w in failed}
-    workers = {w.launch.rank: w for w in failed}
-    exits = [
-        Exit(
-            rank=w.launch.rank,
-            local_rank=w.launch.local_rank,
-            returncode=w.exited.result(),
-            exited_at=wall_clock() if w.exited_at is None else w.exited_at,
-            error_at=errors[w.launch.rank][1],
-        )
-        for w in failed
-    ]
-    root, *others = by_first_failure(exits)
-    launch = workers[root.rank].launch
-    also = tuple(
-        FailedRank.from_exit(
-            rank=e.rank,
-            local_rank=e.local_rank,
-            returncode=e.returncode,
-            message=errors[e.rank][0],
-            failed_at=e.failed_at,
-        )
-        for e in others
-    )
-    tail = read_tail(launch.log_path)
-    return WorkerFailure.from_exit(
-        oom=launch.limits is not None and launch.limits.oom_killed(),
-        node=node,
-        attempt=attempt,
-        rank=root.rank,
-        local_rank=root.local_rank,
-        returncode=root.returncode,
-        message=errors[root.rank][0],
-        tail=tail,
-        failed_at=root.failed_at,
-        also_failed=also,
-        exception=exception_of(errors[root.rank][0], tail),
-        exited_at=root.exited_at,
-        ran_s=None if started_at is None else max(0.0, root.exited_at - started_at),
-    )
 
 
 def _timer(delay_s: float) -> asyncio.Future[int]:

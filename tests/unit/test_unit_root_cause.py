@@ -17,7 +17,8 @@ from elasticd.decode import decode
 from elasticd.jobs import launch as launch_mod
 from elasticd.jobs import logdir
 from elasticd.jobs.decider import SETTLE_S, Group, GroupOutcome
-from elasticd.jobs.launch import ProcessWorkers, describe_failure
+from elasticd.jobs.failurereport import describe_failure
+from elasticd.jobs.launch import ProcessWorkers
 from elasticd.jobs.ranktext import rank_prefixed
 from elasticd.jobs.rootcause import Exit, by_first_failure, parse_error_file
 from elasticd.rendezvous.model import check_failure
