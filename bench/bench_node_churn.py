@@ -155,6 +155,10 @@ class Outcome:
     load: str
     phases: list[Phase] = field(default_factory=list)
     rest: Rest | None = None
+    # An agent's read of its live nodes (``JobLease.alive``: the job's presences; before, every
+    # node's record): seconds and bytes etcd sent, median of 5
+    alive_read_s: float = 0.0
+    alive_read_bytes: float = 0.0
 
 
 def scrape(metrics_url: str) -> dict[str, float]:
@@ -232,7 +236,7 @@ async def run_size(
 
     client_of = [clients[i % len(clients)] for i in range(n)]
     regs = [
-        LightRegistry(client_of[i], keys, f"node-{i:05d}", TTL_S, functools.partial(record, i), reaper)  # type: ignore[arg-type]
+        LightRegistry(client_of[i], keys, f"node-{i:05d}", args.ttl, functools.partial(record, i), reaper)  # type: ignore[arg-type]
         for i in range(n)
     ]
     tasks: dict[str, asyncio.Task[None]] = {}
@@ -252,6 +256,7 @@ async def run_size(
 
         written = lambda: all(r._published is not None and r._published["free_slots"] == 0 for r in regs)  # noqa: E731
         out.phases.append(await _phase("admit", n, observers, admit, written))
+        out.alive_read_s, out.alive_read_bytes = await _alive_read(regs[0], metrics, old)
         out.rest = await _rest(regs, clients, keys, metrics, etcd_pid, args)
 
         gone = regs[: n // 2]
@@ -285,6 +290,22 @@ async def run_size(
     return out
 
 
+async def _alive_read(reg: NodeRegistry, metrics: str, old: bool) -> tuple[float, float]:
+    """What one agent's read of its job's live nodes costs: the presences, or (``old``) every
+    node's record, as ``NodeRegistry.alive`` read them."""
+    sent = "etcd_network_client_grpc_sent_bytes_total"
+    times, sizes = [], []
+    for _ in range(5):
+        before, t0 = scrape(metrics)[sent], time.monotonic()
+        if old:
+            await asyncio.to_thread(reg.live_nodes)
+        else:
+            await reg.present(JOB)
+        times.append(time.monotonic() - t0)
+        sizes.append(scrape(metrics)[sent] - before)
+    return statistics.median(times), statistics.median(sizes)
+
+
 async def _rest(
     regs: list[LightRegistry], clients: list[EtcdClient], keys: Keys, metrics: str, etcd_pid: int,
     args: argparse.Namespace,
@@ -315,7 +336,7 @@ async def _rest(
     etcd_pct, mine_pct = 100 * (cpu1 - cpu0) / dt, 100 * (mine1 - mine0) / dt
     return Rest(
         dt, sum(methods.values()), methods, (b[recv] - a[recv]) / dt, (b[sent] - a[sent]) / dt,
-        etcd_pct, len(regs) / (TTL_S / 4), mine_pct, ",".join(sorted(parts)),
+        etcd_pct, len(regs) / (args.ttl / 4), mine_pct, ",".join(sorted(parts)),
     )  # fmt: skip
 
 
@@ -343,6 +364,12 @@ def report(outcomes: list[Outcome]) -> None:
                 f"  {p.member_events[0]:>22.2f}/{p.member_events[1]:<6.2f}"
                 f" {p.other_events[0]:>8.2f}/{p.other_events[1]:<6.2f} {heard:>16}"
             )
+    print()
+    for o in outcomes:
+        print(
+            f"{o.n:>6} {o.layout:<6} an agent's read of its live nodes: {o.alive_read_s * 1000:.1f} ms,"
+            f" {o.alive_read_bytes / 1024:.1f} KiB sent by etcd"
+        )
     print()
     print(
         f"{'N':>6} {'layout':<6} {'rest parts':<20} {'req/s':>8} {'keepalive exp.':>14} {'recv B/s':>10}"
@@ -373,6 +400,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=32, help="lease threads shared by the registries")
     p.add_argument("--rest", default="keepalive,space,scan", help="what runs at rest, besides keep-alives")
     p.add_argument("--rest-s", type=float, default=30.0)
+    p.add_argument(
+        "--ttl", type=float, default=TTL_S,
+        help="lease TTL (default: the daemon's); longer where this one process cannot keep N leases alive",
+    )  # fmt: skip
     p.add_argument("--warm-s", type=float, default=12.0)
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
