@@ -338,7 +338,8 @@ class JobManager:
             return
         try:  # present in the job, and hearing its losses, before any other key of ours in it
             await self._registry.enter(spec.id)
-            await self._presence.follow(spec.id)
+            if spec.nnodes.max > 1:  # (a job of one node has no other node to lose)
+                await self._presence.follow(spec.id)
         except EtcdUnavailable:
             self._registry.leave(spec.id)
             self.admitter.release(spec.id)

@@ -1,5 +1,5 @@
-"""The node losses a daemon hears of: one watch per job it takes part in, on that job's presences
-(``presence/<job>/``), for deletions only.
+"""The node losses a daemon hears of: one watch per job of several nodes it takes part in (at most
+one per slot: a stream each), on that job's presences (``presence/<job>/``), for deletions only.
 
 A node's presence in a job goes when its agent has left or its lease has ended (a member may be
 lost: the job's agents look). etcd filters the puts out (``deletes_only``), so a job of N nodes
