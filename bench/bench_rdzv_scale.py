@@ -56,7 +56,7 @@ from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.client import EtcdClient
 from elasticd.etcd.embedded import EmbeddedEtcd
 from elasticd.etcd.keys import KeyKind, Keys
-from elasticd.manager.wakes import QUIET_KINDS, NodeWakes
+from elasticd.manager.wakes import QUIET_KINDS
 from elasticd.netaddr import free_port
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.model import Join
@@ -170,7 +170,6 @@ class Node:
         self.me = f"node-{i:05d}"
         self.spec = spec
         self.keys = keys
-        self.node_wakes = NodeWakes()
         self.publish = publish
         self.client = CountingClient([endpoint], timeout_s=60)
         self.store = InlineJobStore(self.client, keys, spec.id)
@@ -201,7 +200,7 @@ class Node:
         """The manager's watch, routed as ``JobManager.wake`` and ``JobAgent.wake`` do."""
         self.events += 1
         change = self.keys.route(key, deleted)
-        if change is None or change.kind in QUIET_KINDS or not self.node_wakes.wakes(change):
+        if change is None or change.kind in QUIET_KINDS:
             return
         self.join_events += change.kind is KeyKind.JOIN
         if change.kind is KeyKind.RESULT and self.result_at is None:

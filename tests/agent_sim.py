@@ -29,6 +29,7 @@ from dataclasses import replace
 
 from elasticd.agent.record import AgentRecord, Leave
 from elasticd.errors import EtcdUnavailable
+from elasticd.etcd.kv import prefix_end
 from elasticd.etcd.memory import MemoryKV
 from elasticd.etcd.types import Compare, Put
 from elasticd.jobs.admission import admit
@@ -79,6 +80,8 @@ class Sim:
             node = Node(i, f"n{i}", link, store, note=self.note, reaches=self.reaches)
             for start, end in KEYS.watched():  # the manager's watch (the daemon's, once it runs)
                 self.kv.watch_range(start, end, node.on_change, lambda: None)
+            gone = KEYS.presences(spec.id)  # its ``PresenceWatches`` (it wakes the agent, if any)
+            self.kv.watch_range(gone, prefix_end(gone), node.on_presence_gone, lambda: None, True)
             self.nodes.append(node)
         for node in self.nodes[:initial]:
             node.daemon = Daemon.UP
@@ -248,6 +251,7 @@ class Sim:
         if node.lease is not None and now >= node.deadline:
             self._lost(node)
         try:
+            node.forget_presence()
             if node.lease is None:
                 self._register(node)
             elif (remaining := node.link.stream().refresh_lease(node.lease)) <= 0:
@@ -269,7 +273,10 @@ class Sim:
 
     def _register(self, node: Node) -> None:
         lease = node.link.stream().grant_lease(TTL_S)
-        node.link.stream().put_json(KEYS.node(node.name), {"node": node.name}, lease)
+        puts = [Put(KEYS.node(node.name), {"node": node.name}, lease)]
+        if node.agent is not None:  # its presence in the job, with its record (``NodeRegistry._register``)
+            puts.append(Put(KEYS.presence(self.spec.id, node.name), {}, lease))
+        node.link.stream().txn([], puts)
         node.lease, node.deadline = lease, self.now + TTL_S - MARGIN_S
         node.wake()  # NodeRegistry.on_granted: JobManager.wake
 
@@ -283,7 +290,7 @@ class Sim:
         if plan.fail:
             run_inline(node.store.finalize(JobState.FAILED, EndReason.NODES_LOST, plan.why))
             return
-        expect = rdzv.next_expect(snap.result, node.alive())
+        expect = rdzv.next_expect(snap.result, node.alive() | {node.name})
         info = RoundInfo(snap.current + 1, RoundReason.MEMBER_LOST, self.now, expect, why)
         run_inline(node.store.bump(Seen.of(snap), info, plan.spend))
 
@@ -300,6 +307,11 @@ class Sim:
         except EtcdUnavailable:
             return
         if snap.head is not None and not snap.ended and admit(snap, node.name, 8, 8, "CPU slots").join:
+            try:  # ``NodeRegistry.enter``, before the agent exists
+                node.link.up().put_json(KEYS.presence(self.spec.id, node.name), {}, node.lease)
+            except EtcdUnavailable:
+                return
+            node.presence_stale = False
             node.agent = Agent(AgentRecord(self.spec, node.name, last_join_at=self.now))
             node.ran_job, node.waiting = True, False
 

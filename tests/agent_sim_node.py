@@ -3,7 +3,8 @@ its agent, stepped by an executor that carries the actions out as ``elasticd.age
 does: after a failure the rest of the list is dropped, and the next step gets it in ``Local``.
 
 Its wake-ups are the daemon's: the manager's watch (``Keys.watched``: every key but the joins,
-routed as ``JobManager.wake`` does, filtered by ``AgentRecord.woken_by``), the join watch that a
+the nodes' records and presences, routed as ``JobManager.wake`` does, filtered by
+``AgentRecord.woken_by``), the deletions of the job's presences (``PresenceWatches``), the join watch that a
 ``WatchJoins`` opens, worker exits, fences, leaves and new leases, a ``Wait``'s deadline and the
 executor's poll (``POLL_S``). The sim steps only the nodes these wake when it models them
 (``Sim(wakes=True)``); otherwise every node steps on every tick.
@@ -25,7 +26,8 @@ from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keys import KeyKind, Keys
 from elasticd.etcd.memory import MemoryKV
 from elasticd.jobs.decider import Group, GroupOutcome
-from elasticd.manager.wakes import QUIET_KINDS, NodeWakes
+from elasticd.manager.wakes import QUIET_KINDS
+from elasticd.node.registry import parse_presences
 from elasticd.rendezvous.model import Join, Member
 from elasticd.rendezvous.reach import Reach
 from elasticd.rendezvous.store import InlineJobStore, run_inline
@@ -151,7 +153,7 @@ class Node:
     joins: tuple[int, Callable[[], None]] | None = None  # the join watch: its round, its cancel
     join_events: list[str] = field(default_factory=list)  # joins its join watch told it of
     main_joins: list[str] = field(default_factory=list)  # joins the manager's watch told it of: none
-    node_wakes: NodeWakes = field(default_factory=NodeWakes)  # the manager's, for node records
+    presence_stale: bool = False  # its agent left, and its presence is still to delete
 
     def wake(self) -> None:
         self.woken = True
@@ -166,11 +168,17 @@ class Node:
     def on_change(self, key: str, deleted: bool) -> None:
         """The manager's watch (``JobManager.watch`` then ``wake``)."""
         change = KEYS.route(key, deleted)
-        if change is None or change.kind in QUIET_KINDS or not self.node_wakes.wakes(change):
+        if change is None or change.kind in QUIET_KINDS:
             return
         if change.kind is KeyKind.JOIN:
             self.main_joins.append(key)
         if change.job is None or (self.agent is not None and self.agent.rec.woken_by(change)):
+            self.woken = True
+
+    def on_presence_gone(self, key: str, deleted: bool) -> None:
+        """The job's presences, deletions only (``PresenceWatches``, then ``JobManager.wake``)."""
+        change = KEYS.route(key, deleted)
+        if change is not None and self.agent is not None and self.agent.rec.woken_by(change):
             self.woken = True
 
     def _on_join(self, key: str, deleted: bool) -> None:
@@ -200,8 +208,9 @@ class Node:
             self.woken = True  # to read what came before the watch existed
 
     def alive(self) -> frozenset[str]:
-        """``NodeRegistry.alive``: the nodes whose lease holds their record."""
-        return frozenset(KEYS.parse(kv.key).node for kv in self.link.get_prefix(KEYS.nodes()))
+        """``JobLease.alive``: the job's nodes whose lease holds their presence."""
+        job = self.store.job_id
+        return parse_presences(KEYS, job, self.link.get_prefix(KEYS.presences(job)))
 
     def step(self, now: float, checker: Checker) -> bool:
         """One pass of ``JobAgent._run``'s loop; True when the agent waits (or has left)."""
@@ -247,6 +256,15 @@ class Node:
             if agent.rec.joined_round >= 0:
                 run_inline(self.store.withdraw(agent.rec.joined_round, self.name))
         self.agent, self.ran_job = None, False
+        self.presence_stale = True  # ``NodeRegistry.leave``: deleted now, or at a keep-alive
+        self.forget_presence()
+
+    def forget_presence(self) -> None:
+        """``NodeRegistry._forget_stale``."""
+        if self.presence_stale and self.agent is None:
+            with contextlib.suppress(EtcdUnavailable):
+                self.link.up().delete(KEYS.presence(self.store.job_id, self.name))
+                self.presence_stale = False
 
     def _execute(self, agent: Agent, action: act.Action, now: float) -> View | None:
         """``JobAgent._execute``, against fake workers."""

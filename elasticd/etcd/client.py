@@ -222,12 +222,17 @@ class EtcdClient:
 
     # -- watches ----------------------------------------------------------------------------
     def watch_range(
-        self, start: str, end: str, on_change: Callable[[str, bool], None], on_broken: Callable[[], None]
+        self,
+        start: str,
+        end: str,
+        on_change: Callable[[str, bool], None],
+        on_broken: Callable[[], None],
+        deletes_only: bool = False,
     ) -> Callable[[], None]:
         """From a thread of its own, ``on_change(key, deleted)`` for each later change of a key in
         [start, end); ``on_broken`` once if the stream ends, after which the caller watches anew.
         Returns once etcd has created the watch; the function returned cancels it."""
-        body = gw.watch_request(start, end)
+        body = gw.watch_request(start, end, deletes_only)
         cancel = self.call(lambda t, token: open_watch(t, body, token, on_change, on_broken))
         return self._watches.track(cancel)
 

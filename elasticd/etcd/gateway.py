@@ -159,8 +159,11 @@ def read_many_request(queries: Sequence[Query]) -> dict[str, Any]:
     return {"success": [{"request_range": range_request(q)} for q in queries]}
 
 
-def watch_request(start: str, end: str) -> dict[str, Any]:
-    return {"create_request": key_range(start, end=end)}
+def watch_request(start: str, end: str, deletes_only: bool = False) -> dict[str, Any]:
+    create: dict[str, Any] = dict(key_range(start, end=end))
+    if deletes_only:
+        create["filters"] = ["NOPUT"]  # etcd drops the puts before they are sent
+    return {"create_request": create}
 
 
 def lease_request(lease_id: int) -> dict[str, str]:

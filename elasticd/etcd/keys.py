@@ -11,6 +11,12 @@ why it cannot take part), under its lease. Every daemon watches the whole prefix
 subtree (``Keys.watched``), and only a round's leader watches its round's joins, so a round of N
 nodes costs O(N) watch events, not N².
 
+A node's presence in a job lives apart too, under ``presence/<job>/<node>`` (under the node's
+lease, from its admission until its agent leaves): no daemon's watch covers it, and a job's
+agents watch its deletions alone, so a node that comes, goes or is admitted reaches only the
+daemons that share a job with it, and only when it goes. ``nodes/`` (each node's record, rewritten
+at every admission) is read on demand and watched by none.
+
 A job's full spec lives apart too, under ``specs/<job>``: ``jobs/<job>/spec`` holds its small
 head (``elasticd.terms.head``), and only a node about to take part in the job reads the spec. No
 daemon watches ``specs/``, and no read of ``jobs/`` or ``parts/`` (the scan, ``status``) touches it.
@@ -27,7 +33,7 @@ from elasticd.terms.ids import MAX_ROUND, valid_gpu_uuid, valid_job_id, valid_no
 
 
 class KeyKind(StrEnum):
-    NODE = "node"  # nodes/<node>
+    NODE = "node"  # nodes/<node>: read on demand, watched by none
     NODE_DRAIN = "node_drain"  # drain/<node>
     GPU = "gpu"  # gpus/<node>/<uuid>: a GPU out of the pool, and why (elasticd.manager.gpus)
     JANITOR = "janitor"  # janitor: the node that does cluster-wide clean-up
@@ -37,6 +43,7 @@ class KeyKind(StrEnum):
     RESTARTS = "restarts"
     FINAL = "final"
     RESULT = "result"  # jobs/<job>/rdzv/<r>/result
+    PRESENCE = "presence"  # presence/<job>/<node>: under its lease; watched by the job's agents alone
     JOIN = "join"  # parts/<job>/<r>/join/<node>: outside jobs/, and outside the daemons' watch
     DONE = "done"
     LEFT = "left"
@@ -66,6 +73,7 @@ _JOB_LEAVES = {
     "restarts": KeyKind.RESTARTS,
     "final": KeyKind.FINAL,
 }
+_NODE_KEYS = {"nodes": KeyKind.NODE, "drain": KeyKind.NODE_DRAIN}
 _JOB_NODE_KEYS = {"waiting": KeyKind.WAITING, "drain": KeyKind.JOB_DRAIN}
 _PART_NODE_KEYS = {"status": KeyKind.NODE_STATUS, "pending": KeyKind.PENDING}
 _ROUND_NODE_KEYS = {"done": KeyKind.DONE, "left": KeyKind.LEFT}
@@ -141,17 +149,26 @@ class Keys:
         """Every job's parts: the subtree no daemon watches (a round's leader watches its joins)."""
         return f"{self.prefix}/parts/"
 
+    def presence(self, job_id: str, node: str) -> str:
+        """``node`` is in the job: written under its lease before its first key of the job."""
+        return f"{self.prefix}/presence/{job_id}/{node}"
+
+    def presences(self, job_id: str) -> str:
+        """The job's nodes: what its agents read as the live ones, and watch for deletions."""
+        return f"{self.prefix}/presence/{job_id}/"
+
     def specs(self) -> str:
         """Every job's full spec: read by a node about to take part in the job, watched by none."""
         return f"{self.prefix}/specs/"
 
     def watched(self) -> tuple[tuple[str, str], ...]:
-        """The ranges [start, end) every daemon watches: the whole prefix but the jobs' parts and
-        their full specs. ``parts/`` and ``specs/`` are left out as one range: the layout has no
-        key between them (``nodes``, ``drain``, ``gpus``, ``janitor``, ``jobs``, ``events`` and ``event_seq``
-        sort before ``parts/``), so one more watch stream is not needed."""
+        """The ranges [start, end) every daemon watches: the whole prefix but the nodes' records,
+        the jobs' parts, the nodes' presences and the full specs. They are left out as one range
+        (``nodes/`` to ``specs/``): the layout has no other key between them (``drain``, ``gpus``,
+        ``janitor``, ``jobs``, ``events`` and ``event_seq`` sort before ``nodes/``), so one more
+        watch stream is not needed."""
         return (
-            (f"{self.prefix}/", self.all_parts()),
+            (f"{self.prefix}/", self.nodes()),
             (prefix_end(self.specs()), prefix_end(f"{self.prefix}/")),
         )
 
@@ -248,10 +265,8 @@ class Keys:
         if not key.startswith(self.prefix + "/"):
             raise DecodeError("", "the key is outside the prefix")
         match self.relative(key).split("/"):
-            case ["nodes", node]:
-                return KeyRef(KeyKind.NODE, node=_node(node))
-            case ["drain", node]:
-                return KeyRef(KeyKind.NODE_DRAIN, node=_node(node))
+            case [kind, node] if kind in _NODE_KEYS:
+                return KeyRef(_NODE_KEYS[kind], node=_node(node))
             case ["gpus", node, uuid] if valid_gpu_uuid(uuid):
                 return KeyRef(KeyKind.GPU, node=_node(node))
             case ["janitor"]:
@@ -269,6 +284,8 @@ class Keys:
                 return _job_key(_job(job), rest)
             case ["parts", job, *rest]:
                 return _part_key(_job(job), rest)
+            case ["presence", job, node]:
+                return KeyRef(KeyKind.PRESENCE, _job(job), node=_node(node))
             case ["specs", job]:
                 return KeyRef(KeyKind.BODY, _job(job))
             case _:

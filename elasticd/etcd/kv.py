@@ -66,11 +66,17 @@ class KV(Protocol):
     def delete_prefix(self, prefix: str) -> None: ...
 
     def watch_range(
-        self, start: str, end: str, on_change: Callable[[str, bool], None], on_broken: Callable[[], None]
+        self,
+        start: str,
+        end: str,
+        on_change: Callable[[str, bool], None],
+        on_broken: Callable[[], None],
+        deletes_only: bool = False,
     ) -> Callable[[], None]:
         """Call ``on_change(key, deleted)`` for each later change of a key in [start, end) (from
         another thread); ``on_broken`` once if the watch breaks, and nothing after it. Returns a
-        function that cancels the watch: no callback runs once it returned, and never on_broken."""
+        function that cancels the watch: no callback runs once it returned, and never on_broken.
+        With ``deletes_only`` etcd filters the puts out (``NOPUT``): they are never sent."""
         ...
 
     def watch_prefix(

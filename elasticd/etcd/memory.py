@@ -50,6 +50,7 @@ class _Watch:
     end: str
     on_change: Callable[[str, bool], None]
     on_broken: Callable[[], None]
+    deletes_only: bool = False
     active: bool = True
 
     def covers(self, key: str) -> bool:
@@ -191,9 +192,14 @@ class MemoryKV:
                 self._revision += 1
 
     def watch_range(
-        self, start: str, end: str, on_change: Callable[[str, bool], None], on_broken: Callable[[], None]
+        self,
+        start: str,
+        end: str,
+        on_change: Callable[[str, bool], None],
+        on_broken: Callable[[], None],
+        deletes_only: bool = False,
     ) -> Callable[[], None]:
-        watch = _Watch(start, end, on_change, on_broken)
+        watch = _Watch(start, end, on_change, on_broken, deletes_only)
         with self._op():
             self._watches.append(watch)
 
@@ -307,7 +313,9 @@ class MemoryKV:
         self._revision += 1
 
     def _notify(self, key: str, deleted: bool) -> None:
-        self._pending.extend((w, key, deleted) for w in self._watches if w.covers(key))
+        self._pending.extend(
+            (w, key, deleted) for w in self._watches if w.covers(key) and (deleted or not w.deletes_only)
+        )
 
     # -- watch delivery (without the lock) ---------------------------------------------------
     def _flush(self) -> None:

@@ -35,9 +35,10 @@ from elasticd.manager.admitter import Admitter
 from elasticd.manager.gpus import GpuPool
 from elasticd.manager.janitor import Janitor
 from elasticd.manager.jobsread import Jobs, JobsRead
+from elasticd.manager.presence import PresenceWatches
 from elasticd.manager.recovery import recover
 from elasticd.manager.sharedread import RecentRead
-from elasticd.manager.wakes import QUIET_KINDS, SCAN_KINDS, NodeWakes
+from elasticd.manager.wakes import QUIET_KINDS, SCAN_KINDS
 from elasticd.node.gpuwatch import GpuWatch
 from elasticd.node.hooks import LeaseHooks
 from elasticd.node.registry import NodeRegistry, parse_node_drain
@@ -101,7 +102,7 @@ class JobManager:
         self._wake = asyncio.Event()
         self._due: float | None = None  # when the janitor's next decision by time alone comes due
         self._stopping = False
-        self._node_wakes = NodeWakes()
+        self._presence = PresenceWatches(kv, keys, self.wake)  # node losses, per job joined
         # Jobs a scan is taking this node into: it reads the full spec (an await) between the
         # admission and the agent, and a submit's scan and the watch's may overlap.
         self._joining: dict[str, asyncio.Event] = {}  # set once that scan's consideration ended
@@ -130,10 +131,10 @@ class JobManager:
 
     # -- wake-ups ---------------------------------------------------------------------------------
     def wake(self, change: Change | None = None) -> None:
-        """Something changed: for one job (``change.job``), or anywhere (None, or a node key)."""
+        """Something changed: for one job (``change.job``), or anywhere (None, or a node-wide key)."""
         if change is not None and change.job in self._expected and change.kind is KeyKind.SPEC:
             self._expected[change.job].set()  # (its waiter resumes after this call's invalidation)
-        if change is not None and (change.kind in QUIET_KINDS or not self._node_wakes.wakes(change)):
+        if change is not None and change.kind in QUIET_KINDS:
             return
         self.recent.invalidate()  # the scan this wakes reads again, and ``status`` with it
         if change is None or change.job is None:
@@ -147,9 +148,10 @@ class JobManager:
     async def watch(self) -> None:
         """Turn changes under our prefix into wake-ups; re-arm when the stream breaks.
 
-        Everything but the joins (``Keys.watched``): only a round's leader needs those, and it
-        watches its round's itself (``agent.joinwatch``), so a round of N nodes sends N join
-        events, not one to every daemon (N²)."""
+        Everything but the joins, the nodes' records and presences (``Keys.watched``): only a
+        round's leader needs the joins, and it watches its round's itself (``agent.joinwatch``),
+        so a round of N nodes sends N join events, not one to every daemon (N²); a job's agents
+        hear its nodes' losses from ``PresenceWatches``."""
         loop = asyncio.get_running_loop()
         broken = asyncio.Event()
 
@@ -180,7 +182,6 @@ class JobManager:
                     cancel()
             broken.clear()
             _log.info("watch.rearm")
-            self._node_wakes.forget()
             self.wake()
 
     def expect_head(self, job_id: str) -> asyncio.Event:
@@ -335,9 +336,16 @@ class JobManager:
         if spec is None:
             self.admitter.release(snap.job_id)
             return
-        agent = JobAgent(
-            spec, self.rt, store, self._registry, slots, self._agent_changed, on_invalid=self._wake.set
-        )
+        try:  # present in the job, and hearing its losses, before any other key of ours in it
+            await self._registry.enter(spec.id)
+            if spec.nnodes.max > 1:  # (a job of one node has no other node to lose)
+                await self._presence.follow(spec.id)
+        except EtcdUnavailable:
+            self._registry.leave(spec.id)
+            self.admitter.release(spec.id)
+            raise
+        in_job = self._registry.in_job(spec.id)
+        agent = JobAgent(spec, self.rt, store, in_job, slots, self._agent_changed, on_invalid=self._wake.set)
         self.agents[spec.id] = agent
         self.turns.admitted(spec.uid)
         self._agent_changed(agent)
@@ -376,6 +384,8 @@ class JobManager:
             return
         if self.agents.get(job_id) is agent:
             del self.agents[job_id]
+            self._presence.drop(job_id)
+            self._registry.leave(job_id)  # after its last keys: its peers may hear it as a loss
         self.admitter.release(job_id)
         self._state.drop_job(job_id)
         publish(JobLeft(job_id, self.rt.node_id))
@@ -425,11 +435,17 @@ class JobManager:
 
     # -- start and stop -----------------------------------------------------------------------------
     async def recover(self) -> None:
-        await recover(self.rt, self._state, self.store_of, self._registry)
+        await recover(self.rt, self._state, self.store_of, self._registry.in_job)
 
     async def shutdown(self) -> None:
         """Leave every job: the others go on without this node, or the job ends if it cannot."""
         self._stopping = True
+        try:
+            await self._shutdown_agents()
+        finally:  # no presence watch outlives the leaves
+            self._presence.close()
+
+    async def _shutdown_agents(self) -> None:
         agents = list(self.agents.values())
         for agent in agents:  # a drain: the jobs go on without this node, no restart spent
             agent.leave(RoundReason.MEMBER_LEFT, f"elasticd on {self.rt.node_id} shut down", stopping=True)

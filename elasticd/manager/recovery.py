@@ -31,7 +31,7 @@ _log = log.get("elasticd.jobs")
 
 
 async def recover(
-    rt: NodeRuntime, state: StateDir, store_of: Callable[[str], JobStore], lease: Lease
+    rt: NodeRuntime, state: StateDir, store_of: Callable[[str], JobStore], lease_of: Callable[[str], Lease]
 ) -> None:
     """Kill what a dead predecessor left, and hand its jobs on."""
     leftovers = await asyncio.to_thread(proctree.marked, rt.node_id)
@@ -48,7 +48,7 @@ async def recover(
     for job_id in records:
         state.drop_job(job_id)
         try:
-            await _recover_job(rt.node_id, store_of(job_id), lease)
+            await _recover_job(rt.node_id, store_of(job_id), lease_of(job_id))
         except EtcdUnavailable as exc:
             _log.warning("recover.skipped", job=job_id, error=str(exc))
 
@@ -64,7 +64,8 @@ async def _recover_job(node: str, store: JobStore, lease: Lease) -> None:
     if plan.fail:
         await store.finalize(JobState.FAILED, EndReason.NODES_LOST, plan.why)
     else:
-        expect = rdzv.next_expect(result, await lease.alive())
+        # This node is live (registered) and its scan takes it back in: the round waits for it too.
+        expect = rdzv.next_expect(result, await lease.alive() | {node})
         info = RoundInfo(snap.current + 1, RoundReason.MEMBER_LOST, time.time(), expect, why)
         await store.bump(Seen.of(snap), info, plan.spend)
     _log.warning(

@@ -4,6 +4,12 @@ The record (host, address, inventory, free slots) lives under a lease kept alive
 clean stop revokes the lease, so the key disappears at once; after a SIGKILL it expires within
 the TTL.
 
+Its presence in each job it takes part in (``presence/<job>/<node>``) lives under the same lease:
+written before the node's first key of the job (``enter``), deleted once its agent has left
+(``leave``), and written again with every new lease. Those keys, not ``nodes/``, are what a job's
+agents read as its live nodes (``JobLease.alive``) and watch for a loss: the record is rewritten
+at every admission, and watched by no one (``Keys.watched``).
+
 Fencing: every successful keep-alive moves a local deadline to (time the request was sent + TTL -
 margin), and the reaper sidecar learns it too. Past the deadline the lease may be gone and peers
 may have moved on: multi-node workers must not run. The reaper enforces that even when this
@@ -26,9 +32,9 @@ from elasticd import __version__, log
 from elasticd.aio import wait_event
 from elasticd.decode import DecodeError, decode, parse_json, report_invalid
 from elasticd.errors import EtcdNoSpace, EtcdUnavailable
-from elasticd.etcd.keys import Keys
+from elasticd.etcd.keys import KeyKind, Keys
 from elasticd.etcd.kv import KV
-from elasticd.etcd.types import KeyValue
+from elasticd.etcd.types import KeyValue, Put
 from elasticd.happenings.bus import publish
 from elasticd.happenings.records import LeaseLost
 from elasticd.node.hooks import LeaseHooks
@@ -124,6 +130,21 @@ def parse_node(keys: Keys, kv: KeyValue) -> NodeRecord | None:
         return None
 
 
+def parse_presences(keys: Keys, job_id: str, kvs: list[KeyValue]) -> frozenset[str]:
+    """The nodes in ``job_id``, from its ``presence/<job>/`` keys (the key names the node; the value
+    is not read). A key that does not parse is reported once and names no node."""
+    nodes = set()
+    for kv in kvs:
+        try:
+            ref = keys.parse(kv.key)
+        except DecodeError as exc:
+            report_invalid(keys.relative(kv.key), kv.mod_revision, str(exc), kind="presence")
+            continue
+        if ref.kind is KeyKind.PRESENCE and ref.job == job_id:
+            nodes.add(ref.node)
+    return frozenset(nodes)
+
+
 def parse_node_drain(keys: Keys, kv: KeyValue) -> DrainRecord:
     """A ``drain/<node>`` key as a record. A bad value is reported once but still drains the node
     (with the job's own grace): the key's presence is the operator's intent."""
@@ -158,6 +179,8 @@ class NodeRegistry:
         self._dirty = asyncio.Event()
         self._published: dict[str, Any] | None = None  # the record as last written
         self._unpublished = False  # the last write of a changed record was refused (NOSPACE)
+        self._jobs: set[str] = set()  # the jobs this node is in: their presences go with every lease
+        self._stale: set[str] = set()  # jobs left whose presence is still to delete
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"lease-{node_id}")
 
     async def _lease_call(self, fn: Callable[..., T], *args: Any) -> T:
@@ -172,9 +195,46 @@ class NodeRegistry:
     def lease_valid(self) -> bool:
         return self.lease_id is not None and time.monotonic() < self.deadline
 
-    async def alive(self) -> frozenset[str]:
-        """Nodes whose lease is alive."""
-        return frozenset(await asyncio.to_thread(self.live_nodes))
+    # -- presence in jobs ----------------------------------------------------------------------------
+    async def enter(self, job_id: str) -> None:
+        """This node takes part in ``job_id``: write its presence under the lease now, before any
+        other key of the node in the job (its peers read a node without one as gone). Without a
+        lease it is written with the next (``_register``), before that lease is used. Raises
+        ``EtcdUnavailable``: the node must not take part then."""
+        self._jobs.add(job_id)
+        self._stale.discard(job_id)
+        lease = self.lease_id
+        if lease is None:
+            return
+        try:
+            await self._lease_call(self._etcd.put_json, self._keys.presence(job_id, self.node_id), {}, lease)
+        except EtcdUnavailable:
+            self.leave(job_id)
+            raise
+
+    def leave(self, job_id: str) -> None:
+        """This node's agent has left ``job_id`` (its last keys written): delete its presence, at
+        once on the lease's loop, and at every keep-alive after a failed attempt. (Its lease's end
+        deletes it in any case.)"""
+        self._jobs.discard(job_id)
+        self._stale.add(job_id)
+        self._dirty.set()
+
+    async def present(self, job_id: str) -> frozenset[str]:
+        """The nodes in ``job_id`` whose lease is alive: one read of the job's presences, O(nodes in
+        the job) whatever the size of the cluster."""
+        kvs = await asyncio.to_thread(self._etcd.get_prefix, self._keys.presences(job_id))
+        return parse_presences(self._keys, job_id, kvs)
+
+    def in_job(self, job_id: str) -> JobLease:
+        """The lease as one job's agent sees it (``agent.seams.Lease``)."""
+        return JobLease(self, job_id)
+
+    async def _forget_stale(self) -> None:
+        for job_id in sorted(self._stale):
+            if job_id not in self._jobs:  # (entered again meanwhile: its put comes after this)
+                await self._lease_call(self._etcd.delete, self._keys.presence(job_id, self.node_id))
+            self._stale.discard(job_id)
 
     def live_nodes(self) -> list[str]:
         """Nodes whose lease is alive (blocking: call from a thread)."""
@@ -199,7 +259,12 @@ class NodeRegistry:
         sent = time.monotonic()
         lease = await self._lease_call(self._etcd.grant_lease, self.ttl_s)
         record = self.full_record()
-        await self._lease_call(self._etcd.put_json, self._keys.node(self.node_id), record, lease)
+        jobs = set(self._jobs)
+        puts = [Put(self._keys.node(self.node_id), record, lease)]
+        puts += [Put(self._keys.presence(j, self.node_id), {}, lease) for j in sorted(jobs)]
+        await self._lease_call(self._etcd.txn, [], puts)
+        for job_id in sorted(self._jobs - jobs):  # entered while the lease was granted
+            await self._lease_call(self._etcd.put_json, self._keys.presence(job_id, self.node_id), {}, lease)
         self._published = record
         self.lease_id = lease
         self._extend(sent, self.ttl_s)
@@ -263,6 +328,8 @@ class NodeRegistry:
         """Write the record if it changed. Under etcd's NOSPACE alarm the write is refused while
         keep-alives still work: the lease is fine, so this is no failure of it; the record is
         written at a later keep-alive, once etcd has room."""
+        if self._stale:
+            await self._forget_stale()
         record = self.full_record()
         if record == self._published:
             return
@@ -285,3 +352,23 @@ class NodeRegistry:
                 _log.warning("lease.revoke_failed", node=self.node_id, error=str(exc))
             self.lease_id = None
         self._thread.shutdown(wait=False)
+
+
+@dataclass(frozen=True)
+class JobLease:
+    """This node's lease for one job's agent (``agent.seams.Lease``): the live nodes it is told of
+    are the job's present ones, so an agent's read costs what its job's size does."""
+
+    registry: NodeRegistry
+    job_id: str
+
+    @property
+    def lease_id(self) -> int | None:
+        return self.registry.lease_id
+
+    def lease_valid(self) -> bool:
+        return self.registry.lease_valid()
+
+    async def alive(self) -> frozenset[str]:
+        """The job's nodes whose lease is alive."""
+        return await self.registry.present(self.job_id)

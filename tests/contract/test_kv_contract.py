@@ -304,6 +304,30 @@ def test_watch_sees_puts_and_deletes_under_its_prefix_only(kv: KV, base: str) ->
     assert events.broken == 0
 
 
+def test_a_deletes_only_watch_gets_deletions_and_lease_ends_but_no_puts(kv: KV, base: str) -> None:
+    """The filter is etcd's (``NOPUT``): a put is never sent, so the first event is the delete."""
+    w = f"{base}/w/"
+    events, everything = Events(), Events()
+    cancel = kv.watch_range(w, prefix_end(w), events.on_change, events.on_broken, deletes_only=True)
+    cancel_all = kv.watch_prefix(w, everything.on_change, everything.on_broken)
+    try:
+        lease = kv.grant_lease(30)
+        kv.put_json(f"{w}a", 1)
+        kv.txn([], [Put(f"{w}b", 2, lease), Put(f"{w}c", 3)])
+        kv.put_json(f"{w}a", 4)
+        kv.delete(f"{w}a")
+        kv.revoke_lease(lease)
+        kv.put_json(f"{w}d", 5)
+        kv.delete(f"{w}c")
+        seen = events.wait(f"{w}c", True)
+        everything.wait(f"{w}c", True)
+    finally:
+        cancel()
+        cancel_all()
+    assert seen == [(f"{w}a", True), (f"{w}b", True), (f"{w}c", True)]  # b: its lease was revoked
+    assert events.broken == 0
+
+
 def test_cancelled_watch_gets_nothing_more(kv: KV, base: str) -> None:
     w = f"{base}/w/"
     cancelled, active = Events(), Events()

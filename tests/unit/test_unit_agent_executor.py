@@ -16,6 +16,7 @@ from elasticd.agent import executor
 from elasticd.agent.executor import JobAgent
 from elasticd.agent.record import AgentState
 from elasticd.etcd.keys import KeyKind, Keys
+from elasticd.etcd.kv import prefix_end
 from elasticd.etcd.memory import MemoryKV
 from elasticd.jobs.decider import Group, GroupOutcome, group_outcome
 from elasticd.jobs.launch import NodeRuntime
@@ -148,6 +149,8 @@ def scenario(body: Callable[[JobAgent, FakeLauncher, InlineJobStore, MemoryKV], 
 
         for start, end in KEYS.watched():  # the manager's watch: everything but the joins
             kv.watch_range(start, end, on_change, lambda: None)
+        gone = KEYS.presences(JOB)  # the manager's ``PresenceWatches``: the job's nodes that go
+        kv.watch_range(gone, prefix_end(gone), on_change, lambda: None, deletes_only=True)
         agent.start()
         try:
             await body(agent, launcher, store, kv)
@@ -255,11 +258,11 @@ def test_an_invalid_record_tells_the_manager_at_once_and_the_agent_acts_on_nothi
 
 
 def _other_node(kv: MemoryKV, node: str, daemon: bool = True) -> int:
-    """Another node's join of round 0 under its lease, and (``daemon``) its ``nodes/`` record:
+    """Another node's join of round 0 under its lease, and (``daemon``) its presence in the job:
     without it, the join is the only key that changes."""
     lease = kv.grant_lease(30)
     if daemon:
-        kv.put_json(KEYS.node(node), {"node": node, "slots": 2}, lease)
+        kv.put_json(KEYS.presence(JOB, node), {}, lease)
     kv.put_json(KEYS.join(JOB, 0, node), Join(node, f"h-{node}", 29500, 2).to_json(), lease)
     return lease
 
@@ -316,9 +319,9 @@ def test_the_leader_is_woken_by_each_join_through_its_own_watch(monkeypatch: pyt
 
 
 def test_the_next_oldest_join_takes_over_a_round_whose_leader_died(monkeypatch: pytest.MonkeyPatch) -> None:
-    """n2 leads round 0 and dies: its ``nodes/`` record goes with its lease (the manager's watch
-    says so), n1 now holds the oldest join, reads the job, starts following the joins, and closes
-    when n3 joins. No join event reached n1 before it led, and nothing polled."""
+    """n2 leads round 0 and dies: its presence in the job goes with its lease (the manager's
+    presence watch says so), n1 now holds the oldest join, reads the job, starts following the
+    joins, and closes when n3 joins. No join event reached n1 before it led, and nothing polled."""
     monkeypatch.setattr(executor, "POLL_S", 3600.0)
     reads = Reads(monkeypatch)
     leader: list[int] = []

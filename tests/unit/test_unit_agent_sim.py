@@ -387,7 +387,9 @@ def test_a_member_whose_requests_fail_past_the_expect_grace_is_waited_for() -> N
     workers and rejoin: closing at the grace ran round 1's workers beside n3's of round 0."""
     sim, checks = new_sim(make_spec((2, 4), 2), 4, wakes=True)
     settle(sim)
-    sim.outage(3, 5)  # its reads of round 1 fail until well past the grace
+    # Its reads of round 1 fail, one a second from 0.5 s: it hears of the round at 4.5 s, past the
+    # grace (3 s) and within the join timeout (5 s).
+    sim.outage(3, 4)
     sim.fail(2)
     sim.tick()
     opened = checks.rounds[1].opened_at
@@ -402,7 +404,7 @@ def test_a_member_whose_requests_fail_past_the_expect_grace_is_waited_for() -> N
 # -- joins reach only a round's leader (agents woken as a daemon's are) ---------------------------------
 def test_the_next_oldest_join_takes_over_a_round_whose_leader_died() -> None:
     """n0 leads round 0 (2..3 nodes, a long last call) and crashes before it closes. n1, now the
-    oldest join, is told by the manager's watch (n0's ``nodes/`` record went with its lease; that
+    oldest join, is told by the job's presence watch (n0's presence went with its lease; that
     watch carries no join, and n1 had no join watch: no join event reached it), reads the job and
     follows the joins from then on: the join that makes the round full wakes it, and it closes
     the round at once (nothing else would wake it before its poll)."""

@@ -24,9 +24,12 @@ ROUNDS = st.integers(0, MAX_ROUND)
 # its nodes' statuses and pending notes) are under ``parts/<job>/``, which no daemon watches: each
 # is written by or for every node of a job, and no daemon but a round's leader (the joins of its
 # round, by a watch of its own) acts on another node's. A job's full spec (``specs/<job>``) is
-# read only by a node about to take part in the job: no daemon watches it either.
+# read only by a node about to take part in the job: no daemon watches it either. A node's record
+# (``nodes/<node>``, rewritten at each admission) is read on demand, and its presence in a job
+# (``presence/<job>/<node>``) is watched by the job's agents alone, for its deletion.
 WATCHED = {
-    KeyKind.NODE: True,
+    KeyKind.NODE: False,
+    KeyKind.PRESENCE: False,
     KeyKind.NODE_DRAIN: True,
     KeyKind.GPU: True,
     KeyKind.JANITOR: True,
@@ -67,6 +70,7 @@ def built(keys: Keys, job: str, node: str, r: int) -> dict[str, KeyRef]:
         keys.job_final(job): KeyRef(KeyKind.FINAL, job),
         keys.result(job, r): KeyRef(KeyKind.RESULT, job, r),
         keys.join(job, r, node): KeyRef(KeyKind.JOIN, job, r, node),
+        keys.presence(job, node): KeyRef(KeyKind.PRESENCE, job, node=node),
         keys.done(job, r, node): KeyRef(KeyKind.DONE, job, r, node),
         keys.left(job, r, node): KeyRef(KeyKind.LEFT, job, r, node),
         keys.waiting(job, node): KeyRef(KeyKind.WAITING, job, node=node),
@@ -95,9 +99,10 @@ def test_every_key_parses_back_and_is_watched_as_its_kind_says(job: str, node: s
     for key, ref in built(KEYS, job, node, r).items():
         assert KEYS.parse(key) == ref
         assert watched(KEYS, key) == int(WATCHED[ref.kind]), key
-        assert key.startswith((KEYS.all_parts(), KEYS.specs())) == (not WATCHED[ref.kind]), key
-        if ref.kind is KeyKind.BODY:  # apart from the job's other keys, and no read of them finds it
-            assert key == KEYS.job_body(job) and KEYS.job_of(key) is None
+        unwatched = (KEYS.nodes(), KEYS.all_parts(), KEYS.presences(job), KEYS.specs())
+        assert key.startswith(unwatched) == (not WATCHED[ref.kind]), key
+        if ref.kind in (KeyKind.BODY, KeyKind.PRESENCE):  # apart from the job's other keys
+            assert key in (KEYS.job_body(job), KEYS.presence(job, node)) and KEYS.job_of(key) is None
             assert not any(key.startswith(p) for p in (KEYS.jobs(), KEYS.all_parts()))
             continue
         if ref.job:  # every key of a job is in exactly one of its prefixes
@@ -123,10 +128,11 @@ def test_a_job_and_its_rounds_cover_their_joins(job: str, node: str, r: int) -> 
         assert not other.startswith(KEYS.joins(job, r))
 
 
-def test_the_watched_ranges_are_the_whole_prefix_but_the_parts_and_the_full_specs() -> None:
+def test_the_watched_ranges_are_the_whole_prefix_but_nodes_parts_presences_and_full_specs() -> None:
     (a, b), (c, d) = KEYS.watched()
-    assert (a, b, c, d) == ("/k/v2/", "/k/v2/parts/", prefix_end("/k/v2/specs/"), prefix_end("/k/v2/"))
-    assert watched(KEYS, "/k/v2/parts") == watched(KEYS, "/k/v2/specsx") == 1  # siblings, not in it
+    assert (a, b, c, d) == ("/k/v2/", "/k/v2/nodes/", prefix_end("/k/v2/specs/"), prefix_end("/k/v2/"))
+    assert watched(KEYS, "/k/v2/nodes/x") == watched(KEYS, "/k/v2/presence/j/x") == 0
+    assert watched(KEYS, "/k/v2/nodes") == watched(KEYS, "/k/v2/specsx") == 1  # siblings, not in it
     assert watched(KEYS, "/k/v2/parts/x") == watched(KEYS, "/k/v2/specs/x") == 0
     assert watched(KEYS, "/k/v20") == watched(KEYS, "/k/v2") == 0  # outside the prefix
 

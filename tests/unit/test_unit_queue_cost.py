@@ -37,9 +37,14 @@ class CountingKV(MemoryKV):
         self.watches = 0
 
     def watch_range(
-        self, start: str, end: str, on_change: Callable[[str, bool], None], on_broken: Callable[[], None]
+        self,
+        start: str,
+        end: str,
+        on_change: Callable[[str, bool], None],
+        on_broken: Callable[[], None],
+        deletes_only: bool = False,
     ) -> Callable[[], None]:
-        cancel = super().watch_range(start, end, on_change, on_broken)
+        cancel = super().watch_range(start, end, on_change, on_broken, deletes_only)
         self.watches += 1
         return cancel
 

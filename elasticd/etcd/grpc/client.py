@@ -218,10 +218,16 @@ class GrpcEtcdClient:
 
     # -- watches ------------------------------------------------------------------------------
     def watch_range(
-        self, start: str, end: str, on_change: Callable[[str, bool], None], on_broken: Callable[[], None]
+        self,
+        start: str,
+        end: str,
+        on_change: Callable[[str, bool], None],
+        on_broken: Callable[[], None],
+        deletes_only: bool = False,
     ) -> Callable[[], None]:
+        filters = [self._rpc.WatchCreateRequest.NOPUT] if deletes_only else []
         create = self._rpc.WatchRequest(
-            create_request=self._rpc.WatchCreateRequest(key=_b(start), range_end=_b(end))
+            create_request=self._rpc.WatchCreateRequest(key=_b(start), range_end=_b(end), filters=filters)
         )
 
         def op(ch: Channel, md: Any) -> Callable[[], None]:
