@@ -195,7 +195,9 @@ def test_the_reapers_fence_takes_the_jobs_cgroup_but_its_keeper(tmp_path: Path) 
 
     def sleeper_in(fd: int | None) -> psutil.Popen:
         assert fd is not None
-        proc = psutil.Popen(["/bin/sleep", "1000"], preexec_fn=lambda: os.write(fd, b"0"), start_new_session=True)
+        proc = psutil.Popen(
+            ["/bin/sleep", "1000"], preexec_fn=lambda: os.write(fd, b"0"), start_new_session=True
+        )
         os.close(fd)
         return proc
 
