@@ -63,3 +63,24 @@ def test_the_lightning_example_killed_mid_run_resumes_from_memory(daemon_factory
         assert [(r["source"], r["step"]) for r in restored(text)] == [("memory", "5")], text
         assert f"rank {rank}: start at step 5 (attempt 1)" in text, text
     assert "finished at step 8 (attempt 1)" in out, out
+
+
+@pytest.mark.timeout(300)
+def test_the_hugging_face_example_killed_mid_run_resumes_from_memory(daemon_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("transformers", reason="the Hugging Face example needs transformers (the test extra)")
+    pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate (the test extra)")
+    daemon: DaemonProc = daemon_factory(None, "--slots", "2", "--snapshot-bytes", str(64 << 20))
+    out_dir = tmp_path / "out"
+    job, out = kill_rank_1_when_paused(daemon, tmp_path, "hf_train.py", "--steps", "8", "--pause-at", "5",
+                                       "--persist-every", "3", "--output-dir", str(out_dir))  # fmt: skip
+    logs = daemon.log_dir / job / "attempt_1"
+    for rank in (0, 1):
+        text = (logs / f"rank_{rank}.log").read_text()
+        # the snapshot of step 5 (each rank its own), though HF's newest directory held step 3
+        assert [(r["source"], r["step"], r["from_rank"]) for r in restored(text)] == [
+            ("memory", "5", str(rank))
+        ], text
+        assert f"rank {rank}: start at step 5 (attempt 1)" in text, text
+    assert "finished at step 8 (attempt 1)" in out, out
+    # HF's layout on disk, as HF writes it: every third step and the last (save_total_limit=2)
+    assert sorted(p.name for p in out_dir.glob("checkpoint-*")) == ["checkpoint-6", "checkpoint-8"]
