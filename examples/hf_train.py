@@ -130,9 +130,13 @@ def main() -> None:
         "callbacks": [Report(attempt, args.pause_at, args.pause_file)],
     }
     trainer = (
-        SnapshotTrainer(**kwargs, persist_every=args.persist_every) if worker is not None else Trainer(**kwargs)
+        SnapshotTrainer(**kwargs, persist_every=args.persist_every)
+        if worker is not None
+        else Trainer(**kwargs)
     )
-    last = get_last_checkpoint(str(args.output_dir)) if args.output_dir.is_dir() else None
+    last: str | None = None
+    if args.output_dir.is_dir():
+        last = get_last_checkpoint(str(args.output_dir))  # type: ignore[no-untyped-call]  # HF leaves it unannotated
     trainer.train(resume_from_checkpoint=last)
     if trainer.is_world_process_zero():
         print(f"finished at step {trainer.state.global_step} (attempt {attempt})", flush=True)

@@ -35,36 +35,19 @@ import random
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
+from torch import nn
 from transformers import Trainer
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_callback import ExportableState
 
+from elasticd.integrations.rules import callback_states, due
 from elasticd.workers.snapshot_program import memory
 
 SNAPSHOT_FILE = "elasticd-snapshot.pt"
-
-
-def due(step: int, last: int, every: int, max_steps: int) -> bool:
-    """Whether the save at ``step`` also writes HF's checkpoint directory (the last one written
-    held step ``last``): the first save past each multiple of ``every`` steps, and the last step."""
-    return (every > 0 and step // every > last // every) or (max_steps > 0 and step >= max_steps)
-
-
-def callback_states(held: dict[str, Any], callbacks: list[Any]) -> dict[str, Any]:
-    """The trainer state's ``stateful_callbacks``, as HF's save sets them: each exportable
-    callback's state by class name (a list where the state holds several of one class)."""
-    out = dict(held)
-    by_name: dict[str, list[Any]] = {}
-    for cb in callbacks:
-        if isinstance(cb, ExportableState):
-            by_name.setdefault(type(cb).__name__, []).append(cb.state())
-    for name, states in by_name.items():
-        out[name] = states if isinstance(held.get(name), list) else states[-1]
-    return out
 
 
 def rng_state() -> dict[str, Any]:
@@ -118,13 +101,19 @@ class SnapshotTrainer(Trainer):
 
     def _state(self) -> dict[str, Any]:
         trainer_state = dataclasses.asdict(self.state)
+        held: Any = self.state.stateful_callbacks  # a dict once the state is built
         trainer_state["stateful_callbacks"] = callback_states(
-            self.state.stateful_callbacks, [*self.callback_handler.callbacks, self.control]
+            held if isinstance(held, dict) else {},
+            [
+                (type(cb).__name__, cb.state())
+                for cb in [*self.callback_handler.callbacks, self.control]
+                if isinstance(cb, ExportableState)
+            ],
         )
         scaler = getattr(self.accelerator, "scaler", None)
         return {
             "step": self.state.global_step,
-            "model": self.model.state_dict(),
+            "model": cast(nn.Module, self.model).state_dict(),
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
             "scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
             "scaler": scaler.state_dict() if scaler is not None else None,
@@ -156,7 +145,7 @@ class SnapshotTrainer(Trainer):
         if found is None:
             super()._load_from_checkpoint(resume_from_checkpoint, model)
             return
-        (model if model is not None else self.model).load_state_dict(found["model"])
+        cast(nn.Module, model if model is not None else self.model).load_state_dict(found["model"])
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         found = self._snapshot_of(checkpoint)

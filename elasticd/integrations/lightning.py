@@ -30,29 +30,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from elasticd import worker
+from elasticd.integrations.rules import snapshotted, with_step
 from elasticd.workers.snapshot_program import memory
-
-LAST = ModelCheckpoint.CHECKPOINT_NAME_LAST
-
-
-def snapshotted(path: str | Path) -> bool:
-    """Whether a save to ``path`` goes to memory: Lightning's "last" checkpoint, on a local path."""
-    text = str(path)
-    name = Path(text).name
-    return "://" not in text and name.startswith(LAST) and name.endswith(ModelCheckpoint.FILE_EXTENSION)
-
-
-def with_step(checkpoint: dict[str, Any]) -> dict[str, Any]:
-    """The checkpoint with ``step``, the number a snapshot is ordered by: Lightning's global step.
-    A shallow copy: the caller's dict is left as it was."""
-    step = checkpoint.get("global_step")
-    if "step" in checkpoint or type(step) is not int or step < 0:
-        return checkpoint
-    return {**checkpoint, "step": step}
 
 
 class SnapshotCheckpointIO(TorchCheckpointIO):

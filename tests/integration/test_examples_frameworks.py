@@ -33,7 +33,9 @@ def kill_rank_1_when_paused(daemon: DaemonProc, tmp_path: Path, script: str, *ar
     cmd = [PYTHON, "-c", "import sys; from elasticctl.run import main; sys.exit(main())",
            "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", str(EXAMPLES / script),
            *argv, "--pause-file", str(paused)]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         wait_for(lambda: paused.exists() and paused.read_text().endswith("\n"), 180, 0.1, "rank 1 to pause")
         job = daemon.call("status")["jobs"][0]
