@@ -25,14 +25,17 @@ def restored(log: str) -> list[dict[str, str]]:
     ]
 
 
-def kill_rank_1_when_paused(daemon: DaemonProc, tmp_path: Path, script: str, *argv: str) -> tuple[str, str]:
-    """Run ``script`` under elasticrun (2 ranks, one restart allowed); once rank 1 says it paused,
-    SIGKILL it; the job's id and elasticrun's stdout once it finished."""
+def kill_rank_1_when_paused(
+    daemon: DaemonProc, tmp_path: Path, preload: str, script: str, *argv: str
+) -> tuple[str, str]:
+    """Run ``script`` under elasticrun (2 ranks, one restart allowed, the zygote importing
+    ``preload`` once for both attempts); once rank 1 says it paused, SIGKILL it; the job's id and
+    elasticrun's stdout once it finished."""
     paused = tmp_path / "paused"
     env = dict(os.environ, ELASTICD_SOCKET=str(daemon.socket), ELASTICD_SNAPSHOT_PERSIST_EVERY="0")
     cmd = [PYTHON, "-c", "import sys; from elasticctl.run import main; sys.exit(main())",
-           "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", str(EXAMPLES / script),
-           *argv, "--pause-file", str(paused)]  # fmt: skip
+           "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--preload", preload,
+           str(EXAMPLES / script), *argv, "--pause-file", str(paused)]  # fmt: skip
     proc = subprocess.Popen(
         cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -56,8 +59,9 @@ def kill_rank_1_when_paused(daemon: DaemonProc, tmp_path: Path, script: str, *ar
 def test_the_lightning_example_killed_mid_run_resumes_from_memory(daemon_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     pytest.importorskip("lightning", reason="the Lightning example needs lightning (the test extra)")
     daemon: DaemonProc = daemon_factory(None, "--slots", "2", "--snapshot-bytes", str(64 << 20))
-    job, out = kill_rank_1_when_paused(daemon, tmp_path, "lightning_train.py", "--steps", "8",
-                                       "--pause-at", "5", "--ckpt-dir", str(tmp_path / "ckpt"))  # fmt: skip
+    job, out = kill_rank_1_when_paused(daemon, tmp_path, "lightning.pytorch", "lightning_train.py",
+                                       "--steps", "8", "--pause-at", "5",
+                                       "--ckpt-dir", str(tmp_path / "ckpt"))  # fmt: skip
     logs = daemon.log_dir / job / "attempt_1"
     for rank in (0, 1):
         text = (logs / f"rank_{rank}.log").read_text()
@@ -73,7 +77,8 @@ def test_the_hugging_face_example_killed_mid_run_resumes_from_memory(daemon_fact
     pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate (the test extra)")
     daemon: DaemonProc = daemon_factory(None, "--slots", "2", "--snapshot-bytes", str(64 << 20))
     out_dir = tmp_path / "out"
-    job, out = kill_rank_1_when_paused(daemon, tmp_path, "hf_train.py", "--steps", "8", "--pause-at", "5",
+    job, out = kill_rank_1_when_paused(daemon, tmp_path, "transformers.trainer", "hf_train.py",
+                                       "--steps", "8", "--pause-at", "5",
                                        "--persist-every", "3", "--output-dir", str(out_dir))  # fmt: skip
     logs = daemon.log_dir / job / "attempt_1"
     for rank in (0, 1):
