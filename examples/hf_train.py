@@ -2,8 +2,8 @@
 step as a memory snapshot: a worker killed mid-run resumes at the last step, not at the last
 checkpoint directory.
 
-    elasticrun --standalone --nproc-per-node 2 --max-restarts 3 --preload transformers.trainer examples/hf_train.py \\
-        --steps 40 --output-dir /tmp/hf-out
+    elasticrun --standalone --nproc-per-node 2 --max-restarts 3 --preload transformers.trainer \\
+        examples/hf_train.py --steps 40 --output-dir /tmp/hf-out
     torchrun --standalone --nproc-per-node 2 examples/hf_train.py --output-dir /tmp/hf-out
 
 ``elasticd.integrations.huggingface.SnapshotTrainer`` takes every save (``save_strategy="steps"``,

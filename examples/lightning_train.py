@@ -2,8 +2,8 @@
 every step is a memory snapshot: a worker killed mid-run resumes at the last step, not at the
 last file.
 
-    elasticrun --standalone --nproc-per-node 2 --max-restarts 3 --preload lightning.pytorch examples/lightning_train.py \\
-        --steps 40 --ckpt-dir /tmp/lightning-ckpt
+    elasticrun --standalone --nproc-per-node 2 --max-restarts 3 --preload lightning.pytorch \\
+        examples/lightning_train.py --steps 40 --ckpt-dir /tmp/lightning-ckpt
     torchrun --standalone --nproc-per-node 2 examples/lightning_train.py --ckpt-dir /tmp/lightning-ckpt
 
 Lightning's "last" checkpoint goes through ``elasticd.integrations.lightning.SnapshotCheckpointIO``:
