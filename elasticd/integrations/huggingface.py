@@ -23,7 +23,8 @@ optimizer, scheduler, scaler and random generators from the snapshot, and the tr
 writes the restored snapshot to ``OUT/elasticd-snapshot.pt`` behind (a node lost next keeps it).
 
 Under plain torchrun (no keeper), with DeepSpeed or FSDP (their checkpoints are theirs), or when a
-keeper cannot take the state, every save is HF's own.
+keeper cannot take the state, every save is HF's own (on every rank: the ranks agree at each save,
+with one tiny all_reduce, since HF's save holds collectives).
 """
 
 from __future__ import annotations
@@ -95,9 +96,19 @@ class SnapshotTrainer(Trainer):
             self.store_flos()  # on every rank, as HF does: a collective
         step = self.state.global_step
         held = memory.save(self._state(), self.snapshot_path(), -1, 0, False)  # writer -1: no file behind
-        if not held or due(step, self._written, self.persist_every, self.state.max_steps):
+        if not self._everyone(held) or due(step, self._written, self.persist_every, self.state.max_steps):
             super()._save_checkpoint(model, trial)
             self._written = step
+
+    def _everyone(self, held: bool) -> bool:
+        """Whether every rank's keeper took its snapshot (one tiny all_reduce): HF's own save holds
+        collectives, so when one rank must write the directory, every rank does."""
+        dist = _dist()
+        if dist is None:
+            return held
+        flag = torch.tensor([1 if held else 0], dtype=torch.int32, device=self.args.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
 
     def _state(self) -> dict[str, Any]:
         trainer_state = dataclasses.asdict(self.state)
