@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -29,6 +30,7 @@ def test_only_lightnings_last_local_checkpoint_goes_to_memory(path: str, memory:
     assert snapshotted(path) is memory
 
 
+@pytest.mark.torch  # imports lightning: seconds
 def test_the_names_are_lightnings() -> None:
     checkpoint = pytest.importorskip("lightning.pytorch.callbacks", reason="lightning is not installed")
     assert (LAST, EXTENSION) == (
@@ -91,3 +93,30 @@ def test_elasticd_imports_without_the_frameworks() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.torch
+def test_without_a_keeper_the_lightning_plugin_writes_and_reads_files_as_lightning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Plain torchrun: no keeper, so "last" is written at once (atomically) and read back from the
+    file, and a top-k file is Lightning's own, removed by Lightning's own remove."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("lightning", reason="lightning is not installed")
+    from elasticd.integrations.lightning import SnapshotCheckpointIO
+    from elasticd.workers.snapshot_program.protocol import SOCKET_ENV
+
+    monkeypatch.delenv(SOCKET_ENV, raising=False)
+    io = SnapshotCheckpointIO()
+    last, top = tmp_path / "ckpt" / "last.ckpt", tmp_path / "ckpt" / "epoch=0-step=3.ckpt"
+    checkpoint = {"global_step": 3, "state_dict": {"w": torch.ones(2)}}
+    io.save_checkpoint(checkpoint, last)
+    io.save_checkpoint(checkpoint, top)
+    assert sorted(p.name for p in last.parent.iterdir()) == [top.name, last.name]  # no temporary left
+    loaded = io.load_checkpoint(last)
+    assert loaded["step"] == 3 and torch.equal(loaded["state_dict"]["w"], torch.ones(2))
+    assert "step" not in checkpoint
+    io.remove_checkpoint(top)
+    assert not top.exists()
+    with pytest.raises(FileNotFoundError):
+        io.load_checkpoint(tmp_path / "ckpt" / "last-v1.ckpt")
