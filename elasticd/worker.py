@@ -2,8 +2,9 @@
 
 This module and the workers' side of memory snapshots (``elasticd.workers.snapshot_program``: its
 ``frame``, ``client``, ``memory``, ``restore``, ``device``, ``dcp``) are the only ones that touch
-torch, lazily; the daemon never imports them. It works the same under elasticd and under plain
-``torchrun``.
+torch, lazily, beside the frameworks' integrations (``elasticd.integrations``: Lightning and Hugging
+Face, built on these); the daemon never imports them. It works the same under elasticd and under
+plain ``torchrun``.
 
 The pattern (see ``examples/elastic_train.py``)::
 

@@ -35,6 +35,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("config",),  # the daemon's configuration
     ("daemon",),  # the composition root
     ("__main__", "worker", "elasticctl"),  # entry points and the clients
+    ("integrations",),  # the frameworks' checkpoint hooks, over the training scripts' helper
 )
 
 

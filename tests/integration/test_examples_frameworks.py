@@ -1,0 +1,93 @@
+"""The Lightning and Hugging Face examples under ``elasticrun`` on the CPU: a worker SIGKILLed
+mid-run (its pid from the daemon's records) is restarted, resumes from the memory snapshot of the
+last step it saved, and the job finishes."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.support import PYTHON, REPO, DaemonProc, wait_for
+
+pytest.importorskip("torch")
+pytestmark = [pytest.mark.torch, pytest.mark.timeout(240)]
+EXAMPLES = REPO / "examples"
+
+
+def restored(log: str) -> list[dict[str, str]]:
+    return [
+        dict(re.findall(r"(\w+)=(\S+)", m)) for m in re.findall(r"elasticd: snapshot\.restored (.*)", log)
+    ]
+
+
+def kill_rank_1_when_paused(
+    daemon: DaemonProc, tmp_path: Path, preload: str, script: str, *argv: str
+) -> tuple[str, str]:
+    """Run ``script`` under elasticrun (2 ranks, one restart allowed, the zygote importing
+    ``preload`` once for both attempts); once rank 1 says it paused, SIGKILL it; the job's id and
+    elasticrun's stdout once it finished."""
+    paused = tmp_path / "paused"
+    env = dict(os.environ, ELASTICD_SOCKET=str(daemon.socket), ELASTICD_SNAPSHOT_PERSIST_EVERY="0")
+    cmd = [PYTHON, "-c", "import sys; from elasticctl.run import main; sys.exit(main())",
+           "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--preload", preload,
+           str(EXAMPLES / script), *argv, "--pause-file", str(paused)]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        wait_for(lambda: paused.exists() and paused.read_text().endswith("\n"), 180, 0.1, "rank 1 to pause")
+        job = daemon.call("status")["jobs"][0]
+        victim = job["pids"][1]
+        assert victim == int(paused.read_text())  # the daemon's rank 1 is the worker that paused
+        os.kill(victim, signal.SIGKILL)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, (out[-2000:], err[-3000:])
+    assert daemon.job(job["id"])["restarts"] == 1
+    return str(job["id"]), out
+
+
+@pytest.mark.timeout(300)
+def test_the_lightning_example_killed_mid_run_resumes_from_memory(daemon_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("lightning", reason="the Lightning example needs lightning (the test extra)")
+    daemon: DaemonProc = daemon_factory(None, "--slots", "2", "--snapshot-bytes", str(64 << 20))
+    job, out = kill_rank_1_when_paused(daemon, tmp_path, "lightning.pytorch", "lightning_train.py",
+                                       "--steps", "8", "--pause-at", "5",
+                                       "--ckpt-dir", str(tmp_path / "ckpt"))  # fmt: skip
+    logs = daemon.log_dir / job / "attempt_1"
+    for rank in (0, 1):
+        text = (logs / f"rank_{rank}.log").read_text()
+        # the snapshot of step 5, though the file (written at the first save only) held step 1
+        assert [(r["source"], r["step"]) for r in restored(text)] == [("memory", "5")], text
+        assert f"rank {rank}: start at step 5 (attempt 1)" in text, text
+    assert "finished at step 8 (attempt 1)" in out, out
+
+
+@pytest.mark.timeout(300)
+def test_the_hugging_face_example_killed_mid_run_resumes_from_memory(daemon_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("transformers", reason="the Hugging Face example needs transformers (the test extra)")
+    pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate (the test extra)")
+    daemon: DaemonProc = daemon_factory(None, "--slots", "2", "--snapshot-bytes", str(64 << 20))
+    out_dir = tmp_path / "out"
+    job, out = kill_rank_1_when_paused(daemon, tmp_path, "transformers.trainer", "hf_train.py",
+                                       "--steps", "8", "--pause-at", "5",
+                                       "--persist-every", "3", "--output-dir", str(out_dir))  # fmt: skip
+    logs = daemon.log_dir / job / "attempt_1"
+    for rank in (0, 1):
+        text = (logs / f"rank_{rank}.log").read_text()
+        # the snapshot of step 5 (each rank its own), though HF's newest directory held step 3
+        assert [(r["source"], r["step"], r["from_rank"]) for r in restored(text)] == [
+            ("memory", "5", str(rank))
+        ], text
+        assert f"rank {rank}: start at step 5 (attempt 1)" in text, text
+    assert "finished at step 8 (attempt 1)" in out, out
+    # HF's layout on disk, as HF writes it: every third step and the last (save_total_limit=2)
+    assert sorted(p.name for p in out_dir.glob("checkpoint-*")) == ["checkpoint-6", "checkpoint-8"]
