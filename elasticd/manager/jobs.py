@@ -17,7 +17,7 @@ from elasticd.agent.record import AgentState
 from elasticd.aio import wait_event
 from elasticd.decode import DecodeError
 from elasticd.errors import EtcdUnavailable
-from elasticd.etcd.keys import Change, KeyKind, Keys
+from elasticd.etcd.keys import Change, Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.space import Space
 from elasticd.gpu.health import Verdict
@@ -37,7 +37,7 @@ from elasticd.manager.janitor import Janitor
 from elasticd.manager.jobsread import Jobs, JobsRead
 from elasticd.manager.recovery import recover
 from elasticd.manager.sharedread import RecentRead
-from elasticd.manager.wakes import QUIET_KINDS, SCAN_KINDS, NodeWakes
+from elasticd.manager.wakes import QUIET_KINDS, SCAN_KINDS, Created, NodeWakes
 from elasticd.node.gpuwatch import GpuWatch
 from elasticd.node.hooks import LeaseHooks
 from elasticd.node.registry import NodeRegistry, parse_node_drain
@@ -58,7 +58,7 @@ SCAN_S = 10.0
 # longer than this after the last full scan: a full one then redoes whatever a failed write left.
 FULL_SCAN_S = 60.0
 DUE_SLACK_S = 0.05  # wake just after a janitor deadline, not just before it
-# How long a submit waits for the watch to report the head it created (``expect_head``) before it
+# How long a submit waits for the watch to report the job it created (``expect_head``) before it
 # scans anyway: the watch reports it within milliseconds unless it is broken (then re-armed).
 HEAR_S = 0.5
 
@@ -105,8 +105,8 @@ class JobManager:
         # Jobs a scan is taking this node into: it reads the full spec (an await) between the
         # admission and the agent, and a submit's scan and the watch's may overlap.
         self._joining: dict[str, asyncio.Event] = {}  # set once that scan's consideration ended
-        # Heads this node's submits created and wait to hear of from the watch (``expect_head``).
-        self._expected: dict[str, asyncio.Event] = {}
+        # Jobs this node's submits created and wait to hear of from the watch (``expect_head``).
+        self._expected: dict[str, Created] = {}
         self._jobs = JobsRead(kv, keys)  # the scan's and status's reads cost what changed
         self._settled: tuple[Jobs, int] | None = None  # the read and drain of the last full scan
         self._settled_at = 0.0
@@ -131,11 +131,11 @@ class JobManager:
     # -- wake-ups ---------------------------------------------------------------------------------
     def wake(self, change: Change | None = None) -> None:
         """Something changed: for one job (``change.job``), or anywhere (None, or a node key)."""
-        if change is not None and change.job in self._expected and change.kind is KeyKind.SPEC:
-            self._expected[change.job].set()  # (its waiter resumes after this call's invalidation)
         if change is not None and (change.kind in QUIET_KINDS or not self._node_wakes.wakes(change)):
             return
-        self.recent.invalidate()  # the scan this wakes reads again, and ``status`` with it
+        created = self._expected.get(change.job) if change is not None and change.job else None
+        if created is None or change is None or not created.own(change):  # (see ``advance``)
+            self.recent.invalidate()  # the scan this wakes reads again, and ``status`` with it
         if change is None or change.job is None:
             for agent in self.agents.values():
                 agent.wake()
@@ -184,21 +184,25 @@ class JobManager:
             self.wake()
 
     def expect_head(self, job_id: str) -> asyncio.Event:
-        """An event set when the watch reports ``job_id``'s head (see ``heard``); call before
-        creating it, and ``forget_head`` after."""
-        return self._expected.setdefault(job_id, asyncio.Event())
+        """An event set when the watch has reported every key ``JobStore.create`` writes under
+        ``jobs/`` for ``job_id`` (see ``heard``); news that, until ``forget_head``, does not drop
+        the recent read: its submitter reads the job back and ``advance``s the read. Call before
+        creating the job, and ``forget_head`` after."""
+        return self._expected.setdefault(job_id, Created()).heard
 
     def forget_head(self, job_id: str) -> None:
         self._expected.pop(job_id, None)
 
-    async def heard(self, event: asyncio.Event) -> None:
-        """Wait (at most ``HEAR_S``) for the watch's news of a head this node created. The news
-        wakes the scan, and drops the recent read; a scan or ``status`` begun after it shares the
-        read that scan makes (``RecentRead.fresh``). Without the wait, a submit's own scan would
-        read the new job, then the scan its news wakes would read again (with a thousand jobs
-        queued, each read costs etcd a pass over every job's keys)."""
-        if not await wait_event(event, HEAR_S):
-            _log.info("watch.late", waited_s=HEAR_S)  # (broken, or etcd or this host overloaded)
+    async def heard(self, event: asyncio.Event) -> bool:
+        """Wait (at most ``HEAR_S``) for the watch's news of a job this node created; False if it
+        did not come. The news wakes the scan, which then works from the read ``advance`` made
+        (``RecentRead.fresh``), as do the submit's own scan and the ``status`` after it. Without
+        the wait, a submit's own scan would read, then the scan its news wakes would read again
+        (with a thousand jobs queued, each read costs etcd a pass over every job's keys)."""
+        if await wait_event(event, HEAR_S):
+            return True
+        _log.info("watch.late", waited_s=HEAR_S)  # (broken, or etcd or this host overloaded)
+        return False
 
     def fence_all(self) -> None:
         for agent in self.agents.values():
@@ -227,6 +231,17 @@ class JobManager:
         """Every job, from the recent read (``RecentRead.get``): what ``status`` answers from."""
         return (await self.recent.get())[0]
 
+    def advance(self, since: int, snap: JobSnapshot) -> bool:
+        """The recent read, with ``snap`` (this node's new job, read back after its creation) put
+        in, as a read begun now (``RecentRead.advance``): False if another change was seen since
+        ``since`` (``recent.generation`` before the write), and the read is dropped instead."""
+
+        def put(jobs: Jobs) -> Jobs:
+            strays = {j: keys for j, keys in jobs[1].items() if j != snap.job_id}
+            return {**jobs[0], snap.job_id: snap}, strays
+
+        return self.recent.advance(since, put) is not None
+
     def amend_snapshot(self, snap: JobSnapshot) -> None:
         """The recent read, with ``snap`` (read after it, by this node) in place of its job's."""
         self.recent.amend(lambda jobs: ({**jobs[0], snap.job_id: snap}, jobs[1]))
@@ -250,9 +265,10 @@ class JobManager:
         lease = self._registry.lease_id
         if self._stopping or lease is None:
             return
-        jobs = await self._read_jobs()
+        jobs, drain = await asyncio.gather(
+            self._read_jobs(), asyncio.to_thread(self._kv.get, self._keys.drain(self.rt.node_id))
+        )
         snaps, strays = jobs
-        drain = await asyncio.to_thread(self._kv.get, self._keys.drain(self.rt.node_id))
         seen = (jobs, drain.mod_revision if drain is not None else 0)
         if quiet and self._unchanged(seen):
             return

@@ -64,6 +64,7 @@ class Costs:
     assembled: int  # replies of ``status`` (every job) assembled
     requests: int  # etcd read requests
     keys_read: int  # keys those returned
+    reads: int  # reads of every job (``RecentRead``)
 
 
 def one_change(n: int, tmp: Path) -> tuple[Costs, list[bytes]]:
@@ -83,7 +84,7 @@ def one_change(n: int, tmp: Path) -> tuple[Costs, list[bytes]]:
 
     def counts() -> Costs:
         return Costs(m.board.tickets_made, m.board.queues_made, views.encoded, views.assembled,
-                     kv.requests, kv.keys_read)  # fmt: skip
+                     kv.requests, kv.keys_read, m.recent.reads)  # fmt: skip
 
     async def run() -> tuple[Costs, Costs, list[bytes]]:
         watch = asyncio.ensure_future(m.watch())  # it tells the submit of its new job's head
@@ -115,6 +116,7 @@ def test_a_submit_and_the_status_after_it_cost_the_same_for_a_queue_ten_times_lo
     # status after it (the second and third status send the bytes of the first).
     assert (large.tickets, large.encoded, large.queues, large.assembled) == (1, 1, 1, 1)
     assert large.keys_read <= 8  # the new job's keys, never the queue's
+    assert large.reads == 0  # the held read, with the new job read back in: no pass over the queue
     assert large_replies[0] is large_replies[1] is large_replies[2]
     shown = json.loads(large_replies[0])
     assert len(shown) == 201 and shown[-1]["id"] == "new" and shown[-1]["queue"]["of"] == 201

@@ -21,6 +21,7 @@ from elasticd.etcd.types import Compare, Found, KeyValue, Put, Query
 from elasticd.manager.jobs import JobManager
 from elasticd.manager.jobsread import JobsRead
 from elasticd.manager.service import CommandService, NodeFacts
+from elasticd.manager.wakes import CREATED_KINDS
 from elasticd.rendezvous.snapshot import parse_jobs
 from elasticd.rendezvous.store import InlineJobStore, run_inline
 from elasticd.terms.state import EndReason, JobState
@@ -291,3 +292,11 @@ def test_status_json_is_the_views_with_their_queue_places_and_reuses_unchanged_v
     after = json.loads(asyncio.run(service.views_json()))
     assert {v["queue"]["of"] for v in after} == {13} and after == asyncio.run(service.views())
     assert all(service.status_views.held[j][2] is encoded for j, encoded in held.items())  # not encoded again
+
+
+def test_a_submit_waits_to_hear_of_every_key_create_writes_under_jobs_and_no_other() -> None:
+    """``Created``: the news a submitter waits for (at most ``HEAR_S``) and does not count as a change."""
+    kv = CountingKV()
+    assert run_inline(InlineJobStore(kv, KEYS, "j").create(make_spec(id="j")))
+    routed = [KEYS.route(k, False) for k in kv.written if k.startswith(KEYS.jobs())]
+    assert {c.kind for c in routed if c is not None} == CREATED_KINDS and len(routed) == len(CREATED_KINDS)
