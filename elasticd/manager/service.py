@@ -282,10 +282,12 @@ class CommandService:
         (``JobManager.recent``)."""
         return self.status_views.views(await self._manager.recent_snapshots(), states, user)
 
-    async def views_json(self, states: Collection[JobState] = (), user: str | None = None) -> bytes:
-        """``views``, as a JSON array: each job's view as encoded when its job last changed, with
-        its queue place spliced in; made once per read (``StatusViews``)."""
-        return self.status_views.json(await self._manager.recent_snapshots(), states, user)
+    async def views_json(
+        self, states: Collection[JobState] = (), user: str | None = None, rows: bool = False
+    ) -> bytes:
+        """``views``, as a JSON array (of rows, with ``rows``): each job's view as encoded when its
+        job last changed, with its queue place spliced in; made once per read (``StatusViews``)."""
+        return self.status_views.json(await self._manager.recent_snapshots(), states, user, rows)
 
     async def kill(self, job_id: str, user: str) -> dict[str, Any]:
         snap = await self.snapshot(job_id)

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.memory import MemoryKV
 from elasticd.etcd.types import Compare, Found, KeyValue, Put, Query
+from elasticd.jobs.view import job_row
 from elasticd.manager.jobs import JobManager
 from elasticd.manager.jobsread import JobsRead
 from elasticd.manager.service import CommandService, NodeFacts
@@ -286,6 +287,8 @@ def test_status_json_is_the_views_with_their_queue_places_and_reuses_unchanged_v
     views = asyncio.run(service.views())
     assert json.loads(asyncio.run(service.views_json())) == views
     assert all("queue" in v for v in views) and {v["queue"]["of"] for v in views} == {12}
+    rows = json.loads(asyncio.run(service.views_json(rows=True)))  # the table's: a row per job
+    assert rows == [job_row(v) | {"queue": {"place": v["queue"]["place"], "of": 12}} for v in views]
     held = {j: cached[2] for j, cached in service.status_views.held.items()}
     assert run_inline(InlineJobStore(kv, KEYS, "q999").create(make_spec(id="q999", nodes=("elsewhere",))))
     m.recent.invalidate()
