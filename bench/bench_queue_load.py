@@ -85,7 +85,12 @@ def measure_rpc(socket: Path, n: int, think_ms: float, tag: str) -> list[Latency
 
     client = Client(socket, timeout_s=60.0)
     one = client.call("submit", **_submit_args(0) | {"name": f"{tag}-first"})["id"]
-    out: dict[str, list[float]] = {"status (table)": [], "status --json": [], "status <job>": [], "submit": []}
+    out: dict[str, list[float]] = {
+        "status (table)": [],
+        "status --json": [],
+        "status <job>": [],
+        "submit": [],
+    }
     for i in range(n):
         for what, cmd, args in (
             ("status (table)", "status", {"rows": True}),

@@ -107,7 +107,11 @@ class JobManager:
         self._joining: dict[str, asyncio.Event] = {}  # set once that scan's consideration ended
         # Jobs this node's submits created and wait to hear of from the watch (``expect_head``).
         self._expected: dict[str, Created] = {}
-        self._jobs = JobsRead(kv, keys)  # the scan's and status's reads cost what changed
+        # The scan's and status's reads cost what changed; with no news of ``jobs/`` since the last
+        # one (no change seen: the recent read's generation), only ``parts/`` is asked about,
+        # while the watch is armed (``_armed``: the event its break sets).
+        self._armed: asyncio.Event | None = None
+        self._jobs = JobsRead(kv, keys, changes=self._news)
         self._settled: tuple[Jobs, int] | None = None  # the read and drain of the last full scan
         self._settled_at = 0.0
         # Every job from a recent read, dropped at any change this daemon sees that wakes the scan
@@ -116,6 +120,11 @@ class JobManager:
         self.recent: RecentRead[Jobs] = RecentRead(self._jobs.read)
         if hooks is not None:  # the registry's lease news: fence on a loss, rescan on a grant
             hooks.attach(self)
+
+    def _news(self) -> int | None:
+        """How many changes the armed watch brought (``JobsRead``); None while it is not armed."""
+        armed = self._armed
+        return self.recent.generation if armed is not None and not armed.is_set() else None
 
     def capacity(self) -> dict[str, Any]:
         free = self.admitter.allocator.free()
@@ -173,9 +182,12 @@ class JobManager:
                     cancel()
                 await asyncio.sleep(1.0)
                 continue
+            self._armed = broken
+            self.recent.invalidate()  # a read from before the watch was armed: its news may be lost
             try:
                 await broken.wait()
             finally:
+                self._armed = None
                 for cancel in cancels:
                     cancel()
             broken.clear()
@@ -265,6 +277,8 @@ class JobManager:
         lease = self._registry.lease_id
         if self._stopping or lease is None:
             return
+        if quiet:  # the net under the watch: a read that trusts no news of it (``JobsRead``)
+            self.recent.invalidate()
         jobs, drain = await asyncio.gather(
             self._read_jobs(), asyncio.to_thread(self._kv.get, self._keys.drain(self.rt.node_id))
         )

@@ -13,11 +13,20 @@ keys plus the new ones.
   are parsed again; the read is then as of the probe's revision, as consistent as a full one.
 - A deletion: every key is read again (and parsed with the ``RecordCache``, which reuses the
   snapshot of every job whose keys did not change).
+
+Every key under ``jobs/`` is watched, ``parts/`` is not. So when the daemon has seen no change
+since the held read was asked for (``changes``, the count of the news the watch brought: the
+recent read's generation), the probe asks about ``parts/`` alone, which etcd answers with a pass
+over the parts only (they follow the jobs that are active: rounds, joins, statuses, pending
+notes), not over every queued job's keys; only when a part changed is the whole probe sent. The
+held read then stands as it was, consistent as of its revision: ``jobs/`` had no change the watch
+reported, ``parts/`` none at all.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from elasticd.etcd.keys import Keys
@@ -43,13 +52,16 @@ class JobsRead:
     key's old value (or hide a deletion behind an old count). The snapshots it hands out are
     shared: callers treat them as read-only."""
 
-    def __init__(self, kv: KV, keys: Keys) -> None:
+    def __init__(self, kv: KV, keys: Keys, changes: Callable[[], int | None] = lambda: None) -> None:
         self._kv = kv
         self._keys = keys
+        self._changes = changes  # news of ``jobs/`` seen so far (None: none can be relied on now)
+        self._seen: int | None = None  # ``changes()`` when the held read was asked for
         self._queries = (Query(keys.jobs(), prefix=True), Query(keys.all_parts(), prefix=True))
         self.records = RecordCache()
         self._held: _Held | None = None
         self.full_reads = 0  # what the tests and benches count
+        self.parts_probes = 0
         self._lock = asyncio.Lock()
 
     async def read(self) -> Jobs:
@@ -58,10 +70,14 @@ class JobsRead:
 
     async def _read(self) -> Jobs:
         held = self._held
+        seen = self._changes()
         if held is not None:
+            if seen is not None and seen == self._seen and await self._parts_unchanged(held):
+                return held.jobs
             probe = [replace(q, min_mod_revision=held.newest + 1) for q in self._queries]
             changed = await asyncio.to_thread(self._kv.read_many, probe)
             if self._apply(held, changed):
+                self._seen = seen
                 return held.jobs
         found = await asyncio.to_thread(self._kv.read_many, self._queries)
         self.full_reads += 1
@@ -74,7 +90,15 @@ class JobsRead:
         newest = max((kv.mod_revision for kv in kvs), default=0)
         jobs = parse_jobs(self._keys, kvs, self.records)
         self._held = _Held(jobs, by_job, tuple(f.count for f in found), newest)
+        self._seen = seen
         return jobs
+
+    async def _parts_unchanged(self, held: _Held) -> bool:
+        """No key under ``parts/`` created, changed or deleted since ``held`` was read."""
+        probe = replace(self._queries[1], min_mod_revision=held.newest + 1)
+        (found,) = await asyncio.to_thread(self._kv.read_many, [probe])
+        self.parts_probes += 1
+        return not found.kvs and found.count == held.counts[1]
 
     def _apply(self, held: _Held, changed: list[Found]) -> bool:
         """Bring ``held`` up to the probe's revision; False if a key was deleted (read it all)."""

@@ -313,6 +313,9 @@ def test_the_managers_watch_drops_the_held_read_when_any_job_key_changes(tmp_pat
         manager = bare_manager(kv, keys, tmp_path)
         watch = asyncio.ensure_future(manager.watch())
         try:
+            async with asyncio.timeout(10):
+                while manager._armed is None:  # (arming drops the held read)
+                    await asyncio.sleep(0.01)
             for key in (keys.job_spec("j1"), keys.job_final("j2")):
                 await manager.recent.get()
                 assert manager.recent.held() is not None
@@ -338,9 +341,7 @@ def test_the_news_of_a_job_this_node_created_leaves_the_held_read_but_a_later_ch
         watch = asyncio.ensure_future(manager.watch())
         try:
             async with asyncio.timeout(10):
-                while manager.recent.held() is not None or not manager.recent.reads:  # armed
-                    await manager.recent.get()
-                    await asyncio.to_thread(kv.put_json, keys.job_final("x"), {"any": "value"})
+                while manager._armed is None:  # (arming drops the held read)
                     await asyncio.sleep(0.01)
                 await manager.recent.get()
                 heard = manager.expect_head("j1")

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from elasticd.etcd.keys import Keys
+from elasticd.etcd.kv import prefix_end
 from elasticd.etcd.memory import MemoryKV
 from elasticd.etcd.types import Compare, Found, KeyValue, Put, Query
 from elasticd.jobs.view import job_row
@@ -214,6 +215,48 @@ def test_a_held_read_brought_up_to_date_is_what_a_full_read_gives(ops: list[tupl
             assert got == want, op
 
     asyncio.run(check())
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=OPS)
+def test_a_read_that_trusts_the_watch_for_jobs_is_what_a_full_read_gives(ops: list[tuple[str, str]]) -> None:
+    """With the news of ``jobs/`` counted (as the watch brings it), a read asks about ``parts/``
+    alone while there is none, and is still what a full read gives."""
+    kv = MemoryKV()
+    lease = kv.grant_lease(3600)
+    news = [0]
+    seen = kv.watch_range(KEYS.jobs(), prefix_end(KEYS.jobs()), lambda k, d: news.__setitem__(0, news[0] + 1),
+                          lambda: None)  # fmt: skip
+    reader = JobsRead(kv, KEYS, changes=lambda: news[0])
+
+    async def check() -> None:
+        for op, job in ops:
+            store = InlineJobStore(kv, KEYS, job)
+            match op:
+                case "create":
+                    await store.create(make_spec(id=job))
+                case "final":
+                    await store.finalize(JobState.KILLED, EndReason.KILLED, "by u")
+                case "note":
+                    await store.note_pending("n1", f"note {len(kv.get_prefix(KEYS.all_parts()))}", lease)
+                case "unnote":
+                    await store.note_pending("n1", None, lease)
+                case "remove":
+                    await store.remove()
+                case "junk":
+                    kv.put_json(KEYS.job(job) + "junk", 1)
+                case "status":
+                    await store.put_node_status("n2", {"state": "RUNNING"}, lease)
+            got = await reader.read()  # (the memory KV tells its watches before a write returns)
+            want = parse_jobs(KEYS, kv.get_prefix(KEYS.jobs()) + kv.get_prefix(KEYS.all_parts()))
+            assert got == want, op
+        last, probes, full = await reader.read(), reader.parts_probes, reader.full_reads
+        assert await reader.read() is last and reader.parts_probes == probes + 1 and reader.full_reads == full
+
+    try:
+        asyncio.run(check())
+    finally:
+        seen()
 
 
 class SlowKV(MemoryKV):

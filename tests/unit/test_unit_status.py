@@ -27,7 +27,7 @@ from elasticd.rendezvous.model import FinalRecord, Join, NodeStatus, RoundInfo
 from elasticd.rendezvous.snapshot import InvalidKey, JobSnapshot
 from elasticd.terms.spec import NodeRange
 from elasticd.terms.state import EndReason, JobState, RoundReason, WorkerFailure
-from elasticd.wire import JobView, MemberEndState, StatusArgs, request
+from elasticd.wire import JobRow, JobView, MemberEndState, StatusArgs, request
 from tests import fakes
 
 JOB = fakes.JOB
@@ -350,9 +350,9 @@ def test_the_table_of_rows_is_the_table_of_views() -> None:
     snaps = [ended("a"), snapshot(0, ("n1",)), failed, snapshot(0)]
     views = [job_view(s, "n1") for s in snaps]
     views[-1]["queue"] = {"place": 2, "of": 7, "why": "its turn"}
-    rows = [json.loads(json.dumps(job_row(v))) for v in views]
+    rows: list[JobRow] = [json.loads(json.dumps(job_row(v))) for v in views]
     rows[-1]["queue"] = {"place": 2, "of": 7}
-    assert render.jobs_table(rows, CLOSED) == render.jobs_table(views, CLOSED)
+    assert render.jobs_table(rows, CLOSED) == render.jobs_table(cast(list[JobView], views), CLOSED)
     assert all(len(json.dumps(r)) < len(json.dumps(v)) / 2 for r, v in zip(rows, views, strict=True))
 
 
