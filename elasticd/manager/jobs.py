@@ -34,7 +34,7 @@ from elasticd.manager.access import ROOT_ONLY, Admins
 from elasticd.manager.admitter import Admitter
 from elasticd.manager.gpus import GpuPool
 from elasticd.manager.janitor import Janitor
-from elasticd.manager.jobsread import Jobs, JobsRead
+from elasticd.manager.jobsread import Jobs, JobsRead, ReadBack
 from elasticd.manager.recovery import recover
 from elasticd.manager.sharedread import RecentRead
 from elasticd.manager.wakes import QUIET_KINDS, SCAN_KINDS, Created, NodeWakes
@@ -243,14 +243,22 @@ class JobManager:
         """Every job, from the recent read (``RecentRead.get``): what ``status`` answers from."""
         return (await self.recent.get())[0]
 
-    def advance(self, since: int, snap: JobSnapshot) -> bool:
-        """The recent read, with ``snap`` (this node's new job, read back after its creation) put
-        in, as a read begun now (``RecentRead.advance``): False if another change was seen since
-        ``since`` (``recent.generation`` before the write), and the read is dropped instead."""
+    async def read_back(self, job_id: str) -> ReadBack:
+        """A job this node just created, read alone (for ``advance``)."""
+        return await asyncio.to_thread(self._jobs.read_back, job_id)
+
+    def advance(self, since: int, back: ReadBack) -> bool:
+        """The recent read, with ``back`` (this node's new job, read back after its creation) put
+        in, as a read begun now (``RecentRead.advance``), and in the read of every job the next
+        read starts from (``JobsRead.adopt``): False if another change was seen since ``since``
+        (``recent.generation`` before the write), and the read is dropped instead."""
+        job = back.snap.job_id
 
         def put(jobs: Jobs) -> Jobs:
-            strays = {j: keys for j, keys in jobs[1].items() if j != snap.job_id}
-            return {**jobs[0], snap.job_id: snap}, strays
+            adopted = self._jobs.adopt(jobs, back, since, self.recent.generation)
+            if adopted is not None:
+                return adopted
+            return {**jobs[0], job: back.snap}, {j: keys for j, keys in jobs[1].items() if j != job}
 
         return self.recent.advance(since, put) is not None
 

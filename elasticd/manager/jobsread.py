@@ -45,6 +45,14 @@ class _Held:
     newest: int  # the highest mod revision among the keys read (0: none)
 
 
+@dataclass(frozen=True)
+class ReadBack:
+    """One job read alone, its keys under ``jobs/`` and ``parts/`` at one revision (``read_back``)."""
+
+    snap: JobSnapshot
+    found: list[Found]  # the two ranges, as ``JobsRead``'s queries of every job order them
+
+
 class JobsRead:
     """Every job, as ``parse_jobs`` gives it, read again only as far as something changed (module
     doc). Used on one event loop. Reads are taken one at a time: a probe must be applied to the
@@ -61,6 +69,7 @@ class JobsRead:
         self.records = RecordCache()
         self._held: _Held | None = None
         self.full_reads = 0  # what the tests and benches count
+        self.probes = 0  # of every key (``full_reads`` reads them all)
         self.parts_probes = 0
         self._lock = asyncio.Lock()
 
@@ -76,6 +85,7 @@ class JobsRead:
                 return held.jobs
             probe = [replace(q, min_mod_revision=held.newest + 1) for q in self._queries]
             changed = await asyncio.to_thread(self._kv.read_many, probe)
+            self.probes += 1
             if self._apply(held, changed):
                 self._seen = seen
                 return held.jobs
@@ -92,6 +102,33 @@ class JobsRead:
         self._held = _Held(jobs, by_job, tuple(f.count for f in found), newest)
         self._seen = seen
         return jobs
+
+    def read_back(self, job_id: str) -> ReadBack:
+        """``job_id`` alone (blocking: run it in a thread), parsed as a read of every job parses it."""
+        k = self._keys
+        found = self._kv.read_many(
+            [Query(k.job(job_id), prefix=True), Query(k.job_parts(job_id), prefix=True)]
+        )
+        kvs = [kv for f in found for kv in f.kvs]
+        snaps, _ = parse_jobs(k, kvs)
+        return ReadBack(snaps.get(job_id) or JobSnapshot.parse(k, job_id, kvs), found)
+
+    def adopt(self, jobs: Jobs, back: ReadBack, before: int, after: int) -> Jobs | None:
+        """The held read, ``jobs``, with a job this process created and read back put in, as the
+        next probe would bring it (None: not done, and the next read asks etcd as it would).
+        Only while no read is under way and none was asked for since the news count ``before``
+        (taken before the write; its own news is not counted), which becomes ``after``."""
+        held = self._held
+        job = back.snap.job_id
+        if held is None or held.jobs is not jobs or self._lock.locked() or self._seen != before:
+            return None
+        if job in held.by_job or not back.found[0].kvs:  # (a job it holds already, or no job)
+            return None
+        held.by_job[job] = {kv.key: kv for f in back.found for kv in f.kvs}
+        held.counts = tuple(c + len(f.kvs) for c, f in zip(held.counts, back.found, strict=True))
+        held.jobs = {**jobs[0], job: back.snap}, {j: keys for j, keys in jobs[1].items() if j != job}
+        self._seen = after
+        return held.jobs
 
     async def _parts_unchanged(self, held: _Held) -> bool:
         """No key under ``parts/`` created, changed or deleted since ``held`` was read."""

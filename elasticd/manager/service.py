@@ -193,27 +193,26 @@ class CommandService:
                 requested=spec.nproc_per_node,
                 available=biggest,
             )
-        store = self._manager.store_of(spec.id)
         heard = self._manager.expect_head(spec.id)
         since = self._manager.recent.generation
         try:
-            if not await store.create(spec):
+            if not await self._manager.store_of(spec.id).create(spec):
                 raise Conflict(f"job {spec.id} already exists")
             publish(JobSubmitted(spec.id, spec.user, tuple(spec.argv), str(spec.nnodes)))
             # The job read back (its keys alone), and the watch's news of it heard: the recent read
             # with the job put in is then as good as a new read, for this submit's scan, the one
             # the news wakes and the ``status`` after them (``JobManager.advance``).
-            snap, told = await asyncio.gather(store.snapshot(), self._manager.heard(heard))
+            back, told = await asyncio.gather(self._manager.read_back(spec.id), self._manager.heard(heard))
         except BaseException:
             self._manager.recent.invalidate()
             raise
         finally:
             self._manager.forget_head(spec.id)
-        if not (told and self._manager.advance(since, snap)):
+        if not (told and self._manager.advance(since, back)):
             self._manager.recent.invalidate()
         await self._manager.scan(clean_up=False)
-        if not spec.allows(self.facts.node_id):  # no note of this node's since ``snap`` was read
-            return job_view(snap, self.facts.node_id)
+        if not spec.allows(self.facts.node_id):  # no note of this node's since the job was read back
+            return job_view(back.snap, self.facts.node_id)
         # The job as read predates what this node's agent just noted (e.g. that the job waits for
         # capacity), which no watch reports: the job is read alone again, and put in the held read
         # for the next ``status``. Its place: ``status``.
