@@ -20,7 +20,8 @@ recent read's generation), the probe asks about ``parts/`` alone, which etcd ans
 over the parts only (they follow the jobs that are active: rounds, joins, statuses, pending
 notes), not over every queued job's keys; only when a part changed is the whole probe sent. The
 held read then stands as it was, consistent as of its revision: ``jobs/`` had no change the watch
-reported, ``parts/`` none at all.
+reported, ``parts/`` none at all. A job this daemon created is read back alone and put in the
+held read (``adopt``), its creation's news not counted: so a submit costs no pass either.
 """
 
 from __future__ import annotations
