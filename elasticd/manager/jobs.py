@@ -143,8 +143,9 @@ class JobManager:
         if change is not None and (change.kind in QUIET_KINDS or not self._node_wakes.wakes(change)):
             return
         created = self._expected.get(change.job) if change is not None and change.job else None
-        if created is None or change is None or not created.own(change):  # (see ``advance``)
-            self.recent.invalidate()  # the scan this wakes reads again, and ``status`` with it
+        if created is not None and change is not None and created.own(change):
+            return  # its submitter reads the job back, and wakes the scan (``advance``)
+        self.recent.invalidate()  # the scan this wakes reads again, and ``status`` with it
         if change is None or change.job is None:
             for agent in self.agents.values():
                 agent.wake()
@@ -251,7 +252,8 @@ class JobManager:
         """The recent read, with ``back`` (this node's new job, read back after its creation) put
         in, as a read begun now (``RecentRead.advance``), and in the read of every job the next
         read starts from (``JobsRead.adopt``): False if another change was seen since ``since``
-        (``recent.generation`` before the write), and the read is dropped instead."""
+        (``recent.generation`` before the write), and the read is dropped instead. Wakes the
+        scan, as the job's news (its submitter's own: ``wake``) did not."""
         job = back.snap.job_id
 
         def put(jobs: Jobs) -> Jobs:
@@ -260,7 +262,9 @@ class JobManager:
                 return adopted
             return {**jobs[0], job: back.snap}, {j: keys for j, keys in jobs[1].items() if j != job}
 
-        return self.recent.advance(since, put) is not None
+        advanced = self.recent.advance(since, put) is not None
+        self._wake.set()  # the scan the news of the job would have woken: it reads what holds now
+        return advanced
 
     def amend_snapshot(self, snap: JobSnapshot) -> None:
         """The recent read, with ``snap`` (read after it, by this node) in place of its job's."""

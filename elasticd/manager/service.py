@@ -204,12 +204,14 @@ class CommandService:
             # the news wakes and the ``status`` after them (``JobManager.advance``).
             back, told = await asyncio.gather(self._manager.read_back(spec.id), self._manager.heard(heard))
         except BaseException:
-            self._manager.recent.invalidate()
+            self._manager.wake()  # whatever was written: read again (its news may have been ours)
             raise
         finally:
             self._manager.forget_head(spec.id)
-        if not (told and self._manager.advance(since, back)):
-            self._manager.recent.invalidate()
+        if told:
+            self._manager.advance(since, back)
+        else:  # what came before the job's news may still come: read again
+            self._manager.wake()
         await self._manager.scan(clean_up=False)
         if not spec.allows(self.facts.node_id):  # no note of this node's since the job was read back
             return job_view(back.snap, self.facts.node_id)
