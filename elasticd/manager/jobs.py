@@ -17,9 +17,10 @@ from elasticd.agent.record import AgentState
 from elasticd.aio import wait_event
 from elasticd.decode import DecodeError
 from elasticd.errors import EtcdUnavailable
-from elasticd.etcd.keys import Change, Keys
+from elasticd.etcd.keys import Change, KeyKind, Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.space import Space
+from elasticd.etcd.types import KeyValue
 from elasticd.gpu.health import Verdict
 from elasticd.happenings.bus import publish
 from elasticd.happenings.records import GpuUnhealthy, JobFailed, JobJoining, JobLeft
@@ -111,6 +112,9 @@ class JobManager:
         # one (no change seen: the recent read's generation), only ``parts/`` is asked about,
         # while the watch is armed (``_armed``: the event its break sets).
         self._armed: asyncio.Event | None = None
+        # This node's drain record as the scan last read it, and the news of ``drain/`` by then.
+        self._drain: tuple[int, KeyValue | None] | None = None
+        self._drain_news = 0
         self._jobs = JobsRead(kv, keys, changes=self._news)
         self._settled: tuple[Jobs, int] | None = None  # the read and drain of the last full scan
         self._settled_at = 0.0
@@ -146,6 +150,8 @@ class JobManager:
         if created is not None and change is not None and created.own(change):
             return  # its submitter reads the job back, and wakes the scan (``advance``)
         self.recent.invalidate()  # the scan this wakes reads again, and ``status`` with it
+        if change is None or change.kind is KeyKind.NODE_DRAIN:
+            self._drain_news += 1  # (any node's: the scan reads its own again)
         if change is None or change.job is None:
             for agent in self.agents.values():
                 agent.wake()
@@ -185,6 +191,7 @@ class JobManager:
                 continue
             self._armed = broken
             self.recent.invalidate()  # a read from before the watch was armed: its news may be lost
+            self._drain_news += 1
             try:
                 await broken.wait()
             finally:
@@ -291,9 +298,7 @@ class JobManager:
             return
         if quiet:  # the net under the watch: a read that trusts no news of it (``JobsRead``)
             self.recent.invalidate()
-        jobs, drain = await asyncio.gather(
-            self._read_jobs(), asyncio.to_thread(self._kv.get, self._keys.drain(self.rt.node_id))
-        )
+        jobs, drain = await asyncio.gather(self._read_jobs(), self._drain_record(quiet))
         snaps, strays = jobs
         seen = (jobs, drain.mod_revision if drain is not None else 0)
         if quiet and self._unchanged(seen):
@@ -331,6 +336,17 @@ class JobManager:
             await asyncio.to_thread(self.sweep_logs, set(snaps))
             self._settled, self._settled_at = seen, time.monotonic()
         self._registry.publish_soon()
+
+    async def _drain_record(self, quiet: bool) -> KeyValue | None:
+        """This node's drain record (``drain/<node>``, watched): as last read while the watch is
+        armed and brought no news of ``drain/`` since, else read (always for the safety net)."""
+        armed = self._news() is not None
+        news, held = self._drain_news, self._drain
+        if armed and not quiet and held is not None and held[0] == news:
+            return held[1]
+        kv = await asyncio.to_thread(self._kv.get, self._keys.drain(self.rt.node_id))
+        self._drain = (news, kv) if armed else None
+        return kv
 
     def _unchanged(self, seen: tuple[Jobs, int]) -> bool:
         """The same read (the very objects: ``JobsRead``) and drain as the last full scan's, recently."""

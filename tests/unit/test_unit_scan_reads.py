@@ -346,3 +346,36 @@ def test_a_submit_waits_to_hear_of_every_key_create_writes_under_jobs_and_no_oth
     assert run_inline(InlineJobStore(kv, KEYS, "j").create(make_spec(id="j")))
     routed = [KEYS.route(k, False) for k in kv.written if k.startswith(KEYS.jobs())]
     assert {c.kind for c in routed if c is not None} == CREATED_KINDS and len(routed) == len(CREATED_KINDS)
+
+
+def test_a_scan_reads_its_drain_record_again_only_after_news_of_a_drain(tmp_path: Path) -> None:
+    """The drain record is watched: while the watch is armed, a scan reads it again only after
+    news of ``drain/`` (or for the safety net, which trusts no news)."""
+    kv = CountingKV()
+    queue(kv, 3, nodes=("elsewhere",))
+    m = manager(kv, tmp_path)
+    mine = KEYS.drain("n1")
+
+    async def run() -> None:
+        watch = asyncio.ensure_future(m.watch())
+        try:
+            async with asyncio.timeout(10):
+                while m._armed is None:
+                    await asyncio.sleep(0.01)
+                await m.scan()
+                kv.reset()
+                await m.scan()
+                assert mine not in kv.read
+                news = m._drain_news
+                await asyncio.to_thread(kv.put_json, KEYS.drain("n2"), {"any": "value"})
+                while m._drain_news == news:
+                    await asyncio.sleep(0.01)
+                await m.scan()
+                assert mine in kv.read
+                kv.reset()
+                await m.scan(quiet=True)
+                assert mine in kv.read
+        finally:
+            watch.cancel()
+
+    asyncio.run(run())
