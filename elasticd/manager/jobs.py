@@ -107,7 +107,7 @@ class JobManager:
         # admission and the agent, and a submit's scan and the watch's may overlap.
         self._joining: dict[str, asyncio.Event] = {}  # set once that scan's consideration ended
         # Jobs this node's submits created and wait to hear of from the watch (``expect_head``).
-        self._expected: dict[str, Created] = {}
+        self._expected: dict[str, tuple[Created, asyncio.Event]] = {}  # (set once all heard)
         # The scan's and status's reads cost what changed; with no news of ``jobs/`` since the last
         # one (no change seen: the recent read's generation), only ``parts/`` is asked about,
         # while the watch is armed (``_armed``: the event its break sets).
@@ -146,8 +146,10 @@ class JobManager:
         """Something changed: for one job (``change.job``), or anywhere (None, or a node key)."""
         if change is not None and (change.kind in QUIET_KINDS or not self._node_wakes.wakes(change)):
             return
-        created = self._expected.get(change.job) if change is not None and change.job else None
-        if created is not None and change is not None and created.own(change):
+        expected = self._expected.get(change.job) if change is not None and change.job else None
+        if expected is not None and change is not None and expected[0].own(change):
+            if not expected[0].unheard:
+                expected[1].set()
             return  # its submitter reads the job back, and wakes the scan (``advance``)
         self.recent.invalidate()  # the scan this wakes reads again, and ``status`` with it
         if change is None or change.kind is KeyKind.NODE_DRAIN:
@@ -208,7 +210,7 @@ class JobManager:
         ``jobs/`` for ``job_id`` (see ``heard``); news that, until ``forget_head``, does not drop
         the recent read: its submitter reads the job back and ``advance``s the read. Call before
         creating the job, and ``forget_head`` after."""
-        return self._expected.setdefault(job_id, Created()).heard
+        return self._expected.setdefault(job_id, (Created(), asyncio.Event()))[1]
 
     def forget_head(self, job_id: str) -> None:
         self._expected.pop(job_id, None)

@@ -6,8 +6,6 @@ rules, so what it proves holds for the daemon's wake-ups.
 
 from __future__ import annotations
 
-import asyncio
-
 from elasticd.etcd.keys import Change, KeyKind
 
 # Only these can change whether this node should join a job (or whether a job needs clean-up).
@@ -58,13 +56,10 @@ class Created:
 
     def __init__(self) -> None:
         self.unheard = set(CREATED_KINDS)
-        self.heard = asyncio.Event()  # set once every key was reported
 
     def own(self, change: Change) -> bool:
         """Whether ``change`` is the first news of a key the submit wrote (not a later change)."""
         if change.deleted or change.kind not in self.unheard:
             return False
         self.unheard.discard(change.kind)
-        if not self.unheard:
-            self.heard.set()
         return True
