@@ -259,24 +259,7 @@ async def run_size(
         out.alive_read_s, out.alive_read_bytes = await _alive_read(regs[0], metrics, old)
         out.rest = await _rest(regs, clients, keys, metrics, etcd_pid, args)
 
-        gone = regs[: n // 2]
-        revoked: dict[str, float] = {}
-
-        async def go() -> None:
-            async def stop(r: LightRegistry) -> None:
-                tasks[r.node_id].cancel()  # a daemon that stops: no keep-alive registers it again
-                await r.stop()
-                revoked[r.node_id] = r.revoke_sent
-
-            await asyncio.gather(*(stop(r) for r in gone))
-
-        heard_all = lambda: all(len(o.heard) >= len(gone) for o in observers[:half])  # noqa: E731
-        phase = await _phase("go", len(gone), observers, go, heard_all)
-        lags = [
-            o.heard[node] - at for o in observers[:half] for node, at in revoked.items() if node in o.heard
-        ]
-        phase.heard_s = (statistics.median(lags), max(lags)) if lags else None
-        out.phases.append(phase)
+        out.phases.append(await _go_phase(regs[: n // 2], tasks, observers[:half], observers))
     finally:
         for t in tasks.values():
             t.cancel()
@@ -288,6 +271,30 @@ async def run_size(
             c.close()
         LightRegistry.pool.shutdown(wait=False)
     return out
+
+
+async def _go_phase(
+    gone: list[LightRegistry],
+    tasks: dict[str, asyncio.Task[None]],
+    watching: list[Observer],
+    observers: list[Observer],
+) -> Phase:
+    """Half the nodes stop (their leases revoked): who hears of it, and how soon after the revoke."""
+    revoked: dict[str, float] = {}
+
+    async def go() -> None:
+        async def stop(r: LightRegistry) -> None:
+            tasks[r.node_id].cancel()  # a daemon that stops: no keep-alive registers it again
+            await r.stop()
+            revoked[r.node_id] = r.revoke_sent
+
+        await asyncio.gather(*(stop(r) for r in gone))
+
+    heard_all = lambda: all(len(o.heard) >= len(gone) for o in watching)  # noqa: E731
+    phase = await _phase("go", len(gone), observers, go, heard_all)
+    lags = [o.heard[node] - at for o in watching for node, at in revoked.items() if node in o.heard]
+    phase.heard_s = (statistics.median(lags), max(lags)) if lags else None
+    return phase
 
 
 async def _alive_read(reg: NodeRegistry, metrics: str, old: bool) -> tuple[float, float]:

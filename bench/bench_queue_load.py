@@ -8,8 +8,10 @@ naming a node that does not exist (so they stay pending), and measures again:
 
 - **RSS** of the daemon (and of its reaper), after the load settled;
 - **idle CPU** of the daemon over ``--idle-seconds`` (CPU time / wall time, every thread);
-- **status** latency: ``status`` of every job and ``status <job>`` of one job, sequential
-  requests from one client (``elasticctl``'s ``Client``), ``--think-ms`` apart;
+- **status** latency: ``status`` of every job as ``elasticctl status`` asks for its table (rows),
+  right after a submit, then as ``status --json`` asks (every job's whole view), and
+  ``status <job>`` of one job, sequential requests from one client (``elasticctl``'s
+  ``Client``), ``--think-ms`` apart;
 - **submit** latency: sequential submits (as root, which the bench's daemon allows: the
   ``--allow-root-jobs`` of ``Setup``) of a small job that names the absent node too.
 
@@ -83,10 +85,16 @@ def measure_rpc(socket: Path, n: int, think_ms: float, tag: str) -> list[Latency
 
     client = Client(socket, timeout_s=60.0)
     one = client.call("submit", **_submit_args(0) | {"name": f"{tag}-first"})["id"]
-    out: dict[str, list[float]] = {"status (all jobs)": [], "status <job>": [], "submit": []}
+    out: dict[str, list[float]] = {
+        "status (table)": [],
+        "status --json": [],
+        "status <job>": [],
+        "submit": [],
+    }
     for i in range(n):
         for what, cmd, args in (
-            ("status (all jobs)", "status", {}),
+            ("status (table)", "status", {"rows": True}),
+            ("status --json", "status", {}),
             ("status <job>", "status", {"job": one}),
             ("submit", "submit", _submit_args(i) | {"name": f"{tag}-{i}"}),
         ):

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from elasticd.terms.state import exit_text
-from elasticd.wire import TIME_FIELDS, EtcdSpaceView, FailureView, JobView, NodeView
+from elasticd.wire import ROW_REASON_CHARS, TIME_FIELDS, EtcdSpaceView, FailureView, JobRow, JobView, NodeView
 
 
 def iso_times(value: Any) -> Any:
@@ -59,7 +59,7 @@ def duration(seconds: float | None) -> str:
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
-def run_time(job: JobView, now: float) -> float | None:
+def run_time(job: JobRow | JobView, now: float) -> float | None:
     """How long the job ran: until it ended, or until ``now`` while it runs; None if it never ran."""
     started = job.get("started_at")
     if not started:
@@ -74,7 +74,7 @@ def table(rows: list[list[str]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
 
-def jobs_table(jobs: list[JobView], now: float | None = None) -> str:
+def jobs_table(jobs: Sequence[JobRow] | Sequence[JobView], now: float | None = None) -> str:
     now = time.time() if now is None else now
     rows = [["JOB", "STATE", "USER", "NODES", "WORLD", "RESTARTS", "STARTED", "ENDED", "DURATION", "QUEUE",
              "REASON"]]  # fmt: skip
@@ -91,13 +91,18 @@ def jobs_table(jobs: list[JobView], now: float | None = None) -> str:
                 short_time(j.get("ended_at"), now),
                 duration(run_time(j, now)),
                 queue_place(j),
-                (j.get("error") or j.get("reason") or "")[:60],
+                _reason(j),
             ]
         )
     return table(rows)
 
 
-def queue_place(job: JobView) -> str:
+def _reason(job: Mapping[str, object]) -> str:
+    """What the table shows of the job's error, else its reason (a ``JobRow``'s ``reason``)."""
+    return str(job.get("error") or job.get("reason") or "")[:ROW_REASON_CHARS]
+
+
+def queue_place(job: JobRow | JobView) -> str:
     """A waiting job's place in the fair queue, ``3/12``; ``-`` for others."""
     q = job.get("queue")
     return f"{q['place']}/{q['of']}" if q else "-"

@@ -27,18 +27,21 @@ class Requester(Protocol):
 def status_args(ns: argparse.Namespace) -> StatusArgs:
     if ns.job is not None and (ns.states or ns.user is not None):
         raise UsageError("--state and --user filter the list of jobs: give no JOB with them")
-    return StatusArgs(ns.job, list(ns.states), ns.user)
+    # The table and the ids need a job's row, not its whole view (``JobRow``: what a long queue
+    # costs to send and decode); ``--json`` prints whole views.
+    return StatusArgs(ns.job, list(ns.states), ns.user, rows=ns.job is None and not ns.json)
 
 
 def render_reply(reply: StatusReply, ns: argparse.Namespace, now: float) -> str:
     """The text for one reply: JSON (times in ISO 8601), ids, a job's detail, or the jobs' table."""
-    one = ns.job is not None
+    if ns.job is not None:
+        if ns.json:
+            return json.dumps(render.iso_times(reply["job"]), indent=2, sort_keys=True)
+        return reply["job"]["id"] if ns.quiet else render.job_detail(reply["job"], now)
     if ns.json:
-        return json.dumps(render.iso_times(reply["job"] if one else reply["jobs"]), indent=2, sort_keys=True)
-    jobs = [reply["job"]] if one else reply["jobs"]
-    if ns.quiet:
-        return "\n".join(j["id"] for j in jobs)
-    return render.job_detail(reply["job"], now) if one else render.jobs_table(reply["jobs"], now)
+        return json.dumps(render.iso_times(reply["jobs"]), indent=2, sort_keys=True)
+    rows = reply["rows"]
+    return "\n".join(j["id"] for j in rows) if ns.quiet else render.jobs_table(rows, now)
 
 
 def refresh(client: Requester, ns: argparse.Namespace, now: Callable[[], float] = time.time) -> str:

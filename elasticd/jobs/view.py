@@ -17,7 +17,15 @@ from elasticd.rendezvous.model import RoundResult
 from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.head import JobHead
 from elasticd.terms.state import EndReason, FailureKind, JobState, RoundReason, WorkerFailure
-from elasticd.wire import FailureView, JobView, MemberEndState, MemberView, RankProgressView, WaitsFor
+from elasticd.wire import (
+    ROW_REASON_CHARS,
+    FailureView,
+    JobView,
+    MemberEndState,
+    MemberView,
+    RankProgressView,
+    WaitsFor,
+)
 
 
 def job_state(snap: JobSnapshot) -> JobState:
@@ -170,6 +178,18 @@ def progress_of(snap: JobSnapshot, result: RoundResult) -> dict[str, list[RankPr
 def job_view(snap: JobSnapshot, local_node: str) -> dict[str, Any]:
     """The ``JobView`` of ``elasticd.wire`` (as a plain dict: callers pass it on as JSON)."""
     return dict(_view(snap, local_node))
+
+
+_ROW_FIELDS = ("id", "state", "user", "nodes", "world_size", "restarts", "max_restarts", "started_at",
+               "ended_at")  # fmt: skip
+
+
+def job_row(view: dict[str, Any]) -> dict[str, Any]:
+    """The ``JobRow`` of a ``JobView`` (without its queue place, which ``status`` adds)."""
+    row = {k: view[k] for k in _ROW_FIELDS if view.get(k) or k in ("id", "state")}
+    if reason := (view.get("error") or view.get("reason") or "")[:ROW_REASON_CHARS]:
+        row["reason"] = reason
+    return row
 
 
 def _members(snap: JobSnapshot, state: JobState, result: RoundResult) -> list[MemberView]:

@@ -20,6 +20,7 @@ from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keys import Change, KeyKind, Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.space import Space
+from elasticd.etcd.types import KeyValue
 from elasticd.gpu.health import Verdict
 from elasticd.happenings.bus import publish
 from elasticd.happenings.records import GpuUnhealthy, JobFailed, JobJoining, JobLeft
@@ -34,11 +35,11 @@ from elasticd.manager.access import ROOT_ONLY, Admins
 from elasticd.manager.admitter import Admitter
 from elasticd.manager.gpus import GpuPool
 from elasticd.manager.janitor import Janitor
-from elasticd.manager.jobsread import Jobs, JobsRead
+from elasticd.manager.jobsread import Jobs, JobsRead, ReadBack
 from elasticd.manager.presence import PresenceWatches
 from elasticd.manager.recovery import recover
 from elasticd.manager.sharedread import RecentRead
-from elasticd.manager.wakes import QUIET_KINDS, SCAN_KINDS
+from elasticd.manager.wakes import QUIET_KINDS, SCAN_KINDS, Created
 from elasticd.node.gpuwatch import GpuWatch
 from elasticd.node.hooks import LeaseHooks
 from elasticd.node.registry import NodeRegistry, parse_node_drain
@@ -59,7 +60,7 @@ SCAN_S = 10.0
 # longer than this after the last full scan: a full one then redoes whatever a failed write left.
 FULL_SCAN_S = 60.0
 DUE_SLACK_S = 0.05  # wake just after a janitor deadline, not just before it
-# How long a submit waits for the watch to report the head it created (``expect_head``) before it
+# How long a submit waits for the watch to report the job it created (``expect_head``) before it
 # scans anyway: the watch reports it within milliseconds unless it is broken (then re-armed).
 HEAR_S = 0.5
 
@@ -106,9 +107,16 @@ class JobManager:
         # Jobs a scan is taking this node into: it reads the full spec (an await) between the
         # admission and the agent, and a submit's scan and the watch's may overlap.
         self._joining: dict[str, asyncio.Event] = {}  # set once that scan's consideration ended
-        # Heads this node's submits created and wait to hear of from the watch (``expect_head``).
-        self._expected: dict[str, asyncio.Event] = {}
-        self._jobs = JobsRead(kv, keys)  # the scan's and status's reads cost what changed
+        # Jobs this node's submits created and wait to hear of from the watch (``expect_head``).
+        self._expected: dict[str, tuple[Created, asyncio.Event]] = {}  # (set once all heard)
+        # The scan's and status's reads cost what changed; with no news of ``jobs/`` since the last
+        # one (no change seen: the recent read's generation), only ``parts/`` is asked about,
+        # while the watch is armed (``_armed``: the event its break sets).
+        self._armed: asyncio.Event | None = None
+        # This node's drain record as the scan last read it, and the news of ``drain/`` by then.
+        self._drain: tuple[int, KeyValue | None] | None = None
+        self._drain_news = 0
+        self._jobs = JobsRead(kv, keys, changes=self._news)
         self._settled: tuple[Jobs, int] | None = None  # the read and drain of the last full scan
         self._settled_at = 0.0
         # Every job from a recent read, dropped at any change this daemon sees that wakes the scan
@@ -117,6 +125,11 @@ class JobManager:
         self.recent: RecentRead[Jobs] = RecentRead(self._jobs.read)
         if hooks is not None:  # the registry's lease news: fence on a loss, rescan on a grant
             hooks.attach(self)
+
+    def _news(self) -> int | None:
+        """How many changes the armed watch brought (``JobsRead``); None while it is not armed."""
+        armed = self._armed
+        return self.recent.generation if armed is not None and not armed.is_set() else None
 
     def capacity(self) -> dict[str, Any]:
         free = self.admitter.allocator.free()
@@ -132,11 +145,16 @@ class JobManager:
     # -- wake-ups ---------------------------------------------------------------------------------
     def wake(self, change: Change | None = None) -> None:
         """Something changed: for one job (``change.job``), or anywhere (None, or a node-wide key)."""
-        if change is not None and change.job in self._expected and change.kind is KeyKind.SPEC:
-            self._expected[change.job].set()  # (its waiter resumes after this call's invalidation)
         if change is not None and change.kind in QUIET_KINDS:
             return
+        expected = self._expected.get(change.job) if change is not None and change.job else None
+        if expected is not None and change is not None and expected[0].own(change):
+            if not expected[0].unheard:
+                expected[1].set()
+            return  # its submitter reads the job back, and wakes the scan (``advance``)
         self.recent.invalidate()  # the scan this wakes reads again, and ``status`` with it
+        if change is None or change.kind is KeyKind.NODE_DRAIN:
+            self._drain_news += 1  # (any node's: the scan reads its own again)
         if change is None or change.job is None:
             for agent in self.agents.values():
                 agent.wake()
@@ -175,9 +193,13 @@ class JobManager:
                     cancel()
                 await asyncio.sleep(1.0)
                 continue
+            self._armed = broken
+            self.recent.invalidate()  # a read from before the watch was armed: its news may be lost
+            self._drain_news += 1
             try:
                 await broken.wait()
             finally:
+                self._armed = None
                 for cancel in cancels:
                     cancel()
             broken.clear()
@@ -185,21 +207,25 @@ class JobManager:
             self.wake()
 
     def expect_head(self, job_id: str) -> asyncio.Event:
-        """An event set when the watch reports ``job_id``'s head (see ``heard``); call before
-        creating it, and ``forget_head`` after."""
-        return self._expected.setdefault(job_id, asyncio.Event())
+        """An event set when the watch has reported every key ``JobStore.create`` writes under
+        ``jobs/`` for ``job_id`` (see ``heard``); news that, until ``forget_head``, does not drop
+        the recent read: its submitter reads the job back and ``advance``s the read. Call before
+        creating the job, and ``forget_head`` after."""
+        return self._expected.setdefault(job_id, (Created(), asyncio.Event()))[1]
 
     def forget_head(self, job_id: str) -> None:
         self._expected.pop(job_id, None)
 
-    async def heard(self, event: asyncio.Event) -> None:
-        """Wait (at most ``HEAR_S``) for the watch's news of a head this node created. The news
-        wakes the scan, and drops the recent read; a scan or ``status`` begun after it shares the
-        read that scan makes (``RecentRead.fresh``). Without the wait, a submit's own scan would
-        read the new job, then the scan its news wakes would read again (with a thousand jobs
-        queued, each read costs etcd a pass over every job's keys)."""
-        if not await wait_event(event, HEAR_S):
-            _log.info("watch.late", waited_s=HEAR_S)  # (broken, or etcd or this host overloaded)
+    async def heard(self, event: asyncio.Event) -> bool:
+        """Wait (at most ``HEAR_S``) for the watch's news of a job this node created; False if it
+        did not come. The news wakes the scan, which then works from the read ``advance`` made
+        (``RecentRead.fresh``), as do the submit's own scan and the ``status`` after it. Without
+        the wait, a submit's own scan would read, then the scan its news wakes would read again
+        (with a thousand jobs queued, each read costs etcd a pass over every job's keys)."""
+        if await wait_event(event, HEAR_S):
+            return True
+        _log.info("watch.late", waited_s=HEAR_S)  # (broken, or etcd or this host overloaded)
+        return False
 
     def fence_all(self) -> None:
         for agent in self.agents.values():
@@ -228,6 +254,28 @@ class JobManager:
         """Every job, from the recent read (``RecentRead.get``): what ``status`` answers from."""
         return (await self.recent.get())[0]
 
+    async def read_back(self, job_id: str) -> ReadBack:
+        """A job this node just created, read alone (for ``advance``)."""
+        return await asyncio.to_thread(self._jobs.read_back, job_id)
+
+    def advance(self, since: int, back: ReadBack) -> bool:
+        """The recent read, with ``back`` (this node's new job, read back after its creation) put
+        in, as a read begun now (``RecentRead.advance``), and in the read of every job the next
+        read starts from (``JobsRead.adopt``): False if another change was seen since ``since``
+        (``recent.generation`` before the write), and the read is dropped instead. Wakes the
+        scan, as the job's news (its submitter's own: ``wake``) did not."""
+        job = back.snap.job_id
+
+        def put(jobs: Jobs) -> Jobs:
+            adopted = self._jobs.adopt(jobs, back, since, self.recent.generation)
+            if adopted is not None:
+                return adopted
+            return {**jobs[0], job: back.snap}, {j: keys for j, keys in jobs[1].items() if j != job}
+
+        advanced = self.recent.advance(since, put) is not None
+        self._wake.set()  # the scan the news of the job would have woken: it reads what holds now
+        return advanced
+
     def amend_snapshot(self, snap: JobSnapshot) -> None:
         """The recent read, with ``snap`` (read after it, by this node) in place of its job's."""
         self.recent.amend(lambda jobs: ({**jobs[0], snap.job_id: snap}, jobs[1]))
@@ -251,9 +299,10 @@ class JobManager:
         lease = self._registry.lease_id
         if self._stopping or lease is None:
             return
-        jobs = await self._read_jobs()
+        if quiet:  # the net under the watch: a read that trusts no news of it (``JobsRead``)
+            self.recent.invalidate()
+        jobs, drain = await asyncio.gather(self._read_jobs(), self._drain_record(quiet))
         snaps, strays = jobs
-        drain = await asyncio.to_thread(self._kv.get, self._keys.drain(self.rt.node_id))
         seen = (jobs, drain.mod_revision if drain is not None else 0)
         if quiet and self._unchanged(seen):
             return
@@ -290,6 +339,17 @@ class JobManager:
             await asyncio.to_thread(self.sweep_logs, set(snaps))
             self._settled, self._settled_at = seen, time.monotonic()
         self._registry.publish_soon()
+
+    async def _drain_record(self, quiet: bool) -> KeyValue | None:
+        """This node's drain record (``drain/<node>``, watched): as last read while the watch is
+        armed and brought no news of ``drain/`` since, else read (always for the safety net)."""
+        armed = self._news() is not None
+        news, held = self._drain_news, self._drain
+        if armed and not quiet and held is not None and held[0] == news:
+            return held[1]
+        kv = await asyncio.to_thread(self._kv.get, self._keys.drain(self.rt.node_id))
+        self._drain = (news, kv) if armed else None
+        return kv
 
     def _unchanged(self, seen: tuple[Jobs, int]) -> bool:
         """The same read (the very objects: ``JobsRead``) and drain as the last full scan's, recently."""

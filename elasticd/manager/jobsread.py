@@ -13,11 +13,21 @@ keys plus the new ones.
   are parsed again; the read is then as of the probe's revision, as consistent as a full one.
 - A deletion: every key is read again (and parsed with the ``RecordCache``, which reuses the
   snapshot of every job whose keys did not change).
+
+Every key under ``jobs/`` is watched, ``parts/`` is not. So when the daemon has seen no change
+since the held read was asked for (``changes``, the count of the news the watch brought: the
+recent read's generation), the probe asks about ``parts/`` alone, which etcd answers with a pass
+over the parts only (they follow the jobs that are active: rounds, joins, statuses, pending
+notes), not over every queued job's keys; only when a part changed is the whole probe sent. The
+held read then stands as it was, consistent as of its revision: ``jobs/`` had no change the watch
+reported, ``parts/`` none at all. A job this daemon created is read back alone and put in the
+held read (``adopt``), its creation's news not counted: so a submit costs no pass either.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from elasticd.etcd.keys import Keys
@@ -36,6 +46,14 @@ class _Held:
     newest: int  # the highest mod revision among the keys read (0: none)
 
 
+@dataclass(frozen=True)
+class ReadBack:
+    """One job read alone, its keys under ``jobs/`` and ``parts/`` at one revision (``read_back``)."""
+
+    snap: JobSnapshot
+    found: list[Found]  # the two ranges, as ``JobsRead``'s queries of every job order them
+
+
 class JobsRead:
     """Every job, as ``parse_jobs`` gives it, read again only as far as something changed (module
     doc). Used on one event loop. Reads are taken one at a time: a probe must be applied to the
@@ -43,13 +61,17 @@ class JobsRead:
     key's old value (or hide a deletion behind an old count). The snapshots it hands out are
     shared: callers treat them as read-only."""
 
-    def __init__(self, kv: KV, keys: Keys) -> None:
+    def __init__(self, kv: KV, keys: Keys, changes: Callable[[], int | None] = lambda: None) -> None:
         self._kv = kv
         self._keys = keys
+        self._changes = changes  # news of ``jobs/`` seen so far (None: none can be relied on now)
+        self._seen: int | None = None  # ``changes()`` when the held read was asked for
         self._queries = (Query(keys.jobs(), prefix=True), Query(keys.all_parts(), prefix=True))
         self.records = RecordCache()
         self._held: _Held | None = None
         self.full_reads = 0  # what the tests and benches count
+        self.probes = 0  # of every key (``full_reads`` reads them all)
+        self.parts_probes = 0
         self._lock = asyncio.Lock()
 
     async def read(self) -> Jobs:
@@ -58,10 +80,15 @@ class JobsRead:
 
     async def _read(self) -> Jobs:
         held = self._held
+        seen = self._changes()
         if held is not None:
+            if seen is not None and seen == self._seen and await self._parts_unchanged(held):
+                return held.jobs
             probe = [replace(q, min_mod_revision=held.newest + 1) for q in self._queries]
             changed = await asyncio.to_thread(self._kv.read_many, probe)
+            self.probes += 1
             if self._apply(held, changed):
+                self._seen = seen
                 return held.jobs
         found = await asyncio.to_thread(self._kv.read_many, self._queries)
         self.full_reads += 1
@@ -74,7 +101,42 @@ class JobsRead:
         newest = max((kv.mod_revision for kv in kvs), default=0)
         jobs = parse_jobs(self._keys, kvs, self.records)
         self._held = _Held(jobs, by_job, tuple(f.count for f in found), newest)
+        self._seen = seen
         return jobs
+
+    def read_back(self, job_id: str) -> ReadBack:
+        """``job_id`` alone (blocking: run it in a thread), parsed as a read of every job parses it."""
+        k = self._keys
+        found = self._kv.read_many(
+            [Query(k.job(job_id), prefix=True), Query(k.job_parts(job_id), prefix=True)]
+        )
+        kvs = [kv for f in found for kv in f.kvs]
+        snaps, _ = parse_jobs(k, kvs)
+        return ReadBack(snaps.get(job_id) or JobSnapshot.parse(k, job_id, kvs), found)
+
+    def adopt(self, jobs: Jobs, back: ReadBack, before: int, after: int) -> Jobs | None:
+        """The held read, ``jobs``, with a job this process created and read back put in, as the
+        next probe would bring it (None: not done, and the next read asks etcd as it would).
+        Only while no read is under way and none was asked for since the news count ``before``
+        (taken before the write; its own news is not counted), which becomes ``after``."""
+        held = self._held
+        job = back.snap.job_id
+        if held is None or held.jobs is not jobs or self._lock.locked() or self._seen != before:
+            return None
+        if job in held.by_job or not back.found[0].kvs:  # (a job it holds already, or no job)
+            return None
+        held.by_job[job] = {kv.key: kv for f in back.found for kv in f.kvs}
+        held.counts = tuple(c + len(f.kvs) for c, f in zip(held.counts, back.found, strict=True))
+        held.jobs = {**jobs[0], job: back.snap}, {j: keys for j, keys in jobs[1].items() if j != job}
+        self._seen = after
+        return held.jobs
+
+    async def _parts_unchanged(self, held: _Held) -> bool:
+        """No key under ``parts/`` created, changed or deleted since ``held`` was read."""
+        probe = replace(self._queries[1], min_mod_revision=held.newest + 1)
+        (found,) = await asyncio.to_thread(self._kv.read_many, [probe])
+        self.parts_probes += 1
+        return not found.kvs and found.count == held.counts[1]
 
     def _apply(self, held: _Held, changed: list[Found]) -> bool:
         """Bring ``held`` up to the probe's revision; False if a key was deleted (read it all)."""

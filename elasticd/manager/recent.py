@@ -15,6 +15,13 @@ callers those queue behind each other (p99 10 ms for 50 clients, where a ``ping`
   members, joins, pending notes) are watched by no daemon, by design (``Keys.watched``), so
   this bounds how old they can be.
 
+A change this process made itself need not cost a read: its writer reads back what it wrote
+(one job's keys) and ``advance``s the held read with it, provided no other change was seen since
+the held read began; the watch's news of that write then does not invalidate it (the writer
+says which news is its own). The scan then works from the advanced read as from a read begun
+after the write (the watch reports every other change of what it shows; the unwatched parts
+are as old as the held read, within ``max_age_s``).
+
 A caller that finds it older than ``refresh_s`` (but still valid) gets it at once and starts
 one read in the background for the next caller. Callers that need a read share the one in
 flight if it began after the last change, so a burst of calls makes one read, never one each.
@@ -25,6 +32,7 @@ States of the held value (``Held``), by time since its read began and changes se
     fresh (age < refresh_s) ──age──> refreshing (given out; one background read)
     refreshing ──read done──> fresh
     fresh | refreshing ──invalidate, or age ≥ max_age_s──> invalid (the next caller reads)
+    fresh | refreshing ──advance──> fresh | refreshing, current (the scan takes it as a new read)
 """
 
 from __future__ import annotations
@@ -44,6 +52,9 @@ class Held(Generic[T]):
     value: T
     generation: int  # of the changes seen when the read began
     began: float  # when the read began (``now``'s clock)
+    # Brought past every change seen by this process's own change, read back (``advance``): as
+    # good as a read begun after it for everything the watch reports.
+    current: bool = False
 
 
 class Freshness(StrEnum):

@@ -194,18 +194,30 @@ class CommandService:
                 available=biggest,
             )
         heard = self._manager.expect_head(spec.id)
+        since = self._manager.recent.generation
         try:
             if not await self._manager.store_of(spec.id).create(spec):
                 raise Conflict(f"job {spec.id} already exists")
-            self._manager.recent.invalidate()
             publish(JobSubmitted(spec.id, spec.user, tuple(spec.argv), str(spec.nnodes)))
-            await self._manager.heard(heard)  # so that this scan shares the read its news wakes
+            # The job read back (its keys alone), and the watch's news of it heard: the recent read
+            # with the job put in is then as good as a new read, for this submit's scan, the one
+            # the news wakes and the ``status`` after them (``JobManager.advance``).
+            back, told = await asyncio.gather(self._manager.read_back(spec.id), self._manager.heard(heard))
+        except BaseException:
+            self._manager.wake()  # whatever was written: read again (its news may have been ours)
+            raise
         finally:
             self._manager.forget_head(spec.id)
+        if told:
+            self._manager.advance(since, back)
+        else:  # what came before the job's news may still come: read again
+            self._manager.wake()
         await self._manager.scan(clean_up=False)
-        # The held read predates what this node's agent just noted (e.g. that the job waits for
-        # capacity), which no watch reports: the job is read alone, and put in the held read for
-        # the next ``status``. Its place: ``status``.
+        if not spec.allows(self.facts.node_id):  # no note of this node's since the job was read back
+            return job_view(back.snap, self.facts.node_id)
+        # The job as read predates what this node's agent just noted (e.g. that the job waits for
+        # capacity), which no watch reports: the job is read alone again, and put in the held read
+        # for the next ``status``. Its place: ``status``.
         return await self.view(spec.id, queue=False, held=False)
 
     async def _check_limits(self, spec: JobSpec, limits: Limits) -> None:
@@ -271,10 +283,12 @@ class CommandService:
         (``JobManager.recent``)."""
         return self.status_views.views(await self._manager.recent_snapshots(), states, user)
 
-    async def views_json(self, states: Collection[JobState] = (), user: str | None = None) -> bytes:
-        """``views``, as a JSON array: each job's view as encoded when its job last changed, with
-        its queue place spliced in; made once per read (``StatusViews``)."""
-        return self.status_views.json(await self._manager.recent_snapshots(), states, user)
+    async def views_json(
+        self, states: Collection[JobState] = (), user: str | None = None, rows: bool = False
+    ) -> bytes:
+        """``views``, as a JSON array (of rows, with ``rows``): each job's view as encoded when its
+        job last changed, with its queue place spliced in; made once per read (``StatusViews``)."""
+        return self.status_views.json(await self._manager.recent_snapshots(), states, user, rows)
 
     async def kill(self, job_id: str, user: str) -> dict[str, Any]:
         snap = await self.snapshot(job_id)

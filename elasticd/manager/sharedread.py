@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Generic, TypeVar
 
 from elasticd.manager.recent import MAX_AGE_S, REFRESH_S, Freshness, Held, freshness
@@ -37,6 +38,11 @@ class RecentRead(Generic[T]):
         self._inflight: tuple[int, asyncio.Task[T]] | None = None  # (generation, the read)
         self.reads = 0  # reads begun (what the tests count)
 
+    @property
+    def generation(self) -> int:
+        """How many changes were seen: what ``advance`` is given, taken before a write."""
+        return self._generation
+
     def invalidate(self) -> None:
         """Something the value shows changed: no caller gets a read that began before this."""
         self._generation += 1
@@ -56,7 +62,28 @@ class RecentRead(Generic[T]):
         for what this process itself just wrote and read back, which no watch reports."""
         held = self._held
         if held is not None and self.held() is not None:
-            self._held = Held(change(held.value), held.generation, held.began)
+            self._held = replace(held, value=change(held.value))
+
+    def advance(self, since: int, change: Callable[[T], T]) -> T | None:
+        """Put ``change(value)`` in place of the held value, as past this process's own write that
+        ``change`` applies (read back after it): only if the value was valid when ``since`` was
+        taken (``generation``, before the write) and no change was seen since (the write's own
+        watch news is not counted: its caller does not ``invalidate`` for it). Returns the new
+        value, which ``fresh`` gives out as a read begun now would be; else (None) invalidates,
+        and the next caller reads. Reads begun before are never held after it."""
+        held = self._held
+        now, generation = self._now(), self._generation
+        if (
+            held is None
+            or since != generation
+            or freshness(held, generation, now, self._max_age_s, self._refresh_s) is Freshness.INVALID
+        ):
+            self.invalidate()
+            return None
+        self._generation += 1
+        value = change(held.value)
+        self._held = Held(value, self._generation, held.began, current=True)
+        return value
 
     async def get(self) -> T:
         """The held value while it is valid, else a read that began after the last change."""
@@ -67,8 +94,12 @@ class RecentRead(Generic[T]):
 
     async def fresh(self) -> T:
         """A read that began after the last change: the one in flight if it did, else a new one
-        (never a held value, however recent: what the watch does not report is seen too). The
-        scan's: it shares its read with ``get``'s callers, and theirs with it."""
+        (never a held value that merely has seen no change since, however recent: what the watch
+        does not report is seen too), or the held value ``advance`` brought past the last change.
+        The scan's: it shares its read with ``get``'s callers, and theirs with it."""
+        held = self._held
+        if held is not None and held.current and self.held() is not None:
+            return held.value
         return await asyncio.shield(self._join())
 
     def _join(self) -> asyncio.Task[T]:
@@ -88,7 +119,8 @@ class RecentRead(Generic[T]):
         finally:
             if self._inflight is not None and self._inflight[0] == generation:
                 self._inflight = None
-        if self._held is None or self._held.began <= began:
+        held = self._held
+        if held is None or (held.generation, held.began) <= (generation, began):
             self._held = Held(value, generation, began)
         return value
 

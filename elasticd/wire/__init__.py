@@ -36,6 +36,7 @@ from elasticd.wire.args import (
     request,
 )
 from elasticd.wire.replies import (
+    ROW_REASON_CHARS,
     CallerView,
     DrainReply,
     ErrorReply,
@@ -46,6 +47,7 @@ from elasticd.wire.replies import (
     InvalidRecordView,
     InventoryView,
     JobReply,
+    JobRow,
     JobView,
     LogChunk,
     LogsReply,
@@ -53,6 +55,7 @@ from elasticd.wire.replies import (
     NodesReply,
     NodeView,
     PingReply,
+    QueueRow,
     QueueView,
     RankProgressView,
     RmReply,
@@ -64,6 +67,7 @@ from elasticd.wire.states import TERMINAL_STATES, TIME_FIELDS, MemberEndState, W
 
 __all__ = [
     "COMMANDS",
+    "ROW_REASON_CHARS",
     "TERMINAL_STATES",
     "TIME_FIELDS",
     "CallerView",
@@ -84,6 +88,7 @@ __all__ = [
     "InvalidRecordView",
     "InventoryView",
     "JobReply",
+    "JobRow",
     "JobState",
     "JobView",
     "KillArgs",
@@ -96,6 +101,7 @@ __all__ = [
     "NodeView",
     "NodesReply",
     "PingReply",
+    "QueueRow",
     "QueueView",
     "RankProgressView",
     "RmArgs",

@@ -6,7 +6,7 @@ No ``from __future__ import annotations`` here, on purpose: Python 3.11 computes
 """
 
 from dataclasses import dataclass
-from typing import Any, NotRequired, TypedDict
+from typing import Any, NotRequired, Required, TypedDict
 
 from elasticd.wire.states import WaitsFor
 
@@ -145,11 +145,41 @@ class JobReply(TypedDict):
     job: JobView
 
 
+ROW_REASON_CHARS = 60  # what a ``JobRow`` (and the table) shows of a job's error, else its reason
+
+
+class QueueRow(TypedDict):
+    """A waiting job's place in a ``JobRow``: ``QueueView`` without the why (``status JOB``)."""
+
+    place: int
+    of: int
+
+
+class JobRow(TypedDict, total=False):
+    """One job as the table of ``status`` shows it: a ``JobView``'s fields of the same names, each
+    left out at its empty value (0, "", [], None), and ``reason``, the first ``ROW_REASON_CHARS``
+    of the view's ``error``, else of its ``reason``."""
+
+    id: Required[str]
+    state: Required[str]
+    user: str
+    nodes: list[str]
+    world_size: int
+    restarts: int
+    max_restarts: int
+    started_at: float
+    ended_at: float
+    reason: str
+    queue: QueueRow
+
+
 class StatusReply(TypedDict, total=False):
-    """``status``: ``job`` when one was asked for, ``jobs`` (oldest first) otherwise."""
+    """``status``: ``job`` when one was asked for, else ``jobs`` (oldest first), or ``rows`` (in the
+    same order) when ``rows`` was asked for."""
 
     job: JobView
     jobs: list[JobView]
+    rows: list[JobRow]
 
 
 class LogChunk(TypedDict):

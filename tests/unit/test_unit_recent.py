@@ -16,7 +16,8 @@ from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.memory import MemoryKV
 from elasticd.manager.sharedread import RecentRead
-from tests.fakes import bare_manager
+from elasticd.rendezvous.store import InlineJobStore
+from tests.fakes import bare_manager, make_spec
 
 T = TypeVar("T")
 MAX_AGE, REFRESH = 1.0, 0.25
@@ -185,6 +186,64 @@ def test_a_caller_that_goes_away_leaves_the_read_to_the_others() -> None:
     run(body)
 
 
+def test_an_advanced_read_is_given_to_the_scan_as_a_new_read_would_be() -> None:
+    """This process's own write, read back and put in the held read, costs no read: not for
+    ``status`` (``get``) and not for the scan (``fresh``), which otherwise always reads."""
+
+    async def body(store: Store, clock: Clock, recent: RecentRead[int]) -> None:
+        assert await recent.fresh() == 0
+        since = recent.generation
+        store.version = 1  # the write; its watch news is the writer's own: no invalidate
+        assert recent.advance(since, lambda old: old + 1) == 1
+        assert await recent.fresh() == 1 and await recent.get() == 1
+        assert recent.reads == 1
+        recent.invalidate()  # anyone else's change: read again
+        assert await recent.fresh() == 1 and recent.reads == 2
+        assert await recent.fresh() == 1 and recent.reads == 3  # a plain held read: fresh reads
+
+    run(body)
+
+
+def test_an_advance_after_another_change_drops_the_read() -> None:
+    async def body(store: Store, clock: Clock, recent: RecentRead[int]) -> None:
+        await recent.get()
+        since = recent.generation
+        store.version = 2
+        recent.invalidate()  # someone else's change, seen between the read and the write
+        assert recent.advance(since, lambda old: old + 1) is None
+        assert recent.held() is None and await recent.get() == 2
+
+    run(body)
+
+
+def test_an_advance_of_a_read_past_max_age_drops_it() -> None:
+    async def body(store: Store, clock: Clock, recent: RecentRead[int]) -> None:
+        await recent.get()
+        since = recent.generation
+        clock.t += MAX_AGE
+        assert recent.advance(since, lambda old: old + 1) is None
+        assert recent.held() is None
+
+    run(body)
+
+
+def test_a_read_begun_before_an_advance_is_not_held_after_it() -> None:
+    async def body(store: Store, clock: Clock, recent: RecentRead[int]) -> None:
+        await recent.get()
+        store.gate = asyncio.Event()
+        clock.t += REFRESH
+        assert await recent.get() == 0  # and a background read begins, seeing version 0
+        await settle()
+        since = recent.generation
+        store.version = 1
+        assert recent.advance(since, lambda old: 1) == 1
+        store.gate.set()
+        await settle()
+        assert recent.held() == 1 and await recent.fresh() == 1
+
+    run(body)
+
+
 def test_refresh_must_not_exceed_max_age() -> None:
     async def read() -> int:
         return 0
@@ -193,15 +252,18 @@ def test_refresh_must_not_exceed_max_age() -> None:
         RecentRead(read, max_age_s=0.5, refresh_s=1.0)
 
 
-# Any history of watched writes (each followed by the watch's invalidate), unwatched writes,
-# time passing and calls: every answer is at least as new as the last watched write before the
-# call, and as etcd was max_age before it.
+# Any history of watched writes (each followed by the watch's invalidate), this process's own
+# writes (read back and advanced, their watch news not counted), unwatched writes, time passing
+# and calls: every answer is at least as new as the last watched write before the call, and as
+# etcd was max_age before it.
 OPS = st.lists(
     st.one_of(
         st.just(("watched",)),
+        st.just(("own",)),
         st.just(("part",)),
         st.tuples(st.just("wait"), st.floats(0.0, 1.5)),
         st.just(("get",)),
+        st.just(("fresh",)),
         st.just(("settle",)),
     ),
     max_size=60,
@@ -215,7 +277,13 @@ def test_an_answer_is_never_older_than_the_last_change_nor_max_age(ops: list[tup
         history = [(clock.t, 0)]  # (when, version from then on)
         last_watched = 0
         for op in ops:
-            if op[0] in ("watched", "part"):
+            if op[0] == "own":
+                since = recent.generation
+                store.version += 1
+                history.append((clock.t, store.version))
+                last_watched = store.version
+                recent.advance(since, lambda _: store.version)  # (read back: the version now)
+            elif op[0] in ("watched", "part"):
                 store.version += 1
                 history.append((clock.t, store.version))
                 if op[0] == "watched":
@@ -227,7 +295,7 @@ def test_an_answer_is_never_older_than_the_last_change_nor_max_age(ops: list[tup
             elif op[0] == "settle":
                 await settle()
             else:
-                got = await recent.get()
+                got = await (recent.fresh() if op[0] == "fresh" else recent.get())
                 assert got >= last_watched
                 as_of = clock.t - MAX_AGE
                 floor = max((v for t, v in history if t < as_of), default=0)
@@ -245,6 +313,9 @@ def test_the_managers_watch_drops_the_held_read_when_any_job_key_changes(tmp_pat
         manager = bare_manager(kv, keys, tmp_path)
         watch = asyncio.ensure_future(manager.watch())
         try:
+            async with asyncio.timeout(10):
+                while manager._armed is None:  # (arming drops the held read)
+                    await asyncio.sleep(0.01)
             for key in (keys.job_spec("j1"), keys.job_final("j2")):
                 await manager.recent.get()
                 assert manager.recent.held() is not None
@@ -253,6 +324,35 @@ def test_the_managers_watch_drops_the_held_read_when_any_job_key_changes(tmp_pat
                     while manager.recent.held() is not None:
                         await asyncio.sleep(0.01)
         finally:
+            watch.cancel()
+
+    asyncio.run(main())
+
+
+def test_the_news_of_a_job_this_node_created_leaves_the_held_read_but_a_later_change_drops_it(
+    tmp_path: Path,
+) -> None:
+    """The watch's news of the keys a submit wrote is the submitter's own (it reads the job back
+    and advances the read); any other change of that job, as of every other, drops the read."""
+
+    async def main() -> None:
+        kv, keys = MemoryKV(), Keys("/t")
+        manager = bare_manager(kv, keys, tmp_path)
+        watch = asyncio.ensure_future(manager.watch())
+        try:
+            async with asyncio.timeout(10):
+                while manager._armed is None:  # (arming drops the held read)
+                    await asyncio.sleep(0.01)
+                await manager.recent.get()
+                heard = manager.expect_head("j1")
+                assert await InlineJobStore(kv, keys, "j1").create(make_spec(id="j1"))
+                await heard.wait()
+                assert manager.recent.held() is not None
+                await asyncio.to_thread(kv.put_json, keys.job_round("j1"), {"any": "value"})
+                while manager.recent.held() is not None:
+                    await asyncio.sleep(0.01)
+        finally:
+            manager.forget_head("j1")
             watch.cancel()
 
     asyncio.run(main())

@@ -16,11 +16,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from elasticd.etcd.keys import Keys
+from elasticd.etcd.kv import prefix_end
 from elasticd.etcd.memory import MemoryKV
 from elasticd.etcd.types import Compare, Found, KeyValue, Put, Query
+from elasticd.jobs.view import job_row
 from elasticd.manager.jobs import JobManager
 from elasticd.manager.jobsread import JobsRead
 from elasticd.manager.service import CommandService, NodeFacts
+from elasticd.manager.wakes import CREATED_KINDS
 from elasticd.rendezvous.snapshot import parse_jobs
 from elasticd.rendezvous.store import InlineJobStore, run_inline
 from elasticd.terms.state import EndReason, JobState
@@ -214,6 +217,48 @@ def test_a_held_read_brought_up_to_date_is_what_a_full_read_gives(ops: list[tupl
     asyncio.run(check())
 
 
+@settings(max_examples=60, deadline=None)
+@given(ops=OPS)
+def test_a_read_that_trusts_the_watch_for_jobs_is_what_a_full_read_gives(ops: list[tuple[str, str]]) -> None:
+    """With the news of ``jobs/`` counted (as the watch brings it), a read asks about ``parts/``
+    alone while there is none, and is still what a full read gives."""
+    kv = MemoryKV()
+    lease = kv.grant_lease(3600)
+    news = [0]
+    seen = kv.watch_range(KEYS.jobs(), prefix_end(KEYS.jobs()), lambda k, d: news.__setitem__(0, news[0] + 1),
+                          lambda: None)  # fmt: skip
+    reader = JobsRead(kv, KEYS, changes=lambda: news[0])
+
+    async def check() -> None:
+        for op, job in ops:
+            store = InlineJobStore(kv, KEYS, job)
+            match op:
+                case "create":
+                    await store.create(make_spec(id=job))
+                case "final":
+                    await store.finalize(JobState.KILLED, EndReason.KILLED, "by u")
+                case "note":
+                    await store.note_pending("n1", f"note {len(kv.get_prefix(KEYS.all_parts()))}", lease)
+                case "unnote":
+                    await store.note_pending("n1", None, lease)
+                case "remove":
+                    await store.remove()
+                case "junk":
+                    kv.put_json(KEYS.job(job) + "junk", 1)
+                case "status":
+                    await store.put_node_status("n2", {"state": "RUNNING"}, lease)
+            got = await reader.read()  # (the memory KV tells its watches before a write returns)
+            want = parse_jobs(KEYS, kv.get_prefix(KEYS.jobs()) + kv.get_prefix(KEYS.all_parts()))
+            assert got == want, op
+        last, probes, full = await reader.read(), reader.parts_probes, reader.full_reads
+        assert await reader.read() is last and reader.parts_probes == probes + 1 and reader.full_reads == full
+
+    try:
+        asyncio.run(check())
+    finally:
+        seen()
+
+
 class SlowKV(MemoryKV):
     """Reads at once, but the next read it is told to hold returns only when released."""
 
@@ -285,9 +330,52 @@ def test_status_json_is_the_views_with_their_queue_places_and_reuses_unchanged_v
     views = asyncio.run(service.views())
     assert json.loads(asyncio.run(service.views_json())) == views
     assert all("queue" in v for v in views) and {v["queue"]["of"] for v in views} == {12}
+    rows = json.loads(asyncio.run(service.views_json(rows=True)))  # the table's: a row per job
+    assert rows == [job_row(v) | {"queue": {"place": v["queue"]["place"], "of": 12}} for v in views]
     held = {j: cached[2] for j, cached in service.status_views.held.items()}
     assert run_inline(InlineJobStore(kv, KEYS, "q999").create(make_spec(id="q999", nodes=("elsewhere",))))
     m.recent.invalidate()
     after = json.loads(asyncio.run(service.views_json()))
     assert {v["queue"]["of"] for v in after} == {13} and after == asyncio.run(service.views())
     assert all(service.status_views.held[j][2] is encoded for j, encoded in held.items())  # not encoded again
+
+
+def test_a_submit_waits_to_hear_of_every_key_create_writes_under_jobs_and_no_other() -> None:
+    """``Created``: the news a submitter waits for (at most ``HEAR_S``) and does not count as a change."""
+    kv = CountingKV()
+    assert run_inline(InlineJobStore(kv, KEYS, "j").create(make_spec(id="j")))
+    routed = [KEYS.route(k, False) for k in kv.written if k.startswith(KEYS.jobs())]
+    assert {c.kind for c in routed if c is not None} == CREATED_KINDS and len(routed) == len(CREATED_KINDS)
+
+
+def test_a_scan_reads_its_drain_record_again_only_after_news_of_a_drain(tmp_path: Path) -> None:
+    """The drain record is watched: while the watch is armed, a scan reads it again only after
+    news of ``drain/`` (or for the safety net, which trusts no news)."""
+    kv = CountingKV()
+    queue(kv, 3, nodes=("elsewhere",))
+    m = manager(kv, tmp_path)
+    mine = KEYS.drain("n1")
+
+    async def run() -> None:
+        watch = asyncio.ensure_future(m.watch())
+        try:
+            async with asyncio.timeout(10):
+                while m._armed is None:
+                    await asyncio.sleep(0.01)
+                await m.scan()
+                kv.reset()
+                await m.scan()
+                assert mine not in kv.read
+                news = m._drain_news
+                await asyncio.to_thread(kv.put_json, KEYS.drain("n2"), {"any": "value"})
+                while m._drain_news == news:
+                    await asyncio.sleep(0.01)
+                await m.scan()
+                assert mine in kv.read
+                kv.reset()
+                await m.scan(quiet=True)
+                assert mine in kv.read
+        finally:
+            watch.cancel()
+
+    asyncio.run(run())

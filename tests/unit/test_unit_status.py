@@ -21,13 +21,13 @@ from elasticctl.views import status as status_view
 from elasticd import wire
 from elasticd.control.params import parse_args
 from elasticd.decode import Unknown, decode
-from elasticd.jobs.view import job_view, selected, started_at
+from elasticd.jobs.view import job_row, job_view, selected, started_at
 from elasticd.rendezvous.decider import build_result
 from elasticd.rendezvous.model import FinalRecord, Join, NodeStatus, RoundInfo
 from elasticd.rendezvous.snapshot import InvalidKey, JobSnapshot
 from elasticd.terms.spec import NodeRange
 from elasticd.terms.state import EndReason, JobState, RoundReason, WorkerFailure
-from elasticd.wire import JobView, MemberEndState, StatusArgs, request
+from elasticd.wire import JobRow, JobView, MemberEndState, StatusArgs, request
 from tests import fakes
 
 JOB = fakes.JOB
@@ -303,6 +303,8 @@ class Canned:
         views = [job_view(s, "n1") for s in self.snaps if selected(s, args.states, args.user)]
         if args.job is not None:
             return json.loads(json.dumps({"job": views[0]}))
+        if args.rows:
+            return json.loads(json.dumps({"rows": [job_row(v) for v in views]}))
         return json.loads(json.dumps({"jobs": views}))
 
 
@@ -320,7 +322,7 @@ def ended(job_id: str, state: JobState = JobState.SUCCEEDED) -> JobSnapshot:
 def test_refresh_sends_the_filters_and_prints_ids() -> None:
     client = Canned(ended("a"), snapshot(0, ("n1",)), ended("b", JobState.KILLED))
     assert status_view.refresh(client, parse("--state", "succeeded,Killed", "--user", "u", "-q")) == "a\nb"
-    assert client.sent == [StatusArgs(None, [JobState.SUCCEEDED, JobState.KILLED], "u")]
+    assert client.sent == [StatusArgs(None, [JobState.SUCCEEDED, JobState.KILLED], "u", rows=True)]
     assert status_view.refresh(client, parse("-q", "--user", "nobody")) == ""
 
 
@@ -337,6 +339,21 @@ def test_refresh_renders_the_table_or_the_detail() -> None:
     client = Canned(ended("a"))
     assert status_view.refresh(client, parse(), lambda: CLOSED).splitlines()[0].split()[0] == "JOB"
     assert status_view.refresh(client, parse("a"), lambda: CLOSED).splitlines()[0].split() == ["id:", "a"]
+    assert [a.rows for a in client.sent] == [True, False]  # the table asks for rows, a job for its view
+    listed = status_view.refresh(client, parse("--json"))
+    assert client.sent[-1].rows is False and json.loads(listed)[0]["argv"]  # whole views
+
+
+def test_the_table_of_rows_is_the_table_of_views() -> None:
+    """A ``JobRow`` carries every field the table shows: the table drawn from rows is the same."""
+    failed = snapshot(0, ("n1", "n2"), final=final(JobState.FAILED, EndReason.WORKER_FAILED))
+    snaps = [ended("a"), snapshot(0, ("n1",)), failed, snapshot(0)]
+    views = [job_view(s, "n1") for s in snaps]
+    views[-1]["queue"] = {"place": 2, "of": 7, "why": "its turn"}
+    rows: list[JobRow] = [json.loads(json.dumps(job_row(v))) for v in views]
+    rows[-1]["queue"] = {"place": 2, "of": 7}
+    assert render.jobs_table(rows, CLOSED) == render.jobs_table(cast(list[JobView], views), CLOSED)
+    assert all(len(json.dumps(r)) < len(json.dumps(v)) / 2 for r, v in zip(rows, views, strict=True))
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from elasticd.etcd.keys import Change, KeyKind, Keys
 from elasticd.etcd.memory import MemoryKV
 from elasticd.manager.presence import PresenceWatches
+from elasticd.manager.wakes import Created
 from tests.fakes import bare_manager
 
 KEYS = Keys("/t")
@@ -121,3 +122,13 @@ def test_a_lease_end_wakes_the_job_and_a_broken_watch_is_rearmed_with_a_wake(tmp
         assert watches.followed() == frozenset()
 
     asyncio.run(main())
+
+
+def test_a_submitters_own_news_is_the_first_of_each_key_it_created_and_no_other() -> None:
+    created = Created()
+    spec, final = KEYS.route(KEYS.job_spec("j"), False), KEYS.route(KEYS.job_final("j"), False)
+    round_, gone = KEYS.route(KEYS.job_round("j"), False), KEYS.route(KEYS.job_round("j"), True)
+    assert spec is not None and final is not None and round_ is not None and gone is not None
+    assert created.own(spec) and not created.own(spec)  # a second change of the head is news
+    assert not created.own(final) and not created.own(gone)  # not written by create; a deletion
+    assert created.own(round_) and created.unheard == {KeyKind.RESTARTS}

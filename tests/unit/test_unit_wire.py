@@ -26,7 +26,7 @@ from elasticd.etcd.space import Space, SpaceLevel, SpaceLimits
 from elasticd.etcd.types import EtcdStatus
 from elasticd.jobs.logs import Chunk, Read
 from elasticd.jobs.logscope import round_view
-from elasticd.jobs.view import job_view
+from elasticd.jobs.view import job_row, job_view
 from elasticd.manager.access import Caller
 from elasticd.manager.service import LogsRead, NodeFacts
 from elasticd.node.inventory import Gpu
@@ -273,6 +273,7 @@ def _replies() -> dict[str, Any]:
             "submit": pending,
             "status": {"job": ended},
             "status all": {"jobs": [pending, ended]},
+            "status rows": {"rows": [job_row(pending), job_row(ended)]},
             "kill": {"job": ended},
             "logs": {"chunks": [], "cursor": {}, "state": "FAILED", "node": None},
             "nodes": {"nodes": [record.to_json()], "etcd": {"level": "high", "db_size": 1 << 30,
@@ -295,7 +296,9 @@ class RecordingClient(Client):
 
     def call(self, cmd: str, timeout_s: float | None = None, **args: Any) -> Any:
         self.sent.append((cmd, as_json(args)))
-        return self.replies["status all" if cmd == "status" and "job" not in args else cmd]
+        if cmd == "status" and "job" not in args:
+            return self.replies["status rows" if args.get("rows") else "status all"]
+        return self.replies[cmd]
 
 
 @pytest.fixture

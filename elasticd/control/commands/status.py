@@ -13,10 +13,11 @@ from elasticd.wire.replies import Encoded
 async def status(service: CommandService, args: StatusArgs, caller: Caller) -> dict[str, Any] | Encoded:
     """Show one job, or every job the cluster knows (those in ``states``, ``user``'s, when given)."""
     if args.job:
-        if args.states or args.user is not None:
-            raise InvalidArgs("states and user select among all jobs: they do not go with a job")
+        if args.states or args.user is not None or args.rows:
+            raise InvalidArgs("states, user and rows are for the list of all jobs: they do not go with a job")
         return {"job": await service.view(args.job)}
-    return Encoded(b'{"jobs": ' + await service.views_json(args.states, args.user) + b"}")
+    listed = await service.views_json(args.states, args.user, args.rows)
+    return Encoded(b'{"rows": ' + listed + b"}" if args.rows else b'{"jobs": ' + listed + b"}")
 
 
 COMMAND = Command("status", StatusArgs, status, Access.CONNECTED)
