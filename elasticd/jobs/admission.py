@@ -33,9 +33,9 @@ def admit(
         return Admission(False)
     if draining or node in snap.drains:
         return Admission(False)
-    result = snap.result
-    if result is not None:
-        seats = head.nnodes.max - len(result.members)  # a running round: join at the next one
+    closed = snap.closed
+    if closed is not None:
+        seats = head.nnodes.max - closed.size  # a running round: join at the next one
     else:
         seats = head.nnodes.max - len(snap.current_joins)
     if seats <= 0:

@@ -46,7 +46,11 @@ class JobsRead:
     def __init__(self, kv: KV, keys: Keys) -> None:
         self._kv = kv
         self._keys = keys
-        self._queries = (Query(keys.jobs(), prefix=True), Query(keys.all_parts(), prefix=True))
+        self._queries = (
+            Query(keys.jobs(), prefix=True),
+            Query(keys.all_parts(), prefix=True),
+            Query(keys.all_rounds(), prefix=True),  # the members of every closed round, for ``status``
+        )
         self.records = RecordCache()
         self._held: _Held | None = None
         self.full_reads = 0  # what the tests and benches count

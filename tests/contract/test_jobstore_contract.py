@@ -107,14 +107,15 @@ def test_a_round_result_is_written_once_and_never_after_the_end(store: JobStore,
     lease = kv.grant_lease(30)
     run(store.join(0, _join("n1"), lease))
     joins = run(store.snapshot()).current_joins
-    result = rdzv.build_result(0, joins, 1.0)
-    assert run(store.close(result))
-    assert not run(store.close(rdzv.build_result(0, joins, 2.0)))
+    epoch = joins[0].create_revision
+    result = rdzv.build_result(0, joins, 1.0, epoch)
+    assert run(store.close(result, "n1"))
+    assert not run(store.close(rdzv.build_result(0, joins, 2.0, epoch), "n1"))
     assert run(store.snapshot()).result == result
     assert run(store.glance(0, "n1")).closed
     run(store.finalize(JobState.KILLED, EndReason.KILLED, "by u"))
-    late = rdzv.build_result(1, joins, 3.0)
-    assert not run(store.close(late))
+    late = rdzv.build_result(1, joins, 3.0, epoch)
+    assert not run(store.close(late, "n1"))
 
 
 def test_a_bump_wins_once_per_observed_revision_and_spends_with_it(store: JobStore) -> None:
@@ -238,7 +239,8 @@ def test_old_rounds_are_forgotten_with_their_joins_and_a_removed_job_leaves_noth
     for r in range(3):
         run(store.join(r, _join("n1"), lease))
         run(other.join(r, _join("n1"), lease))
-        run(store.close(rdzv.build_result(r, [_join("n1")], 1.0)))
+        joined = run(store.snapshot()).joins[r]
+        run(store.close(rdzv.build_result(r, joined, 1.0, joined[0].create_revision), "n1"))
     for s in (store, other):
         run(s.put_node_status("n1", STATUS, lease))
         run(s.note_pending("n2", "no free slots", lease))
