@@ -103,6 +103,9 @@ def test_every_key_parses_back_and_is_watched_as_its_kind_says(job: str, node: s
             assert key == KEYS.job_body(job) and KEYS.job_of(key) is None
             assert not any(key.startswith(p) for p in (KEYS.jobs(), KEYS.all_parts()))
             continue
+        if ref.kind is KeyKind.ASSIGNMENT:  # under the job's rounds, which its removal deletes too
+            assert key.startswith(KEYS.job_rounds(job)) and KEYS.job_of(key) == job
+            continue
         if ref.job:  # every key of a job is in exactly one of its prefixes
             assert [p for p in KEYS.job_prefixes(job) if key.startswith(p)] == [
                 KEYS.job(job) if WATCHED[ref.kind] else KEYS.job_parts(job)
