@@ -249,7 +249,9 @@ class _Step(StepBase):
             self._do(Wait())
             return
         if snap.previous_head is not None and not snap.rosters:
-            self._do(ReadSnapshot(rosters=True))  # the previous round's members: whom to expect, in which order
+            self._do(
+                ReadSnapshot(rosters=True)
+            )  # the previous round's members: whom to expect, in which order
             return
         spec = rec.spec
         decision = rdzv.decide_close(

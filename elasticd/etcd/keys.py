@@ -302,10 +302,8 @@ class Keys:
                 return KeyRef(KeyKind.EVENT_SEQ)
             case ["jobs", job, *rest]:
                 return _job_key(_job(job), rest)
-            case ["parts", job, *rest]:
-                return _part_key(_job(job), rest)
-            case ["rounds", job, r, node]:
-                return KeyRef(KeyKind.ASSIGNMENT, _job(job), round_no(r), _node(node))
+            case [("parts" | "rounds") as tree, job, *rest]:
+                return _part_key(tree, _job(job), rest)
             case ["specs", job]:
                 return KeyRef(KeyKind.BODY, _job(job))
             case _:
@@ -345,8 +343,13 @@ def _job_key(job: str, rest: list[str]) -> KeyRef:
             raise DecodeError("", "no such key: a job has no record of this name")
 
 
-def _part_key(job: str, rest: list[str]) -> KeyRef:
-    """A key under ``parts/<job>/``: a join (its round a plain decimal) or a node's record."""
+def _part_key(tree: str, job: str, rest: list[str]) -> KeyRef:
+    """A key under ``parts/<job>/`` (a join, its round a plain decimal, or a node's record) or
+    under ``rounds/<job>/`` (a member's assignment of a round)."""
+    if tree == "rounds":
+        if len(rest) != 2:
+            raise DecodeError("", "no such key: a round has no record of this name")
+        return KeyRef(KeyKind.ASSIGNMENT, job, round_no(rest[0]), _node(rest[1]))
     match rest:
         case [r, "join", node]:
             return KeyRef(KeyKind.JOIN, job, round_no(r), _node(node))

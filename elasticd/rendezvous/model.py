@@ -17,11 +17,10 @@ from elasticd.decode import DecodeError, decode
 from elasticd.progress.tracker import RankProgress
 from elasticd.terms.ids import MAX_ROUND, valid_node_id
 from elasticd.terms.spec import MAX_NODES, MAX_NPROC_PER_NODE
-
-MAX_MEMBERS = MAX_NODES
 from elasticd.terms.state import EndReason, JobState, RoundReason, WorkerFailure
 
 MAX_GRACE_S = 3600.0
+MAX_MEMBERS = MAX_NODES
 MAX_EXPECT = 128  # newcomers a round names to wait for (``RoundInfo.expect``): the record stays small
 # Host names, IPv4 and IPv6 literals: what MASTER_ADDR and a liveness probe may be given.
 _ADDRESS = re.compile(r"^[A-Za-z0-9_.:%\[\]-]{1,255}$")
@@ -194,7 +193,12 @@ class RoundResult:
     def head(self) -> RoundHead:
         """What every node reads of the round: its size, world and master, not its members."""
         return RoundHead(
-            self.round, self.epoch, len(self.members), self.world_size, self.master_addr, self.master_port,
+            self.round,
+            self.epoch,
+            len(self.members),
+            self.world_size,
+            self.master_addr,
+            self.master_port,
             self.closed_at,
         )
 

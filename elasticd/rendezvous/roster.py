@@ -95,7 +95,13 @@ def assemble(head: RoundHead, found: Iterable[Assignment]) -> RoundResult:
     members = tuple(ranked[r] for r in sorted(ranked))
     try:
         result = RoundResult(
-            head.round, members, head.world_size, head.master_addr, head.master_port, head.closed_at, head.epoch
+            head.round,
+            members,
+            head.world_size,
+            head.master_addr,
+            head.master_port,
+            head.closed_at,
+            head.epoch,
         )
     except ValueError as exc:
         raise DecodeError("", f"round {head.round}'s assignments do not make its head: {exc}") from exc

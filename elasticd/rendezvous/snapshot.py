@@ -20,8 +20,8 @@ from elasticd.errors import InvalidSpec
 from elasticd.etcd.keys import KeyKind, KeyRef, Keys
 from elasticd.etcd.types import KeyValue
 from elasticd.rendezvous.model import (
-    DoneRecord,
     Assignment,
+    DoneRecord,
     DrainRecord,
     FinalRecord,
     Join,

@@ -112,7 +112,9 @@ class KVJobStore:
         member's read: O(1) bytes, whatever the job's size)."""
         return await self._run(lambda: self._member_snapshot(joins_counted_of, statuses, node, rosters))
 
-    def _member_snapshot(self, counted_of: int | None, statuses: bool, node: str, rosters: bool) -> JobSnapshot:
+    def _member_snapshot(
+        self, counted_of: int | None, statuses: bool, node: str, rosters: bool
+    ) -> JobSnapshot:
         """One read; a member's read that finds another round closed than it asked for
         (``counted_of``) reads again for that round's own assignment (the round moved meanwhile)."""
         hint = counted_of

@@ -17,9 +17,9 @@ from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.model import Join, RoundInfo
 from elasticd.rendezvous.snapshot import Seen
 from elasticd.rendezvous.store import EtcdJobStore, InlineJobStore, JobStore
+from elasticd.terms.spec import NodeRange
 from elasticd.terms.state import EndReason, JobState, RoundReason, WorkerFailure
 from tests.contract.test_kv_contract import Events
-from elasticd.terms.spec import NodeRange
 from tests.fakes import JOB, head_of, make_spec
 
 pytestmark = pytest.mark.timeout(60)
@@ -325,7 +325,9 @@ def test_a_half_written_round_is_not_closed_and_a_leader_that_lost_its_join_writ
     run(store.join(1, _join("n001"), lease))
 
 
-def test_a_round_missing_an_assignment_fails_the_job_naming_the_round(store: JobStore, kv: KV, base: str) -> None:
+def test_a_round_missing_an_assignment_fails_the_job_naming_the_round(
+    store: JobStore, kv: KV, base: str
+) -> None:
     _, joins = _close_big_round(store, kv, 3)
     result = rdzv.build_result(0, joins, 1.0, joins[0].create_revision)
     assert run(store.close(result, joins[0].node))

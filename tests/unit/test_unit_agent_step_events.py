@@ -67,7 +67,9 @@ def test_worker_failure_is_recorded_published_and_bumps_spending_guarded_by_the_
     why = failure(oom=oom)
     snap = snapshot(1, joins=("n1", "n2"), members=("n1", "n2"), counted=True, restarts=1)
     rec, actions = decide(record(AgentState.RUNNING, 1), snap, local(failed(why)))
-    info = RoundInfo(2, RoundReason.WORKER_FAILED, NOW, (), why.summary(), why.to_json(), repeats=1, expect_members=True)
+    info = RoundInfo(
+        2, RoundReason.WORKER_FAILED, NOW, (), why.summary(), why.to_json(), repeats=1, expect_members=True
+    )
     assert actions == [WatchPeers(1, (member(snap, "n2"),)), Publish(), Bump(Seen(101, 51, 1), info, True)]
     assert rec.failure == why
 
@@ -199,7 +201,9 @@ def test_leave_while_running_bumps_member_left_for_free_then_stops_and_marks_lef
 ) -> None:
     snap = snapshot(1, joins=("n1", "n2", "n3"), members=("n1", "n2", "n3"), counted=True, restarts=3)
     rec, actions = decide(record(AgentState.RUNNING, 1, leave=leave), snap, local(RUNNING))
-    info = RoundInfo(2, RoundReason.MEMBER_LEFT, NOW, (), leave.detail, None, leave.grace_s, expect_members=True)
+    info = RoundInfo(
+        2, RoundReason.MEMBER_LEFT, NOW, (), leave.detail, None, leave.grace_s, expect_members=True
+    )
     assert acts(actions) == [
         Bump(Seen(101, 53, 3), info, False),
         StopWorkers(grace),
@@ -300,7 +304,9 @@ def test_single_node_job_ignores_the_fence_a_failure_is_a_failure() -> None:
     why = failure()
     snap = snapshot(1, job=job, joins=("n1",), members=("n1",), counted=True)
     rec, actions = decide(record(AgentState.RUNNING, 1, job=job), snap, local(failed(why), lease_valid=False))
-    info = RoundInfo(2, RoundReason.WORKER_FAILED, NOW, (), why.summary(), why.to_json(), repeats=1, expect_members=True)
+    info = RoundInfo(
+        2, RoundReason.WORKER_FAILED, NOW, (), why.summary(), why.to_json(), repeats=1, expect_members=True
+    )
     assert actions == [WatchPeers(1, ()), Publish(), Bump(Seen(101, 50, 0), info, True)]
     assert (rec.fenced, rec.failure) == (False, why)
 
@@ -376,7 +382,9 @@ def test_only_member_runs_on_through_a_lost_lease_and_is_not_fenced(nnodes: str)
     rec, actions = decide(
         rec, snapshot(1, job=job, members=("n1",), counted=True), local(RUNNING, lease=None)
     )
-    assert acts(actions) == [ReadSnapshot(rosters=True)] and rec.state is AgentState.RUNNING  # nothing re-put yet
+    assert (
+        acts(actions) == [ReadSnapshot(rosters=True)] and rec.state is AgentState.RUNNING
+    )  # nothing re-put yet
 
 
 def test_only_member_reasserts_its_join_and_status_under_a_new_lease_once() -> None:

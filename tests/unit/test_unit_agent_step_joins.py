@@ -13,7 +13,6 @@ from elasticd.rendezvous.snapshot import Glance, JobSnapshot
 from elasticd.terms.state import JobState
 from tests.agent_steps import ME, NOW, OPENED_AT, acts, decide, following, joining, local, snapshot
 
-
 LEAD = 10  # the leader's join's create revision (``agent_steps.snapshot``): the round's epoch
 
 

@@ -7,20 +7,20 @@ from typing import Any
 
 import pytest
 
+from elasticd.rendezvous import roster
 from elasticd.rendezvous.decider import (
     BumpPlan,
     Close,
     CloseDecision,
     build_result,
     decide_close,
-    leader,
     expected,
+    leader,
     next_expect,
     order_members,
     plan_bump,
     ring_neighbours,
 )
-from elasticd.rendezvous import roster
 from elasticd.rendezvous.model import MAX_EXPECT, Assignment, Join, Member, RoundHead, RoundInfo, RoundResult
 from elasticd.terms.spec import NodeRange
 from elasticd.terms.state import RoundReason
@@ -139,7 +139,10 @@ def test_build_result_offsets_are_cumulative(sizes: list[int], offsets: list[int
 def test_build_result_round_trips_through_its_head_and_assignments() -> None:
     result = build_result(2, [j("a", 1, lws=2), j("b", 2, lws=3)], 9.0, 1)
     head = RoundHead.from_json(result.head().to_json())
-    assert roster.assemble(head, [Assignment.from_json(a.to_json()) for a in roster.assignments(result)]) == result
+    assert (
+        roster.assemble(head, [Assignment.from_json(a.to_json()) for a in roster.assignments(result)])
+        == result
+    )
 
 
 # -- decide_close ------------------------------------------------------------------------------------
@@ -415,7 +418,9 @@ def test_plan_bump_budget_allows_exactly_max_restarts(budget: int) -> None:
         (prev("a", "b"), False, ("n",), ("n",)),  # a round that names no members (the janitor's)
     ],
 )
-def test_expected(result: RoundResult | None, members: bool, extra: tuple[str, ...], want: tuple[str, ...]) -> None:
+def test_expected(
+    result: RoundResult | None, members: bool, extra: tuple[str, ...], want: tuple[str, ...]
+) -> None:
     """Whom a round waits for: the previous round's members (its leader reads them whole; dead
     ones are left out by ``decide_close``), then the newcomers the round names."""
     info = RoundInfo(1, RoundReason.SCALE_UP, 0.0, next_expect(extra), expect_members=members)

@@ -12,12 +12,12 @@ from elasticd.decode import DecodeError
 from elasticd.rendezvous import roster
 from elasticd.rendezvous.model import (
     Assignment,
-    RoundHead,
     DrainRecord,
     FinalRecord,
     Join,
     Member,
     NodeStatus,
+    RoundHead,
     RoundInfo,
     RoundResult,
 )

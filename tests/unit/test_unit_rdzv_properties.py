@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from elasticd.rendezvous.decider import Close, build_result, decide_close, leader, order_members
 from elasticd.rendezvous import roster
+from elasticd.rendezvous.decider import Close, build_result, decide_close, leader, order_members
 from elasticd.rendezvous.model import Join, RoundInfo, RoundResult
 from elasticd.terms.spec import NodeRange
 from elasticd.terms.state import RoundReason

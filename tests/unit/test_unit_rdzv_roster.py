@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from elasticd.decode import DecodeError
 from elasticd.rendezvous import roster
 from elasticd.rendezvous.decider import build_result, ring_neighbours
-from elasticd.rendezvous.model import Assignment, Join, RoundHead
+from elasticd.rendezvous.model import Assignment, Join, Member, RoundHead
+from elasticd.terms.ids import MAX_ROUND
 from elasticd.terms.spec import MAX_NODES, MAX_NPROC_PER_NODE
 
 LONG_NODE = "n" * 55  # node ids are at most 63 characters; the widest values make the worst case
@@ -37,13 +38,26 @@ def test_any_round_stays_within_the_bounds_and_names_every_rank_once(n: int, wid
 
 
 def test_a_round_of_max_nodes_of_the_widest_members_stays_within_the_bounds() -> None:
-    """100,000 nodes, each with the longest id and address and the most local ranks (~10 s)."""
-    check_round(MAX_NODES, True)
+    """At 100,000 nodes, each with the longest id and address and the most local ranks, the
+    largest numbers a record holds: the last member's assignment and the head stay under the
+    bound, and the leader's batches of such records within etcd's limits."""
+    n, lws = MAX_NODES, MAX_NPROC_PER_NODE
+    last = [Member(f"{LONG_NODE}{i}", LONG_ADDRESS, i, i * lws, lws, 65535) for i in (n - 2, n - 1, 0)]
+    worst = Assignment(MAX_ROUND, 2**62, last[1], (last[0], last[2]))
+    head = RoundHead(MAX_ROUND, 2**62, n, n * lws, LONG_ADDRESS, 65535, 1.7e9)
+    assert len(roster.encoded(worst.to_json())) <= roster.RECORD_BOUND
+    assert len(roster.encoded(head.to_json())) <= roster.RECORD_BOUND
+    key = f"/elasticd/v4/rounds/{'j' * 63}/{MAX_ROUND}/{LONG_NODE}99999"
+    txns = roster.batches([(key, worst.to_json())] * n)
+    assert len(txns) == -(-n // roster.MAX_TXN_PUTS)
+    assert all(sum(len(k) + len(roster.encoded(v)) for k, v in t) <= roster.MAX_TXN_BYTES for t in txns)
 
 
 def check_round(n: int, wide: bool) -> None:
     result = build_result(7, joins(n, wide), 1.5, epoch=1)
-    items = [(f"/elasticd/v4/rounds/{'j' * 63}/7/{a.member.node}", a.to_json()) for a in roster.assignments(result)]
+    items = [
+        (f"/elasticd/v4/rounds/{'j' * 63}/7/{a.member.node}", a.to_json()) for a in roster.assignments(result)
+    ]
     txns = roster.batches(items)
     assert [key for txn in txns for key, _ in txn] == [key for key, _ in items]  # all, once, in order
     for txn in txns:
@@ -54,7 +68,11 @@ def check_round(n: int, wide: bool) -> None:
     assert len(roster.encoded(result.head().to_json())) <= roster.RECORD_BOUND
     found = [Assignment.from_json(v) for _, v in items]
     assert sorted(a.member.group_rank for a in found) == list(range(n))
-    ranks = sorted(r for a in found for r in range(a.member.rank_offset, a.member.rank_offset + a.member.local_world_size))
+    ranks = sorted(
+        r
+        for a in found
+        for r in range(a.member.rank_offset, a.member.rank_offset + a.member.local_world_size)
+    )
     assert ranks == list(range(result.world_size))
     assert roster.assemble(RoundHead.from_json(result.head().to_json()), found) == result
 
@@ -63,7 +81,9 @@ def check_round(n: int, wide: bool) -> None:
 def test_each_assignment_names_the_members_ring_neighbours(n: int) -> None:
     result = build_result(0, joins(n, False), 1.0)
     for a in roster.assignments(result):
-        assert sorted(p.node for p in a.peers) == sorted(m.node for m in ring_neighbours(result, a.member.node))
+        assert sorted(p.node for p in a.peers) == sorted(
+            m.node for m in ring_neighbours(result, a.member.node)
+        )
 
 
 def test_own_takes_only_the_heads_epoch_and_round() -> None:
