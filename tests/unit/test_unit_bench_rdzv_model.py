@@ -12,7 +12,7 @@ from tests.support import REPO
 
 sys.path.append(str(REPO / "bench"))  # bench/ is scripts, not a package
 
-from rdzv_model import GOAL_S, LEADER_BATCH_S, RTT_S, Rates, measured, predict, transactions
+from rdzv_model import GOAL_S, RTT_S, Rates, measured, predict, transactions
 
 RATES = Rates(
     joins_read_s_per_join=1e-5, txn_s=0.01, read_etcd_cpu_s=1e-3, event_s_per_watcher=1e-4, cores=2.0
