@@ -519,6 +519,7 @@ def run_elasticd(endpoint: str, n: int, procs: int, timeout_s: float, watch: str
 RATE_READERS = 8  # client threads that read at once while etcd's read rate is measured
 RATE_READS = 400  # member reads (glance + its read of the job) they make in all
 RATE_MEMBERS = 2400  # assignments written (20 transactions) while the write rate is measured
+RATE_WATCHERS = 200  # watch streams one put is sent to while the fan-out is measured
 
 
 def etcd_rates(endpoint: str) -> dict[str, float]:
@@ -551,7 +552,7 @@ def etcd_rates(endpoint: str) -> dict[str, float]:
     assert run_inline(store.close(result, joins[0].node))
     close_s, close_cpu = time.perf_counter() - t1, _cpu_s(pid) - cpu1
     written = sum(len(roster.encoded(a.to_json())) for a in roster.assignments(result))
-    reads = _member_reads(endpoint, keys, job_id, pid)
+    reads = _member_reads(endpoint, keys, job_id, pid) | _fan_out(endpoint, keys, pid)
     client.revoke_lease(lease)
     client.close()
     return reads | {
@@ -596,6 +597,26 @@ def _member_reads(endpoint: str, keys: Keys, job_id: str, pid: int | None) -> di
         "read_etcd_cpu_s": cpu / requests,
         "assignment_read_bytes": statistics.median(sizes),
     }
+
+
+def _fan_out(endpoint: str, keys: Keys, pid: int | None) -> dict[str, float]:
+    """One put sent to ``RATE_WATCHERS`` watch streams (one client, as one process of nodes):
+    etcd's CPU and the wall time per watcher, from the put to the last delivery."""
+    client = EtcdClient([endpoint], timeout_s=60)
+    key = keys.result("fan-out", 0)
+    got = threading.Semaphore(0)
+    cancels = [
+        client.watch_prefix(key, lambda _k, _d: got.release(), lambda: None) for _ in range(RATE_WATCHERS)
+    ]
+    cpu, t = _cpu_s(pid), time.perf_counter()
+    client.put_json(key, {"at": time.time()})
+    for _ in range(RATE_WATCHERS):
+        got.acquire(timeout=60)
+    wall, cpu = time.perf_counter() - t, _cpu_s(pid) - cpu
+    for cancel in cancels:
+        cancel()
+    client.close()
+    return {"event_etcd_cpu_s": cpu / RATE_WATCHERS, "event_s_per_watcher": wall / RATE_WATCHERS}
 
 
 def _etcd_pid(endpoint: str) -> int | None:

@@ -14,13 +14,11 @@ sys.path.append(str(REPO / "bench"))  # bench/ is scripts, not a package
 
 from rdzv_model import GOAL_S, RTT_S, Rates, measured, predict, transactions
 
-RATES = Rates(
-    joins_read_s_per_join=1e-5, txn_s=0.01, read_etcd_cpu_s=1e-3, event_s_per_watcher=1e-4, cores=2.0
-)
+RATES = Rates(joins_read_s_per_join=1e-5, txn_s=0.01, read_etcd_cpu_s=1e-3, event_etcd_cpu_s=1e-4, cores=2.0)
 
 
 def bench(**rates: Any) -> dict[str, Any]:
-    base = {"joins_read_s_per_join": 2e-5, "txn_s": 0.02, "read_etcd_cpu_s": 4e-3}
+    base = {"joins_read_s_per_join": 2e-5, "txn_s": 0.02, "read_etcd_cpu_s": 4e-3, "event_etcd_cpu_s": 5e-4}
     return {
         "cpus": 2,
         "etcd_rates": base | rates,
@@ -41,7 +39,7 @@ def test_each_step_is_its_measured_cost_times_its_count() -> None:
     p = predict(RATES, 1000, 1)
     assert p.leader_read_s == pytest.approx(LEADER_BATCH_S + 1000 * 1e-5)
     assert p.close_s == pytest.approx(transactions(1000) * 0.01)  # one member: no quorum round trip
-    assert p.fanout_s == pytest.approx(1000 * 1e-4)
+    assert p.fanout_s == pytest.approx(1000 * 1e-4 / 2.0)
     assert p.reads_s == pytest.approx(2 * 1000 * 1e-3 / 2.0)
     assert p.total_s == pytest.approx(p.leader_read_s + p.close_s + p.fanout_s + p.reads_s)
 
@@ -55,18 +53,18 @@ def test_members_spread_reads_and_watches_and_add_a_round_trip_to_each_write() -
     assert three.close_s == pytest.approx(transactions(12_500) * (0.01 + RTT_S)) == five.close_s
 
 
-def test_the_rates_come_from_the_bench_and_the_fan_out_from_its_largest_finished_run() -> None:
+def test_the_rates_come_from_the_bench() -> None:
     rates = Rates.of(bench())
-    assert rates.event_s_per_watcher == pytest.approx(0.2 / 1024)
+    assert rates.event_etcd_cpu_s == 5e-4
     assert (rates.txn_s, rates.read_etcd_cpu_s, rates.cores) == (0.02, 4e-3, 2.0)
     assert Rates.of(bench(), cores=8).cores == 8
     assert measured(bench()) == [(256, 0.8), (1024, 2.5)]
 
 
-def test_a_bench_without_a_finished_round_cannot_feed_the_model() -> None:
+def test_a_bench_without_its_rates_cannot_feed_the_model() -> None:
     data = bench()
-    data["outcomes"] = data["outcomes"][2:]
-    with pytest.raises(ValueError, match="no finished round"):
+    data["etcd_rates"] = {}
+    with pytest.raises(ValueError, match="no etcd rates"):
         Rates.of(data)
     with pytest.raises(ValueError):
         predict(RATES, 0, 3)
