@@ -455,11 +455,14 @@ def _reports(
         except subprocess.TimeoutExpired:  # counted as not finished, not a crash of the bench
             c.kill()
             out, _ = c.communicate()
-        lines = out.strip().splitlines()
-        if c.returncode != 0 or not lines:
+        found = [line for line in out.strip().splitlines() if line.startswith("[")]
+        if c.returncode != 0 or not found:
             errors.append(f"participant process exited {c.returncode}")
             continue
-        reports.extend(json.loads(lines[-1]))
+        try:  # its report is its one JSON line; anything else it printed (a log line) is not
+            reports.extend(json.loads(found[-1]))
+        except ValueError:
+            errors.append("a participant process's report did not read")
     return reports, errors
 
 
