@@ -247,7 +247,9 @@ class Node:
         self.keys = keys
         self.node_wakes = NodeWakes()
         self.publish = publish
-        self.client = CountingClient([endpoint], timeout_s=60)
+        # A long timeout: a read-only transaction whose client gives up makes etcd < 3.5.5 panic
+        # (etcd-io/etcd#14110), and a loaded machine is slow, not gone.
+        self.client = CountingClient([endpoint], timeout_s=NODE_TIMEOUT_S)
         self.store = InlineJobStore(self.client, keys, spec.id)
         self.lease = self.client.grant_lease(300)
         self.wake = threading.Event()
@@ -519,6 +521,7 @@ def run_elasticd(endpoint: str, n: int, procs: int, timeout_s: float, watch: str
     return outcome
 
 
+NODE_TIMEOUT_S = 600.0  # each participant's etcd client
 RATE_READERS = 8  # client threads that read at once while etcd's read rate is measured
 RATE_READS = 400  # member reads (glance + its read of the job) they make in all
 RATE_MEMBERS = 2400  # assignments written (20 transactions) while the write rate is measured
