@@ -16,9 +16,15 @@ is measured. The unary etcd requests of every
 participant are counted in its own client (the watch is one stream per node, counted apart).
 
 Reported per N: the time from the *last join* (the last participant's join put returned) to the
-moment *every* participant holds the round's result; the time from the start signal; unary
-requests per participant (median and max); whether that stays O(1) (the max does not grow
-with N); and the watch events the participants received (all of them, and joins among them).
+leader's close and to the moment *every* participant holds its assignment (the round's head and
+its own record, ``elasticd.rendezvous.roster``); the time from the start signal; unary requests
+per participant (median and max); whether that stays O(1) (the max does not grow with N); the
+watch events the participants received (all of them, and joins among them); the bytes each
+participant read (``read_bytes_per_participant``: every unary response body and every watch
+line, counted in its client; median and max, the leader apart) and wrote; etcd's CPU over the
+run (psutil on its process); and etcd's own rates on this machine (``etcd_rates``: small reads,
+transactions of assignments, bytes per second), which ``bench/rdzv_model.py`` takes to predict
+rounds beyond what one machine can play.
 
 torch side (``--torch``, off by default at N > 256 where it does not finish): the
 ``DynamicRendezvousHandler`` over ``C10dRendezvousBackend`` on one ``TCPStore``, one handler per
@@ -50,6 +56,8 @@ from typing import Any
 
 import psutil
 
+import elasticd.etcd.transport as etcd_transport
+import elasticd.etcd.watch as etcd_watch
 from elasticd.agent.executor import LEADER_BATCH_S, POLL_S
 from elasticd.agent.record import AgentRecord
 from elasticd.errors import EtcdUnavailable
@@ -59,6 +67,7 @@ from elasticd.etcd.keys import KeyKind, Keys
 from elasticd.manager.wakes import QUIET_KINDS
 from elasticd.netaddr import free_port
 from elasticd.rendezvous import decider as rdzv
+from elasticd.rendezvous import roster
 from elasticd.rendezvous.model import Join
 from elasticd.rendezvous.store import InlineJobStore, run_inline
 from elasticd.terms.options import EntryKind
@@ -91,6 +100,70 @@ class Outcome:
     result_read_cpu: tuple[float, float] | None = None  # that last step's CPU time, in its thread
     etcd_cpu_s: float = 0.0
     harness_cpu_s: float = 0.0
+    # Bytes each participant read (unary response bodies and watch lines, as received) and wrote
+    # (request bodies): median and max over those that did not lead; the leader's apart.
+    read_bytes_per_participant: tuple[float, float] = (0.0, 0.0)
+    written_bytes_per_participant: tuple[float, float] = (0.0, 0.0)
+    leader_read_bytes: int = 0
+    leader_written_bytes: int = 0
+    watch_bytes_per_participant: tuple[float, float] = (0.0, 0.0)  # of the bytes read, from watches
+    load: str = ""  # ``uptime``'s load averages before the run: the machine is shared
+
+
+class Meter:
+    """Bytes each node's client moves, counted where they cross the wire: the unary responses
+    (``transport.parse_json``, given the body), the request bodies (``Transport.post``) and each
+    watch line (``watch.parse_watch``). A unary call runs on its node's thread (``InlineJobStore``);
+    a watch line on its stream's thread, which ``watching`` ties to the node that opened it."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._threads: dict[int, Node] = {}
+        transports, watches = vars(etcd_transport), vars(etcd_watch)  # patched in this process only
+        parse_json, parse_watch, post = (
+            transports["parse_json"],
+            watches["parse_watch"],
+            etcd_transport.Transport.post,
+        )
+
+        def counted_json(data: bytes) -> Any:
+            node = getattr(self._local, "node", None)
+            if node is not None:
+                node.read_bytes += len(data)
+            return parse_json(data)
+
+        def counted_post(transport: Any, path: str, body: bytes, token: str | None) -> Any:
+            node = getattr(self._local, "node", None)
+            if node is not None:
+                node.written_bytes += len(body)
+            return post(transport, path, body, token)
+
+        def counted_watch(line: bytes) -> Any:
+            node = self._threads.get(threading.get_ident())
+            if node is not None:
+                node.read_bytes += len(line)
+                node.watch_bytes += len(line)
+            return parse_watch(line)
+
+        transports["parse_json"], watches["parse_watch"] = counted_json, counted_watch
+        etcd_transport.Transport.post = counted_post  # type: ignore[method-assign,assignment]
+
+    def running(self, node: Node | None) -> None:
+        """Count this thread's unary requests to ``node`` (None: to no one)."""
+        self._local.node = node
+
+    def watching(self, node: Node, open_watches: Callable[[], Any]) -> Any:
+        """Run ``open_watches`` and count the lines of the watch threads it started to ``node``
+        (one node opens its watches at a time: in the process's main thread, or as the leader)."""
+        before = {t.ident for t in threading.enumerate()}
+        out = open_watches()
+        for t in threading.enumerate():
+            if t.ident not in before and t.ident is not None and t.name == "etcd-watch":
+                self._threads[t.ident] = node
+        return out
+
+
+METER: Meter | None = None  # in a participant process only
 
 
 class CountingClient(EtcdClient):
@@ -135,6 +208,8 @@ def _participant_proc(argv: list[str]) -> int:
     """
     endpoint, prefix, job_id, n_s, first_s, count_s, timeout_s, watch, publish = argv
     n, first, count, timeout = int(n_s), int(first_s), int(count_s), float(timeout_s)
+    global METER
+    METER = Meter()
     keys = Keys(prefix)
     spec = spec_for(n, job_id)
     nodes = [
@@ -171,7 +246,9 @@ class Node:
         self.spec = spec
         self.keys = keys
         self.publish = publish
-        self.client = CountingClient([endpoint], timeout_s=60)
+        # A long timeout: a read-only transaction whose client gives up makes etcd < 3.5.5 panic
+        # (etcd-io/etcd#14110), and a loaded machine is slow, not gone.
+        self.client = CountingClient([endpoint], timeout_s=NODE_TIMEOUT_S)
         self.store = InlineJobStore(self.client, keys, spec.id)
         self.lease = self.client.grant_lease(300)
         self.wake = threading.Event()
@@ -184,8 +261,16 @@ class Node:
         self.error = ""
         self.events = 0
         self.join_events = 0
+        self.read_bytes = 0
+        self.written_bytes = 0
+        self.watch_bytes = 0
+        self.holds: bool = False  # it read its own assignment of the closed round
         self._cancels = (
-            [self.client.watch_range(a, b, self.on_change, lambda: None) for a, b in keys.watched()]
+            self._meter(
+                lambda: [
+                    self.client.watch_range(a, b, self.on_change, lambda: None) for a, b in keys.watched()
+                ]
+            )
             if watch
             else []
         )
@@ -195,6 +280,9 @@ class Node:
     @property
     def leading(self) -> bool:
         return self.rec.leading
+
+    def _meter(self, open_watches: Callable[[], Any]) -> Any:
+        return METER.watching(self, open_watches) if METER is not None else open_watches()
 
     def on_change(self, key: str, deleted: bool) -> None:
         """The manager's watch, routed as ``JobManager.wake`` and ``JobAgent.wake`` do."""
@@ -209,6 +297,8 @@ class Node:
             self.wake.set()
 
     def run(self, timeout_s: float) -> None:
+        if METER is not None:
+            METER.running(self)
         deadline = time.monotonic() + timeout_s
         state: dict[str, Any] = {"seen": (), "last_join_at": time.time()}
         try:
@@ -226,7 +316,9 @@ class Node:
     def follow_joins(self, leading: bool) -> None:
         """``JoinWatch.follow``: the leader alone watches its round's joins."""
         if leading and self._unwatch_joins is None:
-            self._unwatch_joins = run_inline(self.store.watch_joins(0, self.on_change, lambda: None))
+            self._unwatch_joins = self._meter(
+                lambda: run_inline(self.store.watch_joins(0, self.on_change, lambda: None))
+            )
             self.wake.set()  # read what came before the watch existed
         elif not leading and self._unwatch_joins is not None:
             self._unwatch_joins()
@@ -256,15 +348,18 @@ class Node:
         self.wake.clear()
         if not self.leading:  # the agent's glance: one small read while someone else leads
             glance = run_inline(store.glance(0, self.me))
-            if glance.closed:
-                run_inline(store.snapshot(joins_counted_of=0, statuses=False))  # the member reads the job
+            if glance.closed:  # the member reads the job: the round's head and its own assignment
+                snap = run_inline(store.snapshot(0, statuses=False, node=self.me, rosters=False))
+                self.holds = snap.me(self.me) is not None
                 self.done_at = time.time()
                 return True
             if glance.quiet(0, self.me):
                 self.wake.wait(POLL_S)
                 return False
-        snap = run_inline(store.snapshot(statuses=False))  # as the agent's ReadSnapshot
-        if snap.result is not None:
+        # As the agent's ReadSnapshot: a leader reads the rounds whole, a member its own assignment.
+        snap = run_inline(store.snapshot(statuses=False, node=self.me, rosters=self.leading))
+        if snap.closed is not None:
+            self.holds = snap.me(self.me) is not None
             self.done_at = time.time()
             return True
         joins = snap.current_joins
@@ -288,7 +383,8 @@ class Node:
             if decision.verdict is rdzv.Close.NOW:
                 ordered = rdzv.order_members(joins, None, spec.nnodes.max)
                 self.closed_at = time.time()  # (the close is sent now; it is written before it returns)
-                run_inline(store.close(rdzv.build_result(0, ordered, self.closed_at)))
+                epoch = next(j.create_revision for j in joins if j.node == self.me)
+                run_inline(store.close(rdzv.build_result(0, ordered, self.closed_at, epoch), self.me))
                 self.follow_joins(False)
                 return False
             time.sleep(LEADER_BATCH_S)
@@ -307,6 +403,10 @@ class Node:
             "leader": self.leading,
             "events": self.events,
             "join_events": self.join_events,
+            "read_bytes": self.read_bytes,
+            "written_bytes": self.written_bytes,
+            "watch_bytes": self.watch_bytes,
+            "holds": self.holds,
             "error": self.error,
         }
 
@@ -356,11 +456,14 @@ def _reports(
         except subprocess.TimeoutExpired:  # counted as not finished, not a crash of the bench
             c.kill()
             out, _ = c.communicate()
-        lines = out.strip().splitlines()
-        if c.returncode != 0 or not lines:
+        found = [line for line in out.strip().splitlines() if line.startswith("[")]
+        if c.returncode != 0 or not found:
             errors.append(f"participant process exited {c.returncode}")
             continue
-        reports.extend(json.loads(lines[-1]))
+        try:  # its report is its one JSON line; anything else it printed (a log line) is not
+            reports.extend(json.loads(found[-1]))
+        except ValueError:
+            errors.append("a participant process's report did not read")
     return reports, errors
 
 
@@ -394,18 +497,138 @@ def run_elasticd(endpoint: str, n: int, procs: int, timeout_s: float, watch: str
         c.stdin.flush()
     reports, errors = _reports(children, t0 + timeout_s + 90)
     errors += [r["error"] for r in reports if r["error"]]
-    finished = [r for r in reports if r["done_at"] is not None]
+    errors += [
+        f"{r['node']} found no assignment of its own" for r in reports if r["done_at"] and not r["holds"]
+    ]
+    finished = [r for r in reports if r["done_at"] is not None and r["holds"]]
     requests = sorted(r["requests"] for r in reports if not r["leader"]) or [0]
     outcome = Outcome("elasticd", n, len(finished), None, statistics.median(requests), procs=len(children))
     outcome.requests_max = requests[-1]
     outcome.leader_requests = max((r["requests"] for r in reports if r["leader"]), default=0)
     outcome.events = sum(r["events"] for r in reports)
     outcome.join_events = sum(r["join_events"] for r in reports)
+    members = [r for r in reports if not r["leader"]] or reports
+    outcome.read_bytes_per_participant = _median_max([r["read_bytes"] for r in members])
+    outcome.written_bytes_per_participant = _median_max([r["written_bytes"] for r in members])
+    outcome.watch_bytes_per_participant = _median_max([r["watch_bytes"] for r in members])
+    outcome.leader_read_bytes = max((r["read_bytes"] for r in reports if r["leader"]), default=0)
+    outcome.leader_written_bytes = max((r["written_bytes"] for r in reports if r["leader"]), default=0)
     if len(finished) == n:
         _time_the_round(outcome, reports, t0)
     outcome.note = f"{len(errors)} errors, first: {errors[0]}" if errors else f"+1 watch stream per {watch}"
     outcome.note += "" if publish else ", no status publish"
     return outcome
+
+
+NODE_TIMEOUT_S = 600.0  # each participant's etcd client
+RATE_READERS = 8  # client threads that read at once while etcd's read rate is measured
+RATE_READS = 400  # member reads (glance + its read of the job) they make in all
+RATE_MEMBERS = 2400  # assignments written (20 transactions) while the write rate is measured
+RATE_WATCHERS = 200  # watch streams one put is sent to while the fan-out is measured
+
+
+def etcd_rates(endpoint: str) -> dict[str, float]:
+    """What etcd does per operation on this machine, for ``rdzv_model``: a member's reads (the
+    glance and its read of the job: requests per second, etcd CPU per request, bytes per
+    request), the leader's transactions of assignments (seconds and etcd CPU per transaction,
+    bytes per second) and its read of every join (seconds per join, parsed)."""
+    prefix = f"/bench/rates-{time.time_ns()}"
+    keys, job_id = Keys(prefix), "rates"
+    client = EtcdClient([endpoint], timeout_s=60)
+    store = InlineJobStore(client, keys, job_id)
+    run_inline(store.create(spec_for(RATE_MEMBERS, job_id)))
+    lease = client.grant_lease(300)
+    for i in range(RATE_MEMBERS):  # the joins, which the leader then reads and closes over
+        run_inline(store.join(0, Join(f"node-{i:05d}", "127.0.0.1", 29500, 8), lease))
+    pid = _etcd_pid(endpoint)
+    cpu0, t0 = _cpu_s(pid), time.perf_counter()
+    joins = run_inline(store.snapshot(statuses=False, rosters=True)).current_joins
+    joins_read_s = time.perf_counter() - t0
+    result = rdzv.build_result(0, joins, time.time(), joins[0].create_revision)
+    txns = (
+        len(
+            roster.batches(
+                [(keys.assignment(job_id, 0, a.member.node), a.to_json()) for a in roster.assignments(result)]
+            )
+        )
+        + 1
+    )
+    cpu1, t1 = _cpu_s(pid), time.perf_counter()
+    assert run_inline(store.close(result, joins[0].node))
+    close_s, close_cpu = time.perf_counter() - t1, _cpu_s(pid) - cpu1
+    written = sum(len(roster.encoded(a.to_json())) for a in roster.assignments(result))
+    reads = _member_reads(endpoint, keys, job_id, pid) | _fan_out(endpoint, keys, pid)
+    client.revoke_lease(lease)
+    client.close()
+    return reads | {
+        "joins_read_s_per_join": joins_read_s / len(joins),
+        "txn_s": close_s / txns,
+        "txn_etcd_cpu_s": close_cpu / txns,
+        "txn_puts": roster.MAX_TXN_PUTS,
+        "write_bytes_per_s": written / close_s,
+        "assignment_bytes": written / len(joins),
+        "setup_etcd_cpu_s": cpu1 - cpu0,
+    }
+
+
+def _member_reads(endpoint: str, keys: Keys, job_id: str, pid: int | None) -> dict[str, float]:
+    """``RATE_READS`` member reads (glance, then the read of the job with its own assignment) from
+    ``RATE_READERS`` threads, each with its own client: etcd's rate and CPU per request."""
+    clients = [CountingClient([endpoint], timeout_s=60) for _ in range(RATE_READERS)]
+    sizes: list[int] = []
+    lock = threading.Lock()
+
+    def reader(k: int) -> None:
+        store = InlineJobStore(clients[k], keys, job_id)
+        for i in range(k, RATE_READS // 2, RATE_READERS):
+            node = f"node-{i:05d}"
+            run_inline(store.glance(0, node))
+            snap = run_inline(store.snapshot(0, statuses=False, node=node, rosters=False))
+            with lock:
+                sizes.append(len(json.dumps(snap.assigned.get(0, {}).get(node).to_json())))  # type: ignore[union-attr]
+
+    cpu, t = _cpu_s(pid), time.perf_counter()
+    threads = [threading.Thread(target=reader, args=(k,)) for k in range(RATE_READERS)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    wall, cpu = time.perf_counter() - t, _cpu_s(pid) - cpu
+    requests = sum(c.requests for c in clients)
+    for c in clients:
+        c.close()
+    return {
+        "read_requests_per_s": requests / wall,
+        "read_etcd_cpu_s": cpu / requests,
+        "assignment_read_bytes": statistics.median(sizes),
+    }
+
+
+def _fan_out(endpoint: str, keys: Keys, pid: int | None) -> dict[str, float]:
+    """One put sent to ``RATE_WATCHERS`` watch streams (one client, as one process of nodes):
+    etcd's CPU and the wall time per watcher, from the put to the last delivery."""
+    client = EtcdClient([endpoint], timeout_s=60)
+    key = keys.result("fan-out", 0)
+    got = threading.Semaphore(0)
+    cancels = [
+        client.watch_prefix(key, lambda _k, _d: got.release(), lambda: None) for _ in range(RATE_WATCHERS)
+    ]
+    cpu, t = _cpu_s(pid), time.perf_counter()
+    client.put_json(key, {"at": time.time()})
+    for _ in range(RATE_WATCHERS):
+        got.acquire(timeout=60)
+    wall, cpu = time.perf_counter() - t, _cpu_s(pid) - cpu
+    for cancel in cancels:
+        cancel()
+    client.close()
+    return {"event_etcd_cpu_s": cpu / RATE_WATCHERS, "event_s_per_watcher": wall / RATE_WATCHERS}
+
+
+def _etcd_pid(endpoint: str) -> int | None:
+    return ETCD_PID.get(endpoint)
+
+
+ETCD_PID: dict[str, int | None] = {}
 
 
 def _median_max(values: list[float]) -> tuple[float, float]:
@@ -504,21 +727,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=180.0, help="per side and size, seconds")
     p.add_argument("--torch", action="store_true", help="also run torch's c10d rendezvous (N <= 256)")
     p.add_argument("--json", type=Path)
+    p.add_argument("--no-rates", dest="rates", action="store_false", help="leave out etcd's per-op rates")
     args = p.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     outcomes: list[Outcome] = []
+    rates: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="elasticd-bench-rdzv-") as tmp:
         etcd = EmbeddedEtcd(Path(tmp) / "etcd")
         etcd.start()
+        ETCD_PID[etcd.endpoint] = etcd.pid
         try:
+            if args.rates:
+                rates = etcd_rates(etcd.endpoint)
+                print("etcd rates:", json.dumps(rates), flush=True)
             for n in sizes:
                 procs = args.procs or max(1, -(-n // 128))
+                load = " ".join(f"{x:.2f}" for x in os.getloadavg())
                 etcd_cpu, children = _cpu_s(etcd.pid), resource.getrusage(resource.RUSAGE_CHILDREN)
                 outcomes.append(
                     run_elasticd(etcd.endpoint, n, min(procs, n), args.timeout, args.watch, args.publish)
                 )
                 after = resource.getrusage(resource.RUSAGE_CHILDREN)
                 outcomes[-1].etcd_cpu_s = _cpu_s(etcd.pid) - etcd_cpu
+                outcomes[-1].load = load
                 outcomes[-1].harness_cpu_s = (after.ru_utime + after.ru_stime) - (
                     children.ru_utime + children.ru_stime
                 )
@@ -530,7 +761,8 @@ def main(argv: list[str] | None = None) -> int:
             etcd.stop()
     report(outcomes)
     if args.json:
-        args.json.write_text(json.dumps([o.__dict__ for o in outcomes], indent=2))
+        out = {"outcomes": [o.__dict__ for o in outcomes], "etcd_rates": rates, "cpus": os.cpu_count()}
+        args.json.write_text(json.dumps(out, indent=2))
     return 0
 
 
@@ -552,6 +784,19 @@ def report(outcomes: list[Outcome]) -> None:
             f" {_s(o.closed):>8} {total:>10} {o.requests_per_participant:>20.1f} {o.requests_max:>5.0f}"
             f" {o.leader_requests:>6.0f} {o.events:>8} {o.join_events:>8}  {o.note}"
         )
+    for o in outcomes:
+        if o.side == "elasticd":
+            rb, wb, lb = (
+                o.read_bytes_per_participant,
+                o.written_bytes_per_participant,
+                o.watch_bytes_per_participant,
+            )
+            print(
+                f"{o.n:>6}  bytes per participant read {rb[0]:.0f}/{rb[1]:.0f}"
+                f" (of which watch {lb[0]:.0f}/{lb[1]:.0f}),"
+                f" written {wb[0]:.0f}/{wb[1]:.0f} (median/max); the leader read {o.leader_read_bytes}"
+                f" and wrote {o.leader_written_bytes}; load before: {o.load}"
+            )
     for o in outcomes:
         if o.result_event is not None and o.result_read is not None and o.result_read_cpu is not None:
             print(

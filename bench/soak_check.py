@@ -192,7 +192,7 @@ def allowed_key(keys: Keys, key: str, job_id: str, last_round: int, live_nodes: 
         return False
     if ref.kind in (KeyKind.SPEC, KeyKind.BODY, KeyKind.ROUND, KeyKind.RESTARTS, KeyKind.FINAL):
         return True
-    if ref.kind in (KeyKind.RESULT, KeyKind.DONE, KeyKind.LEFT, KeyKind.JOIN):
+    if ref.kind in (KeyKind.RESULT, KeyKind.ASSIGNMENT, KeyKind.DONE, KeyKind.LEFT, KeyKind.JOIN):
         return ref.round is not None and last_round - 1 <= ref.round <= last_round
     if ref.kind is KeyKind.NODE_STATUS:
         return ref.node in live_nodes

@@ -283,15 +283,14 @@ class Sim:
     def _recover(self, node: Node) -> None:
         """``manager.recovery``: a restarted daemon reports the round its predecessor was in."""
         snap = run_inline(node.store.snapshot())
-        if not node.ran_job or snap.ended or snap.result is None or node.name not in snap.result.nodes:
+        if not node.ran_job or snap.ended or snap.me(node.name) is None:
             return
         node.ran_job, why = False, f"elasticd on {node.name} restarted while the job ran"
         plan = rdzv.plan_bump(RoundReason.MEMBER_LOST, snap.restarts, self.spec.max_restarts, why)
         if plan.fail:
             run_inline(node.store.finalize(JobState.FAILED, EndReason.NODES_LOST, plan.why))
             return
-        expect = rdzv.next_expect(snap.result, node.alive() | {node.name})
-        info = RoundInfo(snap.current + 1, RoundReason.MEMBER_LOST, self.now, expect, why)
+        info = RoundInfo(snap.current + 1, RoundReason.MEMBER_LOST, self.now, (), why, expect_members=True)
         run_inline(node.store.bump(Seen.of(snap), info, plan.spend))
 
     def _sweep(self) -> None:

@@ -271,8 +271,9 @@ class Node:
         match action:
             case act.ReadGlance(round_no):
                 return run_inline(self.store.glance(round_no, self.name))
-            case act.ReadSnapshot(counted):
-                return Observed(run_inline(self.store.snapshot(counted, statuses=False)), self.alive())
+            case act.ReadSnapshot(counted, rosters):
+                snap = self.store.snapshot(counted, statuses=False, node=self.name, rosters=rosters)
+                return Observed(run_inline(snap), self.alive())
             case act.Exit():
                 raise _Exited
             case act.StopWorkers() | act.StartWorkers() | act.Publish() | act.Probe() | act.WatchJoins():
@@ -312,7 +313,7 @@ class Node:
             case act.StartWorkers(result, member):
                 if self.broken_setup:
                     raise SetupFailure(EndReason.SPAWN_FAILED, f"cannot start workers on {self.name}")
-                self.group = FakeGroup(result.round, member, fenced=len(result.nodes) > 1)
+                self.group = FakeGroup(result.round, member, fenced=result.size > 1)
             case act.Publish():
                 self._publish(agent, now)
             case act.Probe(round_no, targets):
@@ -371,7 +372,7 @@ class Node:
         store, name = self.store, self.name
         match action:
             case act.CloseRound(result):
-                if run_inline(store.close(result)):
+                if run_inline(store.close(result, name)):
                     run_inline(store.forget_rounds_before(result.round))
             case act.Bump(seen, info, spend):
                 if run_inline(store.bump(seen, info, spend)):

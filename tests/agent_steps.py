@@ -111,7 +111,7 @@ def snapshot(
     With ``counted`` the round's joins are only counted, as a running member reads them. The
     round's and the restart counter's mod revisions follow from ``round_no`` and ``restarts``.
     """
-    snap = JobSnapshot(JOB, head=fakes.head_of(job), found=10)
+    snap = JobSnapshot(JOB, head=fakes.head_of(job), found=10, rosters=True)  # its rounds whole
     snap.round = RoundInfo(round_no, reason, opened_at, tuple(expect), grace_s=grace_s)
     snap.round_mod = 100 + round_no
     snap.restarts, snap.restarts_mod = restarts, 50 + restarts

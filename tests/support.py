@@ -188,7 +188,7 @@ class DaemonProc:
         return (
             self.args[self.args.index("--etcd-prefix") + 1]
             if "--etcd-prefix" in self.args
-            else "/elasticd/v3"
+            else "/elasticd/v4"
         )
 
     def node_key(self) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from elasticd.rendezvous.model import FinalRecord, Member, RoundInfo, RoundResult
+from elasticd.rendezvous.model import FinalRecord, Member, RoundHead, RoundInfo, RoundResult
 from elasticd.rendezvous.model import Join as JoinRecord
 from elasticd.rendezvous.reach import Target
 from elasticd.rendezvous.snapshot import Seen
@@ -26,9 +26,12 @@ class ReadGlance:
 
 @dataclass(frozen=True)
 class ReadSnapshot:
-    """Read the whole job (round ``counted``'s joins only counted) and the live nodes."""
+    """Read the job (round ``counted``'s joins only counted) and the live nodes. A member reads
+    its own assignment of the current round; ``rosters``: every round's, whole (a round's leader,
+    a node outside a running round, a member that lost a peer)."""
 
     counted: int | None = None
+    rosters: bool = False
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,7 @@ class StopWorkers:
 class StartWorkers:
     """Start our workers of ``result``'s round as ``member``; ``restarts`` spent so far."""
 
-    result: RoundResult
+    result: RoundHead
     member: Member
     restarts: int
 

@@ -47,6 +47,7 @@ from elasticd.happenings.records import (
 from elasticd.jobs.decider import GroupOutcome
 from elasticd.terms.state import FailureKind, JobState, WorkerFailure
 
+SHOWN_MEMBERS = 32  # the members a closed round's event and log line name (the round may have 100,000)
 PROGRESS_PUBLISH_S = 5.0  # running workers' progress reaches etcd at most this often, when it changed
 
 # The writes put under our lease (their keys go with it): status, join, waiting, pending note.
@@ -173,7 +174,7 @@ def took(
                 job=job,
                 round=result.round,
                 world_size=result.world_size,
-                members=tuple(result.nodes),
+                members=tuple(result.nodes[:SHOWN_MEMBERS]),
                 why=why,
                 reason=opened.reason if opened else None,
                 rendezvous_s=round(result.closed_at - opened.opened_at, 3) if opened else None,

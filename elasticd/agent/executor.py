@@ -242,7 +242,9 @@ class JobAgent:
     async def _read(self, action: act.ReadGlance | act.ReadSnapshot) -> View:
         if isinstance(action, act.ReadGlance):
             return await self._store.glance(action.round, self.node)
-        snap = await self._store.snapshot(action.counted, statuses=False)  # no decider reads them
+        snap = await self._store.snapshot(  # no decider reads the statuses
+            action.counted, statuses=False, node=self.node, rosters=action.rosters
+        )
         if snap.invalid and snap.final is None and self._on_invalid is not None:
             self._on_invalid()  # the janitor ends the job: now, not at its next poll
         return Observed(snap, await self._lease.alive())
@@ -296,7 +298,7 @@ class JobAgent:
         store = self._store
         match action:
             case act.CloseRound(result):
-                took = await store.close(result)
+                took = await store.close(result, self.node)
             case act.Bump(seen, info, spend):
                 took = await store.bump(seen, info, spend)
             case act.Amend(seen_mod, record):

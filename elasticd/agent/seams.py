@@ -12,7 +12,7 @@ from typing import Protocol
 
 from elasticd.jobs.decider import Group
 from elasticd.progress.tracker import RankProgress
-from elasticd.rendezvous.model import Member, RoundResult
+from elasticd.rendezvous.model import Member, RoundHead
 from elasticd.terms.spec import JobSpec
 
 
@@ -58,7 +58,7 @@ class Launcher(Protocol):
         ...
 
     async def start(
-        self, spec: JobSpec, result: RoundResult, member: Member, restarts: int, slots: tuple[int, ...]
+        self, spec: JobSpec, result: RoundHead, member: Member, restarts: int, slots: tuple[int, ...]
     ) -> Workers:
         """Start our workers of ``result``'s round; raises ``SetupFailure`` when they cannot start
         for a reason that is not the job's fault (paths, log tree, limits)."""

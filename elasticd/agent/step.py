@@ -46,7 +46,7 @@ from elasticd.agent.stepbase import StepBase
 from elasticd.jobs.decider import Group, GroupOutcome
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.model import Join as JoinRecord
-from elasticd.rendezvous.model import RoundInfo, RoundResult
+from elasticd.rendezvous.model import Member, RoundHead, RoundInfo
 from elasticd.rendezvous.snapshot import Glance, JobSnapshot, Seen
 from elasticd.terms.state import EndReason, JobState, RoundReason, WorkerFailure
 
@@ -120,7 +120,8 @@ class _Step(StepBase):
             self._do(ReadGlance(rec.joined_round))  # a joined non-leader only waits: O(1) reads
             return
         running = rec.state in (AgentState.RUNNING, AgentState.DONE) and rec.round >= 0
-        self._do(ReadSnapshot(rec.round if running else None))
+        # A round's leader reads the rounds whole (the previous one's members); a member, its own.
+        self._do(ReadSnapshot(rec.round if running else None, rosters=rec.leading))
 
     def after_glance(self, glance: Glance) -> None:
         self._set(etcd_down_since=None)
@@ -157,14 +158,14 @@ class _Step(StepBase):
         if self.rec.leave is not None:
             self._leave_job(snap, seen.alive)
             return
-        result = snap.result
-        if result is None:
+        closed = snap.closed
+        if closed is None:
             self._stop(self.rec.grace(snap))  # the round moved on: stop before joining
             self._open_round(snap, seen.alive)
             return
-        me = result.member(self.rec.node)
+        me = snap.me(self.rec.node)
         if me is None:
-            self._outside_running_round(snap, result, seen.alive)
+            self._outside_running_round(snap, closed, seen.alive)
             return
         if self.rec.fenced_round == snap.current:
             # Our workers of this round were fenced: the round cannot go on without them. (Until
@@ -174,17 +175,17 @@ class _Step(StepBase):
         if self.rec.round != snap.current:
             if self.group is not None or self.rec.state is AgentState.DONE:
                 self._stop(self.rec.grace(snap))
-            solo = result.nodes == (self.rec.node,)
+            solo = closed.size == 1
             self._set(
                 round=snap.current, failure=None, state=AgentState.RUNNING, part=self.rec.part.started(solo)
             )
-            self._do(StartWorkers(result, me, snap.restarts), Publish())
+            self._do(StartWorkers(closed, me, snap.restarts), Publish())
             self._note(None)
             self.group = Group(GroupOutcome.RUNNING)
-        self._reassert(snap, result)
-        self._supervise(snap, result, seen.alive)
+        self._reassert(snap, closed, me)
+        self._supervise(snap, closed, seen.alive)
 
-    def _reassert(self, snap: JobSnapshot, result: RoundResult) -> None:
+    def _reassert(self, snap: JobSnapshot, closed: RoundHead, me: Member) -> None:
         """The round's only member keeps it through a lost lease (an etcd outage past the TTL, a
         frozen daemon): there is no peer to split from, so nothing was fenced. Once a new lease
         exists, put our join and status of the round back under it, as the result recorded the
@@ -201,19 +202,17 @@ class _Step(StepBase):
             missing = rec.node not in {j.node for j in snap.current_joins}
         if lease == rec.lease and not missing:
             return
-        me = result.members[0]
         join = JoinRecord(
-            me.node, me.address, result.master_port, me.local_world_size, liveness_port=me.liveness_port
+            me.node, me.address, closed.master_port, me.local_world_size, liveness_port=me.liveness_port
         )
         self._set(lease=lease)
         self._do(Reassert(snap.current, join), Publish())
 
     def _follow_peers(self, snap: JobSnapshot) -> None:
         """While our workers run, watch our ring neighbours' daemons for a death."""
-        result = snap.result
         node = self.rec.node
-        running = self.group is not None and result is not None and node in result.nodes
-        peers = tuple(rdzv.ring_neighbours(result, node)) if running and result and not snap.ended else ()
+        running = self.group is not None and snap.me(node) is not None
+        peers = snap.peers(node) if running and not snap.ended else ()
         self._do(WatchPeers(snap.current, peers))
 
     def _follow_joins(self, snap: JobSnapshot) -> None:
@@ -221,7 +220,7 @@ class _Step(StepBase):
         them). A node that becomes the oldest join starts here, from the snapshot it just read;
         a watch that broke or failed to open is asked for again (``Local.joins_followed``)."""
         rec, joins = self.rec, snap.current_joins
-        open_ = snap.result is None and not snap.ended and rec.leave is None
+        open_ = snap.closed is None and not snap.ended and rec.leave is None
         leads = open_ and self.local.lease is not None and rdzv.leader(joins) == rec.node
         want = snap.current if leads else None
         if want != self.local.joins_followed:
@@ -249,6 +248,11 @@ class _Step(StepBase):
         if not self.rec.leading:
             self._do(Wait())
             return
+        if snap.previous_head is not None and not snap.rosters:
+            self._do(
+                ReadSnapshot(rosters=True)
+            )  # the previous round's members: whom to expect, in which order
+            return
         spec = rec.spec
         decision = rdzv.decide_close(
             info,
@@ -262,6 +266,7 @@ class _Step(StepBase):
             expect_grace_s=rec.grace(snap) + EXPECT_EXTRA_S,
             left=snap.left.get(info.round, set()),
             running=snap.may_still_run,
+            expect=rdzv.expected(info, snap.previous_result),
         )
         if decision.verdict is rdzv.Close.NOW:
             self._close(snap, info, decision.why)
@@ -270,37 +275,41 @@ class _Step(StepBase):
         else:
             self._do(Wait(decision.recheck_at, batch=True))
 
-    def _outside_running_round(self, snap: JobSnapshot, result: RoundResult, alive: frozenset[str]) -> None:
+    def _outside_running_round(self, snap: JobSnapshot, closed: RoundHead, alive: frozenset[str]) -> None:
         """The round runs without us: wait to join at the next one if the job can grow."""
         rec = self.rec
         self._stop(rec.grace(snap))
         # (A joiner that read this round's joins only counted knows it joined from its record.)
         if rec.joined_round == snap.current or rec.node in {j.node for j in snap.current_joins}:
             self._do(Withdraw(snap.current))
-        if len(result.members) >= rec.spec.nnodes.max:
+        if closed.size >= rec.spec.nnodes.max:
             self._do(Exit("the job runs with every node it can use", "agent.not_needed"))
             return
         if self.local.lease is not None and rec.node not in snap.waiting:
             self._set(state=AgentState.WAITING)
-            if not self._ready(snap, result, alive):
+            if snap.result is None:
+                self._do(ReadSnapshot(rosters=True))  # the members, to probe each before asking in
+                return
+            if not self._ready(snap, snap.result, alive):
                 return
             self._do(SetWaiting(), Publish())
         self._do(Wait())
 
-    def _supervise(self, snap: JobSnapshot, result: RoundResult, alive: frozenset[str]) -> None:
+    def _supervise(self, snap: JobSnapshot, closed: RoundHead, alive: frozenset[str]) -> None:
         """Act on our workers' exits and on the other members. Every write it asks for is safe to
         repeat, so a pass cut short by an unreachable store is simply done again."""
         rec = self.rec
         done = snap.done.get(snap.current, set())
         if self._on_exits(snap, alive, done):
             return
-        if set(result.nodes) <= done:
+        if snap.all_done():
             self._do(Finalize(JobState.SUCCEEDED, EndReason.SUCCEEDED, ""))
             return
         counted = snap.join_counts.get(snap.current)
-        if counted is None or counted < len(result.nodes):  # a member's key may be gone
-            if counted is not None:
-                self._do(ReadSnapshot())  # read the joins to know whose
+        if counted is None or counted < closed.size:  # a member's key may be gone
+            result = snap.result
+            if counted is not None or result is None:
+                self._do(ReadSnapshot(rosters=True))  # read the joins and the members to know whose
                 return
             present = {j.node for j in snap.current_joins}
             lost = [n for n in result.nodes if n not in present and n not in done and n != rec.node]
@@ -311,8 +320,10 @@ class _Step(StepBase):
             if lost:
                 self._event(snap, alive, RoundReason.MEMBER_LOST, f"lost node(s) {', '.join(lost)}")
                 return
-        newcomers = [n for n in snap.waiting if n in alive and n not in result.nodes]
-        if newcomers and not done and len(result.members) < rec.spec.nnodes.max:
+        # A member cleared its own waiting note before it joined: a note is a newcomer's.
+        members = set(snap.result.nodes) if snap.result is not None else {rec.node}
+        newcomers = [n for n in snap.waiting if n in alive and n not in members]
+        if newcomers and not done and closed.size < rec.spec.nnodes.max:
             detail = f"node(s) {', '.join(newcomers)} waiting"
             self._event(snap, alive, RoundReason.SCALE_UP, detail, extra=tuple(newcomers))
             return
@@ -378,8 +389,8 @@ class _Step(StepBase):
             )
             self._do(Finalize(JobState.FAILED, EndReason.REPEATED_FAILURE, why, stored))
             return
-        expect = rdzv.next_expect(snap.result, alive, extra)
-        info = RoundInfo(snap.current + 1, reason, self.now, expect, detail, stored, grace_s, repeats)
+        expect = rdzv.next_expect(extra)
+        info = RoundInfo(snap.current + 1, reason, self.now, expect, detail, stored, grace_s, repeats, True)
         self._do(Bump(Seen.of(snap), info, plan.spend))
 
     def _leave_job(self, snap: JobSnapshot, alive: frozenset[str]) -> None:
@@ -388,11 +399,11 @@ class _Step(StepBase):
         to the join timeout); a single-node job resumes when its node comes back."""
         leave = self.rec.leave
         assert leave is not None
-        result = snap.result
+        closed = snap.closed
         next_round = snap.current + 1
-        if result is not None and self.rec.node in result.nodes:
+        if closed is not None and snap.me(self.rec.node) is not None:
             self._event(snap, alive, leave.reason, leave.detail, grace_s=leave.grace_s)
-        elif result is None:
+        elif closed is None:
             next_round = snap.current  # the round is still filling: it must not wait for us
             if self.rec.node in {j.node for j in snap.current_joins}:
                 # Withdraw before ``left``: the nodes ``left`` wakes then see who leads without

@@ -83,7 +83,9 @@ class StepBase:
                 self._note(None)
                 ordered = rdzv.order_members(got.joins, snap.previous_result, spec.nnodes.max)
                 why = f"{why}; {got.why}" if got.why else why
-                self._do(CloseRound(rdzv.build_result(info.round, ordered, self.now), why, info))
+                # The epoch ties the round's head to the assignments we write (``roster``).
+                epoch = next((j.create_revision for j in snap.current_joins if j.node == rec.node), 0)
+                self._do(CloseRound(rdzv.build_result(info.round, ordered, self.now, epoch), why, info))
 
     def _ready(self, snap: JobSnapshot, result: RoundResult, alive: frozenset[str]) -> bool:
         """Whether we reach every member of the running round, and so may ask to be taken in."""

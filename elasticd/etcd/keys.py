@@ -17,6 +17,13 @@ agents watch its deletions alone, so a node that comes, goes or is admitted reac
 daemons that share a job with it, and only when it goes. ``nodes/`` (each node's record, rewritten
 at every admission) is read on demand and watched by none.
 
+A round's assignments live apart as well, under ``rounds/<job>/<r>/<node>``: one small record
+per member (its ranks, the round's master, its ring neighbours), written by the round's leader
+before the round's head (``jobs/<job>/rdzv/<r>/result``, a few hundred bytes whatever N). A
+member reads the head and its own assignment; ``status`` and the leader read them all. No daemon
+watches ``rounds/`` (it sorts between ``nodes/`` and ``specs/``), so the N records of a round reach
+no watch, and no value grows with the job.
+
 A job's full spec lives apart too, under ``specs/<job>``: ``jobs/<job>/spec`` holds its small
 head (``elasticd.terms.head``), and only a node about to take part in the job reads the spec. No
 daemon watches ``specs/``, and no read of ``jobs/`` or ``parts/`` (the scan, ``status``) touches it.
@@ -42,7 +49,8 @@ class KeyKind(StrEnum):
     ROUND = "round"
     RESTARTS = "restarts"
     FINAL = "final"
-    RESULT = "result"  # jobs/<job>/rdzv/<r>/result
+    RESULT = "result"  # jobs/<job>/rdzv/<r>/result: the round's head (elasticd.rendezvous.roster)
+    ASSIGNMENT = "assignment"  # rounds/<job>/<r>/<node>: one member's part; unwatched, like parts/
     PRESENCE = "presence"  # presence/<job>/<node>: under its lease; watched by the job's agents alone
     JOIN = "join"  # parts/<job>/<r>/join/<node>: outside jobs/, and outside the daemons' watch
     DONE = "done"
@@ -108,8 +116,10 @@ class Change:
 class Keys:
     # v2: joins, statuses and pending notes moved out of jobs/ into parts/ (v1 daemons would
     # neither see v2 joins nor read their own). v3: jobs/<job>/spec holds the job's head, and the
-    # full spec moved to specs/<job> (a v2 daemon would read a head as an invalid spec).
-    prefix: str = "/elasticd/v3"
+    # full spec moved to specs/<job> (a v2 daemon would read a head as an invalid spec). v4: a
+    # round's result is a small head, and each member's part is its own record under rounds/ (a
+    # v3 daemon would read a head as an invalid result).
+    prefix: str = "/elasticd/v4"
 
     # -- build ---------------------------------------------------------------------------------
     def nodes(self) -> str:
@@ -135,8 +145,17 @@ class Keys:
     def job_prefixes(self, job_id: str) -> tuple[str, str]:
         """Every key of the job: its parts, then the rest (the order a removal deletes them in,
         so that an interrupted removal leaves no parts of a job that has no records). The job's
-        full spec (``job_body``) goes in the same transaction as the rest."""
+        full spec (``job_body``) and its rounds' assignments (``job_rounds``) go in the same
+        transaction as the rest."""
         return self.job_parts(job_id), self.job(job_id)
+
+    def job_rounds(self, job_id: str) -> str:
+        """The assignments of every round of the job that is kept (``assignment``)."""
+        return f"{self.prefix}/rounds/{job_id}/"
+
+    def all_rounds(self) -> str:
+        """Every job's round assignments: unwatched; read by a member (its own) and by ``status``."""
+        return f"{self.prefix}/rounds/"
 
     def job_joins(self, job_id: str) -> tuple[str, str]:
         """The range [start, end) of the job's joins, of every round: a round is a plain decimal,
@@ -163,9 +182,10 @@ class Keys:
 
     def watched(self) -> tuple[tuple[str, str], ...]:
         """The ranges [start, end) every daemon watches: the whole prefix but the nodes' records,
-        the jobs' parts, the nodes' presences and the full specs. They are left out as one range
-        (``nodes/`` to ``specs/``): the layout has no other key between them (``drain``, ``gpus``,
-        ``janitor``, ``jobs``, ``events`` and ``event_seq`` sort before ``nodes/``), so one more
+        the jobs' parts, the nodes' presences, the rounds' assignments and the full specs. They are
+        left out as one range (``nodes/`` to ``specs/``): the layout has no other key between them
+        (``drain``, ``gpus``, ``janitor``, ``jobs``, ``events`` and ``event_seq`` sort before
+        ``nodes/``), so one more
         watch stream is not needed."""
         return (
             (f"{self.prefix}/", self.nodes()),
@@ -197,7 +217,16 @@ class Keys:
         return f"{self.prefix}/parts/{job_id}/{round_no}/join/"
 
     def result(self, job_id: str, round_no: int) -> str:
+        """The round's head: written last, once every assignment of the round is in place."""
         return f"{self.prefix}/jobs/{job_id}/rdzv/{round_no}/result"
+
+    def assignment(self, job_id: str, round_no: int, node: str) -> str:
+        """``node``'s part in round ``round_no``: what it reads to start its workers (O(1) bytes)."""
+        return f"{self.prefix}/rounds/{job_id}/{round_no}/{node}"
+
+    def assignments(self, job_id: str, round_no: int) -> str:
+        """Every assignment of round ``round_no``: what ``status`` and the next round's leader read."""
+        return f"{self.prefix}/rounds/{job_id}/{round_no}/"
 
     def done(self, job_id: str, round_no: int, node: str) -> str:
         return f"{self.prefix}/jobs/{job_id}/rdzv/{round_no}/done/{node}"
@@ -205,9 +234,15 @@ class Keys:
     def left(self, job_id: str, round_no: int, node: str) -> str:
         return f"{self.prefix}/jobs/{job_id}/rdzv/{round_no}/left/{node}"
 
-    def rounds(self, job_id: str, round_no: int) -> tuple[str, str]:
-        """Every key of round ``round_no``: its joins, and its records under the job."""
-        return f"{self.prefix}/parts/{job_id}/{round_no}/", f"{self.prefix}/jobs/{job_id}/rdzv/{round_no}/"
+    def rounds(self, job_id: str, round_no: int) -> tuple[str, str, str]:
+        """Every key of round ``round_no``: its joins, its records under the job (the head among
+        them), then its assignments: deleted in this order, no read ever finds a head whose
+        assignments are gone."""
+        return (
+            f"{self.prefix}/parts/{job_id}/{round_no}/",
+            f"{self.prefix}/jobs/{job_id}/rdzv/{round_no}/",
+            self.assignments(job_id, round_no),
+        )
 
     def waiting(self, job_id: str, node: str) -> str:
         return f"{self.prefix}/jobs/{job_id}/waiting/{node}"
@@ -282,8 +317,8 @@ class Keys:
                 return KeyRef(KeyKind.EVENT_SEQ)
             case ["jobs", job, *rest]:
                 return _job_key(_job(job), rest)
-            case ["parts", job, *rest]:
-                return _part_key(_job(job), rest)
+            case [("parts" | "rounds") as tree, job, *rest]:
+                return _part_key(tree, _job(job), rest)
             case ["presence", job, node]:
                 return KeyRef(KeyKind.PRESENCE, _job(job), node=_node(node))
             case ["specs", job]:
@@ -292,9 +327,9 @@ class Keys:
                 raise DecodeError("", "no such key: the layout has no key of this name")
 
     def job_of(self, key: str) -> str | None:
-        """The job a key is under (``jobs/<job>/...`` or ``parts/<job>/...``), parsed or not;
-        None for other keys."""
-        for base in (self.jobs(), self.all_parts()):
+        """The job a key is under (``jobs/<job>/...``, ``parts/<job>/...`` or ``rounds/<job>/...``),
+        parsed or not; None for other keys."""
+        for base in (self.jobs(), self.all_parts(), self.all_rounds()):
             if key.startswith(base):
                 job, sep, _ = key[len(base) :].partition("/")
                 return job if sep else None
@@ -325,8 +360,13 @@ def _job_key(job: str, rest: list[str]) -> KeyRef:
             raise DecodeError("", "no such key: a job has no record of this name")
 
 
-def _part_key(job: str, rest: list[str]) -> KeyRef:
-    """A key under ``parts/<job>/``: a join (its round a plain decimal) or a node's record."""
+def _part_key(tree: str, job: str, rest: list[str]) -> KeyRef:
+    """A key under ``parts/<job>/`` (a join, its round a plain decimal, or a node's record) or
+    under ``rounds/<job>/`` (a member's assignment of a round)."""
+    if tree == "rounds":
+        if len(rest) != 2:
+            raise DecodeError("", "no such key: a round has no record of this name")
+        return KeyRef(KeyKind.ASSIGNMENT, job, round_no(rest[0]), _node(rest[1]))
     match rest:
         case [r, "join", node]:
             return KeyRef(KeyKind.JOIN, job, round_no(r), _node(node))

@@ -33,11 +33,8 @@ def admit(
         return Admission(False)
     if draining or node in snap.drains:
         return Admission(False)
-    result = snap.result
-    if result is not None:
-        seats = head.nnodes.max - len(result.members)  # a running round: join at the next one
-    else:
-        seats = head.nnodes.max - len(snap.current_joins)
+    closed = snap.closed  # a running round: join at the next one
+    seats = head.nnodes.max - (closed.size if closed is not None else len(snap.current_joins))
     if seats <= 0:
         return Admission(False)
     if single_host_only and head.nnodes.max > 1:

@@ -29,7 +29,7 @@ from elasticd.progress.protocol import HEARTBEAT_FILE_ENV, PROGRESS_FD_ENV
 from elasticd.progress.timeouts import HangPolicy
 from elasticd.progress.tracker import RankProgress
 from elasticd.progress.watch import HangWatch, WatchedRank
-from elasticd.rendezvous.model import Member, RoundResult
+from elasticd.rendezvous.model import Member, RoundHead
 from elasticd.terms.spec import JobSpec
 from elasticd.terms.state import EndReason, SetupFailure, WorkerFailure
 from elasticd.workers.cgroups.limits import LimitBackend, LimitError, Placement, ResourceLimits, RlimitBackend
@@ -78,11 +78,11 @@ def master_port(rt: NodeRuntime) -> int:
         ) from exc
 
 
-def layout_for(result: RoundResult, me: Member) -> WorldLayout:
+def layout_for(result: RoundHead, me: Member) -> WorldLayout:
     return WorldLayout(
         round=result.round,
         group_rank=me.group_rank,
-        group_world_size=len(result.members),
+        group_world_size=result.size,
         rank_offset=me.rank_offset,
         world_size=result.world_size,
         local_world_size=me.local_world_size,

@@ -11,7 +11,7 @@ from elasticd.jobs.env import zygote_env
 from elasticd.jobs.identity import switch_to
 from elasticd.jobs.launch import NodeRuntime, ProcessWorkers, layout_for, start_group
 from elasticd.jobs.pathcheck import check_paths
-from elasticd.rendezvous.model import Member, RoundResult
+from elasticd.rendezvous.model import Member, RoundHead
 from elasticd.terms.options import EntryKind
 from elasticd.terms.spec import JobSpec
 from elasticd.workers.cgroups.limits import ResourceLimits
@@ -116,7 +116,7 @@ class ProcessLauncher:
         return zygote
 
     async def start(
-        self, spec: JobSpec, result: RoundResult, member: Member, restarts: int, slots: tuple[int, ...]
+        self, spec: JobSpec, result: RoundHead, member: Member, restarts: int, slots: tuple[int, ...]
     ) -> ProcessWorkers:
         problem = await asyncio.to_thread(check_paths, spec)  # as the submitter, as exec will see them
         if problem is not None:
@@ -134,7 +134,7 @@ class ProcessLauncher:
             attempt=result.round,
             restart_count=restarts,
             slots=slots,
-            fence=len(result.nodes) > 1,  # a one-member round has no peers to fence it from
+            fence=result.size > 1,  # a one-member round has no peers to fence it from
             zygote=zygote,
             snapshots=await self._snapshots(),
         )

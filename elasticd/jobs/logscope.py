@@ -17,7 +17,7 @@ def round_view(snap: JobSnapshot) -> RoundView | None:
     info = snap.round
     if info is None:
         return None
-    result = snap.result
+    result = snap.closed
     return {
         "round": info.round,
         "reason": info.reason.value,

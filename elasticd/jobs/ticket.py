@@ -44,7 +44,7 @@ def ticket_of(snap: JobSnapshot) -> JobTicket | None:
     if head is None or snap.ended:
         return None
     state = job_state(snap)
-    result = snap.result
+    closed = snap.closed
     return JobTicket(
         id=snap.job_id,
         user=head.user,
@@ -54,7 +54,7 @@ def ticket_of(snap: JobSnapshot) -> JobTicket | None:
         spec_bytes=head.spec_bytes,
         state=state,
         slots=head.nnodes.min * head.nproc_per_node,
-        held=result.world_size if state is JobState.RUNNING and result is not None else 0,
+        held=closed.world_size if state is JobState.RUNNING and closed is not None else 0,
     )
 
 

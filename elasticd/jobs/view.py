@@ -35,7 +35,7 @@ def job_state(snap: JobSnapshot) -> JobState:
         return snap.final.state
     if snap.invalid:
         return JobState.FAILED
-    if snap.result is not None:
+    if snap.closed is not None:
         return JobState.RUNNING
     return JobState.PENDING if snap.current == 0 else JobState.RESTARTING
 

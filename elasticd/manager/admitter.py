@@ -56,7 +56,7 @@ class Admitter:
         )
         # Written only when it differs from what the job's read holds: with many pending jobs,
         # a scan must not rewrite every one's note (nor a restarted daemon, while they hold).
-        if decision.note != snap.pending.get(node) and lease is not None and snap.result is None:
+        if decision.note != snap.pending.get(node) and lease is not None and snap.closed is None:
             await store.note_pending(node, decision.note, lease)
         if not decision.join:
             return None

@@ -116,7 +116,7 @@ class Janitor:
             elif (
                 snap.head is not None
                 and snap.round is not None
-                and not snap.result
+                and not snap.closed
                 and not snap.current_joins
             ):
                 due.append(snap.round.opened_at + snap.head.join_timeout_s)
@@ -139,7 +139,7 @@ class Janitor:
     def _waits_in_time(self, snap: JobSnapshot) -> bool:
         """A job no round of which closed, with a join or within its join timeout: ``_orphan``
         does nothing for it (the cheap test first: a queue of a thousand waits at every sweep)."""
-        if snap.result is not None or snap.round is None or snap.head is None:
+        if snap.closed is not None or snap.round is None or snap.head is None:
             return False
         return bool(snap.current_joins) or self._clock() - snap.round.opened_at <= snap.head.join_timeout_s
 

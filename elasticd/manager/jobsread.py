@@ -1,6 +1,6 @@
 """Reading every job, for the scan and ``status``, at a cost that follows what changed.
 
-One read of ``jobs/`` and ``parts/`` at one revision gives every job (``parse_jobs``): with a
+One read of ``jobs/``, ``parts/`` and ``rounds/`` at one revision gives every job (``parse_jobs``): with a
 thousand jobs queued that is thousands of keys, and the scan asks for it at every wake and every
 ``SCAN_S``, ``status`` at every refresh. So the last read is held, by job, and the next one first
 asks etcd, in one small request, what was created, changed or deleted since: a range read from
@@ -14,14 +14,15 @@ keys plus the new ones.
 - A deletion: every key is read again (and parsed with the ``RecordCache``, which reuses the
   snapshot of every job whose keys did not change).
 
-Every key under ``jobs/`` is watched, ``parts/`` is not. So when the daemon has seen no change
-since the held read was asked for (``changes``, the count of the news the watch brought: the
-recent read's generation), the probe asks about ``parts/`` alone, which etcd answers with a pass
-over the parts only (they follow the jobs that are active: rounds, joins, statuses, pending
-notes), not over every queued job's keys; only when a part changed is the whole probe sent. The
-held read then stands as it was, consistent as of its revision: ``jobs/`` had no change the watch
-reported, ``parts/`` none at all. A job this daemon created is read back alone and put in the
-held read (``adopt``), its creation's news not counted: so a submit costs no pass either.
+Every key under ``jobs/`` is watched, ``parts/`` and ``rounds/`` are not. So when the daemon has
+seen no change since the held read was asked for (``changes``, the count of the news the watch
+brought: the recent read's generation), the probe asks about those two alone, which etcd answers
+with a pass over them only (they follow the jobs that are active: joins, statuses, pending notes,
+the members' assignments), not over every queued job's keys; only when one of them changed is the
+whole probe sent. The held read then stands as it was, consistent as of its revision: ``jobs/``
+had no change the watch reported, ``parts/`` and ``rounds/`` none at all. A job this daemon
+created is read back alone and put in the held read (``adopt``), its creation's news not counted:
+so a submit costs no pass either.
 """
 
 from __future__ import annotations
@@ -48,10 +49,11 @@ class _Held:
 
 @dataclass(frozen=True)
 class ReadBack:
-    """One job read alone, its keys under ``jobs/`` and ``parts/`` at one revision (``read_back``)."""
+    """One job read alone, its keys under ``jobs/``, ``parts/`` and ``rounds/`` at one revision
+    (``read_back``)."""
 
     snap: JobSnapshot
-    found: list[Found]  # the two ranges, as ``JobsRead``'s queries of every job order them
+    found: list[Found]  # the three ranges, as ``JobsRead``'s queries of every job order them
 
 
 class JobsRead:
@@ -66,7 +68,11 @@ class JobsRead:
         self._keys = keys
         self._changes = changes  # news of ``jobs/`` seen so far (None: none can be relied on now)
         self._seen: int | None = None  # ``changes()`` when the held read was asked for
-        self._queries = (Query(keys.jobs(), prefix=True), Query(keys.all_parts(), prefix=True))
+        self._queries = (
+            Query(keys.jobs(), prefix=True),
+            Query(keys.all_parts(), prefix=True),  # unwatched, as the next
+            Query(keys.all_rounds(), prefix=True),  # the members of every closed round, for ``status``
+        )
         self.records = RecordCache()
         self._held: _Held | None = None
         self.full_reads = 0  # what the tests and benches count
@@ -108,7 +114,11 @@ class JobsRead:
         """``job_id`` alone (blocking: run it in a thread), parsed as a read of every job parses it."""
         k = self._keys
         found = self._kv.read_many(
-            [Query(k.job(job_id), prefix=True), Query(k.job_parts(job_id), prefix=True)]
+            [
+                Query(k.job(job_id), prefix=True),
+                Query(k.job_parts(job_id), prefix=True),
+                Query(k.job_rounds(job_id), prefix=True),
+            ]
         )
         kvs = [kv for f in found for kv in f.kvs]
         snaps, _ = parse_jobs(k, kvs)
@@ -132,11 +142,12 @@ class JobsRead:
         return held.jobs
 
     async def _parts_unchanged(self, held: _Held) -> bool:
-        """No key under ``parts/`` created, changed or deleted since ``held`` was read."""
-        probe = replace(self._queries[1], min_mod_revision=held.newest + 1)
-        (found,) = await asyncio.to_thread(self._kv.read_many, [probe])
+        """No key under ``parts/`` or ``rounds/`` (the unwatched ranges) created, changed or deleted
+        since ``held`` was read."""
+        probe = [replace(q, min_mod_revision=held.newest + 1) for q in self._queries[1:]]
+        found = await asyncio.to_thread(self._kv.read_many, probe)
         self.parts_probes += 1
-        return not found.kvs and found.count == held.counts[1]
+        return all(not f.kvs and f.count == count for f, count in zip(found, held.counts[1:], strict=True))
 
     def _apply(self, held: _Held, changed: list[Found]) -> bool:
         """Bring ``held`` up to the probe's revision; False if a key was deleted (read it all)."""

@@ -12,7 +12,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from elasticd.rendezvous.model import Join, Member, RoundInfo, RoundResult
+from elasticd.rendezvous.model import MAX_EXPECT, Join, Member, RoundInfo, RoundResult
 from elasticd.terms.spec import NodeRange
 from elasticd.terms.state import RoundReason
 
@@ -30,13 +30,16 @@ def order_members(joins: Sequence[Join], previous: RoundResult | None, max_nodes
     return (survivors + newcomers)[:max_nodes]
 
 
-def build_result(round_no: int, ordered: Sequence[Join], closed_at: float) -> RoundResult:
+def build_result(round_no: int, ordered: Sequence[Join], closed_at: float, epoch: int = 0) -> RoundResult:
+    """The round whole; ``epoch``: the closing leader's join's create revision (``roster``)."""
     members = []
     offset = 0
     for group_rank, j in enumerate(ordered):
         members.append(Member(j.node, j.address, group_rank, offset, j.local_world_size, j.liveness_port))
         offset += j.local_world_size
-    return RoundResult(round_no, tuple(members), offset, ordered[0].address, ordered[0].port, closed_at)
+    return RoundResult(
+        round_no, tuple(members), offset, ordered[0].address, ordered[0].port, closed_at, epoch
+    )
 
 
 class Close(StrEnum):
@@ -65,6 +68,7 @@ def decide_close(
     expect_grace_s: float,
     left: Collection[str] = (),
     running: Collection[str] = (),
+    expect: Sequence[str] = (),
 ) -> CloseDecision:
     """Should the leader close the round now?
 
@@ -74,6 +78,9 @@ def decide_close(
     - At least MIN joined and no join for ``last_call_s``: close, unless an expected live node
       has not joined yet and ``expect_grace_s`` (its workers' stop grace) has not passed.
     - Fewer than MIN after ``join_timeout_s``: fail.
+
+    ``expect``: the nodes the round expects (``expected``: the previous members it names, whom
+    the leader reads from the previous round's assignments, and its announced newcomers).
 
     An expected node that ``left`` (it stopped its workers and will not rejoin) counts as arrived:
     that is how a round waits for a drained node's workers to be gone before it starts new ones.
@@ -86,7 +93,7 @@ def decide_close(
     """
     count = len(joins)
     joined = {j.node for j in joins}
-    missing = [n for n in info.expect if n in alive and n not in joined and n not in left]
+    missing = [n for n in expect if n in alive and n not in joined and n not in left]
     deadline = info.opened_at + join_timeout_s
     held = [n for n in missing if n in running]
     if held:
@@ -94,7 +101,7 @@ def decide_close(
     if count >= nnodes.max and not (missing and now < info.opened_at + expect_grace_s):
         return CloseDecision(Close.NOW, f"{count} of at most {nnodes.max} nodes joined")
     if count >= nnodes.min:
-        if info.expect and not missing:
+        if expect and not missing:
             return CloseDecision(Close.NOW, "every expected node rejoined")
         quiet_until = last_join_at + last_call_s
         grace_until = info.opened_at + expect_grace_s if missing else 0.0
@@ -147,12 +154,17 @@ def ring_neighbours(result: RoundResult, node: str) -> list[Member]:
     return [m for n, m in around.items() if n != node]
 
 
-def next_expect(
-    result: RoundResult | None, alive: Collection[str], extra: Sequence[str] = ()
-) -> tuple[str, ...]:
-    """The nodes the next round waits for: live members of this one, plus announced newcomers."""
-    members = [n for n in (result.nodes if result else ()) if n in alive]
-    return tuple(dict.fromkeys([*members, *extra]))
+def next_expect(extra: Sequence[str] = ()) -> tuple[str, ...]:
+    """The newcomers the next round names to wait for (at most ``MAX_EXPECT``: the round's record
+    stays small; more close at last call). Its live members it expects by ``expect_members``."""
+    return tuple(dict.fromkeys(extra))[:MAX_EXPECT]
+
+
+def expected(info: RoundInfo, previous: RoundResult | None) -> tuple[str, ...]:
+    """Whom round ``info`` waits for before it may close early: the previous round's members when
+    it names them (``expect_members``; the leader reads that round whole), then its newcomers."""
+    members = previous.nodes if info.expect_members and previous is not None else ()
+    return tuple(dict.fromkeys([*members, *info.expect]))
 
 
 __all__ = [
@@ -162,6 +174,7 @@ __all__ = [
     "RoundReason",
     "build_result",
     "decide_close",
+    "expected",
     "leader",
     "next_expect",
     "order_members",

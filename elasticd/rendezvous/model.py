@@ -16,10 +16,12 @@ from typing import Any
 from elasticd.decode import DecodeError, decode
 from elasticd.progress.tracker import RankProgress
 from elasticd.terms.ids import MAX_ROUND, valid_node_id
-from elasticd.terms.spec import MAX_NPROC_PER_NODE
+from elasticd.terms.spec import MAX_NODES, MAX_NPROC_PER_NODE
 from elasticd.terms.state import EndReason, JobState, RoundReason, WorkerFailure
 
 MAX_GRACE_S = 3600.0
+MAX_MEMBERS = MAX_NODES
+MAX_EXPECT = 128  # newcomers a round names to wait for (``RoundInfo.expect``): the record stays small
 # Host names, IPv4 and IPv6 literals: what MASTER_ADDR and a liveness probe may be given.
 _ADDRESS = re.compile(r"^[A-Za-z0-9_.:%\[\]-]{1,255}$")
 
@@ -73,15 +75,20 @@ class RoundInfo:
     round: int
     reason: RoundReason
     opened_at: float  # wall clock; the join timeout counts from here
-    expect: tuple[str, ...] = ()  # nodes the round waits for before it may close early
+    # Newcomers the round waits for before it may close early (at most MAX_EXPECT: more close at
+    # last call); with ``expect_members``, the previous round's live members too, which its leader
+    # reads from that round's assignments (so the record does not grow with the job).
+    expect: tuple[str, ...] = ()
     detail: str = ""  # human-readable cause, e.g. the first failure's summary
     failure: dict[str, Any] | None = None  # the WorkerFailure that opened it, if any
     grace_s: float | None = None  # SIGTERM -> SIGKILL for the previous round's workers (drain --grace)
     repeats: int = 0  # rounds in a row, this one included, opened by the same failure (see rootcause)
+    expect_members: bool = False
 
     def __post_init__(self) -> None:
         _need(0 <= self.round <= MAX_ROUND, f"round must be 0..{MAX_ROUND}, got {self.round}")
         _need(0 <= self.repeats <= MAX_ROUND, f"repeats must be 0..{MAX_ROUND}, got {self.repeats}")
+        _need(len(self.expect) <= MAX_EXPECT, f"expect names at most {MAX_EXPECT} nodes")
         _check_time("opened_at", self.opened_at)
         for node in self.expect:
             _check_node("expect", node)
@@ -146,7 +153,9 @@ class Member:
 
 @dataclass(frozen=True)
 class RoundResult:
-    """Value of ``jobs/<job>/rdzv/<round>/result``: written once, read identically by every member."""
+    """A closed round whole: every member in rank order. Held in memory only (the leader builds
+    it; ``status`` and the next leader assemble it from the round's head and assignments,
+    ``elasticd.rendezvous.roster``): stored as one value it would grow with the job."""
 
     round: int
     members: tuple[Member, ...]
@@ -154,6 +163,7 @@ class RoundResult:
     master_addr: str
     master_port: int
     closed_at: float = 0.0
+    epoch: int = 0  # the leader's join's create_revision: ties the head to its assignments
     nodes: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -173,21 +183,85 @@ class RoundResult:
         _check_port("master_port", self.master_port)
         _check_time("closed_at", self.closed_at)
 
+    @property
+    def size(self) -> int:
+        return len(self.members)
+
     def member(self, node: str) -> Member | None:
         return next((m for m in self.members if m.node == node), None)
+
+    def head(self) -> RoundHead:
+        """What every node reads of the round: its size, world and master, not its members."""
+        return RoundHead(
+            self.round,
+            self.epoch,
+            len(self.members),
+            self.world_size,
+            self.master_addr,
+            self.master_port,
+            self.closed_at,
+        )
+
+
+@dataclass(frozen=True)
+class RoundHead:
+    """Value of ``jobs/<job>/rdzv/<round>/result``: a closed round, as every node reads it, in a
+    few hundred bytes whatever its size. Written once, after every assignment of the round
+    (``Assignment``) is in place, so a node that reads the head finds its own."""
+
+    round: int
+    epoch: int  # the leader's join's create_revision; its assignments carry the same
+    size: int  # members (nodes)
+    world_size: int
+    master_addr: str
+    master_port: int
+    closed_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        _need(0 <= self.round <= MAX_ROUND, f"round must be 0..{MAX_ROUND}, got {self.round}")
+        _need(self.epoch >= 0, "epoch must be a revision")
+        _need(1 <= self.size <= MAX_MEMBERS, f"size must be 1..{MAX_MEMBERS}, got {self.size}")
+        most = self.size * MAX_NPROC_PER_NODE
+        _need(self.size <= self.world_size <= most, f"world_size must be {self.size}..{most}")
+        _check_address("master_addr", self.master_addr)
+        _check_port("master_port", self.master_port)
+        _check_time("closed_at", self.closed_at)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> RoundHead:
+        return decode(cls, data)
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """Value of ``rounds/<job>/<round>/<node>``: one member's part in a closed round (its ranks)
+    and its ring neighbours (whose daemons it watches), written by the round's leader before the
+    head. A member reads the head and this, O(1) bytes whatever the job's size."""
+
+    round: int
+    epoch: int  # the head's: an assignment left by a leader that did not close the round has another
+    member: Member
+    peers: tuple[Member, ...] = ()  # its neighbours in rank order (``decider.ring_neighbours``)
+
+    def __post_init__(self) -> None:
+        _need(0 <= self.round <= MAX_ROUND, f"round must be 0..{MAX_ROUND}, got {self.round}")
+        _need(self.epoch >= 0, "epoch must be a revision")
+        _need(len(self.peers) <= 2, "an assignment names at most 2 peers")
+        _need(all(p.node != self.member.node for p in self.peers), "a node is not its own peer")
 
     def to_json(self) -> dict[str, Any]:
         return {
             "round": self.round,
-            "members": [asdict(m) for m in self.members],
-            "world_size": self.world_size,
-            "master_addr": self.master_addr,
-            "master_port": self.master_port,
-            "closed_at": self.closed_at,
+            "epoch": self.epoch,
+            "member": asdict(self.member),
+            "peers": [asdict(p) for p in self.peers],
         }
 
     @classmethod
-    def from_json(cls, data: Any) -> RoundResult:
+    def from_json(cls, data: Any) -> Assignment:
         return decode(cls, data)
 
 

@@ -2,7 +2,10 @@
 
 ``JobSnapshot.parse`` turns the keys of one read of ``jobs/<job>/`` and ``parts/<job>/`` (its
 joins, statuses and pending notes), at one revision, into typed records and never raises: a key
-that does not parse, does not validate or should not exist is recorded in ``invalid``.
+that does not parse, does not validate or should not exist is recorded in ``invalid``. A closed
+round is its head (``heads``); its members are in ``results`` only when the read covered every
+assignment of the job (``rosters``: ``status``, the scan, a round's leader), and a member's own
+assignment is read alone (``node``, ``me``): O(1) bytes for a member, whatever the job's size.
 ``Glance`` is the small read a node waiting in an open round makes instead. Pure: no etcd client
 (``elasticd.rendezvous.store`` does the reading)."""
 
@@ -17,17 +20,21 @@ from elasticd.errors import InvalidSpec
 from elasticd.etcd.keys import KeyKind, KeyRef, Keys
 from elasticd.etcd.types import KeyValue
 from elasticd.rendezvous.model import (
+    Assignment,
     DoneRecord,
     DrainRecord,
     FinalRecord,
     Join,
     LeftRecord,
+    Member,
     NodeStatus,
+    RoundHead,
     RoundInfo,
     RoundResult,
     WaitingRecord,
     pending_note,
 )
+from elasticd.rendezvous.roster import assemble, bounded, own
 from elasticd.terms.head import JobHead, parse_head
 
 T = TypeVar("T")
@@ -63,7 +70,11 @@ class JobSnapshot:
     restarts_mod: int = 0
     final: FinalRecord | None = None
     final_mod: int = 0
-    results: dict[int, RoundResult] = field(default_factory=dict)
+    heads: dict[int, RoundHead] = field(default_factory=dict)  # closed rounds, as every node reads them
+    results: dict[int, RoundResult] = field(default_factory=dict)  # closed rounds whole (``rosters``)
+    assigned: dict[int, dict[str, Assignment]] = field(default_factory=dict)  # as read, by round and node
+    rosters: bool = False  # the read covered every assignment: ``results`` holds each closed round
+    node: str = ""  # whose own assignment of the current round the read covered ("": none)
     joins: dict[int, list[Join]] = field(default_factory=dict)
     done: dict[int, set[str]] = field(default_factory=dict)
     left: dict[int, set[str]] = field(default_factory=dict)  # stopped for good before round r
@@ -82,16 +93,70 @@ class JobSnapshot:
     def current(self) -> int:
         return self.round.round if self.round else 0
 
+    def head_of(self, round_no: int) -> RoundHead | None:
+        head = self.heads.get(round_no)
+        if head is None and round_no in self.results:  # a snapshot built whole (tests)
+            return self.results[round_no].head()
+        return head
+
+    @property
+    def closed(self) -> RoundHead | None:
+        """The current round's head: the round closed (None: it is open)."""
+        return self.head_of(self.current)
+
     @property
     def result(self) -> RoundResult | None:
+        """The current round whole: only from a read that covered the rosters (``rosters``)."""
         return self.results.get(self.current)
+
+    def me(self, node: str) -> Member | None:
+        """``node``'s part in the current round (None: not a member, or the round is open); from
+        the round whole, or from ``node``'s own assignment the read covered."""
+        head = self.closed
+        if head is None:
+            return None
+        if self.current in self.results:
+            return self.results[self.current].member(node)
+        found = own(head, self.assigned.get(self.current, {}).get(node))
+        return found.member if found is not None else None
+
+    def peers(self, node: str) -> tuple[Member, ...]:
+        """``node``'s neighbours in the current round's rank order (the daemons it watches)."""
+        head = self.closed
+        if head is None:
+            return ()
+        if self.current in self.results:
+            members = self.results[self.current].members
+            index = next((i for i, m in enumerate(members) if m.node == node), None)
+            if index is None or len(members) < 2:
+                return ()
+            around = {p.node: p for p in (members[index - 1], members[(index + 1) % len(members)])}
+            return tuple(m for n, m in around.items() if n != node)
+        found = own(head, self.assigned.get(self.current, {}).get(node))
+        return found.peers if found is not None else ()
+
+    def all_done(self) -> bool:
+        """Every member of the current round reported ``done`` (by name when the round is read
+        whole, else by count: only members write ``done``)."""
+        head, done = self.closed, self.done.get(self.current, set())
+        if head is None:
+            return False
+        if self.current in self.results:
+            return set(self.results[self.current].nodes) <= done
+        return len(done) >= head.size
 
     @property
     def current_joins(self) -> list[Join]:
         return self.joins.get(self.current, [])
 
     @property
+    def previous_head(self) -> RoundHead | None:
+        earlier = [r for r in {*self.heads, *self.results} if r < self.current]
+        return self.head_of(max(earlier)) if earlier else None
+
+    @property
     def previous_result(self) -> RoundResult | None:
+        """The last closed round before the current one, whole (read with the rosters)."""
         earlier = [r for r in self.results if r < self.current]
         return self.results[max(earlier)] if earlier else None
 
@@ -99,7 +164,8 @@ class JobSnapshot:
     def may_still_run(self) -> set[str]:
         """Members of the previous round whose workers may still run: not done, and their join
         still there under their lease (one whose lease ended was fenced before it did, or died;
-        joins only counted say nothing of whose: then every member not done)."""
+        joins only counted say nothing of whose: then every member not done). Needs the rosters
+        (a round's leader reads them)."""
         prev = self.previous_result
         if prev is None:
             return set()
@@ -121,9 +187,19 @@ class JobSnapshot:
 
     @classmethod
     def parse(
-        cls, keys: Keys, job_id: str, kvs: list[KeyValue], cache: RecordCache | None = None
+        cls,
+        keys: Keys,
+        job_id: str,
+        kvs: list[KeyValue],
+        cache: RecordCache | None = None,
+        *,
+        rosters: bool = False,
+        node: str = "",
     ) -> JobSnapshot:
-        snap = cls(job_id)
+        """``rosters``: ``kvs`` hold every assignment of the job (each closed round is assembled
+        whole, and one that does not make its head is invalid); ``node``: they hold that node's
+        own assignment of the current round."""
+        snap = cls(job_id, rosters=rosters, node=node)
         base = keys.job(job_id)
         seen = {kv.key[len(base) :] for kv in kvs if kv.key.startswith(base)}
         for kv in kvs:
@@ -136,11 +212,24 @@ class JobSnapshot:
         if snap.found:
             missing = [kind.value for kind in REQUIRED if kind.value not in seen]
             snap.invalid.extend(InvalidKey(keys.relative(base) + leaf, "missing", 0) for leaf in missing)
+        if rosters:
+            snap._assemble(keys)
         snap.invalid.sort(key=lambda k: k.key)
         for joins in snap.joins.values():
             joins.sort(key=lambda j: j.create_revision)
         snap.last_join_revision = max((j.create_revision for j in snap.current_joins), default=0)
         return snap
+
+    def _assemble(self, keys: Keys) -> None:
+        """Each closed round whole, from its head and its assignments (``roster.assemble``)."""
+        for r, head in self.heads.items():
+            where = keys.relative(keys.assignments(self.job_id, r))
+            if any(k.key.startswith(where) for k in self.invalid):
+                continue  # a bad assignment is named already
+            try:
+                self.results[r] = assemble(head, self.assigned.get(r, {}).values())
+            except DecodeError as exc:
+                self.invalid.append(InvalidKey(where, str(exc)[:300], 0))
 
     def _take(self, ref: KeyRef, kv: KeyValue, cache: RecordCache | None) -> None:
         """Read one key into the snapshot; DecodeError (or InvalidSpec) if it is not valid."""
@@ -157,6 +246,13 @@ class JobSnapshot:
                 self.round, self.round_mod = info, kv.mod_revision
             case KeyKind.WAITING | KeyKind.NODE_STATUS | KeyKind.PENDING | KeyKind.JOB_DRAIN:
                 self._take_note(ref, parse_json(kv.value))
+            case KeyKind.ASSIGNMENT:  # N of them in a read of the rosters: decoded once each
+                got = cache.get(kv, _assignment) if cache is not None else _assignment(kv.value)
+                if got.round != ref.round or got.member.node != ref.node:
+                    raise DecodeError("member", f"is {got.member.node!r} of round {got.round}, not the key's")
+                self.assigned.setdefault(got.round, {})[ref.node] = got
+            case KeyKind.RESULT:  # bounded before it is decoded
+                self._take_round_record(ref, kv, parse_json(bounded(kv.value, ref.kind.value)))
             case _:
                 self._take_round_record(ref, kv, parse_json(kv.value))
 
@@ -172,10 +268,10 @@ class JobSnapshot:
             case KeyKind.FINAL:
                 self.final, self.final_mod = FinalRecord.from_json(value), kv.mod_revision
             case KeyKind.RESULT:
-                result = RoundResult.from_json(value)
-                if result.round != r:
-                    raise DecodeError("round", f"is {result.round}, but the key is round {r}")
-                self.results[result.round] = result
+                head = RoundHead.from_json(value)
+                if head.round != r:
+                    raise DecodeError("round", f"is {head.round}, but the key is round {r}")
+                self.heads[head.round] = head
             case KeyKind.JOIN:
                 join = Join.from_json(value, kv.create_revision, kv.lease)
                 if join.node != ref.node:
@@ -207,6 +303,10 @@ def _round(raw: bytes) -> RoundInfo:
     return RoundInfo.from_json(parse_json(raw))
 
 
+def _assignment(raw: bytes) -> Assignment:
+    return Assignment.from_json(parse_json(bounded(raw, "an assignment")))
+
+
 Signature = tuple[tuple[str, int], ...]  # a job's keys and their mod revisions, in key order
 
 
@@ -226,12 +326,13 @@ class RecordCache:
         self.decoded = 0  # records decoded (not found here): what the tests count
 
     def snapshot(self, keys: Keys, job_id: str, kvs: list[KeyValue]) -> JobSnapshot:
-        """``JobSnapshot.parse`` of ``kvs``, or the same snapshot as last time if none changed."""
+        """``JobSnapshot.parse`` of ``kvs`` (every key of the job, its rosters too), or the same
+        snapshot as last time if none changed."""
         signature = tuple((kv.key, kv.mod_revision) for kv in kvs)
         held = self._jobs.get(job_id)
         if held is not None and held[0] == signature:
             return held[1]
-        snap = JobSnapshot.parse(keys, job_id, kvs, self)
+        snap = JobSnapshot.parse(keys, job_id, kvs, self, rosters=True)
         if len(self._jobs) < self._limit or job_id in self._jobs:
             self._jobs[job_id] = (signature, snap)
         return snap
@@ -258,7 +359,7 @@ class RecordCache:
 def parse_jobs(
     keys: Keys, kvs: list[KeyValue], cache: RecordCache | None = None
 ) -> tuple[dict[str, JobSnapshot], dict[str, list[str]]]:
-    """Every job in one read of ``jobs/`` and ``parts/`` (one revision), by id; and the keys of
+    """Every job in one read of ``jobs/``, ``parts/`` and ``rounds/`` (one revision), by id; and the keys of
     parts of no job: ``parts/<job>/`` of a job that has no records, put after its removal (a
     status a leaving agent published late). Those make no job; their node's lease lasts as long
     as its daemon, so the janitor deletes them. With ``cache``, records unchanged since the
@@ -269,7 +370,7 @@ def parse_jobs(
         if job is not None:
             by_job.setdefault(job, []).append(kv)
     if cache is None:
-        snaps = [JobSnapshot.parse(keys, job, items) for job, items in by_job.items()]
+        snaps = [JobSnapshot.parse(keys, job, items, rosters=True) for job, items in by_job.items()]
     else:
         snaps = [cache.snapshot(keys, job, items) for job, items in by_job.items()]
         cache.retain({kv.key for kv in kvs}, set(by_job))

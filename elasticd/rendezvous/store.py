@@ -2,12 +2,15 @@
 change it, behind the async ``JobStore`` protocol.
 
 Reads are a single request over ``jobs/<job>/`` and the job's parts ``parts/<job>/`` (its joins,
-statuses and pending notes), at one revision, so a snapshot is never torn.
+statuses and pending notes), at one revision, so a snapshot is never torn; with the rounds'
+assignments (``rounds/<job>/``: every one, or a member's own), in the same request.
 Every write that must not race is a transaction guarded by revisions (the fencing tokens):
 - the job is created once (``create(head) == 0``), its head (``jobs/<job>/spec``) and its full
   spec (``specs/<job>``, read by a node about to take part: ``spec``) together, and removed
   with them together;
-- a round's result is written once (``create(result) == 0``) and never after the job ended;
+- a round's assignments, then its head, are written by its leader while its join is the one it
+  led with, the head does not exist and the job has not ended (``close``, ``roster``): the head
+  last, once;
 - the round advances only from the revision the caller saw (``mod(round)``), together with the
   restart counter (``mod(restarts)``), so concurrent observers of one event bump it once;
 - the job ends once (``create(final) == 0``).
@@ -25,9 +28,11 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar, cast
 
 from elasticd.decode import DecodeError, parse_json
+from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV, prefix_end
 from elasticd.etcd.types import Compare, Put, Query
+from elasticd.rendezvous import roster
 from elasticd.rendezvous.model import FinalRecord, Join, RoundInfo, RoundResult
 from elasticd.rendezvous.snapshot import Glance, InvalidKey, JobSnapshot, Seen
 from elasticd.terms.head import JobHead, body_bytes, check_body
@@ -35,6 +40,7 @@ from elasticd.terms.spec import JobSpec
 from elasticd.terms.state import EndReason, JobState, RoundReason
 
 T = TypeVar("T")
+READ_TRIES = 3  # a member's read finds the round closed at another round than it asked for
 
 
 class JobStore(Protocol):
@@ -43,7 +49,14 @@ class JobStore(Protocol):
 
     job_id: str
 
-    async def snapshot(self, joins_counted_of: int | None = None, statuses: bool = True) -> JobSnapshot: ...
+    async def snapshot(
+        self,
+        joins_counted_of: int | None = None,
+        statuses: bool = True,
+        *,
+        node: str = "",
+        rosters: bool = True,
+    ) -> JobSnapshot: ...
     async def glance(self, round_no: int, node: str) -> Glance: ...
     async def create(self, spec: JobSpec) -> bool: ...
     async def spec(self, head: JobHead) -> JobSpec: ...
@@ -53,7 +66,7 @@ class JobStore(Protocol):
     async def fail_invalid(self, snap: JobSnapshot) -> bool: ...
     async def join(self, round_no: int, join: Join, lease: int) -> None: ...
     async def withdraw(self, round_no: int, node: str) -> None: ...
-    async def close(self, result: RoundResult) -> bool: ...
+    async def close(self, result: RoundResult, leader: str) -> bool: ...
     async def bump(self, seen: Seen, info: RoundInfo, spend: bool) -> bool: ...
     async def amend(self, seen_mod: int, record: RoundInfo | FinalRecord) -> bool: ...
     async def mark_done(self, round_no: int, node: str) -> None: ...
@@ -83,14 +96,39 @@ class KVJobStore:
         raise NotImplementedError
 
     # -- reads ---------------------------------------------------------------------------------
-    async def snapshot(self, joins_counted_of: int | None = None, statuses: bool = True) -> JobSnapshot:
+    async def snapshot(
+        self,
+        joins_counted_of: int | None = None,
+        statuses: bool = True,
+        *,
+        node: str = "",
+        rosters: bool = True,
+    ) -> JobSnapshot:
         """The whole job; with ``joins_counted_of=r``, round r's join keys are only counted
         (a running member needs how many are left, not N records: O(1) instead of O(N)); with
         ``statuses=False``, its nodes' statuses and pending notes are left out (what ``status``
-        shows, which no decider reads: an agent's read carries O(N) records fewer)."""
-        return await self._run(lambda: self._snapshot(joins_counted_of, statuses))
+        shows, which no decider reads: an agent's read carries O(N) records fewer); with
+        ``rosters=False``, no round's assignments but ``node``'s own of the current round (a
+        member's read: O(1) bytes, whatever the job's size)."""
+        return await self._run(lambda: self._member_snapshot(joins_counted_of, statuses, node, rosters))
 
-    def _snapshot(self, counted_of: int | None, statuses: bool) -> JobSnapshot:
+    def _member_snapshot(
+        self, counted_of: int | None, statuses: bool, node: str, rosters: bool
+    ) -> JobSnapshot:
+        """One read; a member's read that finds another round closed than it asked for
+        (``counted_of``) reads again for that round's own assignment (the round moved meanwhile)."""
+        hint = counted_of
+        for _ in range(READ_TRIES):
+            snap = self._snapshot(counted_of, statuses, node, rosters, hint)
+            closed = snap.closed
+            if rosters or not node or closed is None or closed.round == hint:
+                return snap
+            hint = closed.round
+        raise EtcdUnavailable(f"job {self.job_id}'s round moved {READ_TRIES} times while it was read")
+
+    def _snapshot(
+        self, counted_of: int | None, statuses: bool, node: str, rosters: bool, hint: int | None
+    ) -> JobSnapshot:
         k, j = self._keys, self.job_id
         parts = k.job_parts(j)
         start, end = (parts, prefix_end(parts)) if statuses else k.job_joins(j)
@@ -99,10 +137,17 @@ class KVJobStore:
         if counted is not None:  # all but round r's joins, which are counted
             ranges = [(start, counted), (prefix_end(counted), end)]
         queries = [Query(k.job(j), prefix=True), *(Query(a, end=b) for a, b in ranges)]
+        if rosters:
+            queries.append(Query(k.job_rounds(j), prefix=True))
+        elif node and hint is not None:
+            queries.append(Query(k.assignment(j, hint, node)))
+        read = len(queries)
         if counted is not None:
             queries.append(Query(counted, prefix=True, count_only=True))
         found = self._kv.read_many(queries)
-        snap = JobSnapshot.parse(k, j, [kv for f in found[: 1 + len(ranges)] for kv in f.kvs])
+        kvs = [kv for f in found[:read] for kv in f.kvs]
+        mine = node if not rosters and hint is not None else ""
+        snap = JobSnapshot.parse(k, j, kvs, rosters=rosters, node=mine)
         if counted_of is not None:
             snap.join_counts[counted_of] = found[-1].count
         return snap
@@ -182,11 +227,28 @@ class KVJobStore:
     async def withdraw(self, round_no: int, node: str) -> None:
         await self._run(lambda: self._kv.delete(self._keys.join(self.job_id, round_no, node)))
 
-    async def close(self, result: RoundResult) -> bool:
+    async def close(self, result: RoundResult, leader: str) -> bool:
+        """Close the round: every member's assignment, in bounded transactions, then its head
+        (``roster``). Each is guarded: no head yet, no final, and ``leader``'s join still the one
+        it led with (``result.epoch``, its create revision), so a leader that lost its place (its
+        lease ended, it withdrew) writes nothing more and never mixes with the next one's. False
+        when a guard failed: someone else closed the round, or will."""
         k, j = self._keys, self.job_id
-        key = k.result(j, result.round)
-        compare = [Compare(key, "create", 0), Compare(k.job_final(j), "create", 0)]
-        return await self._run(lambda: self._kv.txn(compare, [Put(key, result.to_json())]))
+        head = k.result(j, result.round)
+        compare = [
+            Compare(head, "create", 0),
+            Compare(k.job_final(j), "create", 0),
+            Compare(k.join(j, result.round, leader), "create", result.epoch),
+        ]
+        items = [(k.assignment(j, a.round, a.member.node), a.to_json()) for a in roster.assignments(result)]
+        txns = [[Put(key, value) for key, value in batch] for batch in roster.batches(items)]
+        txns.append([Put(head, result.head().to_json())])
+        return await self._run(lambda: self._write_in_order(compare, txns))
+
+    def _write_in_order(self, compare: list[Compare], txns: list[list[Put]]) -> bool:
+        """Each of ``txns`` under ``compare``, in order (the last one alone after all the others
+        took); False at the first that did not."""
+        return all(self._kv.txn(compare, puts) for puts in txns)
 
     async def bump(self, seen: Seen, info: RoundInfo, spend: bool) -> bool:
         """Open round ``info.round`` if the round is still the one the caller saw. True if we did."""
@@ -229,20 +291,22 @@ class KVJobStore:
 
         def forget() -> None:
             for old in range(max(0, round_no - 4), round_no - 1):
-                for prefix in self._keys.rounds(self.job_id, old):
+                for prefix in self._keys.rounds(self.job_id, old):  # the head before its assignments
                     self._kv.delete_prefix(prefix)
 
         await self._run(forget)
 
     async def remove(self) -> None:
         """Delete every record of the job: its parts first (see ``Keys.job_prefixes``), then its
-        records and its full spec in one transaction, so that neither is left without the other."""
+        records, its rounds' assignments and its full spec in one transaction, so that none is
+        left without the others."""
         parts, records = self._keys.job_prefixes(self.job_id)
         body = self._keys.job_body(self.job_id)
+        rounds = Query(self._keys.job_rounds(self.job_id), prefix=True)
 
         def remove() -> None:
             self._kv.delete_prefix(parts)
-            self._kv.txn([], [], [Query(records, prefix=True), body])
+            self._kv.txn([], [], [Query(records, prefix=True), rounds, body])
 
         await self._run(remove)
 

@@ -17,6 +17,7 @@ from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.model import Join, RoundInfo
 from elasticd.rendezvous.snapshot import Seen
 from elasticd.rendezvous.store import EtcdJobStore, InlineJobStore, JobStore
+from elasticd.terms.spec import NodeRange
 from elasticd.terms.state import EndReason, JobState, RoundReason, WorkerFailure
 from tests.contract.test_kv_contract import Events
 from tests.fakes import JOB, head_of, make_spec
@@ -107,14 +108,15 @@ def test_a_round_result_is_written_once_and_never_after_the_end(store: JobStore,
     lease = kv.grant_lease(30)
     run(store.join(0, _join("n1"), lease))
     joins = run(store.snapshot()).current_joins
-    result = rdzv.build_result(0, joins, 1.0)
-    assert run(store.close(result))
-    assert not run(store.close(rdzv.build_result(0, joins, 2.0)))
+    epoch = joins[0].create_revision
+    result = rdzv.build_result(0, joins, 1.0, epoch)
+    assert run(store.close(result, "n1"))
+    assert not run(store.close(rdzv.build_result(0, joins, 2.0, epoch), "n1"))
     assert run(store.snapshot()).result == result
     assert run(store.glance(0, "n1")).closed
     run(store.finalize(JobState.KILLED, EndReason.KILLED, "by u"))
-    late = rdzv.build_result(1, joins, 3.0)
-    assert not run(store.close(late))
+    late = rdzv.build_result(1, joins, 3.0, epoch)
+    assert not run(store.close(late, "n1"))
 
 
 def test_a_bump_wins_once_per_observed_revision_and_spends_with_it(store: JobStore) -> None:
@@ -238,7 +240,8 @@ def test_old_rounds_are_forgotten_with_their_joins_and_a_removed_job_leaves_noth
     for r in range(3):
         run(store.join(r, _join("n1"), lease))
         run(other.join(r, _join("n1"), lease))
-        run(store.close(rdzv.build_result(r, [_join("n1")], 1.0)))
+        joined = run(store.snapshot()).joins[r]
+        run(store.close(rdzv.build_result(r, joined, 1.0, joined[0].create_revision), "n1"))
     for s in (store, other):
         run(s.put_node_status("n1", STATUS, lease))
         run(s.note_pending("n2", "no free slots", lease))
@@ -277,3 +280,59 @@ def test_a_join_watch_sees_its_rounds_joins_and_nothing_else(store: JobStore, kv
         cancel()
     assert seen == [(keys.join(JOB, 1, "n2"), False), (keys.join(JOB, 1, "n2"), True)]
     assert events.broken == 0
+
+
+# -- a round as a head and one assignment per member --------------------------------------------------
+def _close_big_round(store: JobStore, kv: KV, n: int) -> tuple[int, list[Join]]:
+    """Round 0 of ``n`` nodes closed by its oldest join (more members than one transaction holds)."""
+    run(store.create(make_spec(nnodes=NodeRange(1, 300))))
+    lease = kv.grant_lease(30)
+    for i in range(n):
+        run(store.join(0, _join(f"n{i:03d}", 29500 + i), lease))
+    joins = run(store.snapshot()).current_joins
+    return lease, joins
+
+
+def test_a_member_reads_the_head_and_its_own_assignment_and_status_reads_the_round_whole(
+    store: JobStore, kv: KV
+) -> None:
+    _, joins = _close_big_round(store, kv, 250)  # three transactions of assignments, then the head
+    result = rdzv.build_result(0, joins, 1.0, joins[0].create_revision)
+    assert run(store.close(result, joins[0].node))
+    mine = run(store.snapshot(0, statuses=False, node="n117", rosters=False))
+    assert mine.results == {} and mine.closed == result.head()
+    assert mine.me("n117") == result.member("n117") and mine.me("n118") is None  # only its own was read
+    assert [p.node for p in mine.peers("n117")] == ["n116", "n118"]
+    assert run(store.snapshot(None, statuses=False, node="n117", rosters=False)).me("n117") is not None
+    whole = run(store.snapshot())
+    assert whole.result == result and not whole.invalid
+
+
+def test_a_half_written_round_is_not_closed_and_a_leader_that_lost_its_join_writes_nothing(
+    store: JobStore, kv: KV, base: str
+) -> None:
+    lease, joins = _close_big_round(store, kv, 3)
+    keys = Keys(base)
+    stale = rdzv.build_result(0, joins, 1.0, joins[0].create_revision)
+    run(store.withdraw(0, joins[0].node))  # the leader left before it closed: its guard fails
+    assert not run(store.close(stale, joins[0].node))
+    assert kv.get_prefix(keys.assignments(JOB, 0)) == [] and run(store.glance(0, "n001")).closed is False
+    rest = run(store.snapshot()).current_joins
+    result = rdzv.build_result(0, rest, 2.0, rest[0].create_revision)
+    assert run(store.close(result, rest[0].node))
+    snap = run(store.snapshot())
+    assert snap.result == result and snap.me("n000") is None and not snap.invalid
+    run(store.join(1, _join("n001"), lease))
+
+
+def test_a_round_missing_an_assignment_fails_the_job_naming_the_round(
+    store: JobStore, kv: KV, base: str
+) -> None:
+    _, joins = _close_big_round(store, kv, 3)
+    result = rdzv.build_result(0, joins, 1.0, joins[0].create_revision)
+    assert run(store.close(result, joins[0].node))
+    kv.delete(Keys(base).assignment(JOB, 0, "n002"))  # someone with the prefix's rights
+    snap = run(store.snapshot())
+    assert snap.ended and [k.key for k in snap.invalid] == [f"rounds/{JOB}/0/"]
+    assert "2 of its 3 assignments" in snap.invalid[0].why
+    assert run(store.snapshot(0, node="n002", rosters=False)).me("n002") is None  # not a member

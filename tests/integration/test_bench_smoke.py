@@ -42,7 +42,7 @@ def test_bench_footprint_prints_its_table(tmp_path: Path) -> None:
 
 
 def test_bench_rdzv_scale_prints_its_table(tmp_path: Path) -> None:
-    out = _bench("bench_rdzv_scale.py", "--sizes", "4,8", "--procs", "2", "--timeout", "60",
+    out = _bench("bench_rdzv_scale.py", "--sizes", "4,8", "--procs", "2", "--timeout", "60", "--no-rates",
                  "--json", str(tmp_path / "rdzv.json"))  # fmt: skip
     assert "closed after last join (s)" in out, out
     rows = [
@@ -51,6 +51,7 @@ def test_bench_rdzv_scale_prints_its_table(tmp_path: Path) -> None:
         if line.split()[:2] in (["4", "elasticd"], ["8", "elasticd"])
     ]
     assert len(rows) == 2 and all("DNF" not in r for r in rows), out
+    assert "bytes per participant read" in out, out
 
 
 def test_bench_queue_load_prints_its_table(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from elasticd.jobs.launch import NodeRuntime
 from elasticd.node.inventory import Inventory
 from elasticd.node.liveness import LivenessServer
 from elasticd.progress.tracker import RankProgress
-from elasticd.rendezvous.model import Join, Member, RoundResult
+from elasticd.rendezvous.model import Join, Member, RoundHead
 from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.rendezvous.store import InlineJobStore, run_inline
 from elasticd.terms.spec import JobSpec, NodeRange
@@ -92,7 +92,7 @@ class FakeLauncher:
     async def close(self) -> None:
         self.closed += 1
 
-    async def start(self, spec: JobSpec, result: RoundResult, member: Member, restarts: int,
+    async def start(self, spec: JobSpec, result: RoundHead, member: Member, restarts: int,
                     slots: tuple[int, ...]) -> FakeWorkers:  # fmt: skip
         if self.failure is not None:
             raise self.failure
@@ -277,11 +277,11 @@ class Reads:
         snapshot, watch_joins = InlineJobStore.snapshot, InlineJobStore.watch_joins
 
         async def counted(
-            store: InlineJobStore, counted_of: int | None = None, statuses: bool = True
+            store: InlineJobStore, counted_of: int | None = None, statuses: bool = True, **kw: Any
         ) -> JobSnapshot:
             self.count += 1
             self.statuses.append(statuses)
-            return await snapshot(store, counted_of, statuses)
+            return await snapshot(store, counted_of, statuses, **kw)
 
         async def watched(store: InlineJobStore, round_no: int, *args: Any) -> Callable[[], None]:
             self.at_watch.append(self.count)

@@ -34,7 +34,8 @@ from elasticd.agent.executor import POLL_S
 from elasticd.agent.record import AgentState
 from elasticd.etcd.keys import KeyKind
 from elasticd.jobs.decider import GroupOutcome
-from elasticd.rendezvous.model import FinalRecord, RoundInfo, RoundResult
+from elasticd.rendezvous import roster
+from elasticd.rendezvous.model import Assignment, FinalRecord, RoundHead, RoundInfo, RoundResult
 from elasticd.rendezvous.reach import PROBE_FRESH_S
 from elasticd.terms.spec import JobSpec, NodeRange
 from elasticd.terms.state import JobState, RoundReason
@@ -80,9 +81,10 @@ class Invariants(Checker):
             hook(node, action)
         if not isinstance(action, act.StartWorkers):
             return
-        result = action.result
-        if self.results.get(result.round) != result or result.member(node.name) != action.member:
-            self.bad(f"{node.name} started workers of {result}, not of the stored result")
+        head = action.result
+        stored = self.results.get(head.round)
+        if stored is None or stored.head() != head or stored.member(node.name) != action.member:
+            self.bad(f"{node.name} started workers of {head} as {action.member}, not of the stored result")
         running = {
             n.name: n.group.round
             for n in self.sim.nodes
@@ -97,8 +99,10 @@ class Invariants(Checker):
             kind = KEYS.parse(key).kind
             if kv is not None and kind is KeyKind.ROUND:
                 self._round(RoundInfo.from_json(kv.json()))
-            elif kv is not None and kind is KeyKind.RESULT:
-                self._result(RoundResult.from_json(kv.json()))
+            elif kv is not None and kind is KeyKind.RESULT:  # written last: every assignment is there
+                head = RoundHead.from_json(kv.json())
+                found = self.sim.kv.get_prefix(KEYS.assignments(KEYS.parse(key).job, head.round))
+                self._result(roster.assemble(head, [Assignment.from_json(a.json()) for a in found]))
             elif kv is not None and kind is KeyKind.FINAL:
                 self._final(FinalRecord.from_json(kv.json()))
             elif kv is not None and kind is KeyKind.RESTARTS and kv.json() != self.restarts:

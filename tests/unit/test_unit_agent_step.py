@@ -62,6 +62,9 @@ DRAIN = Leave(RoundReason.MEMBER_LEFT, "drained", 5.0)
 # -- what is read --------------------------------------------------------------------------------
 
 
+LEAD = 10  # the leader's join's create revision (``agent_steps.snapshot``): the round's epoch
+
+
 def test_joined_non_leader_reads_only_a_glance_of_its_round() -> None:
     rec = joining(2)
     assert step(rec, None, local(), NOW) == (rec, [ReadGlance(2)])
@@ -85,7 +88,8 @@ def test_running_member_reads_the_job_with_its_rounds_joins_only_counted(state: 
     ids=["leader", "fresh", "waiting", "stopping", "leaving-joiner"],
 )
 def test_any_other_node_reads_the_whole_job(rec: AgentRecord) -> None:
-    assert step(rec, None, local(), NOW) == (rec, [ReadSnapshot(None)])
+    """... and a leader its rounds whole too (the previous round's members: whom to expect)."""
+    assert step(rec, None, local(), NOW) == (rec, [ReadSnapshot(None, rosters=rec.leading)])
 
 
 def test_quiet_glance_waits_without_reading_more() -> None:
@@ -127,7 +131,7 @@ def test_open_round_not_joined_clears_waiting_joins_and_publishes() -> None:
 def test_leader_closes_as_soon_as_max_nodes_joined() -> None:
     snap = snapshot(1, joins=("n1", "n2", "n3"))
     rec, actions = decide(joining(1), snap, following(1))
-    closed = rdzv.build_result(1, snap.current_joins, NOW)
+    closed = rdzv.build_result(1, snap.current_joins, NOW, LEAD)
     assert acts(actions) == [CloseRound(closed, "3 of at most 3 nodes joined")]
     assert (rec.leading, rec.seen_joins, rec.last_join_at) == (True, ("n1", "n2", "n3"), NOW)
 
@@ -136,7 +140,7 @@ def test_leader_closes_after_last_call_without_a_new_join() -> None:
     snap = snapshot(1, joins=("n1", "n2"))
     rec = joining(1, seen_joins=("n1", "n2"), last_join_at=NOW - 2.5)
     new, actions = decide(rec, snap, following(1))
-    closed = rdzv.build_result(1, snap.current_joins, NOW)
+    closed = rdzv.build_result(1, snap.current_joins, NOW, LEAD)
     assert acts(actions) == [CloseRound(closed, "last call: 2 nodes joined")]
     assert new.last_join_at == NOW - 2.5
 
@@ -152,7 +156,7 @@ def test_leader_closes_at_once_when_every_expected_node_rejoined_keeping_ranks()
     snap = snapshot(2, joins=("n1", "n2"), expect=("n1", "n2"), previous=("n2", "n1"))
     _, actions = decide(joining(2, ran=1), snap, following(2))
     n1, n2 = snap.current_joins
-    closed = rdzv.build_result(2, [n2, n1], NOW)
+    closed = rdzv.build_result(2, [n2, n1], NOW, LEAD)
     assert acts(actions) == [CloseRound(closed, "every expected node rejoined")]
     assert closed.nodes == ("n2", "n1")
 
@@ -173,7 +177,7 @@ def test_leader_waits_for_a_live_expected_node_unless_it_left(
     _, actions = decide(joining(2, ran=1), snap, following(2))
     if expected == "close":
         assert acts(actions) == [
-            CloseRound(rdzv.build_result(2, snap.current_joins, NOW), "every expected node rejoined")
+            CloseRound(rdzv.build_result(2, snap.current_joins, NOW, LEAD), "every expected node rejoined")
         ]
     else:
         assert acts(actions) == [expected]
@@ -213,7 +217,7 @@ def test_selected_in_the_result_starts_workers_as_its_member(counted: bool) -> N
     assert snap.result is not None
     assert actions == [
         WatchPeers(2, ()),
-        StartWorkers(snap.result, member(snap), 2),
+        StartWorkers(snap.result.head(), member(snap), 2),
         Publish(),
         Wait(on_exits=True),
     ]
@@ -317,7 +321,7 @@ def test_round_that_closed_before_we_read_it_restarts_our_workers_in_it() -> Non
     assert actions == [
         WatchPeers(2, (member(snap, "n2"),)),
         StopWorkers(4.0),
-        StartWorkers(snap.result, member(snap), 1),
+        StartWorkers(snap.result.head(), member(snap), 1),
         Publish(),
         Wait(on_exits=True),
     ]

@@ -67,7 +67,9 @@ def test_worker_failure_is_recorded_published_and_bumps_spending_guarded_by_the_
     why = failure(oom=oom)
     snap = snapshot(1, joins=("n1", "n2"), members=("n1", "n2"), counted=True, restarts=1)
     rec, actions = decide(record(AgentState.RUNNING, 1), snap, local(failed(why)))
-    info = RoundInfo(2, RoundReason.WORKER_FAILED, NOW, ("n1", "n2"), why.summary(), why.to_json(), repeats=1)
+    info = RoundInfo(
+        2, RoundReason.WORKER_FAILED, NOW, (), why.summary(), why.to_json(), repeats=1, expect_members=True
+    )
     assert actions == [WatchPeers(1, (member(snap, "n2"),)), Publish(), Bump(Seen(101, 51, 1), info, True)]
     assert rec.failure == why
 
@@ -118,7 +120,7 @@ def test_setup_failure_ends_the_job_with_its_code_until_it_has_ended_and_never_b
     snap = snapshot(1, joins=("n1", "n2"), members=("n1", "n2"), counted=True, restarts=0)
     assert snap.result is not None
     rec, actions = decide(joining(1), snap)
-    assert StartWorkers(snap.result, member(snap), 0) in actions  # ... and it raised SetupFailure
+    assert StartWorkers(snap.result.head(), member(snap), 0) in actions  # ... and it raised SetupFailure
     rec, read = step(rec, None, local(setup_failed=NO_ENTRY), NOW)
     assert read == [ReadSnapshot(1)]
     assert rec.ending is NO_ENTRY
@@ -138,7 +140,7 @@ def test_setup_failure_ends_the_job_with_its_code_until_it_has_ended_and_never_b
 def test_lost_member_bumps_member_lost_spending_a_restart() -> None:
     snap = snapshot(1, joins=("n1", "n3"), members=("n1", "n2", "n3"))
     _, actions = decide(record(AgentState.RUNNING, 1), snap, local(RUNNING), frozenset({"n1", "n3", "n4"}))
-    info = RoundInfo(2, RoundReason.MEMBER_LOST, NOW, ("n1", "n3"), "lost node(s) n2")
+    info = RoundInfo(2, RoundReason.MEMBER_LOST, NOW, (), "lost node(s) n2", expect_members=True)
     assert acts(actions) == [Bump(Seen(101, 50, 0), info, True)]
 
 
@@ -154,7 +156,7 @@ def test_counted_read_with_fewer_joins_than_members_reads_the_joins_then_bumps()
     full = snapshot(1, joins=("n1", "n3"), members=("n1", "n2", "n3"))
     rec = record(AgentState.RUNNING, 1)
     rec, actions = decide(rec, counted, local(RUNNING))
-    assert acts(actions) == [ReadSnapshot(None)]
+    assert acts(actions) == [ReadSnapshot(None, rosters=True)]
     _, actions = decide(rec, full, local(RUNNING))
     assert [type(a) for a in acts(actions)] == [Bump]
 
@@ -168,7 +170,7 @@ def test_member_that_finished_is_not_lost_when_its_join_is_gone() -> None:
 def test_live_waiting_newcomer_below_max_bumps_scale_up_without_spending() -> None:
     snap = snapshot(1, joins=("n1", "n2"), members=("n1", "n2"), counted=True, waiting=("n3",), restarts=3)
     _, actions = decide(record(AgentState.RUNNING, 1), snap, local(RUNNING))
-    info = RoundInfo(2, RoundReason.SCALE_UP, NOW, ("n1", "n2", "n3"), "node(s) n3 waiting")
+    info = RoundInfo(2, RoundReason.SCALE_UP, NOW, ("n3",), "node(s) n3 waiting", expect_members=True)
     assert acts(actions) == [Bump(Seen(101, 53, 3), info, False)]
 
 
@@ -199,7 +201,9 @@ def test_leave_while_running_bumps_member_left_for_free_then_stops_and_marks_lef
 ) -> None:
     snap = snapshot(1, joins=("n1", "n2", "n3"), members=("n1", "n2", "n3"), counted=True, restarts=3)
     rec, actions = decide(record(AgentState.RUNNING, 1, leave=leave), snap, local(RUNNING))
-    info = RoundInfo(2, RoundReason.MEMBER_LEFT, NOW, ("n1", "n2", "n3"), leave.detail, None, leave.grace_s)
+    info = RoundInfo(
+        2, RoundReason.MEMBER_LEFT, NOW, (), leave.detail, None, leave.grace_s, expect_members=True
+    )
     assert acts(actions) == [
         Bump(Seen(101, 53, 3), info, False),
         StopWorkers(grace),
@@ -233,7 +237,7 @@ def test_lost_node_during_a_leave_is_covered_by_the_free_member_left_bump() -> N
     _, actions = decide(
         record(AgentState.RUNNING, 1, leave=DRAIN), snap, local(RUNNING), frozenset({"n1", "n2"})
     )
-    info = RoundInfo(2, RoundReason.MEMBER_LEFT, NOW, ("n1", "n2"), "drained", None, 5.0)
+    info = RoundInfo(2, RoundReason.MEMBER_LEFT, NOW, (), "drained", None, 5.0, expect_members=True)
     assert acts(actions) == [
         Bump(Seen(101, 53, 3), info, False),
         StopWorkers(5.0),
@@ -251,7 +255,7 @@ def test_waiting_node_leaves_without_bumping() -> None:
 def test_leave_after_the_round_closed_with_us_but_before_our_workers_started_bumps_member_left() -> None:
     snap = snapshot(2, joins=("n1", "n2"), members=("n1", "n2"))
     _, actions = decide(joining(2, ran=1, leave=DRAIN), snap)
-    info = RoundInfo(3, RoundReason.MEMBER_LEFT, NOW, ("n1", "n2"), "drained", None, 5.0)
+    info = RoundInfo(3, RoundReason.MEMBER_LEFT, NOW, (), "drained", None, 5.0, expect_members=True)
     assert acts(actions) == [Bump(Seen(102, 50, 0), info, False), MarkLeft(3), Exit("left the job")]
 
 
@@ -270,7 +274,7 @@ def test_fence_stops_workers_at_once_then_lease_back_reads_then_reports_the_fenc
     assert actions == [ReadSnapshot(None)]
     assert (rec.fenced, rec.fenced_round) == (False, 1)
     rec, actions = decide(rec, snap, local(None))
-    info = RoundInfo(2, RoundReason.MEMBER_LOST, NOW, ("n1", "n2", "n3"), "node n1 was fenced")
+    info = RoundInfo(2, RoundReason.MEMBER_LOST, NOW, (), "node n1 was fenced", expect_members=True)
     assert acts(actions) == [Bump(Seen(101, 50, 0), info, True)]
     _, again = decide(rec, snap, local(None))
     assert acts(again) == acts(actions)  # the round has not moved (the bump was cut short): ask again
@@ -300,7 +304,9 @@ def test_single_node_job_ignores_the_fence_a_failure_is_a_failure() -> None:
     why = failure()
     snap = snapshot(1, job=job, joins=("n1",), members=("n1",), counted=True)
     rec, actions = decide(record(AgentState.RUNNING, 1, job=job), snap, local(failed(why), lease_valid=False))
-    info = RoundInfo(2, RoundReason.WORKER_FAILED, NOW, ("n1",), why.summary(), why.to_json(), repeats=1)
+    info = RoundInfo(
+        2, RoundReason.WORKER_FAILED, NOW, (), why.summary(), why.to_json(), repeats=1, expect_members=True
+    )
     assert actions == [WatchPeers(1, ()), Publish(), Bump(Seen(101, 50, 0), info, True)]
     assert (rec.fenced, rec.failure) == (False, why)
 
@@ -376,7 +382,9 @@ def test_only_member_runs_on_through_a_lost_lease_and_is_not_fenced(nnodes: str)
     rec, actions = decide(
         rec, snapshot(1, job=job, members=("n1",), counted=True), local(RUNNING, lease=None)
     )
-    assert acts(actions) == [ReadSnapshot()] and rec.state is AgentState.RUNNING  # nothing re-put yet
+    assert (
+        acts(actions) == [ReadSnapshot(rosters=True)] and rec.state is AgentState.RUNNING
+    )  # nothing re-put yet
 
 
 def test_only_member_reasserts_its_join_and_status_under_a_new_lease_once() -> None:
@@ -396,7 +404,7 @@ def test_only_member_whose_join_expired_reasserts_it_then_reads_it_back() -> Non
     rec = record(AgentState.RUNNING, 1, job=job, solo=True, lease=OLD_LEASE)
     gone = snapshot(1, job=job, members=("n1",), counted=True)  # the old lease expired with the join
     rec, actions = cycle(rec, gone, local(RUNNING))
-    assert acts(actions) == [Reassert(1, SOLO_JOIN), Publish(), ReadSnapshot()]
+    assert acts(actions) == [Reassert(1, SOLO_JOIN), Publish(), ReadSnapshot(rosters=True)]
     back = snapshot(1, job=job, joins=("n1",), members=("n1",))
     _, actions = decide(rec, back, local(RUNNING))
     assert acts(actions) == [Wait(on_exits=True)]
@@ -410,7 +418,7 @@ def test_only_member_of_a_job_that_may_grow_reasserts_then_scales_up_for_a_waiti
     rec = record(AgentState.RUNNING, 1, job=job, solo=True, lease=OLD_LEASE)
     snap = snapshot(1, job=job, joins=("n1",), members=("n1",), counted=True, waiting=("n2",))
     _, actions = cycle(rec, snap, local(RUNNING))
-    info = RoundInfo(2, RoundReason.SCALE_UP, NOW, ("n1", "n2"), "node(s) n2 waiting")
+    info = RoundInfo(2, RoundReason.SCALE_UP, NOW, ("n2",), "node(s) n2 waiting", expect_members=True)
     assert acts(actions) == [Reassert(1, SOLO_JOIN), Publish(), Bump(Seen(101, 50, 0), info, False)]
 
 
@@ -437,7 +445,7 @@ def test_a_gpu_failure_leaves_the_job_with_its_own_reason_and_spends_no_restart(
     gpu = Leave(RoundReason.GPU_FAILED, "GPU unhealthy on n1 (GPU-1: Xid 79)")
     snap = snapshot(1, joins=("n1", "n2", "n3"), members=("n1", "n2", "n3"), counted=True, restarts=3)
     _, actions = decide(record(AgentState.RUNNING, 1, leave=gpu), snap, local(RUNNING))
-    info = RoundInfo(2, RoundReason.GPU_FAILED, NOW, ("n1", "n2", "n3"), gpu.detail, None, None)
+    info = RoundInfo(2, RoundReason.GPU_FAILED, NOW, (), gpu.detail, None, None, expect_members=True)
     bump = acts(actions)[0]
     assert isinstance(bump, Bump) and bump.info == info and bump.spend is False
     assert acts(actions)[-2:] == [MarkLeft(2), Exit("left the job")]

@@ -13,6 +13,8 @@ from elasticd.rendezvous.snapshot import Glance, JobSnapshot
 from elasticd.terms.state import JobState
 from tests.agent_steps import ME, NOW, OPENED_AT, acts, decide, following, joining, local, snapshot
 
+LEAD = 10  # the leader's join's create revision (``agent_steps.snapshot``): the round's epoch
+
 
 def test_the_oldest_join_follows_its_rounds_joins_as_it_starts_leading() -> None:
     rec, actions = decide(joining(1), snapshot(1, joins=("n1", "n2")))
@@ -69,6 +71,6 @@ def test_the_next_oldest_join_takes_over_when_the_leader_is_gone_and_reads_befor
     snap = snapshot(2, joins=("n1", "n3"), expect=("n2", "n1", "n3"), previous=("n2", "n1", "n3"))
     new, actions = decide(rec, snap, alive=frozenset({"n1", "n3"}))
     n1, n3 = snap.current_joins
-    closed = rdzv.build_result(2, [n1, n3], NOW)
+    closed = rdzv.build_result(2, [n1, n3], NOW, LEAD)
     assert actions == [WatchPeers(2, ()), WatchJoins(2), CloseRound(closed, "every expected node rejoined")]
     assert new.leading

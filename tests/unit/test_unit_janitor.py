@@ -49,7 +49,10 @@ def _running(kv: MemoryKV, nodes: tuple[str, ...], nnodes: NodeRange, round_no: 
     for i, (node, lease) in enumerate(zip(nodes, leases, strict=True)):
         run_inline(store.join(round_no, Join(node, "127.0.0.1", 29500 + i, 2), lease))
     joins = run_inline(store.snapshot()).current_joins
-    run_inline(store.close(rdzv.build_result(round_no, joins, 1.0 + round_no)))
+    first = min(joins, key=lambda j: j.create_revision)
+    run_inline(
+        store.close(rdzv.build_result(round_no, joins, 1.0 + round_no, first.create_revision), first.node)
+    )
     return leases
 
 

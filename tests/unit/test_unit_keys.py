@@ -41,6 +41,7 @@ WATCHED = {
     KeyKind.RESTARTS: True,
     KeyKind.FINAL: True,
     KeyKind.RESULT: True,
+    KeyKind.ASSIGNMENT: False,  # a round's N records reach no watch
     KeyKind.JOIN: False,
     KeyKind.DONE: True,
     KeyKind.LEFT: True,
@@ -69,6 +70,7 @@ def built(keys: Keys, job: str, node: str, r: int) -> dict[str, KeyRef]:
         keys.job_restarts(job): KeyRef(KeyKind.RESTARTS, job),
         keys.job_final(job): KeyRef(KeyKind.FINAL, job),
         keys.result(job, r): KeyRef(KeyKind.RESULT, job, r),
+        keys.assignment(job, r, node): KeyRef(KeyKind.ASSIGNMENT, job, r, node),
         keys.join(job, r, node): KeyRef(KeyKind.JOIN, job, r, node),
         keys.presence(job, node): KeyRef(KeyKind.PRESENCE, job, node=node),
         keys.done(job, r, node): KeyRef(KeyKind.DONE, job, r, node),
@@ -85,8 +87,8 @@ def watched(keys: Keys, key: str) -> int:
     return sum(start <= key < end for start, end in keys.watched())
 
 
-def test_the_layout_is_v3_by_default() -> None:
-    assert Keys().prefix == "/elasticd/v3"
+def test_the_layout_is_v4_by_default() -> None:
+    assert Keys().prefix == "/elasticd/v4"
 
 
 def test_the_table_names_every_kind_once() -> None:
@@ -99,11 +101,14 @@ def test_every_key_parses_back_and_is_watched_as_its_kind_says(job: str, node: s
     for key, ref in built(KEYS, job, node, r).items():
         assert KEYS.parse(key) == ref
         assert watched(KEYS, key) == int(WATCHED[ref.kind]), key
-        unwatched = (KEYS.nodes(), KEYS.all_parts(), KEYS.presences(job), KEYS.specs())
+        unwatched = (KEYS.nodes(), KEYS.all_parts(), KEYS.presences(job), KEYS.all_rounds(), KEYS.specs())
         assert key.startswith(unwatched) == (not WATCHED[ref.kind]), key
         if ref.kind in (KeyKind.BODY, KeyKind.PRESENCE):  # apart from the job's other keys
             assert key in (KEYS.job_body(job), KEYS.presence(job, node)) and KEYS.job_of(key) is None
             assert not any(key.startswith(p) for p in (KEYS.jobs(), KEYS.all_parts()))
+            continue
+        if ref.kind is KeyKind.ASSIGNMENT:  # under the job's rounds, which its removal deletes too
+            assert key.startswith(KEYS.job_rounds(job)) and KEYS.job_of(key) == job
             continue
         if ref.job:  # every key of a job is in exactly one of its prefixes
             assert [p for p in KEYS.job_prefixes(job) if key.startswith(p)] == [

@@ -7,19 +7,21 @@ from typing import Any
 
 import pytest
 
+from elasticd.rendezvous import roster
 from elasticd.rendezvous.decider import (
     BumpPlan,
     Close,
     CloseDecision,
     build_result,
     decide_close,
+    expected,
     leader,
     next_expect,
     order_members,
     plan_bump,
     ring_neighbours,
 )
-from elasticd.rendezvous.model import Join, Member, RoundInfo, RoundResult
+from elasticd.rendezvous.model import MAX_EXPECT, Assignment, Join, Member, RoundHead, RoundInfo, RoundResult
 from elasticd.terms.spec import NodeRange
 from elasticd.terms.state import RoundReason
 
@@ -134,9 +136,13 @@ def test_build_result_offsets_are_cumulative(sizes: list[int], offsets: list[int
     assert result.world_size == world
 
 
-def test_build_result_round_trips_through_json() -> None:
-    result = build_result(2, [j("a", 1, lws=2), j("b", 2, lws=3)], 9.0)
-    assert RoundResult.from_json(result.to_json()) == result
+def test_build_result_round_trips_through_its_head_and_assignments() -> None:
+    result = build_result(2, [j("a", 1, lws=2), j("b", 2, lws=3)], 9.0, 1)
+    head = RoundHead.from_json(result.head().to_json())
+    assert (
+        roster.assemble(head, [Assignment.from_json(a.to_json()) for a in roster.assignments(result)])
+        == result
+    )
 
 
 # -- decide_close ------------------------------------------------------------------------------------
@@ -174,6 +180,7 @@ def decide(
         expect_grace_s=expect_grace_s,
         left=left,
         running=running,
+        expect=tuple(expect),
     )
 
 
@@ -402,24 +409,28 @@ def test_plan_bump_budget_allows_exactly_max_restarts(budget: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("result", "alive", "extra", "expected"),
+    ("result", "members", "extra", "want"),
     [
-        (None, set(), (), ()),
-        (None, {"a"}, ("n1",), ("n1",)),
-        (None, set(), ("n1", "n2", "n1"), ("n1", "n2")),
-        (prev("a", "b", "c"), {"a", "b", "c"}, (), ("a", "b", "c")),
-        (prev("c", "a", "b"), {"a", "b", "c", "z"}, (), ("c", "a", "b")),  # member order, not alive's
-        (prev("a", "b", "c"), {"a", "c"}, (), ("a", "c")),  # dead members are not expected
-        (prev("a", "b"), set(), (), ()),
-        (prev("a", "b"), {"a", "b"}, ("n", "a"), ("a", "b", "n")),  # no duplicates
-        (prev("a", "b"), {"a"}, ("n",), ("a", "n")),  # announced newcomers need not be alive here
-        (prev("a", "b"), {"a"}, ("b",), ("a", "b")),  # ... even a member: extra is taken as given
+        (None, True, (), ()),
+        (None, True, ("n1", "n2", "n1"), ("n1", "n2")),
+        (prev("c", "a", "b"), True, (), ("c", "a", "b")),  # member order
+        (prev("a", "b"), True, ("n", "a"), ("a", "b", "n")),  # no duplicates
+        (prev("a", "b"), False, ("n",), ("n",)),  # a round that names no members (the janitor's)
     ],
 )
-def test_next_expect(
-    result: RoundResult | None, alive: set[str], extra: tuple[str, ...], expected: tuple[str, ...]
+def test_expected(
+    result: RoundResult | None, members: bool, extra: tuple[str, ...], want: tuple[str, ...]
 ) -> None:
-    assert next_expect(result, alive, extra) == expected
+    """Whom a round waits for: the previous round's members (its leader reads them whole; dead
+    ones are left out by ``decide_close``), then the newcomers the round names."""
+    info = RoundInfo(1, RoundReason.SCALE_UP, 0.0, next_expect(extra), expect_members=members)
+    assert expected(info, result) == want
+
+
+def test_next_expect_names_at_most_max_expect_newcomers() -> None:
+    many = tuple(f"n{i}" for i in range(MAX_EXPECT + 50))
+    assert next_expect(many) == many[:MAX_EXPECT]
+    RoundInfo(1, RoundReason.SCALE_UP, 0.0, next_expect(many))  # within the record's bound
 
 
 @pytest.mark.parametrize(

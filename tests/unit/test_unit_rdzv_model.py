@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from elasticd.decode import DecodeError
+from elasticd.rendezvous import roster
 from elasticd.rendezvous.model import (
+    Assignment,
     DrainRecord,
     FinalRecord,
     Join,
     Member,
     NodeStatus,
+    RoundHead,
     RoundInfo,
     RoundResult,
 )
@@ -92,6 +96,7 @@ def test_round_info_to_json_is_plain_json() -> None:
         "failure": _FAILURE,
         "grace_s": 7.5,
         "repeats": 0,
+        "expect_members": False,
     }
     assert type(info.to_json()["reason"]) is str
 
@@ -210,28 +215,27 @@ def test_round_result_member_missing(node: str) -> None:
     assert _result().member(node) is None
 
 
+def _stored(result: RoundResult) -> RoundResult:
+    """``result`` through etcd: its head and its assignments as JSON, assembled again."""
+    head = RoundHead.from_json(_via_json(result.head().to_json()))
+    found = [Assignment.from_json(_via_json(a.to_json())) for a in roster.assignments(result)]
+    return roster.assemble(head, found)
+
+
 @pytest.mark.parametrize("closed_at", [0.0, 12.5, 1700000000.125])
 def test_round_result_round_trip(closed_at: float) -> None:
     result = _result(closed_at)
-    back = RoundResult.from_json(_via_json(result.to_json()))
+    back = _stored(result)
     assert back == result
     assert back.nodes == result.nodes
     assert back.member("n2") == Member("n2", "10.0.0.2", 1, 4, 2)
 
 
-def test_round_result_to_json() -> None:
-    data = _result().to_json()
-    assert "nodes" not in data  # derived, not stored
-    assert data["members"][1] == {
-        "node": "n2",
-        "address": "10.0.0.2",
-        "group_rank": 1,
-        "rank_offset": 4,
-        "local_world_size": 2,
-        "liveness_port": 0,
-    }
-    assert {k: v for k, v in data.items() if k != "members"} == {
+def test_round_head_to_json() -> None:
+    assert _result().head().to_json() == {
         "round": 3,
+        "epoch": 0,
+        "size": 3,
         "world_size": 7,
         "master_addr": "10.0.0.1",
         "master_port": 29500,
@@ -239,35 +243,48 @@ def test_round_result_to_json() -> None:
     }
 
 
-def test_round_result_from_json_without_closed_at() -> None:
-    data = _result().to_json()
+def test_round_head_from_json_without_closed_at() -> None:
+    data = _result().head().to_json()
     del data["closed_at"]
-    back = RoundResult.from_json(data)
-    assert back.closed_at == 0.0
-    assert back == _result(0.0)
+    assert RoundHead.from_json(data).closed_at == 0.0
 
 
 @pytest.mark.parametrize(
     "mutate",
     [
-        lambda d: d.update(members=[]),
-        lambda d: d.update(world_size=8),
-        lambda d: d.update(master_addr="elsewhere"),
+        lambda d: d.update(size=0),
+        lambda d: d.update(world_size=2),
+        lambda d: d.update(world_size=7 * 2000),
+        lambda d: d.update(master_addr="bad addr"),
         lambda d: d.update(master_port=0),
         lambda d: d.update(round=-1),
-        lambda d: d["members"][1].update(group_rank=2),
-        lambda d: d["members"][1].update(rank_offset=3),
-        lambda d: d["members"][2].update(node="n1"),
-        lambda d: d["members"][0].update(local_world_size="4"),
-        lambda d: d["members"].append(5),
-        lambda d: d.pop("members"),
+        lambda d: d.update(epoch=-1),
+        lambda d: d.pop("size"),
     ],
 )
-def test_round_result_from_json_rejects_inconsistent_worlds(mutate: Any) -> None:
-    data = _via_json(_result().to_json())
+def test_round_head_from_json_rejects_nonsense(mutate: Any) -> None:
+    data = _via_json(_result().head().to_json())
     mutate(data)
     with pytest.raises(DecodeError):
-        RoundResult.from_json(data)
+        RoundHead.from_json(data)
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda h, a: a.pop(),  # a member's assignment is missing
+        lambda h, a: a.append(a[0]),  # a rank twice
+        lambda h, a: a.__setitem__(1, replace(a[1], member=replace(a[1].member, rank_offset=3))),
+        lambda h, a: a.__setitem__(0, replace(a[0], member=replace(a[0].member, address="elsewhere"))),
+        lambda h, a: a.__setitem__(2, replace(a[2], epoch=9)),  # another leader's: left out, so one short
+    ],
+)
+def test_assemble_rejects_assignments_that_do_not_make_the_head(mutate: Any) -> None:
+    result = _result()
+    found = roster.assignments(result)
+    mutate(result.head(), found)
+    with pytest.raises(DecodeError):
+        roster.assemble(result.head(), found)
 
 
 def test_final_record_round_trip_and_a_record_without_its_code_is_refused() -> None:

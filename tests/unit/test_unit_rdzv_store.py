@@ -10,6 +10,7 @@ import pytest
 
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.types import KeyValue
+from elasticd.rendezvous import roster
 from elasticd.rendezvous.model import (
     DrainRecord,
     FinalRecord,
@@ -58,9 +59,19 @@ def part_kv(key: str, value: Any) -> KeyValue:
     return KeyValue(key, json.dumps(value).encode(), 1, 1, 0)
 
 
-def result_json(round_no: int, *nodes: str) -> dict[str, Any]:
+def result_of(round_no: int, *nodes: str) -> RoundResult:
     members = tuple(Member(n, f"h-{n}", i, 2 * i, 2) for i, n in enumerate(nodes))
-    return RoundResult(round_no, members, 2 * len(nodes), f"h-{nodes[0]}", 29500 + round_no, 5.0).to_json()
+    return RoundResult(round_no, members, 2 * len(nodes), f"h-{nodes[0]}", 29500 + round_no, 5.0)
+
+
+def result_kvs(round_no: int, *nodes: str, create: int = 1) -> list[KeyValue]:
+    """A closed round as the leader writes it: its head and each member's assignment."""
+    result = result_of(round_no, *nodes)
+    out = [kv(f"rdzv/{round_no}/result", result.head().to_json(), create)]
+    for a in roster.assignments(result):
+        key = KEYS.assignment(JOB, round_no, a.member.node)
+        out.append(KeyValue(key, json.dumps(a.to_json()).encode(), create, create, 0))
+    return out
 
 
 def join_json(node: str) -> dict[str, Any]:
@@ -68,7 +79,7 @@ def join_json(node: str) -> dict[str, Any]:
 
 
 def parse(kvs: list[KeyValue], keys: Keys = KEYS) -> JobSnapshot:
-    return JobSnapshot.parse(keys, JOB, kvs)
+    return JobSnapshot.parse(keys, JOB, kvs, rosters=True)
 
 
 def test_parse_nothing() -> None:
@@ -133,7 +144,7 @@ def test_parse_full_snapshot() -> None:
         kv("spec", fakes.head_of(make_spec()).to_json()),
         kv("restarts", 0),
         kv("round", info.to_json(), create=2, mod=30),
-        kv("rdzv/1/result", result_json(1, "n1", "n2")),
+        *result_kvs(1, "n1", "n2"),
         join_kv(1, "n2", join_json("n2"), create=11),
         join_kv(1, "n1", join_json("n1"), create=10),
         kv("rdzv/1/done/n1", {"at": 1.0}),
@@ -153,7 +164,7 @@ def test_parse_full_snapshot() -> None:
     ]
     snap = parse(kvs)
     assert snap.current == 2
-    assert snap.results == {1: RoundResult.from_json(result_json(1, "n1", "n2"))}
+    assert snap.results == {1: result_of(1, "n1", "n2")}
     assert [x.node for x in snap.joins[1]] == ["n1", "n2"]
     assert [(x.node, x.create_revision) for x in snap.joins[2]] == [("n3", 33), ("n9", 37), ("n1", 41)]
     assert snap.joins[2][0] == Join("n3", "h-n3", 29400, 2, 33)
@@ -174,9 +185,9 @@ def test_parse_full_snapshot() -> None:
 def test_parse_running_round() -> None:
     kvs = [
         kv("round", RoundInfo(1, RoundReason.MEMBER_LOST, 0.0).to_json()),
-        kv("rdzv/0/result", result_json(0, "a", "b")),
+        *result_kvs(0, "a", "b"),
         join_kv(1, "b", join_json("b"), create=20),
-        kv("rdzv/1/result", result_json(1, "b")),
+        *result_kvs(1, "b"),
     ]
     snap = parse(kvs)
     assert snap.result is not None and snap.result.nodes == ("b",)
@@ -202,7 +213,7 @@ def test_result_and_previous_result(
     current: int, rounds_with_results: list[int], want_result: int | None, want_previous: int | None
 ) -> None:
     kvs = [kv("round", RoundInfo(current, RoundReason.MEMBER_LOST, 0.0).to_json())]
-    kvs += [kv(f"rdzv/{r}/result", result_json(r, "a")) for r in rounds_with_results]
+    kvs += [x for r in rounds_with_results for x in result_kvs(r, "a")]
     snap = parse(kvs)
     assert (snap.result.round if snap.result else None) == want_result
     assert (snap.previous_result.round if snap.previous_result else None) == want_previous
@@ -213,7 +224,7 @@ def test_may_still_run_is_the_previous_members_with_a_live_join_and_not_done() -
     or died); a and d may still run their workers, whatever round 1's joins say."""
     kvs = [
         kv("round", RoundInfo(1, RoundReason.WORKER_FAILED, 0.0).to_json()),
-        kv("rdzv/0/result", result_json(0, "a", "b", "c", "d")),
+        *result_kvs(0, "a", "b", "c", "d"),
         *(join_kv(0, n, join_json(n), create=10 + i) for i, n in enumerate("abd")),
         part_kv(KEYS.done(JOB, 0, "b"), {"at": 1.0}),
         join_kv(1, "a", join_json("a"), create=20),
@@ -298,7 +309,7 @@ def test_parse_is_order_independent() -> None:
     kvs = [
         kv("spec", fakes.head_of(make_spec()).to_json(), create=revs.next()),
         kv("round", RoundInfo(1, RoundReason.MEMBER_LOST, 0.0).to_json(), create=revs.next()),
-        kv("rdzv/0/result", result_json(0, "n1", "n2"), create=revs.next()),
+        *result_kvs(0, "n1", "n2", create=revs.next()),
         *(join_kv(1, n, join_json(n), create=revs.next()) for n in ("n2", "n3", "n1")),
         kv("rdzv/0/done/n1", {"at": 1}, create=revs.next()),
     ]

@@ -13,6 +13,7 @@ from elasticd.etcd.keys import Keys
 from elasticd.etcd.types import KeyValue
 from elasticd.jobs.admission import Admission, admit, refuse
 from elasticd.jobs.view import job_view
+from elasticd.rendezvous import roster
 from elasticd.rendezvous.decider import build_result
 from elasticd.rendezvous.model import Join, NodeStatus, RoundInfo
 from elasticd.rendezvous.snapshot import JobSnapshot
@@ -28,12 +29,16 @@ ORPHAN_REASON = "every node of round 0 was lost"
 
 
 PARTS = "parts:"  # a key ``parts:<rest>`` is ``parts/<job>/<rest>``, among the job's parts
+ROUNDS = "rounds:"  # a key ``rounds:<rest>`` is ``rounds/<job>/<rest>``, a round's assignment
 
 
 def key_of(rest: str, job: str = JOB) -> str:
-    """``rest`` under the job's records (``jobs/<job>/``), or under its parts (``parts:...``)."""
+    """``rest`` under the job's records (``jobs/<job>/``), its parts (``parts:...``) or its
+    rounds' assignments (``rounds:...``)."""
     if rest.startswith(PARTS):
         return KEYS.job_parts(job) + rest.removeprefix(PARTS)
+    if rest.startswith(ROUNDS):
+        return KEYS.job_rounds(job) + rest.removeprefix(ROUNDS)
     return KEYS.job(job) + rest
 
 
@@ -54,14 +59,15 @@ def running() -> dict[str, Any]:
     """A valid running single-node job, one value per key kind."""
     spec = fakes.make_spec(nnodes=NodeRange(1, 1), nodes=(NODE,))
     join = Join(NODE, "127.0.0.1", 29500, 2, liveness_port=4000)
-    result = build_result(0, [join], 5.0)
+    result = build_result(0, [join], 5.0, 10)
     status = NodeStatus("RUNNING", 0, "", (100, 101), 6.0)
     return {
         "spec": fakes.head_of(spec).to_json(),
         "round": RoundInfo(0, RoundReason.START, 1.0).to_json(),
         "restarts": 0,
         "parts:0/join/n1": join.to_json(),
-        "rdzv/0/result": result.to_json(),
+        "rdzv/0/result": result.head().to_json(),
+        "rounds:0/n1": roster.assignments(result)[0].to_json(),
         "parts:status/n1": {
             "state": status.state,
             "round": 0,
@@ -88,7 +94,7 @@ def kvs_of(values: dict[str, Any]) -> list[KeyValue]:
 
 
 def parse(kvs: list[KeyValue]) -> JobSnapshot:
-    return JobSnapshot.parse(KEYS, JOB, kvs)
+    return JobSnapshot.parse(KEYS, JOB, kvs, rosters=True)
 
 
 def test_the_base_snapshot_and_every_extra_kind_are_valid() -> None:
