@@ -144,15 +144,16 @@ def assert_passed(run: SoakRun) -> None:
     assert all(row["survived"] == row["injected"] for row in result["table"]), result["table"]
 
 
+def started(d: DaemonProc, *clients: str) -> None:
+    """Write the daemon's log as if it had started once on each of ``clients``."""
+    d.root.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"event": "etcd.connected", "client": cl}) for cl in clients]
+    d.stderr_path.write_text("\n".join(["not json", *lines]) + "\n")
+
+
 def test_etcd_client_check_reads_every_daemon_start(tmp_path: Path) -> None:
     """The check behind "every daemon on the grpc client": every start's ``etcd.connected`` counts."""
     c = Cluster(tmp_path, 2, ttl_s=3, daemon_stop_grace_s=5, etcd_client="grpc")
-
-    def started(d: DaemonProc, *clients: str) -> None:
-        d.root.mkdir(parents=True, exist_ok=True)
-        lines = [json.dumps({"event": "etcd.connected", "client": cl}) for cl in clients]
-        d.stderr_path.write_text("\n".join(["not json", *lines]) + "\n")
-
     a, b = c.daemons
     assert all(d.args[d.args.index("--etcd-client") + 1] == "grpc" for d in c.daemons)
     started(a, "grpc", "grpc")  # started, killed, restarted
@@ -164,3 +165,17 @@ def test_etcd_client_check_reads_every_daemon_start(tmp_path: Path) -> None:
     started(b, "grpc")
     check = check_etcd_client(c)
     assert check.ok and "3 daemon starts on grpc" in check.detail, check
+
+
+def test_a_mixed_soak_alternates_clients_and_checks_each_daemons_own(tmp_path: Path) -> None:
+    c = Cluster(tmp_path, 3, ttl_s=3, daemon_stop_grace_s=5, etcd_client="mixed")
+    assert [d.etcd_client for d in c.daemons] == ["gateway", "grpc", "gateway"]
+    a, b, d = c.daemons
+    started(a, "gateway")
+    started(b, "grpc", "grpc")
+    started(d, "gateway")
+    check = check_etcd_client(c)
+    assert check.ok and "4 daemon starts on mixed" in check.detail, check
+    started(d, "grpc")  # the third on grpc: not what mixed gives it
+    check = check_etcd_client(c)
+    assert not check.ok and d.node_id in check.detail, check
