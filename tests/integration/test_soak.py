@@ -1,5 +1,6 @@
-"""The chaos soak (bench/soak.py), short: every fault kind at least once, then its end checks hold;
-and a shorter one with the daemons on the grpc etcd client, under the faults that hit etcd.
+"""The chaos soak (bench/soak.py), short: every fault kind at least once, then its end checks hold,
+on a mixed cluster (the daemons alternate etcd clients, as tests/etcd_clients.py has them); and a
+shorter one with every daemon on the grpc etcd client, under the faults that hit etcd.
 
 The soak starts its own etcd and daemons (through tests/support.py) and cleans them up itself;
 ``tests/soak_run.py`` bounds it, and on a timeout stops it and removes what it left.
@@ -24,6 +25,7 @@ from soak_cluster import Cluster, LifeLine, Step
 from soak_plan import ALL_KINDS, PARTITION_KINDS, FaultKind, make_plan, parse_kinds
 
 from elasticd.etcd.keys import Keys
+from tests.etcd_clients import policy
 from tests.netns import unavailable_reason as netns_unavailable
 from tests.soak_run import SoakRun, run_soak
 
@@ -100,12 +102,14 @@ def test_soak_survives_every_fault_kind(tmp_path: Path) -> None:
     those); one partition among them, where network namespaces can be used (CI runs as root)."""
     pytest.importorskip("torch")
     kinds = [k.value for k in ALL_KINDS if k not in PARTITION_KINDS or k is FaultKind.ONE_WAY]
+    clients = policy().mode
     run = run_soak(
         ["--duration", str(DURATION_S), "--seed", str(SEED), "--faults", ",".join(kinds), "--gap", "8",
-         "--recover-timeout", "60"],
+         "--recover-timeout", "60", "--etcd-client", clients],
         tmp_path, BOUND_S,
     )  # fmt: skip
     assert_passed(run)
+    assert run.result["etcd_client"] == clients, run.text[-6000:]
     if netns_unavailable() is None:
         assert FaultKind.ONE_WAY.value in run.result["kinds"], run.result["table"]
 
