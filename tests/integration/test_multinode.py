@@ -18,6 +18,7 @@ from tests.conftest import DaemonFactory
 from tests.etcd_clients import ClientPolicy
 from tests.support import (
     REPO,
+    DaemonProc,
     EtcdServer,
     alive_pid,
     log_events,
@@ -278,7 +279,7 @@ def test_a_mixed_cluster_runs_both_clients_each_leading_the_other(
     assert (a.etcd_client, b.etcd_client) == ("gateway", "grpc")
     keys, etcd = Keys(a.etcd_prefix), EtcdClient([etcd_server.endpoint], timeout_s=5)
 
-    def led(leader: Any, member: Any, out: Path) -> None:
+    def led(leader: DaemonProc, member: DaemonProc, out: Path) -> None:
         """``leader`` joins a 2-node job alone; ``member`` (started now) makes the round close."""
         out.mkdir()
         job = submit_job(leader, out, "--nnodes", "2", str(SCRIPTS / "member.py"))
