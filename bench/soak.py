@@ -1,10 +1,12 @@
 """Chaos soak: an elastic DDP job on 3 daemons and one etcd, under a seeded plan of random faults.
 
     /work/main/.venv/bin/python bench/soak.py [--duration 600] [--seed N] [--faults all|k1,k2,...]
-                                             [--gap 15] [--etcd-client gateway|grpc] [--json PATH] [--keep]
+                                             [--gap 15] [--etcd-client gateway|grpc|mixed]
+                                             [--json PATH] [--keep]
 
 What runs: a real etcd (loopback, temp data dir) and 3 daemons on it, started with the test
-suite's support code, each talking to etcd through ``--etcd-client`` (its JSON gateway, or grpc);
+suite's support code, each talking to etcd through ``--etcd-client`` (its JSON gateway, or grpc;
+mixed: the daemons alternate, the first on the gateway);
 the job ``bench/soak_job.py`` (gloo on CPU, ``--nnodes 2:3``, one worker per node,
 ``elasticd.worker.GracefulStop`` and a memory snapshot after every step, the daemons started with
 ``--snapshot-bytes``; ``--no-snapshots``: a disk checkpoint every 25 steps; a ledger committed
@@ -89,8 +91,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ttl", type=float, default=3, help="daemons' --lease-ttl (default 3)")
     p.add_argument("--recover-timeout", type=float, default=120, help="per fault (default 120 s)")
     p.add_argument("--hang-timeout", type=float, default=10, help="submit --hang-timeout, when supported")
-    p.add_argument("--etcd-client", choices=CLIENTS, default="gateway",
-                   help="the daemons' --etcd-client (default gateway; grpc: elasticd[grpc])")  # fmt: skip
+    p.add_argument("--etcd-client", choices=(*CLIENTS, "mixed"), default="gateway",
+                   help="the daemons' --etcd-client (default gateway; grpc: elasticd[grpc]; mixed: "
+                   "the daemons alternate, gateway first)")  # fmt: skip
     p.add_argument("--snapshots", action=argparse.BooleanOptionalAction, default=True,
                    help="the job snapshots to memory after every step (default; --no-snapshots: "
                    "a disk checkpoint every 25 steps)")  # fmt: skip
@@ -172,8 +175,10 @@ class Findings:
 
 
 def scope_of(ns: argparse.Namespace) -> Scope:
-    if ns.etcd_client == "grpc" and importlib.util.find_spec("etcd3") is None:
-        raise SystemExit("soak: --etcd-client grpc needs the grpc extra (pip install 'elasticd[grpc]')")
+    if ns.etcd_client != "gateway" and importlib.util.find_spec("etcd3") is None:
+        raise SystemExit(
+            f"soak: --etcd-client {ns.etcd_client} needs the grpc extra (pip install 'elasticd[grpc]')"
+        )
     kinds = parse_kinds(ns.faults)
     hang_ok = hang_timeout_supported()
     notes = []

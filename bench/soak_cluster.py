@@ -3,8 +3,9 @@
 Built on the test suite's own support code (``tests/support.py``: ``EtcdServer``, ``DaemonProc``,
 ``wait_for``), so the soak starts etcd and daemons exactly as the integration tests do: loopback,
 free ports, a temp data dir, one node id, socket, state dir and log dir per daemon. The daemons
-talk to etcd through the client ``etcd_client`` names (``--etcd-client``: gateway or grpc); the
-soak's own reads of etcd (keys left, the round) go through the gateway.
+talk to etcd through the client ``etcd_client`` names (``--etcd-client``: gateway or grpc; mixed:
+the daemons alternate, the first on the gateway, as the test suite's ``tests/etcd_clients.py``
+has them); the soak's own reads of etcd (keys left, the round) go through the gateway.
 
 With ``netns`` (root, ``tests/netns.py``), each daemon runs in a network namespace of its own on a
 bridge, etcd listens on the bridge, the daemons reach it through a delaying relay
@@ -31,6 +32,7 @@ import psutil  # noqa: E402
 
 from elasticd.etcd.client import EtcdClient  # noqa: E402
 from elasticd.workers.proctree import tree as proctree  # noqa: E402
+from tests.etcd_clients import ClientPolicy  # noqa: E402
 from tests.netfaults import DelayProxy, Faults  # noqa: E402
 from tests.netns import IFNAME, BridgeEtcd, NetnsDaemon, Topology  # noqa: E402
 from tests.support import PYTHON, DaemonProc, EtcdServer, unique  # noqa: E402
@@ -138,7 +140,7 @@ class Cluster:
         snapshot_bytes: int = 0,
     ) -> None:
         self.root = root
-        self.etcd_client = etcd_client  # every daemon's --etcd-client (the soak's own reads use the gateway)
+        self.etcd_client = etcd_client  # gateway, grpc or mixed (the soak's own reads use the gateway)
         self.snapshot_bytes = snapshot_bytes  # the daemons' bound on a job's memory snapshots (0: off)
         self.ttl_s = ttl_s
         self.n_nodes = nodes
@@ -161,8 +163,12 @@ class Cluster:
         self.env = env
         self.daemons: list[DaemonProc] = []
         if not netns:
-            args = self._args(self.etcd.endpoint, "127.0.0.1")
-            self.daemons = [DaemonProc(f"{tag}-{i}", root / f"node{i}", args, env) for i in range(nodes)]
+            self.daemons = [
+                DaemonProc(
+                    f"{tag}-{i}", root / f"node{i}", self._args(self.etcd.endpoint, "127.0.0.1", i), env
+                )
+                for i in range(nodes)
+            ]
         self.frozen: set[int] = set()  # daemons under SIGSTOP: do not talk to them
         self.progress = Progress(self.out / "progress")
         self.job_id = ""
@@ -175,11 +181,15 @@ class Cluster:
         """What our processes carry on their command lines (bench_single.own_processes)."""
         return [str(self.root), *self.node_ids]
 
-    def _args(self, endpoint: str, address: str) -> list[str]:
+    def client_of(self, i: int) -> str:
+        """Daemon ``i``'s ``--etcd-client``."""
+        return ClientPolicy(self.etcd_client, self.etcd_client).client(i)
+
+    def _args(self, endpoint: str, address: str, i: int) -> list[str]:
         return [
             "--etcd-endpoints", endpoint, "--etcd-prefix", self.prefix,
             "--address", address, "--lease-ttl", str(self.ttl_s), "--slots", "2",
-            "--stop-grace", str(self.grace_s), "--etcd-client", self.etcd_client,
+            "--stop-grace", str(self.grace_s), "--etcd-client", self.client_of(i),
             "--snapshot-bytes", str(self.snapshot_bytes),
         ]  # fmt: skip
 
@@ -203,7 +213,7 @@ class Cluster:
         self.proxy = DelayProxy((topo.gateway, 0), (topo.gateway, self.etcd.client_port))
         self.proxy.start()
         for host in topo.hosts:
-            args = self._args(self.proxy.endpoint, host.address)
+            args = self._args(self.proxy.endpoint, host.address, host.index)
             node = f"{self.tag}-{host.index}"
             self.daemons.append(
                 NetnsDaemon(node, self.root / f"node{host.index}", args, self.env, netns=host.netns)

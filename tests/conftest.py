@@ -10,12 +10,30 @@ from pathlib import Path
 import pytest
 
 from elasticd.workers.cgroups.hierarchy import detect
+from tests.etcd_clients import ClientPolicy, policy
 from tests.support import DaemonProc, EtcdServer, unique
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # As with an activated venv: `python` on PATH is the test interpreter, so jobs (which run the
 # submitter's `python`) get torch and this checkout.
 os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    try:
+        policy()
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return policy().header()
+
+
+@pytest.fixture(scope="session")
+def etcd_clients() -> ClientPolicy:
+    """Which ``--etcd-client`` the daemons of a test get (tests/etcd_clients.py)."""
+    return policy()
 
 
 @pytest.fixture(scope="session")
@@ -30,17 +48,23 @@ DaemonFactory = Callable[..., DaemonProc]
 
 
 @pytest.fixture
-def daemon_factory(etcd_server: EtcdServer, tmp_path: Path) -> Iterator[DaemonFactory]:
+def daemon_factory(
+    etcd_server: EtcdServer, tmp_path: Path, etcd_clients: ClientPolicy
+) -> Iterator[DaemonFactory]:
     """Start daemons against the shared etcd, each under a key prefix of its own test.
 
     They say ``--address 127.0.0.1`` (every "host" of a test is this one), as a one-host cluster
     on an external etcd must; ``address=None`` leaves it unset, as a forgetful operator would.
+    Each says ``--etcd-client`` as ``etcd_clients`` has it for the n-th daemon the test makes
+    (mixed: the 1st on the gateway, the 2nd on grpc, ...), unless the test gives one; a daemon on
+    the embedded etcd keeps the default, the gateway.
 
     Teardown stops every daemon, then fails the test if any process marked with one of its node
     ids is still alive (and kills it, so one leak cannot spill into the next test).
     """
     prefix = f"/t/{unique('p')}"
     started: list[DaemonProc] = []
+    on_server: list[str] = []  # the daemons made on an external etcd, in order
 
     def make(
         node_id: str | None = None,
@@ -58,6 +82,9 @@ def daemon_factory(etcd_server: EtcdServer, tmp_path: Path) -> Iterator[DaemonFa
             args += ["--etcd-prefix", prefix]
             if address is not None and "--address" not in args:
                 args += ["--address", address]
+            if "--etcd-client" not in args:
+                args += ["--etcd-client", etcd_clients.client(len(on_server))]
+            on_server.append(node)
         d = DaemonProc(node, tmp_path / node, args, dict(env if env is not None else os.environ))
         started.append(d)
         if start:

@@ -191,6 +191,11 @@ class DaemonProc:
             else "/elasticd/v4"
         )
 
+    @property
+    def etcd_client(self) -> str:
+        """The client it talks to etcd through (``--etcd-client``; the daemon's default, the gateway)."""
+        return self.args[self.args.index("--etcd-client") + 1] if "--etcd-client" in self.args else "gateway"
+
     def node_key(self) -> str:
         return f"{self.etcd_prefix}/nodes/{self.node_id}"
 
@@ -339,7 +344,8 @@ def alive_pid(pid: int) -> bool:
 def start_cluster(
     factory: Callable[..., DaemonProc], n: int, *flags: str, ttl: float = 3.0
 ) -> list[DaemonProc]:
-    """``n`` daemons ("hosts") against the shared etcd, with node ids that sort in start order."""
+    """``n`` daemons ("hosts") against the shared etcd, with node ids that sort in start order (and
+    the factory's ``--etcd-client`` for each: mixed, they alternate gateway, grpc, ...)."""
     tag = unique("h")
     return [factory(f"{tag}-{i}", "--lease-ttl", str(ttl), "--slots", "2", *flags) for i in range(n)]
 

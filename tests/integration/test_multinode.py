@@ -12,9 +12,14 @@ from typing import Any
 
 import pytest
 
+from elasticd.etcd.client import EtcdClient
+from elasticd.etcd.keys import Keys
 from tests.conftest import DaemonFactory
+from tests.etcd_clients import ClientPolicy
 from tests.support import (
     REPO,
+    DaemonProc,
+    EtcdServer,
     alive_pid,
     log_events,
     start_cluster,
@@ -257,3 +262,41 @@ def test_nodes_restricts_who_takes_part(daemon_factory: DaemonFactory, tmp_path:
     assert ds[1].wait_state(probe, ("SUCCEEDED", "FAILED"))["state"] == "SUCCEEDED"
     (tmp_path / "finish").touch()
     assert ds[1].wait_state(job, ("SUCCEEDED", "FAILED"))["state"] == "SUCCEEDED"
+
+
+def test_a_mixed_cluster_runs_both_clients_each_leading_the_other(
+    daemon_factory: DaemonFactory, etcd_clients: ClientPolicy, etcd_server: EtcdServer, tmp_path: Path
+) -> None:
+    """The suite's mixed clusters (tests/etcd_clients.py) are what they claim: the 1st daemon talks
+    to etcd over the gateway, the 2nd over grpc, and a round led by either closes with the other
+    as a member (the leader is the node whose join is oldest, so each joins first in turn).
+    Budget: about 10 s."""
+    if etcd_clients.mode != "mixed":
+        pytest.skip(etcd_clients.header())
+    tag = unique("mx")
+    a = daemon_factory(f"{tag}-0", "--lease-ttl", str(TTL), "--slots", "2")
+    b = daemon_factory(f"{tag}-1", "--lease-ttl", str(TTL), "--slots", "2", start=False)
+    assert (a.etcd_client, b.etcd_client) == ("gateway", "grpc")
+    keys, etcd = Keys(a.etcd_prefix), EtcdClient([etcd_server.endpoint], timeout_s=5)
+
+    def led(leader: DaemonProc, member: DaemonProc, out: Path) -> None:
+        """``leader`` joins a 2-node job alone; ``member`` (started now) makes the round close."""
+        out.mkdir()
+        job = submit_job(leader, out, "--nnodes", "2", str(SCRIPTS / "member.py"))
+        wait_for(lambda: etcd.get(keys.join(job, 0, leader.node_id)), 15, 0.05, f"{leader.node_id} to join")
+        member.start()
+        assert {r["ELASTICD_OWNER"] for r in wait_round(out, 0, 2)} == {leader.node_id, member.node_id}
+        closed = wait_log(leader, "round.complete", job=job, round=0)
+        assert sorted(closed["members"]) == sorted([leader.node_id, member.node_id]), closed
+        assert not log_events(member, "round.complete", job=job)
+        (out / "finish").touch()
+        assert member.wait_state(job, ("SUCCEEDED", "FAILED"))["state"] == "SUCCEEDED"
+
+    try:
+        led(a, b, tmp_path / "gateway-leads")
+        a.stop()
+        led(b, a, tmp_path / "grpc-leads")
+    finally:
+        etcd.close()
+    assert {e["client"] for e in a.events("etcd.connected")} == {"gateway"}
+    assert {e["client"] for e in b.events("etcd.connected")} == {"grpc"}

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.etcd_clients import ClientPolicy
 from tests.netns import IFNAME, BridgeEtcd, NetnsDaemon, Topology, netns_inode, processes_mentioning
 from tests.netns import unavailable_reason as netns_unavailable
 from tests.support import PYTHON, REPO, etcd_available, wait_for
@@ -53,7 +54,7 @@ def _teardown(
 
 
 @pytest.fixture
-def netns_cluster(tmp_path: Path) -> Iterator[NetnsCluster]:
+def netns_cluster(tmp_path: Path, etcd_clients: ClientPolicy) -> Iterator[NetnsCluster]:
     reason = netns_unavailable()
     if reason is not None:
         pytest.skip(reason)
@@ -71,6 +72,7 @@ def netns_cluster(tmp_path: Path) -> Iterator[NetnsCluster]:
                 "--etcd-endpoints", etcd.endpoint,
                 "--lease-ttl", str(TTL),
                 "--slots", "2",
+                "--etcd-client", etcd_clients.client(host.index),
             ]  # fmt: skip
             d = NetnsDaemon(node, tmp_path / node, args, dict(os.environ), netns=host.netns)
             daemons.append(d)

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from elasticd.netaddr import free_port
+from tests.etcd_clients import policy
 from tests.netfaults import ETCD, Faults
 from tests.netns import Topology, processes_mentioning
 from tests.netns import unavailable_reason as netns_unavailable
@@ -44,6 +45,7 @@ SEED = 7
 BOUND_S = 200
 KINDS = ("etcd_cut", "peer_cut", "one_way_loss", "etcd_slow")
 FENCING = ("etcd_cut", "one_way_loss")  # the node loses etcd: its lease goes, its workers must die
+CLIENTS = policy().mode  # mixed: the 3 daemons on gateway, grpc, gateway (tests/etcd_clients.py)
 
 pytestmark = [pytest.mark.root]
 
@@ -129,7 +131,7 @@ def test_job_survives_each_partition(tmp_path: Path) -> None:
         pytest.skip(reason)
     run = run_soak(
         ["--duration", "0", "--seed", str(SEED), "--faults", ",".join(KINDS), "--gap", "3",
-         "--ttl", str(TTL_S), "--recover-timeout", "60"],
+         "--ttl", str(TTL_S), "--recover-timeout", "60", "--etcd-client", CLIENTS],
         tmp_path, BOUND_S,
     )  # fmt: skip
     text, result = run.text, run.result
@@ -178,7 +180,9 @@ def test_a_node_cut_from_its_peers_is_left_out_until_it_reaches_them(tmp_path: P
     reason = netns_unavailable()
     if reason is not None:
         pytest.skip(reason)
-    c = Cluster(tmp_path / "cluster", nodes=3, ttl_s=TTL_S, daemon_stop_grace_s=5.0, netns=True)
+    c = Cluster(
+        tmp_path / "cluster", nodes=3, ttl_s=TTL_S, daemon_stop_grace_s=5.0, netns=True, etcd_client=CLIENTS
+    )
     try:
         c.start()
         c.submit(JobSettings(stop_grace_s=2.0, last_call_s=0.5, every=10, hang_timeout_s=HANG_S))

@@ -1,5 +1,6 @@
-"""The chaos soak (bench/soak.py), short: every fault kind at least once, then its end checks hold;
-and a shorter one with the daemons on the grpc etcd client, under the faults that hit etcd.
+"""The chaos soak (bench/soak.py), short: every fault kind at least once, then its end checks hold,
+on a mixed cluster (the daemons alternate etcd clients, as tests/etcd_clients.py has them); and a
+shorter one with every daemon on the grpc etcd client, under the faults that hit etcd.
 
 The soak starts its own etcd and daemons (through tests/support.py) and cleans them up itself;
 ``tests/soak_run.py`` bounds it, and on a timeout stops it and removes what it left.
@@ -24,6 +25,7 @@ from soak_cluster import Cluster, LifeLine, Step
 from soak_plan import ALL_KINDS, PARTITION_KINDS, FaultKind, make_plan, parse_kinds
 
 from elasticd.etcd.keys import Keys
+from tests.etcd_clients import policy
 from tests.netns import unavailable_reason as netns_unavailable
 from tests.soak_run import SoakRun, run_soak
 
@@ -100,12 +102,14 @@ def test_soak_survives_every_fault_kind(tmp_path: Path) -> None:
     those); one partition among them, where network namespaces can be used (CI runs as root)."""
     pytest.importorskip("torch")
     kinds = [k.value for k in ALL_KINDS if k not in PARTITION_KINDS or k is FaultKind.ONE_WAY]
+    clients = policy().mode
     run = run_soak(
         ["--duration", str(DURATION_S), "--seed", str(SEED), "--faults", ",".join(kinds), "--gap", "8",
-         "--recover-timeout", "60"],
+         "--recover-timeout", "60", "--etcd-client", clients],
         tmp_path, BOUND_S,
     )  # fmt: skip
     assert_passed(run)
+    assert run.result["etcd_client"] == clients, run.text[-6000:]
     if netns_unavailable() is None:
         assert FaultKind.ONE_WAY.value in run.result["kinds"], run.result["table"]
 
@@ -144,15 +148,16 @@ def assert_passed(run: SoakRun) -> None:
     assert all(row["survived"] == row["injected"] for row in result["table"]), result["table"]
 
 
+def started(d: DaemonProc, *clients: str) -> None:
+    """Write the daemon's log as if it had started once on each of ``clients``."""
+    d.root.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"event": "etcd.connected", "client": cl}) for cl in clients]
+    d.stderr_path.write_text("\n".join(["not json", *lines]) + "\n")
+
+
 def test_etcd_client_check_reads_every_daemon_start(tmp_path: Path) -> None:
     """The check behind "every daemon on the grpc client": every start's ``etcd.connected`` counts."""
     c = Cluster(tmp_path, 2, ttl_s=3, daemon_stop_grace_s=5, etcd_client="grpc")
-
-    def started(d: DaemonProc, *clients: str) -> None:
-        d.root.mkdir(parents=True, exist_ok=True)
-        lines = [json.dumps({"event": "etcd.connected", "client": cl}) for cl in clients]
-        d.stderr_path.write_text("\n".join(["not json", *lines]) + "\n")
-
     a, b = c.daemons
     assert all(d.args[d.args.index("--etcd-client") + 1] == "grpc" for d in c.daemons)
     started(a, "grpc", "grpc")  # started, killed, restarted
@@ -164,3 +169,17 @@ def test_etcd_client_check_reads_every_daemon_start(tmp_path: Path) -> None:
     started(b, "grpc")
     check = check_etcd_client(c)
     assert check.ok and "3 daemon starts on grpc" in check.detail, check
+
+
+def test_a_mixed_soak_alternates_clients_and_checks_each_daemons_own(tmp_path: Path) -> None:
+    c = Cluster(tmp_path, 3, ttl_s=3, daemon_stop_grace_s=5, etcd_client="mixed")
+    assert [d.etcd_client for d in c.daemons] == ["gateway", "grpc", "gateway"]
+    a, b, d = c.daemons
+    started(a, "gateway")
+    started(b, "grpc", "grpc")
+    started(d, "gateway")
+    check = check_etcd_client(c)
+    assert check.ok and "4 daemon starts on mixed" in check.detail, check
+    started(d, "grpc")  # the third on grpc: not what mixed gives it
+    check = check_etcd_client(c)
+    assert not check.ok and d.node_id in check.detail, check
