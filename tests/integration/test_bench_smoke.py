@@ -59,6 +59,13 @@ def test_bench_queue_load_prints_its_table(tmp_path: Path) -> None:
         "bench_queue_load.py", "--jobs", "20", "--users", "3", "--spec-bytes", "4096", "--idle-seconds", "1",
         "--settle", "0.2", "--requests", "3", "--think-ms", "0", "--json", str(tmp_path / "q.json"),
     )  # fmt: skip
-    for line in ("empty cluster", "20 pending jobs", "status (all jobs)", "status <job>", "submit"):
+    for line in (
+        "empty cluster",
+        "20 pending jobs",
+        "status (table)",
+        "status --json",
+        "status <job>",
+        "submit",
+    ):
         assert line in out, out
     assert (tmp_path / "q.json").read_text().startswith("[")

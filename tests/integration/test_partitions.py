@@ -214,17 +214,22 @@ def test_a_node_cut_from_its_peers_is_left_out_until_it_reaches_them(tmp_path: P
         assert back is not None, steps()[-3:]
         print(f"peer cut: went on without the node {without.at - cut_at:.1f}s after the cut, back at full")
         print(f"strength {back.at - healed_at:.1f}s after the heal (hang timeout {HANG_S:g}s)")
-        target = back.step + 20
-        c.set_finish(target)
-        ended = wait_until(lambda: (c.status() or {}).get("state") in ("SUCCEEDED", "FAILED"), 40, 0.2)
-        view = c.status()
-        assert ended and view is not None and view["state"] == "SUCCEEDED", view
-        assert view["restarts"] == 1, view  # the hang; leaving out and taking back spend nothing
-        for check in (check_rounds_disjoint(read_lives(c.out)), check_ledger(c.out / "ckpt.pt", target)):
-            assert check.ok, check
+        finish_with_one_restart(c, back.step + 20)  # the hang; leaving out and taking back spend nothing
     finally:
         c.shutdown()
     left = processes_mentioning(str(tmp_path))
     for proc in left:
         proc.kill()
     assert not left, [p.cmdline() for p in left]
+
+
+def finish_with_one_restart(c: Cluster, target: int) -> None:
+    """Ask the job to finish at ``target``: it succeeds with one restart spent, no two rounds ran
+    at once and the ledger has every step once."""
+    c.set_finish(target)
+    ended = wait_until(lambda: (c.status() or {}).get("state") in ("SUCCEEDED", "FAILED"), 40, 0.2)
+    view = c.status()
+    assert ended and view is not None and view["state"] == "SUCCEEDED", view
+    assert view["restarts"] == 1, view
+    for check in (check_rounds_disjoint(read_lives(c.out)), check_ledger(c.out / "ckpt.pt", target)):
+        assert check.ok, check
