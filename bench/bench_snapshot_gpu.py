@@ -104,6 +104,7 @@ def main() -> None:
 
     from elasticd import worker
     from elasticd.workers.snapshot_program import device
+    from elasticd.workers.snapshot_program.memory import SNAPSHOTS
 
     n, per = 16, args.mib * (1 << 20) // 16 // 4
     total = n * per * 4
@@ -146,6 +147,7 @@ def main() -> None:
         back = worker.load_checkpoint(ckpt)
         restore_s = time.perf_counter() - t0
         same = all(torch.equal(back["model"][k], v.cpu()) for k, v in state["model"].items())
+        SNAPSHOTS.at_exit()  # the file written behind lands before its directory goes, not after
         print(json.dumps(_summary(args, med, (first, restore_s), same, pinned_ok)), flush=True)
     ctl.close()
     keeper.wait(10)
