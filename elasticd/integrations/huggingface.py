@@ -12,7 +12,7 @@ Each save (``save_strategy``) copies the model's, optimizer's, scheduler's and s
 rank's random generators and the trainer's state into the job's snapshot keeper, and returns. HF's
 own checkpoint directory (``OUT/checkpoint-N``, with ``save_total_limit``) is written by HF's own
 code every ``persist_every`` steps (default ``$ELASTICD_SNAPSHOT_PERSIST_EVERY``, else 10) and at
-the last step, so ``resume_from_checkpoint`` works from disk as before, under elasticd or not.
+the last step, so ``resume_from_checkpoint`` works from disk, under elasticd or not.
 That write is synchronous: HF's layout is HF's to write, from the live model.
 
 ``train`` first asks the job's keepers (one collective: every rank calls ``train``) for the newest

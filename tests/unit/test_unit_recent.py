@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.memory import MemoryKV
+from elasticd.manager.jobs import JobManager
 from elasticd.manager.sharedread import RecentRead
 from elasticd.rendezvous.store import InlineJobStore
 from tests.fakes import bare_manager, make_spec
@@ -304,6 +305,13 @@ def test_an_answer_is_never_older_than_the_last_change_nor_max_age(ops: list[tup
     run(body)
 
 
+async def _until_armed(manager: JobManager) -> None:
+    """Until the manager's watch is armed (arming drops the held read)."""
+    async with asyncio.timeout(10):
+        while manager._armed is None:
+            await asyncio.sleep(0.01)
+
+
 def test_the_managers_watch_drops_the_held_read_when_any_job_key_changes(tmp_path: Path) -> None:
     """The wiring: ``JobManager.watch`` turns a change of a job's key, made by anyone, into
     ``recent.invalidate`` (``JobManager.wake``)."""
@@ -313,9 +321,7 @@ def test_the_managers_watch_drops_the_held_read_when_any_job_key_changes(tmp_pat
         manager = bare_manager(kv, keys, tmp_path)
         watch = asyncio.ensure_future(manager.watch())
         try:
-            async with asyncio.timeout(10):
-                while manager._armed is None:  # (arming drops the held read)
-                    await asyncio.sleep(0.01)
+            await _until_armed(manager)
             for key in (keys.job_spec("j1"), keys.job_final("j2")):
                 await manager.recent.get()
                 assert manager.recent.held() is not None
@@ -340,9 +346,8 @@ def test_the_news_of_a_job_this_node_created_leaves_the_held_read_but_a_later_ch
         manager = bare_manager(kv, keys, tmp_path)
         watch = asyncio.ensure_future(manager.watch())
         try:
+            await _until_armed(manager)
             async with asyncio.timeout(10):
-                while manager._armed is None:  # (arming drops the held read)
-                    await asyncio.sleep(0.01)
                 await manager.recent.get()
                 heard = manager.expect_head("j1")
                 assert await InlineJobStore(kv, keys, "j1").create(make_spec(id="j1"))

@@ -186,6 +186,26 @@ OPS = st.lists(
 
 
 @settings(max_examples=60, deadline=None)
+async def _apply(kv: MemoryKV, lease: int, op: str, job: str) -> None:
+    """One of ``OPS``' changes, through the job store as the daemons write it."""
+    store = InlineJobStore(kv, KEYS, job)
+    match op:
+        case "create":
+            await store.create(make_spec(id=job))
+        case "final":
+            await store.finalize(JobState.KILLED, EndReason.KILLED, "by u")
+        case "note":
+            await store.note_pending("n1", f"note {len(kv.get_prefix(KEYS.all_parts()))}", lease)
+        case "unnote":
+            await store.note_pending("n1", None, lease)
+        case "remove":
+            await store.remove()
+        case "junk":
+            kv.put_json(KEYS.job(job) + "junk", 1)
+        case "status":
+            await store.put_node_status("n2", {"state": "RUNNING"}, lease)
+
+
 @given(ops=OPS)
 def test_a_held_read_brought_up_to_date_is_what_a_full_read_gives(ops: list[tuple[str, str]]) -> None:
     kv = MemoryKV()
@@ -194,22 +214,7 @@ def test_a_held_read_brought_up_to_date_is_what_a_full_read_gives(ops: list[tupl
 
     async def check() -> None:
         for op, job in ops:
-            store = InlineJobStore(kv, KEYS, job)
-            match op:
-                case "create":
-                    await store.create(make_spec(id=job))
-                case "final":
-                    await store.finalize(JobState.KILLED, EndReason.KILLED, "by u")
-                case "note":
-                    await store.note_pending("n1", f"note {len(kv.get_prefix(KEYS.all_parts()))}", lease)
-                case "unnote":
-                    await store.note_pending("n1", None, lease)
-                case "remove":
-                    await store.remove()
-                case "junk":
-                    kv.put_json(KEYS.job(job) + "junk", 1)
-                case "status":
-                    await store.put_node_status("n2", {"state": "RUNNING"}, lease)
+            await _apply(kv, lease, op, job)
             got = await reader.read()
             want = parse_jobs(KEYS, kv.get_prefix(KEYS.jobs()) + kv.get_prefix(KEYS.all_parts()))
             assert got == want, op
@@ -231,22 +236,7 @@ def test_a_read_that_trusts_the_watch_for_jobs_is_what_a_full_read_gives(ops: li
 
     async def check() -> None:
         for op, job in ops:
-            store = InlineJobStore(kv, KEYS, job)
-            match op:
-                case "create":
-                    await store.create(make_spec(id=job))
-                case "final":
-                    await store.finalize(JobState.KILLED, EndReason.KILLED, "by u")
-                case "note":
-                    await store.note_pending("n1", f"note {len(kv.get_prefix(KEYS.all_parts()))}", lease)
-                case "unnote":
-                    await store.note_pending("n1", None, lease)
-                case "remove":
-                    await store.remove()
-                case "junk":
-                    kv.put_json(KEYS.job(job) + "junk", 1)
-                case "status":
-                    await store.put_node_status("n2", {"state": "RUNNING"}, lease)
+            await _apply(kv, lease, op, job)
             got = await reader.read()  # (the memory KV tells its watches before a write returns)
             want = parse_jobs(KEYS, kv.get_prefix(KEYS.jobs()) + kv.get_prefix(KEYS.all_parts()))
             assert got == want, op
