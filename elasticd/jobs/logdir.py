@@ -290,7 +290,18 @@ def remove_job(log_dir: Path, job_id: str) -> bool:
         os.close(fd)
         return False
     try:
-        shutil.rmtree(job_id, dir_fd=fd)  # fd-based on Linux: shutil.rmtree.avoids_symlink_attacks
+        # fd-based on Linux (``shutil.rmtree.avoids_symlink_attacks``). ``rm`` and the sweep of
+        # logs whose records are gone may remove one tree at once: what the other removed first
+        # is gone, which is what both want.
+        shutil.rmtree(job_id, dir_fd=fd, onerror=_gone_is_fine)
         return True
     finally:
         os.close(fd)
+
+
+_ExcInfo = tuple[type[BaseException], BaseException, object]
+
+
+def _gone_is_fine(func: object, path: str, exc_info: _ExcInfo) -> None:
+    if not isinstance(exc_info[1], FileNotFoundError):
+        raise exc_info[1]

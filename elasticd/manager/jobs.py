@@ -364,7 +364,13 @@ class JobManager:
     def sweep_logs(self, known: set[str]) -> list[str]:
         """Drop this node's logs of jobs whose records are gone (removed, or past retention)."""
         gone = [j for j in logread.list_dir(self.rt.log_dir, ()) if j not in known and j not in self.agents]
-        removed = [j for j in gone if logdir.remove_job(self.rt.log_dir, j)]
+        removed = []
+        for job in gone:
+            try:
+                if logdir.remove_job(self.rt.log_dir, job):
+                    removed.append(job)
+            except OSError as exc:  # a full or read-only disk: the next sweep tries again
+                _log.warning("logs.remove_failed", job=job, error=repr(exc))
         if removed:
             _log.info("logs.removed", jobs=removed)
         return removed

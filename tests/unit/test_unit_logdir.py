@@ -13,6 +13,7 @@ import stat
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -339,3 +340,30 @@ def test_remove_job_deletes_the_tree_and_never_follows_a_planted_link(tmp_path: 
     assert not (root / "job-1").exists() and (outside / "keep").read_text() == "keep"
     assert not remove_job(root, "job-1") and not remove_job(root, "../precious")
     assert (outside / "keep").exists()
+
+
+def test_remove_job_finishes_when_another_removal_takes_parts_of_the_tree_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``rm`` and the sweep of logs with no records may remove one tree at once: each entry the
+    other removed first is gone, and neither fails (a failure here once stopped the daemon)."""
+    from elasticd.jobs.logdir import remove_job
+
+    root = tmp_path / "logs"
+    for attempt in range(2):
+        (root / "job-1" / f"attempt_{attempt}").mkdir(parents=True)
+        (root / "job-1" / f"attempt_{attempt}" / "rank_0.log").write_text("x")
+    real_unlink, real_rmdir = os.unlink, os.rmdir
+
+    def other_removal_first(real: Any) -> Any:
+        def call(path: Any, *, dir_fd: int | None = None) -> None:
+            real(path, dir_fd=dir_fd)  # the other removal
+            real(path, dir_fd=dir_fd)  # this one: FileNotFoundError
+
+        return call
+
+    monkeypatch.setattr(os, "unlink", other_removal_first(real_unlink))
+    monkeypatch.setattr(os, "rmdir", other_removal_first(real_rmdir))
+    assert remove_job(root, "job-1")
+    monkeypatch.undo()
+    assert not (root / "job-1").exists()
