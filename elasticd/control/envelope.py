@@ -73,7 +73,7 @@ def encode_request(rid: str, cmd: str, args: dict[str, Any]) -> bytes:
 def encode_ok(rid: str, result: Any) -> bytes:
     if isinstance(result, Encoded):
         head = json.dumps({"v": PROTOCOL_VERSION, "id": rid, "ok": True}).encode()
-        return head[:-1] + b', "result": ' + result.json + b"}"
+        return b"".join((head[:-1], b', "result": ', *result.parts, b"}"))
     return json.dumps({"v": PROTOCOL_VERSION, "id": rid, "ok": True, "result": result}).encode()
 
 

@@ -109,8 +109,8 @@ class ControlServer:
         except Exception as exc:
             _log.exception("control.internal_error", cmd=cmd)
             reply = encode_error(rid, exc)
-        try:
-            await self._sock.send_multipart([*envelope, reply])
+        try:  # not copied again (``copy``): ``status`` of every job replies with ~1 MB
+            await self._sock.send_multipart([*envelope, reply], copy=False)
         except zmq.ZMQError as exc:  # the client went away; nothing to tell
             _log.debug("control.reply_dropped", error=str(exc))
 

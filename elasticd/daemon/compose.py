@@ -40,8 +40,9 @@ from elasticd.jobs.logdir import log_group_gid
 from elasticd.jobs.quota import Quotas
 from elasticd.manager.access import Admins
 from elasticd.manager.etcdspace import SpaceWatch
+from elasticd.manager.facts import NodeFacts
 from elasticd.manager.jobs import JobManager
-from elasticd.manager.service import CommandService, NodeFacts
+from elasticd.manager.service import CommandService
 from elasticd.netaddr import NoFreePort
 from elasticd.node.gpuwatch import GpuWatch
 from elasticd.node.hooks import LeaseHooks
@@ -300,7 +301,7 @@ async def start(
     stack.push_async_callback(background.close)
     server = await serve(s, etcd, keys, jobs, background, started_at)
     if gpu_watch is not None:
-        background.start(jobs.manager.watch_gpus(verdicts), "gpu_health")
+        background.start(jobs.manager.gpu_health.watch_gpus(verdicts), "gpu_health")
     stack.push_async_callback(leave, server, jobs.manager, jobs.registry, liveness, node_id)
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, request_stop, signal.Signals(sig).name)

@@ -59,6 +59,11 @@ MAX_TXN_DELETES = 100  # etcd refuses a transaction of more than 128 operations 
 RELIEF_S = 60.0
 JOB_OVERHEAD = 4096  # bytes of a job's records besides its spec (round, results, statuses), roughly
 
+# Whether a job waits in an open round, as its snapshot says (``Janitor._wait_of``): until its
+# join timeout (when the round opened, and the timeout) while no node joined; True once one did
+# (the janitor leaves it be); False for a job that does not wait (its round closed, or no round).
+Wait = tuple[float, float] | bool
+
 
 class Janitor:
     def __init__(
@@ -83,6 +88,7 @@ class Janitor:
         self._keys = keys
         self._node = node_id
         self._store_of = store_of
+        self._waits: dict[str, tuple[JobSnapshot, Wait]] = {}  # by job, per snapshot (``_wait_of``)
         self.holding = False
 
     async def elected(self, lease: int) -> bool:
@@ -113,20 +119,15 @@ class Janitor:
             if snap.final is not None:
                 if self._retention_s is not None:
                     due.append(snap.final.ended_at + self._retention_s)
-            elif (
-                snap.head is not None
-                and snap.round is not None
-                and not snap.closed
-                and not snap.current_joins
-            ):
-                due.append(snap.round.opened_at + snap.head.join_timeout_s)
+            elif isinstance(wait := self._wait_of(snap), tuple):
+                due.append(wait[0] + wait[1])
         now = self._clock()
         return min((t for t in due if t > now), default=None)
 
     async def sweep(self, snaps: dict[str, JobSnapshot]) -> None:
         missing, self._missing = self._missing, {}
         for snap in snaps.values():
-            if (snap.job_id, snap.current) in missing and not snap.ended:
+            if missing and (snap.job_id, snap.current) in missing and not snap.ended:
                 self._missing[(snap.job_id, snap.current)] = missing[(snap.job_id, snap.current)]
             if snap.final is not None and self._expired(snap.final.ended_at):
                 await self._remove(snap.job_id)
@@ -135,13 +136,32 @@ class Janitor:
                 await self._fail_invalid(snap)
             elif snap.head is not None and not snap.ended and not self._waits_in_time(snap):
                 await self._orphan(snap)
+        if len(self._waits) > len(snaps):  # (jobs gone)
+            self._waits = {j: w for j, w in self._waits.items() if j in snaps}
 
     def _waits_in_time(self, snap: JobSnapshot) -> bool:
         """A job no round of which closed, with a join or within its join timeout: ``_orphan``
         does nothing for it (the cheap test first: a queue of a thousand waits at every sweep)."""
+        wait = self._wait_of(snap)
+        if isinstance(wait, bool):
+            return wait
+        return self._clock() - wait[0] <= wait[1]
+
+    def _wait_of(self, snap: JobSnapshot) -> Wait:
+        """``Wait`` of the job, made once per snapshot (the read hands out the same one while the
+        job's keys are unchanged): every change sweeps every job, and most wait."""
+        held = self._waits.get(snap.job_id)
+        if held is not None and held[0] is snap:
+            return held[1]
+        wait: Wait
         if snap.closed is not None or snap.round is None or snap.head is None:
-            return False
-        return bool(snap.current_joins) or self._clock() - snap.round.opened_at <= snap.head.join_timeout_s
+            wait = False
+        elif snap.current_joins:
+            wait = True
+        else:
+            wait = (snap.round.opened_at, snap.head.join_timeout_s)
+        self._waits[snap.job_id] = (snap, wait)
+        return wait
 
     async def drop_strays(self, strays: dict[str, list[str]]) -> None:
         """Delete parts of jobs that have no records (``snapshot.parse_jobs``), unless the job

@@ -1,8 +1,10 @@
 """What the control socket's commands can do, and who may: the one service they are given.
 
 Command handlers (``elasticd.control.commands``) receive a ``CommandService``, never the daemon:
-every read and write they make goes through here, and so does every permission check
-(``authorize``, with the rules of ``elasticd.manager.access``).
+every read and write they make goes through it (the job commands' through ``jobs``, the node
+commands' through ``nodes``), and every permission check is here (``authorize``, with the rules
+of ``elasticd.manager.access``), with the owner reads it needs and the event history, which is
+filtered by owner.
 """
 
 from __future__ import annotations
@@ -10,83 +12,27 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Collection
-from dataclasses import dataclass, replace
-from functools import cached_property
-from pathlib import Path
-from typing import Any
+from dataclasses import replace
 
 from elasticd.decode import DecodeError
-from elasticd.errors import (
-    Conflict,
-    EtcdUnavailable,
-    InsufficientCapacity,
-    InvalidArgs,
-    InvalidSpec,
-    JobNotFound,
-    NodeNotFound,
-)
+from elasticd.errors import InvalidSpec, JobNotFound
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV
-from elasticd.etcd.space import Space
 from elasticd.etcd.types import Query
 from elasticd.events.schema import EventsArgs
 from elasticd.events.store import EventLog, Page
-from elasticd.happenings.bus import publish
-from elasticd.happenings.records import (
-    GpuReturned,
-    JobKilled,
-    JobRemoved,
-    JobSubmitted,
-    NodeDrained,
-    NodeUndrained,
-)
-from elasticd.jobs import logdir, quota, snapshotspace
-from elasticd.jobs.logs import Read, attempt_starts, log_files, read_logs
-from elasticd.jobs.logscope import check_scope, round_view
-from elasticd.jobs.queue import QueuePlace
-from elasticd.jobs.quota import NO_QUOTAS, Limits, Quotas
+from elasticd.jobs import quota
+from elasticd.jobs.quota import Limits
 from elasticd.jobs.rate import SubmitWindow
-from elasticd.jobs.view import job_view
-from elasticd.manager.access import ROOT_ONLY, ROOT_UID, Access, Admins, Caller, authorize, may_read_job
+from elasticd.manager.access import ROOT_UID, Access, Caller, authorize, may_read_job
 from elasticd.manager.etcdspace import SpaceWatch
+from elasticd.manager.facts import NodeFacts
+from elasticd.manager.jobcommands import JobCommands
 from elasticd.manager.jobs import JobManager
-from elasticd.manager.statusviews import StatusViews
-from elasticd.node.registry import NodeRecord, NodeRegistry
-from elasticd.rendezvous.snapshot import JobSnapshot
+from elasticd.manager.nodecommands import NodeCommands
+from elasticd.node.registry import NodeRegistry
 from elasticd.terms.head import parse_head
-from elasticd.terms.ids import valid_gpu_uuid, valid_job_id
-from elasticd.terms.options import EntryKind
-from elasticd.terms.spec import JobSpec
-from elasticd.terms.state import EndReason, JobState
-from elasticd.wire import LogsArgs, RoundView, is_terminal
-
-KILL_WAIT_S = 60.0
-
-
-@dataclass(frozen=True)
-class LogsRead:
-    """What ``logs`` answers: the job as ``status`` shows it, its current round, the output read,
-    and when each attempt with logs here started."""
-
-    view: dict[str, Any]
-    round: RoundView | None
-    read: Read
-    starts: dict[int, float]
-
-
-@dataclass(frozen=True)
-class NodeFacts:
-    """What the commands report about this daemon and the defaults they apply."""
-
-    node_id: str
-    started_at: float
-    etcd_endpoints: tuple[str, ...]
-    embedded_etcd: bool
-    allow_root_jobs: bool
-    stop_grace_s: float
-    log_dir: Path
-    quotas: Quotas = NO_QUOTAS  # per-user limits (``jobs.quota``)
-    admins: Admins = ROOT_ONLY  # who gets the admin limits and may set --priority
+from elasticd.terms.ids import valid_job_id
 
 
 class CommandService:
@@ -100,18 +46,12 @@ class CommandService:
         space: SpaceWatch | None = None,
     ) -> None:
         self.facts = facts
-        self._manager = manager
-        self._registry = registry
         self._kv = kv
         self._keys = keys
         self._events = EventLog(kv, keys)
         self._submits = SubmitWindow()  # submits per user per minute through this node
-        self._space = space  # how full etcd is (None: not watched)
-
-    @cached_property
-    def status_views(self) -> StatusViews:
-        """Every job's view, encoded once per change, and ``status``'s replies made of them."""
-        return StatusViews(self.facts.node_id, self._manager.board)
+        self.jobs = JobCommands(facts, manager, registry, self._events, space)
+        self.nodes = NodeCommands(manager, registry, kv, keys, space)
 
     # -- permissions and limits -------------------------------------------------------------------
     async def authorize(
@@ -167,274 +107,6 @@ class CommandService:
         if args.limit is not None:
             chosen = chosen[-args.limit :] if args.limit else []
         return replace(page, events=chosen)
-
-    # -- jobs -------------------------------------------------------------------------------------
-    async def submit(self, spec: JobSpec, limits: Limits | None = None) -> dict[str, Any]:
-        """Store a new job, within the submitter's ``limits``: the spec's size, and the jobs they
-        hold (counted from the recent read; a submit that races another past the limit is failed
-        by the scan, ``jobs.quota.over_limits``)."""
-        self._refuse_if_etcd_full()
-        if spec.entry_kind is not EntryKind.EXEC:  # a python job may keep memory snapshots here
-            bound = self._manager.rt.snapshot_bytes
-            if (
-                small := snapshotspace.refusal(bound, snapshotspace.shm_bytes(), self.facts.node_id)
-            ) is not None:
-                raise small
-        if limits is not None:
-            await self._check_limits(spec, limits)
-        records = await asyncio.to_thread(self._registry.records)
-        candidates = [n for n in records if spec.allows(n.node)]
-        biggest = max((n.slots_for(spec.mig) for n in candidates), default=0)
-        if candidates and biggest < spec.nproc_per_node:
-            where = f"node {self.facts.node_id}" if len(candidates) == 1 else "the largest node"
-            unit = "MIG slices" if spec.mig else self._manager.admitter.unit
-            raise InsufficientCapacity(
-                f"job asks for {spec.nproc_per_node} {unit} per node but {where} has {biggest}",
-                requested=spec.nproc_per_node,
-                available=biggest,
-            )
-        heard = self._manager.expect_head(spec.id)
-        since = self._manager.recent.generation
-        try:
-            if not await self._manager.store_of(spec.id).create(spec):
-                raise Conflict(f"job {spec.id} already exists")
-            publish(JobSubmitted(spec.id, spec.user, tuple(spec.argv), str(spec.nnodes)))
-            # The job read back (its keys alone), and the watch's news of it heard: the recent read
-            # with the job put in is then as good as a new read, for this submit's scan, the one
-            # the news wakes and the ``status`` after them (``JobManager.advance``).
-            back, told = await asyncio.gather(self._manager.read_back(spec.id), self._manager.heard(heard))
-        except BaseException:
-            self._manager.wake()  # whatever was written: read again (its news may have been ours)
-            raise
-        finally:
-            self._manager.forget_head(spec.id)
-        if told:
-            self._manager.advance(since, back)
-        else:  # what came before the job's news may still come: read again
-            self._manager.wake()
-        await self._manager.scan(clean_up=False)
-        if not spec.allows(self.facts.node_id):  # no note of this node's since the job was read back
-            return job_view(back.snap, self.facts.node_id)
-        # The job as read predates what this node's agent just noted (e.g. that the job waits for
-        # capacity), which no watch reports: the job is read alone again, and put in the held read
-        # for the next ``status``. Its place: ``status``.
-        return await self.view(spec.id, queue=False, held=False)
-
-    async def _check_limits(self, spec: JobSpec, limits: Limits) -> None:
-        if (too_large := quota.size_refusal(quota.stored_size(spec.to_json()), spec.env, limits)) is not None:
-            raise too_large
-        if limits.jobs.value <= 0:
-            return
-        snaps = await self._manager.recent_snapshots()
-        if spec.id in snaps:  # a second node's line of one multi-node job: ``conflict``, not a quota
-            return
-        held = quota.held_by(self._manager.board.tickets(snaps), spec.uid)
-        refusal = quota.jobs_refusal(spec.user, held, limits)
-        if refusal is not None:
-            raise refusal
-
-    async def snapshot(self, job_id: str) -> JobSnapshot:
-        """The job as of now; one with unreadable records is still a job (it shows as FAILED)."""
-        if not valid_job_id(job_id):
-            raise JobNotFound(f"no job {job_id[:80]!r}")
-        snap = await self._manager.store_of(job_id).snapshot()
-        if not snap.found:
-            raise JobNotFound(f"no job {job_id!r}")
-        return snap
-
-    async def view(self, job_id: str, queue: bool = True, held: bool = True) -> dict[str, Any]:
-        """The job as ``status`` shows it: from the recent read of every job while it is valid
-        (``JobManager.recent``; not unless ``held``), else from a read of this job alone; with
-        ``queue``, a waiting job's place in the queue (from the recent read: the queue is every
-        job's)."""
-        try:
-            recent = self._manager.held_snapshots() if held else None
-            snap = (recent or {}).get(job_id)
-            if snap is None:
-                snap = await self.snapshot(job_id)
-                self._manager.amend_snapshot(snap)
-            view = job_view(snap, self.facts.node_id)
-            if queue and view["state"] == JobState.PENDING:
-                place = self._manager.board.queue(await self._manager.recent_snapshots()).place(job_id)
-                view.update(_queue(place))
-            return view
-        except EtcdUnavailable:
-            if (own := self._own_view(job_id)) is None:
-                raise
-            return own
-
-    def _own_view(self, job_id: str) -> dict[str, Any] | None:
-        """This node's own view of a job it takes part in, for when etcd cannot be asked."""
-        agent = self._manager.agents.get(job_id)
-        if agent is None:
-            return None
-        own = agent.local_view()
-        own.pop("progress", None)  # published per member; not a field of the job's own view
-        return {
-            "id": job_id,
-            "state": agent.state.value,
-            "stale": True,
-            "reason": "etcd is unreachable: this node's own view",
-        } | own
-
-    async def views(self, states: Collection[JobState] = (), user: str | None = None) -> list[dict[str, Any]]:
-        """Every job (unreadable ones too), oldest first; only those in ``states`` (when given) and
-        ``user``'s (when given); a waiting job with its queue place. From a recent read
-        (``JobManager.recent``)."""
-        return self.status_views.views(await self._manager.recent_snapshots(), states, user)
-
-    async def views_json(
-        self, states: Collection[JobState] = (), user: str | None = None, rows: bool = False
-    ) -> bytes:
-        """``views``, as a JSON array (of rows, with ``rows``): each job's view as encoded when its
-        job last changed, with its queue place spliced in; made once per read (``StatusViews``)."""
-        return self.status_views.json(await self._manager.recent_snapshots(), states, user, rows)
-
-    async def kill(self, job_id: str, user: str) -> dict[str, Any]:
-        snap = await self.snapshot(job_id)
-        if snap.final is not None:
-            raise Conflict(f"job {job_id} already ended as {snap.final.state.value}")
-        if await self._manager.store_of(job_id).finalize(
-            JobState.KILLED, EndReason.KILLED, f"killed by {user}"
-        ):
-            publish(JobKilled(job_id, user))
-        self._manager.wake()  # (which drops the recent read, too)
-        deadline = time.monotonic() + KILL_WAIT_S
-        while time.monotonic() < deadline:  # until no node runs its workers any more
-            agent = self._manager.agents.get(job_id)
-            if agent is not None:
-                await asyncio.wait({asyncio.ensure_future(agent.wait())}, timeout=0.5)
-                continue
-            snap = await self.snapshot(job_id)
-            if not any(s.pids for s in snap.node_status.values()):
-                break
-            await asyncio.sleep(0.1)
-        return job_view(await self.snapshot(job_id), self.facts.node_id)
-
-    async def logs(self, args: LogsArgs) -> LogsRead:
-        """A job's output on this node from ``args.cursor``; a rank or attempt the job does not
-        have is an error (when etcd can be asked)."""
-        snap: JobSnapshot | None = None
-        try:
-            snap = await self.snapshot(args.job)
-            view = job_view(snap, self.facts.node_id)
-        except EtcdUnavailable:
-            if (own := self._own_view(args.job)) is None:
-                raise
-            view = own
-        ended = is_terminal(view.get("state"))
-
-        def read() -> tuple[Read, dict[int, float]]:
-            files = log_files(self.facts.log_dir, args.job)
-            if snap is not None:
-                check_scope(snap, args.rank, args.attempt, files)
-            starts = attempt_starts(self.facts.log_dir, args.job)
-            since = args.since
-            attempts = {
-                a
-                for a, _ in files
-                if (args.attempt is None or a == args.attempt)
-                and (since is None or starts.get(a, since) >= since)
-            }
-            got = read_logs(self.facts.log_dir, args.job, args.cursor, files=files, rank=args.rank,
-                            attempts=attempts, tail=args.tail, whole=ended, partial=args.partial)  # fmt: skip
-            here = {a for a, _ in files}
-            return got, {a: t for a, t in starts.items() if a in here}
-
-        got, starts = await asyncio.to_thread(read)
-        return LogsRead(view, round_view(snap) if snap is not None else None, got, starts)
-
-    async def rm(self, job_id: str) -> dict[str, Any]:
-        """Delete an ended job's records, and this node's logs of it (each node drops its own logs
-        of jobs whose records are gone: ``JobManager.sweep_logs``)."""
-        snap = await self.snapshot(job_id)
-        if not snap.ended:
-            state = job_view(snap, self.facts.node_id)["state"]
-            raise Conflict(f"job {job_id} is {state}: kill it first (elasticctl kill {job_id})")
-        await self._manager.store_of(job_id).remove()
-        self._manager.recent.invalidate()
-        removed = await asyncio.to_thread(logdir.remove_job, self.facts.log_dir, job_id)
-        # After the logs: the scan that the records' deletion wakes drops the logs of a job with
-        # no records too (``JobManager.sweep_logs``), and two removals of one tree race.
-        await asyncio.to_thread(self._events.drop_jobs, {job_id})
-        publish(JobRemoved(job_id, removed))
-        return {"job": job_id, "logs_removed": removed}
-
-    def _refuse_if_etcd_full(self) -> None:
-        """``EtcdFull`` while etcd is above its high-water mark or alarmed (``SpaceWatch``)."""
-        if self._space is not None:
-            self._space.check_submit()
-
-    # -- nodes ------------------------------------------------------------------------------------
-    async def nodes(self) -> list[NodeRecord]:
-        return await asyncio.to_thread(self._registry.records)  # bad records are skipped (and logged)
-
-    def etcd_space(self) -> Space | None:
-        """The last reading of how full etcd is (None: not watched)."""
-        return self._space.space if self._space is not None else None
-
-    async def _known_node(self, node: str) -> bool:
-        """A node is known while it is live (its record is under its lease) or drained."""
-        queries = [Query(self._keys.node(node)), Query(self._keys.drain(node))]
-        found = await asyncio.to_thread(self._kv.read_many, queries)
-        return any(f.kvs for f in found)
-
-    async def drain(
-        self, node: str, job_id: str | None, grace_s: float | None, force: bool, user: str
-    ) -> dict[str, Any]:
-        """Ask ``node`` to leave its jobs (or one job) gracefully; refuse to go below MIN unless forced."""
-        snaps = await self._manager.snapshots()
-        if job_id is not None and job_id not in snaps:
-            raise JobNotFound(f"no job {job_id!r}")
-        if not await self._known_node(node):
-            raise NodeNotFound(f"no live node {node!r}")
-        affected = []
-        too_small = []
-        for jid, snap in snaps.items():
-            if snap.head is None or snap.final is not None or (job_id is not None and jid != job_id):
-                continue
-            members = snap.result.nodes if snap.result is not None else ()
-            if node not in members:
-                continue
-            affected.append(jid)
-            if len(members) - 1 < snap.head.nnodes.min:
-                too_small.append(f"{jid} (needs {snap.head.nnodes.min} nodes, has {len(members)})")
-        if too_small and not force:
-            raise Conflict(
-                f"draining {node} would take job(s) below their minimum: {', '.join(too_small)}; "
-                "use --force to drain anyway (the job then waits for a replacement node)"
-            )
-        record = {"grace_s": grace_s, "at": time.time(), "by": user}
-        key = self._keys.job_drain(job_id, node) if job_id else self._keys.drain(node)
-        await asyncio.to_thread(self._kv.put_json, key, record)
-        publish(NodeDrained(node, job_id, grace_s, user, tuple(affected), bool(too_small)))
-        return {"node": node, "job": job_id, "jobs": affected, "forced": bool(too_small)}
-
-    async def undrain(self, node: str, job_id: str | None) -> dict[str, Any]:
-        """Undo a drain; an unknown node or job, or one that is not drained, is an error."""
-        key = self._keys.job_drain(job_id, node) if job_id else self._keys.drain(node)
-        if job_id is None and not await self._known_node(node):
-            raise NodeNotFound(f"no node {node!r} is live or drained")
-        if not await asyncio.to_thread(self._kv.delete, key):
-            where = f" from job {job_id}" if job_id else ""
-            raise Conflict(f"node {node} is not drained{where}")
-        publish(NodeUndrained(node, job_id))
-        return {"node": node, "job": job_id}
-
-    async def return_gpu(self, node: str, uuid: str, user: str) -> dict[str, Any]:
-        """Return a GPU its node took out of the pool: its daemon judges it afresh from its
-        counters as they are now (``manager/gpus.py``)."""
-        if not valid_gpu_uuid(uuid):
-            raise InvalidArgs("gpu must be a GPU UUID (GPU-...)")
-        if not await asyncio.to_thread(self._kv.delete, self._keys.gpu(node, uuid)):
-            raise Conflict(f"GPU {uuid} of node {node} is not out of the pool")
-        publish(GpuReturned(node, uuid, user))
-        return {"node": node, "job": None, "gpu": uuid}
-
-
-def _queue(place: QueuePlace | None) -> dict[str, Any]:
-    """The ``queue`` field of a waiting job's view (none for others)."""
-    return {} if place is None else {"queue": place.to_json()}
 
 
 def _owner(job_id: str, head: bytes | None) -> tuple[int, str] | None:

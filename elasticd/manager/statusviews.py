@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from elasticd.jobs.board import Board, Queue
 from elasticd.jobs.queue import Reason, why
@@ -36,6 +36,18 @@ Filter = tuple[tuple[str, ...], str | None, bool]
 MAX_REPLIES = 8  # replies kept for the latest read and queue, one per filter
 
 
+class Held(NamedTuple):
+    """A job's view and what a reply is made of, made once per snapshot."""
+
+    snap: JobSnapshot
+    view: dict[str, Any]
+    # The view and its ``JobRow`` as JSON objects without their closing brace: a reply puts a
+    # waiting job's place there, then the brace (no copy of the encoding per reply).
+    open_view: bytes
+    open_row: bytes
+    submitted_at: float  # what the replies are ordered by (0: none known)
+
+
 class StatusViews:
     """Views of every job of the latest read, encoded, and the replies made of them (module doc).
     Keeps the latest read's jobs only. Used on one event loop."""
@@ -44,7 +56,7 @@ class StatusViews:
         self._node_id = node_id
         self._board = board
         # Each job's view, its JSON and its row's JSON, by the snapshot they were made from.
-        self.held: dict[str, tuple[JobSnapshot, dict[str, Any], bytes, bytes]] = {}
+        self.held: dict[str, Held] = {}
         self._read: Mapping[str, JobSnapshot] | None = None
         self._queue: Queue | None = None  # the queue the replies were assembled with
         self._order: list[str] = []  # the latest read's jobs, oldest first
@@ -92,16 +104,23 @@ class StatusViews:
         """Make ``snaps`` the latest read: views for the snapshots not seen, the order by age."""
         if snaps is self._read:
             return
-        held: dict[str, tuple[JobSnapshot, dict[str, Any], bytes, bytes]] = {}
+        held: dict[str, Held] = {}
+        added: list[str] = []  # jobs not held before
+        moved = False  # whether a job held before has another submission time now
         for job_id, snap in snaps.items():
             kept = self.held.get(job_id)
-            if kept is None or kept[0] is not snap:
+            if kept is None or kept.snap is not snap:
                 view = job_view(snap, self._node_id)
-                kept = (snap, view, json.dumps(view).encode(), json.dumps(job_row(view)).encode())
+                encoded, row = json.dumps(view).encode(), json.dumps(job_row(view)).encode()
+                new = Held(snap, view, encoded[:-1], row[:-1], view.get("submitted_at") or 0)
                 self.encoded += 1
+                if kept is None:
+                    added.append(job_id)
+                moved = moved or (kept is not None and kept.submitted_at != new.submitted_at)
+                kept = new
             held[job_id] = kept
+        self._order = _ordered(self._order, held, added, moved)
         self.held, self._read = held, snaps
-        self._order = sorted(held, key=lambda j: held[j][1].get("submitted_at") or 0)
 
     def _assemble(
         self, snaps: Mapping[str, JobSnapshot], ranked: list[tuple[str, Reason]], key: Filter
@@ -114,24 +133,42 @@ class StatusViews:
             self._why = {reason: self._why.get(reason) or _text(reason) for _, reason in ranked}
         texts = self._why  # only the latest queue's reasons are kept
         of, chosen = len(ranked), tuple(JobState(s) for s in states)
-        parts = []
+        # One join of pieces, each job's encoding as it is held: a thousand jobs' views are ~1 MB,
+        # which a copy per job (to put its place in) and per bracket would copy twice more.
+        pieces: list[bytes] = []
         for job_id in self._order:
             if (states or user is not None) and not selected(snaps[job_id], chosen, user):
                 continue
             held = self.held[job_id]
-            encoded = held[3] if rows else held[2]
             place = places.get(job_id)
             if place is None:
-                parts.append(encoded)
+                pieces += (b", ", held.open_row if rows else held.open_view, b"}")
             elif rows:
-                parts.append(encoded[:-1] + b', "queue": {"place": %d, "of": %d}}' % (place[0], of))
+                pieces += (b", ", held.open_row, b', "queue": {"place": %d, "of": %d}}' % (place[0], of))
             else:
                 i, reason = place
-                queue = b'"queue": {"place": %d, "of": %d, "why": %s}}' % (i, of, texts[reason])
-                parts.append(encoded[:-1] + b", " + queue)
+                queue = b', "queue": {"place": %d, "of": %d, "why": ' % (i, of)
+                pieces += (b", ", held.open_view, queue, texts[reason], b"}}")
         self.assembled += 1
-        return b"[" + b", ".join(parts) + b"]"
+        if not pieces:
+            return b"[]"
+        pieces[0] = b"["
+        pieces.append(b"]")
+        return b"".join(pieces)
 
 
 def _text(reason: Reason) -> bytes:
     return json.dumps(why(reason)).encode()
+
+
+def _ordered(order: list[str], now: Mapping[str, Held], added: list[str], moved: bool) -> list[str]:
+    """The jobs of ``now``, oldest first, from ``order`` (the jobs held before, so ordered):
+    without the jobs gone, and with ``added`` (the jobs not held before) after them when they
+    are all newer (a submit's), where a sort puts them too; else (or when a job held before has
+    another submission time: ``moved``) sorted again."""
+    if not moved:
+        kept = order if len(now) == len(order) + len(added) else [j for j in order if j in now]
+        last = now[kept[-1]].submitted_at if kept else float("-inf")
+        if all(now[j].submitted_at > last for j in added):
+            return kept + sorted(added, key=lambda j: now[j].submitted_at)
+    return sorted(now, key=lambda j: now[j].submitted_at)

@@ -5,7 +5,6 @@ No ``from __future__ import annotations`` here, on purpose: Python 3.11 computes
 ``__required_keys__`` wrongly when its annotations are strings, and tests read those.
 """
 
-from dataclasses import dataclass
 from typing import Any, NotRequired, Required, TypedDict
 
 from elasticd.wire.states import WaitsFor
@@ -311,10 +310,14 @@ class PingReply(TypedDict):
     you: CallerView
 
 
-@dataclass(frozen=True)
 class Encoded:
     """A result already encoded as JSON, which ``encode_ok`` puts in the reply as it is: ``status``
     of every job sends each job's view as it encoded it when the job last changed, instead of
-    encoding a thousand views at every call."""
+    encoding a thousand views at every call. Given in pieces (``parts``, whose concatenation is
+    the JSON), which the reply joins once: with a thousand jobs the reply is ~1 MB, and every
+    concatenation on its way would copy all of it."""
 
-    json: bytes
+    __slots__ = ("parts",)
+
+    def __init__(self, *parts: bytes) -> None:
+        self.parts = parts

@@ -115,6 +115,7 @@ PURE = (
     "elasticd.progress.decider",
     "elasticd.workers.warm.pool_decider",
     "elasticd.manager.access",
+    "elasticd.manager.facts",
     "elasticd.manager.recent",
     "elasticd.manager.wakes",
     "elasticd.node.allocator",

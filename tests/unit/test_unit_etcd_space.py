@@ -18,8 +18,9 @@ from elasticd.etcd.types import EtcdStatus
 from elasticd.events.model import ClusterEvent
 from elasticd.events.store import EventLog
 from elasticd.manager.etcdspace import SpaceWatch
+from elasticd.manager.facts import NodeFacts
 from elasticd.manager.janitor import RELIEF_S, Janitor
-from elasticd.manager.service import CommandService, NodeFacts
+from elasticd.manager.service import CommandService
 from elasticd.rendezvous.snapshot import JobSnapshot, parse_jobs
 from elasticd.rendezvous.store import InlineJobStore, run_inline
 from elasticd.terms.state import EndReason, JobState
@@ -113,8 +114,8 @@ def test_submit_is_refused_first_while_etcd_is_full() -> None:
     facts = NodeFacts("n1", 0.0, (), True, False, 10.0, Path("/nonexistent"))
     service = CommandService(facts, None, None, kv, KEYS, space=watch)  # type: ignore[arg-type]  # refused first
     with pytest.raises(EtcdFull, match="NOSPACE"):
-        asyncio.run(service.submit(make_spec()))
-    space = service.etcd_space()
+        asyncio.run(service.jobs.submit(make_spec()))
+    space = service.nodes.etcd_space()
     assert space is not None and space.to_json()["alarms"] == ["NOSPACE"]
 
 

@@ -174,3 +174,28 @@ def test_parts_of_a_job_submitted_again_meanwhile_are_kept() -> None:
     run_inline(store.create(make_spec()))  # after the janitor's read
     asyncio.run(janitor(kv, "n1").drop_strays(strays))
     assert list(run_inline(store.snapshot()).node_status) == ["n1"]
+
+
+def test_a_waiting_job_fails_at_its_join_timeout_though_its_snapshot_is_the_same() -> None:
+    """What the janitor knows of a waiting job is kept per snapshot (a queue of a thousand waits
+    at every sweep); the time is not: the same snapshot, swept after the join timeout, fails."""
+    kv = MemoryKV()
+    now = [0.0]
+    j = Janitor(kv, KEYS, "n1", lambda job: InlineJobStore(kv, KEYS, job), clock=lambda: now[0])
+    store, joined = InlineJobStore(kv, KEYS, JOB), InlineJobStore(kv, KEYS, "joined-1")
+    run_inline(store.create(make_spec(join_timeout_s=30.0)))
+    run_inline(joined.create(make_spec(id="joined-1", join_timeout_s=30.0)))
+    run_inline(joined.join(0, Join("n1", "127.0.0.1", 29500, 2), kv.grant_lease(30)))
+    snaps = {JOB: run_inline(store.snapshot()), "joined-1": run_inline(joined.snapshot())}
+    opened = snaps[JOB].round
+    assert opened is not None
+    deadline = opened.opened_at + 30.0
+    now[0] = deadline - 1
+    asyncio.run(j.sweep(snaps))
+    assert run_inline(store.snapshot()).final is None and j.next_due(snaps) == deadline
+    now[0] = deadline + 1
+    assert j.next_due(snaps) is None  # (past: the sweep acts on it)
+    asyncio.run(j.sweep(snaps))
+    final = run_inline(store.snapshot()).final
+    assert final is not None and final.code is EndReason.JOIN_TIMEOUT
+    assert run_inline(joined.snapshot()).final is None  # a job with a join waits on

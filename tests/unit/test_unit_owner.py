@@ -11,7 +11,8 @@ import pytest
 from elasticd.errors import JobNotFound
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.memory import MemoryKV
-from elasticd.manager.service import CommandService, NodeFacts
+from elasticd.manager.facts import NodeFacts
+from elasticd.manager.service import CommandService
 from elasticd.rendezvous.store import InlineJobStore, run_inline
 from tests.fakes import JOB, head_of, make_spec
 

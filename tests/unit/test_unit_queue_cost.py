@@ -18,8 +18,9 @@ import pytest
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.memory import MemoryKV
 from elasticd.etcd.types import Found, KeyValue, Query
-from elasticd.manager import jobs
-from elasticd.manager.service import CommandService, NodeFacts
+from elasticd.manager import jobwatch
+from elasticd.manager.facts import NodeFacts
+from elasticd.manager.service import CommandService
 from elasticd.rendezvous.store import InlineJobStore, run_inline
 from elasticd.terms.spec import NodeRange
 from tests.fakes import bare_manager, make_spec
@@ -73,26 +74,26 @@ def one_change(n: int, tmp: Path) -> tuple[Costs, list[bytes]]:
     registry = SimpleNamespace(records=lambda: [])
     facts = NodeFacts("n1", 0.0, (), True, True, 10.0, tmp)
     service = CommandService(facts, m, registry, kv, KEYS)  # type: ignore[arg-type]
-    views = service.status_views
+    views = service.jobs.status_views
 
     def counts() -> Costs:
-        passes = m._jobs.probes + m._jobs.full_reads
+        passes = m.jobwatch._jobs.probes + m.jobwatch._jobs.full_reads
         return Costs(m.board.tickets_made, m.board.queues_made, views.encoded, views.assembled,
                      kv.requests, kv.keys_read, m.recent.reads, passes)  # fmt: skip
 
     async def run() -> tuple[Costs, Costs, list[bytes]]:
         watch = asyncio.ensure_future(m.watch())  # it tells the submit of its new job's head
         deadline = time.monotonic() + 10
-        while m._armed is None and time.monotonic() < deadline:  # (arming drops the held read)
+        while m.jobwatch._armed is None and time.monotonic() < deadline:  # (arming drops the held read)
             await asyncio.sleep(0.01)
         await m.scan()
-        await service.views_json()
+        await service.jobs.views_json()
         before = counts()
         new = make_spec(id="new", nodes=("elsewhere",), nnodes=NodeRange(1, 1), submitted_at=1.8e9)
-        await asyncio.wait_for(service.submit(new), 10)  # told by the watch, not after HEAR_S
+        await asyncio.wait_for(service.jobs.submit(new), 10)  # told by the watch, not after HEAR_S
         await m.scan()  # the one the watch's news woke
-        replies = [await service.views_json() for _ in range(3)]
-        await m._jobs.read()  # as the held read's refresh would: it asks about parts/ alone
+        replies = [await service.jobs.views_json() for _ in range(3)]
+        await m.jobwatch._jobs.read()  # as the held read's refresh would: it asks about parts/ alone
         watch.cancel()
         return before, counts(), replies
 
@@ -103,7 +104,7 @@ def one_change(n: int, tmp: Path) -> tuple[Costs, list[bytes]]:
 def test_a_submit_and_the_status_after_it_cost_the_same_for_a_queue_ten_times_longer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(jobs, "HEAR_S", 60.0)  # the submit waits for the watch's news
+    monkeypatch.setattr(jobwatch, "HEAR_S", 60.0)  # the submit waits for the watch's news
     small, small_replies = one_change(20, tmp_path / "small")
     large, large_replies = one_change(200, tmp_path / "large")
     assert large == small

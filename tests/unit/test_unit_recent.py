@@ -308,7 +308,7 @@ def test_an_answer_is_never_older_than_the_last_change_nor_max_age(ops: list[tup
 async def _until_armed(manager: JobManager) -> None:
     """Until the manager's watch is armed (arming drops the held read)."""
     async with asyncio.timeout(10):
-        while manager._armed is None:
+        while manager.jobwatch._armed is None:
             await asyncio.sleep(0.01)
 
 

@@ -20,9 +20,10 @@ from elasticd.etcd.kv import prefix_end
 from elasticd.etcd.memory import MemoryKV
 from elasticd.etcd.types import Compare, Found, KeyValue, Put, Query
 from elasticd.jobs.view import job_row
+from elasticd.manager.facts import NodeFacts
 from elasticd.manager.jobs import JobManager
 from elasticd.manager.jobsread import JobsRead
-from elasticd.manager.service import CommandService, NodeFacts
+from elasticd.manager.service import CommandService
 from elasticd.manager.wakes import CREATED_KINDS
 from elasticd.rendezvous.snapshot import parse_jobs
 from elasticd.rendezvous.store import InlineJobStore, run_inline
@@ -91,16 +92,16 @@ def test_unchanged_records_are_not_decoded_again(tmp_path: Path) -> None:
     queue(kv, 30, nodes=("elsewhere",))
     m = manager(kv, tmp_path)
     asyncio.run(m.scan())
-    first = m._jobs.records.decoded
+    first = m.jobwatch._jobs.records.decoded
     assert first >= 60  # every head and round, once
     asyncio.run(m.scan())
     asyncio.run(m.snapshots())
-    assert m._jobs.records.decoded == first
+    assert m.jobwatch._jobs.records.decoded == first
     run_inline(InlineJobStore(kv, KEYS, "q007").finalize(JobState.KILLED, EndReason.KILLED, "by u"))
     run_inline(InlineJobStore(kv, KEYS, "q007").remove())
     asyncio.run(m.scan())
     assert (
-        m._jobs.records.decoded == first and len(m._jobs.records) == 2 * 29
+        m.jobwatch._jobs.records.decoded == first and len(m.jobwatch._jobs.records) == 2 * 29
     )  # the removed job's are dropped
 
 
@@ -146,17 +147,17 @@ def test_a_read_with_nothing_changed_is_one_small_request_and_the_same_objects(t
     queue(kv, 30, nodes=("elsewhere",))
     m = manager(kv, tmp_path)
     first = asyncio.run(m.snapshots())
-    assert m._jobs.full_reads == 1
-    assert asyncio.run(m.snapshots()) is first and m._jobs.full_reads == 1
+    assert m.jobwatch._jobs.full_reads == 1
+    assert asyncio.run(m.snapshots()) is first and m.jobwatch._jobs.full_reads == 1
     run_inline(InlineJobStore(kv, KEYS, "q003").note_pending("n9", "n9 is busy", kv.grant_lease(30)))
     run_inline(InlineJobStore(kv, KEYS, "q004").finalize(JobState.KILLED, EndReason.KILLED, "by u"))
     again = asyncio.run(m.snapshots())  # keys created and changed: applied to the held read
-    assert m._jobs.full_reads == 1 and again["q003"].pending == {"n9": "n9 is busy"}
+    assert m.jobwatch._jobs.full_reads == 1 and again["q003"].pending == {"n9": "n9 is busy"}
     assert again["q004"].final is not None
     assert all(again[j] is first[j] for j in first if j not in ("q003", "q004"))
     kv.delete(KEYS.pending_note("q003", "n9"))  # a deletion: read again
     last = asyncio.run(m.snapshots())
-    assert m._jobs.full_reads == 2 and not last["q003"].pending and last["q004"].final is not None
+    assert m.jobwatch._jobs.full_reads == 2 and not last["q003"].pending and last["q004"].final is not None
     assert asyncio.run(m.snapshots()) == asyncio.run(bare_manager(kv, KEYS, tmp_path).snapshots())
 
 
@@ -317,17 +318,19 @@ def test_status_json_is_the_views_with_their_queue_places_and_reuses_unchanged_v
     m = manager(kv, tmp_path)
     facts = NodeFacts("n", 0.0, (), True, False, 10.0, tmp_path)
     service = CommandService(facts, m, None, kv, KEYS)  # type: ignore[arg-type]  # reads only
-    views = asyncio.run(service.views())
-    assert json.loads(asyncio.run(service.views_json())) == views
+    views = asyncio.run(service.jobs.views())
+    assert json.loads(asyncio.run(service.jobs.views_json())) == views
     assert all("queue" in v for v in views) and {v["queue"]["of"] for v in views} == {12}
-    rows = json.loads(asyncio.run(service.views_json(rows=True)))  # the table's: a row per job
+    rows = json.loads(asyncio.run(service.jobs.views_json(rows=True)))  # the table's: a row per job
     assert rows == [job_row(v) | {"queue": {"place": v["queue"]["place"], "of": 12}} for v in views]
-    held = {j: cached[2] for j, cached in service.status_views.held.items()}
+    held = {j: cached[2] for j, cached in service.jobs.status_views.held.items()}
     assert run_inline(InlineJobStore(kv, KEYS, "q999").create(make_spec(id="q999", nodes=("elsewhere",))))
     m.recent.invalidate()
-    after = json.loads(asyncio.run(service.views_json()))
-    assert {v["queue"]["of"] for v in after} == {13} and after == asyncio.run(service.views())
-    assert all(service.status_views.held[j][2] is encoded for j, encoded in held.items())  # not encoded again
+    after = json.loads(asyncio.run(service.jobs.views_json()))
+    assert {v["queue"]["of"] for v in after} == {13} and after == asyncio.run(service.jobs.views())
+    assert all(
+        service.jobs.status_views.held[j][2] is encoded for j, encoded in held.items()
+    )  # not encoded again
 
 
 def test_a_submit_waits_to_hear_of_every_key_create_writes_under_jobs_and_no_other() -> None:
@@ -350,15 +353,15 @@ def test_a_scan_reads_its_drain_record_again_only_after_news_of_a_drain(tmp_path
         watch = asyncio.ensure_future(m.watch())
         try:
             async with asyncio.timeout(10):
-                while m._armed is None:
+                while m.jobwatch._armed is None:
                     await asyncio.sleep(0.01)
                 await m.scan()
                 kv.reset()
                 await m.scan()
                 assert mine not in kv.read
-                news = m._drain_news
+                news = m.jobwatch._drain_news
                 await asyncio.to_thread(kv.put_json, KEYS.drain("n2"), {"any": "value"})
-                while m._drain_news == news:
+                while m.jobwatch._drain_news == news:
                     await asyncio.sleep(0.01)
                 await m.scan()
                 assert mine in kv.read

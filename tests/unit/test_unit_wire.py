@@ -28,7 +28,8 @@ from elasticd.jobs.logs import Chunk, Read
 from elasticd.jobs.logscope import round_view
 from elasticd.jobs.view import job_row, job_view
 from elasticd.manager.access import Caller
-from elasticd.manager.service import LogsRead, NodeFacts
+from elasticd.manager.facts import NodeFacts
+from elasticd.manager.jobcommands import LogsRead
 from elasticd.node.inventory import Gpu
 from elasticd.node.registry import InventoryRecord, NodeRecord
 from elasticd.rendezvous.decider import build_result
@@ -434,7 +435,10 @@ def _service(tmp_path: Path) -> Any:
     space = Space(
         SpaceLevel.FULL, EtcdStatus(3 << 30, 1 << 30, 9, ("NOSPACE",)), SpaceLimits(2 << 30, 0.8), 5.0
     )
-    return SimpleNamespace(facts=facts, logs=logs, nodes=records, etcd_space=lambda: space)
+    jobs = SimpleNamespace(logs=logs)
+    return SimpleNamespace(
+        facts=facts, jobs=jobs, nodes=SimpleNamespace(records=records, etcd_space=lambda: space)
+    )
 
 
 @pytest.mark.parametrize(

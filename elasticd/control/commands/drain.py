@@ -13,7 +13,7 @@ async def drain(service: CommandService, args: DrainArgs, caller: Caller) -> dic
     """Make a node leave its jobs (or one job) gracefully and take no new ones."""
     if args.grace_s is not None and not 0 <= args.grace_s <= 3600:
         raise InvalidArgs("grace_s must be 0..3600 seconds")
-    return await service.drain(args.node, args.job, args.grace_s, args.force, caller.user)
+    return await service.nodes.drain(args.node, args.job, args.grace_s, args.force, caller.user)
 
 
 async def undrain(service: CommandService, args: UndrainArgs, caller: Caller) -> dict[str, Any]:
@@ -22,8 +22,8 @@ async def undrain(service: CommandService, args: UndrainArgs, caller: Caller) ->
     if args.gpu is not None:
         if args.job is not None:
             raise InvalidArgs("undrain takes --job or --gpu, not both")
-        return await service.return_gpu(args.node, args.gpu, caller.user)
-    return await service.undrain(args.node, args.job)
+        return await service.nodes.return_gpu(args.node, args.gpu, caller.user)
+    return await service.nodes.undrain(args.node, args.job)
 
 
 DRAIN = Command("drain", DrainArgs, drain, Access.OWNER)

@@ -10,7 +10,7 @@ from elasticd.wire import KillArgs
 
 async def kill(service: CommandService, args: KillArgs, caller: Caller) -> dict[str, Any]:
     """Kill a job: every process of it, grandchildren included; returns when they are gone."""
-    return {"job": await service.kill(args.job, caller.user)}
+    return {"job": await service.jobs.kill(args.job, caller.user)}
 
 
 COMMAND = Command("kill", KillArgs, kill, Access.OWNER)

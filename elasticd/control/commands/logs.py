@@ -10,7 +10,7 @@ from elasticd.wire import LogsArgs
 
 async def logs(service: CommandService, args: LogsArgs, caller: Caller) -> dict[str, Any]:
     """Read a job's output from a cursor; poll with the returned cursor to follow."""
-    got = await service.logs(args)
+    got = await service.jobs.logs(args)
     return {
         "chunks": [{"attempt": c.attempt, "rank": c.rank, "text": c.text} for c in got.read.chunks],
         "cursor": got.read.cursor,

@@ -10,7 +10,7 @@ from elasticd.wire import RmArgs
 
 async def rm(service: CommandService, args: RmArgs, caller: Caller) -> dict[str, Any]:
     """Remove a job that has ended: its records in etcd and this node's logs of it."""
-    return await service.rm(args.job)
+    return await service.jobs.rm(args.job)
 
 
 COMMAND = Command("rm", RmArgs, rm, Access.OWNER)

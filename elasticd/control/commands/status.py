@@ -15,9 +15,9 @@ async def status(service: CommandService, args: StatusArgs, caller: Caller) -> d
     if args.job:
         if args.states or args.user is not None or args.rows:
             raise InvalidArgs("states, user and rows are for the list of all jobs: they do not go with a job")
-        return {"job": await service.view(args.job)}
-    listed = await service.views_json(args.states, args.user, args.rows)
-    return Encoded(b'{"rows": ' + listed + b"}" if args.rows else b'{"jobs": ' + listed + b"}")
+        return {"job": await service.jobs.view(args.job)}
+    listed = await service.jobs.views_json(args.states, args.user, args.rows)
+    return Encoded(b'{"rows": ' if args.rows else b'{"jobs": ', listed, b"}")
 
 
 COMMAND = Command("status", StatusArgs, status, Access.CONNECTED)

@@ -103,7 +103,7 @@ async def submit(service: CommandService, args: SubmitArgs, caller: Caller) -> d
     problem = await asyncio.to_thread(check_paths, spec)
     if problem is not None:
         raise problem.to_submit_error()
-    return await service.submit(spec, limits)
+    return await service.jobs.submit(spec, limits)
 
 
 def _admin_option(args: SubmitArgs) -> str | None:

@@ -1,0 +1,99 @@
+"""The node commands' reads and writes: nodes, drain and undrain, and a GPU's return to the pool.
+
+Reached through ``CommandService.nodes``, after the command's permission check
+(``CommandService.authorize``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from elasticd.errors import Conflict, InvalidArgs, JobNotFound, NodeNotFound
+from elasticd.etcd.keys import Keys
+from elasticd.etcd.kv import KV
+from elasticd.etcd.space import Space
+from elasticd.etcd.types import Query
+from elasticd.happenings.bus import publish
+from elasticd.happenings.records import GpuReturned, NodeDrained, NodeUndrained
+from elasticd.manager.etcdspace import SpaceWatch
+from elasticd.manager.jobs import JobManager
+from elasticd.node.registry import NodeRecord, NodeRegistry
+from elasticd.terms.ids import valid_gpu_uuid
+
+
+class NodeCommands:
+    def __init__(
+        self, manager: JobManager, registry: NodeRegistry, kv: KV, keys: Keys, space: SpaceWatch | None = None
+    ) -> None:
+        self._manager = manager
+        self._registry = registry
+        self._kv = kv
+        self._keys = keys
+        self._space = space  # how full etcd is (None: not watched)
+
+    async def records(self) -> list[NodeRecord]:
+        return await asyncio.to_thread(self._registry.records)  # bad records are skipped (and logged)
+
+    def etcd_space(self) -> Space | None:
+        """The last reading of how full etcd is (None: not watched)."""
+        return self._space.space if self._space is not None else None
+
+    async def _known_node(self, node: str) -> bool:
+        """A node is known while it is live (its record is under its lease) or drained."""
+        queries = [Query(self._keys.node(node)), Query(self._keys.drain(node))]
+        found = await asyncio.to_thread(self._kv.read_many, queries)
+        return any(f.kvs for f in found)
+
+    async def drain(
+        self, node: str, job_id: str | None, grace_s: float | None, force: bool, user: str
+    ) -> dict[str, Any]:
+        """Ask ``node`` to leave its jobs (or one job) gracefully; refuse to go below MIN unless forced."""
+        snaps = await self._manager.snapshots()
+        if job_id is not None and job_id not in snaps:
+            raise JobNotFound(f"no job {job_id!r}")
+        if not await self._known_node(node):
+            raise NodeNotFound(f"no live node {node!r}")
+        affected = []
+        too_small = []
+        for jid, snap in snaps.items():
+            if snap.head is None or snap.final is not None or (job_id is not None and jid != job_id):
+                continue
+            members = snap.result.nodes if snap.result is not None else ()
+            if node not in members:
+                continue
+            affected.append(jid)
+            if len(members) - 1 < snap.head.nnodes.min:
+                too_small.append(f"{jid} (needs {snap.head.nnodes.min} nodes, has {len(members)})")
+        if too_small and not force:
+            raise Conflict(
+                f"draining {node} would take job(s) below their minimum: {', '.join(too_small)}; "
+                "use --force to drain anyway (the job then waits for a replacement node)"
+            )
+        record = {"grace_s": grace_s, "at": time.time(), "by": user}
+        key = self._keys.job_drain(job_id, node) if job_id else self._keys.drain(node)
+        await asyncio.to_thread(self._kv.put_json, key, record)
+        publish(NodeDrained(node, job_id, grace_s, user, tuple(affected), bool(too_small)))
+        return {"node": node, "job": job_id, "jobs": affected, "forced": bool(too_small)}
+
+    async def undrain(self, node: str, job_id: str | None) -> dict[str, Any]:
+        """Undo a drain; an unknown node or job, or one that is not drained, is an error."""
+        key = self._keys.job_drain(job_id, node) if job_id else self._keys.drain(node)
+        if job_id is None and not await self._known_node(node):
+            raise NodeNotFound(f"no node {node!r} is live or drained")
+        if not await asyncio.to_thread(self._kv.delete, key):
+            where = f" from job {job_id}" if job_id else ""
+            raise Conflict(f"node {node} is not drained{where}")
+        publish(NodeUndrained(node, job_id))
+        return {"node": node, "job": job_id}
+
+    async def return_gpu(self, node: str, uuid: str, user: str) -> dict[str, Any]:
+        """Return a GPU its node took out of the pool: its daemon judges it afresh from its
+        counters as they are now (``manager/gpus.py``)."""
+        if not valid_gpu_uuid(uuid):
+            raise InvalidArgs("gpu must be a GPU UUID (GPU-...)")
+        if not await asyncio.to_thread(self._kv.delete, self._keys.gpu(node, uuid)):
+            raise Conflict(f"GPU {uuid} of node {node} is not out of the pool")
+        publish(GpuReturned(node, uuid, user))
+        return {"node": node, "job": None, "gpu": uuid}
