@@ -36,8 +36,8 @@ def req(**fields: object) -> bytes:
 
 def test_requests_are_parsed_and_bounded() -> None:
     assert parse_request(req(op="list", name="/c.pt")) == {"op": "list", "name": "/c.pt"}
-    begin = parse_request(req(op="begin", name="/c.pt", rank=3, step=7, size=100))
-    assert begin == {"op": "begin", "name": "/c.pt", "rank": 3, "step": 7, "size": 100}
+    begin = parse_request(req(op="begin", name="/c.pt", rank=3, step=7, size=100, file=True))
+    assert begin == {"op": "begin", "name": "/c.pt", "rank": 3, "step": 7, "size": 100, "file": True}
     assert parse_request(req(op="open", name="n", rank=0, slot=1, gen=4))["slot"] == 1
     for bad in (
         b"{",
