@@ -3,8 +3,8 @@ own interpreter, as the submitter, given a read-only fd of the segment. The fram
 views of the segment (which the keeper pinned: nobody writes it again) and saved atomically as the
 workers save (``memory.write_file``).
 
-It runs while the job's next workers may be starting, so it asks for the CPU only when nobody
-else wants it (``SCHED_IDLE``) before it imports torch.
+It runs while the job's next workers may be starting, so it yields the CPU to them (a nice of
+10 before it imports torch: ``SCHED_IDLE`` could starve it on a busy node past the keeper's bound).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> None:
-    with contextlib.suppress(AttributeError, OSError):
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    with contextlib.suppress(OSError):
+        os.nice(10)
     fd_text, length_text, step_text, target = (argv if argv is not None else sys.argv[1:])[:4]
     from elasticd.workers.snapshot_program import frame
     from elasticd.workers.snapshot_program.memory import write_file
