@@ -21,7 +21,7 @@ from tests.unit.test_unit_snapshots import frame_bytes
 
 def commit(keeper: k.Keeper, step: int, rank: int = 0, file: bool = True, name: str = "/c.pt") -> None:
     reply, fd = keeper.handle(
-        {"op": "begin", "name": name, "rank": rank, "step": step, "size": 100, "file": file}
+        {"op": "begin", "name": name, "rank": rank, "step": step, "size": 100, "file": file, "lib": "/lib"}
     )
     frame_bytes(keeper, reply, fd, step, b"x" * 50)
     done, _ = keeper.handle(
@@ -66,8 +66,8 @@ def test_the_newest_snapshot_of_the_writing_rank_is_taken_once_and_pinned() -> N
     commit(keeper, 5, rank=1, file=False)  # another rank's snapshot of the same checkpoint
     commit(keeper, 9, name="/other.pt", file=False)  # a name no rank writes a file of
     keeper.handle({"op": "written", "name": "/c.pt", "step": 2})  # the worker's every-N write
-    [(name, fd, length, step)] = keeper.take_due()
-    assert (name, step) == ("/c.pt", 3) and length > 0
+    [(name, fd, length, step, lib)] = keeper.take_due()
+    assert (name, step, lib) == ("/c.pt", 3, "/lib") and length > 0
     with pytest.raises(OSError):
         os.pwrite(fd, b"x", 0)  # read-only
     os.close(fd)
@@ -96,7 +96,7 @@ def test_the_newest_snapshot_of_the_writing_rank_is_taken_once_and_pinned() -> N
 def test_a_failed_write_is_not_retried_at_the_next_stop() -> None:
     keeper = k.Keeper(64 << 20)
     commit(keeper, 1)
-    [(_, fd, _, step)] = keeper.take_due()
+    [(_, fd, _, step, _)] = keeper.take_due()
     os.close(fd)
     keeper.wrote("/c.pt", step, ok=False)
     assert keeper.filed["/c.pt"].on_disk == -1 and keeper.take_due() == []
@@ -104,12 +104,12 @@ def test_a_failed_write_is_not_retried_at_the_next_stop() -> None:
 
 
 class FakeFiles:
-    def __init__(self, due: list[tuple[str, int, int, int]]) -> None:
+    def __init__(self, due: list[tuple[str, int, int, int, str]]) -> None:
         self.due = due
         self.ended: list[tuple[str, int, bool]] = []
         self.waiters: dict[str, int] = {}
 
-    def take_due(self) -> list[tuple[str, int, int, int]]:
+    def take_due(self) -> list[tuple[str, int, int, int, str]]:
         due, self.due = self.due, []
         return due
 
@@ -125,7 +125,7 @@ def run_behind(monkeypatch: pytest.MonkeyPatch, child: str, timeout_s: float = 6
     monkeypatch.setattr(filing, "CHILD", child)
     said: list[dict[str, Any]] = []
     fd = os.open("/dev/null", os.O_RDONLY)
-    files = FakeFiles([("/c.pt", fd, 10, 7)])
+    files = FakeFiles([("/c.pt", fd, 10, 7, "")])
     behind = filing.Behind(files, lambda **msg: said.append(msg))
     behind.start()
     deadline = time.monotonic() + timeout_s

@@ -88,9 +88,13 @@ class KeeperClient:
 
     def save(self, state: Any, name: str, rank: int, step: int, file: bool = False) -> int:
         """Snapshot ``state`` as ``step``; returns its slot once the copy is committed. ``file``:
-        this rank writes the file ``name`` (the keeper writes it too when the workers fail)."""
+        this rank writes the file ``name`` (the keeper writes it too when the workers fail, with
+        the ``elasticd`` this worker imported: its directory goes along)."""
         p = frame.plan(state)
-        reply, fd = self.call(op="begin", name=name, rank=rank, step=step, size=p.total, file=file)
+        lib = (
+            os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(frame.__file__)))) if file else ""
+        )
+        reply, fd = self.call(op="begin", name=name, rank=rank, step=step, size=p.total, file=file, lib=lib)
         slot, gen = int(reply["slot"]), int(reply["gen"])
         buf = self._mapping(name, rank, slot, gen, int(reply["capacity"]), fd)
         if id(buf) not in self._pinned and frame.on_device(p):

@@ -29,14 +29,17 @@ from typing import Protocol
 
 WRITE_TIMEOUT_S = 120.0  # a child's import of torch and a write of the bound's bytes, with fsync
 MAX_TAIL = 300  # of a failed child's stderr, in its report
-CHILD = "from elasticd.workers.snapshot_program.persister import main; main()"
+CHILD = (  # the writing rank's elasticd first: the frame's pickles name its classes
+    "import sys;sys.argv[1] and sys.path.insert(0,sys.argv[1]);"
+    "from elasticd.workers.snapshot_program.persister import main;main(sys.argv[2:])"
+)
 WRITE, SKIP, WAIT = "write", "skip", "wait"
 
 
 class Filed:
     """A checkpoint file a rank writes from this keeper's snapshots (its ``begin`` said ``file``)."""
 
-    __slots__ = ("dirty", "on_disk", "rank", "running", "waiter")
+    __slots__ = ("dirty", "lib", "on_disk", "rank", "running", "waiter")
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
@@ -44,6 +47,7 @@ class Filed:
         self.on_disk = -1  # the newest step known written (by a worker or by the keeper)
         self.running = -1  # the step the keeper's child is writing (-1: none)
         self.waiter = -1  # the fd that reaches EOF when that child ends (claims wait on a dup)
+        self.lib = ""  # the directory the rank imported elasticd from ("": the job's sys.path)
 
 
 # --- pure parts (unit-tested in the daemon's test suite) ---------------------------------------------
@@ -82,13 +86,13 @@ class Child:
         self.tail = b""
 
 
-def spawn(fd: int, length: int, step: int, target: str) -> Child:
-    """A child writing the frame in ``fd`` (read-only, ``length`` bytes, of ``step``) to ``target``.
-    Takes ``fd`` (closed here). Raises ``OSError``."""
+def spawn(fd: int, length: int, step: int, target: str, lib: str = "") -> Child:
+    """A child writing the frame in ``fd`` (read-only, ``length`` bytes, of ``step``) to ``target``,
+    with ``lib`` first on its path. Takes ``fd`` (closed here). Raises ``OSError``."""
     done_r, done_w = os.pipe2(os.O_CLOEXEC)
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-c", CHILD, str(fd), str(length), str(step), target],
+            [sys.executable, "-c", CHILD, lib, str(fd), str(length), str(step), target],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -148,7 +152,7 @@ def reap(child: Child, now: float) -> tuple[bool, str] | None:
 class Files(Protocol):
     """What ``Behind`` needs of the keeper (``keeper.Keeper``)."""
 
-    def take_due(self) -> list[tuple[str, int, int, int]]: ...
+    def take_due(self) -> list[tuple[str, int, int, int, str]]: ...
 
     def writing(self, name: str, waiter: int) -> None: ...
 
@@ -166,9 +170,9 @@ class Behind:
         self.quiet: set[int] = set()  # children whose stderr closed: their exit is waited for
 
     def start(self) -> None:
-        for name, fd, length, step in self.keeper.take_due():
+        for name, fd, length, step, lib in self.keeper.take_due():
             try:
-                child = spawn(fd, length, step, name)
+                child = spawn(fd, length, step, name, lib)
             except OSError as exc:
                 self.keeper.wrote(name, step, False)
                 self.tell(ev="persist_failed", step=step, reason=f"cannot start: {exc}"[:MAX_TAIL])

@@ -193,7 +193,8 @@ class Keeper:
             return self._file_op(req["op"], req["name"], req["step"])
         if req["op"] == "begin":
             if req.get("file") and (key[0] in self.filed or len(self.filed) < MAX_KEYS):
-                self.filed.setdefault(key[0], Filed(key[1])).rank = key[1]
+                filed = self.filed.setdefault(key[0], Filed(key[1]))
+                filed.rank, filed.lib = key[1], req.get("lib", "")
             return self._begin(self.slots, key, req["step"], req["size"])
         pair = (self.replicas if req.get("replica") else self.slots).get(key)
         slot = pair[req["slot"]] if pair is not None and req["slot"] < len(pair) else None
@@ -219,9 +220,10 @@ class Keeper:
         waiter = os.dup(filed.waiter) if verdict == WAIT and filed is not None and filed.waiter >= 0 else None
         return {"ok": True, "do": verdict}, waiter
 
-    def take_due(self) -> list[tuple[str, int, int, int]]:
-        """The files to write now (``filing.due``): ``(name, fd, length, step)`` each, a read-only fd
-        of the snapshot's segment, which is pinned (never written again); every file is clean after."""
+    def take_due(self) -> list[tuple[str, int, int, int, str]]:
+        """The files to write now (``filing.due``): ``(name, fd, length, step, lib)`` each, a
+        read-only fd of the snapshot's segment, which is pinned (never written again), and where
+        the writing rank's ``elasticd`` is; every file is clean after."""
         out = []
         with self.lock:
             for name, filed in self.filed.items():
@@ -231,7 +233,7 @@ class Keeper:
                     slot = pair[top]
                     fd = os.open(f"/proc/self/fd/{slot.fd}", os.O_RDONLY | os.O_CLOEXEC)
                     slot.pinned, filed.running = True, slot.step
-                    out.append((name, fd, slot.length, slot.step))
+                    out.append((name, fd, slot.length, slot.step, filed.lib))
                 filed.dirty = False
         return out
 

@@ -148,6 +148,7 @@ class Snapshots:
         self._persists: dict[str, _Persist] = {}
         self._last: dict[str, tuple[Any, Path, int, int]] = {}  # the writer's newest snapshot, by name
         self.broken = ""  # why the keeper is not used any more (said once)
+        self.failed = False  # an uncaught exception ends the process
 
     def client(self) -> KeeperClient | None:
         if not self._checked:
@@ -193,11 +194,24 @@ class Snapshots:
     def _last_of(self, name: str, last: tuple[Any, Path, int, int]) -> None:
         if not self._last:
             atexit.register(self.at_exit)
+            sys.excepthook = self._failing(sys.excepthook)
         self._last[name] = last
+
+    def _failing(self, previous: Any) -> Any:
+        def hook(kind: Any, value: Any, tb: Any) -> None:
+            self.failed = True
+            previous(kind, value, tb)
+
+        return hook
 
     def at_exit(self) -> None:
         """A script that ends leaves its newest snapshot in the file too (the writer rank, at a
-        normal exit: a killed worker's newest snapshot stays in memory, for the restart)."""
+        normal exit: a killed worker's newest snapshot stays in memory, for the restart). One that
+        fails (an uncaught exception) leaves it to the keeper, which writes it once the group has
+        stopped (``filing``): writing it here would hold the group's stop, and so its restart."""
+        if self.failed and self.client() is not None:
+            say("snapshot.persist_left", reason="failed: the keeper writes the newest snapshot")
+            return
         for name, (buf, path, step, count) in self._last.items():
             persist = self._persist(name)
             persist.wait()

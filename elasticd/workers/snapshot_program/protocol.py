@@ -70,7 +70,8 @@ def _int(req: dict[str, Any], key: str, top: int) -> int:
 
 
 def parse_request(data: bytes) -> dict[str, Any]:
-    """One request: ``begin`` (name, rank, step, size, file: this rank writes the file ``name``),
+    """One request: ``begin`` (name, rank, step, size, file: this rank writes the file ``name``,
+    lib: where its ``elasticd`` was imported from),
     ``commit`` (name, rank, slot, gen), ``list`` (name), ``open`` (name, rank, slot, gen, replica,
     pin: never write it again), ``key`` (the job's key to set, or null: read it), ``peer`` (address
     and port of the keeper to replicate to, or null), ``claim`` (name, step: a worker is about to
@@ -102,6 +103,10 @@ def parse_request(data: bytes) -> dict[str, Any]:
         out["step"] = _int(req, "step", MAX_STEP)
         out["size"] = _int(req, "size", 1 << 48)
         out["file"] = req.get("file") is True
+        lib = req.get("lib", "")
+        if not isinstance(lib, str) or len(lib) > MAX_NAME or "\0" in lib:
+            raise BadMessage(f"lib must be a string of at most {MAX_NAME} characters")
+        out["lib"] = lib
     else:
         out["slot"] = _int(req, "slot", 2)
         out["gen"] = _int(req, "gen", 1 << 62)

@@ -130,6 +130,7 @@ class SnapshotKeeper:
         self._sock: socket.socket | None = None
         self._ready: asyncio.Task[str | None] | None = None
         self._reports: asyncio.Task[None] | None = None
+        self._closing = False
         self._pidfd = -1
 
     @property
@@ -240,7 +241,7 @@ class SnapshotKeeper:
             loop.remove_reader(pidfd)
             os.close(pidfd)
             self._pidfd = -1
-            if self._proc is proc:
+            if self._proc is proc and not self._closing:  # not its exit after the job's end
                 _log.warning("snapshots.lost", job=self.setup.job_id, pid=proc.pid, status=proc.poll())
 
         self._pidfd = pidfd
@@ -280,6 +281,7 @@ class SnapshotKeeper:
         task = self._ready
         if task is not None and not task.done() and task is not asyncio.current_task():
             task.cancel()
+        self._closing = True
         await self._last_writes()
         sock, self._sock = self._sock, None
         proc, self._proc = self._proc, None
