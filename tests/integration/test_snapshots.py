@@ -87,6 +87,7 @@ def test_a_job_that_fails_leaves_its_last_snapshot_in_the_file(daemon_factory, t
     assert torch.load(out / "ckpt.pt", weights_only=False)["step"] == 8
     rank0 = (daemon.log_dir / job / "attempt_0" / "rank_0.log").read_text()
     assert "snapshot.persisted step=5" in rank0 and "snapshot.persisted step=8" not in rank0
+    assert not log_events(daemon, "snapshots.lost", job=job)  # its exit after the job's end is no loss
 
 
 def test_a_dev_shm_smaller_than_the_bound_is_refused_at_submit(daemon_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
