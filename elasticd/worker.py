@@ -177,7 +177,8 @@ def save_checkpoint(
     the copy is committed, with no collective. ``path`` is written behind, atomically, from the
     snapshot: every ``persist_every`` snapshots (default ``$ELASTICD_SNAPSHOT_PERSIST_EVERY``, else
     10), at once after a stop was requested (``GracefulStop``), after a restart restored a
-    snapshot, and at the process's normal exit. Elsewhere (plain torchrun, or the keeper cannot
+    snapshot, and at the process's normal exit; when a worker fails, the job's keeper writes the
+    newest snapshot itself once the group has stopped. Elsewhere (plain torchrun, or the keeper cannot
     take it): written at once (temporary file, fsync, rename, fsync of the directory), then every
     rank waits for it: when this returns, the checkpoint is durable for everyone. A rank whose keeper
     cannot take the state while the job's snapshots are on (its keeper died, or the state is over

@@ -9,6 +9,7 @@ counted per job, not per node); that rule lives in ``elasticd.rendezvous.decider
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -16,6 +17,7 @@ from enum import StrEnum
 from elasticd.terms.state import SetupFailure, WorkerFailure
 
 SETTLE_S = 1.0  # how long a failure waits for its siblings' exits before it is reported
+KILLED = -signal.SIGKILL  # a worker's return code when SIGKILL ended it
 
 
 class GroupOutcome(StrEnum):
@@ -59,12 +61,19 @@ def settle_left(exited: Sequence[Exited], still_running: int, now: float) -> flo
 
     A crash usually brings its siblings down within moments (a broken collective), and the report
     must name the first to fail, not the first noticed: so a failure waits ``SETTLE_S`` from the
-    first failed exit, or until no sibling runs.
+    first failed exit, or until no sibling runs. Not when the first was killed by SIGKILL: no
+    sibling sends that (the kernel's OOM killer, an operator or a scheduler does), so no sibling's
+    exit can name an earlier cause, and the restart need not wait for one.
     """
     if still_running == 0:
         return 0.0
-    first = min((e.at for e in exited if e.returncode != 0 and e.at is not None), default=None)
-    return 0.0 if first is None else max(0.0, first + SETTLE_S - now)
+    failed = [e for e in exited if e.returncode != 0 and e.at is not None]
+    if not failed:
+        return 0.0
+    first = min(failed, key=lambda e: e.at or 0.0)
+    if first.returncode == KILLED:
+        return 0.0
+    return max(0.0, (first.at or 0.0) + SETTLE_S - now)
 
 
 class Verdict(StrEnum):

@@ -280,12 +280,18 @@ class ProcessWorkers:
     """
 
     def __init__(
-        self, group: WorkerGroup, rt: NodeRuntime, attempt: int, watch: HangWatch | None = None
+        self,
+        group: WorkerGroup,
+        rt: NodeRuntime,
+        attempt: int,
+        watch: HangWatch | None = None,
+        stopped: Callable[[], None] | None = None,
     ) -> None:
         self._group = group
         self._rt = rt
         self._attempt = attempt
         self._watch = watch
+        self._stopped = stopped  # told once every worker is gone (the snapshot keeper writes behind)
         self._started_at = wall_clock()
         self._settled: asyncio.Future[int] | None = None
 
@@ -349,4 +355,7 @@ class ProcessWorkers:
     async def stop(self, grace_s: float) -> list[int]:
         if self._watch is not None:
             self._watch.close()
-        return await self._group.stop(grace_s)
+        stuck = await self._group.stop(grace_s)
+        if self._stopped is not None:
+            self._stopped()
+        return stuck

@@ -138,7 +138,8 @@ class ProcessLauncher:
             zygote=zygote,
             snapshots=await self._snapshots(),
         )
-        return ProcessWorkers(group, self._rt, result.round, watch)
+        stopped = self._keeper.persist if self._keeper is not None else None
+        return ProcessWorkers(group, self._rt, result.round, watch, stopped)
 
     async def _snapshots(self) -> str | None:
         """What the workers' ``ELASTICD_SNAPSHOT_SOCKET`` says: the keeper's socket, "" when this

@@ -4,7 +4,9 @@ to disk (``memory=False``, over the bound, the keeper gone), and where a load co
 
 from __future__ import annotations
 
+import json
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,6 +38,7 @@ def snapshots(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[Keeper]]:
         return keeper
 
     monkeypatch.setattr(worker, "_STOPS", [])
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # a first save chains its own
     yield start  # type: ignore[misc]
     for keeper in keepers:
         keeper.close()
@@ -150,3 +153,27 @@ def test_a_state_without_a_step_numbers_on_from_the_restored_one(snapshots, tmp_
     assert worker.load_checkpoint(ckpt)["w"][0] == 2.0
     worker.save_checkpoint({"w": torch.full((4,), 3.0)}, ckpt)  # step 3, not 0
     assert worker.load_checkpoint(ckpt)["w"][0] == 3.0
+
+
+def test_a_failing_script_leaves_its_newest_snapshot_to_the_keeper(snapshots, tmp_path: Path, capfd) -> None:  # type: ignore[no-untyped-def]
+    """An uncaught exception: the worker does not write at exit (that would hold the group's
+    stop); its keeper writes the newest snapshot once told the group stopped, and a later
+    worker's write of an older step is skipped (the file never goes back)."""
+    from elasticd import worker
+    from elasticd.workers.snapshot_program import memory
+
+    keeper = snapshots()
+    ckpt = tmp_path / "ckpt.pt"
+    for step in (1, 2, 3):
+        worker.save_checkpoint(state(step), ckpt, persist_every=2)
+    memory.flush()
+    assert on_disk(ckpt) == 2
+    sys.excepthook(RuntimeError, RuntimeError("the loss is nan"), None)  # what an uncaught one runs
+    memory.SNAPSHOTS.at_exit()
+    assert on_disk(ckpt) == 2 and "snapshot.persist_left" in capfd.readouterr().err
+    keeper.ctl.send(json.dumps({"op": "persist"}).encode())  # the daemon: the group stopped
+    keeper.ctl.settimeout(120)
+    reports = [json.loads(keeper.ctl.recv(4096)) for _ in range(2)]
+    assert [(r["ev"], r["step"]) for r in reports] == [("persisting", 3), ("persisted", 3)], reports
+    assert on_disk(ckpt) == 3
+    assert not memory.may_write(memory.SNAPSHOTS.client(), str(ckpt.absolute()), 3)

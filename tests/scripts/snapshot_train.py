@@ -1,5 +1,7 @@
 """DDP on gloo with a memory snapshot after every step (``worker.save_checkpoint``); on attempt 0,
-rank $CRASH_RANK SIGKILLs itself in the middle of step $CRASH_STEP (after its forward pass), or
+rank $CRASH_RANK SIGKILLs itself in the middle of step $CRASH_STEP (after its forward pass; with
+$CRASH_HOW=raise it raises there instead, while the other ranks wait in that step's data loading
+until they are stopped), or
 (with $PAUSE_STEP) rank $CRASH_RANK stops after its snapshot of that step and writes $OUT/paused,
 for its node to be killed.
 
@@ -21,6 +23,7 @@ out = os.environ["OUT"]
 total_steps = int(os.environ.get("STEPS", "20"))
 crash_step = int(os.environ.get("CRASH_STEP", "12"))
 crash_rank = int(os.environ.get("CRASH_RANK", "1"))
+crash_how = os.environ.get("CRASH_HOW", "kill")
 pause_step = int(os.environ.get("PAUSE_STEP", "-1"))
 attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 ckpt = os.path.join(out, "ckpt.pt")
@@ -38,7 +41,11 @@ for step in range(worker.resume_step(state), total_steps):
     gen = torch.Generator().manual_seed(step * 100 + rank)
     x = torch.randn(16, 4, generator=gen)
     loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
+    if attempt == 0 and rank != crash_rank and step == crash_step and crash_how == "raise":
+        signal.pause()  # a slow data loader: this rank never reaches the collective that would fail
     if attempt == 0 and rank == crash_rank and step == crash_step:
+        if crash_how == "raise":
+            raise RuntimeError(f"rank {rank} fails in step {step}")
         os.kill(os.getpid(), signal.SIGKILL)
     opt.zero_grad()
     loss.backward()

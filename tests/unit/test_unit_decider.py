@@ -57,6 +57,10 @@ T = 1000.0
         ([Exited(1, None)], 2, T, 0.0),  # exit time not known yet: not held back
         ([Exited(1, T + 0.5), Exited(1, T)], 1, T + 0.5, SETTLE_S - 0.5),  # from the first failure
         ([Exited(0, T - 5), Exited(1, T)], 1, T, SETTLE_S),  # a success's time does not count
+        ([Exited(-9, T)], 2, T, 0.0),  # SIGKILL: no sibling caused it, none is waited for
+        ([Exited(-9, T + 0.5), Exited(1, T)], 1, T + 0.5, SETTLE_S - 0.5),  # the first failure's kind
+        ([Exited(-9, T), Exited(1, T + 0.5)], 1, T + 0.5, 0.0),
+        ([Exited(-6, T)], 2, T, SETTLE_S),  # SIGABRT: often a watchdog's, for a sibling's failure
     ],
 )
 def test_settle_left_edges(exited: list[Exited], running: int, now: float, left: float) -> None:

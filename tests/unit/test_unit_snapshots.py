@@ -36,8 +36,16 @@ def req(**fields: object) -> bytes:
 
 def test_requests_are_parsed_and_bounded() -> None:
     assert parse_request(req(op="list", name="/c.pt")) == {"op": "list", "name": "/c.pt"}
-    begin = parse_request(req(op="begin", name="/c.pt", rank=3, step=7, size=100))
-    assert begin == {"op": "begin", "name": "/c.pt", "rank": 3, "step": 7, "size": 100}
+    begin = parse_request(req(op="begin", name="/c.pt", rank=3, step=7, size=100, file=True))
+    assert begin == {
+        "op": "begin",
+        "name": "/c.pt",
+        "rank": 3,
+        "step": 7,
+        "size": 100,
+        "file": True,
+        "lib": "",
+    }
     assert parse_request(req(op="open", name="n", rank=0, slot=1, gen=4))["slot"] == 1
     for bad in (
         b"{",
@@ -47,6 +55,7 @@ def test_requests_are_parsed_and_bounded() -> None:
         req(op="list", name="x" * 2000),
         req(op="begin", name="n", rank=-1, step=0, size=1),
         req(op="begin", name="n", rank=0, step=0, size=True),
+        req(op="begin", name="n", rank=0, step=0, size=1, lib=3),
         req(op="commit", name="n", rank=0, slot=3, gen=1),
         b" " * (70 * 1024),
     ):

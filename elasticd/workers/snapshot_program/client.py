@@ -86,10 +86,15 @@ class KeeperClient:
             raise SnapshotError(reply["error"])
         return reply, fd
 
-    def save(self, state: Any, name: str, rank: int, step: int) -> int:
-        """Snapshot ``state`` as ``step``; returns its slot once the copy is committed."""
+    def save(self, state: Any, name: str, rank: int, step: int, file: bool = False) -> int:
+        """Snapshot ``state`` as ``step``; returns its slot once the copy is committed. ``file``:
+        this rank writes the file ``name`` (the keeper writes it too when the workers fail, with
+        the ``elasticd`` this worker imported: its directory goes along)."""
         p = frame.plan(state)
-        reply, fd = self.call(op="begin", name=name, rank=rank, step=step, size=p.total)
+        lib = (
+            os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(frame.__file__)))) if file else ""
+        )
+        reply, fd = self.call(op="begin", name=name, rank=rank, step=step, size=p.total, file=file, lib=lib)
         slot, gen = int(reply["slot"]), int(reply["gen"])
         buf = self._mapping(name, rank, slot, gen, int(reply["capacity"]), fd)
         if id(buf) not in self._pinned and frame.on_device(p):
@@ -187,6 +192,21 @@ class KeeperClient:
     def peer(self, address: str | None, port: int) -> None:
         """Replicate this node's snapshots to the keeper at ``address:port`` (None: to none)."""
         self.call(op="peer", address=address, port=port)
+
+    def claim(self, name: str, step: int) -> tuple[str, int | None]:
+        """Whether to write ``step`` to the file ``name`` now (``filing.claim``): ``write``,
+        ``skip``, or ``wait`` with an fd that reaches EOF when the keeper's own write ends."""
+        reply, fd = self.call(op="claim", name=name, step=step)
+        verdict = reply.get("do")
+        if verdict not in ("write", "skip", "wait"):
+            if fd is not None:
+                os.close(fd)
+            raise SnapshotError("snapshot keeper: a bad claim reply")
+        return verdict, fd
+
+    def written(self, name: str, step: int) -> None:
+        """``step`` is in the file ``name`` now."""
+        self.call(op="written", name=name, step=step)
 
     def close(self) -> None:
         sock, self._sock = self._sock, None

@@ -20,7 +20,10 @@ What it does:
 4. replicate each complete snapshot to one other node's keeper, once the ranks told it the job's
    key and its peer (``key``, ``peer``; ``peers``), and hold the replicas other keepers send it,
    double-buffered in the same way and within the same bound;
-5. exit, freeing every segment, when the daemon closes its control socket (the job ended here).
+5. write the newest complete snapshot of each checkpoint file to the user's path when the daemon
+   says the workers here stopped (a failure) and when the job ends here (``filing``);
+6. exit, freeing every segment, when the daemon closes its control socket (the job ended here)
+   and its writes are done.
 
 Memory: a segment's pages are charged to the cgroup of the process that first touches them, the
 worker that writes the frame (under its rank's limits); they stay inside the job's cgroup.
@@ -34,6 +37,7 @@ import zlib
 from typing import Any
 
 if __name__ != "__elasticd_keeper__":  # the daemon's tests and mypy; in the keeper, globals already
+    from elasticd.workers.snapshot_program.filing import WAIT, Filed, claim, due
     from elasticd.workers.snapshot_program.protocol import HEADER, BadMessage, align, parse_header
     from elasticd.workers.snapshot_program.replica import parse_key, parse_peer
 
@@ -157,6 +161,7 @@ class Keeper:
         self.lock = threading.Lock()
         self.pushes: dict[tuple[str, int], int] = {}  # complete snapshots not yet replicated: key -> slot
         self.wake = threading.Condition(self.lock)
+        self.filed: dict[str, Filed] = {}  # checkpoint files written from this keeper's snapshots
         self._gen = 0
         self._seq = 0
 
@@ -184,7 +189,12 @@ class Keeper:
         key = (req["name"], req.get("rank", -1))
         if req["op"] == "list":
             return {"ok": True, "held": self.listing(req["name"])}, None
+        if req["op"] in ("claim", "written"):
+            return self._file_op(req["op"], req["name"], req["step"])
         if req["op"] == "begin":
+            if req.get("file") and (key[0] in self.filed or len(self.filed) < MAX_KEYS):
+                filed = self.filed.setdefault(key[0], Filed(key[1]))
+                filed.rank, filed.lib = key[1], req.get("lib", "")
             return self._begin(self.slots, key, req["step"], req["size"])
         pair = (self.replicas if req.get("replica") else self.slots).get(key)
         slot = pair[req["slot"]] if pair is not None and req["slot"] < len(pair) else None
@@ -197,6 +207,48 @@ class Keeper:
         slot.pinned = slot.pinned or bool(req.get("pin"))
         ro = os.open(f"/proc/self/fd/{slot.fd}", os.O_RDONLY | os.O_CLOEXEC)
         return {"ok": True, "length": slot.length, "step": slot.step}, ro
+
+    def _file_op(self, op: str, name: str, step: int) -> tuple[dict[str, Any], int | None]:
+        """``claim``: whether a worker writes ``step`` to the file now (``filing.claim``), with an fd
+        to wait on while the keeper writes an older one; ``written``: it did."""
+        filed = self.filed.get(name)
+        if op == "written":
+            if filed is not None:
+                filed.on_disk = max(filed.on_disk, step)
+            return {"ok": True}, None
+        verdict = claim(filed, step)
+        waiter = os.dup(filed.waiter) if verdict == WAIT and filed is not None and filed.waiter >= 0 else None
+        return {"ok": True, "do": verdict}, waiter
+
+    def take_due(self) -> list[tuple[str, int, int, int, str]]:
+        """The files to write now (``filing.due``): ``(name, fd, length, step, lib)`` each, a
+        read-only fd of the snapshot's segment, which is pinned (never written again), and where
+        the writing rank's ``elasticd`` is; every file is clean after."""
+        out = []
+        with self.lock:
+            for name, filed in self.filed.items():
+                pair = self.slots.get((name, filed.rank), [])
+                top = newest(pair)
+                if due(filed, pair[top].step if top >= 0 else None):
+                    slot = pair[top]
+                    fd = os.open(f"/proc/self/fd/{slot.fd}", os.O_RDONLY | os.O_CLOEXEC)
+                    slot.pinned, filed.running = True, slot.step
+                    out.append((name, fd, slot.length, slot.step, filed.lib))
+                filed.dirty = False
+        return out
+
+    def writing(self, name: str, waiter: int) -> None:
+        """The keeper's write of the file began: ``waiter`` reaches EOF when it ends."""
+        with self.lock:
+            self.filed[name].waiter = waiter
+
+    def wrote(self, name: str, step: int, ok: bool) -> None:
+        """The keeper's write of ``step`` to the file ended (or never began)."""
+        with self.lock:
+            filed = self.filed[name]
+            filed.waiter = filed.running = -1
+            if ok:
+                filed.on_disk = max(filed.on_disk, step)
 
     def listing(self, name: str) -> list[dict[str, Any]]:
         return [
@@ -236,6 +288,9 @@ class Keeper:
         self._seq += 1
         slot.state, slot.seq = COMPLETE, self._seq
         self._retire(self.slots[key])
+        filed = self.filed.get(key[0])
+        if filed is not None and filed.rank == key[1]:
+            filed.dirty = True
         if self.peer is not None and key in self.slots:
             self.pushes[key] = index
             self.wake.notify_all()

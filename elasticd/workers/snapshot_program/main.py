@@ -1,5 +1,6 @@
 """The keeper's process: its sockets and its loop (standard library only; the last part of the
-keeper's program, after ``protocol``, ``replica``, ``keeper`` and ``peers``; see ``keeper``)."""
+keeper's program, after ``protocol``, ``replica``, ``filing``, ``keeper`` and ``peers``; see
+``keeper``)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Any
 
 if __name__ != "__elasticd_keeper__":
     from elasticd.workers.snapshot_program import peers
+    from elasticd.workers.snapshot_program.filing import Behind
     from elasticd.workers.snapshot_program.keeper import Keeper
     from elasticd.workers.snapshot_program.protocol import MAX_MESSAGE, BadMessage, encode, parse_request
 
@@ -77,13 +79,43 @@ def _accept(listener: socket.socket, clients: dict[int, socket.socket]) -> None:
     clients[conn.fileno()] = conn
 
 
+def _tell(ctl: socket.socket, msg: dict[str, Any]) -> None:
+    """One report to the daemon; dropped when it does not read (never blocks the loop)."""
+    with contextlib.suppress(OSError):
+        ctl.send(encode(**msg), socket.MSG_DONTWAIT)
+
+
+def _control(ctl: socket.socket, behind: Behind) -> bool:
+    """The daemon's word: ``persist`` (the workers here stopped), or its end closed (the job ended
+    here: the last writes too). False once closed."""
+    try:
+        data = ctl.recv(4096)
+    except OSError:
+        data = b""
+    if not data:
+        behind.start()
+        return False
+    try:
+        op = json.loads(data).get("op")
+    except (ValueError, AttributeError):
+        op = None
+    if op == "persist":
+        behind.start()
+    return True
+
+
 def serve(ctl: socket.socket, listener: socket.socket, keeper: Keeper) -> None:
-    """Until the daemon closes ``ctl``."""
+    """Until the daemon closes ``ctl`` and the writes it asked for are done."""
     clients: dict[int, socket.socket] = {}
-    while True:
-        ready, _, _ = select.select([ctl.fileno(), listener.fileno(), *clients], [], [])
-        if ctl.fileno() in ready and not ctl.recv(1):
-            return
+    behind = Behind(keeper, lambda **msg: _tell(ctl, msg))
+    live = True
+    while live or behind.children:
+        watched = [listener.fileno(), *clients, *behind.fds(), *([ctl.fileno()] if live else [])]
+        ready, _, _ = select.select(watched, [], [], behind.timeout())
+        if live and ctl.fileno() in ready:
+            live = _control(ctl, behind)
+        behind.read(ready)
+        behind.poll()
         if listener.fileno() in ready:
             _accept(listener, clients)
         for fd in ready:

@@ -5,7 +5,8 @@ Persisting reads the frame back from a segment, never from the training loop's t
 loop may go on changing them: the file is the snapshot's step, whole. A segment is written again
 two snapshots later (the keeper's double buffer), so a persist still running then is waited for
 (``_Persist.before_snapshot``): the only way persisting can stall the loop is a disk slower than
-two steps.
+two steps. The keeper writes the file too when the workers fail (``filing``); a persist asks it
+first (``claim``), so the file never goes back in steps and a step is not written twice.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import select
 import sys
 import tempfile
 import threading
@@ -22,6 +24,7 @@ from typing import Any
 from elasticd.workers.snapshot_program import frame
 from elasticd.workers.snapshot_program import restore as nearest
 from elasticd.workers.snapshot_program.client import Held, KeeperClient, SnapshotError
+from elasticd.workers.snapshot_program.filing import SKIP, WRITE_TIMEOUT_S
 from elasticd.workers.snapshot_program.protocol import SOCKET_ENV
 
 PERSIST_EVERY_ENV = "ELASTICD_SNAPSHOT_PERSIST_EVERY"
@@ -64,10 +67,28 @@ def write_file(state: Any, target: Path) -> None:
         os.close(dir_fd)
 
 
+def may_write(client: KeeperClient | None, name: str, step: int) -> bool:
+    """Whether this worker writes ``step`` to the file: not when the keeper wrote it or a newer
+    one, or is writing it; after the keeper's own older write when one runs (``filing.claim``)."""
+    if client is None:
+        return True
+    try:
+        verdict, fd = client.claim(name, step)
+    except SnapshotError:
+        return True
+    if fd is not None:
+        try:
+            select.select([fd], [], [], WRITE_TIMEOUT_S)
+        finally:
+            os.close(fd)
+    return verdict != SKIP
+
+
 class _Persist:
     """One name's file, written behind from a segment by a thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "", client: KeeperClient | None = None) -> None:
+        self.name, self.client = name, client
         self.thread: threading.Thread | None = None
         self.started_at = -2  # the snapshot count when it started (-1: from a restored snapshot)
         self.error: BaseException | None = None
@@ -96,7 +117,13 @@ class _Persist:
             try:
                 step, state = frame.read(buf, views=True)
                 self.steps.add(step)
+                if not may_write(self.client, self.name, step):
+                    say("snapshot.persist_skipped", step=step, reason="the keeper wrote it")
+                    return
                 write_file(state, target)
+                if self.client is not None:
+                    with contextlib.suppress(SnapshotError):
+                        self.client.written(self.name, step)
                 say("snapshot.persisted", step=step, path=target)
             except BaseException as exc:  # reported by the next wait, on the training thread
                 self.error = exc
@@ -121,6 +148,7 @@ class Snapshots:
         self._persists: dict[str, _Persist] = {}
         self._last: dict[str, tuple[Any, Path, int, int]] = {}  # the writer's newest snapshot, by name
         self.broken = ""  # why the keeper is not used any more (said once)
+        self.failed = False  # an uncaught exception ends the process
 
     def client(self) -> KeeperClient | None:
         if not self._checked:
@@ -130,7 +158,9 @@ class Snapshots:
         return None if self.broken else self._client
 
     def _persist(self, name: str) -> _Persist:
-        return self._persists.setdefault(name, _Persist())
+        if name not in self._persists:
+            self._persists[name] = _Persist(name, self.client())
+        return self._persists[name]
 
     def save(self, state: Any, path: Path, writer: int, every: int | None, stopping: bool) -> bool:
         """Snapshot ``state``; False when it could not be (the caller writes the file)."""
@@ -143,7 +173,7 @@ class Snapshots:
         persist = self._persist(name)
         persist.before_snapshot(count)
         try:
-            slot = client.save(state, name, me, step)
+            slot = client.save(state, name, me, step, file=me == writer)
         except SnapshotError as exc:
             self.broken = str(exc)
             say("snapshot.unavailable", rank=me, reason=exc, fallback="disk")
@@ -164,11 +194,24 @@ class Snapshots:
     def _last_of(self, name: str, last: tuple[Any, Path, int, int]) -> None:
         if not self._last:
             atexit.register(self.at_exit)
+            sys.excepthook = self._failing(sys.excepthook)
         self._last[name] = last
+
+    def _failing(self, previous: Any) -> Any:
+        def hook(kind: Any, value: Any, tb: Any) -> None:
+            self.failed = True
+            previous(kind, value, tb)
+
+        return hook
 
     def at_exit(self) -> None:
         """A script that ends leaves its newest snapshot in the file too (the writer rank, at a
-        normal exit: a killed worker's newest snapshot stays in memory, for the restart)."""
+        normal exit: a killed worker's newest snapshot stays in memory, for the restart). One that
+        fails (an uncaught exception) leaves it to the keeper, which writes it once the group has
+        stopped (``filing``): writing it here would hold the group's stop, and so its restart."""
+        if self.failed and self.client() is not None:
+            say("snapshot.persist_left", reason="failed: the keeper writes the newest snapshot")
+            return
         for name, (buf, path, step, count) in self._last.items():
             persist = self._persist(name)
             persist.wait()
@@ -222,6 +265,13 @@ class Snapshots:
 
         if held.step in self._persist(name).steps:  # this process wrote it already
             return
+        with contextlib.suppress(SnapshotError):
+            verdict, fd = client.claim(name, held.step)  # the thread asks again, and waits
+            if fd is not None:
+                os.close(fd)
+            if verdict == SKIP:  # the keeper wrote it, the workers having failed
+                say("snapshot.persist_skipped", step=held.step, reason="the keeper wrote it")
+                return
         try:
             reply, fd = client.open(name, held)
         except SnapshotError:

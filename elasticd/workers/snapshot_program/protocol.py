@@ -26,7 +26,7 @@ MAX_STEP = (1 << 63) - 1
 MAGIC = b"ELSNAP01"
 HEADER = struct.Struct("<8sQQQI")  # magic, step, meta_len, total, meta_crc
 ALIGN = 64
-OPS = ("begin", "commit", "list", "open", "key", "peer")
+OPS = ("begin", "commit", "list", "open", "key", "peer", "claim", "written")
 
 
 class BadMessage(ValueError):
@@ -70,11 +70,13 @@ def _int(req: dict[str, Any], key: str, top: int) -> int:
 
 
 def parse_request(data: bytes) -> dict[str, Any]:
-    """One request: ``begin`` (name, rank, step, size), ``commit`` (name, rank, slot, gen),
-    ``list`` (name), ``open`` (name, rank, slot, gen, replica, pin: never write it again),
-    ``key`` (the job's key to set, or null: read it) or ``peer`` (address and port of the keeper
-    to replicate to, or null). ``key``'s and ``peer``'s values are checked by ``replica``. Raises
-    ``BadMessage``."""
+    """One request: ``begin`` (name, rank, step, size, file: this rank writes the file ``name``,
+    lib: where its ``elasticd`` was imported from),
+    ``commit`` (name, rank, slot, gen), ``list`` (name), ``open`` (name, rank, slot, gen, replica,
+    pin: never write it again), ``key`` (the job's key to set, or null: read it), ``peer`` (address
+    and port of the keeper to replicate to, or null), ``claim`` (name, step: a worker is about to
+    write the file) or ``written`` (name, step: it did). ``key``'s and ``peer``'s values are checked
+    by ``replica``. Raises ``BadMessage``."""
     if len(data) > MAX_MESSAGE:
         raise BadMessage("message too long")
     try:
@@ -93,10 +95,18 @@ def parse_request(data: bytes) -> dict[str, Any]:
     out: dict[str, Any] = {"op": req["op"], "name": name}
     if req["op"] == "list":
         return out
+    if req["op"] in ("claim", "written"):
+        out["step"] = _int(req, "step", MAX_STEP)
+        return out
     out["rank"] = _int(req, "rank", MAX_RANK)
     if req["op"] == "begin":
         out["step"] = _int(req, "step", MAX_STEP)
         out["size"] = _int(req, "size", 1 << 48)
+        out["file"] = req.get("file") is True
+        lib = req.get("lib", "")
+        if not isinstance(lib, str) or len(lib) > MAX_NAME or "\0" in lib:
+            raise BadMessage(f"lib must be a string of at most {MAX_NAME} characters")
+        out["lib"] = lib
     else:
         out["slot"] = _int(req, "slot", 2)
         out["gen"] = _int(req, "gen", 1 << 62)

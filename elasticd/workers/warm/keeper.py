@@ -7,6 +7,11 @@ and a marker of its own, which no sweep of the job's workers matches) and stoppe
 ends here. It runs the job's own interpreter as the submitter, so everything it says is untrusted:
 the daemon takes one bounded ``ready`` message (its pid, and the path of its socket, which it
 passes on to the workers' environment) and never opens the socket nor a segment.
+
+After a worker group here stopped (``persist``) and when the job ends here (``close``), the keeper
+writes the newest snapshot of each checkpoint file to the user's path itself, as the user
+(``snapshot_program.filing``); its reports of that are bounded and only logged, and ``close``
+waits for them, within ``PERSIST_TIMEOUT_S``, before it stops the keeper.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 from dataclasses import dataclass, field
@@ -32,6 +38,7 @@ PROGRAM = "elasticd.workers.snapshot_program"
 PARTS = (
     "protocol.py",
     "replica.py",
+    "filing.py",
     "keeper.py",
     "peers.py",
     "main.py",
@@ -46,6 +53,9 @@ READY_TIMEOUT_S = 30.0  # an interpreter's start, without torch
 STOP_TIMEOUT_S = 5.0
 MAX_READY = 4096
 MAX_SOCKET_PATH = 107  # sun_path, less its NUL
+PERSIST_TIMEOUT_S = 130.0  # the keeper's own bound on a write (filing.WRITE_TIMEOUT_S), and a margin
+MAX_REPORT = 1024
+REPORTS = ("persisting", "persisted", "persist_failed")
 
 
 @dataclass(frozen=True)
@@ -84,6 +94,28 @@ def parse_ready(data: bytes, pid: int) -> str:
     return path
 
 
+def parse_report(data: bytes) -> dict[str, object]:
+    """A keeper's report of its writes behind, as fields to log; raises ``ValueError``."""
+    if len(data) > MAX_REPORT:
+        raise ValueError("report too long")
+    try:
+        msg = json.loads(data)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    if not isinstance(msg, dict) or msg.get("ev") not in REPORTS:
+        raise ValueError("not a report")
+    step = msg.get("step")
+    if type(step) is not int or not 0 <= step < 1 << 63:
+        raise ValueError("no step")
+    out: dict[str, object] = {"ev": msg["ev"], "step": step}
+    took = msg.get("took_s")
+    if isinstance(took, int | float) and not isinstance(took, bool) and 0 <= took < 1e6:
+        out["took_s"] = float(took)
+    if msg["ev"] == "persist_failed":
+        out["reason"] = str(msg.get("reason"))[:300]
+    return out
+
+
 class SnapshotKeeper:
     """One job's keeper on this node. Methods run on the event-loop thread (the parent-death
     signal is tied to the thread that forks)."""
@@ -97,6 +129,8 @@ class SnapshotKeeper:
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
         self._ready: asyncio.Task[str | None] | None = None
+        self._reports: asyncio.Task[None] | None = None
+        self._closing = False
         self._pidfd = -1
 
     @property
@@ -163,7 +197,37 @@ class SnapshotKeeper:
             return None
         _log.info("snapshots.ready", job=self.setup.job_id, pid=self._proc.pid, socket=self.socket_path)
         self._watch(loop, self._proc)
+        self._reports = asyncio.ensure_future(self._listen(loop, self._sock))
         return self.socket_path
+
+    async def _listen(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+        """Log the keeper's reports until it closes its end (or the daemon closes ours)."""
+        job = self.setup.job_id
+        while True:
+            try:
+                data = await loop.sock_recv(sock, MAX_REPORT + 1)
+            except OSError:
+                return
+            if not data:
+                return
+            try:
+                report = parse_report(data)
+            except ValueError as exc:
+                _log.warning("snapshots.bad_report", job=job, error=str(exc))
+                continue
+            event = report.pop("ev")
+            say = _log.warning if event == "persist_failed" else _log.info
+            say(f"snapshots.{event}", job=job, **report)
+
+    def persist(self) -> None:
+        """The job's workers here have stopped: the keeper writes each checkpoint file's newest
+        snapshot that no worker wrote (a failure's), in the background."""
+        if self._sock is None or self.socket_path is None:
+            return
+        try:
+            self._sock.send(json.dumps({"op": "persist"}).encode())
+        except OSError as exc:  # full (the keeper is not reading) or gone: the close asks again
+            _log.warning("snapshots.persist_unsent", job=self.setup.job_id, error=str(exc))
 
     def _watch(self, loop: asyncio.AbstractEventLoop, proc: subprocess.Popen[bytes]) -> None:
         """Say so when the keeper dies before the job ends here: its snapshots are gone, and the
@@ -177,11 +241,25 @@ class SnapshotKeeper:
             loop.remove_reader(pidfd)
             os.close(pidfd)
             self._pidfd = -1
-            if self._proc is proc:
+            if self._proc is proc and not self._closing:  # not its exit after the job's end
                 _log.warning("snapshots.lost", job=self.setup.job_id, pid=proc.pid, status=proc.poll())
 
         self._pidfd = pidfd
         loop.add_reader(pidfd, died)
+
+    async def _last_writes(self) -> None:
+        """Shut our end for writing (the keeper's EOF: the job ended here) and read its reports
+        until it closes its end, within ``PERSIST_TIMEOUT_S``."""
+        reports, self._reports = self._reports, None
+        if reports is None or self._sock is None:
+            return
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_WR)
+        try:
+            await asyncio.wait_for(asyncio.shield(reports), PERSIST_TIMEOUT_S)
+        except TimeoutError:
+            _log.warning("snapshots.persist_abandoned", job=self.setup.job_id, after_s=PERSIST_TIMEOUT_S)
+            reports.cancel()
 
     async def ready(self) -> str | None:
         """The keeper's socket path, once it listens; None when it will not."""
@@ -196,11 +274,15 @@ class SnapshotKeeper:
             raise
 
     async def close(self) -> None:
-        """Stop the keeper: it frees its segments and removes its directory when its control socket
-        closes; killed if it has not gone within ``STOP_TIMEOUT_S``."""
+        """Stop the keeper: told the job ended here (our end of its control socket shut for
+        writing), it writes its last snapshots behind, frees its segments, removes its directory
+        and exits; its reports are read until then, within ``PERSIST_TIMEOUT_S``. Killed, with its
+        writers, if it has not gone within ``STOP_TIMEOUT_S`` after."""
         task = self._ready
         if task is not None and not task.done() and task is not asyncio.current_task():
             task.cancel()
+        self._closing = True
+        await self._last_writes()
         sock, self._sock = self._sock, None
         proc, self._proc = self._proc, None
         if self._pidfd >= 0:
@@ -215,7 +297,7 @@ class SnapshotKeeper:
             await asyncio.to_thread(proc.wait, STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(OSError):
-                proc.kill()
+                os.killpg(proc.pid, signal.SIGKILL)  # its writers are in its process group
             await asyncio.to_thread(proc.wait)
         self._reaper.untrack(proc.pid)
         _log.info("snapshots.closed", job=self.setup.job_id, pid=proc.pid, returncode=proc.returncode)

@@ -1,0 +1,173 @@
+"""The keeper's writes behind (``snapshot_program.filing``): which snapshot it writes when the
+workers stop, the order a worker's own write takes after it, its children's ends and bound, and
+the daemon's reading of its reports."""
+
+from __future__ import annotations
+
+import os
+import select
+import time
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from elasticd.workers.snapshot_program import filing
+from elasticd.workers.snapshot_program import keeper as k
+from elasticd.workers.warm.keeper import parse_report
+from tests.unit.test_unit_snapshots import frame_bytes
+
+
+def commit(keeper: k.Keeper, step: int, rank: int = 0, file: bool = True, name: str = "/c.pt") -> None:
+    reply, fd = keeper.handle(
+        {"op": "begin", "name": name, "rank": rank, "step": step, "size": 100, "file": file, "lib": "/lib"}
+    )
+    frame_bytes(keeper, reply, fd, step, b"x" * 50)
+    done, _ = keeper.handle(
+        {"op": "commit", "name": name, "rank": rank, "slot": reply["slot"], "gen": reply["gen"]}
+    )
+    assert done["ok"]
+
+
+def close_all(keeper: k.Keeper) -> None:
+    for pair in [*keeper.slots.values(), *keeper.replicas.values()]:
+        for slot in pair:
+            if slot.fd >= 0:
+                os.close(slot.fd)
+
+
+@given(
+    st.booleans(),
+    st.integers(-1, 9),
+    st.integers(-1, 9),
+    st.one_of(st.none(), st.integers(0, 9)),
+    st.integers(0, 9),
+)
+def test_the_keeper_writes_only_newer_fresh_steps_and_a_worker_never_writes_behind_it(
+    dirty: bool, on_disk: int, running: int, newest: int | None, step: int
+) -> None:
+    filed = filing.Filed(0)
+    filed.dirty, filed.on_disk, filed.running = dirty, on_disk, running
+    written = max(on_disk, running)
+    assert filing.due(filed, newest) == (dirty and newest is not None and newest > written)
+    verdict = filing.claim(filed, step)
+    if step <= written:
+        assert verdict == filing.SKIP  # the file has it, or the keeper's write of it (or newer) runs
+    else:
+        assert verdict == (filing.WAIT if running >= 0 else filing.WRITE)  # lands after the keeper's
+    assert filing.claim(None, step) == filing.WRITE  # a file this keeper never wrote from
+
+
+def test_the_newest_snapshot_of_the_writing_rank_is_taken_once_and_pinned() -> None:
+    keeper = k.Keeper(64 << 20)
+    for step in (1, 2, 3):
+        commit(keeper, step)
+    commit(keeper, 5, rank=1, file=False)  # another rank's snapshot of the same checkpoint
+    commit(keeper, 9, name="/other.pt", file=False)  # a name no rank writes a file of
+    keeper.handle({"op": "written", "name": "/c.pt", "step": 2})  # the worker's every-N write
+    [(name, fd, length, step, lib)] = keeper.take_due()
+    assert (name, step, lib) == ("/c.pt", 3, "/lib") and length > 0
+    with pytest.raises(OSError):
+        os.pwrite(fd, b"x", 0)  # read-only
+    os.close(fd)
+    pair = keeper.slots[("/c.pt", 0)]
+    assert pair[k.newest(pair)].pinned  # the next snapshots go elsewhere while the child reads it
+    assert keeper.take_due() == []  # nothing committed since: a second stop writes nothing
+    # a worker restored from step 3 skips it; one at step 4 waits for the keeper's write
+    skip, none = keeper.handle({"op": "claim", "name": "/c.pt", "step": 3})
+    assert skip["do"] == "skip" and none is None
+    waiter_r, waiter_w = os.pipe()
+    keeper.writing("/c.pt", waiter_r)
+    wait, end = keeper.handle({"op": "claim", "name": "/c.pt", "step": 4})
+    assert wait["do"] == "wait" and end is not None
+    os.close(waiter_w)  # the child ends
+    assert select.select([end], [], [], 1)[0] == [end] and os.read(end, 1) == b""
+    os.close(end)
+    keeper.wrote("/c.pt", 3, ok=True)
+    os.close(waiter_r)
+    assert keeper.handle({"op": "claim", "name": "/c.pt", "step": 4})[0]["do"] == "write"
+    commit(keeper, 4)
+    keeper.handle({"op": "written", "name": "/c.pt", "step": 4})
+    assert keeper.take_due() == []  # the worker wrote its newest itself (a planned stop)
+    close_all(keeper)
+
+
+def test_a_failed_write_is_not_retried_at_the_next_stop() -> None:
+    keeper = k.Keeper(64 << 20)
+    commit(keeper, 1)
+    [(_, fd, _, step, _)] = keeper.take_due()
+    os.close(fd)
+    keeper.wrote("/c.pt", step, ok=False)
+    assert keeper.filed["/c.pt"].on_disk == -1 and keeper.take_due() == []
+    close_all(keeper)
+
+
+class FakeFiles:
+    def __init__(self, due: list[tuple[str, int, int, int, str]]) -> None:
+        self.due = due
+        self.ended: list[tuple[str, int, bool]] = []
+        self.waiters: dict[str, int] = {}
+
+    def take_due(self) -> list[tuple[str, int, int, int, str]]:
+        due, self.due = self.due, []
+        return due
+
+    def writing(self, name: str, waiter: int) -> None:
+        self.waiters[name] = waiter
+
+    def wrote(self, name: str, step: int, ok: bool) -> None:
+        self.ended.append((name, step, ok))
+
+
+def run_behind(monkeypatch: pytest.MonkeyPatch, child: str, timeout_s: float = 60.0) -> list[dict[str, Any]]:
+    """``Behind`` as the keeper's loop drives it, with ``child`` as the persister's program."""
+    monkeypatch.setattr(filing, "CHILD", child)
+    said: list[dict[str, Any]] = []
+    fd = os.open("/dev/null", os.O_RDONLY)
+    files = FakeFiles([("/c.pt", fd, 10, 7, "")])
+    behind = filing.Behind(files, lambda **msg: said.append(msg))
+    behind.start()
+    deadline = time.monotonic() + timeout_s
+    while behind.children and time.monotonic() < deadline:
+        ready, _, _ = select.select(behind.fds(), [], [], behind.timeout())
+        behind.read(ready)
+        behind.poll()
+    assert not behind.children and len(files.ended) == 1
+    return said
+
+
+def test_a_childs_end_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    said = run_behind(monkeypatch, "pass")
+    assert [m["ev"] for m in said] == ["persisting", "persisted"] and said[1]["step"] == 7
+    said = run_behind(
+        monkeypatch, "import sys; print('noise\\nOSError: No space left', file=sys.stderr); sys.exit(1)"
+    )
+    assert said[-1]["ev"] == "persist_failed" and said[-1]["reason"] == "OSError: No space left"
+
+
+def test_a_child_over_the_bound_is_killed_and_said(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(filing, "WRITE_TIMEOUT_S", 0.3)
+    said = run_behind(monkeypatch, "import time; time.sleep(60)", timeout_s=20)
+    assert said[-1]["ev"] == "persist_failed" and "timed out" in said[-1]["reason"]
+
+
+def test_the_keepers_reports_are_untrusted() -> None:
+    assert parse_report(b'{"ev": "persisted", "step": 8, "took_s": 1.5}') == {
+        "ev": "persisted",
+        "step": 8,
+        "took_s": 1.5,
+    }
+    failed = parse_report(b'{"ev": "persist_failed", "step": 8, "reason": "' + b"r" * 900 + b'", "x": 1}')
+    assert failed["reason"] == "r" * 300 and "x" not in failed
+    assert "took_s" not in parse_report(b'{"ev": "persisting", "step": 1, "took_s": true}')
+    for bad in (
+        b'{"ev": "persisted", "step": -1}',
+        b'{"ev": "persisted", "step": "8"}',
+        b'{"ev": "exec", "step": 1}',
+        b"[]",
+        b"[" * 5000,
+        b"x" * 2000,
+    ):
+        with pytest.raises(ValueError):
+            parse_report(bad)
