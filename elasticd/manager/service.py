@@ -46,12 +46,13 @@ from elasticd.jobs.logscope import check_scope, round_view
 from elasticd.jobs.queue import QueuePlace
 from elasticd.jobs.quota import NO_QUOTAS, Limits, Quotas
 from elasticd.jobs.rate import SubmitWindow
-from elasticd.jobs.view import job_view
+from elasticd.jobs.view import job_state, job_view, last_head
 from elasticd.manager.access import ROOT_ONLY, ROOT_UID, Access, Admins, Caller, authorize, may_read_job
 from elasticd.manager.etcdspace import SpaceWatch
 from elasticd.manager.jobs import JobManager
 from elasticd.manager.statusviews import StatusViews
 from elasticd.node.registry import NodeRecord, NodeRegistry
+from elasticd.rendezvous import rosterread
 from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.head import parse_head
 from elasticd.terms.ids import valid_gpu_uuid, valid_job_id
@@ -234,13 +235,23 @@ class CommandService:
             raise refusal
 
     async def snapshot(self, job_id: str) -> JobSnapshot:
-        """The job as of now; one with unreadable records is still a job (it shows as FAILED)."""
+        """The job as of now, its rounds' heads but not their members (``with_members``); one
+        with unreadable records is still a job (it shows as FAILED)."""
         if not valid_job_id(job_id):
             raise JobNotFound(f"no job {job_id[:80]!r}")
-        snap = await self._manager.store_of(job_id).snapshot()
+        snap = await self._manager.store_of(job_id).snapshot(rosters=False)
         if not snap.found:
             raise JobNotFound(f"no job {job_id!r}")
         return snap
+
+    async def with_members(self, snap: JobSnapshot) -> JobSnapshot:
+        """``snap`` (a copy) with the members of the round its view shows, read in pages
+        (``rosterread``): what only a view of one job shows."""
+        head = last_head(snap, job_state(snap))
+        if head is None or head.round in snap.results:
+            return snap
+        got = await asyncio.to_thread(rosterread.read_round, self._kv, self._keys, snap.job_id, head)
+        return rosterread.with_round(snap, head, got)
 
     async def view(self, job_id: str, queue: bool = True, held: bool = True) -> dict[str, Any]:
         """The job as ``status`` shows it: from the recent read of every job while it is valid
@@ -252,8 +263,8 @@ class CommandService:
             snap = (recent or {}).get(job_id)
             if snap is None:
                 snap = await self.snapshot(job_id)
-                self._manager.amend_snapshot(snap)
-            view = job_view(snap, self.facts.node_id)
+                self._manager.amend_snapshot(snap)  # (heads only, as the read of every job)
+            view = job_view(await self.with_members(snap), self.facts.node_id)
             if queue and view["state"] == JobState.PENDING:
                 place = self._manager.board.queue(await self._manager.recent_snapshots()).place(job_id)
                 view.update(_queue(place))
@@ -309,7 +320,7 @@ class CommandService:
             if not any(s.pids for s in snap.node_status.values()):
                 break
             await asyncio.sleep(0.1)
-        return job_view(await self.snapshot(job_id), self.facts.node_id)
+        return job_view(await self.with_members(await self.snapshot(job_id)), self.facts.node_id)
 
     async def logs(self, args: LogsArgs) -> LogsRead:
         """A job's output on this node from ``args.cursor``; a rank or attempt the job does not
@@ -317,7 +328,7 @@ class CommandService:
         snap: JobSnapshot | None = None
         try:
             snap = await self.snapshot(args.job)
-            view = job_view(snap, self.facts.node_id)
+            view = job_view(await self.with_members(snap), self.facts.node_id)
         except EtcdUnavailable:
             if (own := self._own_view(args.job)) is None:
                 raise
@@ -390,15 +401,11 @@ class CommandService:
             raise NodeNotFound(f"no live node {node!r}")
         affected = []
         too_small = []
-        for jid, snap in snaps.items():
-            if snap.head is None or snap.final is not None or (job_id is not None and jid != job_id):
-                continue
-            members = snap.result.nodes if snap.result is not None else ()
-            if node not in members:
-                continue
+        for jid, snap in await self._member_of(snaps, node, job_id):
+            assert snap.head is not None and snap.closed is not None
             affected.append(jid)
-            if len(members) - 1 < snap.head.nnodes.min:
-                too_small.append(f"{jid} (needs {snap.head.nnodes.min} nodes, has {len(members)})")
+            if (size := snap.closed.size) - 1 < snap.head.nnodes.min:
+                too_small.append(f"{jid} (needs {snap.head.nnodes.min} nodes, has {size})")
         if too_small and not force:
             raise Conflict(
                 f"draining {node} would take job(s) below their minimum: {', '.join(too_small)}; "
@@ -409,6 +416,21 @@ class CommandService:
         await asyncio.to_thread(self._kv.put_json, key, record)
         publish(NodeDrained(node, job_id, grace_s, user, tuple(affected), bool(too_small)))
         return {"node": node, "job": job_id, "jobs": affected, "forced": bool(too_small)}
+
+    async def _member_of(
+        self, snaps: dict[str, JobSnapshot], node: str, job_id: str | None
+    ) -> list[tuple[str, JobSnapshot]]:
+        """The running jobs (``job_id`` alone, if given) whose current round has ``node`` as a
+        member: one key each (its assignment), in one request, not every member of every job."""
+        asks = [
+            (jid, snap)
+            for jid, snap in snaps.items()
+            if snap.head is not None and snap.final is None and snap.closed is not None
+            and (job_id is None or jid == job_id) and snap.head.allows(node)
+        ]  # fmt: skip
+        heads = [(jid, snap.closed, node) for jid, snap in asks if snap.closed is not None]
+        found = await asyncio.to_thread(rosterread.membership, self._kv, self._keys, heads)
+        return [ask for ask, member in zip(asks, found, strict=True) if member]
 
     async def undrain(self, node: str, job_id: str | None) -> dict[str, Any]:
         """Undo a drain; an unknown node or job, or one that is not drained, is an error."""
