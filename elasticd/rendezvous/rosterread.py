@@ -107,7 +107,7 @@ class Members:
     one is, each remembered while its round is its job's current one (a closed round's members
     never change). So a running job costs a request or two per round, not its members per sweep."""
 
-    BATCH = 8  # nodes asked in one request: the first node asked is a member, almost always
+    MAX_BATCH = 64  # nodes asked in one request; the first is 1 (almost always a member), then twice as many
 
     def __init__(self, kv: KV, keys: Keys) -> None:
         self._kv = kv
@@ -123,9 +123,9 @@ class Members:
         known = self._known.setdefault((snap.job_id, head.round, head.epoch), {})
         if hit := next((n for n in nodes if known.get(n)), None):
             return hit
-        ask = [n for n in nodes if n not in known]
-        for i in range(0, len(ask), self.BATCH):
-            chunk = ask[i : i + self.BATCH]
+        ask, batch = [n for n in nodes if n not in known], 1
+        while ask:
+            chunk, ask, batch = ask[:batch], ask[batch:], min(2 * batch, self.MAX_BATCH)
             asks = [(snap.job_id, head, n) for n in chunk]
             found = await asyncio.to_thread(membership, self._kv, self._keys, asks)
             known.update(zip(chunk, found, strict=True))
