@@ -49,7 +49,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
@@ -65,7 +65,7 @@ from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.client import EtcdClient
 from elasticd.etcd.embedded import EmbeddedEtcd
 from elasticd.etcd.keys import KeyKind, Keys
-from elasticd.etcd.types import Query
+from elasticd.etcd.types import Found, Query
 from elasticd.manager.jobsread import JobsRead
 from elasticd.manager.wakes import QUIET_KINDS
 from elasticd.netaddr import free_port
@@ -189,8 +189,9 @@ class ScanProbe:
     scan's read carried too when it covered that range)."""
 
     def __init__(self, endpoint: str, keys: Keys, job_id: str, meter: Meter) -> None:
-        self._client = EtcdClient([endpoint], timeout_s=60)
-        self._keys, self._job, self._meter = keys, job_id, meter
+        self._client = _MeteredClient([endpoint], timeout_s=60)
+        self._client.meter = meter
+        self._keys, self._job = keys, job_id
         self._reader = JobsRead(self._client, keys)
         asyncio.run(self._reader.read())
         self.read_bytes = self.rounds_bytes = 0
@@ -210,13 +211,29 @@ class ScanProbe:
             if time.monotonic() > self._deadline:
                 return
             time.sleep(0.02)
-        tally = Tally()
-        self._meter.running(tally)  # type: ignore[arg-type]
+        tally = self._client.tally = Tally()
         asyncio.run(self._reader.read())
         self.read_bytes, tally.read_bytes = tally.read_bytes, 0
         self._client.read_many([Query(self._keys.job_rounds(self._job), prefix=True)])
         self.rounds_bytes = tally.read_bytes
-        self._meter.running(None)
+        self._client.tally = None
+
+
+class _MeteredClient(EtcdClient):
+    """Counts the response bytes of its reads to ``tally`` (on whichever thread they run: the
+    ``JobsRead`` hands them to a worker thread)."""
+
+    meter: Meter | None = None
+    tally: Tally | None = None
+
+    def read_many(self, queries: Sequence[Query]) -> list[Found]:
+        if self.meter is None or self.tally is None:
+            return super().read_many(queries)
+        self.meter.running(self.tally)  # type: ignore[arg-type]
+        try:
+            return super().read_many(queries)
+        finally:
+            self.meter.running(None)
 
 
 SCAN_METER: list[Meter] = []  # the bench's own process: its ``ScanProbe``'s
