@@ -108,6 +108,7 @@ class CommandService:
         self._events = EventLog(kv, keys)
         self._submits = SubmitWindow()  # submits per user per minute through this node
         self._space = space  # how full etcd is (None: not watched)
+        self._rounds = rosterread.Rounds(kv, keys)  # the members of rounds a view of one job showed
 
     @cached_property
     def status_views(self) -> StatusViews:
@@ -245,13 +246,12 @@ class CommandService:
         return snap
 
     async def with_members(self, snap: JobSnapshot) -> JobSnapshot:
-        """``snap`` (a copy) with the members of the round its view shows, read in pages
-        (``rosterread``): what only a view of one job shows."""
+        """``snap`` (a copy) with the members of the round its view shows, read in pages once
+        (``rosterread.Rounds``): what only a view of one job shows."""
         head = last_head(snap, job_state(snap))
         if head is None or head.round in snap.results:
             return snap
-        got = await asyncio.to_thread(rosterread.read_round, self._kv, self._keys, snap.job_id, head)
-        return rosterread.with_round(snap, head, got)
+        return rosterread.with_round(snap, head, await self._rounds.read(snap.job_id, head))
 
     async def view(self, job_id: str, queue: bool = True, held: bool = True) -> dict[str, Any]:
         """The job as ``status`` shows it: from the recent read of every job while it is valid

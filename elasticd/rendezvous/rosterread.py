@@ -6,7 +6,7 @@ What does need members reads them here, for one job:
 
 - ``read_round``: a round whole (``status <job>``, ``logs``, ``kill``), its assignments read in
   pages of ``PAGE`` keys (each request bounded, however large the round), then assembled against
-  its head (``roster.assemble``);
+  its head (``roster.assemble``); ``Rounds`` keeps the last few read (they never change);
 - ``membership``: whether given nodes are members of a closed round, one key each (their own
   assignments) in one request (``drain``'s check; the janitor's, remembered: ``Members``).
 
@@ -137,3 +137,31 @@ class Members:
         """Forget every round that is not a current, closed one of ``snaps``."""
         keep = {(j, s.closed.round, s.closed.epoch) for j, s in snaps.items() if s.closed is not None}
         self._known = {k: v for k, v in self._known.items() if k in keep}
+
+
+class Rounds:
+    """Closed rounds whole, as ``read_round`` read them, the last ``KEEP`` kept: a closed round's
+    members never change (its head's epoch names it), so ``status <job>`` asked again, and
+    ``logs -f`` (a read of the job every 0.2 s), read a round's pages once."""
+
+    KEEP = 4  # rounds (a round of 12,500 members is ~3 MB held)
+
+    def __init__(self, kv: KV, keys: Keys) -> None:
+        self._kv = kv
+        self._keys = keys
+        self._held: dict[tuple[str, int, int], RoundResult] = {}  # (job, round, epoch) -> round
+        self.reads = 0  # rounds read from etcd: what the tests count
+
+    async def read(self, job_id: str, head: RoundHead) -> Roster:
+        """``read_round`` of ``head``'s round, unless it is held."""
+        key = (job_id, head.round, head.epoch)
+        held = self._held.get(key)
+        if held is not None:
+            return held
+        got = await asyncio.to_thread(read_round, self._kv, self._keys, job_id, head)
+        self.reads += 1
+        if isinstance(got, RoundResult):
+            if len(self._held) >= self.KEEP:
+                del self._held[next(iter(self._held))]  # the oldest kept
+            self._held[key] = got
+        return got

@@ -137,18 +137,22 @@ def test_status_of_the_job_shows_every_member_read_in_pages(tmp_path: Path) -> N
     running_job(kv, 2000)
     service = service_on(kv, tmp_path)
 
-    async def run() -> tuple[dict[str, Any], dict[str, Any], bool]:
+    async def run() -> tuple[dict[str, Any], dict[str, Any], bool, list[tuple[Query, Found]]]:
         await service._manager.scan(clean_up=False)
         kv.forget()
         view = await service.view(JOB)
         (row,) = json.loads(await service.views_json(rows=True))
         held = service._manager.held_snapshots() or {}
-        return view, row, bool(held[JOB].results)
+        asked = list(zip(kv.asked, kv.answers, strict=True))
+        kv.forget()
+        again = await service.view(JOB)  # (``logs -f`` asks every 0.2 s): the round is kept
+        assert again["nodes"] == view["nodes"] and not any(q.key.startswith(ROUNDS) for q in kv.asked)
+        return view, row, bool(held[JOB].results), asked
 
-    view, row, held_members = asyncio.run(run())
+    view, row, held_members, asked = asyncio.run(run())
     assert view["nodes"] == [node(i) for i in range(2000)] and view["size"] == 2000
     assert [m["ranks"] for m in view["members"][:2]] == [[0, 7], [8, 15]]
-    pages = [f for q, f in zip(kv.asked, kv.answers, strict=True) if q.key.startswith(ROUNDS) and q.limit]
+    pages = [f for q, f in asked if q.key.startswith(ROUNDS) and q.limit]
     assert len(pages) == 4 and all(len(f.kvs) <= rosterread.PAGE for f in pages)
     assert "nodes" not in row and not held_members  # the read of every job is left as it was
 
