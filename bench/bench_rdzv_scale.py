@@ -21,7 +21,9 @@ its own record, ``elasticd.rendezvous.roster``); the time from the start signal;
 per participant (median and max); whether that stays O(1) (the max does not grow with N); the
 watch events the participants received (all of them, and joins among them); the bytes each
 participant read (``read_bytes_per_participant``: every unary response body and every watch
-line, counted in its client; median and max, the leader apart) and wrote; etcd's CPU over the
+line, counted in its client; median and max, the leader apart) and wrote; the bytes one more
+daemon's scan of every job (``JobsRead``, ``ScanProbe``) reads once the round closed, and what a
+read of ``rounds/`` (every member's assignment, which that read leaves out) would add; etcd's CPU over the
 run (psutil on its process); and etcd's own rates on this machine (``etcd_rates``: small reads,
 transactions of assignments, bytes per second), which ``bench/rdzv_model.py`` takes to predict
 rounds beyond what one machine can play.
@@ -37,6 +39,7 @@ participant, threads of one process; ``get_state``/``set_state`` calls count as 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import logging
@@ -48,7 +51,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
@@ -64,6 +67,8 @@ from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.client import EtcdClient
 from elasticd.etcd.embedded import EmbeddedEtcd
 from elasticd.etcd.keys import KeyKind, Keys
+from elasticd.etcd.types import Found, Query
+from elasticd.manager.jobsread import JobsRead
 from elasticd.manager.wakes import QUIET_KINDS
 from elasticd.netaddr import free_port
 from elasticd.rendezvous import decider as rdzv
@@ -107,6 +112,11 @@ class Outcome:
     leader_read_bytes: int = 0
     leader_written_bytes: int = 0
     watch_bytes_per_participant: tuple[float, float] = (0.0, 0.0)  # of the bytes read, from watches
+    # A daemon's scan (``JobsRead``) that held the job before the round: its read once the round's
+    # head exists, and what ``rounds/`` (every member's assignment, which the scan no longer
+    # reads) would add to it (``ScanProbe``).
+    scan_read_bytes: int = 0
+    scan_rounds_bytes: int = 0
     load: str = ""  # ``uptime``'s load averages before the run: the machine is shared
 
 
@@ -164,6 +174,71 @@ class Meter:
 
 
 METER: Meter | None = None  # in a participant process only
+
+
+class Tally:
+    """What ``Meter`` adds a node's bytes to, for a reader that is no participant."""
+
+    def __init__(self) -> None:
+        self.read_bytes = self.written_bytes = self.watch_bytes = 0
+
+
+class ScanProbe:
+    """One daemon's scan of every job beside the round, on the real ``JobsRead`` (what the scan
+    and the table of ``status`` read through): it reads the job before the round starts, then once
+    more as soon as the round's head exists (before the participants leave), and counts that read's
+    response bytes; then, apart, the bytes of ``rounds/`` (every member's assignment: what the
+    scan's read carried too when it covered that range)."""
+
+    def __init__(self, endpoint: str, keys: Keys, job_id: str, meter: Meter) -> None:
+        self._client = _MeteredClient([endpoint], timeout_s=60)
+        self._client.meter = meter
+        self._keys, self._job = keys, job_id
+        self._reader = JobsRead(self._client, keys)
+        asyncio.run(self._reader.read())
+        self.read_bytes = self.rounds_bytes = 0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self, timeout_s: float) -> None:
+        self._deadline = time.monotonic() + timeout_s
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._deadline = 0.0
+        self._thread.join(10)
+        self._client.close()
+
+    def _run(self) -> None:
+        while self._client.get(self._keys.result(self._job, 0)) is None:
+            if time.monotonic() > self._deadline:
+                return
+            time.sleep(0.02)
+        tally = self._client.tally = Tally()
+        asyncio.run(self._reader.read())
+        self.read_bytes, tally.read_bytes = tally.read_bytes, 0
+        self._client.read_many([Query(self._keys.job_rounds(self._job), prefix=True)])
+        self.rounds_bytes = tally.read_bytes
+        self._client.tally = None
+
+
+class _MeteredClient(EtcdClient):
+    """Counts the response bytes of its reads to ``tally`` (on whichever thread they run: the
+    ``JobsRead`` hands them to a worker thread)."""
+
+    meter: Meter | None = None
+    tally: Tally | None = None
+
+    def read_many(self, queries: Sequence[Query]) -> list[Found]:
+        if self.meter is None or self.tally is None:
+            return super().read_many(queries)
+        self.meter.running(self.tally)  # type: ignore[arg-type]
+        try:
+            return super().read_many(queries)
+        finally:
+            self.meter.running(None)
+
+
+SCAN_METER: list[Meter] = []  # the bench's own process: its ``ScanProbe``'s
 
 
 class CountingClient(EtcdClient):
@@ -489,13 +564,17 @@ def run_elasticd(endpoint: str, n: int, procs: int, timeout_s: float, watch: str
     setup = EtcdClient([endpoint], timeout_s=30)
     assert run_inline(InlineJobStore(setup, Keys(prefix), job_id).create(spec_for(n, job_id)))
     setup.close()
+    SCAN_METER[:] = SCAN_METER or [Meter()]
+    scan = ScanProbe(endpoint, Keys(prefix), job_id, SCAN_METER[0])
     children = _participants(endpoint, prefix, job_id, n, procs, timeout_s, watch, publish)
+    scan.start(timeout_s)
     t0 = time.time()
     for c in children:
         assert c.stdin is not None
         c.stdin.write("go\n")
         c.stdin.flush()
     reports, errors = _reports(children, t0 + timeout_s + 90)
+    scan.stop()
     errors += [r["error"] for r in reports if r["error"]]
     errors += [
         f"{r['node']} found no assignment of its own" for r in reports if r["done_at"] and not r["holds"]
@@ -513,6 +592,7 @@ def run_elasticd(endpoint: str, n: int, procs: int, timeout_s: float, watch: str
     outcome.watch_bytes_per_participant = _median_max([r["watch_bytes"] for r in members])
     outcome.leader_read_bytes = max((r["read_bytes"] for r in reports if r["leader"]), default=0)
     outcome.leader_written_bytes = max((r["written_bytes"] for r in reports if r["leader"]), default=0)
+    outcome.scan_read_bytes, outcome.scan_rounds_bytes = scan.read_bytes, scan.rounds_bytes
     if len(finished) == n:
         _time_the_round(outcome, reports, t0)
     outcome.note = f"{len(errors)} errors, first: {errors[0]}" if errors else f"+1 watch stream per {watch}"
@@ -796,6 +876,10 @@ def report(outcomes: list[Outcome]) -> None:
                 f" (of which watch {lb[0]:.0f}/{lb[1]:.0f}),"
                 f" written {wb[0]:.0f}/{wb[1]:.0f} (median/max); the leader read {o.leader_read_bytes}"
                 f" and wrote {o.leader_written_bytes}; load before: {o.load}"
+            )
+            print(
+                f"{o.n:>6}  a daemon's scan read {o.scan_read_bytes} bytes once the round closed"
+                f" (jobs/ and parts/ since its last read); rounds/ would add {o.scan_rounds_bytes}"
             )
     for o in outcomes:
         if o.result_event is not None and o.result_read is not None and o.result_read_cpu is not None:

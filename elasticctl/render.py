@@ -84,7 +84,7 @@ def jobs_table(jobs: Sequence[JobRow] | Sequence[JobView], now: float | None = N
                 j.get("id", "?"),
                 j.get("state", "?"),
                 j.get("user", "?"),
-                ",".join(j.get("nodes") or []) or "-",
+                ",".join(j.get("nodes") or []) or str(j.get("size") or "-"),
                 str(j.get("world_size", 0)),
                 f"{j.get('restarts', 0)}/{j.get('max_restarts', 0)}",
                 short_time(j.get("started_at"), now),

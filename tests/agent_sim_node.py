@@ -20,7 +20,7 @@ from typing import Any, assert_never
 
 from elasticd.agent import actions as act
 from elasticd.agent.executor import POLL_S
-from elasticd.agent.record import AgentRecord, AgentState, Local, Observed, View
+from elasticd.agent.record import AgentRecord, AgentState, Local, Observed, View, presence_asked
 from elasticd.agent.step import step
 from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keys import KeyKind, Keys
@@ -207,10 +207,11 @@ class Node:
             self.joins = (round_no, cancel)
             self.woken = True  # to read what came before the watch existed
 
-    def alive(self) -> frozenset[str]:
-        """``JobLease.alive``: the job's nodes whose lease holds their presence."""
+    def alive(self, among: frozenset[str] | None) -> frozenset[str]:
+        """``JobLease.alive``: the job's nodes whose lease holds their presence, of ``among``."""
         job = self.store.job_id
-        return parse_presences(KEYS, job, self.link.get_prefix(KEYS.presences(job)))
+        nodes = parse_presences(KEYS, job, self.link.get_prefix(KEYS.presences(job)))
+        return nodes if among is None else nodes & among
 
     def step(self, now: float, checker: Checker) -> bool:
         """One pass of ``JobAgent._run``'s loop; True when the agent waits (or has left)."""
@@ -272,8 +273,10 @@ class Node:
             case act.ReadGlance(round_no):
                 return run_inline(self.store.glance(round_no, self.name))
             case act.ReadSnapshot(counted, rosters):
-                snap = self.store.snapshot(counted, statuses=False, node=self.name, rosters=rosters)
-                return Observed(run_inline(snap), self.alive())
+                snap = run_inline(
+                    self.store.snapshot(counted, statuses=False, node=self.name, rosters=rosters)
+                )
+                return Observed(snap, self.alive(presence_asked(snap)))
             case act.Exit():
                 raise _Exited
             case act.StopWorkers() | act.StartWorkers() | act.Publish() | act.Probe() | act.WatchJoins():

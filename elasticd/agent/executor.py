@@ -20,7 +20,7 @@ from elasticd import log
 from elasticd.agent import actions as act
 from elasticd.agent import conduct
 from elasticd.agent.joinwatch import JoinWatch
-from elasticd.agent.record import AgentRecord, AgentState, Leave, Local, Observed, View
+from elasticd.agent.record import AgentRecord, AgentState, Leave, Local, Observed, View, presence_asked
 from elasticd.agent.seams import Clock, Launcher, Lease, SystemClock, Workers
 from elasticd.agent.step import step
 from elasticd.errors import EtcdUnavailable
@@ -247,7 +247,7 @@ class JobAgent:
         )
         if snap.invalid and snap.final is None and self._on_invalid is not None:
             self._on_invalid()  # the janitor ends the job: now, not at its next poll
-        return Observed(snap, await self._lease.alive())
+        return Observed(snap, await self._lease.alive(presence_asked(snap)))
 
     async def _follow(self, action: act.WatchPeers | act.WatchJoins) -> None:
         if isinstance(action, act.WatchPeers):

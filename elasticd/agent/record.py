@@ -190,10 +190,25 @@ class Local:
 
 @dataclass(frozen=True)
 class Observed:
-    """A full read: the job's snapshot and the nodes whose lease is alive."""
+    """A full read: the job's snapshot and, of the nodes ``presence_asked(snap)`` names, those
+    whose presence in the job (under their lease) is there."""
 
     snap: JobSnapshot
     alive: frozenset[str] = field(default_factory=frozenset)
+
+
+def presence_asked(snap: JobSnapshot) -> frozenset[str] | None:
+    """The nodes whose liveness ``step`` asks about after reading ``snap`` (None: every node of
+    the job). It asks about the waiting nodes (a scale-up takes only live ones) and the newcomers
+    a round names (its leader waits only for live ones); about the members of a round only from a
+    read of the rosters (the next round's leader: whom to expect; a node outside the round: whom
+    to probe), which is O(N) already. So a member's read in a running round asks about no one,
+    usually, and costs O(1), not a read of every member's presence; a member's loss reaches it
+    through the job's presence watch (``manager/presence.py``)."""
+    if snap.rosters:
+        return None
+    expect = snap.round.expect if snap.round is not None else ()
+    return frozenset(snap.waiting).union(expect)
 
 
 View = Observed | Glance

@@ -73,8 +73,8 @@ class Lease(Protocol):
 
     def lease_valid(self) -> bool: ...
 
-    async def alive(self) -> frozenset[str]:
-        """The nodes whose lease is alive."""
+    async def alive(self, among: frozenset[str] | None = None) -> frozenset[str]:
+        """The nodes of the job whose lease is alive, of ``among`` (None: all of them)."""
         ...
 
 

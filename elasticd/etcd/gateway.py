@@ -122,6 +122,8 @@ def range_request(q: Query) -> dict[str, Any]:
         body |= {"sort_order": "ASCEND", "sort_target": "CREATE", "limit": "1"}
     elif q.first_only:
         body["limit"] = "1"  # count is still the whole range's
+    elif q.limit:
+        body["limit"] = str(q.limit)
     if q.count_only:
         body["count_only"] = True
     if q.min_mod_revision:

@@ -20,9 +20,10 @@ at every admission) is read on demand and watched by none.
 A round's assignments live apart as well, under ``rounds/<job>/<r>/<node>``: one small record
 per member (its ranks, the round's master, its ring neighbours), written by the round's leader
 before the round's head (``jobs/<job>/rdzv/<r>/result``, a few hundred bytes whatever N). A
-member reads the head and its own assignment; ``status`` and the leader read them all. No daemon
-watches ``rounds/`` (it sorts between ``nodes/`` and ``specs/``), so the N records of a round reach
-no watch, and no value grows with the job.
+member reads the head and its own assignment; ``status`` of the job (in pages) and the leader
+read them all; the scan of every job none. No daemon watches ``rounds/`` (it sorts between
+``nodes/`` and ``specs/``), so the N records of a round reach no watch, and no value grows with
+the job.
 
 A job's full spec lives apart too, under ``specs/<job>``: ``jobs/<job>/spec`` holds its small
 head (``elasticd.terms.head``), and only a node about to take part in the job reads the spec. No
@@ -154,7 +155,8 @@ class Keys:
         return f"{self.prefix}/rounds/{job_id}/"
 
     def all_rounds(self) -> str:
-        """Every job's round assignments: unwatched; read by a member (its own) and by ``status``."""
+        """Every job's round assignments: unwatched, and outside the scan's read of every job; a
+        member reads its own, ``status`` of one job those of the round it shows."""
         return f"{self.prefix}/rounds/"
 
     def job_joins(self, job_id: str) -> tuple[str, str]:
@@ -225,7 +227,8 @@ class Keys:
         return f"{self.prefix}/rounds/{job_id}/{round_no}/{node}"
 
     def assignments(self, job_id: str, round_no: int) -> str:
-        """Every assignment of round ``round_no``: what ``status`` and the next round's leader read."""
+        """Every assignment of round ``round_no``: what ``status`` of the job (``rosterread``, in
+        pages) and the next round's leader read."""
         return f"{self.prefix}/rounds/{job_id}/{round_no}/"
 
     def done(self, job_id: str, round_no: int, node: str) -> str:

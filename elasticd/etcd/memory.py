@@ -271,8 +271,8 @@ class MemoryKV:
                                 key=lambda kv: kv.key), len(kvs))  # fmt: skip
         if q.oldest_only:
             return Found(sorted(kvs, key=lambda kv: kv.create_revision)[:1], len(kvs))
-        if q.first_only:
-            return Found(sorted(kvs, key=lambda kv: kv.key)[:1], len(kvs))
+        if q.first_only or q.limit:
+            return Found(sorted(kvs, key=lambda kv: kv.key)[: q.limit or 1], len(kvs))
         return Found(sorted(kvs, key=lambda kv: kv.key), len(kvs))
 
     def _holds(self, c: Compare) -> bool:

@@ -52,6 +52,9 @@ class Query:
     oldest_only: bool = False  # only the key with the lowest create_revision
     first_only: bool = False  # only the first key in key order (no sort on the server: cheap)
     count_only: bool = False  # how many keys, not the keys
+    # At most this many keys, the first in key order (0: no bound); ``Found.count`` still counts
+    # the whole range: a page of a range too large for one response (``rendezvous.rosterread``).
+    limit: int = 0
     # Only the keys modified at or after this revision (0: all). ``Found.count`` still counts every
     # key in the range, as etcd does: so a read can tell that nothing was created, changed or
     # deleted since a revision without reading the range again.

@@ -57,9 +57,9 @@ def check_scope(
     if rank is None or any(r == rank for _, r in here):
         return
     ran = {r for _, r in here}
-    for result in snap.results.values():
-        for m in result.members:
-            ran.update(range(m.rank_offset, m.rank_offset + m.local_world_size))
+    for round_no in {*snap.heads, *snap.results}:  # a round's ranks are 0..world_size-1: its head says
+        closed = snap.head_of(round_no)
+        ran.update(range(closed.world_size if closed is not None else 0))
     if rank in ran:
         return  # on another node: the client says where
     head = snap.head

@@ -13,7 +13,7 @@ from typing import Any, cast
 
 from elasticd.decode import DecodeError, decode
 from elasticd.progress.tracker import RankProgress, stragglers
-from elasticd.rendezvous.model import RoundResult
+from elasticd.rendezvous.model import RoundHead, RoundResult
 from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.head import JobHead
 from elasticd.terms.state import EndReason, FailureKind, JobState, RoundReason, WorkerFailure
@@ -46,9 +46,8 @@ def _reason(snap: JobSnapshot, state: JobState) -> str:
     if snap.invalid:
         return snap.invalid[0].describe()
     head = snap.head
-    if state is JobState.RUNNING:  # with why a node outside waits (cut from the round's members)
-        members = snap.result.nodes if snap.result is not None else ()
-        outside = [note for node, note in sorted(snap.pending.items()) if node not in members]
+    if state is JobState.RUNNING:  # with why a node outside waits (not in the round: not joined)
+        outside = [snap.pending[node] for node in _short(snap)]
         return "; ".join([f"round {snap.current}", *outside])
     need = head.nnodes.min if head else 1
     parts = [snap.round.detail] if snap.round is not None and snap.round.detail else []
@@ -125,19 +124,29 @@ def selected(snap: JobSnapshot, states: Collection[JobState], user: str | None) 
 def started_at(snap: JobSnapshot) -> float | None:
     """When the job's workers first started: round 0's close; once that record is deleted (when
     round 2 closes), its submission time stands in. None for a job no round of which closed."""
-    first = snap.results.get(0)
+    first = snap.head_of(0)
     if first is not None and first.closed_at > 0:
         return first.closed_at
-    if not snap.results and snap.current == 0:
+    if not snap.heads and not snap.results and snap.current == 0:
         return None
     return snap.head.submitted_at if snap.head is not None else None
 
 
-def last_result(snap: JobSnapshot, state: JobState) -> RoundResult | None:
-    """The round a view shows: the current one while the job lives, the last that closed once it ended."""
+def last_head(snap: JobSnapshot, state: JobState) -> RoundHead | None:
+    """The round a view shows: the current one while the job lives, the last that closed once it
+    ended. Its head (size, world, master) is in every read; its members only in a read of them
+    (``last_result``)."""
     if not state.terminal:
-        return snap.result
-    return snap.results[max(snap.results)] if snap.results else None
+        return snap.closed
+    rounds = {*snap.heads, *snap.results}
+    return snap.head_of(max(rounds)) if rounds else None
+
+
+def last_result(snap: JobSnapshot, state: JobState) -> RoundResult | None:
+    """The round a view shows, whole: None when the read did not carry its members (the read of
+    every job carries none: ``manager/jobsread.py``; ``status <job>`` reads them)."""
+    head = last_head(snap, state)
+    return snap.results.get(head.round) if head is not None else None
 
 
 def end_state(snap: JobSnapshot, state: JobState, result: RoundResult, node: str) -> MemberEndState:
@@ -180,7 +189,7 @@ def job_view(snap: JobSnapshot, local_node: str) -> dict[str, Any]:
     return dict(_view(snap, local_node))
 
 
-_ROW_FIELDS = ("id", "state", "user", "nodes", "world_size", "restarts", "max_restarts", "started_at",
+_ROW_FIELDS = ("id", "state", "user", "nodes", "size", "world_size", "restarts", "max_restarts", "started_at",
                "ended_at")  # fmt: skip
 
 
@@ -233,7 +242,7 @@ def _add_head(view: JobView, head: JobHead) -> None:
 def _view(snap: JobSnapshot, local_node: str) -> JobView:
     head = snap.head
     state = job_state(snap)
-    result = last_result(snap, state)
+    shown, result = last_head(snap, state), last_result(snap, state)
     members = _members(snap, state, result) if result is not None else []
     failure = _failure(snap)
     cause = cause_of(snap)
@@ -246,12 +255,13 @@ def _view(snap: JobSnapshot, local_node: str) -> JobView:
         "round": snap.current,
         "attempt": snap.current,
         "restarts": snap.restarts,
-        "world_size": result.world_size if result is not None else 0,
+        "world_size": shown.world_size if shown is not None else 0,
+        "size": shown.size if shown is not None else 0,
         "members": members,
         "nodes": [m["node"] for m in members],
         "waiting_nodes": sorted(snap.waiting),
         "node_states": {n: s.state for n, s in snap.node_status.items()},
-        "master": f"{result.master_addr}:{result.master_port}" if result is not None else "",
+        "master": f"{shown.master_addr}:{shown.master_port}" if shown is not None else "",
         "devices": local.devices if local else "",
         "pids": list(local.pids) if local and not state.terminal else [],
         "started_at": started_at(snap),

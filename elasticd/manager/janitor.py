@@ -42,6 +42,7 @@ from elasticd.happenings.bus import publish
 from elasticd.happenings.records import JobExpired, JobFailed, JobOrphaned
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.model import RoundInfo
+from elasticd.rendezvous.rosterread import Members
 from elasticd.rendezvous.snapshot import JobSnapshot, Seen
 from elasticd.rendezvous.store import JobStore
 from elasticd.terms.ids import valid_job_id
@@ -89,6 +90,7 @@ class Janitor:
         self._node = node_id
         self._store_of = store_of
         self._waits: dict[str, tuple[JobSnapshot, Wait]] = {}  # by job, per snapshot (``_wait_of``)
+        self._members = Members(kv, keys)  # who is a member of a running round, as asked
         self.holding = False
 
     async def elected(self, lease: int) -> bool:
@@ -126,6 +128,7 @@ class Janitor:
 
     async def sweep(self, snaps: dict[str, JobSnapshot]) -> None:
         missing, self._missing = self._missing, {}
+        self._members.retain(snaps)
         for snap in snaps.values():
             if missing and (snap.job_id, snap.current) in missing and not snap.ended:
                 self._missing[(snap.job_id, snap.current)] = missing[(snap.job_id, snap.current)]
@@ -226,20 +229,20 @@ class Janitor:
     async def _orphan(self, snap: JobSnapshot) -> None:
         """A job no live member looks after: restart it (spending a restart) or fail it."""
         assert snap.head is not None and snap.round is not None
-        head, result = snap.head, snap.result
+        head, closed = snap.head, snap.closed
         store = self._store_of(snap.job_id)
-        if result is not None:
+        if closed is not None:
             done = snap.done.get(snap.current, set())
-            if set(result.nodes) <= done:  # everyone finished, and no one was left to say so
+            if snap.all_done():  # everyone finished, and no one was left to say so
                 await store.finalize(JobState.SUCCEEDED, EndReason.SUCCEEDED, "")
                 return
-            joined = {j.node for j in snap.current_joins}
             key = (snap.job_id, snap.current)
-            if any(n in joined for n in result.nodes if n not in done):
+            joined = [j.node for j in snap.current_joins if j.node not in done]
+            if alive := await self._members.first(snap, closed, joined):
                 if self._missing.pop(key, None) is not None:
-                    _log.info("job.member_back", job=snap.job_id, round=snap.current, node=result.nodes[0])
+                    _log.info("job.member_back", job=snap.job_id, round=snap.current, node=alive)
                 return  # a member that has work left is alive: it looks after the job
-            if len(result.nodes) == 1 and self._waiting_for(key, result.nodes[0]):
+            if closed.size == 1 and self._waiting_for(key):
                 return
             why = f"every node of round {snap.current} was lost"
             plan = rdzv.plan_bump(RoundReason.MEMBER_LOST, snap.restarts, head.max_restarts, why)
@@ -253,14 +256,12 @@ class Janitor:
             why = f"only 0 of the {head.nnodes.min} nodes needed joined within {head.join_timeout_s:g}s"
             await store.finalize(JobState.FAILED, EndReason.JOIN_TIMEOUT, why)
 
-    def _waiting_for(self, key: tuple[str, int], node: str) -> bool:
+    def _waiting_for(self, key: tuple[str, int]) -> bool:
         """Whether a round's only member, gone, is still within its grace to come back."""
         now = self._clock()
         if key not in self._missing:
             self._missing[key] = now
-            _log.warning(
-                "job.member_missing", job=key[0], round=key[1], node=node, grace_s=self._solo_grace_s
-            )
+            _log.warning("job.member_missing", job=key[0], round=key[1], grace_s=self._solo_grace_s)
         if now - self._missing[key] < self._solo_grace_s:
             return True
         del self._missing[key]

@@ -23,12 +23,13 @@ from elasticd.jobs.logs import Read, attempt_starts, log_files, read_logs
 from elasticd.jobs.logscope import check_scope, round_view
 from elasticd.jobs.queue import QueuePlace
 from elasticd.jobs.quota import Limits
-from elasticd.jobs.view import job_view
+from elasticd.jobs.view import job_state, job_view, last_head
 from elasticd.manager.etcdspace import SpaceWatch
 from elasticd.manager.facts import NodeFacts
 from elasticd.manager.jobs import JobManager
 from elasticd.manager.statusviews import StatusViews
 from elasticd.node.registry import NodeRegistry
+from elasticd.rendezvous import rosterread
 from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.ids import valid_job_id
 from elasticd.terms.options import EntryKind
@@ -57,12 +58,14 @@ class JobCommands:
         manager: JobManager,
         registry: NodeRegistry,
         events: EventLog,
+        rounds: rosterread.Rounds,
         space: SpaceWatch | None = None,
     ) -> None:
         self.facts = facts
         self._manager = manager
         self._registry = registry
         self._events = events
+        self._rounds = rounds  # the members of rounds a view of one job showed
         self._space = space  # how full etcd is (None: not watched)
 
     @cached_property
@@ -135,13 +138,22 @@ class JobCommands:
             raise refusal
 
     async def snapshot(self, job_id: str) -> JobSnapshot:
-        """The job as of now; one with unreadable records is still a job (it shows as FAILED)."""
+        """The job as of now, its rounds' heads but not their members (``with_members``); one
+        with unreadable records is still a job (it shows as FAILED)."""
         if not valid_job_id(job_id):
             raise JobNotFound(f"no job {job_id[:80]!r}")
-        snap = await self._manager.store_of(job_id).snapshot()
+        snap = await self._manager.store_of(job_id).snapshot(rosters=False)
         if not snap.found:
             raise JobNotFound(f"no job {job_id!r}")
         return snap
+
+    async def with_members(self, snap: JobSnapshot) -> JobSnapshot:
+        """``snap`` (a copy) with the members of the round its view shows, read in pages once
+        (``rosterread.Rounds``): what only a view of one job shows."""
+        head = last_head(snap, job_state(snap))
+        if head is None or head.round in snap.results:
+            return snap
+        return rosterread.with_round(snap, head, await self._rounds.read(snap.job_id, head))
 
     async def view(self, job_id: str, queue: bool = True, held: bool = True) -> dict[str, Any]:
         """The job as ``status`` shows it: from the recent read of every job while it is valid
@@ -153,8 +165,8 @@ class JobCommands:
             snap = (recent or {}).get(job_id)
             if snap is None:
                 snap = await self.snapshot(job_id)
-                self._manager.amend_snapshot(snap)
-            view = job_view(snap, self.facts.node_id)
+                self._manager.amend_snapshot(snap)  # (heads only, as the read of every job)
+            view = job_view(await self.with_members(snap), self.facts.node_id)
             if queue and view["state"] == JobState.PENDING:
                 place = self._manager.board.queue(await self._manager.recent_snapshots()).place(job_id)
                 view.update(_queue(place))
@@ -210,7 +222,7 @@ class JobCommands:
             if not any(s.pids for s in snap.node_status.values()):
                 break
             await asyncio.sleep(0.1)
-        return job_view(await self.snapshot(job_id), self.facts.node_id)
+        return job_view(await self.with_members(await self.snapshot(job_id)), self.facts.node_id)
 
     async def logs(self, args: LogsArgs) -> LogsRead:
         """A job's output on this node from ``args.cursor``; a rank or attempt the job does not
@@ -218,7 +230,7 @@ class JobCommands:
         snap: JobSnapshot | None = None
         try:
             snap = await self.snapshot(args.job)
-            view = job_view(snap, self.facts.node_id)
+            view = job_view(await self.with_members(snap), self.facts.node_id)
         except EtcdUnavailable:
             if (own := self._own_view(args.job)) is None:
                 raise

@@ -1,12 +1,16 @@
 """Reading every job, for the scan and ``status``, at a cost that follows what changed.
 
-One read of ``jobs/``, ``parts/`` and ``rounds/`` at one revision gives every job (``parse_jobs``): with a
-thousand jobs queued that is thousands of keys, and the scan asks for it at every wake and every
-``SCAN_S``, ``status`` at every refresh. So the last read is held, by job, and the next one first
-asks etcd, in one small request, what was created, changed or deleted since: a range read from
-the revision after the newest key held (``Query.min_mod_revision``) returns only the keys changed
-since then, and counts every key of the range, so a deletion shows as a count short of the held
-keys plus the new ones.
+One read of ``jobs/`` and ``parts/`` at one revision gives every job (``parse_jobs``): its head,
+its round, its closed rounds' heads (size, world, master: a few hundred bytes whatever N), its
+joins, statuses and notes, but none of its rounds' assignments (``rounds/``, one per member: the
+scan and the table of ``status`` need sizes, not members, and with them every daemon read every
+member's assignment of every round, O(N) bytes per daemon and round; ``rendezvous/rosterread.py``
+reads one job's members on demand). With a thousand jobs queued that is thousands of keys, and
+the scan asks for it at every wake and every ``SCAN_S``, ``status`` at every refresh. So the last
+read is held, by job, and the next one first asks etcd, in one small request, what was created,
+changed or deleted since: a range read from the revision after the newest key held
+(``Query.min_mod_revision``) returns only the keys changed since then, and counts every key of
+the range, so a deletion shows as a count short of the held keys plus the new ones.
 
 - Nothing changed: the held read is the answer (the very same objects).
 - Keys created or changed, none deleted: they are applied to the held keys and only their jobs
@@ -14,15 +18,14 @@ keys plus the new ones.
 - A deletion: every key is read again (and parsed with the ``RecordCache``, which reuses the
   snapshot of every job whose keys did not change).
 
-Every key under ``jobs/`` is watched, ``parts/`` and ``rounds/`` are not. So when the daemon has
-seen no change since the held read was asked for (``changes``, the count of the news the watch
-brought: the recent read's generation), the probe asks about those two alone, which etcd answers
-with a pass over them only (they follow the jobs that are active: joins, statuses, pending notes,
-the members' assignments), not over every queued job's keys; only when one of them changed is the
-whole probe sent. The held read then stands as it was, consistent as of its revision: ``jobs/``
-had no change the watch reported, ``parts/`` and ``rounds/`` none at all. A job this daemon
-created is read back alone and put in the held read (``adopt``), its creation's news not counted:
-so a submit costs no pass either.
+Every key under ``jobs/`` is watched, ``parts/`` is not. So when the daemon has seen no change
+since the held read was asked for (``changes``, the count of the news the watch brought: the
+recent read's generation), the probe asks about ``parts/`` alone, which etcd answers with a pass
+over it only (it follows the jobs that are active: joins, statuses, pending notes), not over
+every queued job's keys; only when it changed is the whole probe sent. The held read then stands
+as it was, consistent as of its revision: ``jobs/`` had no change the watch reported, ``parts/``
+none at all. A job this daemon created is read back alone and put in the held read (``adopt``),
+its creation's news not counted: so a submit costs no pass either.
 """
 
 from __future__ import annotations
@@ -49,11 +52,10 @@ class _Held:
 
 @dataclass(frozen=True)
 class ReadBack:
-    """One job read alone, its keys under ``jobs/``, ``parts/`` and ``rounds/`` at one revision
-    (``read_back``)."""
+    """One job read alone, its keys under ``jobs/`` and ``parts/`` at one revision (``read_back``)."""
 
     snap: JobSnapshot
-    found: list[Found]  # the three ranges, as ``JobsRead``'s queries of every job order them
+    found: list[Found]  # the two ranges, as ``JobsRead``'s queries of every job order them
 
 
 class JobsRead:
@@ -70,9 +72,8 @@ class JobsRead:
         self._seen: int | None = None  # ``changes()`` when the held read was asked for
         self._queries = (
             Query(keys.jobs(), prefix=True),
-            Query(keys.all_parts(), prefix=True),  # unwatched, as the next
-            Query(keys.all_rounds(), prefix=True),  # the members of every closed round, for ``status``
-        )
+            Query(keys.all_parts(), prefix=True),  # unwatched
+        )  # (not ``rounds/``: the members' assignments, O(N) a round; module doc)
         self.records = RecordCache()
         self._held: _Held | None = None
         self.full_reads = 0  # what the tests and benches count
@@ -117,7 +118,6 @@ class JobsRead:
             [
                 Query(k.job(job_id), prefix=True),
                 Query(k.job_parts(job_id), prefix=True),
-                Query(k.job_rounds(job_id), prefix=True),
             ]
         )
         kvs = [kv for f in found for kv in f.kvs]
@@ -142,8 +142,8 @@ class JobsRead:
         return held.jobs
 
     async def _parts_unchanged(self, held: _Held) -> bool:
-        """No key under ``parts/`` or ``rounds/`` (the unwatched ranges) created, changed or deleted
-        since ``held`` was read."""
+        """No key under ``parts/`` (the unwatched range) created, changed or deleted since ``held``
+        was read."""
         probe = [replace(q, min_mod_revision=held.newest + 1) for q in self._queries[1:]]
         found = await asyncio.to_thread(self._kv.read_many, probe)
         self.parts_probes += 1

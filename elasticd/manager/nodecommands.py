@@ -20,6 +20,8 @@ from elasticd.happenings.records import GpuReturned, NodeDrained, NodeUndrained
 from elasticd.manager.etcdspace import SpaceWatch
 from elasticd.manager.jobs import JobManager
 from elasticd.node.registry import NodeRecord, NodeRegistry
+from elasticd.rendezvous import rosterread
+from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.ids import valid_gpu_uuid
 
 
@@ -57,15 +59,11 @@ class NodeCommands:
             raise NodeNotFound(f"no live node {node!r}")
         affected = []
         too_small = []
-        for jid, snap in snaps.items():
-            if snap.head is None or snap.final is not None or (job_id is not None and jid != job_id):
-                continue
-            members = snap.result.nodes if snap.result is not None else ()
-            if node not in members:
-                continue
+        for jid, snap in await self._member_of(snaps, node, job_id):
+            assert snap.head is not None and snap.closed is not None
             affected.append(jid)
-            if len(members) - 1 < snap.head.nnodes.min:
-                too_small.append(f"{jid} (needs {snap.head.nnodes.min} nodes, has {len(members)})")
+            if (size := snap.closed.size) - 1 < snap.head.nnodes.min:
+                too_small.append(f"{jid} (needs {snap.head.nnodes.min} nodes, has {size})")
         if too_small and not force:
             raise Conflict(
                 f"draining {node} would take job(s) below their minimum: {', '.join(too_small)}; "
@@ -76,6 +74,21 @@ class NodeCommands:
         await asyncio.to_thread(self._kv.put_json, key, record)
         publish(NodeDrained(node, job_id, grace_s, user, tuple(affected), bool(too_small)))
         return {"node": node, "job": job_id, "jobs": affected, "forced": bool(too_small)}
+
+    async def _member_of(
+        self, snaps: dict[str, JobSnapshot], node: str, job_id: str | None
+    ) -> list[tuple[str, JobSnapshot]]:
+        """The running jobs (``job_id`` alone, if given) whose current round has ``node`` as a
+        member: one key each (its assignment), in one request, not every member of every job."""
+        asks = [
+            (jid, snap)
+            for jid, snap in snaps.items()
+            if snap.head is not None and snap.final is None and snap.closed is not None
+            and (job_id is None or jid == job_id) and snap.head.allows(node)
+        ]  # fmt: skip
+        heads = [(jid, snap.closed, node) for jid, snap in asks if snap.closed is not None]
+        found = await asyncio.to_thread(rosterread.membership, self._kv, self._keys, heads)
+        return [ask for ask, member in zip(asks, found, strict=True) if member]
 
     async def undrain(self, node: str, job_id: str | None) -> dict[str, Any]:
         """Undo a drain; an unknown node or job, or one that is not drained, is an error."""

@@ -31,6 +31,7 @@ from elasticd.manager.jobcommands import JobCommands
 from elasticd.manager.jobs import JobManager
 from elasticd.manager.nodecommands import NodeCommands
 from elasticd.node.registry import NodeRegistry
+from elasticd.rendezvous import rosterread
 from elasticd.terms.head import parse_head
 from elasticd.terms.ids import valid_job_id
 
@@ -50,7 +51,7 @@ class CommandService:
         self._keys = keys
         self._events = EventLog(kv, keys)
         self._submits = SubmitWindow()  # submits per user per minute through this node
-        self.jobs = JobCommands(facts, manager, registry, self._events, space)
+        self.jobs = JobCommands(facts, manager, registry, self._events, rosterread.Rounds(kv, keys), space)
         self.nodes = NodeCommands(manager, registry, kv, keys, space)
 
     # -- permissions and limits -------------------------------------------------------------------

@@ -34,7 +34,7 @@ from elasticd.decode import DecodeError, decode, parse_json, report_invalid
 from elasticd.errors import EtcdNoSpace, EtcdUnavailable
 from elasticd.etcd.keys import KeyKind, Keys
 from elasticd.etcd.kv import KV
-from elasticd.etcd.types import KeyValue, Put
+from elasticd.etcd.types import KeyValue, Put, Query
 from elasticd.happenings.bus import publish
 from elasticd.happenings.records import LeaseLost
 from elasticd.node.hooks import LeaseHooks
@@ -56,6 +56,7 @@ class InventoryRecord:
 
 
 MAX_GPU_STATES = 512  # GPUs and MIG parents one record may describe
+PRESENCE_KEYS = 64  # presences read one key each (etcd allows 128 ranges in one request); past it, all
 
 
 @dataclass(frozen=True)
@@ -220,11 +221,20 @@ class NodeRegistry:
         self._stale.add(job_id)
         self._dirty.set()
 
-    async def present(self, job_id: str) -> frozenset[str]:
-        """The nodes in ``job_id`` whose lease is alive: one read of the job's presences, O(nodes in
-        the job) whatever the size of the cluster."""
-        kvs = await asyncio.to_thread(self._etcd.get_prefix, self._keys.presences(job_id))
-        return parse_presences(self._keys, job_id, kvs)
+    async def present(self, job_id: str, among: frozenset[str] | None = None) -> frozenset[str]:
+        """The nodes in ``job_id`` whose lease is alive, of ``among`` (None: all): their presence
+        keys alone (none read for none asked about), or, for all or more than ``PRESENCE_KEYS``,
+        one read of the job's presences, O(nodes in the job) whatever the size of the cluster."""
+        if among is not None and len(among) <= PRESENCE_KEYS:
+            if not among:
+                return frozenset()
+            queries = [Query(self._keys.presence(job_id, n)) for n in sorted(among)]
+            found = await asyncio.to_thread(self._etcd.read_many, queries)
+            kvs = [kv for f in found for kv in f.kvs]
+        else:
+            kvs = await asyncio.to_thread(self._etcd.get_prefix, self._keys.presences(job_id))
+        nodes = parse_presences(self._keys, job_id, kvs)
+        return nodes if among is None else nodes & among
 
     def in_job(self, job_id: str) -> JobLease:
         """The lease as one job's agent sees it (``agent.seams.Lease``)."""
@@ -369,6 +379,6 @@ class JobLease:
     def lease_valid(self) -> bool:
         return self.registry.lease_valid()
 
-    async def alive(self) -> frozenset[str]:
-        """The job's nodes whose lease is alive."""
-        return await self.registry.present(self.job_id)
+    async def alive(self, among: frozenset[str] | None = None) -> frozenset[str]:
+        """The job's nodes whose lease is alive, of ``among`` (None: all)."""
+        return await self.registry.present(self.job_id, among)

@@ -4,8 +4,9 @@
 joins, statuses and pending notes), at one revision, into typed records and never raises: a key
 that does not parse, does not validate or should not exist is recorded in ``invalid``. A closed
 round is its head (``heads``); its members are in ``results`` only when the read covered every
-assignment of the job (``rosters``: ``status``, the scan, a round's leader), and a member's own
-assignment is read alone (``node``, ``me``): O(1) bytes for a member, whatever the job's size.
+assignment of the job (``rosters``: a round's leader) or one round's were read on demand
+(``rosterread``: ``status <job>``); a member's own assignment is read alone (``node``, ``me``):
+O(1) bytes for a member, whatever the job's size. The scan's read of every job carries heads only.
 ``Glance`` is the small read a node waiting in an open round makes instead. Pure: no etcd client
 (``elasticd.rendezvous.store`` does the reading)."""
 
@@ -326,13 +327,13 @@ class RecordCache:
         self.decoded = 0  # records decoded (not found here): what the tests count
 
     def snapshot(self, keys: Keys, job_id: str, kvs: list[KeyValue]) -> JobSnapshot:
-        """``JobSnapshot.parse`` of ``kvs`` (every key of the job, its rosters too), or the same
-        snapshot as last time if none changed."""
+        """``JobSnapshot.parse`` of ``kvs`` (the job's keys under ``jobs/`` and ``parts/``: its
+        rounds' heads, not their members), or the same snapshot as last time if none changed."""
         signature = tuple((kv.key, kv.mod_revision) for kv in kvs)
         held = self._jobs.get(job_id)
         if held is not None and held[0] == signature:
             return held[1]
-        snap = JobSnapshot.parse(keys, job_id, kvs, self, rosters=True)
+        snap = JobSnapshot.parse(keys, job_id, kvs, self)
         if len(self._jobs) < self._limit or job_id in self._jobs:
             self._jobs[job_id] = (signature, snap)
         return snap
@@ -359,7 +360,7 @@ class RecordCache:
 def parse_jobs(
     keys: Keys, kvs: list[KeyValue], cache: RecordCache | None = None
 ) -> tuple[dict[str, JobSnapshot], dict[str, list[str]]]:
-    """Every job in one read of ``jobs/``, ``parts/`` and ``rounds/`` (one revision), by id; and the keys of
+    """Every job in one read of ``jobs/`` and ``parts/`` (one revision), by id; and the keys of
     parts of no job: ``parts/<job>/`` of a job that has no records, put after its removal (a
     status a leaving agent published late). Those make no job; their node's lease lasts as long
     as its daemon, so the janitor deletes them. With ``cache``, records unchanged since the
@@ -370,7 +371,7 @@ def parse_jobs(
         if job is not None:
             by_job.setdefault(job, []).append(kv)
     if cache is None:
-        snaps = [JobSnapshot.parse(keys, job, items, rosters=True) for job, items in by_job.items()]
+        snaps = [JobSnapshot.parse(keys, job, items) for job, items in by_job.items()]
     else:
         snaps = [cache.snapshot(keys, job, items) for job, items in by_job.items()]
         cache.retain({kv.key for kv in kvs}, set(by_job))

@@ -93,8 +93,10 @@ class InvalidRecordView(TypedDict):
 class JobView(TypedDict):
     """One job, as ``submit``, ``status`` and ``kill`` show it (``elasticd.jobs.view.job_view``).
 
-    Once the job has ended, ``world_size``, ``members`` and ``master`` are its last round's, and
-    each member's ``state`` is a ``MemberEndState``.
+    Once the job has ended, ``world_size``, ``size``, ``members`` and ``master`` are its last
+    round's, and each member's ``state`` is a ``MemberEndState``. ``members`` and ``nodes`` are
+    given by ``status`` of one job (and ``kill``, ``logs``): the view of every job has the round's
+    ``size`` alone (its members would cost every daemon O(N) bytes a round: ``manager/jobsread.py``).
 
     When etcd cannot be reached, ``status`` of a job this node takes part in answers with this
     node's own view instead: ``stale`` is true and only ``id``, ``state``, ``reason``, ``round``,
@@ -108,6 +110,7 @@ class JobView(TypedDict):
     attempt: int
     restarts: int
     world_size: int
+    size: int  # nodes in the round (``members`` when read)
     members: list[MemberView]
     nodes: list[str]
     waiting_nodes: list[str]  # nodes that asked to join the running job at its next round
@@ -163,6 +166,7 @@ class JobRow(TypedDict, total=False):
     state: Required[str]
     user: str
     nodes: list[str]
+    size: int
     world_size: int
     restarts: int
     max_restarts: int

@@ -208,6 +208,18 @@ def test_read_many_ranges(kv: KV, base: str) -> None:
     assert [x.key for x in found[7].kvs] == [f"{r}a"] and found[7].count == 3  # first_only: in key order
 
 
+def test_a_range_is_read_in_pages_with_a_limit(kv: KV, base: str) -> None:
+    """``limit``: the first keys in key order, and the whole range counted, so that the next page
+    starts after the last key read."""
+    for key in ("r/d", "r/a", "r/c", "r/b", "r/e"):
+        kv.put_json(f"{base}/{key}", key)
+    r = f"{base}/r/"
+    (first,) = kv.read_many([Query(r, prefix=True, limit=2)])
+    assert [x.key for x in first.kvs] == [f"{r}a", f"{r}b"] and first.count == 5
+    (rest,) = kv.read_many([Query(first.kvs[-1].key + "\0", end=prefix_end(r), limit=2)])
+    assert [x.key for x in rest.kvs] == [f"{r}c", f"{r}d"] and rest.count == 3
+
+
 def test_read_many_reads_one_revision(kv: KV, base: str) -> None:
     """A writer moves two keys together; every read of both sees them equal."""
     a, b = f"{base}/a", f"{base}/b"

@@ -109,8 +109,8 @@ class FakeLease:
     def lease_valid(self) -> bool:
         return True
 
-    async def alive(self) -> frozenset[str]:
-        return frozenset({"n1"})
+    async def alive(self, among: frozenset[str] | None = None) -> frozenset[str]:
+        return frozenset({"n1"}) if among is None else frozenset({"n1"}) & among
 
 
 async def until(what: Callable[[], Any], timeout_s: float = 10.0) -> Any:

@@ -6,16 +6,22 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from elasticd.agent.record import presence_asked
 from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.memory import MemoryKV
+from elasticd.etcd.types import Found, Query
 from elasticd.node.registry import NodeRegistry, parse_presences
+from elasticd.rendezvous.model import RoundInfo, WaitingRecord
+from elasticd.rendezvous.snapshot import JobSnapshot
+from elasticd.terms.state import RoundReason
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -137,3 +143,41 @@ def test_a_bad_presence_key_names_no_node() -> None:
     kv.put_json(KEYS.presences("j") + "bad node!", {})
     kv.put_json(KEYS.presences("j") + "n2/extra", {})
     assert parse_presences(KEYS, "j", kv.get_prefix(KEYS.presences("j"))) == {"n1"}
+
+
+class ReadsKV(MemoryKV):
+    """``MemoryKV`` that keeps the keys its reads returned (``get_prefix`` is a ``read_many``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.got: list[str] = []
+
+    def read_many(self, queries: Sequence[Query]) -> list[Found]:
+        found = super().read_many(queries)
+        self.got += [kv.key for f in found for kv in f.kvs]
+        return found
+
+
+def test_liveness_asked_about_some_nodes_reads_their_presences_alone() -> None:
+    """A member's read asks about the waiting nodes and a round's newcomers (``presence_asked``),
+    not every member of the job: O(1) keys for a job of 500 nodes, and none for none asked."""
+    kv = ReadsKV()
+    lease = kv.grant_lease(30)
+    for i in range(500):
+        kv.put_json(KEYS.presence("j", f"m{i:03d}"), None, lease)
+    r = registry(kv)
+    kv.got.clear()
+    assert asyncio.run(r.present("j", frozenset({"m007", "gone"}))) == {"m007"}
+    assert sorted(kv.got) == [KEYS.presence("j", "m007")]
+    kv.got.clear()
+    assert asyncio.run(r.present("j", frozenset())) == frozenset() and kv.got == []
+    many = frozenset(f"m{i:03d}" for i in range(100))  # past PRESENCE_KEYS: one read of them all
+    assert asyncio.run(r.present("j", many)) == many and len(kv.got) == 500
+
+
+def test_a_members_read_in_a_running_round_asks_about_the_waiting_nodes_and_newcomers_only() -> None:
+    info = RoundInfo(3, RoundReason.SCALE_UP, 1.0, expect=("new1",))
+    snap = JobSnapshot("j", round=info, waiting={"w1": WaitingRecord(2.0)})
+    assert presence_asked(snap) == frozenset({"w1", "new1"})
+    assert presence_asked(JobSnapshot("j")) == frozenset()
+    assert presence_asked(JobSnapshot("j", rosters=True)) is None  # whom to expect or probe: all

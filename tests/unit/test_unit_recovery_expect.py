@@ -27,8 +27,9 @@ class PresentLease:
     def lease_valid(self) -> bool:
         return True
 
-    async def alive(self) -> frozenset[str]:
-        return frozenset(KEYS.parse(kv.key).node for kv in self._kv.get_prefix(KEYS.presences(self._job)))
+    async def alive(self, among: frozenset[str] | None = None) -> frozenset[str]:
+        nodes = frozenset(KEYS.parse(kv.key).node for kv in self._kv.get_prefix(KEYS.presences(self._job)))
+        return nodes if among is None else nodes & among
 
 
 def test_the_next_round_expects_the_present_members_and_this_node() -> None:

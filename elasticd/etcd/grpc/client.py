@@ -150,6 +150,8 @@ class GrpcEtcdClient:
             )  # fmt: skip
         elif q.first_only:
             request.limit = 1
+        elif q.limit:
+            request.limit = q.limit
         request.count_only = q.count_only
         request.min_mod_revision = q.min_mod_revision
         return request

@@ -1,0 +1,167 @@
+"""A closed round's members, read on demand and in pieces, for the few who need them.
+
+The scan and the table of ``status`` read every job's round heads (size, world, master) and no
+assignment (``manager/jobsread.py``): a round of N members would cost every daemon O(N) bytes.
+What does need members reads them here, for one job:
+
+- ``read_round``: a round whole (``status <job>``, ``logs``, ``kill``), its assignments read in
+  pages of ``PAGE`` keys (each request bounded, however large the round), then assembled against
+  its head (``roster.assemble``); ``Rounds`` keeps the last few read (they never change);
+- ``membership``: whether given nodes are members of a closed round, one key each (their own
+  assignments) in one request (``drain``'s check; the janitor's, remembered: ``Members``).
+
+The pages are separate requests, so not of one revision. A closed round's assignments do not
+change: each is written before its head and never after, and they are deleted only after their
+head (``roster``). So every page asks for the head again: if it is still there, with the same
+epoch, at the last page, every assignment of the round was there all along and the read is whole;
+if it went, the round was forgotten meanwhile (a newer one closed) and there is nothing to show.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from elasticd.decode import DecodeError, parse_json
+from elasticd.etcd.keys import Keys
+from elasticd.etcd.kv import KV, prefix_end
+from elasticd.etcd.types import KeyValue, Query
+from elasticd.rendezvous.model import RoundHead, RoundResult
+from elasticd.rendezvous.roster import assemble, bounded, own
+from elasticd.rendezvous.snapshot import InvalidKey, JobSnapshot
+from elasticd.terms.spec import MAX_NODES
+
+PAGE = 500  # assignments per request: ~430 bytes each, ~215 KB a response
+MAX_KEYS = MAX_NODES + 1024  # keys under one round's assignments that a read takes (a bound)
+
+Roster = RoundResult | InvalidKey | None  # the round whole; its bad key; None: it was forgotten
+
+
+def read_round(kv: KV, keys: Keys, job_id: str, head: RoundHead, page: int = PAGE) -> Roster:
+    """``head``'s round whole, read in pages of at most ``page`` assignments (blocking: run it in
+    a thread); an ``InvalidKey`` when an assignment is bad or they do not make the head; None when
+    the round was forgotten while it was read (module doc)."""
+    prefix = keys.assignments(job_id, head.round)
+    where = keys.relative(prefix)
+    start, end = prefix, prefix_end(prefix)
+    read: list[KeyValue] = []
+    while True:
+        found, still = kv.read_many(
+            [Query(start, end=end, limit=page), Query(keys.result(job_id, head.round))]
+        )
+        read += found.kvs
+        if len(read) + found.count - len(found.kvs) > MAX_KEYS:
+            return InvalidKey(where, f"over {MAX_KEYS} keys under a round's assignments")
+        if len(found.kvs) >= found.count or not found.kvs:
+            break
+        start = found.kvs[-1].key + "\0"  # the next key after the last one read
+    if not _same_head(still.kvs, head):
+        return None
+    snap = JobSnapshot.parse(keys, job_id, read)  # each assignment checked against its key
+    if snap.invalid:
+        return snap.invalid[0]
+    try:
+        return assemble(head, snap.assigned.get(head.round, {}).values())
+    except DecodeError as exc:
+        return InvalidKey(where, str(exc)[:300], 0)
+
+
+def _same_head(found: list[KeyValue], head: RoundHead) -> bool:
+    """Whether the head read with the last page is ``head`` still (not deleted, nor another)."""
+    if not found:
+        return False
+    try:
+        return RoundHead.from_json(parse_json(bounded(found[0].value, "a round's head"))).epoch == head.epoch
+    except DecodeError:
+        return False
+
+
+def with_round(snap: JobSnapshot, head: RoundHead, roster: Roster) -> JobSnapshot:
+    """``snap`` with ``head``'s round whole in ``results`` (or its bad key in ``invalid``), as a
+    copy: the snapshot may be the shared read of every job, which is not changed."""
+    if isinstance(roster, RoundResult):
+        return replace(snap, results={**snap.results, head.round: roster})
+    if isinstance(roster, InvalidKey):
+        return replace(snap, invalid=sorted([*snap.invalid, roster], key=lambda k: k.key))
+    return snap
+
+
+def membership(kv: KV, keys: Keys, asks: Sequence[tuple[str, RoundHead, str]]) -> list[bool]:
+    """For each (job, head of a closed round, node): whether the node is a member of that round,
+    from its own assignment of the head's epoch; one key each, in one request (blocking). A bad
+    assignment is no membership here: the member that reads its own fails the job for it."""
+    if not asks:
+        return []
+    found = kv.read_many([Query(keys.assignment(job, head.round, node)) for job, head, node in asks])
+    out = []
+    for (job, head, node), got in zip(asks, found, strict=True):
+        snap = JobSnapshot.parse(keys, job, got.kvs)
+        out.append(own(head, snap.assigned.get(head.round, {}).get(node)) is not None)
+    return out
+
+
+class Members:
+    """Whether nodes are members of the jobs' running rounds, as the janitor asks at every sweep
+    (is a member that has work left still there?): one key per node asked, a few at a time until
+    one is, each remembered while its round is its job's current one (a closed round's members
+    never change). So a running job costs a request or two per round, not its members per sweep."""
+
+    MAX_BATCH = 64  # nodes asked in one request; the first is 1 (almost always a member), then twice as many
+
+    def __init__(self, kv: KV, keys: Keys) -> None:
+        self._kv = kv
+        self._keys = keys
+        self._known: dict[tuple[str, int, int], dict[str, bool]] = {}  # (job, round, epoch) -> node -> member
+
+    async def first(self, snap: JobSnapshot, head: RoundHead, nodes: Sequence[str]) -> str | None:
+        """The first of ``nodes`` that is a member of ``head``'s round (None: none is): from the
+        round whole when ``snap`` holds it, else from their assignments."""
+        if head.round in snap.results:
+            members = set(snap.results[head.round].nodes)
+            return next((n for n in nodes if n in members), None)
+        known = self._known.setdefault((snap.job_id, head.round, head.epoch), {})
+        if hit := next((n for n in nodes if known.get(n)), None):
+            return hit
+        ask, batch = [n for n in nodes if n not in known], 1
+        while ask:
+            chunk, ask, batch = ask[:batch], ask[batch:], min(2 * batch, self.MAX_BATCH)
+            asks = [(snap.job_id, head, n) for n in chunk]
+            found = await asyncio.to_thread(membership, self._kv, self._keys, asks)
+            known.update(zip(chunk, found, strict=True))
+            if hit := next((n for n, member in zip(chunk, found, strict=True) if member), None):
+                return hit
+        return None
+
+    def retain(self, snaps: Mapping[str, JobSnapshot]) -> None:
+        """Forget every round that is not a current, closed one of ``snaps``."""
+        keep = {(j, s.closed.round, s.closed.epoch) for j, s in snaps.items() if s.closed is not None}
+        self._known = {k: v for k, v in self._known.items() if k in keep}
+
+
+class Rounds:
+    """Closed rounds whole, as ``read_round`` read them, the last ``KEEP`` kept: a closed round's
+    members never change (its head's epoch names it), so ``status <job>`` asked again, and
+    ``logs -f`` (a read of the job every 0.2 s), read a round's pages once."""
+
+    KEEP = 4  # rounds (a round of 12,500 members is ~3 MB held)
+
+    def __init__(self, kv: KV, keys: Keys) -> None:
+        self._kv = kv
+        self._keys = keys
+        self._held: dict[tuple[str, int, int], RoundResult] = {}  # (job, round, epoch) -> round
+        self.reads = 0  # rounds read from etcd: what the tests count
+
+    async def read(self, job_id: str, head: RoundHead) -> Roster:
+        """``read_round`` of ``head``'s round, unless it is held."""
+        key = (job_id, head.round, head.epoch)
+        held = self._held.get(key)
+        if held is not None:
+            return held
+        got = await asyncio.to_thread(read_round, self._kv, self._keys, job_id, head)
+        self.reads += 1
+        if isinstance(got, RoundResult):
+            if len(self._held) >= self.KEEP:
+                del self._held[next(iter(self._held))]  # the oldest kept
+            self._held[key] = got
+        return got
