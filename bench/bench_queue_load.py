@@ -11,7 +11,8 @@ naming a node that does not exist (so they stay pending), and measures again:
 - **status** latency: ``status`` of every job as ``elasticctl status`` asks for its table (rows),
   right after a submit, then as ``status --json`` asks (every job's whole view), and
   ``status <job>`` of one job, sequential requests from one client (``elasticctl``'s
-  ``Client``), ``--think-ms`` apart;
+  ``Client``), ``--think-ms`` apart; the first status of each kind after the fill apart (it
+  encodes every job's view once);
 - **submit** latency: sequential submits (as root, which the bench's daemon allows: the
   ``--allow-root-jobs`` of ``Setup``) of a small job that names the absent node too.
 
@@ -84,6 +85,14 @@ def measure_rpc(socket: Path, n: int, think_ms: float, tag: str) -> list[Latency
     from elasticctl.client import Client
 
     client = Client(socket, timeout_s=60.0)
+    # The first status after the fill encodes every job's view and row (kept per job revision
+    # after that): a cost paid once when a thousand jobs appear at once, not by each request, so
+    # it is reported on its own line ("first"), out of the percentiles.
+    first: dict[str, float] = {}
+    for what, args in (("status (table)", {"rows": True}), ("status --json", {})):
+        t0 = time.perf_counter()
+        client.call("status", **args)
+        first[f"{what} first"] = (time.perf_counter() - t0) * 1000
     one = client.call("submit", **_submit_args(0) | {"name": f"{tag}-first"})["id"]
     out: dict[str, list[float]] = {
         "status (table)": [],
@@ -103,7 +112,9 @@ def measure_rpc(socket: Path, n: int, think_ms: float, tag: str) -> list[Latency
             out[what].append((time.perf_counter() - t0) * 1000)
             time.sleep(think_ms / 1000)
     client.close()
-    return [_latency(what, samples) for what, samples in out.items()]
+    return [_latency(what, samples) for what, samples in out.items()] + [
+        _latency(what, [ms]) for what, ms in first.items()
+    ]
 
 
 def fill(endpoint: str, jobs: int, users: int, spec_bytes: int) -> float:
@@ -200,12 +211,12 @@ def report(phases: list[Phase]) -> None:
     for ph in phases:
         print(f"{ph.name:<20} {ph.rss_mb:>7.1f} {ph.reaper_rss_mb:>7.1f} {ph.cpu_pct:>8.3f}%")
     print()
-    print(f"{'phase':<20} {'request':<18} {'n':>4} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}  "
+    print(f"{'phase':<20} {'request':<22} {'n':>4} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}  "
           f"target p99 <= {P99_TARGET_MS:g} ms")  # fmt: skip
     for ph in phases:
         for lat in ph.latencies:
-            ok = "ok" if lat.p99_ms <= P99_TARGET_MS else "OVER"
-            print(f"{ph.name:<20} {lat.what:<18} {lat.n:>4} {lat.p50_ms:>8.2f} {lat.p99_ms:>8.2f}"
+            ok = "(once)" if lat.n == 1 else "ok" if lat.p99_ms <= P99_TARGET_MS else "OVER"
+            print(f"{ph.name:<20} {lat.what:<22} {lat.n:>4} {lat.p50_ms:>8.2f} {lat.p99_ms:>8.2f}"
                   f" {lat.max_ms:>8.2f}  {ok}")  # fmt: skip
 
 

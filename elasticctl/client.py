@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -81,7 +82,7 @@ class Client:
                     f"cannot reach elasticd: no answer within {timeout_s or self.timeout_s:.0f}s; "
                     f"{_hint(self.path)}"
                 )
-            reply = json.loads(sock.recv())
+            reply = decode(sock.recv())
             if reply.get("id") != rid:
                 continue  # a late reply to an earlier request: not ours
             if reply.get("ok"):
@@ -95,6 +96,21 @@ class Client:
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None
+
+
+def decode(raw: bytes) -> Any:
+    """A reply, decoded with the cycle collector paused. JSON makes no reference cycles, but the
+    reply of every job (about 1 MB, tens of thousands of containers) made the collector run a
+    dozen times mid-decode, full passes over the whole heap among them: 20-28 ms of a 45 ms
+    ``status --json`` with a thousand jobs. Paused, the new containers meet one young collection
+    after the decode instead."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        return json.loads(raw)
+    finally:
+        if was:
+            gc.enable()
 
 
 def local_gpus(client: Client) -> int:
