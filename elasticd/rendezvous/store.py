@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from typing import Any, Protocol, TypeVar, cast
 
 from elasticd.decode import DecodeError, parse_json
@@ -32,7 +33,7 @@ from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV, prefix_end
 from elasticd.etcd.types import Compare, Put, Query
-from elasticd.rendezvous import roster
+from elasticd.rendezvous import roster, rosterread
 from elasticd.rendezvous.model import FinalRecord, Join, RoundInfo, RoundResult
 from elasticd.rendezvous.snapshot import Glance, InvalidKey, JobSnapshot, Seen
 from elasticd.terms.head import JobHead, body_bytes, check_body
@@ -137,9 +138,7 @@ class KVJobStore:
         if counted is not None:  # all but round r's joins, which are counted
             ranges = [(start, counted), (prefix_end(counted), end)]
         queries = [Query(k.job(j), prefix=True), *(Query(a, end=b) for a, b in ranges)]
-        if rosters:
-            queries.append(Query(k.job_rounds(j), prefix=True))
-        elif node and hint is not None:
+        if not rosters and node and hint is not None:
             queries.append(Query(k.assignment(j, hint, node)))
         read = len(queries)
         if counted is not None:
@@ -147,10 +146,19 @@ class KVJobStore:
         found = self._kv.read_many(queries)
         kvs = [kv for f in found[:read] for kv in f.kvs]
         mine = node if not rosters and hint is not None else ""
-        snap = JobSnapshot.parse(k, j, kvs, rosters=rosters, node=mine)
+        snap = JobSnapshot.parse(k, j, kvs, node=mine)
         if counted_of is not None:
             snap.join_counts[counted_of] = found[-1].count
-        return snap
+        return self._with_rosters(snap) if rosters else snap
+
+    def _with_rosters(self, snap: JobSnapshot) -> JobSnapshot:
+        """``snap`` with each closed round it names read whole, in pages (``rosterread``): what a
+        round's leader and a node outside the round need, with no response that grows with the
+        round. A round forgotten while it was read (a newer one closed) is left out."""
+        for head in list(snap.heads.values()):
+            roster = rosterread.read_round(self._kv, self._keys, self.job_id, head)
+            snap = rosterread.with_round(snap, head, roster)
+        return replace(snap, rosters=True)
 
     async def glance(self, round_no: int, node: str) -> Glance:
         k, j = self._keys, self.job_id

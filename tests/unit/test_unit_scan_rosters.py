@@ -232,3 +232,16 @@ def test_a_missing_or_bad_assignment_is_named() -> None:
     kv.put_json(KEYS.assignment(JOB, 0, node(3)), {"round": 0})
     bad = rosterread.read_round(kv, KEYS, JOB, head, page=5)
     assert isinstance(bad, InvalidKey) and bad.key == KEYS.relative(KEYS.assignment(JOB, 0, node(3)))
+
+
+def test_a_leaders_read_of_the_rosters_comes_in_pages() -> None:
+    """The read a round's leader (or a node outside the round) makes of the rosters holds every
+    member of the closed round, but no answer carries more than a page of assignments."""
+    kv = ReadsKV()
+    store = running_job(kv, 2000)
+    kv.forget()
+    snap = run_inline(store.snapshot(rosters=True))
+    assert snap.rosters and snap.result is not None and len(snap.result.members) == 2000
+    assert [m.node for m in snap.result.members] == sorted(node(i) for i in range(2000))
+    pages = [sum(kv.key.startswith(ROUNDS) for kv in f.kvs) for f in kv.answers]
+    assert max(pages) <= rosterread.PAGE and sum(pages) == 2000, pages
