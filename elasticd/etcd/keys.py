@@ -20,8 +20,8 @@ at every admission) is read on demand and watched by none.
 A round's assignments live apart as well, under ``rounds/<job>/<r>/<node>``: one small record
 per member (its ranks, the round's master, its ring neighbours), written by the round's leader
 before the round's head (``jobs/<job>/rdzv/<r>/result``, a few hundred bytes whatever N). A
-member reads the head and its own assignment; ``status`` of the job (in pages) and the leader
-read them all; the scan of every job none. No daemon watches ``rounds/`` (it sorts between
+member reads the head and its own assignment; ``status`` of the job and the leader read them
+all, in pages; the scan of every job none. No daemon watches ``rounds/`` (it sorts between
 ``nodes/`` and ``specs/``), so the N records of a round reach no watch, and no value grows with
 the job.
 
@@ -227,8 +227,8 @@ class Keys:
         return f"{self.prefix}/rounds/{job_id}/{round_no}/{node}"
 
     def assignments(self, job_id: str, round_no: int) -> str:
-        """Every assignment of round ``round_no``: what ``status`` of the job (``rosterread``, in
-        pages) and the next round's leader read."""
+        """Every assignment of round ``round_no``: what ``status`` of the job and the next round's
+        leader read, in pages (``rosterread``)."""
         return f"{self.prefix}/rounds/{job_id}/{round_no}/"
 
     def done(self, job_id: str, round_no: int, node: str) -> str:

@@ -12,9 +12,9 @@ The leader writes the assignments in transactions of at most ``MAX_TXN_PUTS`` pu
 each guarded by the head not existing yet and its own join being the one it led with, then the
 head alone, last: a node acts on a round only once it reads its head, and by then every
 assignment of the round is in place. Both records are under ``RECORD_BOUND`` bytes whatever N.
-A member reads the head and its own assignment; ``status`` of the job (``rosterread``, in pages)
-and the next round's leader read every assignment and ``assemble`` the whole round, checking it
-against the head; the scan of every job reads heads alone.
+A member reads the head and its own assignment; ``status`` of the job and the next round's
+leader read every assignment, in pages (``rosterread``), and ``assemble`` the whole round,
+checking it against the head; the scan of every job reads heads alone.
 """
 
 from __future__ import annotations
