@@ -113,8 +113,8 @@ class Outcome:
     leader_written_bytes: int = 0
     watch_bytes_per_participant: tuple[float, float] = (0.0, 0.0)  # of the bytes read, from watches
     # A daemon's scan (``JobsRead``) that held the job before the round: its read once the round's
-    # head exists, and what ``rounds/`` (every member's assignment, which the scan no longer
-    # reads) would add to it (``ScanProbe``).
+    # head exists, and what ``rounds/`` (every member's assignment, which the scan leaves to
+    # the few that need it) would add to it (``ScanProbe``).
     scan_read_bytes: int = 0
     scan_rounds_bytes: int = 0
     load: str = ""  # ``uptime``'s load averages before the run: the machine is shared

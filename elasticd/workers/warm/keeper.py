@@ -25,8 +25,10 @@ import socket
 import subprocess
 from dataclasses import dataclass, field
 from importlib import resources
+from typing import Any
 
 from elasticd import log
+from elasticd.decode import parse_json
 from elasticd.workers.group import before_drop
 from elasticd.workers.proctree.markers import JOB_ENV
 from elasticd.workers.proctree.reaper import Reaper
@@ -74,16 +76,20 @@ def program_source() -> bytes:
     return b"\0".join(files.joinpath(name).read_bytes() for name in PARTS)
 
 
-def parse_ready(data: bytes, pid: int) -> str:
-    """The socket path of the keeper's ``ready`` message; raises ``ValueError`` for anything else."""
-    if len(data) > MAX_READY:
-        raise ValueError("message too long")
-    try:
-        msg = json.loads(data)
-    except RecursionError:
-        raise ValueError("nested too deeply") from None
+def _small_object(data: bytes, bound: int) -> dict[str, Any]:
+    """A keeper's message: a JSON object of at most ``bound`` bytes, checked before it is
+    decoded; ``ValueError`` (``DecodeError`` for bad JSON) for anything else."""
+    if len(data) > bound:
+        raise ValueError(f"message over {bound} bytes")
+    msg = parse_json(data)
     if not isinstance(msg, dict):
         raise ValueError("not an object")
+    return msg
+
+
+def parse_ready(data: bytes, pid: int) -> str:
+    """The socket path of the keeper's ``ready`` message; raises ``ValueError`` for anything else."""
+    msg = _small_object(data, MAX_READY)
     if msg.get("ev") == "unavailable":
         raise ValueError(f"unavailable: {str(msg.get('reason'))[:200]}")
     path = msg.get("socket")
@@ -96,13 +102,8 @@ def parse_ready(data: bytes, pid: int) -> str:
 
 def parse_report(data: bytes) -> dict[str, object]:
     """A keeper's report of its writes behind, as fields to log; raises ``ValueError``."""
-    if len(data) > MAX_REPORT:
-        raise ValueError("report too long")
-    try:
-        msg = json.loads(data)
-    except RecursionError:
-        raise ValueError("nested too deeply") from None
-    if not isinstance(msg, dict) or msg.get("ev") not in REPORTS:
+    msg = _small_object(data, MAX_REPORT)
+    if msg.get("ev") not in REPORTS:
         raise ValueError("not a report")
     step = msg.get("step")
     if type(step) is not int or not 0 <= step < 1 << 63:
