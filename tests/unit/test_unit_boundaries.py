@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -13,6 +15,7 @@ import pytest
 import zmq
 
 from elasticd.control import address
+from tests import importgraph
 
 
 def test_daemon_and_cli_do_not_import_torch() -> None:
@@ -133,15 +136,19 @@ PURE = (
     "elasticd.jobs.board",
     "elasticd.jobs.rate",
     "elasticd.jobs.logscope",
+    "elasticd.integrations.rules",
     # records, models and views
     "elasticd.agent.record",
     "elasticd.agent.actions",
     "elasticd.rendezvous.model",
     "elasticd.rendezvous.snapshot",
+    "elasticd.rendezvous.roster",
+    "elasticd.happenings.records",
     "elasticd.events.model",
     "elasticd.events.schema",
     "elasticd.etcd.types",
     "elasticd.jobs.view",
+    "elasticd.manager.statusviews",
     "elasticd.progress.tracker",
     "elasticd.progress.timeouts",
     "elasticd.progress.protocol",
@@ -166,18 +173,26 @@ PURE = (
     "elasticd.workers.warm.wire",
     "elasticd.workers.proctree.markers",
     "elasticd.workers.zygote_program.shared",
+    "elasticd.workers.snapshot_program.protocol",
     # building a worker's world
     "elasticd.jobs.env",
     "elasticd.jobs.ranktext",
     "elasticctl.life",
     "elasticctl.render",
+    "elasticctl.views.status",
+    "elasticctl.views.events",
+    "elasticctl.torchrun",
 )
 # The seams' protocols and their in-memory fakes: no I/O of their own, but run on the event loop.
 SEAMS = ("elasticd.etcd.kv", "elasticd.etcd.memory", "elasticd.rendezvous.store")
 IO = (
     "elasticd.etcd.client",
-    "http.client",
+    "elasticd.etcd.grpc.client",
+    "elasticd.etcd.transport",
+    "grpc",
+    "http",
     "urllib.request",
+    "asyncio",
     "socket",
     "subprocess",
     "zmq",
@@ -191,6 +206,30 @@ def loads(module: str, names: tuple[str, ...]) -> str:
     code = f"import sys, {module}; print(sorted(m for m in {names!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     return out.stdout.strip()
+
+
+# A module named for a decision, a model or a codec is pure, as is one whose docstring says so
+# ("Pure: ...", "... Pure."): each must be in ``PURE``, so that a new one cannot be left out.
+PURE_NAME = re.compile(
+    r"^(decider|model|views?|env|allocator|records|roster|rules|protocol|types|schema|tracker|timeouts"
+    r"|placement|health|topology|binding|wire|ids|spec|head)$|_decider$"
+)
+SAYS_PURE = re.compile(r"(^|[.:;]\s+)Pure\b")
+
+
+def test_every_module_named_or_documented_as_pure_is_checked() -> None:
+    found = {**importgraph.modules("elasticd"), **importgraph.modules("elasticctl")}
+    named = {
+        name
+        for name, path in found.items()
+        if path.name != "__init__.py"
+        and (
+            PURE_NAME.search(name.rpartition(".")[2])
+            or SAYS_PURE.search(ast.get_docstring(ast.parse(path.read_text())) or "")
+        )
+    }
+    assert {"elasticd.jobs.decider", "elasticd.rendezvous.roster", "elasticd.agent.blame"} <= named
+    assert sorted(named - set(PURE)) == []
 
 
 @pytest.mark.parametrize("module", PURE)
