@@ -123,3 +123,14 @@ def test_the_bottom_imports_nothing_above_it() -> None:
             assert {unit(t) for t in targets} - {"terms"} <= below, name
     init = ast.parse((REPO / "elasticd" / "terms" / "__init__.py").read_text())
     assert not [n for n in ast.walk(init) if isinstance(n, ast.Import | ast.ImportFrom)]
+
+
+def test_no_prefix_stands_in_for_a_package() -> None:
+    """Modules that share a name's prefix (``zygote_boot``, ``zygote_child``) belong in a package
+    of that name: in one folder, no two modules start with the same ``<prefix>_``."""
+    for root in ROOTS:
+        for folder in [REPO / root, *(p.parent for p in (REPO / root).rglob("*/__init__.py"))]:
+            stems = [p.stem for p in folder.glob("*.py") if not p.stem.startswith("_")]
+            prefixes = [s.split("_")[0] for s in stems if "_" in s]
+            shared = {p for p in prefixes if prefixes.count(p) > 1}
+            assert not shared, f"{folder.relative_to(REPO)}: {sorted(shared)}_*.py"

@@ -1,7 +1,7 @@
 """The keeper's protocol and a snapshot's frame, written once (standard library only).
 
-The keeper runs this file first, in the namespace of its program (``workers.snapshots.PARTS``), as
-the zygote runs ``zygote_program.shared``; the workers import it.
+The keeper runs this file first, in the namespace of its program (``workers.warm.keeper.PARTS``),
+as the zygote runs ``zygote_program.shared``; the workers import it.
 
 Requests and replies are single JSON objects on a ``SOCK_SEQPACKET`` UNIX socket; a segment's fd
 rides along with ``SCM_RIGHTS``. Every request is parsed here, bounded, and refused with a reason.
