@@ -183,7 +183,7 @@ def _node(h: NodeEvent) -> Said:
         case r.LeaseLost():
             return Said(EventKind.LEASE_LOST, f"node lease lost: {h.why}", {"why": h.why}, node=h.node)
         case r.GpuUnhealthy():
-            fields = {"uuid": h.uuid, "fault": h.fault, "reason": h.reason}
+            fields = {"uuid": h.uuid, "fault": h.fault.value, "reason": h.reason}
             return Said(EventKind.GPU_UNHEALTHY, f"GPU {h.uuid} unhealthy: {h.reason}", fields, h.job, h.node)
         case r.GpuReturned():
             fields = {"uuid": h.uuid, "by": h.by}

@@ -9,10 +9,10 @@ for the same error, and a new one takes it out at once.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 
 from elasticd.gpu.nvml import ERROR_GPU_IS_LOST, ERROR_RESET_REQUIRED, RECOVERY_ACTIONS
 from elasticd.gpu.read import Counters
+from elasticd.terms.state import Fault
 
 # Xids an application causes (an illegal address, a kernel exception, a reset channel, a
 # timeout it asked for, a bad graphics context...): they say nothing about the GPU, as in the
@@ -22,18 +22,6 @@ from elasticd.gpu.read import Counters
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 # NVLink replay, recovery and CRC errors a GPU may gather (a retrained link) before it is out.
 NVLINK_ERRORS_MAX = 100
-
-
-class Fault(StrEnum):
-    """What kind of reading took a GPU out: a bounded label for the metric and the event."""
-
-    XID = "xid"
-    ECC = "ecc"
-    ROW_REMAP = "row_remap"
-    PAGE_RETIREMENT = "page_retirement"
-    RECOVERY_ACTION = "recovery_action"
-    NVLINK = "nvlink"
-    LOST = "lost"
 
 
 @dataclass(frozen=True)

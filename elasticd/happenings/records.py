@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 from enum import Enum
 from typing import Any, ClassVar, Literal
 
-from elasticd.terms.state import EndReason, FailureKind, RoundReason
+from elasticd.terms.state import EndReason, FailureKind, Fault, RoundReason
 
 Level = Literal["info", "warning", "error"]
 
@@ -20,7 +20,7 @@ Level = Literal["info", "warning", "error"]
 @dataclass(frozen=True)
 class Record:
     """Base of every record: the log line is its fields in declaration order, enums as their
-    values and tuples as lists (the line a ``log.info(EVENT, **fields)`` call used to write)."""
+    values and tuples as lists (what ``log.info(EVENT, **fields)`` would write)."""
 
     EVENT: ClassVar[str]
     LEVEL: ClassVar[Level] = "info"
@@ -248,7 +248,7 @@ class GpuUnhealthy(Record):
     LEVEL = "warning"
     node: str
     uuid: str
-    fault: str  # an ``elasticd.gpu.health.Fault`` value
+    fault: Fault
     reason: str
     job: str | None
 

@@ -63,7 +63,7 @@ class GpuHealth:
         await self.gpus.report(uuid, verdict, holders[0] if holders else None, time.time())
         publish(
             GpuUnhealthy(
-                self.rt.node_id, uuid, verdict.fault.value, verdict.reason, holders[0] if holders else None
+                self.rt.node_id, uuid, verdict.fault, verdict.reason, holders[0] if holders else None
             )
         )
         self.leave_bad_gpus()

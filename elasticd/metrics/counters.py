@@ -13,9 +13,8 @@ from enum import StrEnum
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from elasticd.gpu.health import Fault
 from elasticd.happenings import records as r
-from elasticd.terms.state import FailureKind, JobState, RoundReason
+from elasticd.terms.state import FailureKind, Fault, JobState, RoundReason
 
 # Rendezvous and recovery take from well under a second (a local restart) to minutes (waiting for
 # nodes, a drain's grace).
@@ -23,7 +22,7 @@ DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 RECOVERY_REASONS = frozenset({RoundReason.WORKER_FAILED, RoundReason.MEMBER_LOST})
 REASONS = frozenset(RoundReason)
 FAILURE_KINDS = frozenset(FailureKind)
-GPU_FAULTS = frozenset(f.value for f in Fault)
+GPU_FAULTS = frozenset(Fault)
 
 
 def _label(value: StrEnum, known: frozenset[StrEnum]) -> str:
@@ -95,7 +94,7 @@ class EventMetrics:
             case r.LeaseLost():
                 self.lease_lost.inc()
             case r.GpuUnhealthy():
-                self.gpu_unhealthy.labels(h.fault if h.fault in GPU_FAULTS else "other").inc()
+                self.gpu_unhealthy.labels(_label(h.fault, GPU_FAULTS)).inc()
 
     def _job_ended(self, h: r.JobSucceeded | r.JobFailed | r.JobSetupFailed | r.JobKilled) -> None:
         match h:

@@ -1,4 +1,4 @@
-"""Job and attempt states, why a round was opened, and what a failure looks like."""
+"""Job and attempt states, why a round was opened, and what a failure looks like (a worker's, a GPU's)."""
 
 from __future__ import annotations
 
@@ -122,6 +122,19 @@ class RoundReason(StrEnum):
     @property
     def spends_budget(self) -> bool:
         return self in (RoundReason.WORKER_FAILED, RoundReason.MEMBER_LOST)
+
+
+class Fault(StrEnum):
+    """What kind of reading took a GPU out of the pool (``gpu.health`` judges): a bounded label
+    for the metric and the event."""
+
+    XID = "xid"
+    ECC = "ecc"
+    ROW_REMAP = "row_remap"
+    PAGE_RETIREMENT = "page_retirement"
+    RECOVERY_ACTION = "recovery_action"
+    NVLINK = "nvlink"
+    LOST = "lost"
 
 
 class FailureKind(StrEnum):

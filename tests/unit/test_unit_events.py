@@ -35,7 +35,7 @@ from elasticd.happenings.records import (
     WorkerFailed,
     WorkerHung,
 )
-from elasticd.terms.state import EndReason, FailureKind, RoundReason
+from elasticd.terms.state import EndReason, FailureKind, Fault, RoundReason
 
 KEYS = Keys("/e/v1")
 NOW = 1_700_000_000.0
@@ -340,7 +340,7 @@ def test_gpu_records_are_events_and_counted() -> None:
     from elasticd.happenings.records import GpuReturned, GpuUnhealthy
 
     bad = select(
-        GpuUnhealthy("n1", "GPU-1", "ecc", "uncorrectable ECC errors: 1 (was 0)", "job-a"), "n1", NOW
+        GpuUnhealthy("n1", "GPU-1", Fault.ECC, "uncorrectable ECC errors: 1 (was 0)", "job-a"), "n1", NOW
     )
     assert bad is not None and bad.kind == "gpu_unhealthy" and bad.job == "job-a" and bad.node == "n1"
     assert "GPU-1 unhealthy" in bad.message

@@ -12,12 +12,12 @@ from elasticd.gpu.health import (
     APPLICATION_XIDS,
     BASELINE,
     NVLINK_ERRORS_MAX,
-    Fault,
     Verdict,
     judge,
     judge_xid,
 )
 from elasticd.gpu.read import Counters
+from elasticd.terms.state import Fault
 
 
 @pytest.mark.parametrize("code", sorted(APPLICATION_XIDS))

@@ -9,10 +9,11 @@ from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.memory import MemoryKV
 from elasticd.gpu import fake, read
-from elasticd.gpu.health import Fault, Verdict
+from elasticd.gpu.health import Verdict
 from elasticd.gpu.read import Usage
 from elasticd.node.allocator import Allocator
 from elasticd.node.inventory import inventory_of
+from elasticd.terms.state import Fault
 
 KEYS = Keys("/t")
 BAD = Verdict(Fault.XID, "Xid 79")

@@ -11,8 +11,9 @@ import pytest
 
 from elasticd.gpu import fake
 from elasticd.gpu.fake import FakeNvml
-from elasticd.gpu.health import Fault, Verdict
+from elasticd.gpu.health import Verdict
 from elasticd.node.gpuwatch import GpuWatch
+from elasticd.terms.state import Fault
 
 WAIT_S = 5.0
 

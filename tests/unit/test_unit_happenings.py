@@ -16,7 +16,7 @@ from elasticd.events.select import select
 from elasticd.happenings import bus
 from elasticd.happenings import records as r
 from elasticd.metrics.counters import EventMetrics
-from elasticd.terms.state import EndReason, FailureKind, RoundReason
+from elasticd.terms.state import EndReason, FailureKind, Fault, RoundReason
 
 LOG_ONLY: frozenset[type[r.Record]] = frozenset()  # records kept for their log line alone
 
@@ -67,7 +67,7 @@ SAMPLES: list[tuple[r.Happening, str, str, dict[str, Any]]] = [
     (r.DaemonStopping("SIGTERM"), "info", "daemon.stopping", {"reason": "SIGTERM"}),
     (r.LeaseLost("n1", 42, "expired"), "warning", "lease.lost",
      {"node": "n1", "lease": 42, "why": "expired"}),
-    (r.GpuUnhealthy("n1", "GPU-1", "xid", "Xid 79", "a"), "warning", "gpu.unhealthy",
+    (r.GpuUnhealthy("n1", "GPU-1", Fault.XID, "Xid 79", "a"), "warning", "gpu.unhealthy",
      {"node": "n1", "uuid": "GPU-1", "fault": "xid", "reason": "Xid 79", "job": "a"}),
     (r.GpuReturned("n1", "GPU-1", "root"), "info", "gpu.returned",
      {"node": "n1", "uuid": "GPU-1", "by": "root"}),

@@ -27,7 +27,7 @@ from elasticd.metrics.counters import EventMetrics
 from elasticd.metrics.server import MetricsServer
 from elasticd.metrics.state import NodeState, StateCollector
 from elasticd.netaddr import free_port
-from elasticd.terms.state import EndReason, FailureKind, RoundReason
+from elasticd.terms.state import EndReason, FailureKind, Fault, RoundReason
 
 
 @pytest.mark.parametrize(
@@ -167,8 +167,8 @@ def test_gpu_unhealthy_is_counted_by_a_bounded_fault() -> None:
 
     reg = CollectorRegistry()
     m = EventMetrics(reg)
-    m.observe(GpuUnhealthy("n1", "GPU-1", "ecc", "x", None))
-    m.observe(GpuUnhealthy("n1", "GPU-2", "made-up", "x", None))
+    m.observe(GpuUnhealthy("n1", "GPU-1", Fault.ECC, "x", None))
+    m.observe(GpuUnhealthy("n1", "GPU-2", "made-up", "x", None))  # type: ignore[arg-type]
     assert reg.get_sample_value("elasticd_gpu_unhealthy_total", {"fault": "ecc"}) == 1
     assert reg.get_sample_value("elasticd_gpu_unhealthy_total", {"fault": "other"}) == 1
 
