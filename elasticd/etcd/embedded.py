@@ -16,8 +16,8 @@ a directory of mode 0700 owned by the daemon's euid. There is no TCP listener at
   same uid, and one mistake away from logs); client-cert TLS would need a CA and keys on disk,
   renewed before they expire, and costs a TLS handshake and encryption on every connection.
 - No TCP port even for peers: an open peer port on loopback would let any local user speak
-  raft to the member. With no port there is also nothing to pick, remember or collide with
-  (the old ``ports.json`` memo is gone; an old file is ignored).
+  raft to the member. With no port there is also nothing to pick, remember or collide with (a
+  ``ports.json`` found in the data directory is ignored).
 
 etcd names a ``unix://localhost:2379`` listener ``localhost:2379`` in its *current directory*,
 so it is started with that directory as its cwd, and clients use the endpoint

