@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 from pathlib import Path
@@ -16,6 +17,8 @@ from elasticd.errors import ConfigError
 from elasticd.netaddr import NoFreePort
 from elasticd.node.hooks import LeaseHooks
 from elasticd.node.liveness import LivenessServer
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 class Trail:
@@ -151,3 +154,31 @@ def test_lease_hooks_reach_the_listener_attached_at_its_construction() -> None:
     assert listener.calls == ["fence_all", "wake"] and hooks.capacity() == {"slots": 2}
     with pytest.raises(RuntimeError):
         hooks.attach(Listener())
+
+
+def _wired_later(path: Path) -> list[str]:
+    """Assignments that wire an object from outside it: a callback (``x.on_lost = ...``, or any
+    lambda) or another object's private attribute (``x._registry = ...``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.Assign | ast.AnnAssign):
+            continue
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        for target in targets:
+            if not isinstance(target, ast.Attribute):
+                continue
+            owner = target.value
+            if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                continue
+            callback = target.attr.startswith("on_") and not isinstance(node.value, ast.Call | ast.Constant)
+            if callback or target.attr.startswith("_") or isinstance(node.value, ast.Lambda):
+                found.append(f"{path.relative_to(REPO)}:{node.lineno} {ast.unparse(target)}")
+    return found
+
+
+def test_nothing_is_wired_after_construction() -> None:
+    """Every collaborator comes through a constructor (``daemon/compose.py`` builds them in order);
+    none is patched in once the object exists."""
+    files = [p for root in ("elasticd", "elasticctl") for p in sorted((REPO / root).rglob("*.py"))]
+    assert len(files) > 100
+    assert [f for p in files for f in _wired_later(p)] == []
