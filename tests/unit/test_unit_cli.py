@@ -50,6 +50,17 @@ def test_every_command_module_is_in_the_registry() -> None:
     assert {command.run.__module__ for command in REGISTRY.values()} == modules
 
 
+def test_the_client_mirrors_the_daemons_commands() -> None:
+    """One client command per control command, in a module of the same name
+    (``elasticctl/commands/<name>.py`` beside ``elasticd/control/commands/<name>.py``)."""
+    from elasticd.control.commands import REGISTRY as DAEMON
+
+    asks = {name: command for name, command in REGISTRY.items() if isinstance(command, Command)}
+    assert set(asks) == set(DAEMON)
+    for name, command in asks.items():
+        assert command.run.__module__.rpartition(".")[2] == DAEMON[name].handler.__module__.rpartition(".")[2]
+
+
 def test_defaults_without_connection_options() -> None:
     ns = build_parser().parse_args(["status"])
     assert ns.timeout == 15.0 and ns.socket is None
