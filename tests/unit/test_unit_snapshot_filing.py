@@ -137,6 +137,17 @@ def run_behind(monkeypatch: pytest.MonkeyPatch, child: str, timeout_s: float = 6
     return said
 
 
+def test_a_writes_end_says_how_it_went() -> None:
+    assert filing.outcome(0, False, b"noise\n") == (True, "")
+    assert filing.outcome(1, False, b"Traceback\nOSError: No space left\n") == (
+        False,
+        "OSError: No space left",
+    )
+    assert filing.outcome(-9, False, b"") == (False, "exit status -9")
+    assert filing.outcome(0, True, b"") == (False, f"timed out after {filing.WRITE_TIMEOUT_S:.0f} s")
+    assert len(filing.outcome(1, False, b"x" * 1000)[1]) == filing.MAX_TAIL
+
+
 def test_a_childs_end_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     said = run_behind(monkeypatch, "pass")
     assert [m["ev"] for m in said] == ["persisting", "persisted"] and said[1]["step"] == 7

@@ -70,6 +70,17 @@ def claim(filed: Filed | None, step: int) -> str:
     return WAIT if filed.running >= 0 else WRITE
 
 
+def outcome(code: int, over: bool, tail: bytes) -> tuple[bool, str]:
+    """What a write's end says ``(ok, why)``: the child's exit ``code``, whether it ran ``over``
+    ``WRITE_TIMEOUT_S`` (and was killed), the ``tail`` of its stderr (its last line is the why)."""
+    if over:
+        return False, f"timed out after {WRITE_TIMEOUT_S:.0f} s"
+    if code == 0:
+        return True, ""
+    lines = tail.decode(errors="replace").strip().splitlines()
+    return False, (lines[-1] if lines else f"exit status {code}")[-MAX_TAIL:]
+
+
 # --- the children --------------------------------------------------------------------------------
 
 
@@ -141,12 +152,7 @@ def reap(child: Child, now: float) -> tuple[bool, str] | None:
         os.close(child.done_r)
     if child.proc.stderr is not None:
         child.proc.stderr.close()
-    if over:
-        return False, f"timed out after {WRITE_TIMEOUT_S:.0f} s"
-    if code == 0:
-        return True, ""
-    lines = child.tail.decode(errors="replace").strip().splitlines()
-    return False, (lines[-1] if lines else f"exit status {code}")[-MAX_TAIL:]
+    return outcome(code, over, child.tail)
 
 
 class Files(Protocol):
