@@ -11,12 +11,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, cast
 
 from elasticd import log
-from elasticd.gpu.devices import Device, Gpu, MigSlice
+from elasticd.gpu.devices import Device, Gpu
 from elasticd.gpu.nvml import Nvml
 from elasticd.gpu.read import read_gpus
 from elasticd.gpu.topology import Link, Topology
-
-__all__ = ["Device", "Gpu", "Inventory", "MigSlice", "discover", "fake_gpus", "inventory_of", "load_nvml"]
 
 _log = log.get("elasticd.inventory")
 

@@ -35,10 +35,10 @@ from elasticd.errors import EtcdNoSpace, EtcdUnavailable
 from elasticd.etcd.keys import KeyKind, Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.types import KeyValue, Put, Query
+from elasticd.gpu.devices import Gpu
 from elasticd.happenings.bus import publish
 from elasticd.happenings.records import LeaseLost
 from elasticd.node.hooks import LeaseHooks
-from elasticd.node.inventory import Gpu
 from elasticd.rendezvous.model import DrainRecord
 from elasticd.terms.ids import valid_job_id, valid_node_id
 from elasticd.workers.proctree.reaper import Reaper

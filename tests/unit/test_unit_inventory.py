@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 
 from elasticd.gpu import fake, read
+from elasticd.gpu.devices import Gpu, MigSlice
 from elasticd.gpu.fake import FakeGpu, FakeMig, FakeNvml
 from elasticd.gpu.topology import Link, Topology
 from elasticd.node import inventory
-from elasticd.node.inventory import Gpu, Inventory, MigSlice, discover, fake_gpus, inventory_of
+from elasticd.node.inventory import Inventory, discover, fake_gpus, inventory_of
 
 
 def two() -> FakeNvml:

@@ -24,13 +24,13 @@ from elasticd.control.params import parse_args
 from elasticd.decode import DecodeError, Unknown, decode
 from elasticd.etcd.space import Space, SpaceLevel, SpaceLimits
 from elasticd.etcd.types import EtcdStatus
+from elasticd.gpu.devices import Gpu
 from elasticd.jobs.logs import Chunk, Read
 from elasticd.jobs.logscope import round_view
 from elasticd.jobs.view import job_row, job_view
 from elasticd.manager.access import Caller
 from elasticd.manager.facts import NodeFacts
 from elasticd.manager.jobcommands import LogsRead
-from elasticd.node.inventory import Gpu
 from elasticd.node.registry import InventoryRecord, NodeRecord
 from elasticd.rendezvous.decider import build_result
 from elasticd.rendezvous.model import FinalRecord, Join, NodeStatus, RoundInfo
