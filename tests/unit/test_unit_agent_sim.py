@@ -14,7 +14,7 @@ the protocol's invariants checked after every step (the simulator is ``tests.age
 6. At rest: after the faults, with no more of them, the job ends (and no agent is left) or runs
    its current round on every member, each agent in a state the store agrees with.
 
-Issues it found, fixed, and kept as scenarios at the end: A, a drained node that could not reach
+Scenarios at the end, each a failure the simulation can find: A, a drained node that could not reach
 the store left unheard; B, a joiner that left raced the leader's close, and its absence spent a
 restart; C, the janitor took a round whose members were all done or lost for one looked after;
 D, a round closed at its expect grace while a member whose requests failed still ran its workers.
@@ -352,7 +352,7 @@ def test_a_partitioned_member_is_fenced_then_rejoins_as_a_newcomer() -> None:
     assert checks.results[max(checks.results)].nodes == ("n0", "n2", "n1") and checks.restarts == 1
 
 
-# -- issues the simulation found (fixed; kept as regressions) -------------------------------------------
+# -- failures the simulation can find (each a regression test) -------------------------------------------
 def test_a_drained_member_that_cannot_reach_the_store_is_still_heard() -> None:
     sim, checks = running()
     sim.outage(1, 4)  # the read, both quiet publishes of the stop, and the clear_waiting
