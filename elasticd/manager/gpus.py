@@ -24,6 +24,7 @@ from elasticd.gpu.health import Verdict
 from elasticd.gpu.read import Usage
 from elasticd.node.allocator import Allocator
 from elasticd.node.inventory import Inventory
+from elasticd.terms.state import GpuStatus
 
 _log = log.get("elasticd.gpu")
 
@@ -136,7 +137,7 @@ class GpuPool:
             out.append(
                 {
                     "uuid": gpu.uuid,
-                    "state": "unhealthy" if mark is not None else "healthy",
+                    "state": (GpuStatus.UNHEALTHY if mark is not None else GpuStatus.HEALTHY).value,
                     "reason": mark.reason if mark is not None else "",
                     "memory_used_mib": _step(u.memory_used_mib, mem_step),
                     "utilization_pct": _step(u.utilization_pct, util_step),

@@ -24,7 +24,7 @@ from elasticd.agent.record import AgentState
 from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.space import Space, SpaceLevel
 from elasticd.jobs.view import job_state
-from elasticd.terms.state import JobState
+from elasticd.terms.state import GpuStatus, JobState
 
 if TYPE_CHECKING:
     from elasticd.manager.jobs import JobManager
@@ -157,7 +157,7 @@ def _gpus(gpus: tuple[dict[str, Any], ...]) -> Iterator[Metric]:
     )
     for i, g in enumerate(gpus):
         key = [str(i), str(g["uuid"])]
-        healthy.add_metric(key, int(g["state"] == "healthy"))
+        healthy.add_metric(key, int(g["state"] == GpuStatus.HEALTHY))
         if g["memory_used_mib"] is not None:
             memory.add_metric(key, g["memory_used_mib"] * 1024 * 1024)
         if g["utilization_pct"] is not None:

@@ -41,6 +41,7 @@ from elasticd.happenings.records import LeaseLost
 from elasticd.node.hooks import LeaseHooks
 from elasticd.rendezvous.model import DrainRecord
 from elasticd.terms.ids import valid_job_id, valid_node_id
+from elasticd.terms.state import GpuStatus
 from elasticd.workers.proctree.reaper import Reaper
 
 _log = log.get("elasticd.registry")
@@ -64,7 +65,7 @@ class GpuState:
     """One GPU as its node's record shows it (``manager/gpus.py``: ``GpuPool.states``)."""
 
     uuid: str
-    state: str = "healthy"  # or "unhealthy": out of the pool until an operator returns it
+    state: str = GpuStatus.HEALTHY.value  # a ``GpuStatus`` value
     reason: str = ""
     memory_used_mib: int | None = None
     utilization_pct: int | None = None

@@ -124,6 +124,15 @@ class RoundReason(StrEnum):
         return self in (RoundReason.WORKER_FAILED, RoundReason.MEMBER_LOST)
 
 
+class GpuStatus(StrEnum):
+    """A GPU in a node's record (``state``): in the pool, or out of it until an operator returns it
+    (``undrain --gpu``). A node record holds the value as a plain string, so that a record of a
+    daemon that knows more statuses still reads."""
+
+    HEALTHY = "healthy"
+    UNHEALTHY = "unhealthy"
+
+
 class Fault(StrEnum):
     """What kind of reading took a GPU out of the pool (``gpu.health`` judges): a bounded label
     for the metric and the event."""
