@@ -171,7 +171,6 @@ __all__ = [
     "BumpPlan",
     "Close",
     "CloseDecision",
-    "RoundReason",
     "build_result",
     "decide_close",
     "expected",

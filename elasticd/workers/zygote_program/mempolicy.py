@@ -17,7 +17,7 @@ or a library in it, later widens its CPU affinity.
 glibc has no ``set_mempolicy`` (libnuma has), so the call goes through ``syscall(2)`` by number.
 Where the kernel refuses (ENOSYS: another architecture; EPERM: a seccomp profile; EINVAL: a node
 without memory, or several nodes before 5.15) the worker goes on with the default policy: the
-daemon tries the same call once itself and logs the refusal (``workers.numa``).
+daemon tries the same call once itself and logs the refusal (``workers.numa_memory``).
 """
 
 from __future__ import annotations
