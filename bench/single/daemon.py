@@ -49,7 +49,6 @@ class BenchDaemon:
     def markers(self) -> list[str]:
         return [str(self.tmp), self.node_id]
 
-    # -- the daemon ---------------------------------------------------------------------------
     def ctl(self, *args: str, timeout_s: float = 30.0) -> subprocess.CompletedProcess[str]:
         env = self.base_env | {"ELASTICD_SOCKET": str(self.socket)}
         return subprocess.run(

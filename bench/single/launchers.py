@@ -169,7 +169,6 @@ class Bench(BenchDaemon):
         tail = log.read_text(errors="replace").splitlines()[-10:] if log.exists() else []
         print("!!   elasticctl output tail:", *(f"!!     {t}" for t in tail), sep="\n", flush=True)
 
-    # -- scenarios ----------------------------------------------------------------------------
     def run_pair(self, scenario: str, index: int, timeout_s: float, trials: list[Trial]) -> None:
         """One trial per launcher, elasticd first; each is appended to ``trials`` as it ends."""
         for launcher in ("elasticd", "torchrun"):
