@@ -41,14 +41,9 @@ here (``--standalone`` is one node).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import itertools
 import json
-import math
 import os
 import shutil
-import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -60,220 +55,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-import psutil  # noqa: E402
-from bench_single import sweep  # noqa: E402
+from goodput.faults import end_launcher, kill_worker, read_progress, wait_first_step  # noqa: E402
+from goodput.figures import Calib, Fault, Line, Result, figures, interval, render, schedule  # noqa: E402
+from goodput.launchers import Elasticd, calibrate, job_args, torchrun  # noqa: E402
+from harness.procs import sweep  # noqa: E402
 
-from elasticd.workers.proctree import tree as proctree  # noqa: E402
-from tests.support import PYTHON, DaemonProc, EtcdServer, unique  # noqa: E402
-
-JOB = REPO / "bench" / "goodput_job.py"
-OVERHEAD = 0.05  # torchrun's checkpointing may cost this share of step time
-RESTARTS = "10000"  # elasticd's most
-NODE_DOWN_S = 1.0  # a node killed is back (its daemon started again) after this
-
-
-@dataclass(frozen=True)
-class Calib:
-    step_s: float
-    save_s: float
-    state_bytes: int
-    every: int  # torchrun's checkpoint interval K
-
-
-@dataclass(frozen=True)
-class Line:
-    """One line of rank 0's progress log."""
-
-    step: int
-    at: float
-    attempt: int
-    train_s: float
-    save_s: float
-
-
-@dataclass(frozen=True)
-class Fault:
-    """One fault of a trial's schedule."""
-
-    at_s: float  # after the trial's first step
-    node: bool  # a node SIGKILL (its daemon and every process of it), else a worker's
-    target: int  # the worker's rank, or the node's index
-
-
-@dataclass(frozen=True)
-class Result:
-    launcher: str
-    faults: int
-    useful_steps: int
-    capacity_steps: float
-    goodput: float
-    resumptions: int
-    redone: int
-    redone_per_fault: float
-    redone_max: int
-    downtime_median_s: float | None
-    save_stall_median_s: float | None
-    train_median_s: float
-    goodput_own: float  # useful steps over the run's own capacity (duration / its median step): load aside
-    redone_each: list[int]  # per resumption, in order
-    downtimes_s: list[float]
-
-
-def job_env() -> dict[str, str]:
-    return dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", PYTHONUNBUFFERED="1")
-
-
-def job_args(ns: argparse.Namespace, out: Path, every: int) -> list[str]:
-    return [str(JOB), "--out", str(out), "--every", str(every), "--hidden", str(ns.hidden),
-            "--batch", str(ns.batch)]  # fmt: skip
-
-
-def torchrun(argv: list[str], out: Path) -> subprocess.Popen[bytes]:
-    log = open(out / "launcher.log", "ab")  # noqa: SIM115 (the child holds it)
-    cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "--max-restarts", RESTARTS, "--monitor-interval", "0.1", *argv]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=job_env(), cwd=out, start_new_session=True)
-    log.close()
-    return proc
-
-
-def calibrate(ns: argparse.Namespace, root: Path) -> Calib:
-    out = root / "calibrate"
-    out.mkdir()
-    proc = torchrun([*job_args(ns, out, 1), "--calibrate", "40"], out)
-    if proc.wait(300) != 0:
-        raise SystemExit(f"calibration failed: {(out / 'launcher.log').read_text()[-3000:]}")
-    c = json.loads((out / "calib.json").read_text())
-    return Calib(c["step_s"], c["save_s"], int(c["state_bytes"]), interval(c["save_s"], c["step_s"]))
-
-
-def interval(save_s: float, step_s: float) -> int:
-    """The smallest K whose checkpoint every K steps costs at most ``OVERHEAD`` of step time."""
-    return max(1, math.ceil(save_s / (OVERHEAD * step_s) - 1e-9))
-
-
-class Elasticd:
-    """The daemons (1, or 2 for the node kill: one rank each) and their etcd, for every elasticd trial."""
-
-    def __init__(self, root: Path, nodes: int) -> None:
-        self.root = root
-        self.node_ids = [unique("goodput") for _ in range(nodes)]
-        self.etcd = EtcdServer(root / "etcd")
-        self.daemons: list[DaemonProc] = []
-
-    def start(self) -> None:
-        self.etcd.start()
-        flags = ["--etcd-endpoints", self.etcd.endpoint, "--etcd-prefix", f"/b/{unique('p')}",
-                 "--slots", "2", "--snapshot-bytes", str(512 << 20), "--address", "127.0.0.1",
-                 "--lease-ttl", "3"]  # fmt: skip
-        for i, node in enumerate(self.node_ids):
-            self.daemons.append(DaemonProc(node, self.root / f"node{i}", flags, dict(os.environ)))
-            self.daemons[-1].start()
-
-    def stop(self) -> None:
-        for d in self.daemons:
-            with contextlib.suppress(Exception):
-                d.stop()
-        self.etcd.stop()
-
-    def launch(self, argv: list[str], out: Path) -> subprocess.Popen[bytes]:
-        log = open(out / "launcher.log", "ab")  # noqa: SIM115 (the child holds it)
-        n = len(self.daemons)
-        shape = ["--nproc-per-node", "2"] if n == 1 else ["--nnodes", str(n), "--nproc-per-node", "1"]
-        cmd = [PYTHON, "-m", "elasticctl", "submit", *shape, "--max-restarts", RESTARTS,
-               "--max-same-failures", "0",
-               "--cwd", str(out), "--follow", *argv[:1], "--", *argv[1:]]  # fmt: skip
-        env = job_env() | {"ELASTICD_SOCKET": str(self.daemons[0].socket)}
-        proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env, cwd=out, start_new_session=True)
-        log.close()
-        return proc
-
-    def kill_node(self, i: int) -> None:
-        """SIGKILL node ``i`` whole (its daemon, workers, keeper, zygote: as a power loss), then
-        start its daemon again (same node id and state dir: the node back, empty)."""
-        d = self.daemons[i]
-        assert d.proc is not None
-        procs = [psutil.Process(d.proc.pid)]
-        with contextlib.suppress(psutil.Error):
-            procs += procs[0].children(recursive=True)
-        procs += proctree.marked(d.node_id)
-        for proc in procs:
-            with contextlib.suppress(psutil.Error):
-                proc.send_signal(signal.SIGKILL)
-        d.proc.wait(10)
-        time.sleep(NODE_DOWN_S)
-        d.start()
-
-
-def read_progress(out: Path) -> list[Line]:
-    lines = []
-    with contextlib.suppress(FileNotFoundError):
-        for text in (out / "progress").read_text().splitlines():
-            parts = text.split()
-            if len(parts) == 5:
-                lines.append(Line(int(parts[0]), float(parts[1]), int(parts[2]), float(parts[3]),
-                                  float(parts[4])))  # fmt: skip
-    return lines
-
-
-def wait_first_step(out: Path, proc: subprocess.Popen[bytes], timeout_s: float) -> float:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        lines = read_progress(out)
-        if lines:
-            return lines[0].at
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    raise RuntimeError(f"no first step: {(out / 'launcher.log').read_text()[-3000:]}")
-
-
-def live_worker(out: Path, rank: int, killed: set[int]) -> int | None:
-    """The pid rank ``rank``'s current worker wrote, if that process lives and was not killed already."""
-    try:
-        pid, ticks = (int(v) for v in (out / f"pid.{rank}").read_text().split())
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (OSError, ValueError):
-        return None
-    alive = int(stat[stat.rindex(")") + 2 :].split()[19]) == ticks  # the same process, not a reused pid
-    return pid if alive and pid not in killed else None
-
-
-def kill_worker(out: Path, rank: int, killed: set[int], timeout_s: float = 60) -> bool:
-    """SIGKILL rank ``rank``'s worker (waiting for one that lives); False if none came up."""
-    deadline = time.monotonic() + timeout_s
-    while (pid := live_worker(out, rank, killed)) is None:
-        if time.monotonic() > deadline:
-            print(f"  no live worker of rank {rank} for {timeout_s:.0f} s: fault skipped", flush=True)
-            return False
-        time.sleep(0.05)
-    killed.add(pid)
-    os.kill(pid, signal.SIGKILL)
-    return True
-
-
-def end_launcher(proc: subprocess.Popen[bytes], out: Path, timeout_s: float = 120) -> None:
-    try:
-        proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-    sweep([str(out)], wait_s=10)
-
-
-def schedule(duration_s: float, kill_every_s: float, node_kill: bool) -> list[Fault]:
-    """A worker SIGKILL every ``kill_every_s`` (rank 1, 0, 1, ...) before the end; with
-    ``node_kill``, one node SIGKILL (node 1) halfway between the middle two."""
-    faults = []
-    k = 1
-    while k * kill_every_s < duration_s:
-        faults.append(Fault(k * kill_every_s, False, k % 2))
-        k += 1
-    if node_kill:
-        at = (len(faults) // 2 + 0.5) * kill_every_s
-        faults.append(Fault(at if at < duration_s else duration_s / 2, True, 1))
-    return sorted(faults, key=lambda f: f.at_s)
+# the arithmetic, for its unit tests
+__all__ = ["Calib", "Fault", "Line", "figures", "interval", "main", "schedule"]
 
 
 def trial(ns: argparse.Namespace, name: str, run: Run, calib: Calib) -> Result:
@@ -294,29 +82,6 @@ def trial(ns: argparse.Namespace, name: str, run: Run, calib: Calib) -> Result:
     finally:
         end_launcher(run.proc, out)
     return figures(name, read_progress(out), t0, ns.duration, injected, calib)
-
-
-def figures(name: str, lines: list[Line], t0: float, duration: float, faults: int, calib: Calib) -> Result:
-    t_end = t0 + duration
-    window = [ln for ln in lines if ln.at <= t_end]
-    useful = max(ln.step for ln in window) - window[0].step
-    redone, downtimes = [], []
-    for prev, cur in itertools.pairwise(lines):
-        if cur.attempt != prev.attempt:  # a restart: the steps since the restored one run again
-            redone.append(max(0, prev.step - cur.step + 1))
-            downtimes.append(cur.at - prev.at)
-    saves = [ln.save_s for ln in lines if ln.save_s > 0.0005]
-    capacity = duration / calib.step_s
-    train = statistics.median(ln.train_s for ln in lines)
-    return Result(
-        redone_each=redone, downtimes_s=[round(d, 3) for d in downtimes],
-        launcher=name, faults=faults, useful_steps=useful, capacity_steps=round(capacity, 1),
-        goodput=round(useful / capacity, 4), resumptions=len(redone), redone=sum(redone),
-        redone_per_fault=round(sum(redone) / max(1, faults), 2), redone_max=max(redone, default=0),
-        downtime_median_s=round(statistics.median(downtimes), 3) if downtimes else None,
-        save_stall_median_s=round(statistics.median(saves), 4) if saves else None,
-        train_median_s=round(train, 4), goodput_own=round(useful * train / duration, 4),
-    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -355,22 +120,6 @@ def run_trials(ns: argparse.Namespace, root: Path, calib: Calib) -> list[Result]
             c.stop()
         sweep([str(root), *(n for c in clusters.values() for n in c.node_ids)], wait_s=5)
     return results
-
-
-def render(results: list[Result], calib: Calib) -> str:
-    rows = [("", "faults", "useful/capacity", "goodput", "redone/fault", "max", "downtime", "step",
-             "ckpt stall")]  # fmt: skip
-    for r in results:
-        rows.append((r.launcher, str(r.faults), f"{r.useful_steps}/{r.capacity_steps:.0f}",
-                     f"{r.goodput:.3f}", f"{r.redone_per_fault:.2f}", str(r.redone_max),
-                     f"{r.downtime_median_s} s", f"{r.train_median_s} s",
-                     f"{r.save_stall_median_s} s"))  # fmt: skip
-    widths = [max(len(row[i]) for row in rows) + 2 for i in range(len(rows[0]))]
-    text = "\n".join("".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in rows)
-    head = (f"step {calib.step_s * 1000:.1f} ms, state {calib.state_bytes / 2**20:.1f} MiB per rank, "
-            f"a disk save {calib.save_s * 1000:.1f} ms: torchrun checkpoints every K={calib.every} "
-            "steps")  # fmt: skip
-    return head + "\n" + text
 
 
 def main() -> None:

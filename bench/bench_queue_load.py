@@ -1,6 +1,6 @@
 """The daemon's cost with a full queue: 1,000 pending jobs of the largest allowed spec in etcd.
 
-It starts a real etcd and one daemon (``bench_footprint.Setup``), measures the daemon on the
+It starts a real etcd and one daemon (``footprint.setup.Setup``), measures the daemon on the
 empty cluster, then writes ``--jobs`` pending jobs from ``--users`` users straight into etcd
 (through ``JobStore.create``, as a daemon's submit does), each with an environment that brings
 its stored spec up to ``--spec-bytes`` (the default ``max_spec_bytes``, 64 KiB) and ``nodes``
@@ -36,7 +36,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_footprint import REPO, Setup, measure_cpu, measure_mem
+from footprint.measure import measure_cpu, measure_mem
+from footprint.setup import Setup
+from harness.paths import REPO
 
 RSS_TARGET_MB = 150.0
 CPU_TARGET_PCT = 0.5

@@ -50,7 +50,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's elasticd, not the venv's
 
-from bench_single import sweep
+from harness.procs import sweep
 from soak_check import (
     Check,
     check_crash_loss,

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from bench_single import own_processes
+from harness.procs import own_processes
 from soak_cluster import Cluster, LifeLine, Step, wait_until
 
 from elasticd.decode import DecodeError

@@ -1,0 +1,154 @@
+"""One elasticd "node" of a bench_multi trial, against the bench's etcd, and what its log says."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import subprocess
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from harness.paths import REPO
+
+from multi.trial import DAEMON_SHUTDOWN_S, DAEMON_STOP_GRACE_S, LEASE_TTL
+
+
+class Daemon:
+    """One elasticd ("node") of a trial, against the bench's etcd."""
+
+    def __init__(
+        self,
+        bin_dir: Path,
+        base_env: dict[str, str],
+        etcd_endpoint: str,
+        root: Path,
+        node_id: str,
+        prefix: str,
+    ) -> None:
+        self.bin = bin_dir
+        self.base_env = base_env
+        self.etcd_endpoint = etcd_endpoint
+        self.root = root
+        self.node_id = node_id
+        self.prefix = prefix
+        self.socket = root / "ctl.sock"
+        self.err = root / "daemon.stderr.jsonl"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.shutdown_hung = False
+
+    def start(self) -> None:
+        self.root.mkdir(parents=True)
+        config = self.root / "elasticd.toml"
+        config.write_text("# empty: everything comes from flags\n")
+        argv = [
+            str(self.bin / "elasticd"),
+            "--config", str(config),
+            "--allow-root-jobs",
+            "--socket", str(self.socket),
+            "--state-dir", str(self.root / "state"),
+            "--log-dir", str(self.root / "logs"),
+            "--node-id", self.node_id,
+            "--etcd-endpoints", self.etcd_endpoint,
+            "--etcd-prefix", self.prefix,
+            "--address", "127.0.0.1",  # every "node" is this host (left unset: no multi-node job)
+            "--lease-ttl", str(LEASE_TTL),
+            "--log-format", "json",
+            "--stop-grace", str(DAEMON_STOP_GRACE_S),
+        ]  # fmt: skip
+        with open(self.err, "wb") as err:
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=err,
+                stderr=err,
+                env=self.base_env | {"PYTHONFAULTHANDLER": "1"},
+                cwd=self.root,
+                start_new_session=True,
+            )
+
+    def ctl(self, *args: str, timeout_s: float = 30.0) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(self.bin / "elasticctl"), *args],
+            env=self.base_env | {"ELASTICD_SOCKET": str(self.socket)},
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_ready(self, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(
+                    f"elasticd {self.node_id} exited with {self.proc and self.proc.returncode}"
+                )
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                if self.ctl("--timeout", "2", "ping", timeout_s=10).returncode == 0:
+                    return
+            time.sleep(0.1)
+        raise RuntimeError(f"elasticd {self.node_id} did not answer ping in time")
+
+    def status(self, job: str) -> dict[str, Any]:
+        with contextlib.suppress(subprocess.TimeoutExpired, ValueError):
+            st = self.ctl("status", job, "--json", timeout_s=30)
+            if st.returncode == 0:
+                return dict(json.loads(st.stdout))
+        return {}
+
+    def sigterm(self) -> None:
+        if self.alive():
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGTERM)
+
+    def finish_stop(self) -> None:
+        """After ``sigterm``: wait, then SIGABRT (faulthandler dumps the threads), then SIGKILL."""
+        if self.proc is None:
+            return
+        try:
+            self.proc.wait(DAEMON_SHUTDOWN_S)
+        except subprocess.TimeoutExpired:
+            self.shutdown_hung = True
+            self.proc.send_signal(signal.SIGABRT)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+    def lines(self, levels: tuple[str, ...] = ()) -> list[str]:
+        try:
+            text = self.err.read_text(errors="replace")
+        except OSError:
+            return []
+        out = []
+        for line in text.splitlines():
+            if levels:
+                try:
+                    if json.loads(line).get("level") not in levels:
+                        continue
+                except ValueError:
+                    pass  # not JSON (a traceback, a faulthandler dump): keep it
+            out.append(line)
+        return out
+
+
+def first_event(daemon: Daemon, event: str, after: float, **match: Any) -> float | None:
+    """Seconds from ``after`` to the daemon's first ``event`` record (with ``match``) logged after it."""
+    for line in daemon.lines():
+        try:
+            rec = json.loads(line)
+            if rec.get("event") != event or any(rec.get(k) != v for k, v in match.items()):
+                continue
+            at = datetime.fromisoformat(rec["timestamp"].replace("Z", "+00:00")).timestamp()
+        except (ValueError, KeyError, AttributeError):
+            continue
+        if at >= after:
+            return at - after
+    return None
