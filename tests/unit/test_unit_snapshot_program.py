@@ -94,14 +94,16 @@ def test_no_module_writes_a_protocol_name_again() -> None:
 
 
 def test_the_daemon_knows_every_report_the_keeper_sends_and_waits_long_enough() -> None:
-    from elasticd.workers.snapshot_program import filing
+    from elasticd.workers.snapshot_program import filing, protocol
 
-    told = {
-        kw.value.value
+    events = [
+        kw.value
         for node in ast.walk(ast.parse(Path(filing.__file__).read_text()))
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "tell"
         for kw in node.keywords
-        if kw.arg == "ev" and isinstance(kw.value, ast.Constant)
-    }
-    assert told == set(keeper.REPORTS)
+        if kw.arg == "ev"
+    ]
+    assert all(isinstance(ev, ast.Name) for ev in events), "an event named by a literal, not by protocol"
+    told = {getattr(protocol, ev.id) for ev in events if isinstance(ev, ast.Name)}
+    assert told == set(keeper.REPORTS) == set(protocol.REPORTS)
     assert keeper.PERSIST_TIMEOUT_S > filing.WRITE_TIMEOUT_S

@@ -27,6 +27,9 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+if __name__ != "__elasticd_keeper__":  # the daemon's tests and mypy; in the keeper, globals already
+    from elasticd.workers.snapshot_program.protocol import PERSIST_FAILED, PERSISTED, PERSISTING
+
 WRITE_TIMEOUT_S = 120.0  # a child's import of torch and a write of the bound's bytes, with fsync
 MAX_TAIL = 300  # of a failed child's stderr, in its report
 CHILD = (  # the writing rank's elasticd first: the frame's pickles name its classes
@@ -181,12 +184,12 @@ class Behind:
                 child = spawn(fd, length, step, name, lib)
             except OSError as exc:
                 self.keeper.wrote(name, step, False)
-                self.tell(ev="persist_failed", step=step, reason=f"cannot start: {exc}"[:MAX_TAIL])
+                self.tell(ev=PERSIST_FAILED, step=step, reason=f"cannot start: {exc}"[:MAX_TAIL])
                 continue
             assert child.proc.stderr is not None
             self.children[child.proc.stderr.fileno()] = child
             self.keeper.writing(name, child.done_r)
-            self.tell(ev="persisting", step=step, pid=child.proc.pid)
+            self.tell(ev=PERSISTING, step=step, pid=child.proc.pid)
 
     def fds(self) -> list[int]:
         return [fd for fd in self.children if fd not in self.quiet]
@@ -217,6 +220,6 @@ class Behind:
             self.keeper.wrote(child.name, child.step, ok)
             took = round(now - child.started, 3)
             if ok:
-                self.tell(ev="persisted", step=child.step, took_s=took)
+                self.tell(ev=PERSISTED, step=child.step, took_s=took)
             else:
-                self.tell(ev="persist_failed", step=child.step, reason=why, took_s=took)
+                self.tell(ev=PERSIST_FAILED, step=child.step, reason=why, took_s=took)

@@ -27,6 +27,10 @@ MAGIC = b"ELSNAP01"
 HEADER = struct.Struct("<8sQQQI")  # magic, step, meta_len, total, meta_crc
 ALIGN = 64
 OPS = ("begin", "commit", "list", "open", "key", "peer", "claim", "written")
+KEEPER_NAME = "__elasticd_keeper__"  # the program's __name__: its parts' guards compare with it
+# What the keeper tells the daemon on its control socket about a write behind (filing).
+PERSISTING, PERSISTED, PERSIST_FAILED = "persisting", "persisted", "persist_failed"
+REPORTS = (PERSISTING, PERSISTED, PERSIST_FAILED)
 
 
 class BadMessage(ValueError):

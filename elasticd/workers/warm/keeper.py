@@ -33,6 +33,7 @@ from elasticd.workers.group import before_drop
 from elasticd.workers.proctree.markers import JOB_ENV
 from elasticd.workers.proctree.reaper import Reaper
 from elasticd.workers.proctree.spawn import Identity, worker_preexec
+from elasticd.workers.snapshot_program.protocol import KEEPER_NAME, REPORTS
 
 _log = log.get("elasticd.snapshots")
 
@@ -45,7 +46,6 @@ PARTS = (
     "peers.py",
     "main.py",
 )  # run in this order, in one namespace
-KEEPER_NAME = "__elasticd_keeper__"
 LOADER = (
     "import os;g={{'__name__':'" + KEEPER_NAME + "','CTL_FD':{ctl}}};"
     "[exec(compile(p,'<elasticd-keeper>','exec'),g) for p in "
@@ -57,7 +57,6 @@ MAX_READY = 4096
 MAX_SOCKET_PATH = 107  # sun_path, less its NUL
 PERSIST_TIMEOUT_S = 130.0  # the keeper's own bound on a write (filing.WRITE_TIMEOUT_S), and a margin
 MAX_REPORT = 1024
-REPORTS = ("persisting", "persisted", "persist_failed")
 
 
 @dataclass(frozen=True)
