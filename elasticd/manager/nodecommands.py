@@ -17,6 +17,7 @@ from elasticd.etcd.space import Space
 from elasticd.etcd.types import Query
 from elasticd.happenings.bus import publish
 from elasticd.happenings.records import GpuReturned, NodeDrained, NodeUndrained
+from elasticd.manager.drainrule import Membership, judge_drain
 from elasticd.manager.etcdspace import SpaceWatch
 from elasticd.manager.jobs import JobManager
 from elasticd.node.registry import NodeRecord, NodeRegistry
@@ -57,23 +58,19 @@ class NodeCommands:
             raise JobNotFound(f"no job {job_id!r}")
         if not await self._known_node(node):
             raise NodeNotFound(f"no live node {node!r}")
-        affected = []
-        too_small = []
-        for jid, snap in await self._member_of(snaps, node, job_id):
-            assert snap.head is not None and snap.closed is not None
-            affected.append(jid)
-            if (size := snap.closed.size) - 1 < snap.head.nnodes.min:
-                too_small.append(f"{jid} (needs {snap.head.nnodes.min} nodes, has {size})")
-        if too_small and not force:
-            raise Conflict(
-                f"draining {node} would take job(s) below their minimum: {', '.join(too_small)}; "
-                "use --force to drain anyway (the job then waits for a replacement node)"
-            )
+        members = [
+            Membership(jid, snap.closed.size, snap.head.nnodes.min)
+            for jid, snap in await self._member_of(snaps, node, job_id)
+            if snap.head is not None and snap.closed is not None
+        ]
+        verdict = judge_drain(node, members, force)
+        if verdict.refusal:
+            raise Conflict(verdict.refusal)
         record = {"grace_s": grace_s, "at": time.time(), "by": user}
         key = self._keys.job_drain(job_id, node) if job_id else self._keys.drain(node)
         await asyncio.to_thread(self._kv.put_json, key, record)
-        publish(NodeDrained(node, job_id, grace_s, user, tuple(affected), bool(too_small)))
-        return {"node": node, "job": job_id, "jobs": affected, "forced": bool(too_small)}
+        publish(NodeDrained(node, job_id, grace_s, user, verdict.affected, verdict.forced))
+        return {"node": node, "job": job_id, "jobs": list(verdict.affected), "forced": verdict.forced}
 
     async def _member_of(
         self, snaps: dict[str, JobSnapshot], node: str, job_id: str | None

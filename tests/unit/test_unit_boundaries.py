@@ -113,6 +113,7 @@ PURE = (
     "elasticd.agent.stepbase",
     "elasticd.agent.conduct",
     "elasticd.jobs.decider",
+    "elasticd.manager.drainrule",
     "elasticd.jobs.admission",
     "elasticd.jobs.rootcause",
     "elasticd.progress.decider",
