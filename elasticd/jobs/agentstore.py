@@ -1,0 +1,66 @@
+"""Whether a round's ranks use a store hosted for them (``TORCHELASTIC_USE_AGENT_STORE``): pure.
+
+torchrun's agent hosts the rendezvous ``TCPStore`` and tells its workers so
+(``TORCHELASTIC_USE_AGENT_STORE=True``): every rank, rank 0 too, is a client of it. elasticd's
+host is the job's store host (``workers.warm.storehost``), forked from its warm parent on the node
+that offers it. It is bound before any rank is forked, so no rank reaches ``MASTER_PORT`` before
+something listens there (torch's client backs off 0.4-0.6 s when it does), and it outlives the
+ranks' restarts.
+
+Every node of a round must agree: with ``True`` the ranks are clients only, with ``False`` rank
+0 hosts the store itself. So a node commits when it joins (``Join.store``: a store host already
+listens on the port it offers), the round's head carries group rank 0's choice to every member
+(``RoundHead.agent_store``), and each node's workers get that value. A node without a warm parent
+(cold workers), or whose store host cannot start, offers a plain port: the round runs as rank
+0-hosted, as it always could.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Offer:
+    """What a node puts in its join: the port for ``MASTER_PORT`` should it lead, and whether its
+    store host listens there."""
+
+    port: int
+    store: bool
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A decision and why (the reason is logged)."""
+
+    agent_store: bool
+    why: str
+
+
+def at_join(no_warm_parent: str | None, host_failed: str | None) -> Choice:
+    """Whether this node offers a store host in its join. ``no_warm_parent``: why the job has no
+    usable zygote here (None: it has one); ``host_failed``: why its store host could not start."""
+    if no_warm_parent is not None:
+        return Choice(False, f"no warm parent ({no_warm_parent}): rank 0 hosts the store")
+    if host_failed is not None:
+        return Choice(False, f"the store host cannot start ({host_failed}): rank 0 hosts the store")
+    return Choice(True, "a store host of the job listens on the port offered")
+
+
+def at_start(advertised: bool, leads: bool, one_node: bool, serving: str | None) -> Choice:
+    """What this node's workers are told. ``advertised``: the round's head (group rank 0's join);
+    ``leads``: this node is group rank 0; ``one_node``: every rank of the round is here;
+    ``serving``: on the leader, why its store host cannot serve the round (None: it can).
+
+    Only the leader can find its store host gone (with its zygote, or killed) between its join
+    and the start. In a round of one node it takes back the offer alone: rank 0 hosts. A round of
+    several nodes has told every member ``True`` already, so the ranks would find no store; that
+    is logged as an error, and the ranks' failure to connect opens the next round, whose join
+    offers a store host only if one listens."""
+    if not advertised:
+        return Choice(False, "the round's leader offered no store host: rank 0 hosts the store")
+    if not leads or serving is None:
+        return Choice(True, "every rank is a client of the store host on the master's node")
+    if one_node:
+        return Choice(False, f"the store host cannot serve ({serving}): rank 0 hosts the store")
+    return Choice(True, f"the store host cannot serve ({serving}): the ranks will find no store")
