@@ -61,7 +61,7 @@ class StoreHost:
             raise StoreError(f"no answer to a clear: {exc or type(exc).__name__}") from exc
         if not isinstance(msg, Cleared) or msg.attempt != attempt:
             raise StoreError(f"answered a clear with {msg}")
-        _log.debug("store.cleared", job=self.job, pid=self.pid, attempt=attempt, keys=msg.keys)
+        _log.info("store.cleared", job=self.job, pid=self.pid, attempt=attempt, keys=msg.keys)
 
     async def close(self) -> None:
         """Close its socket (it exits), then wait for its end, SIGKILL past ``STOP_TIMEOUT_S``.

@@ -1,0 +1,103 @@
+"""``jobs.agentstore``: whether a round's ranks are clients of a store host (torchrun's
+``TORCHELASTIC_USE_AGENT_STORE=True``) or rank 0 hosts the store; and the store host's wire."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from elasticd.jobs.agentstore import at_join, at_start
+from elasticd.workers.warm import wire
+from elasticd.workers.zygote_program import boot, storehost
+
+
+def test_a_node_with_a_listening_store_host_offers_it() -> None:
+    assert at_join(None, None).agent_store
+
+
+@pytest.mark.parametrize(
+    ("cold", "failed", "said"),
+    [("off (--no-warm)", None, "--no-warm"), ("zygote unavailable: import x", None, "import x"),
+     (None, "OSError: address in use", "address in use")],
+)  # fmt: skip
+def test_without_a_warm_parent_or_a_store_host_rank_0_hosts(
+    cold: str | None, failed: str | None, said: str
+) -> None:
+    choice = at_join(cold, failed)
+    assert not choice.agent_store and said in choice.why and "rank 0 hosts" in choice.why
+
+
+@given(st.booleans(), st.booleans(), st.one_of(st.none(), st.text(max_size=20)))
+def test_a_round_whose_leader_offered_no_store_host_is_rank_0_hosted(
+    leads: bool, one_node: bool, serving: str | None
+) -> None:
+    assert not at_start(False, leads, one_node, serving).agent_store
+
+
+@given(st.booleans(), st.booleans())
+def test_members_follow_the_leaders_offer(leads: bool, one_node: bool) -> None:
+    assert at_start(True, leads, one_node, None).agent_store  # a serving leader, or any follower
+    assert at_start(True, False, one_node, "gone").agent_store  # only the leader knows its host
+
+
+def test_a_leader_whose_store_host_is_gone_takes_the_offer_back_only_when_alone() -> None:
+    alone = at_start(True, True, True, "it has ended")
+    assert not alone.agent_store and "rank 0 hosts" in alone.why
+    shared = at_start(True, True, False, "it has ended")  # the other nodes were told True already
+    assert shared.agent_store and "find no store" in shared.why
+
+
+# --- the store host's wire -------------------------------------------------------------------------
+
+
+def test_a_store_request_is_parsed_with_its_socket_alone() -> None:
+    data = json.dumps({"op": "store", "id": 4, "host": "10.0.0.1", "port": 29500, "fds": ["ctl"]}).encode()
+    assert boot.parse_op(data, 1) == {
+        "op": "store",
+        "id": 4,
+        "host": "10.0.0.1",
+        "port": 29500,
+        "fds": ["ctl"],
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "nfds"),
+    [({}, 0), ({}, 2), ({"fds": ["log"]}, 1), ({"port": 70000}, 1), ({"port": "1"}, 1), ({"host": ""}, 1),
+     ({"host": 5}, 1), ({"id": -1}, 1)],
+)  # fmt: skip
+def test_a_bad_store_request_is_refused(change: dict[str, Any], nfds: int) -> None:
+    req = {"op": "store", "id": 4, "host": "h", "port": 29500, "fds": ["ctl"]} | change
+    with pytest.raises(boot.BadRequest):
+        boot.parse_op(json.dumps(req).encode(), nfds)
+
+
+def test_a_clear_request_names_its_attempt() -> None:
+    assert storehost.parse_clear(b'{"op": "clear", "attempt": 3}') == 3
+    for bad in (b"x", b"[]", b'{"op": "drop"}', b'{"op": "clear", "attempt": -1}', b'{"op": "clear"}'):
+        with pytest.raises(storehost.BadStoreRequest):
+            storehost.parse_clear(bad)
+
+
+def test_what_a_store_host_says_is_typed() -> None:
+    assert wire.parse_store_message(b'{"ev": "listening", "pid": 9, "port": 29500}') == wire.Listening(
+        9, 29500
+    )
+    assert wire.parse_store_message(b'{"ev": "cleared", "attempt": 1, "keys": 7}') == wire.Cleared(1, 7)
+    failed = wire.parse_store_message(b'{"ev": "store_failed", "error": "' + b"x" * 900 + b'"}')
+    assert failed == wire.StoreFailed("x" * 500)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"", b"[]", b'{"ev": "listening", "pid": 9, "port": 0}', b'{"ev": "listening", "pid": 1, "port": 5}',
+     b'{"ev": "listening", "pid": 9, "port": "5"}', b'{"ev": "cleared", "attempt": true, "keys": 1}',
+     b'{"ev": "ready", "pid": 9}', b"{" + b" " * 5000 + b"}"],
+)  # fmt: skip
+def test_garbage_from_a_store_host_is_refused(data: bytes) -> None:
+    with pytest.raises(ValueError):
+        wire.parse_store_message(data)
