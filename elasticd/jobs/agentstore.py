@@ -10,9 +10,11 @@ ranks' restarts.
 Every node of a round must agree: with ``True`` the ranks are clients only, with ``False`` rank
 0 hosts the store itself. So a node commits when it joins (``Join.store``: a store host already
 listens on the port it offers), the round's head carries group rank 0's choice to every member
-(``RoundHead.agent_store``), and each node's workers get that value. A node without a warm parent
-(cold workers), or whose store host cannot start, offers a plain port: the round runs as rank
-0-hosted, as it always could.
+(``RoundHead.agent_store``), and each node's workers get that value. A join never waits for the
+zygote's imports (the round's join timeout runs meanwhile): a node whose zygote is not ready yet,
+or that has none (cold workers), or whose store host cannot start, offers a plain port, and the
+round is rank 0-hosted, as it always could be. A round of one node needs no agreement: it
+decides at the start, when the zygote is ready (the start waits for it anyway).
 """
 
 from __future__ import annotations
@@ -50,17 +52,21 @@ def at_join(no_warm_parent: str | None, host_failed: str | None) -> Choice:
 def at_start(advertised: bool, leads: bool, one_node: bool, serving: str | None) -> Choice:
     """What this node's workers are told. ``advertised``: the round's head (group rank 0's join);
     ``leads``: this node is group rank 0; ``one_node``: every rank of the round is here;
-    ``serving``: on the leader, why its store host cannot serve the round (None: it can).
+    ``serving``: why this node's store host cannot serve the round (None: it can), asked of the
+    leader of a round that advertised one, and of a round of one node.
 
-    Only the leader can find its store host gone (with its zygote, or killed) between its join
-    and the start. In a round of one node it takes back the offer alone: rank 0 hosts. A round of
-    several nodes has told every member ``True`` already, so the ranks would find no store; that
-    is logged as an error, and the ranks' failure to connect opens the next round, whose join
+    A round of one node decides alone, at the start: a store host if one serves (started then if
+    its join came before the zygote was ready), else rank 0. A round of several nodes follows its
+    head; only the leader can find its store host gone (with its zygote, or killed) between its
+    join and the start. The members were told ``True`` already, so the ranks would find no store:
+    that is logged as an error, and their failure to connect opens the next round, whose join
     offers a store host only if one listens."""
+    if one_node:
+        if serving is None:
+            return Choice(True, "every rank is a client of the job's store host")
+        return Choice(False, f"no store host ({serving}): rank 0 hosts the store")
     if not advertised:
         return Choice(False, "the round's leader offered no store host: rank 0 hosts the store")
     if not leads or serving is None:
         return Choice(True, "every rank is a client of the store host on the master's node")
-    if one_node:
-        return Choice(False, f"the store host cannot serve ({serving}): rank 0 hosts the store")
     return Choice(True, f"the store host cannot serve ({serving}): the ranks will find no store")

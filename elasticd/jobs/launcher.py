@@ -134,7 +134,7 @@ class ProcessLauncher:
                 "zygote.cold", job=spec.id, round=result.round, state=zygote.state.value, why=zygote.reason
             )
             zygote = None
-        agent_store = await self._agent_store(result, member)
+        agent_store = await self._agent_store(result, member, zygote)
         group, watch = await start_group(
             self._rt,
             spec,
@@ -152,13 +152,14 @@ class ProcessLauncher:
 
     async def offer(self) -> Offer:
         """What this node puts in its join: ``MASTER_PORT`` should it lead, and whether the job's
-        store host listens there (started here from the zygote, once it is ready; kept across
-        rounds, so a node that leads again offers the same port and store)."""
+        store host listens there. Kept across rounds, so a node that leads again offers the same
+        port and store; started here when the zygote is ready now (a join never waits for its
+        imports: the round's join timeout runs meanwhile)."""
         host, failed = self._store, None
         if host is not None and not host.alive:
             await self._stop_store()
             host = None
-        zygote, cold = await self._usable_zygote()
+        zygote, cold = self._zygote_now()
         if host is None and zygote is not None:
             try:
                 host = self._store = await storehost.start(zygote, self._rt.address, master_port(self._rt))
@@ -170,32 +171,44 @@ class ProcessLauncher:
             return Offer(host.port, True)
         return Offer(master_port(self._rt), False)
 
-    async def _usable_zygote(self) -> tuple[Zygote | None, str]:
-        """The job's zygote once ready, or None and why not."""
+    def _zygote_now(self) -> tuple[Zygote | None, str]:
+        """The job's zygote if it is ready now, or None and why not."""
         if self._zygote is None:
             return None, self._cold or "none"
-        zygote = await self._zygote
-        if not await zygote.ready():
+        if not self._zygote.done():
+            return None, "its imports run on"
+        zygote = self._zygote.result()
+        if not zygote.usable:
             return None, f"zygote {zygote.state.value}: {zygote.reason}"
         return zygote, ""
 
-    async def _agent_store(self, result: RoundHead, member: Member) -> bool:
-        """What the round's workers here are told (``agentstore.at_start``); the leader empties its
-        store host of the previous attempt's keys first."""
-        leads = member.group_rank == 0
-        serving = await self._serving(result) if leads and result.agent_store else None
-        choice = agentstore.at_start(result.agent_store, leads, result.size == 1, serving)
+    async def _agent_store(self, result: RoundHead, member: Member, zygote: Zygote | None) -> bool:
+        """What the round's workers here are told (``agentstore.at_start``). A round of this node
+        alone decides here (a store host started now if its join could not offer one yet); in a
+        round of several nodes, the leader empties its store host of the previous attempt's keys."""
+        leads, one_node = member.group_rank == 0, result.size == 1
+        serving = None
+        if one_node or (leads and result.agent_store):
+            serving = await self._serving(result, zygote if one_node else None)
+        choice = agentstore.at_start(result.agent_store, leads, one_node, serving)
         say = _log.info if serving is None else _log.error if choice.agent_store else _log.warning
         say("store.chosen", job=self._job, round=result.round, agent_store=choice.agent_store, why=choice.why)
         if serving is not None:
             await self._stop_store()  # rank 0 may host on the port; the next join starts another
         return choice.agent_store
 
-    async def _serving(self, result: RoundHead) -> str | None:
-        """Why the store host cannot serve ``result``'s round (None: it can, emptied for it)."""
+    async def _serving(self, result: RoundHead, zygote: Zygote | None) -> str | None:
+        """Why the store host cannot serve ``result``'s round (None: it can, emptied for it); one
+        is started on the round's port from ``zygote`` when none listens there."""
         host = self._store
+        if (host is None or not host.alive or host.port != result.master_port) and zygote is not None:
+            await self._stop_store()
+            try:
+                host = self._store = await storehost.start(zygote, self._rt.address, result.master_port)
+            except StoreError as exc:
+                return str(exc)
         if host is None or not host.alive:
-            return "it has ended"
+            return "it has ended" if host is not None else self._cold or "no warm parent"
         if host.port != result.master_port:
             return f"it listens on {host.port}, not {result.master_port}"
         try:

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from tests.support import DaemonProc, alive_pid, log_events, submit_job, wait_for, wait_log
+from tests.conftest import DaemonFactory
+from tests.support import DaemonProc, alive_pid, log_events, start_cluster, submit_job, wait_for, wait_log
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
@@ -58,3 +59,24 @@ def test_the_store_host_dies_with_its_zygote(daemon: DaemonProc, tmp_path: Path)
     os.kill(zygote["pid"], signal.SIGKILL)
     wait_for(lambda: not alive_pid(host["pid"]), 10, what="the store host's end")
     assert daemon.wait_state(job, ("SUCCEEDED", "FAILED"), 60)["state"] == "FAILED"
+
+
+def test_the_ranks_of_two_nodes_share_the_leaders_store_host_after_a_restart(
+    daemon_factory: DaemonFactory, tmp_path: Path
+) -> None:
+    """Every node of a round follows its leader's join; by the restart every zygote is ready."""
+    a, b = start_cluster(daemon_factory, 2)
+    job = submit_job(
+        a, tmp_path, "--nnodes", "2", "--nproc-per-node", "1", "--max-restarts", "1", str(SCRIPT)
+    )
+    assert a.wait_state(job, ("SUCCEEDED", "FAILED"), 90)["state"] == "SUCCEEDED", a.log_text()[-3000:]
+    round_0 = {record(tmp_path, 0, rank)["use_agent_store"] for rank in (0, 1)}
+    assert len(round_0) == 1, "the nodes disagree in round 0"
+    r0, r1 = record(tmp_path, 1, 0), record(tmp_path, 1, 1)
+    assert r0["use_agent_store"] == r1["use_agent_store"] == "True" and r0["sum"] == r1["sum"] == 3.0
+    chosen = [e for d in (a, b) for e in log_events(d, "store.chosen", job=job, round=1)]
+    assert [e["agent_store"] for e in chosen] == [True, True], chosen
+    leader = next(d for d in (a, b) if log_events(d, "store.cleared", job=job, attempt=1))
+    assert leader.job(job)["master"].endswith(f":{r0['master_port']}")
+    hosts = log_events(leader, "store.listening", job=job)
+    assert hosts and hosts[-1]["port"] == r0["master_port"]

@@ -31,23 +31,29 @@ def test_without_a_warm_parent_or_a_store_host_rank_0_hosts(
     assert not choice.agent_store and said in choice.why and "rank 0 hosts" in choice.why
 
 
-@given(st.booleans(), st.booleans(), st.one_of(st.none(), st.text(max_size=20)))
-def test_a_round_whose_leader_offered_no_store_host_is_rank_0_hosted(
-    leads: bool, one_node: bool, serving: str | None
+@given(st.booleans(), st.one_of(st.none(), st.text(max_size=20)))
+def test_a_round_of_several_nodes_whose_leader_offered_no_store_host_is_rank_0_hosted(
+    leads: bool, serving: str | None
 ) -> None:
-    assert not at_start(False, leads, one_node, serving).agent_store
+    assert not at_start(False, leads, False, serving).agent_store
+
+
+@given(st.booleans())
+def test_members_of_a_round_of_several_nodes_follow_the_leaders_offer(leads: bool) -> None:
+    assert at_start(True, leads, False, None).agent_store  # a serving leader, or any follower
+    assert at_start(True, False, False, "gone").agent_store  # only the leader knows its host
 
 
 @given(st.booleans(), st.booleans())
-def test_members_follow_the_leaders_offer(leads: bool, one_node: bool) -> None:
-    assert at_start(True, leads, one_node, None).agent_store  # a serving leader, or any follower
-    assert at_start(True, False, one_node, "gone").agent_store  # only the leader knows its host
-
-
-def test_a_leader_whose_store_host_is_gone_takes_the_offer_back_only_when_alone() -> None:
-    alone = at_start(True, True, True, "it has ended")
+def test_a_round_of_one_node_decides_at_the_start(advertised: bool, leads: bool) -> None:
+    """Its join may have come before the zygote was ready: no other node was told anything."""
+    assert at_start(advertised, leads, True, None).agent_store
+    alone = at_start(advertised, leads, True, "it has ended")
     assert not alone.agent_store and "rank 0 hosts" in alone.why
-    shared = at_start(True, True, False, "it has ended")  # the other nodes were told True already
+
+
+def test_a_leader_whose_store_host_is_gone_cannot_take_back_what_other_nodes_were_told() -> None:
+    shared = at_start(True, True, False, "it has ended")
     assert shared.agent_store and "find no store" in shared.why
 
 
