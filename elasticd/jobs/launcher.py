@@ -191,7 +191,8 @@ class ProcessLauncher:
         if one_node or (leads and result.agent_store):
             serving = await self._serving(result, zygote if one_node else None)
         choice = agentstore.at_start(result.agent_store, leads, one_node, serving)
-        say = _log.info if serving is None else _log.error if choice.agent_store else _log.warning
+        expected = serving is None or self._zygote is None  # a cold job: rank 0 hosts, as planned
+        say = _log.info if expected else _log.error if choice.agent_store else _log.warning
         say("store.chosen", job=self._job, round=result.round, agent_store=choice.agent_store, why=choice.why)
         if serving is not None:
             await self._stop_store()  # rank 0 may host on the port; the next join starts another
