@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,8 +15,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from elasticd.jobs.agentstore import at_join, at_start
-from elasticd.workers.warm import wire
-from elasticd.workers.zygote_program import boot, storehost
+from elasticd.workers.warm import storehost, wire
+from elasticd.workers.warm import zygote as zy
+from elasticd.workers.zygote_program import boot
+from elasticd.workers.zygote_program import storehost as storehost_program
+from tests.fakes import FAKE_ZYGOTE_HEAD, READY, NoReaper, until
 
 
 def test_a_node_with_a_listening_store_host_offers_it() -> None:
@@ -83,10 +90,10 @@ def test_a_bad_store_request_is_refused(change: dict[str, Any], nfds: int) -> No
 
 
 def test_a_clear_request_names_its_attempt() -> None:
-    assert storehost.parse_clear(b'{"op": "clear", "attempt": 3}') == 3
+    assert storehost_program.parse_clear(b'{"op": "clear", "attempt": 3}') == 3
     for bad in (b"x", b"[]", b'{"op": "drop"}', b'{"op": "clear", "attempt": -1}', b'{"op": "clear"}'):
-        with pytest.raises(storehost.BadStoreRequest):
-            storehost.parse_clear(bad)
+        with pytest.raises(storehost_program.BadStoreRequest):
+            storehost_program.parse_clear(bad)
 
 
 def test_what_a_store_host_says_is_typed() -> None:
@@ -107,3 +114,53 @@ def test_what_a_store_host_says_is_typed() -> None:
 def test_garbage_from_a_store_host_is_refused(data: bytes) -> None:
     with pytest.raises(ValueError):
         wire.parse_store_message(data)
+
+
+# --- the daemon's side, against a fake zygote whose store host lies --------------------------------
+
+LYING_HOST = (
+    READY
+    + """
+data, fds, _, _ = socket.recv_fds(ctl, 1 << 22, 8)
+r = json.loads(data)
+pid = os.fork()
+if pid == 0:
+    s = socket.socket(fileno=fds[0])
+    s.send(json.dumps(SAYS | ({"pid": os.getpid()} if "pid" in SAYS else {})).encode())
+    if SAYS["ev"] != "store_failed":  # a real one exits then; a liar lingers until it is killed
+        time.sleep(60)
+    os._exit(0)
+os.close(fds[0])
+send(ev='forked', id=r['id'], pid=pid)
+_, status = os.waitpid(pid, 0)
+send(ev='exit', pid=pid, status=status)
+time.sleep(60)
+"""
+)
+
+
+@pytest.mark.parametrize(
+    ("says", "error"),
+    [({"ev": "listening", "pid": 0, "port": 1}, "not that pid"),  # another port than asked
+     ({"ev": "store_failed", "error": "EADDRINUSE"}, "EADDRINUSE")],
+)  # fmt: skip
+def test_a_store_host_that_does_not_listen_where_asked_is_stopped(
+    tmp_path: Path, says: dict[str, Any], error: str
+) -> None:
+    setup = zy.ZygoteSetup("job-1", sys.executable, "script", "/s.py", str(tmp_path), dict(os.environ), None)
+    source = FAKE_ZYGOTE_HEAD + f"SAYS = {says!r}\n" + LYING_HOST
+
+    async def run() -> None:
+        z = zy.Zygote(setup, NoReaper(), source=source.encode())  # type: ignore[arg-type]
+        z.spawn()
+        try:
+            async with asyncio.timeout(30):
+                assert await z.ready()
+                with pytest.raises(storehost.StoreError, match=error):
+                    await storehost.start(z, "127.0.0.1", 29999)
+                await until(lambda: not z.helpers)  # ended, or stopped (a liar ignores its socket's end)
+                assert z.usable  # the store host's lie is no reason to give up the zygote
+        finally:
+            await z.close()
+
+    asyncio.run(run())

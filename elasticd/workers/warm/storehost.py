@@ -87,7 +87,10 @@ async def _receive(sock: socket.socket) -> object:
 async def start(zygote: Zygote, host: str, port: int) -> StoreHost:
     """Fork the store host from ``zygote`` and wait until it listens on ``port``. Raises
     ``StoreError`` (it is stopped then)."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    except OSError as exc:  # out of fds: no store host, the round goes on without one
+        raise StoreError(f"socketpair: {exc}") from exc
     ours.setblocking(False)
     try:
         pid, exited = await zygote.fork_store(host, port, theirs.fileno())
