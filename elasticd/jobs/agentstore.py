@@ -40,12 +40,14 @@ class Choice:
 
 
 def at_join(no_warm_parent: str | None, host_failed: str | None) -> Choice:
-    """Whether this node offers a store host in its join. ``no_warm_parent``: why the job has no
-    usable zygote here (None: it has one); ``host_failed``: why its store host could not start."""
+    """Whether this node offers a store host in its join (without one, a round it leads is rank
+    0-hosted, unless it is a round of this node alone: ``at_start``). ``no_warm_parent``: why the
+    job has no usable zygote here now (None: it has one); ``host_failed``: why its store host could
+    not start."""
     if no_warm_parent is not None:
-        return Choice(False, f"no warm parent ({no_warm_parent}): rank 0 hosts the store")
+        return Choice(False, f"no store host to offer: {no_warm_parent}")
     if host_failed is not None:
-        return Choice(False, f"the store host cannot start ({host_failed}): rank 0 hosts the store")
+        return Choice(False, f"no store host to offer: it cannot start ({host_failed})")
     return Choice(True, "a store host of the job listens on the port offered")
 
 

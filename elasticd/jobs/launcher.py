@@ -20,7 +20,7 @@ from elasticd.workers.cgroups.limits import ResourceLimits
 from elasticd.workers.warm import storehost
 from elasticd.workers.warm.keeper import KeeperSetup, SnapshotKeeper
 from elasticd.workers.warm.storehost import StoreError, StoreHost
-from elasticd.workers.warm.zygote import Zygote, ZygoteSetup
+from elasticd.workers.warm.zygote import Zygote, ZygoteSetup, ZygoteState
 
 _log = log.get("elasticd.launch")
 
@@ -174,12 +174,12 @@ class ProcessLauncher:
     def _zygote_now(self) -> tuple[Zygote | None, str]:
         """The job's zygote if it is ready now, or None and why not."""
         if self._zygote is None:
-            return None, self._cold or "none"
-        if not self._zygote.done():
-            return None, "its imports run on"
-        zygote = self._zygote.result()
+            return None, f"no warm parent ({self._cold or 'none'})"
+        zygote = self._zygote.result() if self._zygote.done() else None
+        if zygote is None or zygote.state is ZygoteState.STARTING:
+            return None, "the warm parent's imports run on"
         if not zygote.usable:
-            return None, f"zygote {zygote.state.value}: {zygote.reason}"
+            return None, f"no warm parent ({zygote.state.value}: {zygote.reason})"
         return zygote, ""
 
     async def _agent_store(self, result: RoundHead, member: Member, zygote: Zygote | None) -> bool:
@@ -209,7 +209,9 @@ class ProcessLauncher:
             except StoreError as exc:
                 return str(exc)
         if host is None or not host.alive:
-            return "it has ended" if host is not None else self._cold or "no warm parent"
+            if host is not None:
+                return "it has ended"
+            return f"no warm parent ({self._cold})" if self._cold else "no usable warm parent"
         if host.port != result.master_port:
             return f"it listens on {host.port}, not {result.master_port}"
         try:

@@ -35,7 +35,7 @@ def test_without_a_warm_parent_or_a_store_host_rank_0_hosts(
     cold: str | None, failed: str | None, said: str
 ) -> None:
     choice = at_join(cold, failed)
-    assert not choice.agent_store and said in choice.why and "rank 0 hosts" in choice.why
+    assert not choice.agent_store and said in choice.why and "no store host" in choice.why
 
 
 @given(st.booleans(), st.one_of(st.none(), st.text(max_size=20)))
