@@ -30,7 +30,7 @@ from elasticd.happenings.records import (
     JobSetupFailed,
     WorkerFailed,
 )
-from elasticd.jobs.launch import NodeRuntime, master_port
+from elasticd.jobs.launch import NodeRuntime
 from elasticd.jobs.launcher import ProcessLauncher
 from elasticd.node import liveness
 from elasticd.node.peers import PeerWatch
@@ -269,8 +269,15 @@ class JobAgent:
                 await store.put_node_status(node, self.local_view(), lease)
             case act.Join(round_no):
                 rt = self._rt
-                port = master_port(rt)
-                join = Join(node, rt.address, port, self.spec.nproc_per_node, liveness_port=rt.liveness_port)
+                offer = await self._launcher.offer()
+                join = Join(
+                    node,
+                    rt.address,
+                    offer.port,
+                    self.spec.nproc_per_node,
+                    liveness_port=rt.liveness_port,
+                    store=offer.store,
+                )
                 await store.join(round_no, join, lease)
             case act.Reassert(round_no, join):
                 await store.join(round_no, join, lease)

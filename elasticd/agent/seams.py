@@ -10,6 +10,7 @@ import asyncio
 import time
 from typing import Protocol
 
+from elasticd.jobs.agentstore import Offer
 from elasticd.jobs.decider import Group
 from elasticd.progress.tracker import RankProgress
 from elasticd.rendezvous.model import Member, RoundHead
@@ -50,6 +51,11 @@ class Launcher(Protocol):
     def prepare(self, spec: JobSpec) -> None:
         """The job was admitted here: get ready to start its workers (a warm zygote: the node's
         parked one for identical jobs, or a new one)."""
+        ...
+
+    async def offer(self) -> Offer:
+        """The port offered for ``MASTER_PORT`` in a join, and whether a store host of the job
+        listens there (``elasticd.jobs.agentstore``)."""
         ...
 
     async def close(self) -> None:

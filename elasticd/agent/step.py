@@ -203,7 +203,12 @@ class _Step(StepBase):
         if lease == rec.lease and not missing:
             return
         join = JoinRecord(
-            me.node, me.address, closed.master_port, me.local_world_size, liveness_port=me.liveness_port
+            me.node,
+            me.address,
+            closed.master_port,
+            me.local_world_size,
+            liveness_port=me.liveness_port,
+            store=closed.agent_store,
         )
         self._set(lease=lease)
         self._do(Reassert(snap.current, join), Publish())

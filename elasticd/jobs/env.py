@@ -39,7 +39,10 @@ def worker_env(
     visible_devices: str,
     error_file: str,
     owner: str,
+    agent_store: bool = False,
 ) -> dict[str, str]:
+    """``agent_store``: the ranks are clients of a store hosted for them on the master's node
+    (``jobs.agentstore``), as torchrun's are of its agent's; else rank 0 hosts it."""
     env = zygote_env(base, run_id, owner)
     rank = layout.rank_offset + local_rank
     env |= {
@@ -57,7 +60,7 @@ def worker_env(
         "TORCHELASTIC_RESTART_COUNT": str(restart_count),
         "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
         "TORCHELASTIC_RUN_ID": run_id,
-        "TORCHELASTIC_USE_AGENT_STORE": "False",  # workers create their own TCPStore on rank 0
+        "TORCHELASTIC_USE_AGENT_STORE": str(agent_store),
         "TORCHELASTIC_ERROR_FILE": error_file,
         "CUDA_VISIBLE_DEVICES": visible_devices,
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # so CUDA's indices are NVML's indices

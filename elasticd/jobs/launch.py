@@ -118,12 +118,14 @@ async def start_group(
     fence: bool,
     zygote: Zygote | None = None,
     snapshots: str | None = None,
+    agent_store: bool = False,
 ) -> tuple[WorkerGroup, HangWatch]:
     """Spawn this node's workers for one round (on the event-loop thread), each with its progress
     pipe, and the watch that reads them (and judges hangs, when the job asks).
 
     ``snapshots``: the job's snapshot keeper's socket, which the workers are told of; the keeper,
-    like the zygote, outlives the attempt, and so does its cgroup leaf.
+    like the zygote, outlives the attempt, and so does its cgroup leaf. ``agent_store``: what
+    ``TORCHELASTIC_USE_AGENT_STORE`` says (``jobs.agentstore``).
 
     Raises ``SetupFailure`` (LOG_DIR_UNSAFE, LOG_DISK_FULL) when the attempt's logs cannot be
     created safely: the caller ends the job with that reason instead of spending restarts.
@@ -134,7 +136,7 @@ async def start_group(
     )
     ranks = [layout.rank_offset + local_rank for local_rank in range(layout.local_world_size)]
     files = logdir.create_attempt(rt.log_dir, spec.id, attempt, ranks, owner, rt.node_id)
-    at = _Attempt(layout, restart_count, slots, identity, snapshots)
+    at = _Attempt(layout, restart_count, slots, identity, snapshots, agent_store)
     launches, channels = _prepare(rt, spec, at, files)
     watch = HangWatch(
         [
@@ -176,6 +178,7 @@ class _Attempt:
     slots: tuple[int, ...]
     identity: Identity | None
     snapshots: str | None  # the job's snapshot keeper's socket, which every rank is told of
+    agent_store: bool = False  # the ranks are clients of the job's store host
 
 
 def _prepare(
@@ -227,6 +230,7 @@ def _launch(
         visible_devices=visible,
         error_file=str(f.error_path),
         owner=rt.node_id,
+        agent_store=at.agent_store,
     )
     env[PROGRESS_FD_ENV] = str(channel.write_fd)
     env[HEARTBEAT_FILE_ENV] = f"/dev/fd/{channel.write_fd}"

@@ -7,16 +7,20 @@ from __future__ import annotations
 import asyncio
 
 from elasticd import log
+from elasticd.jobs import agentstore
+from elasticd.jobs.agentstore import Offer
 from elasticd.jobs.env import zygote_env
 from elasticd.jobs.identity import switch_to
-from elasticd.jobs.launch import NodeRuntime, ProcessWorkers, layout_for, start_group
+from elasticd.jobs.launch import NodeRuntime, ProcessWorkers, layout_for, master_port, start_group
 from elasticd.jobs.pathcheck import check_paths
 from elasticd.rendezvous.model import Member, RoundHead
 from elasticd.terms.options import EntryKind
 from elasticd.terms.spec import JobSpec
 from elasticd.workers.cgroups.limits import ResourceLimits
+from elasticd.workers.warm import storehost
 from elasticd.workers.warm.keeper import KeeperSetup, SnapshotKeeper
-from elasticd.workers.warm.zygote import Zygote, ZygoteSetup
+from elasticd.workers.warm.storehost import StoreError, StoreHost
+from elasticd.workers.warm.zygote import Zygote, ZygoteSetup, ZygoteState
 
 _log = log.get("elasticd.launch")
 
@@ -68,6 +72,8 @@ class ProcessLauncher:
         self._rt = rt
         self._zygote: asyncio.Task[Zygote] | None = None
         self._keeper: SnapshotKeeper | None = None
+        self._store: StoreHost | None = None  # the job's store host here (``jobs.agentstore``)
+        self._cold = ""  # why the job has no zygote here
         self._job = ""
 
     def prepare(self, spec: JobSpec) -> None:
@@ -79,6 +85,7 @@ class ProcessLauncher:
         setup = zygote_setup(self._rt, spec)
         if isinstance(setup, str):
             _log.info("zygote.none", job=spec.id, reason=setup)
+            self._cold = setup
             return
         self._zygote = asyncio.ensure_future(self._obtain(setup))
 
@@ -127,6 +134,7 @@ class ProcessLauncher:
                 "zygote.cold", job=spec.id, round=result.round, state=zygote.state.value, why=zygote.reason
             )
             zygote = None
+        agent_store = await self._agent_store(result, member, zygote)
         group, watch = await start_group(
             self._rt,
             spec,
@@ -137,9 +145,85 @@ class ProcessLauncher:
             fence=result.size > 1,  # a one-member round has no peers to fence it from
             zygote=zygote,
             snapshots=await self._snapshots(),
+            agent_store=agent_store,
         )
         stopped = self._keeper.persist if self._keeper is not None else None
         return ProcessWorkers(group, self._rt, result.round, watch, stopped)
+
+    async def offer(self) -> Offer:
+        """What this node puts in its join: ``MASTER_PORT`` should it lead, and whether the job's
+        store host listens there. Kept across rounds, so a node that leads again offers the same
+        port and store; started here when the zygote is ready now (a join never waits for its
+        imports: the round's join timeout runs meanwhile)."""
+        host, failed = self._store, None
+        if host is not None and not host.alive:
+            await self._stop_store()
+            host = None
+        zygote, cold = self._zygote_now()
+        if host is None and zygote is not None:
+            try:
+                host = self._store = await storehost.start(zygote, self._rt.address, master_port(self._rt))
+            except StoreError as exc:
+                failed = str(exc)
+        choice = agentstore.at_join(cold if host is None else None, failed)
+        _log.info("store.offer", job=self._job, agent_store=choice.agent_store, why=choice.why)
+        if host is not None:
+            return Offer(host.port, True)
+        return Offer(master_port(self._rt), False)
+
+    def _zygote_now(self) -> tuple[Zygote | None, str]:
+        """The job's zygote if it is ready now, or None and why not."""
+        if self._zygote is None:
+            return None, f"no warm parent ({self._cold or 'none'})"
+        zygote = self._zygote.result() if self._zygote.done() else None
+        if zygote is None or zygote.state is ZygoteState.STARTING:
+            return None, "the warm parent's imports run on"
+        if not zygote.usable:
+            return None, f"no warm parent ({zygote.state.value}: {zygote.reason})"
+        return zygote, ""
+
+    async def _agent_store(self, result: RoundHead, member: Member, zygote: Zygote | None) -> bool:
+        """What the round's workers here are told (``agentstore.at_start``). A round of this node
+        alone decides here (a store host started now if its join could not offer one yet); in a
+        round of several nodes, the leader empties its store host of the previous attempt's keys."""
+        leads, one_node = member.group_rank == 0, result.size == 1
+        serving = None
+        if one_node or (leads and result.agent_store):
+            serving = await self._serving(result, zygote if one_node else None)
+        choice = agentstore.at_start(result.agent_store, leads, one_node, serving)
+        expected = serving is None or self._zygote is None  # a cold job: rank 0 hosts, as planned
+        say = _log.info if expected else _log.error if choice.agent_store else _log.warning
+        say("store.chosen", job=self._job, round=result.round, agent_store=choice.agent_store, why=choice.why)
+        if serving is not None:
+            await self._stop_store()  # rank 0 may host on the port; the next join starts another
+        return choice.agent_store
+
+    async def _serving(self, result: RoundHead, zygote: Zygote | None) -> str | None:
+        """Why the store host cannot serve ``result``'s round (None: it can, emptied for it); one
+        is started on the round's port from ``zygote`` when none listens there."""
+        host = self._store
+        if (host is None or not host.alive or host.port != result.master_port) and zygote is not None:
+            await self._stop_store()
+            try:
+                host = self._store = await storehost.start(zygote, self._rt.address, result.master_port)
+            except StoreError as exc:
+                return str(exc)
+        if host is None or not host.alive:
+            if host is not None:
+                return "it has ended"
+            return f"no warm parent ({self._cold})" if self._cold else "no usable warm parent"
+        if host.port != result.master_port:
+            return f"it listens on {host.port}, not {result.master_port}"
+        try:
+            await host.clear(result.round)
+        except StoreError as exc:
+            return str(exc)
+        return None
+
+    async def _stop_store(self) -> None:
+        host, self._store = self._store, None
+        if host is not None:
+            await host.close()
 
     async def _snapshots(self) -> str | None:
         """What the workers' ``ELASTICD_SNAPSHOT_SOCKET`` says: the keeper's socket, "" when this
@@ -152,7 +236,11 @@ class ProcessLauncher:
     async def close(self) -> None:
         """The job ended on this node, or this node left it: its workers are stopped. Its zygote
         goes to the node's pool if it takes it (moved out of the job's cgroup first), else stops.
-        Its snapshot keeper stops, and its snapshots with it."""
+        Its snapshot keeper stops, and its snapshots with it; its store host stops first."""
+        try:
+            await self._stop_store()
+        except Exception as exc:  # the agent is leaving: say so, never stop it from leaving
+            _log.error("store.close_failed", job=self._job, error=str(exc))
         keeper, self._keeper = self._keeper, None
         if keeper is not None:
             try:

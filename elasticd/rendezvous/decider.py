@@ -37,8 +37,9 @@ def build_result(round_no: int, ordered: Sequence[Join], closed_at: float, epoch
     for group_rank, j in enumerate(ordered):
         members.append(Member(j.node, j.address, group_rank, offset, j.local_world_size, j.liveness_port))
         offset += j.local_world_size
+    lead = ordered[0]
     return RoundResult(
-        round_no, tuple(members), offset, ordered[0].address, ordered[0].port, closed_at, epoch
+        round_no, tuple(members), offset, lead.address, lead.port, closed_at, epoch, agent_store=lead.store
     )
 
 

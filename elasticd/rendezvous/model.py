@@ -117,6 +117,7 @@ class Join:
     create_revision: int = 0  # from etcd, not stored: orders the joins
     lease: int = 0  # from etcd, not stored: the node's lease
     liveness_port: int = 0  # the node's liveness listener (see elasticd.node.liveness)
+    store: bool = False  # a store host of the job listens on ``port`` (``jobs.agentstore``)
 
     def __post_init__(self) -> None:
         _check_node_part(self.node, self.address, self.liveness_port, self.local_world_size)
@@ -129,6 +130,7 @@ class Join:
             "port": self.port,
             "local_world_size": self.local_world_size,
             "liveness_port": self.liveness_port,
+            "store": self.store,
         }
 
     @classmethod
@@ -164,6 +166,7 @@ class RoundResult:
     master_port: int
     closed_at: float = 0.0
     epoch: int = 0  # the leader's join's create_revision: ties the head to its assignments
+    agent_store: bool = False  # group rank 0's node hosts the store: TORCHELASTIC_USE_AGENT_STORE
     nodes: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -200,6 +203,7 @@ class RoundResult:
             self.master_addr,
             self.master_port,
             self.closed_at,
+            self.agent_store,
         )
 
 
@@ -216,6 +220,7 @@ class RoundHead:
     master_addr: str
     master_port: int
     closed_at: float = 0.0
+    agent_store: bool = False  # every rank is a client of a store hosted on the master's node
 
     def __post_init__(self) -> None:
         _need(0 <= self.round <= MAX_ROUND, f"round must be 0..{MAX_ROUND}, got {self.round}")

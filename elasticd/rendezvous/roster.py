@@ -103,6 +103,7 @@ def assemble(head: RoundHead, found: Iterable[Assignment]) -> RoundResult:
             head.master_port,
             head.closed_at,
             head.epoch,
+            agent_store=head.agent_store,
         )
     except ValueError as exc:
         raise DecodeError("", f"round {head.round}'s assignments do not make its head: {exc}") from exc

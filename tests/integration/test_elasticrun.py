@@ -66,6 +66,11 @@ def test_a_torchrun_line_gives_the_same_contract_under_elasticrun(
             res = elasticrun(daemon, tmp_path, *flags, *argv, env={"OUT": str(out)})
         assert res.returncode == 0, (launcher, res.stderr[-3000:])
     under_torchrun, under_elasticrun = contracts(tmp_path / "torchrun"), contracts(tmp_path / "elasticrun")
+    assert {c["use_agent_store"] for c in under_torchrun} == {"True"}  # its agent hosts the store
+    if mode == "cold":  # no warm parent to fork a store host from: rank 0 hosts it (jobs.agentstore)
+        assert {c.pop("use_agent_store") for c in under_elasticrun} == {"False"}
+        for c in under_torchrun:
+            c.pop("use_agent_store")
     assert len(under_torchrun) == 2 and under_elasticrun == under_torchrun
     assert all(c["is_torchelastic_launched"] and c["sum_of_ranks"] == 1 for c in under_elasticrun)
     assert [e["mode"] for e in log_events(daemon, "group.spawned")] == [mode], "not spawned " + mode
@@ -143,4 +148,6 @@ def test_the_same_line_on_two_nodes_with_one_rdzv_id_makes_one_job(
     assert any("joining job" in e for e in errs)  # the second line found the first one's job
     records = contracts(tmp_path)
     assert sorted(r["group_rank"] for r in records) == [0, 1] and {r["world_size"] for r in records} == {2}
+    # the nodes agree (a join never waits for the zygote: round 0 may be rank 0-hosted)
+    assert len({r["use_agent_store"] for r in records}) == 1
     assert a.job(job)["state"] == "SUCCEEDED"

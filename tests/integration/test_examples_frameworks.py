@@ -41,7 +41,8 @@ def kill_rank_1_when_paused(
     )
     try:
         wait_for(lambda: paused.exists() and paused.read_text().endswith("\n"), 180, 0.1, "rank 1 to pause")
-        job = daemon.call("status")["jobs"][0]
+        # the node's published status may lag a rank that pauses fast (its store was up before it)
+        job = wait_for(lambda: [j for j in daemon.call("status")["jobs"] if len(j["pids"]) == 2], 30)[0]
         victim = job["pids"][1]
         assert victim == int(paused.read_text())  # the daemon's rank 1 is the worker that paused
         os.kill(victim, signal.SIGKILL)

@@ -24,6 +24,7 @@ SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 # What legitimately differs between two jobs (ids, ports, fd numbers of the daemon's pipes, the
 # socket of the job's snapshot keeper where the daemons keep snapshots).
 JOB_SPECIFIC = {"MASTER_PORT", "ELASTICD_PROGRESS_FD", "ELASTICD_HEARTBEAT_FILE", "ELASTICD_SNAPSHOT_SOCKET"}
+AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 
 
 def records(out: Path, job: str) -> dict[tuple[int, int], dict[str, Any]]:
@@ -79,7 +80,9 @@ def assert_like_cold(
         for env in ("env", "environ"):  # os.environ, and /proc/<pid>/environ
             w_env, c_env = warm[where][env], cold[where][env]
             assert sorted(w_env) == sorted(c_env), f"{env} names of {where}: {set(w_env) ^ set(c_env)}"
-            differ = {k for k in c_env if w_env[k] != c_env[k]} - JOB_SPECIFIC
+            differ = {k for k in c_env if w_env[k] != c_env[k]} - JOB_SPECIFIC - {AGENT_STORE}
+            # a warm parent forks the store host that every rank is a client of; cold, rank 0 hosts it
+            assert (w_env[AGENT_STORE], c_env[AGENT_STORE]) == ("True", "False"), where
             assert not differ, f"{env} of {where}: {[(k, w_env[k], c_env[k]) for k in sorted(differ)]}"
     if log_events(daemon, "tracking.backend", backend="cgroup2"):
         for (_, rank), r in warm.items():

@@ -28,6 +28,7 @@ record = {
     "restart_count": int(env["TORCHELASTIC_RESTART_COUNT"]),
     "max_restarts": int(env["TORCHELASTIC_MAX_RESTARTS"]),
     "has_run_id": bool(env.get("TORCHELASTIC_RUN_ID")),
+    "use_agent_store": env.get("TORCHELASTIC_USE_AGENT_STORE"),
     "master": bool(env.get("MASTER_ADDR")) and env.get("MASTER_PORT", "").isdigit(),
     "sum_of_ranks": int(total.item()),
     "argv": sys.argv[1:],

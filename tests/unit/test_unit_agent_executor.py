@@ -18,6 +18,7 @@ from elasticd.agent.record import AgentState
 from elasticd.etcd.keys import KeyKind, Keys
 from elasticd.etcd.kv import prefix_end
 from elasticd.etcd.memory import MemoryKV
+from elasticd.jobs.agentstore import Offer
 from elasticd.jobs.decider import Group, GroupOutcome, group_outcome
 from elasticd.jobs.launch import NodeRuntime
 from elasticd.node.inventory import Inventory
@@ -91,6 +92,9 @@ class FakeLauncher:
 
     async def close(self) -> None:
         self.closed += 1
+
+    async def offer(self) -> Offer:
+        return Offer(29500, False)
 
     async def start(self, spec: JobSpec, result: RoundHead, member: Member, restarts: int,
                     slots: tuple[int, ...]) -> FakeWorkers:  # fmt: skip

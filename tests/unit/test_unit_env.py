@@ -22,7 +22,10 @@ LAYOUT = WorldLayout(
 
 
 def env_for(
-    local_rank: int = 2, base: Mapping[str, str] | None = None, layout: WorldLayout = LAYOUT
+    local_rank: int = 2,
+    base: Mapping[str, str] | None = None,
+    layout: WorldLayout = LAYOUT,
+    agent_store: bool = True,
 ) -> dict[str, str]:
     return worker_env(
         base=base if base is not None else {},
@@ -34,6 +37,7 @@ def env_for(
         visible_devices="4,5,6,7",
         error_file="/logs/train/attempt_2/error_2.json",
         owner="node-a",
+        agent_store=agent_store,
     )
 
 
@@ -55,7 +59,7 @@ def test_torchrun_variables() -> None:
         "TORCHELASTIC_MAX_RESTARTS": "5",
         "TORCHELASTIC_RUN_ID": "train-1234abcd",
         "TORCHELASTIC_ERROR_FILE": "/logs/train/attempt_2/error_2.json",
-        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
         "CUDA_VISIBLE_DEVICES": "4,5,6,7",
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         OWNER_ENV: "node-a",
@@ -63,6 +67,10 @@ def test_torchrun_variables() -> None:
     }
     assert {k: env[k] for k in expected} == expected
     assert ROLE_NAME == "default"
+
+
+def test_without_a_store_host_rank_0_hosts_the_store() -> None:
+    assert env_for(agent_store=False)["TORCHELASTIC_USE_AGENT_STORE"] == "False"
 
 
 def test_every_value_is_a_string() -> None:

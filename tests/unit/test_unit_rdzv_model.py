@@ -10,6 +10,7 @@ import pytest
 
 from elasticd.decode import DecodeError
 from elasticd.rendezvous import roster
+from elasticd.rendezvous.decider import build_result
 from elasticd.rendezvous.model import (
     Assignment,
     DrainRecord,
@@ -158,6 +159,7 @@ def test_join_to_json() -> None:
         "port": 1234,
         "local_world_size": 2,
         "liveness_port": 4321,
+        "store": False,
     }
 
 
@@ -180,6 +182,7 @@ def test_join_from_json_takes_revision_and_lease_from_caller() -> None:
         {"address": ""},
         {"address": "h\x00"},
         {"liveness_port": -1},
+        {"store": "yes"},
     ],
     ids=repr,
 )
@@ -240,7 +243,25 @@ def test_round_head_to_json() -> None:
         "master_addr": "10.0.0.1",
         "master_port": 29500,
         "closed_at": 12.5,
+        "agent_store": False,
     }
+
+
+def test_the_leaders_store_host_is_the_rounds_and_etcd_keeps_it() -> None:
+    """Group rank 0's join decides for every member (``jobs.agentstore``), through etcd too."""
+    joins = [Join("n1", "10.0.0.1", 29500, 4, 1, store=True), Join("n2", "10.0.0.2", 29600, 2, 2)]
+    result = build_result(3, joins, 12.5)
+    assert result.agent_store and result.head().agent_store and result.master_port == 29500
+    assert _stored(result).agent_store
+    assert not build_result(3, joins[::-1], 12.5).agent_store
+    assert Join.from_json(_via_json(joins[0].to_json())).store
+
+
+def test_records_without_a_store_say_rank_0_hosts_it() -> None:
+    data = _result().head().to_json()
+    del data["agent_store"]
+    assert RoundHead.from_json(data).agent_store is False
+    assert Join.from_json({"node": "a", "address": "h", "port": 1234, "local_world_size": 2}).store is False
 
 
 def test_round_head_from_json_without_closed_at() -> None:

@@ -27,7 +27,7 @@ from elasticd.workers.zygote_program.shared import BOOT_FILE, PROGRAM_NAME
 SNDBUF = 4 << 20  # a fork request carries one rank's argv and env
 PROGRAM = "elasticd.workers.zygote_program"
 # Run in this order, in one namespace.
-BOOT_PARTS = ("shared.py", "mempolicy.py", "title.py", "child.py", "boot.py")
+BOOT_PARTS = ("shared.py", "mempolicy.py", "title.py", "child.py", "storehost.py", "boot.py")
 # Reads the parts (NUL-separated: no Python source holds a NUL) and runs each in the same globals.
 LOADER = (
     "import os;g={{'__name__':'" + PROGRAM_NAME + "','CTL_FD':{ctl}}};"

@@ -36,7 +36,9 @@ class WarmSpawner:
 
     def spared(self) -> frozenset[int]:
         z = self._zygote
-        return frozenset({z.pid}) if z.pid is not None and z.state is ZygoteState.READY else frozenset()
+        if z.pid is None or z.state is not ZygoteState.READY:
+            return frozenset()
+        return frozenset({z.pid, *z.helpers})  # the store host outlives the group, as the zygote
 
     def markers(self) -> frozenset[str]:
         return frozenset({self._zygote.marker})

@@ -102,3 +102,43 @@ def parse_message(data: bytes) -> Message:
             files = _int(msg.get("files"), 0, 1 << 24)
             return Checked(_int(msg.get("id"), 0, 1 << 31), fresh, files, changed)
     raise ValueError("unknown message")
+
+
+# -- what a store host (``zygote_program.storehost``) says, on its own socket -----------------------
+
+
+@dataclass(frozen=True)
+class Listening:
+    pid: int
+    port: int
+
+
+@dataclass(frozen=True)
+class StoreFailed:
+    error: str
+
+
+@dataclass(frozen=True)
+class Cleared:
+    attempt: int
+    keys: int
+
+
+StoreMessage = Listening | StoreFailed | Cleared
+
+
+def parse_store_message(data: bytes) -> StoreMessage:
+    """One message of a store host; raises ``ValueError`` for anything else."""
+    if len(data) > MAX_MESSAGE:
+        raise ValueError("message too long")
+    msg = json.loads(data)
+    if not isinstance(msg, dict):
+        raise ValueError("not an object")
+    match msg.get("ev"):
+        case "listening":
+            return Listening(_int(msg.get("pid"), 2, 1 << 22), _int(msg.get("port"), 1, 65535))
+        case "store_failed":
+            return StoreFailed(_text(msg.get("error")))
+        case "cleared":
+            return Cleared(_int(msg.get("attempt"), 0, 1 << 31), _int(msg.get("keys"), 0, 1 << 31))
+    raise ValueError("unknown message")

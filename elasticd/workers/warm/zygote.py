@@ -99,6 +99,7 @@ class Zygote:
         self._reaping: asyncio.Future[int] | None = None
         self._source = source
         self._on_lost: Callable[[Zygote], None] | None = None
+        self.helpers: set[int] = set()  # its children that are not workers (the store host)
 
     # -- start -----------------------------------------------------------------------------------
     def spawn(self) -> None:
@@ -282,19 +283,6 @@ class Zygote:
         if launch.progress_fd is not None:
             names.append("progress")
             fds.append(launch.progress_fd)
-        try:
-            pid = await self._request(rid, launch, names, fds)
-            exited = self._adopt(pid)
-            self._children.place(pid, procs_fd, launch.cpus)
-            with contextlib.suppress(OSError):  # EPIPE: it has ended already (its exit follows)
-                os.write(go_w, b"1")
-        finally:
-            os.close(go_r)
-            os.close(go_w)  # before "1": the child ends itself (SPAWN_FAILED)
-        return pid, exited
-
-    async def _request(self, rid: int, launch: Launch, names: list[str], fds: list[int]) -> int:
-        assert self._loop is not None
         request = {
             "op": "fork",
             "id": rid,
@@ -305,6 +293,33 @@ class Zygote:
             "progress_fd": launch.progress_fd,
             "mems": sorted(launch.mems) if launch.mems else None,  # set by the child itself, after its go
         }
+        try:
+            pid = await self._request(rid, request, fds)
+            exited = self._adopt(pid)
+            self._children.place(pid, procs_fd, launch.cpus)
+            with contextlib.suppress(OSError):  # EPIPE: it has ended already (its exit follows)
+                os.write(go_w, b"1")
+        finally:
+            os.close(go_r)
+            os.close(go_w)  # before "1": the child ends itself (SPAWN_FAILED)
+        return pid, exited
+
+    async def fork_store(self, host: str, port: int, sock_fd: int) -> tuple[int, asyncio.Future[int]]:
+        """Fork the job's store host (``zygote_program.storehost``), its control socket ``sock_fd``
+        (the caller's to close): its pid and exit future. It stays in the zygote's cgroup leaf, and
+        the group sweeps spare it (``helpers``). Raises ``ZygoteError`` when it was not forked."""
+        if not self.usable or self._children is None:
+            raise ZygoteError(f"zygote {self.state.value}")
+        rid = self._rid()
+        request = {"op": "store", "id": rid, "host": host, "port": port, "fds": ["ctl"]}
+        pid = await self._request(rid, request, [sock_fd])
+        exited = self._adopt(pid)
+        self.helpers.add(pid)
+        exited.add_done_callback(lambda _: self.helpers.discard(pid))
+        return pid, exited
+
+    async def _request(self, rid: int, request: dict[str, object], fds: list[int]) -> int:
+        assert self._loop is not None
         reply: asyncio.Future[Forked | ForkFailed] = self._loop.create_future()
         self._forks[rid] = reply
         try:

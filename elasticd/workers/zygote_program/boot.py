@@ -15,7 +15,8 @@ parked it between the two: ``warm.pool``):
    (``stamps``): a worker forked later runs that code, so a job may adopt this zygote only while
    none of them changed;
 4. serve requests (one ``SOCK_SEQPACKET`` message each): ``fork`` (the rank's fds attached with
-   ``SCM_RIGHTS``) reports the child's pid, ``check`` re-reads the recorded files' stamps (as the
+   ``SCM_RIGHTS``) reports the child's pid, ``store`` forks the job's store host the same way
+   (``storehost``), ``check`` re-reads the recorded files' stamps (as the
    submitter: the daemon never opens a user's files) and says whether they are unchanged; and
    reap its children, reporting ``exit`` with the raw wait status.
 
@@ -42,6 +43,7 @@ if TYPE_CHECKING:  # (annotations only: the job's python may be older than the d
 if __name__ != "__elasticd_zygote__":  # the daemon's tests and mypy; in the zygote, a global already
     from elasticd.workers.zygote_program.child import become_worker, path0, run_entry
     from elasticd.workers.zygote_program.mempolicy import MAX_NODE
+    from elasticd.workers.zygote_program.storehost import BadStoreRequest, parse_store_op, serve_store
 
 MAX_REQUEST = 4 << 20  # a fork request: argv and env of one rank
 MAX_FDS = 8
@@ -133,7 +135,8 @@ def parse_request(data: bytes, nfds: int) -> dict[str, Any]:
 
 
 def parse_op(data: bytes, nfds: int) -> dict[str, Any]:
-    """A request: a fork (``parse_request``) or ``{"op": "check", "id"}`` (no fds)."""
+    """A request: a fork (``parse_request``), a store host's fork (``storehost.parse_store_op``)
+    or ``{"op": "check", "id"}`` (no fds)."""
     try:
         req = json.loads(data)
     except ValueError as exc:
@@ -143,6 +146,11 @@ def parse_op(data: bytes, nfds: int) -> dict[str, Any]:
         if type(rid) is not int or rid < 0 or nfds:
             raise BadRequest("a check request has a non-negative integer id and no fds")
         return {"op": "check", "id": rid}
+    if isinstance(req, dict) and req.get("op") == "store":
+        try:
+            return parse_store_op(req, nfds)
+        except BadStoreRequest as exc:
+            raise BadRequest(str(exc)) from None
     return parse_request(data, nfds)
 
 
@@ -305,6 +313,8 @@ def main(ctl_fd: int) -> None:
     # interpreter's finalisation) neither walk it nor copy its pages (the gc module's advice).
     gc.freeze()
     req = serve(ctl, files)  # returns in a forked child only
+    if req["op"] == "store":
+        serve_store(req)  # never returns
     become_worker(req, cfg, signals)
     run_entry(cfg)
 

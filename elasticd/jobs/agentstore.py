@@ -1,0 +1,74 @@
+"""Whether a round's ranks use a store hosted for them (``TORCHELASTIC_USE_AGENT_STORE``): pure.
+
+torchrun's agent hosts the rendezvous ``TCPStore`` and tells its workers so
+(``TORCHELASTIC_USE_AGENT_STORE=True``): every rank, rank 0 too, is a client of it. elasticd's
+host is the job's store host (``workers.warm.storehost``), forked from its warm parent on the node
+that offers it. It is bound before any rank is forked, so no rank reaches ``MASTER_PORT`` before
+something listens there (torch's client backs off 0.4-0.6 s when it does), and it outlives the
+ranks' restarts.
+
+Every node of a round must agree: with ``True`` the ranks are clients only, with ``False`` rank
+0 hosts the store itself. So a node commits when it joins (``Join.store``: a store host already
+listens on the port it offers), the round's head carries group rank 0's choice to every member
+(``RoundHead.agent_store``), and each node's workers get that value. A join never waits for the
+zygote's imports (the round's join timeout runs meanwhile): a node whose zygote is not ready yet,
+or that has none (cold workers), or whose store host cannot start, offers a plain port, and the
+round is rank 0-hosted, as it always could be. A round of one node needs no agreement: it
+decides at the start, when the zygote is ready (the start waits for it anyway).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Offer:
+    """What a node puts in its join: the port for ``MASTER_PORT`` should it lead, and whether its
+    store host listens there."""
+
+    port: int
+    store: bool
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A decision and why (the reason is logged)."""
+
+    agent_store: bool
+    why: str
+
+
+def at_join(no_warm_parent: str | None, host_failed: str | None) -> Choice:
+    """Whether this node offers a store host in its join (without one, a round it leads is rank
+    0-hosted, unless it is a round of this node alone: ``at_start``). ``no_warm_parent``: why the
+    job has no usable zygote here now (None: it has one); ``host_failed``: why its store host could
+    not start."""
+    if no_warm_parent is not None:
+        return Choice(False, f"no store host to offer: {no_warm_parent}")
+    if host_failed is not None:
+        return Choice(False, f"no store host to offer: it cannot start ({host_failed})")
+    return Choice(True, "a store host of the job listens on the port offered")
+
+
+def at_start(advertised: bool, leads: bool, one_node: bool, serving: str | None) -> Choice:
+    """What this node's workers are told. ``advertised``: the round's head (group rank 0's join);
+    ``leads``: this node is group rank 0; ``one_node``: every rank of the round is here;
+    ``serving``: why this node's store host cannot serve the round (None: it can), asked of the
+    leader of a round that advertised one, and of a round of one node.
+
+    A round of one node decides alone, at the start: a store host if one serves (started then if
+    its join came before the zygote was ready), else rank 0. A round of several nodes follows its
+    head; only the leader can find its store host gone (with its zygote, or killed) between its
+    join and the start. The members were told ``True`` already, so the ranks would find no store:
+    that is logged as an error; they wait for one until their own timeout (``init_process_group``'s,
+    or the job's hang timeout), and the next round's joins offer a store host only if one listens."""
+    if one_node:
+        if serving is None:
+            return Choice(True, "every rank is a client of the job's store host")
+        return Choice(False, f"no store host ({serving}): rank 0 hosts the store")
+    if not advertised:
+        return Choice(False, "the round's leader offered no store host: rank 0 hosts the store")
+    if not leads or serving is None:
+        return Choice(True, "every rank is a client of the store host on the master's node")
+    return Choice(True, f"the store host cannot serve ({serving}): the ranks will find no store")

@@ -1,0 +1,82 @@
+"""The job's store host (``jobs.agentstore``): the ranks are clients of a ``TCPStore`` forked from
+the job's zygote, as torchrun's workers are of their agent's; it outlives a worker's SIGKILL and
+the restart, and dies with the job and with its zygote."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import DaemonFactory
+from tests.support import DaemonProc, alive_pid, log_events, start_cluster, submit_job, wait_for, wait_log
+
+pytest.importorskip("torch")
+pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "agent_store.py"
+
+
+def record(out: Path, rnd: int, rank: int) -> dict[str, Any]:
+    return dict(json.loads((out / f"s.{rnd}.{rank}.json").read_text()))
+
+
+def test_the_store_host_outlives_a_workers_sigkill_and_serves_the_restart(
+    daemon: DaemonProc, tmp_path: Path
+) -> None:
+    job = submit_job(daemon, tmp_path, "--nproc-per-node", "2", "--max-restarts", "1", str(SCRIPT))
+    assert daemon.wait_state(job, ("SUCCEEDED", "FAILED"), 90)["state"] == "SUCCEEDED", daemon.log_text()[
+        -3000:
+    ]
+    hosts = log_events(daemon, "store.listening", job=job)
+    assert len(hosts) == 1, f"one store host for both rounds, got {hosts}"
+    pid, port = hosts[0]["pid"], hosts[0]["port"]
+    cleared = log_events(daemon, "store.cleared", job=job)
+    assert [(e["attempt"], e["pid"]) for e in cleared] == [(0, pid), (1, pid)], cleared
+    for rnd in (0, 1):
+        for rank in (0, 1):
+            r = record(tmp_path, rnd, rank)
+            assert (r["use_agent_store"], r["master_port"], r["sum"]) == ("True", port, 3.0), (rnd, rank, r)
+            assert r["restart_count"] == rnd
+    assert [
+        e["returncode"] for e in log_events(daemon, "worker.exited", pid=record(tmp_path, 0, 1)["pid"])
+    ] == [-9]
+    stopped = wait_log(daemon, "store.stopped", job=job)  # with the job
+    assert stopped["pid"] == pid and not alive_pid(pid)
+
+
+def test_the_store_host_dies_with_its_zygote(daemon: DaemonProc, tmp_path: Path) -> None:
+    job = submit_job(
+        daemon, tmp_path, "--nproc-per-node", "2", "--max-restarts", "0", str(SCRIPT), env={"HOLD": "1"}
+    )
+    host = wait_log(daemon, "store.listening", 60, job=job)
+    zygote = wait_log(daemon, "zygote.ready", 60, job=job)
+    wait_for(lambda: len(list(tmp_path.glob("s.0.*.json"))) == 2, 60, what="round 0's workers")
+    assert alive_pid(host["pid"])
+    os.kill(zygote["pid"], signal.SIGKILL)
+    wait_for(lambda: not alive_pid(host["pid"]), 10, what="the store host's end")
+    assert daemon.wait_state(job, ("SUCCEEDED", "FAILED"), 60)["state"] == "FAILED"
+
+
+def test_the_ranks_of_two_nodes_share_the_leaders_store_host_after_a_restart(
+    daemon_factory: DaemonFactory, tmp_path: Path
+) -> None:
+    """Every node of a round follows its leader's join; by the restart every zygote is ready."""
+    a, b = start_cluster(daemon_factory, 2)
+    job = submit_job(
+        a, tmp_path, "--nnodes", "2", "--nproc-per-node", "1", "--max-restarts", "1", str(SCRIPT)
+    )
+    assert a.wait_state(job, ("SUCCEEDED", "FAILED"), 90)["state"] == "SUCCEEDED", a.log_text()[-3000:]
+    round_0 = {record(tmp_path, 0, rank)["use_agent_store"] for rank in (0, 1)}
+    assert len(round_0) == 1, "the nodes disagree in round 0"
+    r0, r1 = record(tmp_path, 1, 0), record(tmp_path, 1, 1)
+    assert r0["use_agent_store"] == r1["use_agent_store"] == "True" and r0["sum"] == r1["sum"] == 3.0
+    chosen = [e for d in (a, b) for e in log_events(d, "store.chosen", job=job, round=1)]
+    assert [e["agent_store"] for e in chosen] == [True, True], chosen
+    leader = next(d for d in (a, b) if log_events(d, "store.cleared", job=job, attempt=1))
+    assert leader.job(job)["master"].endswith(f":{r0['master_port']}")
+    hosts = log_events(leader, "store.listening", job=job)
+    assert hosts and hosts[-1]["port"] == r0["master_port"]
