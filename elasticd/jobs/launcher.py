@@ -19,8 +19,9 @@ from elasticd.terms.spec import JobSpec
 from elasticd.workers.cgroups.limits import ResourceLimits
 from elasticd.workers.warm import storehost
 from elasticd.workers.warm.keeper import KeeperSetup, SnapshotKeeper
+from elasticd.workers.warm.spawn import ZygoteSetup
 from elasticd.workers.warm.storehost import StoreError, StoreHost
-from elasticd.workers.warm.zygote import Zygote, ZygoteSetup, ZygoteState
+from elasticd.workers.warm.zygote import Zygote, ZygoteState
 
 _log = log.get("elasticd.launch")
 

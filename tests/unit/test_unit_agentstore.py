@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from elasticd.jobs.agentstore import at_join, at_start
-from elasticd.workers.warm import storehost, wire
+from elasticd.workers.warm import spawn, storehost, wire
 from elasticd.workers.warm import zygote as zy
 from elasticd.workers.zygote_program import boot
 from elasticd.workers.zygote_program import storehost as storehost_program
@@ -147,7 +147,9 @@ time.sleep(60)
 def test_a_store_host_that_does_not_listen_where_asked_is_stopped(
     tmp_path: Path, says: dict[str, Any], error: str
 ) -> None:
-    setup = zy.ZygoteSetup("job-1", sys.executable, "script", "/s.py", str(tmp_path), dict(os.environ), None)
+    setup = spawn.ZygoteSetup(
+        "job-1", sys.executable, "script", "/s.py", str(tmp_path), dict(os.environ), None
+    )
     source = FAKE_ZYGOTE_HEAD + f"SAYS = {says!r}\n" + LYING_HOST
 
     async def run() -> None:

@@ -114,6 +114,7 @@ PURE = (
     "elasticd.agent.conduct",
     "elasticd.jobs.decider",
     "elasticd.manager.drainrule",
+    "elasticd.jobs.agentstore",
     "elasticd.jobs.admission",
     "elasticd.jobs.rootcause",
     "elasticd.progress.decider",

@@ -9,6 +9,7 @@ import sys
 from importlib import resources
 from pathlib import Path
 
+from elasticd.workers.snapshot_program import protocol
 from elasticd.workers.warm import keeper
 
 PROGRAM = Path(str(resources.files(keeper.PROGRAM)))
@@ -33,7 +34,7 @@ def test_the_keeper_runs_its_protocol_first() -> None:
 
 
 def test_the_guards_name_the_keeper_as_the_loader_does() -> None:
-    assert f"'__name__':'{keeper.KEEPER_NAME}'" in keeper.LOADER
+    assert f"'__name__':'{protocol.KEEPER_NAME}'" in keeper.LOADER
     for part in keeper.PARTS:
         tree = ast.parse((PROGRAM / part).read_text())
         names = [
@@ -44,7 +45,7 @@ def test_the_guards_name_the_keeper_as_the_loader_does() -> None:
             and n.left.id == "__name__"
             and isinstance(n.comparators[0], ast.Constant)
         ]
-        assert set(names) <= {keeper.KEEPER_NAME}, part
+        assert set(names) <= {protocol.KEEPER_NAME}, part
 
 
 def test_the_keepers_parts_import_the_standard_library_only() -> None:
@@ -75,10 +76,10 @@ def test_the_keepers_parts_import_the_standard_library_only() -> None:
 def test_no_module_writes_a_protocol_name_again() -> None:
     """The protocol's constants are written once: the keeper's other parts, the workers' side and
     the daemon's side (``warm.keeper``) take them from it."""
-    protocol = ast.parse((PROGRAM / "protocol.py").read_text())
+    source = ast.parse((PROGRAM / "protocol.py").read_text())
     defined = {
         t.id
-        for node in protocol.body
+        for node in source.body
         if isinstance(node, ast.Assign)
         for t in node.targets
         if isinstance(t, ast.Name) and t.id.isupper()
@@ -94,7 +95,7 @@ def test_no_module_writes_a_protocol_name_again() -> None:
 
 
 def test_the_daemon_knows_every_report_the_keeper_sends_and_waits_long_enough() -> None:
-    from elasticd.workers.snapshot_program import filing, protocol
+    from elasticd.workers.snapshot_program import filing
 
     events = [
         kw.value
@@ -105,5 +106,5 @@ def test_the_daemon_knows_every_report_the_keeper_sends_and_waits_long_enough() 
     ]
     assert all(isinstance(ev, ast.Name) for ev in events), "an event named by a literal, not by protocol"
     told = {getattr(protocol, ev.id) for ev in events if isinstance(ev, ast.Name)}
-    assert told == set(keeper.REPORTS) == set(protocol.REPORTS)
+    assert told == set(protocol.REPORTS)
     assert keeper.PERSIST_TIMEOUT_S > filing.WRITE_TIMEOUT_S

@@ -129,7 +129,9 @@ def launch(tmp_path: Path) -> Launch:
 
 
 def with_zygote(tmp_path: Path, body: str, test: Callable[[zy.Zygote], Awaitable[None]]) -> None:
-    setup = zy.ZygoteSetup("job-1", sys.executable, "script", "/s.py", str(tmp_path), dict(os.environ), None)
+    setup = zygote_spawn.ZygoteSetup(
+        "job-1", sys.executable, "script", "/s.py", str(tmp_path), dict(os.environ), None
+    )
 
     async def run() -> None:
         z = zy.Zygote(setup, NoReaper(), source=(FAKE_ZYGOTE_HEAD + body).encode())  # type: ignore[arg-type]
@@ -148,7 +150,7 @@ def test_a_pid_that_is_not_the_zygotes_child_is_never_adopted(tmp_path: Path) ->
 
     async def test(z: zy.Zygote) -> None:
         assert await z.ready()
-        with pytest.raises(zy.ZygoteError):
+        with pytest.raises(zygote_spawn.ZygoteError):
             await z.fork(launch(tmp_path), None)
         assert z.state is zy.ZygoteState.LOST and "not its child" in z.reason
         await until(lambda: _zombie(z.pid))  # killed: it cannot be trusted
@@ -191,7 +193,7 @@ def test_a_zygote_that_talks_nonsense_is_given_up(tmp_path: Path) -> None:
     async def test(z: zy.Zygote) -> None:
         await until(lambda: z.state is zy.ZygoteState.LOST)
         assert "bogus" in z.reason
-        with pytest.raises(zy.ZygoteError):
+        with pytest.raises(zygote_spawn.ZygoteError):
             await z.fork(launch(tmp_path), None)
 
     with_zygote(tmp_path, body, test)
@@ -234,7 +236,7 @@ def test_the_real_program_refuses_to_serve_with_a_second_thread(tmp_path: Path) 
     )
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
     script = str(tmp_path / "s.py")
-    setup = zy.ZygoteSetup("job-1", sys.executable, "script", script, str(tmp_path), env, None,
+    setup = zygote_spawn.ZygoteSetup("job-1", sys.executable, "script", script, str(tmp_path), env, None,
                            preload=("threadstarter",), torch=False)  # fmt: skip
 
     async def run() -> None:

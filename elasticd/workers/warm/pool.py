@@ -39,8 +39,8 @@ import psutil
 from elasticd import log
 from elasticd.workers.cgroups.tracking import JobTracking, NoTracker, Tracker
 from elasticd.workers.warm import pool_decider as pd
-from elasticd.workers.warm.spawn import ZygoteKey
-from elasticd.workers.warm.zygote import Zygote, ZygoteError, ZygoteSetup
+from elasticd.workers.warm.spawn import ZygoteError, ZygoteKey, ZygoteSetup
+from elasticd.workers.warm.zygote import Zygote
 
 _log = log.get("elasticd.zygote")
 
@@ -161,7 +161,7 @@ class ZygotePool:
             _log.warning("zygote.dropped", job=parked.job, pid=zygote.pid, why="cgroup")
             self._background(zygote.close())
             return None
-        zygote.job = setup.job_id
+        zygote.adopt(setup.job_id)
         _log.info(
             "zygote.adopted",
             job=setup.job_id,

@@ -7,7 +7,8 @@ import asyncio
 from elasticd import log
 from elasticd.workers import numa_memory
 from elasticd.workers.group import Launch, Spawner
-from elasticd.workers.warm.zygote import Zygote, ZygoteError, ZygoteState
+from elasticd.workers.warm.spawn import ZygoteError
+from elasticd.workers.warm.zygote import Zygote, ZygoteState
 
 _log = log.get("elasticd.zygote")
 

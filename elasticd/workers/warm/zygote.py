@@ -49,7 +49,7 @@ from elasticd.workers.warm.wire import (
     parse_message,
 )
 
-__all__ = ["Zygote", "ZygoteError", "ZygoteSetup", "ZygoteState"]
+__all__ = ["Zygote", "ZygoteState"]
 
 _log = log.get("elasticd.zygote")
 
@@ -267,6 +267,10 @@ class Zygote:
             return int(psutil.Process(self.pid).memory_info().rss)
         except psutil.Error:
             return None
+
+    def adopt(self, job_id: str) -> None:
+        """Serve ``job_id`` from now on: a parked zygote taken by another job of the same setup."""
+        self.job = job_id
 
     def on_lost(self, callback: Callable[[Zygote], None] | None) -> None:
         """Called (once) when the zygote is lost: dead, or no longer to be trusted."""
