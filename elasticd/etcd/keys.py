@@ -6,10 +6,16 @@ the prefix that has no meaning (an unknown kind, a bad job or node id, a round t
 plain decimal) raises ``DecodeError`` naming the part. Pure: no etcd client.
 
 A job's *parts* live apart from the rest of the job, under ``parts/<job>/`` rather than
-``jobs/<job>/``: what each node keeps of its own part in it (its joins, its status, the note of
-why it cannot take part), under its lease. Every daemon watches the whole prefix *but* that
-subtree (``Keys.watched``), and only a round's leader watches its round's joins, so a round of N
-nodes costs O(N) watch events, not N².
+``jobs/<job>/``: what each node keeps of its own part in it (its joins, the note of why it
+cannot take part), under its lease. Every daemon watches the whole prefix *but* that subtree
+(``Keys.watched``), and only a round's leader watches its round's joins, so a round of N nodes
+costs O(N) watch events, not N².
+
+Each node's report of its part in a job (its state, devices, pids, progress: rewritten on every
+step and every progress publish) lives apart from the parts, under ``reports/<job>/<node>``:
+no daemon watches it and no read of every job (the scan, the table of ``status``) covers it, so
+N members' reports cost each other daemon nothing; ``status <job>`` (and ``kill``, ``logs``)
+reads one job's in pages (``rendezvous/reportread.py``).
 
 A node's presence in a job lives apart too, under ``presence/<job>/<node>`` (under the node's
 lease, from its admission until its agent leaves): no daemon's watch covers it, and a job's
@@ -57,7 +63,7 @@ class KeyKind(StrEnum):
     DONE = "done"
     LEFT = "left"
     WAITING = "waiting"  # jobs/<job>/waiting/<node>
-    NODE_STATUS = "node_status"  # parts/<job>/status/<node>: unwatched too
+    NODE_STATUS = "node_status"  # reports/<job>/<node>: unwatched, and outside the scan's read
     PENDING = "pending"  # parts/<job>/pending/<node>: unwatched too
     JOB_DRAIN = "job_drain"  # jobs/<job>/drain/<node>
     EVENT = "event"  # events/...: the cluster's event history (elasticd.events.rings)
@@ -84,7 +90,7 @@ _JOB_LEAVES = {
 }
 _NODE_KEYS = {"nodes": KeyKind.NODE, "drain": KeyKind.NODE_DRAIN}
 _JOB_NODE_KEYS = {"waiting": KeyKind.WAITING, "drain": KeyKind.JOB_DRAIN}
-_PART_NODE_KEYS = {"status": KeyKind.NODE_STATUS, "pending": KeyKind.PENDING}
+_PART_NODE_KEYS = {"pending": KeyKind.PENDING}
 _ROUND_NODE_KEYS = {"done": KeyKind.DONE, "left": KeyKind.LEFT}
 
 
@@ -119,8 +125,10 @@ class Keys:
     # neither see v2 joins nor read their own). v3: jobs/<job>/spec holds the job's head, and the
     # full spec moved to specs/<job> (a v2 daemon would read a head as an invalid spec). v4: a
     # round's result is a small head, and each member's part is its own record under rounds/ (a
-    # v3 daemon would read a head as an invalid result).
-    prefix: str = "/elasticd/v4"
+    # v3 daemon would read a head as an invalid result). v5: each node's status moved out of
+    # parts/ to reports/<job>/<node>, outside the scan's read (a v4 daemon would neither show v5
+    # statuses nor read them, and a v5 one would take a v4 status for an invalid part).
+    prefix: str = "/elasticd/v5"
 
     # -- build ---------------------------------------------------------------------------------
     def nodes(self) -> str:
@@ -140,15 +148,23 @@ class Keys:
         return f"{self.prefix}/jobs/{job_id}/"
 
     def job_parts(self, job_id: str) -> str:
-        """The job's parts: its joins of every round, its nodes' statuses and pending notes."""
+        """The job's parts: its joins of every round and its nodes' pending notes."""
         return f"{self.prefix}/parts/{job_id}/"
 
     def job_prefixes(self, job_id: str) -> tuple[str, str]:
         """Every key of the job: its parts, then the rest (the order a removal deletes them in,
         so that an interrupted removal leaves no parts of a job that has no records). The job's
-        full spec (``job_body``) and its rounds' assignments (``job_rounds``) go in the same
-        transaction as the rest."""
+        full spec (``job_body``), its rounds' assignments (``job_rounds``) and its nodes' reports
+        (``job_reports``) go in the same transaction as the rest."""
         return self.job_parts(job_id), self.job(job_id)
+
+    def job_reports(self, job_id: str) -> str:
+        """Every node's report of its part in the job (``node_status``): outside every read of
+        every job; ``status <job>`` reads them in pages (``rendezvous/reportread.py``)."""
+        return f"{self.prefix}/reports/{job_id}/"
+
+    def all_reports(self) -> str:
+        return f"{self.prefix}/reports/"
 
     def job_rounds(self, job_id: str) -> str:
         """The assignments of every round of the job that is kept (``assignment``)."""
@@ -162,7 +178,7 @@ class Keys:
     def job_joins(self, job_id: str) -> tuple[str, str]:
         """The range [start, end) of the job's joins, of every round: a round is a plain decimal,
         so its keys sort from ``0`` to ``:`` (the byte after ``9``), apart from its nodes'
-        statuses and pending notes (``pending/``, ``status/``)."""
+        pending notes (``pending/``)."""
         parts = self.job_parts(job_id)
         return parts + "0", parts + ":"
 
@@ -184,11 +200,10 @@ class Keys:
 
     def watched(self) -> tuple[tuple[str, str], ...]:
         """The ranges [start, end) every daemon watches: the whole prefix but the nodes' records,
-        the jobs' parts, the nodes' presences, the rounds' assignments and the full specs. They are
-        left out as one range (``nodes/`` to ``specs/``): the layout has no other key between them
-        (``drain``, ``gpus``, ``janitor``, ``jobs``, ``events`` and ``event_seq`` sort before
-        ``nodes/``), so one more
-        watch stream is not needed."""
+        the jobs' parts, the nodes' presences and reports, the rounds' assignments and the full
+        specs. They are left out as one range (``nodes/`` to ``specs/``): the layout has no other
+        key between them (``drain``, ``gpus``, ``janitor``, ``jobs``, ``events`` and
+        ``event_seq`` sort before ``nodes/``), so one more watch stream is not needed."""
         return (
             (f"{self.prefix}/", self.nodes()),
             (prefix_end(self.specs()), prefix_end(f"{self.prefix}/")),
@@ -251,7 +266,7 @@ class Keys:
         return f"{self.prefix}/jobs/{job_id}/waiting/{node}"
 
     def node_status(self, job_id: str, node: str) -> str:
-        return f"{self.prefix}/parts/{job_id}/status/{node}"
+        return f"{self.prefix}/reports/{job_id}/{node}"
 
     def pending_note(self, job_id: str, node: str) -> str:
         return f"{self.prefix}/parts/{job_id}/pending/{node}"
@@ -320,7 +335,7 @@ class Keys:
                 return KeyRef(KeyKind.EVENT_SEQ)
             case ["jobs", job, *rest]:
                 return _job_key(_job(job), rest)
-            case [("parts" | "rounds") as tree, job, *rest]:
+            case [("parts" | "rounds" | "reports") as tree, job, *rest]:
                 return _part_key(tree, _job(job), rest)
             case ["presence", job, node]:
                 return KeyRef(KeyKind.PRESENCE, _job(job), node=_node(node))
@@ -330,9 +345,9 @@ class Keys:
                 raise DecodeError("", "no such key: the layout has no key of this name")
 
     def job_of(self, key: str) -> str | None:
-        """The job a key is under (``jobs/<job>/...``, ``parts/<job>/...`` or ``rounds/<job>/...``),
-        parsed or not; None for other keys."""
-        for base in (self.jobs(), self.all_parts(), self.all_rounds()):
+        """The job a key is under (``jobs/<job>/...``, ``parts/<job>/...``, ``reports/<job>/...``
+        or ``rounds/<job>/...``), parsed or not; None for other keys."""
+        for base in (self.jobs(), self.all_parts(), self.all_reports(), self.all_rounds()):
             if key.startswith(base):
                 job, sep, _ = key[len(base) :].partition("/")
                 return job if sep else None
@@ -364,8 +379,13 @@ def _job_key(job: str, rest: list[str]) -> KeyRef:
 
 
 def _part_key(tree: str, job: str, rest: list[str]) -> KeyRef:
-    """A key under ``parts/<job>/`` (a join, its round a plain decimal, or a node's record) or
-    under ``rounds/<job>/`` (a member's assignment of a round)."""
+    """A key under ``parts/<job>/`` (a join, its round a plain decimal, or a node's note), under
+    ``reports/<job>/`` (a node's status) or under ``rounds/<job>/`` (a member's assignment of a
+    round)."""
+    if tree == "reports":
+        if len(rest) != 1:
+            raise DecodeError("", "no such key: a job's reports have no record of this name")
+        return KeyRef(KeyKind.NODE_STATUS, job, node=_node(rest[0]))
     if tree == "rounds":
         if len(rest) != 2:
             raise DecodeError("", "no such key: a round has no record of this name")

@@ -29,7 +29,7 @@ from elasticd.manager.facts import NodeFacts
 from elasticd.manager.jobs import JobManager
 from elasticd.manager.statusviews import StatusViews
 from elasticd.node.registry import NodeRegistry
-from elasticd.rendezvous import rosterread
+from elasticd.rendezvous import reportread, rosterread
 from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.ids import valid_job_id
 from elasticd.terms.options import EntryKind
@@ -165,7 +165,10 @@ class JobCommands:
             snap = (recent or {}).get(job_id)
             if snap is None:
                 snap = await self.snapshot(job_id)
-                self._manager.amend_snapshot(snap)  # (heads only, as the read of every job)
+                # (heads only and no statuses, as the read of every job)
+                self._manager.amend_snapshot(reportread.with_reports(snap, {}))
+            else:  # the read of every job carries no node's status: this job's, in pages
+                snap = reportread.with_reports(snap, await self._manager.store_of(job_id).statuses())
             view = job_view(await self.with_members(snap), self.facts.node_id)
             if queue and view["state"] == JobState.PENDING:
                 place = self._manager.board.queue(await self._manager.recent_snapshots()).place(job_id)

@@ -1,9 +1,11 @@
 """A job's state in the key-value store: one consistent snapshot per read, and the writes that
 change it, behind the async ``JobStore`` protocol.
 
-Reads are a single request over ``jobs/<job>/`` and the job's parts ``parts/<job>/`` (its joins,
-statuses and pending notes), at one revision, so a snapshot is never torn; with the rounds'
-assignments (``rounds/<job>/``: every one, or a member's own), in the same request.
+Reads are a single request over ``jobs/<job>/`` and the job's parts ``parts/<job>/`` (its joins
+and pending notes), at one revision, so a snapshot is never torn; with the rounds' assignments
+(``rounds/<job>/``: every one, or a member's own), in the same request. The nodes' statuses
+(``reports/<job>/``: what ``status`` shows, no decider reads them) follow in pages
+(``reportread``).
 Every write that must not race is a transaction guarded by revisions (the fencing tokens):
 - the job is created once (``create(head) == 0``), its head (``jobs/<job>/spec``) and its full
   spec (``specs/<job>``, read by a node about to take part: ``spec``) together, and removed
@@ -33,8 +35,8 @@ from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV, prefix_end
 from elasticd.etcd.types import Compare, Put, Query
-from elasticd.rendezvous import roster, rosterread
-from elasticd.rendezvous.model import FinalRecord, Join, RoundInfo, RoundResult
+from elasticd.rendezvous import reportread, roster, rosterread
+from elasticd.rendezvous.model import FinalRecord, Join, NodeStatus, RoundInfo, RoundResult
 from elasticd.rendezvous.snapshot import Glance, InvalidKey, JobSnapshot, Seen
 from elasticd.terms.head import JobHead, body_bytes, check_body
 from elasticd.terms.spec import JobSpec
@@ -59,6 +61,7 @@ class JobStore(Protocol):
         rosters: bool = True,
     ) -> JobSnapshot: ...
     async def glance(self, round_no: int, node: str) -> Glance: ...
+    async def statuses(self) -> dict[str, NodeStatus]: ...
     async def create(self, spec: JobSpec) -> bool: ...
     async def spec(self, head: JobHead) -> JobSpec: ...
     async def finalize(
@@ -92,6 +95,9 @@ class KVJobStore:
         self._kv = kv
         self._keys = keys
         self.job_id = job_id
+        # The job's head's create revision as a read last found it (0: none found yet): a status
+        # is put only while that head is there (``put_node_status``).
+        self._head_revision = 0
 
     async def _run(self, fn: Callable[[], T]) -> T:
         raise NotImplementedError
@@ -108,10 +114,17 @@ class KVJobStore:
         """The whole job; with ``joins_counted_of=r``, round r's join keys are only counted
         (a running member needs how many are left, not N records: O(1) instead of O(N)); with
         ``statuses=False``, its nodes' statuses and pending notes are left out (what ``status``
-        shows, which no decider reads: an agent's read carries O(N) records fewer); with
+        shows, which no decider reads: an agent's read carries O(N) records fewer; with them, the
+        statuses are read after the rest, in pages: ``reportread``); with
         ``rosters=False``, no round's assignments but ``node``'s own of the current round (a
         member's read: O(1) bytes, whatever the job's size)."""
-        return await self._run(lambda: self._member_snapshot(joins_counted_of, statuses, node, rosters))
+        snap = await self._run(lambda: self._member_snapshot(joins_counted_of, statuses, node, rosters))
+        return reportread.with_reports(snap, await self.statuses()) if statuses else snap
+
+    async def statuses(self) -> dict[str, NodeStatus]:
+        """Each node's status in the job (``reports/<job>/``), read in pages (``reportread``)."""
+        reports = await self._run(lambda: reportread.read_reports(self._kv, self._keys, self.job_id))
+        return reportread.statuses(self._keys, self.job_id, reports)
 
     def _member_snapshot(
         self, counted_of: int | None, statuses: bool, node: str, rosters: bool
@@ -145,6 +158,8 @@ class KVJobStore:
             queries.append(Query(counted, prefix=True, count_only=True))
         found = self._kv.read_many(queries)
         kvs = [kv for f in found[:read] for kv in f.kvs]
+        head = next((kv.create_revision for kv in found[0].kvs if kv.key == k.job_spec(j)), 0)
+        self._head_revision = head or self._head_revision  # (gone: the guard fails on the old one)
         mine = node if not rosters and hint is not None else ""
         snap = JobSnapshot.parse(k, j, kvs, node=mine)
         if counted_of is not None:
@@ -306,15 +321,16 @@ class KVJobStore:
 
     async def remove(self) -> None:
         """Delete every record of the job: its parts first (see ``Keys.job_prefixes``), then its
-        records, its rounds' assignments and its full spec in one transaction, so that none is
-        left without the others."""
+        records, its rounds' assignments, its nodes' reports and its full spec in one
+        transaction, so that none is left without the others."""
         parts, records = self._keys.job_prefixes(self.job_id)
         body = self._keys.job_body(self.job_id)
         rounds = Query(self._keys.job_rounds(self.job_id), prefix=True)
+        reports = Query(self._keys.job_reports(self.job_id), prefix=True)
 
         def remove() -> None:
             self._kv.delete_prefix(parts)
-            self._kv.txn([], [], [Query(records, prefix=True), rounds, body])
+            self._kv.txn([], [], [Query(records, prefix=True), rounds, reports, body])
 
         await self._run(remove)
 
@@ -335,8 +351,18 @@ class KVJobStore:
         await self._run(lambda: self._kv.delete(self._keys.waiting(self.job_id, node)))
 
     async def put_node_status(self, node: str, status: dict[str, Any], lease: int) -> None:
-        key = self._keys.node_status(self.job_id, node)
-        await self._run(lambda: self._kv.put_json(key, status, lease))
+        """Publish ``node``'s report (``reports/<job>/<node>``), only while the job's head read
+        last is there: no read of every job covers the reports, so none finds one left of a
+        removed job (a leaving agent's last publish after ``rm``) to delete; this puts none.
+        Before any read of the job, unguarded."""
+        k, j = self._keys, self.job_id
+        key, head = k.node_status(j, node), self._head_revision
+        if not head:
+            await self._run(lambda: self._kv.put_json(key, status, lease))
+            return
+        await self._run(
+            lambda: self._kv.txn([Compare(k.job_spec(j), "create", head)], [Put(key, status, lease)])
+        )
 
     async def note_pending(self, node: str, note: str | None, lease: int) -> None:
         key = self._keys.pending_note(self.job_id, node)

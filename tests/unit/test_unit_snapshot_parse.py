@@ -30,11 +30,14 @@ ORPHAN_REASON = "every node of round 0 was lost"
 
 PARTS = "parts:"  # a key ``parts:<rest>`` is ``parts/<job>/<rest>``, among the job's parts
 ROUNDS = "rounds:"  # a key ``rounds:<rest>`` is ``rounds/<job>/<rest>``, a round's assignment
+REPORTS = "reports:"  # a key ``reports:<rest>`` is ``reports/<job>/<rest>``, a node's status
 
 
 def key_of(rest: str, job: str = JOB) -> str:
-    """``rest`` under the job's records (``jobs/<job>/``), its parts (``parts:...``) or its
-    rounds' assignments (``rounds:...``)."""
+    """``rest`` under the job's records (``jobs/<job>/``), its parts (``parts:...``), its rounds'
+    assignments (``rounds:...``) or its nodes' reports (``reports:...``)."""
+    if rest.startswith(REPORTS):
+        return KEYS.job_reports(job) + rest.removeprefix(REPORTS)
     if rest.startswith(PARTS):
         return KEYS.job_parts(job) + rest.removeprefix(PARTS)
     if rest.startswith(ROUNDS):
@@ -68,7 +71,7 @@ def running() -> dict[str, Any]:
         "parts:0/join/n1": join.to_json(),
         "rdzv/0/result": result.head().to_json(),
         "rounds:0/n1": roster.assignments(result)[0].to_json(),
-        "parts:status/n1": {
+        "reports:n1": {
             "state": status.state,
             "round": 0,
             "devices": "",
@@ -179,18 +182,19 @@ CASES = [
     ("rdzv/0/done/n1", {"at": "now"}),
     ("rdzv/0/left/n1", []),
     ("waiting/n2", None),
-    ("parts:status/n1", {"state": "RUNNING"}),
+    ("reports:n1", {"state": "RUNNING"}),
+    ("parts:status/n1", running()["reports:n1"]),  # where v4 kept statuses: no part of a job now
     ("parts:pending/n2", 42),
-    ("nodes/n1", running()["parts:status/n1"]),  # where v1 kept statuses: no record of a job now
+    ("nodes/n1", running()["reports:n1"]),  # where v1 kept statuses: no record of a job now
     ("pending/n2", running()["parts:pending/n2"]),  # ... and pending notes
-    ("parts:nodes/n1", running()["parts:status/n1"]),
-    ("parts:0/status/n1", running()["parts:status/n1"]),  # a status is no round's
+    ("parts:nodes/n1", running()["reports:n1"]),
+    ("parts:0/status/n1", running()["reports:n1"]),  # a status is no round's
     ("parts:status/join/n1", running()["parts:0/join/n1"]),  # a round is a decimal, not a kind
     ("drain/n1", {"grace_s": -5}),
     ("rdzv/x/result", running()["rdzv/0/result"]),
     ("rdzv/01/done/n1", {"at": 1.0}),
     ("parts:0/join/bad node", running()["parts:0/join/n1"]),
-    ("parts:status/../etc", running()["parts:status/n1"]),
+    ("reports:../etc", running()["reports:n1"]),
     ("surprise", {}),
 ]
 
@@ -223,9 +227,9 @@ def test_a_bad_job_id_makes_every_key_invalid() -> None:
 
 def test_one_bad_key_in_a_valid_snapshot_is_named_and_the_rest_is_read() -> None:
     snap = _with(
-        "parts:status/n1", {"state": "RUNNING", "round": 0, "devices": "", "pids": [-1], "updated_at": 1.0}
+        "reports:n1", {"state": "RUNNING", "round": 0, "devices": "", "pids": [-1], "updated_at": 1.0}
     )
-    assert [k.key for k in snap.invalid] == [f"parts/{JOB}/status/n1"]
+    assert [k.key for k in snap.invalid] == [f"reports/{JOB}/n1"]
     assert "pids" in snap.invalid[0].why
     assert snap.head is not None and snap.result is not None and snap.node_status == {}
 
