@@ -6,10 +6,16 @@ the prefix that has no meaning (an unknown kind, a bad job or node id, a round t
 plain decimal) raises ``DecodeError`` naming the part. Pure: no etcd client.
 
 A job's *parts* live apart from the rest of the job, under ``parts/<job>/`` rather than
-``jobs/<job>/``: what each node keeps of its own part in it (its joins, the note of why it
-cannot take part), under its lease. Every daemon watches the whole prefix *but* that subtree
-(``Keys.watched``), and only a round's leader watches its round's joins, so a round of N nodes
-costs O(N) watch events, not N².
+``jobs/<job>/``: each node's joins, under its lease. Every daemon watches the whole prefix *but*
+that subtree (``Keys.watched``), and only a round's leader watches its round's joins, so a round
+of N nodes costs O(N) watch events, not N². No read of every job (the scan, the table of
+``status``) covers them either: what decides on a job's joins reads them for that job alone (a
+round's agents and its leader; the admitter and the janitor count them or ask about one node;
+``status <job>``), so a round of N reaches each other daemon as O(1) bytes.
+
+The note of why an allowed node cannot take part (``notes/<job>/<node>``, under its lease) is
+apart too: unwatched, but in the read of every job (``status`` shows it, and the admitter writes
+one only when it differs from the one held).
 
 Each node's report of its part in a job (its state, devices, pids, progress: rewritten on every
 step and every progress publish) lives apart from the parts, under ``reports/<job>/<node>``:
@@ -59,12 +65,12 @@ class KeyKind(StrEnum):
     RESULT = "result"  # jobs/<job>/rdzv/<r>/result: the round's head (elasticd.rendezvous.roster)
     ASSIGNMENT = "assignment"  # rounds/<job>/<r>/<node>: one member's part; unwatched, like parts/
     PRESENCE = "presence"  # presence/<job>/<node>: under its lease; watched by the job's agents alone
-    JOIN = "join"  # parts/<job>/<r>/join/<node>: outside jobs/, and outside the daemons' watch
+    JOIN = "join"  # parts/<job>/<r>/join/<node>: outside the daemons' watch and the scan's read
     DONE = "done"
     LEFT = "left"
     WAITING = "waiting"  # jobs/<job>/waiting/<node>
     NODE_STATUS = "node_status"  # reports/<job>/<node>: unwatched, and outside the scan's read
-    PENDING = "pending"  # parts/<job>/pending/<node>: unwatched too
+    PENDING = "pending"  # notes/<job>/<node>: unwatched, in the read of every job
     JOB_DRAIN = "job_drain"  # jobs/<job>/drain/<node>
     EVENT = "event"  # events/...: the cluster's event history (elasticd.events.rings)
     EVENT_SEQ = "event_seq"  # event_seq: the last event's sequence number
@@ -90,8 +96,8 @@ _JOB_LEAVES = {
 }
 _NODE_KEYS = {"nodes": KeyKind.NODE, "drain": KeyKind.NODE_DRAIN}
 _JOB_NODE_KEYS = {"waiting": KeyKind.WAITING, "drain": KeyKind.JOB_DRAIN}
-_PART_NODE_KEYS = {"pending": KeyKind.PENDING}
 _ROUND_NODE_KEYS = {"done": KeyKind.DONE, "left": KeyKind.LEFT}
+_NODE_TREES = {"reports": KeyKind.NODE_STATUS, "notes": KeyKind.PENDING}  # <tree>/<job>/<node>
 
 
 @dataclass(frozen=True)
@@ -127,7 +133,9 @@ class Keys:
     # round's result is a small head, and each member's part is its own record under rounds/ (a
     # v3 daemon would read a head as an invalid result). v5: each node's status moved out of
     # parts/ to reports/<job>/<node>, outside the scan's read (a v4 daemon would neither show v5
-    # statuses nor read them, and a v5 one would take a v4 status for an invalid part).
+    # statuses nor read them, and a v5 one would take a v4 status for an invalid part); the
+    # pending notes moved to notes/<job>/<node>, and the read of every job leaves parts/ (the
+    # joins) out.
     prefix: str = "/elasticd/v5"
 
     # -- build ---------------------------------------------------------------------------------
@@ -147,16 +155,35 @@ class Keys:
         """Every record of the job but its parts (``job_parts``)."""
         return f"{self.prefix}/jobs/{job_id}/"
 
+    def every_job(self) -> tuple[str, str]:
+        """The prefixes the read of every job covers (``JobsRead``: the scan, the table of
+        ``status``): the jobs' records and their pending notes, and no member's key."""
+        return self.jobs(), self.all_notes()
+
+    def read_with_every_job(self, relative: str) -> bool:
+        """Whether a key (relative to the prefix, as ``InvalidKey`` names it) is in the read of
+        every job: a bad one elsewhere (a join, an assignment) is seen only by a read of its job."""
+        return f"{self.prefix}/{relative}".startswith(self.every_job())
+
     def job_parts(self, job_id: str) -> str:
-        """The job's parts: its joins of every round and its nodes' pending notes."""
+        """The job's parts: its joins of every round."""
         return f"{self.prefix}/parts/{job_id}/"
 
-    def job_prefixes(self, job_id: str) -> tuple[str, str]:
-        """Every key of the job: its parts, then the rest (the order a removal deletes them in,
-        so that an interrupted removal leaves no parts of a job that has no records). The job's
+    def job_notes(self, job_id: str) -> str:
+        """The job's pending notes (``pending_note``)."""
+        return f"{self.prefix}/notes/{job_id}/"
+
+    def all_notes(self) -> str:
+        """Every job's pending notes: unwatched, read with every job (``JobsRead``)."""
+        return f"{self.prefix}/notes/"
+
+    def job_prefixes(self, job_id: str) -> tuple[str, str, str]:
+        """Every key of the job: its parts and notes, then the rest (the order a removal deletes
+        them in, so that an interrupted removal leaves no notes of a job that has no records,
+        which the janitor would find in the read of every job and delete). The job's
         full spec (``job_body``), its rounds' assignments (``job_rounds``) and its nodes' reports
         (``job_reports``) go in the same transaction as the rest."""
-        return self.job_parts(job_id), self.job(job_id)
+        return self.job_parts(job_id), self.job_notes(job_id), self.job(job_id)
 
     def job_reports(self, job_id: str) -> str:
         """Every node's report of its part in the job (``node_status``): outside every read of
@@ -177,13 +204,13 @@ class Keys:
 
     def job_joins(self, job_id: str) -> tuple[str, str]:
         """The range [start, end) of the job's joins, of every round: a round is a plain decimal,
-        so its keys sort from ``0`` to ``:`` (the byte after ``9``), apart from its nodes'
-        pending notes (``pending/``)."""
+        so its keys sort from ``0`` to ``:`` (the byte after ``9``)."""
         parts = self.job_parts(job_id)
         return parts + "0", parts + ":"
 
     def all_parts(self) -> str:
-        """Every job's parts: the subtree no daemon watches (a round's leader watches its joins)."""
+        """Every job's joins: the subtree no daemon watches (a round's leader watches its round's)
+        and no read of every job covers."""
         return f"{self.prefix}/parts/"
 
     def presence(self, job_id: str, node: str) -> str:
@@ -200,7 +227,7 @@ class Keys:
 
     def watched(self) -> tuple[tuple[str, str], ...]:
         """The ranges [start, end) every daemon watches: the whole prefix but the nodes' records,
-        the jobs' parts, the nodes' presences and reports, the rounds' assignments and the full
+        the jobs' notes and parts, the nodes' presences and reports, the rounds' assignments and the full
         specs. They are left out as one range (``nodes/`` to ``specs/``): the layout has no other
         key between them (``drain``, ``gpus``, ``janitor``, ``jobs``, ``events`` and
         ``event_seq`` sort before ``nodes/``), so one more watch stream is not needed."""
@@ -269,7 +296,7 @@ class Keys:
         return f"{self.prefix}/reports/{job_id}/{node}"
 
     def pending_note(self, job_id: str, node: str) -> str:
-        return f"{self.prefix}/parts/{job_id}/pending/{node}"
+        return f"{self.prefix}/notes/{job_id}/{node}"
 
     def drains(self) -> str:
         return f"{self.prefix}/drain/"
@@ -335,7 +362,7 @@ class Keys:
                 return KeyRef(KeyKind.EVENT_SEQ)
             case ["jobs", job, *rest]:
                 return _job_key(_job(job), rest)
-            case [("parts" | "rounds" | "reports") as tree, job, *rest]:
+            case [("parts" | "rounds" | "reports" | "notes") as tree, job, *rest]:
                 return _part_key(tree, _job(job), rest)
             case ["presence", job, node]:
                 return KeyRef(KeyKind.PRESENCE, _job(job), node=_node(node))
@@ -345,9 +372,9 @@ class Keys:
                 raise DecodeError("", "no such key: the layout has no key of this name")
 
     def job_of(self, key: str) -> str | None:
-        """The job a key is under (``jobs/<job>/...``, ``parts/<job>/...``, ``reports/<job>/...``
-        or ``rounds/<job>/...``), parsed or not; None for other keys."""
-        for base in (self.jobs(), self.all_parts(), self.all_reports(), self.all_rounds()):
+        """The job a key is under (``jobs/<job>/...``, ``notes/<job>/...``, ``parts/<job>/...``,
+        ``reports/<job>/...`` or ``rounds/<job>/...``), parsed or not; None for other keys."""
+        for base in (self.jobs(), self.all_notes(), self.all_parts(), self.all_reports(), self.all_rounds()):
             if key.startswith(base):
                 job, sep, _ = key[len(base) :].partition("/")
                 return job if sep else None
@@ -379,13 +406,13 @@ def _job_key(job: str, rest: list[str]) -> KeyRef:
 
 
 def _part_key(tree: str, job: str, rest: list[str]) -> KeyRef:
-    """A key under ``parts/<job>/`` (a join, its round a plain decimal, or a node's note), under
-    ``reports/<job>/`` (a node's status) or under ``rounds/<job>/`` (a member's assignment of a
-    round)."""
-    if tree == "reports":
+    """A key under ``parts/<job>/`` (a join, its round a plain decimal), ``notes/<job>/`` (a
+    node's pending note), ``reports/<job>/`` (a node's status) or ``rounds/<job>/`` (a member's
+    assignment of a round)."""
+    if tree in _NODE_TREES:
         if len(rest) != 1:
-            raise DecodeError("", "no such key: a job's reports have no record of this name")
-        return KeyRef(KeyKind.NODE_STATUS, job, node=_node(rest[0]))
+            raise DecodeError("", f"no such key: a job's {tree} have no record of this name")
+        return KeyRef(_NODE_TREES[tree], job, node=_node(rest[0]))
     if tree == "rounds":
         if len(rest) != 2:
             raise DecodeError("", "no such key: a round has no record of this name")
@@ -393,8 +420,6 @@ def _part_key(tree: str, job: str, rest: list[str]) -> KeyRef:
     match rest:
         case [r, "join", node]:
             return KeyRef(KeyKind.JOIN, job, round_no(r), _node(node))
-        case [kind, node] if kind in _PART_NODE_KEYS:
-            return KeyRef(_PART_NODE_KEYS[kind], job, node=_node(node))
         case _:
             raise DecodeError("", "no such key: a job's parts have no record of this name")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
@@ -155,6 +155,23 @@ class JobCommands:
             return snap
         return rosterread.with_round(snap, head, await self._rounds.read(snap.job_id, head))
 
+    async def _with_parts(self, snap: JobSnapshot) -> JobSnapshot:
+        """``snap`` (from the read of every job: no status, no join) with its nodes' statuses
+        and, where its view shows them (an open round, or pending notes to set apart from the
+        members'), its current round's joins, each read in pages for this job alone."""
+        store = self._manager.store_of(snap.job_id)
+        snap = reportread.with_reports(snap, await store.statuses())
+        if snap.closed is not None and not snap.pending:
+            return snap
+        got = await store.round_joins(snap.current)
+        joins = {**snap.joins, snap.current: got.joins.get(snap.current, [])}
+        return replace(
+            snap,
+            joins=joins,
+            joins_read=True,
+            invalid=sorted([*snap.invalid, *got.invalid], key=lambda k: k.key),
+        )
+
     async def view(self, job_id: str, queue: bool = True, held: bool = True) -> dict[str, Any]:
         """The job as ``status`` shows it: from the recent read of every job while it is valid
         (``JobManager.recent``; not unless ``held``), else from a read of this job alone; with
@@ -167,8 +184,8 @@ class JobCommands:
                 snap = await self.snapshot(job_id)
                 # (heads only and no statuses, as the read of every job)
                 self._manager.amend_snapshot(reportread.with_reports(snap, {}))
-            else:  # the read of every job carries no node's status: this job's, in pages
-                snap = reportread.with_reports(snap, await self._manager.store_of(job_id).statuses())
+            else:  # the read of every job carries no member's status nor join: this job's
+                snap = await self._with_parts(snap)
             view = job_view(await self.with_members(snap), self.facts.node_id)
             if queue and view["state"] == JobState.PENDING:
                 place = self._manager.board.queue(await self._manager.recent_snapshots()).place(job_id)

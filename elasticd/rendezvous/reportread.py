@@ -18,8 +18,9 @@ from dataclasses import replace
 
 from elasticd.decode import DecodeError, parse_json, report_invalid
 from elasticd.etcd.keys import KeyKind, Keys
-from elasticd.etcd.kv import KV, prefix_end
-from elasticd.etcd.types import KeyValue, Query
+from elasticd.etcd.kv import KV
+from elasticd.etcd.pages import read_pages
+from elasticd.etcd.types import KeyValue
 from elasticd.rendezvous.model import NodeStatus
 from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.spec import MAX_NODES
@@ -31,16 +32,7 @@ MAX_REPORTS = MAX_NODES + 1024  # keys under one job's reports that a read takes
 def read_reports(kv: KV, keys: Keys, job_id: str, page: int = PAGE) -> list[KeyValue]:
     """Every report of ``job_id`` (blocking: run it in a thread), in pages of at most ``page``
     keys, at most ``MAX_REPORTS`` of them."""
-    prefix = keys.job_reports(job_id)
-    start, end = prefix, prefix_end(prefix)
-    read: list[KeyValue] = []
-    while len(read) < MAX_REPORTS:
-        (found,) = kv.read_many([Query(start, end=end, limit=min(page, MAX_REPORTS - len(read)))])
-        read += found.kvs
-        if len(found.kvs) >= found.count or not found.kvs:
-            break
-        start = found.kvs[-1].key + "\0"  # the next key after the last one read
-    return read
+    return read_pages(kv, keys.job_reports(job_id), page, MAX_REPORTS)
 
 
 def statuses(keys: Keys, job_id: str, kvs: list[KeyValue]) -> dict[str, NodeStatus]:

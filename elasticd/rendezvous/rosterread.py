@@ -8,7 +8,10 @@ What does need members reads them here, for one job:
   pages of ``PAGE`` keys (each request bounded, however large the round), then assembled against
   its head (``roster.assemble``); ``Rounds`` keeps the last few read (they never change);
 - ``membership``: whether given nodes are members of a closed round, one key each (their own
-  assignments) in one request (``drain``'s check; the janitor's, remembered: ``Members``).
+  assignments) in one request (``drain``'s check; the janitor's, remembered: ``Members``);
+- ``Members.live``: a member of a running round that is still there (its join) and has work
+  left, for the janitor, which the read of every job no longer tells (it carries no join): the
+  one found last time asked about alone, else the round's joins in growing pages until one is.
 
 The pages are separate requests, so not of one revision. A closed round's assignments do not
 change: each is written before its head and never after, and they are deleted only after their
@@ -33,6 +36,7 @@ from elasticd.rendezvous.snapshot import InvalidKey, JobSnapshot
 from elasticd.terms.spec import MAX_NODES
 
 PAGE = 500  # assignments per request: ~430 bytes each, ~215 KB a response
+LIVE_PAGES = (8, 64, PAGE)  # joins read at a time for ``Members.live``; then PAGE, up to MAX_KEYS
 MAX_KEYS = MAX_NODES + 1024  # keys under one round's assignments that a read takes (a bound)
 
 Roster = RoundResult | InvalidKey | None  # the round whole; its bad key; None: it was forgotten
@@ -113,6 +117,7 @@ class Members:
         self._kv = kv
         self._keys = keys
         self._known: dict[tuple[str, int, int], dict[str, bool]] = {}  # (job, round, epoch) -> node -> member
+        self._live: dict[tuple[str, int, int], str] = {}  # (job, round, epoch) -> the member found there
 
     async def first(self, snap: JobSnapshot, head: RoundHead, nodes: Sequence[str]) -> str | None:
         """The first of ``nodes`` that is a member of ``head``'s round (None: none is): from the
@@ -133,10 +138,48 @@ class Members:
                 return hit
         return None
 
+    async def live(self, snap: JobSnapshot, head: RoundHead) -> str | InvalidKey | None:
+        """A member of ``head``'s round (the job's current one) that is there (its join, under its
+        lease) and not done (None: none is); a bad join read, as the key the job fails for. From
+        ``snap``'s joins when it holds them (a read of the job alone); else the member found last
+        time, asked about alone (one key), and only when it is gone or done, the round's joins in
+        growing pages (``LIVE_PAGES``) until one is: O(1) bytes a sweep, whatever the round's size."""
+        done = snap.done.get(head.round, set())
+        if snap.joins_read:
+            return await self.first(
+                snap, head, [j.node for j in snap.joins.get(head.round, []) if j.node not in done]
+            )
+        key = (snap.job_id, head.round, head.epoch)
+        known = self._live.get(key)
+        if known is not None and known not in done:
+            query = Query(self._keys.join(snap.job_id, head.round, known))
+            (found,) = await asyncio.to_thread(self._kv.read_many, [query])
+            got = JobSnapshot.parse(self._keys, snap.job_id, found.kvs)
+            if got.invalid or got.joins:
+                return got.invalid[0] if got.invalid else known
+        prefix = self._keys.joins(snap.job_id, head.round)
+        start, end, pages, taken = prefix, prefix_end(prefix), list(LIVE_PAGES), 0
+        while taken < MAX_KEYS:
+            query = Query(start, end=end, limit=pages.pop(0) if pages else PAGE)
+            (found,) = await asyncio.to_thread(self._kv.read_many, [query])
+            got = JobSnapshot.parse(self._keys, snap.job_id, found.kvs)
+            if got.invalid:
+                return got.invalid[0]
+            nodes = [j.node for j in got.joins.get(head.round, []) if j.node not in done]
+            if hit := await self.first(snap, head, sorted(nodes)):
+                self._live[key] = hit
+                return hit
+            taken += len(found.kvs)
+            if len(found.kvs) >= found.count or not found.kvs:
+                return None
+            start = found.kvs[-1].key + "\0"  # the next key after the last one read
+        return None
+
     def retain(self, snaps: Mapping[str, JobSnapshot]) -> None:
         """Forget every round that is not a current, closed one of ``snaps``."""
         keep = {(j, s.closed.round, s.closed.epoch) for j, s in snaps.items() if s.closed is not None}
         self._known = {k: v for k, v in self._known.items() if k in keep}
+        self._live = {k: v for k, v in self._live.items() if k in keep}
 
 
 class Rounds:

@@ -31,13 +31,16 @@ ORPHAN_REASON = "every node of round 0 was lost"
 PARTS = "parts:"  # a key ``parts:<rest>`` is ``parts/<job>/<rest>``, among the job's parts
 ROUNDS = "rounds:"  # a key ``rounds:<rest>`` is ``rounds/<job>/<rest>``, a round's assignment
 REPORTS = "reports:"  # a key ``reports:<rest>`` is ``reports/<job>/<rest>``, a node's status
+NOTES = "notes:"  # a key ``notes:<rest>`` is ``notes/<job>/<rest>``, a node's pending note
 
 
 def key_of(rest: str, job: str = JOB) -> str:
     """``rest`` under the job's records (``jobs/<job>/``), its parts (``parts:...``), its rounds'
-    assignments (``rounds:...``) or its nodes' reports (``reports:...``)."""
+    assignments (``rounds:...``), its nodes' reports (``reports:...``) or notes (``notes:...``)."""
     if rest.startswith(REPORTS):
         return KEYS.job_reports(job) + rest.removeprefix(REPORTS)
+    if rest.startswith(NOTES):
+        return KEYS.job_notes(job) + rest.removeprefix(NOTES)
     if rest.startswith(PARTS):
         return KEYS.job_parts(job) + rest.removeprefix(PARTS)
     if rest.startswith(ROUNDS):
@@ -78,7 +81,7 @@ def running() -> dict[str, Any]:
             "pids": [100, 101],
             "updated_at": 6.0,
         },
-        "parts:pending/n2": "n2 is waiting for 2 free CPU slots (0 of 2 free now)",
+        "notes:n2": "n2 is waiting for 2 free CPU slots (0 of 2 free now)",
     }
 
 
@@ -184,9 +187,10 @@ CASES = [
     ("waiting/n2", None),
     ("reports:n1", {"state": "RUNNING"}),
     ("parts:status/n1", running()["reports:n1"]),  # where v4 kept statuses: no part of a job now
-    ("parts:pending/n2", 42),
+    ("notes:n2", 42),
+    ("parts:pending/n2", running()["notes:n2"]),  # where v4 kept pending notes: no part now
     ("nodes/n1", running()["reports:n1"]),  # where v1 kept statuses: no record of a job now
-    ("pending/n2", running()["parts:pending/n2"]),  # ... and pending notes
+    ("pending/n2", running()["notes:n2"]),  # ... and pending notes
     ("parts:nodes/n1", running()["reports:n1"]),
     ("parts:0/status/n1", running()["reports:n1"]),  # a status is no round's
     ("parts:status/join/n1", running()["parts:0/join/n1"]),  # a round is a decimal, not a kind
