@@ -23,6 +23,7 @@ from elasticd.agent.joinwatch import JoinWatch
 from elasticd.agent.record import AgentRecord, AgentState, Leave, Local, Observed, View, presence_asked
 from elasticd.agent.seams import Clock, Launcher, Lease, SystemClock, Workers
 from elasticd.agent.step import step
+from elasticd.decode import report_invalid
 from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keys import Change
 from elasticd.happenings.bus import publish
@@ -258,6 +259,8 @@ class JobAgent:
         assignment: only a read of this job covers them), as the janitor ends it for the others;
         once (``fail_invalid`` writes the final record only if there is none)."""
         unseen = [k for k in snap.invalid if not self._store.keys.read_with_every_job(k.key)]
+        for bad in unseen:  # (the janitor's scan reports the others)
+            report_invalid(bad.key, bad.revision, bad.why, job=snap.job_id)
         if unseen and await self._store.fail_invalid(replace(snap, invalid=unseen)):
             publish(JobFailed(snap.job_id, EndReason.INVALID_RECORD, key=unseen[0].key))
 

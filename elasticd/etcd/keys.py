@@ -132,10 +132,9 @@ class Keys:
     # full spec moved to specs/<job> (a v2 daemon would read a head as an invalid spec). v4: a
     # round's result is a small head, and each member's part is its own record under rounds/ (a
     # v3 daemon would read a head as an invalid result). v5: each node's status moved out of
-    # parts/ to reports/<job>/<node>, outside the scan's read (a v4 daemon would neither show v5
-    # statuses nor read them, and a v5 one would take a v4 status for an invalid part); the
-    # pending notes moved to notes/<job>/<node>, and the read of every job leaves parts/ (the
-    # joins) out.
+    # parts/ to reports/<job>/<node>, its pending note to notes/<job>/<node>, and the read of
+    # every job leaves parts/ (the joins) out (a v4 daemon would see no v5 status or note, nor a
+    # v5 daemon a v4 one).
     prefix: str = "/elasticd/v5"
 
     # -- build ---------------------------------------------------------------------------------

@@ -244,6 +244,7 @@ class Janitor:
             key = (snap.job_id, snap.current)
             alive = await self._members.live(snap, closed)
             if isinstance(alive, InvalidKey):  # a bad join read: the job fails for it
+                report_invalid(alive.key, alive.revision, alive.why, job=snap.job_id)
                 await self._fail_invalid(replace(snap, invalid=[alive]))
                 return
             if alive:
