@@ -135,6 +135,7 @@ class Janitor:
     async def sweep(self, snaps: dict[str, JobSnapshot]) -> None:
         missing, self._missing = self._missing, {}
         self._members.retain(snaps)
+        await self._members.prefetch(snaps)  # each running round's member, all in a request or few
         for snap in snaps.values():
             if missing and (snap.job_id, snap.current) in missing and not snap.ended:
                 self._missing[(snap.job_id, snap.current)] = missing[(snap.job_id, snap.current)]

@@ -37,6 +37,7 @@ from elasticd.terms.spec import MAX_NODES
 
 PAGE = 500  # assignments per request: ~430 bytes each, ~215 KB a response
 LIVE_PAGES = (8, 64, PAGE)  # joins read at a time for ``Members.live``; then PAGE, up to MAX_KEYS
+ASKS = 100  # keys asked about in one request (etcd takes at most 128 operations in one)
 MAX_KEYS = MAX_NODES + 1024  # keys under one round's assignments that a read takes (a bound)
 
 Roster = RoundResult | InvalidKey | None  # the round whole; its bad key; None: it was forgotten
@@ -118,6 +119,7 @@ class Members:
         self._keys = keys
         self._known: dict[tuple[str, int, int], dict[str, bool]] = {}  # (job, round, epoch) -> node -> member
         self._live: dict[tuple[str, int, int], str] = {}  # (job, round, epoch) -> the member found there
+        self._fetched: dict[tuple[str, int, str], list[KeyValue]] = {}  # (job, round, node) -> its join read
 
     async def first(self, snap: JobSnapshot, head: RoundHead, nodes: Sequence[str]) -> str | None:
         """The first of ``nodes`` that is a member of ``head``'s round (None: none is): from the
@@ -138,6 +140,24 @@ class Members:
                 return hit
         return None
 
+    async def prefetch(self, snaps: Mapping[str, JobSnapshot]) -> None:
+        """Ask about the member ``live`` found last time in every running round at once (one
+        request per ``ASKS`` rounds, not one each): what ``live`` then answers from, once."""
+        asks = []
+        for snap in snaps.values():
+            head = snap.closed
+            if head is None or snap.final is not None or snap.joins_read:
+                continue
+            known = self._live.get((snap.job_id, head.round, head.epoch))
+            if known is not None and known not in snap.done.get(head.round, set()):
+                asks.append((snap.job_id, head.round, known))
+        self._fetched = {}
+        for start in range(0, len(asks), ASKS):
+            chunk = asks[start : start + ASKS]
+            queries = [Query(self._keys.join(job, r, node)) for job, r, node in chunk]
+            found = await asyncio.to_thread(self._kv.read_many, queries)
+            self._fetched.update((ask, f.kvs) for ask, f in zip(chunk, found, strict=True))
+
     async def live(self, snap: JobSnapshot, head: RoundHead) -> str | InvalidKey | None:
         """A member of ``head``'s round (the job's current one) that is there (its join, under its
         lease) and not done (None: none is); a bad join read, as the key the job fails for. From
@@ -152,9 +172,11 @@ class Members:
         key = (snap.job_id, head.round, head.epoch)
         known = self._live.get(key)
         if known is not None and known not in done:
-            query = Query(self._keys.join(snap.job_id, head.round, known))
-            (found,) = await asyncio.to_thread(self._kv.read_many, [query])
-            got = JobSnapshot.parse(self._keys, snap.job_id, found.kvs)
+            kvs = self._fetched.pop((snap.job_id, head.round, known), None)
+            if kvs is None:
+                query = Query(self._keys.join(snap.job_id, head.round, known))
+                kvs = (await asyncio.to_thread(self._kv.read_many, [query]))[0].kvs
+            got = JobSnapshot.parse(self._keys, snap.job_id, kvs)
             if got.invalid or got.joins:
                 return got.invalid[0] if got.invalid else known
         prefix = self._keys.joins(snap.job_id, head.round)

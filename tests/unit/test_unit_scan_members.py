@@ -50,9 +50,9 @@ def service_on(kv: ReadsKV, tmp: Path) -> CommandService:
     return CommandService(facts, m, SimpleNamespace(records=lambda: []), kv, KEYS)  # type: ignore[arg-type]
 
 
-def form(kv: ReadsKV, n: int) -> InlineJobStore:
-    """``n`` members join round 0 and publish their statuses; the round closes."""
-    store = InlineJobStore(kv, KEYS, JOB)
+def form(kv: ReadsKV, n: int, job: str = JOB) -> InlineJobStore:
+    """``n`` members join round 0 of ``job`` and publish their statuses; the round closes."""
+    store = InlineJobStore(kv, KEYS, job)
     run_inline(store.snapshot(statuses=False))  # (the head its joins and statuses are put under)
     lease = kv.grant_lease(3600)
     for i in range(n):
@@ -165,3 +165,45 @@ def test_the_admitter_counts_joins_only_where_it_would_act(tmp_path: Path) -> No
     assert asyncio.run(scans()) == [1, 0, 0]
     note = run_inline(InlineJobStore(kv, KEYS, wide.id).snapshot()).pending
     assert note == {"n1": "n1 is waiting for 4 free CPU slots (2 of 2 free now)"}
+
+
+class Calls(Counting):
+    """``Counting`` that keeps how many requests asked about joins."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.join_requests = 0
+
+    def read_many(self, queries: Sequence[Query]) -> list[Found]:
+        self.join_requests += any(q.key.startswith(KEYS.all_parts()) for q in queries)
+        return super().read_many(queries)
+
+
+def test_the_janitor_asks_about_one_member_of_each_running_round_in_one_request(tmp_path: Path) -> None:
+    """Whether each running round still has a member there: after the first sweep found one per
+    round, each sweep (the quiet safety net's too) asks about that one's join, every round's in
+    one request, whatever the rounds' sizes."""
+    kv = Calls()
+    jobs = {"big-1": 600, "mid-1": 40, "one-1": 1}
+    for job, n in jobs.items():
+        spec = make_spec(id=job, nnodes=NodeRange(n, n), nproc_per_node=8)
+        assert run_inline(InlineJobStore(kv, KEYS, job).create(spec))
+        form(kv, n, job)
+    m = service_on(kv, tmp_path).jobs._manager
+
+    async def sweeps() -> list[tuple[int, int]]:
+        seen = []
+        for quiet in (False, False, True):
+            kv.forget()
+            kv.join_requests = 0
+            if not quiet:
+                m.wake()
+            await m.scan(quiet=quiet)
+            seen.append((kv.join_requests, sum(kv.key.startswith(KEYS.all_parts()) for kv in kv.got)))
+        return seen
+
+    first, again, net = asyncio.run(sweeps())
+    assert first[1] <= 8 * len(jobs)  # the first page of each round's joins
+    assert again == net == (1, len(jobs))
+    for job in jobs:
+        assert run_inline(InlineJobStore(kv, KEYS, job).snapshot(statuses=False)).final is None
