@@ -8,6 +8,7 @@ Reached through ``CommandService.jobs``, after the command's permission check
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, replace
@@ -30,6 +31,7 @@ from elasticd.manager.jobs import JobManager
 from elasticd.manager.statusviews import StatusViews
 from elasticd.node.registry import NodeRegistry
 from elasticd.rendezvous import reportread, rosterread
+from elasticd.rendezvous.model import NodeStatus
 from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.ids import valid_job_id
 from elasticd.terms.options import EntryKind
@@ -71,7 +73,18 @@ class JobCommands:
     @cached_property
     def status_views(self) -> StatusViews:
         """Every job's view, encoded once per change, and ``status``'s replies made of them."""
-        return StatusViews(self.facts.node_id, self._manager.board)
+        return StatusViews(self.facts.node_id, self._manager.board, self._own_statuses)
+
+    def _own_statuses(self) -> dict[str, NodeStatus]:
+        """This node's part in each job it takes part in, as its agent knows it (state, round,
+        devices, pids): what a view of every job shows of this node, whose read carries no
+        node's status."""
+        out: dict[str, NodeStatus] = {}
+        for job_id, agent in self._manager.agents.items():
+            v = agent.local_view()
+            with contextlib.suppress(ValueError):
+                out[job_id] = NodeStatus(v["state"], v["round"], v["devices"], tuple(v["pids"]), 0.0)
+        return out
 
     async def submit(self, spec: JobSpec, limits: Limits | None = None) -> dict[str, Any]:
         """Store a new job, within the submitter's ``limits``: the spec's size, and the jobs they
