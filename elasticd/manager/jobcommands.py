@@ -195,8 +195,9 @@ class JobCommands:
             snap = (recent or {}).get(job_id)
             if snap is None:
                 snap = await self.snapshot(job_id)
-                # (heads only and no statuses, as the read of every job)
-                self._manager.amend_snapshot(reportread.with_reports(snap, {}))
+                # (heads only, no status and no join, as the read of every job)
+                bare = replace(snap, node_status={}, joins={}, join_counts={}, joins_read=False)
+                self._manager.amend_snapshot(bare)
             else:  # the read of every job carries no member's status nor join: this job's
                 snap = await self._with_parts(snap)
             view = job_view(await self.with_members(snap), self.facts.node_id)
