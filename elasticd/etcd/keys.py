@@ -66,7 +66,7 @@ class KeyKind(StrEnum):
     ASSIGNMENT = "assignment"  # rounds/<job>/<r>/<node>: one member's part; unwatched, like parts/
     PRESENCE = "presence"  # presence/<job>/<node>: under its lease; watched by the job's agents alone
     JOIN = "join"  # parts/<job>/<r>/join/<node>: outside the daemons' watch and the scan's read
-    DONE = "done"
+    DONE = "done"  # parts/<job>/<r>/done/<node>: beside the joins, outside the watch and the scan
     LEFT = "left"
     WAITING = "waiting"  # jobs/<job>/waiting/<node>
     NODE_STATUS = "node_status"  # reports/<job>/<node>: unwatched, and outside the scan's read
@@ -96,7 +96,8 @@ _JOB_LEAVES = {
 }
 _NODE_KEYS = {"nodes": KeyKind.NODE, "drain": KeyKind.NODE_DRAIN}
 _JOB_NODE_KEYS = {"waiting": KeyKind.WAITING, "drain": KeyKind.JOB_DRAIN}
-_ROUND_NODE_KEYS = {"done": KeyKind.DONE, "left": KeyKind.LEFT}
+_ROUND_NODE_KEYS = {"left": KeyKind.LEFT}
+_PART_KINDS = {"join": KeyKind.JOIN, "done": KeyKind.DONE}  # parts/<job>/<r>/<kind>/<node>
 _NODE_TREES = {"reports": KeyKind.NODE_STATUS, "notes": KeyKind.PENDING}  # <tree>/<job>/<node>
 
 
@@ -133,8 +134,9 @@ class Keys:
     # round's result is a small head, and each member's part is its own record under rounds/ (a
     # v3 daemon would read a head as an invalid result). v5: each node's status moved out of
     # parts/ to reports/<job>/<node>, its pending note to notes/<job>/<node>, and the read of
-    # every job leaves parts/ (the joins) out (a v4 daemon would see no v5 status or note, nor a
-    # v5 daemon a v4 one).
+    # every job leaves parts/ (the joins, and the done markers, which moved there from
+    # jobs/<job>/rdzv/<r>/done/) out (a v4 daemon would see no v5 status, note or done marker,
+    # nor a v5 daemon a v4 one).
     prefix: str = "/elasticd/v5"
 
     # -- build ---------------------------------------------------------------------------------
@@ -202,8 +204,8 @@ class Keys:
         return f"{self.prefix}/rounds/"
 
     def job_joins(self, job_id: str) -> tuple[str, str]:
-        """The range [start, end) of the job's joins, of every round: a round is a plain decimal,
-        so its keys sort from ``0`` to ``:`` (the byte after ``9``)."""
+        """The range [start, end) of the job's joins and done markers, of every round: a round is
+        a plain decimal, so its keys sort from ``0`` to ``:`` (the byte after ``9``)."""
         parts = self.job_parts(job_id)
         return parts + "0", parts + ":"
 
@@ -273,7 +275,13 @@ class Keys:
         return f"{self.prefix}/rounds/{job_id}/{round_no}/"
 
     def done(self, job_id: str, round_no: int, node: str) -> str:
-        return f"{self.prefix}/jobs/{job_id}/rdzv/{round_no}/done/{node}"
+        """``node``'s workers of round ``round_no`` all exited 0: beside its join, outside every
+        watch and the read of every job (each member's, once, when the job ends)."""
+        return f"{self.prefix}/parts/{job_id}/{round_no}/done/{node}"
+
+    def round_parts(self, job_id: str, round_no: int) -> str:
+        """Round ``round_no``'s joins and done markers (``done/`` sorts before ``join/``)."""
+        return f"{self.prefix}/parts/{job_id}/{round_no}/"
 
     def left(self, job_id: str, round_no: int, node: str) -> str:
         return f"{self.prefix}/jobs/{job_id}/rdzv/{round_no}/left/{node}"
@@ -417,8 +425,8 @@ def _part_key(tree: str, job: str, rest: list[str]) -> KeyRef:
             raise DecodeError("", "no such key: a round has no record of this name")
         return KeyRef(KeyKind.ASSIGNMENT, job, round_no(rest[0]), _node(rest[1]))
     match rest:
-        case [r, "join", node]:
-            return KeyRef(KeyKind.JOIN, job, round_no(r), _node(node))
+        case [r, kind, node] if kind in _PART_KINDS:
+            return KeyRef(_PART_KINDS[kind], job, round_no(r), _node(node))
         case _:
             raise DecodeError("", "no such key: a job's parts have no record of this name")
 

@@ -11,8 +11,8 @@ and deletes notes (``notes/<job>/``) left of a job that has no records.
 
 The read of every job it sweeps carries no join (``parts/``, one per member of a round), so
 what it decides on them it asks for: whether a running round still has a member there with work
-left (``Members.live``: the one found last time, one key, at each sweep), and whether an open
-round past its join timeout has any join (counted).
+left, or every member is done (``Members.live``: the one found last time, its join and done
+marker, at each sweep), and whether an open round past its join timeout has any join (counted).
 
 While etcd is above its high-water mark (``elasticd.etcd.space``), it first removes ended jobs
 before their retention is up, the oldest first, until their records add up to what is in use
@@ -239,19 +239,19 @@ class Janitor:
         head, closed = snap.head, snap.closed
         store = self._store_of(snap.job_id)
         if closed is not None:
-            if snap.all_done():  # everyone finished, and no one was left to say so
-                await store.finalize(JobState.SUCCEEDED, EndReason.SUCCEEDED, "")
-                return
             key = (snap.job_id, snap.current)
             alive = await self._members.live(snap, closed)
             if isinstance(alive, InvalidKey):  # a bad join read: the job fails for it
                 report_invalid(alive.key, alive.revision, alive.why, job=snap.job_id)
                 await self._fail_invalid(replace(snap, invalid=[alive]))
                 return
-            if alive:
+            if isinstance(alive, str):  # a member that has work left is alive: it looks after the job
                 if self._missing.pop(key, None) is not None:
                     _log.info("job.member_back", job=snap.job_id, round=snap.current, node=alive)
-                return  # a member that has work left is alive: it looks after the job
+                return
+            if len(alive) >= closed.size:  # everyone finished (done), and no one was left to say so
+                await store.finalize(JobState.SUCCEEDED, EndReason.SUCCEEDED, "")
+                return
             if closed.size == 1 and self._waiting_for(key):
                 return
             why = f"every node of round {snap.current} was lost"

@@ -169,18 +169,23 @@ class JobCommands:
         return rosterread.with_round(snap, head, await self._rounds.read(snap.job_id, head))
 
     async def _with_parts(self, snap: JobSnapshot) -> JobSnapshot:
-        """``snap`` (from the read of every job: no status, no join) with its nodes' statuses
-        and, where its view shows them (an open round, or pending notes to set apart from the
-        members'), its current round's joins, each read in pages for this job alone."""
+        """``snap`` (from the read of every job: no status, join nor done marker) with its nodes'
+        statuses and, where its view shows them, the joins and done markers of the round it
+        shows (an ended job's last: how each member's part ended; an open round's, or a running
+        one's with pending notes to set apart from the members'), each read in pages for this
+        job alone."""
         store = self._manager.store_of(snap.job_id)
         snap = reportread.with_reports(snap, await store.statuses())
-        if snap.closed is not None and not snap.pending:
+        state = job_state(snap)
+        head = last_head(snap, state) if state.terminal else None
+        if head is None and snap.closed is not None and not snap.pending:
             return snap
-        got = await store.round_joins(snap.current)
-        joins = {**snap.joins, snap.current: got.joins.get(snap.current, [])}
+        r = head.round if head is not None else snap.current
+        got = await store.round_parts(r)
         return replace(
             snap,
-            joins=joins,
+            joins={**snap.joins, r: got.joins.get(r, [])},
+            done={**snap.done, r: got.done.get(r, set())},
             joins_read=True,
             invalid=sorted([*snap.invalid, *got.invalid], key=lambda k: k.key),
         )
@@ -196,7 +201,7 @@ class JobCommands:
             if snap is None:
                 snap = await self.snapshot(job_id)
                 # (heads only, no status and no join, as the read of every job)
-                bare = replace(snap, node_status={}, joins={}, join_counts={}, joins_read=False)
+                bare = replace(snap, node_status={}, joins={}, done={}, join_counts={}, joins_read=False)
                 self._manager.amend_snapshot(bare)
             else:  # the read of every job carries no member's status nor join: this job's
                 snap = await self._with_parts(snap)

@@ -10,8 +10,9 @@ What does need members reads them here, for one job:
 - ``membership``: whether given nodes are members of a closed round, one key each (their own
   assignments) in one request (``drain``'s check; the janitor's, remembered: ``Members``);
 - ``Members.live``: a member of a running round that is still there (its join) and has work
-  left, for the janitor, which the read of every job no longer tells (it carries no join): the
-  one found last time asked about alone, else the round's joins in growing pages until one is.
+  left (no done marker), for the janitor, which the read of every job does not tell (it carries
+  no join nor done marker): the one found last time asked about alone, else the round's keys in
+  growing pages until one is.
 
 The pages are separate requests, so not of one revision. A closed round's assignments do not
 change: each is written before its head and never after, and they are deleted only after their
@@ -41,6 +42,9 @@ ASKS = 100  # keys asked about in one request (etcd takes at most 128 operations
 MAX_KEYS = MAX_NODES + 1024  # keys under one round's assignments that a read takes (a bound)
 
 Roster = RoundResult | InvalidKey | None  # the round whole; its bad key; None: it was forgotten
+# A running round's member that is there with work left; a bad key read; or, none being there,
+# the round's done markers (``Members.live``).
+Live = str | InvalidKey | frozenset[str]
 
 
 def read_round(kv: KV, keys: Keys, job_id: str, head: RoundHead, page: int = PAGE) -> Roster:
@@ -141,61 +145,77 @@ class Members:
         return None
 
     async def prefetch(self, snaps: Mapping[str, JobSnapshot]) -> None:
-        """Ask about the member ``live`` found last time in every running round at once (one
-        request per ``ASKS`` rounds, not one each): what ``live`` then answers from, once."""
+        """Ask about the member ``live`` found last time in every running round at once (its join
+        and its done marker; one request per ``ASKS`` keys, not one per round): what ``live``
+        then answers from, once."""
         asks = []
         for snap in snaps.values():
             head = snap.closed
             if head is None or snap.final is not None or snap.joins_read:
                 continue
             known = self._live.get((snap.job_id, head.round, head.epoch))
-            if known is not None and known not in snap.done.get(head.round, set()):
+            if known is not None:
                 asks.append((snap.job_id, head.round, known))
         self._fetched = {}
-        for start in range(0, len(asks), ASKS):
-            chunk = asks[start : start + ASKS]
-            queries = [Query(self._keys.join(job, r, node)) for job, r, node in chunk]
+        for start in range(0, len(asks), ASKS // 2):
+            chunk = asks[start : start + ASKS // 2]
+            queries = [
+                Query(k(job, r, node)) for job, r, node in chunk for k in (self._keys.join, self._keys.done)
+            ]
             found = await asyncio.to_thread(self._kv.read_many, queries)
-            self._fetched.update((ask, f.kvs) for ask, f in zip(chunk, found, strict=True))
+            for i, ask in enumerate(chunk):
+                self._fetched[ask] = found[2 * i].kvs + found[2 * i + 1].kvs
 
-    async def live(self, snap: JobSnapshot, head: RoundHead) -> str | InvalidKey | None:
+    async def live(self, snap: JobSnapshot, head: RoundHead) -> Live:
         """A member of ``head``'s round (the job's current one) that is there (its join, under its
-        lease) and not done (None: none is); a bad join read, as the key the job fails for. From
-        ``snap``'s joins when it holds them (a read of the job alone); else the member found last
-        time, asked about alone (one key), and only when it is gone or done, the round's joins in
-        growing pages (``LIVE_PAGES``) until one is: O(1) bytes a sweep, whatever the round's size."""
-        done = snap.done.get(head.round, set())
+        lease) and not done; a bad key read, as the key the job fails for; or, when no member is,
+        the round's done markers (only members write one). From ``snap``'s joins and done
+        markers when it holds them (a read of the job alone); else the member found last time,
+        asked about alone (``prefetch``), and only when it is gone or done, the round's keys
+        (done markers, then joins) in growing pages (``LIVE_PAGES``) until one is: O(1) bytes a
+        sweep while the round runs, whatever its size."""
         if snap.joins_read:
-            return await self.first(
-                snap, head, [j.node for j in snap.joins.get(head.round, []) if j.node not in done]
-            )
+            done = snap.done.get(head.round, set())
+            nodes = [j.node for j in snap.joins.get(head.round, []) if j.node not in done]
+            return await self.first(snap, head, nodes) or frozenset(done)
         key = (snap.job_id, head.round, head.epoch)
         known = self._live.get(key)
-        if known is not None and known not in done:
+        if known is not None:
             kvs = self._fetched.pop((snap.job_id, head.round, known), None)
             if kvs is None:
-                query = Query(self._keys.join(snap.job_id, head.round, known))
-                kvs = (await asyncio.to_thread(self._kv.read_many, [query]))[0].kvs
+                asks = [
+                    Query(self._keys.join(snap.job_id, head.round, known)),
+                    Query(self._keys.done(snap.job_id, head.round, known)),
+                ]
+                kvs = [kv for f in await asyncio.to_thread(self._kv.read_many, asks) for kv in f.kvs]
             got = JobSnapshot.parse(self._keys, snap.job_id, kvs)
-            if got.invalid or got.joins:
-                return got.invalid[0] if got.invalid else known
-        prefix = self._keys.joins(snap.job_id, head.round)
+            if got.invalid:
+                return got.invalid[0]
+            if got.joins and not got.done:
+                return known
+        return await self._search(snap, head, key)
+
+    async def _search(self, snap: JobSnapshot, head: RoundHead, key: tuple[str, int, int]) -> Live:
+        """``live`` from the round's keys in pages (module doc)."""
+        prefix = self._keys.round_parts(snap.job_id, head.round)
         start, end, pages, taken = prefix, prefix_end(prefix), list(LIVE_PAGES), 0
+        done: set[str] = set()
         while taken < MAX_KEYS:
             query = Query(start, end=end, limit=pages.pop(0) if pages else PAGE)
             (found,) = await asyncio.to_thread(self._kv.read_many, [query])
             got = JobSnapshot.parse(self._keys, snap.job_id, found.kvs)
             if got.invalid:
                 return got.invalid[0]
+            done |= got.done.get(head.round, set())  # (they sort before the joins)
             nodes = [j.node for j in got.joins.get(head.round, []) if j.node not in done]
-            if hit := await self.first(snap, head, sorted(nodes)):
+            if hit := await self.first(snap, head, nodes):
                 self._live[key] = hit
                 return hit
             taken += len(found.kvs)
             if len(found.kvs) >= found.count or not found.kvs:
-                return None
+                break
             start = found.kvs[-1].key + "\0"  # the next key after the last one read
-        return None
+        return frozenset(done)
 
     def retain(self, snaps: Mapping[str, JobSnapshot]) -> None:
         """Forget every round that is not a current, closed one of ``snaps``."""

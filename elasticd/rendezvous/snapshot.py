@@ -86,8 +86,9 @@ class JobSnapshot:
     drains: dict[str, DrainRecord] = field(default_factory=dict)  # nodes asked to leave this job
     last_join_revision: int = 0
     join_counts: dict[int, int] = field(default_factory=dict)  # rounds whose joins were only counted
-    # False: the read covered no join (the read of every job): ``joins`` and ``current_joins`` say
-    # nothing, and what needs them reads them for this job (``admitter``, ``janitor``, ``status``).
+    # False: the read covered no join nor done marker (the read of every job): ``joins``,
+    # ``current_joins``, ``done`` and ``all_done`` say nothing, and what needs them reads them for
+    # this job (``admitter``, ``janitor``, ``status``).
     joins_read: bool = True
     invalid: list[InvalidKey] = field(default_factory=list)
     # How many keys the job has under jobs/<job>/ (0: no such job). Parts alone make no job: they

@@ -45,8 +45,8 @@ from elasticd.terms.state import EndReason, JobState, RoundReason
 
 T = TypeVar("T")
 READ_TRIES = 3  # a member's read finds the round closed at another round than it asked for
-JOIN_PAGE = 500  # joins per request when a round's are read for one job (``round_joins``)
-MAX_JOINS = MAX_NODES + 1024  # joins of one round such a read takes (a bound)
+JOIN_PAGE = 500  # keys per request when a round's are read for one job (``round_parts``)
+MAX_JOINS = 2 * MAX_NODES + 1024  # joins and done markers of one round such a read takes (a bound)
 
 
 class JobStore(Protocol):
@@ -69,7 +69,7 @@ class JobStore(Protocol):
     async def glance(self, round_no: int, node: str) -> Glance: ...
     async def statuses(self) -> dict[str, NodeStatus]: ...
     async def count_joins(self, round_no: int) -> int: ...
-    async def round_joins(self, round_no: int) -> JobSnapshot: ...
+    async def round_parts(self, round_no: int) -> JobSnapshot: ...
     async def create(self, spec: JobSpec) -> bool: ...
     async def spec(self, head: JobHead) -> JobSpec: ...
     async def finalize(
@@ -207,11 +207,11 @@ class KVJobStore:
         query = Query(self._keys.joins(self.job_id, round_no), prefix=True, count_only=True)
         return (await self._run(lambda: self._kv.read_many([query])))[0].count
 
-    async def round_joins(self, round_no: int) -> JobSnapshot:
-        """Round ``round_no``'s joins alone, read in pages, as a snapshot of them (``joins``, and
-        each bad one in ``invalid``): for what decides on them outside the round (the janitor) or
-        shows them (``status <job>``)."""
-        prefix = self._keys.joins(self.job_id, round_no)
+    async def round_parts(self, round_no: int) -> JobSnapshot:
+        """Round ``round_no``'s joins and done markers alone, read in pages, as a snapshot of them
+        (``joins``, ``done``, and each bad one in ``invalid``): for what shows them (``status
+        <job>``)."""
+        prefix = self._keys.round_parts(self.job_id, round_no)
         kvs = await self._run(lambda: read_pages(self._kv, prefix, JOIN_PAGE, MAX_JOINS))
         return JobSnapshot.parse(self._keys, self.job_id, kvs)
 
@@ -325,8 +325,9 @@ class KVJobStore:
         )
 
     async def mark_done(self, round_no: int, node: str) -> None:
-        key = self._keys.done(self.job_id, round_no, node)
-        await self._run(lambda: self._kv.put_json(key, {"at": time.time()}))
+        """``node``'s workers of ``round_no`` all exited 0 (beside its join: only while the job's
+        head read last is there, so that none is left of a removed job)."""
+        await self._put_guarded(Put(self._keys.done(self.job_id, round_no, node), {"at": time.time()}))
 
     async def mark_left(self, round_no: int, node: str) -> None:
         """``node`` stopped its workers: ``round_no`` need not wait for it (it rejoins only as a

@@ -43,6 +43,7 @@ JOB_KINDS = [
     "pending/{node}",  # ... and pending notes
     "%{node}",  # (%: a pending note, ``notes/<job>/``)
     "@1/join/{node}",
+    "@0/done/{node}",
     "drain/{node}",
     "rdzv/zero/result",
     "no-such-record",

@@ -44,7 +44,7 @@ WATCHED = {
     KeyKind.RESULT: True,
     KeyKind.ASSIGNMENT: False,  # a round's N records reach no watch
     KeyKind.JOIN: False,
-    KeyKind.DONE: True,
+    KeyKind.DONE: False,
     KeyKind.LEFT: True,
     KeyKind.WAITING: True,
     KeyKind.NODE_STATUS: False,
@@ -125,7 +125,7 @@ def test_every_key_parses_back_and_is_watched_as_its_kind_says(job: str, node: s
                 KEYS.job(job) if WATCHED[ref.kind] else home
             ], key
             start, end = KEYS.job_joins(job)  # what an agent reads of the parts
-            assert (start <= key < end) == (ref.kind is KeyKind.JOIN), key
+            assert (start <= key < end) == (ref.kind in (KeyKind.JOIN, KeyKind.DONE)), key
         change = KEYS.route(key, deleted=True)
         assert change is not None and change.ref == ref and change.job == (ref.job or None)
         assert KEYS.job_of(key) == (ref.job or None)
@@ -164,7 +164,7 @@ def test_the_watched_ranges_are_the_whole_prefix_but_nodes_parts_presences_and_f
         f"parts/{JOB}/0/join",
         f"parts/{JOB}/0/join/{NODE}/x",
         f"parts/{JOB}/0/result",
-        f"parts/{JOB}/0/done/{NODE}",
+        f"jobs/{JOB}/rdzv/0/done/{NODE}",  # where v4 kept done markers
         f"parts/{JOB}/01/join/{NODE}",
         f"parts/{JOB}/+1/join/{NODE}",
         f"parts/{JOB}/0/join/bad node",

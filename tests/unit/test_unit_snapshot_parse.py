@@ -87,7 +87,7 @@ def running() -> dict[str, Any]:
 
 EXTRA: dict[str, Any] = {  # key kinds a running job does not have, each with a valid value
     "final": {"state": "SUCCEEDED", "reason": "", "code": "succeeded", "failure": None, "ended_at": 9.0},
-    "rdzv/0/done/n1": {"at": 7.0},
+    "parts:0/done/n1": {"at": 7.0},
     "rdzv/1/left/n1": {"at": 7.0},
     "waiting/n2": {"at": 7.0},
     "drain/n1": {"grace_s": 5, "at": 7.0, "by": "root"},
@@ -182,7 +182,8 @@ CASES = [
     ("rdzv/0/join/n1", running()["parts:0/join/n1"]),  # where v1 kept joins: no record of a job now
     ("parts:0/result", running()["rdzv/0/result"]),  # no round's record among the parts
     ("parts:x/join/n1", running()["parts:0/join/n1"]),
-    ("rdzv/0/done/n1", {"at": "now"}),
+    ("parts:0/done/n1", {"at": "now"}),
+    ("rdzv/0/done/n1", {"at": 7.0}),  # where v4 kept done markers: no record of a job now
     ("rdzv/0/left/n1", []),
     ("waiting/n2", None),
     ("reports:n1", {"state": "RUNNING"}),
@@ -196,7 +197,7 @@ CASES = [
     ("parts:status/join/n1", running()["parts:0/join/n1"]),  # a round is a decimal, not a kind
     ("drain/n1", {"grace_s": -5}),
     ("rdzv/x/result", running()["rdzv/0/result"]),
-    ("rdzv/01/done/n1", {"at": 1.0}),
+    ("parts:01/done/n1", {"at": 1.0}),
     ("parts:0/join/bad node", running()["parts:0/join/n1"]),
     ("reports:../etc", running()["reports:n1"]),
     ("surprise", {}),
