@@ -6,7 +6,8 @@ the prefix that has no meaning (an unknown kind, a bad job or node id, a round t
 plain decimal) raises ``DecodeError`` naming the part. Pure: no etcd client.
 
 A job's *parts* live apart from the rest of the job, under ``parts/<job>/`` rather than
-``jobs/<job>/``: each node's joins, under its lease. Every daemon watches the whole prefix *but*
+``jobs/<job>/``: each node's joins, under its lease, and beside each its done marker once its
+workers all exited 0. Every daemon watches the whole prefix *but*
 that subtree (``Keys.watched``), and only a round's leader watches its round's joins, so a round
 of N nodes costs O(N) watch events, not N². No read of every job (the scan, the table of
 ``status``) covers them either: what decides on a job's joins reads them for that job alone (a
