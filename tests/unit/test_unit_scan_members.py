@@ -66,7 +66,7 @@ def form(kv: ReadsKV, n: int, job: str = JOB) -> InlineJobStore:
 
 def round_of(n: int, tmp: Path) -> tuple[int, int, ReadsKV, CommandService]:
     """The bytes the scan reads once a round of ``n`` formed and closed (the job read before),
-    then at the safety net once every member published its progress again."""
+    then at the safety net once every member published its progress again and marked done."""
     kv = ReadsKV()
     assert run_inline(
         InlineJobStore(kv, KEYS, JOB).create(make_spec(nnodes=NodeRange(n, n), nproc_per_node=8))
@@ -85,6 +85,8 @@ def round_of(n: int, tmp: Path) -> tuple[int, int, ReadsKV, CommandService]:
         lease = kv.grant_lease(3600)
         for i in range(n):
             await store.put_node_status(node(i), status(i, step=7), lease)
+        for i in range(n):  # every member's workers end well (the last one then ends the job)
+            await store.mark_done(0, node(i))
         kv.forget()
         await m.scan(clean_up=False, quiet=True)  # the safety net: it trusts no news
         assert not any(kv.key.startswith(MEMBERS) for kv in kv.got)
@@ -98,7 +100,7 @@ def test_a_round_reaches_every_other_daemon_as_the_same_bytes_at_100_and_2000_me
     small, small_net, _, _ = round_of(100, tmp_path / "small")
     large, large_net, _, _ = round_of(2000, tmp_path / "large")
     assert small < 4096 and abs(large - small) <= 16  # the head and the job's own records
-    assert small_net == large_net == 0  # progress published by every member: nothing read
+    assert small_net == large_net == 0  # progress and done of every member: nothing read
 
 
 def test_no_read_of_every_job_asks_for_a_members_range(tmp_path: Path) -> None:
