@@ -2,7 +2,7 @@
 
 elasticd side: each participant is a *node*: its own etcd client (its own connections, as one
 daemon has), its own lease, and the watch a daemon has: the manager's ranges (``Keys.watched``:
-the whole prefix but the jobs' parts: joins, statuses, pending notes), routed by the real codec
+the whole prefix but the jobs' notes, joins and reports), routed by the real codec
 and filtered as the agent's ``wake`` filters (``AgentRecord.woken_by``). It runs the join path of
 ``elasticd.agent.step`` with the real ``JobStore`` (etcd I/O) and the real pure deciders
 (``leader``, ``decide_close``, ``order_members``, ``build_result``): it puts its join key under
@@ -802,7 +802,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     p.add_argument(
         "--no-publish", dest="publish", action="store_false",
-        help="leave out the status a joining agent publishes (parts/<job>/status/<node>, watched by none)",
+        help="leave out the status a joining agent publishes (reports/<job>/<node>, watched by none)",
     )  # fmt: skip
     p.add_argument("--timeout", type=float, default=180.0, help="per side and size, seconds")
     p.add_argument("--torch", action="store_true", help="also run torch's c10d rendezvous (N <= 256)")
@@ -879,7 +879,7 @@ def report(outcomes: list[Outcome]) -> None:
             )
             print(
                 f"{o.n:>6}  a daemon's scan read {o.scan_read_bytes} bytes once the round closed"
-                f" (jobs/ and parts/ since its last read); rounds/ would add {o.scan_rounds_bytes}"
+                f" (jobs/ and notes/ since its last read); rounds/ would add {o.scan_rounds_bytes}"
             )
     for o in outcomes:
         if o.result_event is not None and o.result_read is not None and o.result_read_cpu is not None:

@@ -47,7 +47,7 @@ class Settings:
     address: str | None = None  # address peers use to reach this host's workers; default 127.0.0.1
     worker_ports: PortRange | None = None  # MASTER_PORT and the liveness port from here (default: any)
     etcd_endpoints: tuple[str, ...] = ()  # empty: a private embedded etcd on UNIX sockets
-    etcd_prefix: str = "/elasticd/v4"
+    etcd_prefix: str = "/elasticd/v5"
     etcd_ca: Path | None = None
     etcd_cert: Path | None = None
     etcd_key: Path | None = None
@@ -227,7 +227,7 @@ OPTIONS: dict[str, Option] = {
         "comma-separated host:port or https://host:port list; none starts an embedded etcd",
         "LIST",
     ),
-    "etcd_prefix": Option(str, "key prefix in etcd (default /elasticd/v4)", "PREFIX"),
+    "etcd_prefix": Option(str, "key prefix in etcd (default /elasticd/v5)", "PREFIX"),
     "etcd_ca": Option(
         _optional(Path), "CA bundle that signed the etcd servers' certificates (https endpoints)", "FILE"
     ),

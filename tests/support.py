@@ -188,7 +188,7 @@ class DaemonProc:
         return (
             self.args[self.args.index("--etcd-prefix") + 1]
             if "--etcd-prefix" in self.args
-            else "/elasticd/v4"
+            else "/elasticd/v5"
         )
 
     @property

@@ -23,10 +23,12 @@ from elasticd.agent.joinwatch import JoinWatch
 from elasticd.agent.record import AgentRecord, AgentState, Leave, Local, Observed, View, presence_asked
 from elasticd.agent.seams import Clock, Launcher, Lease, SystemClock, Workers
 from elasticd.agent.step import step
+from elasticd.decode import report_invalid
 from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keys import Change
 from elasticd.happenings.bus import publish
 from elasticd.happenings.records import (
+    JobFailed,
     JobSetupFailed,
     WorkerFailed,
 )
@@ -36,9 +38,10 @@ from elasticd.node import liveness
 from elasticd.node.peers import PeerWatch
 from elasticd.rendezvous.model import Join
 from elasticd.rendezvous.reach import PROBE_TIMEOUT_S, Reach, Target
+from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.rendezvous.store import JobStore
 from elasticd.terms.spec import JobSpec
-from elasticd.terms.state import RoundReason, SetupFailure
+from elasticd.terms.state import EndReason, RoundReason, SetupFailure
 
 _log = log.get("elasticd.agent")
 
@@ -245,9 +248,21 @@ class JobAgent:
         snap = await self._store.snapshot(  # no decider reads the statuses
             action.counted, statuses=False, node=self.node, rosters=action.rosters
         )
-        if snap.invalid and snap.final is None and self._on_invalid is not None:
-            self._on_invalid()  # the janitor ends the job: now, not at its next poll
+        if snap.invalid and snap.final is None:
+            await self._fail_unseen(snap)
+            if self._on_invalid is not None:
+                self._on_invalid()  # the janitor ends the job: now, not at its next poll
         return Observed(snap, await self._lease.alive(presence_asked(snap)))
+
+    async def _fail_unseen(self, snap: JobSnapshot) -> None:
+        """End the job for a bad key that no janitor's read of every job shows (a join, an
+        assignment: only a read of this job covers them), as the janitor ends it for the others;
+        once (``fail_invalid`` writes the final record only if there is none)."""
+        unseen = [k for k in snap.invalid if not self._store.keys.read_with_every_job(k.key)]
+        for bad in unseen:  # (the janitor's scan reports the others)
+            report_invalid(bad.key, bad.revision, bad.why, job=snap.job_id)
+        if unseen and await self._store.fail_invalid(replace(snap, invalid=unseen)):
+            publish(JobFailed(snap.job_id, EndReason.INVALID_RECORD, key=unseen[0].key))
 
     async def _follow(self, action: act.WatchPeers | act.WatchJoins) -> None:
         if isinstance(action, act.WatchPeers):

@@ -6,10 +6,23 @@ the prefix that has no meaning (an unknown kind, a bad job or node id, a round t
 plain decimal) raises ``DecodeError`` naming the part. Pure: no etcd client.
 
 A job's *parts* live apart from the rest of the job, under ``parts/<job>/`` rather than
-``jobs/<job>/``: what each node keeps of its own part in it (its joins, its status, the note of
-why it cannot take part), under its lease. Every daemon watches the whole prefix *but* that
-subtree (``Keys.watched``), and only a round's leader watches its round's joins, so a round of N
-nodes costs O(N) watch events, not N².
+``jobs/<job>/``: each node's joins, under its lease, and beside each its done marker once its
+workers all exited 0. Every daemon watches the whole prefix *but*
+that subtree (``Keys.watched``), and only a round's leader watches its round's joins, so a round
+of N nodes costs O(N) watch events, not N². No read of every job (the scan, the table of
+``status``) covers them either: what decides on a job's joins reads them for that job alone (a
+round's agents and its leader; the admitter and the janitor count them or ask about one node;
+``status <job>``), so a round of N reaches each other daemon as O(1) bytes.
+
+The note of why an allowed node cannot take part (``notes/<job>/<node>``, under its lease) is
+apart too: unwatched, but in the read of every job (``status`` shows it, and the admitter writes
+one only when it differs from the one held).
+
+Each node's report of its part in a job (its state, devices, pids, progress: rewritten on every
+step and every progress publish) lives apart from the parts, under ``reports/<job>/<node>``:
+no daemon watches it and no read of every job (the scan, the table of ``status``) covers it, so
+N members' reports cost each other daemon nothing; ``status <job>`` (and ``kill``, ``logs``)
+reads one job's in pages (``rendezvous/reportread.py``).
 
 A node's presence in a job lives apart too, under ``presence/<job>/<node>`` (under the node's
 lease, from its admission until its agent leaves): no daemon's watch covers it, and a job's
@@ -53,12 +66,12 @@ class KeyKind(StrEnum):
     RESULT = "result"  # jobs/<job>/rdzv/<r>/result: the round's head (elasticd.rendezvous.roster)
     ASSIGNMENT = "assignment"  # rounds/<job>/<r>/<node>: one member's part; unwatched, like parts/
     PRESENCE = "presence"  # presence/<job>/<node>: under its lease; watched by the job's agents alone
-    JOIN = "join"  # parts/<job>/<r>/join/<node>: outside jobs/, and outside the daemons' watch
-    DONE = "done"
+    JOIN = "join"  # parts/<job>/<r>/join/<node>: outside the daemons' watch and the scan's read
+    DONE = "done"  # parts/<job>/<r>/done/<node>: beside the joins, outside the watch and the scan
     LEFT = "left"
     WAITING = "waiting"  # jobs/<job>/waiting/<node>
-    NODE_STATUS = "node_status"  # parts/<job>/status/<node>: unwatched too
-    PENDING = "pending"  # parts/<job>/pending/<node>: unwatched too
+    NODE_STATUS = "node_status"  # reports/<job>/<node>: unwatched, and outside the scan's read
+    PENDING = "pending"  # notes/<job>/<node>: unwatched, in the read of every job
     JOB_DRAIN = "job_drain"  # jobs/<job>/drain/<node>
     EVENT = "event"  # events/...: the cluster's event history (elasticd.events.rings)
     EVENT_SEQ = "event_seq"  # event_seq: the last event's sequence number
@@ -84,8 +97,9 @@ _JOB_LEAVES = {
 }
 _NODE_KEYS = {"nodes": KeyKind.NODE, "drain": KeyKind.NODE_DRAIN}
 _JOB_NODE_KEYS = {"waiting": KeyKind.WAITING, "drain": KeyKind.JOB_DRAIN}
-_PART_NODE_KEYS = {"status": KeyKind.NODE_STATUS, "pending": KeyKind.PENDING}
-_ROUND_NODE_KEYS = {"done": KeyKind.DONE, "left": KeyKind.LEFT}
+_ROUND_NODE_KEYS = {"left": KeyKind.LEFT}
+_PART_KINDS = {"join": KeyKind.JOIN, "done": KeyKind.DONE}  # parts/<job>/<r>/<kind>/<node>
+_NODE_TREES = {"reports": KeyKind.NODE_STATUS, "notes": KeyKind.PENDING}  # <tree>/<job>/<node>
 
 
 @dataclass(frozen=True)
@@ -119,8 +133,12 @@ class Keys:
     # neither see v2 joins nor read their own). v3: jobs/<job>/spec holds the job's head, and the
     # full spec moved to specs/<job> (a v2 daemon would read a head as an invalid spec). v4: a
     # round's result is a small head, and each member's part is its own record under rounds/ (a
-    # v3 daemon would read a head as an invalid result).
-    prefix: str = "/elasticd/v4"
+    # v3 daemon would read a head as an invalid result). v5: each node's status moved out of
+    # parts/ to reports/<job>/<node>, its pending note to notes/<job>/<node>, and the read of
+    # every job leaves parts/ (the joins, and the done markers, which moved there from
+    # jobs/<job>/rdzv/<r>/done/) out (a v4 daemon would see no v5 status, note or done marker,
+    # nor a v5 daemon a v4 one).
+    prefix: str = "/elasticd/v5"
 
     # -- build ---------------------------------------------------------------------------------
     def nodes(self) -> str:
@@ -139,16 +157,43 @@ class Keys:
         """Every record of the job but its parts (``job_parts``)."""
         return f"{self.prefix}/jobs/{job_id}/"
 
+    def every_job(self) -> tuple[str, str]:
+        """The prefixes the read of every job covers (``JobsRead``: the scan, the table of
+        ``status``): the jobs' records and their pending notes, and no member's key."""
+        return self.jobs(), self.all_notes()
+
+    def read_with_every_job(self, relative: str) -> bool:
+        """Whether a key (relative to the prefix, as ``InvalidKey`` names it) is in the read of
+        every job: a bad one elsewhere (a join, an assignment) is seen only by a read of its job."""
+        return f"{self.prefix}/{relative}".startswith(self.every_job())
+
     def job_parts(self, job_id: str) -> str:
-        """The job's parts: its joins of every round, its nodes' statuses and pending notes."""
+        """The job's parts: its joins of every round."""
         return f"{self.prefix}/parts/{job_id}/"
 
-    def job_prefixes(self, job_id: str) -> tuple[str, str]:
-        """Every key of the job: its parts, then the rest (the order a removal deletes them in,
-        so that an interrupted removal leaves no parts of a job that has no records). The job's
-        full spec (``job_body``) and its rounds' assignments (``job_rounds``) go in the same
-        transaction as the rest."""
-        return self.job_parts(job_id), self.job(job_id)
+    def job_notes(self, job_id: str) -> str:
+        """The job's pending notes (``pending_note``)."""
+        return f"{self.prefix}/notes/{job_id}/"
+
+    def all_notes(self) -> str:
+        """Every job's pending notes: unwatched, read with every job (``JobsRead``)."""
+        return f"{self.prefix}/notes/"
+
+    def job_prefixes(self, job_id: str) -> tuple[str, str, str]:
+        """Every key of the job: its parts and notes, then the rest (the order a removal deletes
+        them in, so that an interrupted removal leaves no notes of a job that has no records,
+        which the janitor would find in the read of every job and delete). The job's
+        full spec (``job_body``), its rounds' assignments (``job_rounds``) and its nodes' reports
+        (``job_reports``) go in the same transaction as the rest."""
+        return self.job_parts(job_id), self.job_notes(job_id), self.job(job_id)
+
+    def job_reports(self, job_id: str) -> str:
+        """Every node's report of its part in the job (``node_status``): outside every read of
+        every job; ``status <job>`` reads them in pages (``rendezvous/reportread.py``)."""
+        return f"{self.prefix}/reports/{job_id}/"
+
+    def all_reports(self) -> str:
+        return f"{self.prefix}/reports/"
 
     def job_rounds(self, job_id: str) -> str:
         """The assignments of every round of the job that is kept (``assignment``)."""
@@ -160,14 +205,14 @@ class Keys:
         return f"{self.prefix}/rounds/"
 
     def job_joins(self, job_id: str) -> tuple[str, str]:
-        """The range [start, end) of the job's joins, of every round: a round is a plain decimal,
-        so its keys sort from ``0`` to ``:`` (the byte after ``9``), apart from its nodes'
-        statuses and pending notes (``pending/``, ``status/``)."""
+        """The range [start, end) of the job's joins and done markers, of every round: a round is
+        a plain decimal, so its keys sort from ``0`` to ``:`` (the byte after ``9``)."""
         parts = self.job_parts(job_id)
         return parts + "0", parts + ":"
 
     def all_parts(self) -> str:
-        """Every job's parts: the subtree no daemon watches (a round's leader watches its joins)."""
+        """Every job's joins: the subtree no daemon watches (a round's leader watches its round's)
+        and no read of every job covers."""
         return f"{self.prefix}/parts/"
 
     def presence(self, job_id: str, node: str) -> str:
@@ -184,11 +229,10 @@ class Keys:
 
     def watched(self) -> tuple[tuple[str, str], ...]:
         """The ranges [start, end) every daemon watches: the whole prefix but the nodes' records,
-        the jobs' parts, the nodes' presences, the rounds' assignments and the full specs. They are
-        left out as one range (``nodes/`` to ``specs/``): the layout has no other key between them
-        (``drain``, ``gpus``, ``janitor``, ``jobs``, ``events`` and ``event_seq`` sort before
-        ``nodes/``), so one more
-        watch stream is not needed."""
+        the jobs' notes and parts, the nodes' presences and reports, the rounds' assignments and the full
+        specs. They are left out as one range (``nodes/`` to ``specs/``): the layout has no other
+        key between them (``drain``, ``gpus``, ``janitor``, ``jobs``, ``events`` and
+        ``event_seq`` sort before ``nodes/``), so one more watch stream is not needed."""
         return (
             (f"{self.prefix}/", self.nodes()),
             (prefix_end(self.specs()), prefix_end(f"{self.prefix}/")),
@@ -232,7 +276,13 @@ class Keys:
         return f"{self.prefix}/rounds/{job_id}/{round_no}/"
 
     def done(self, job_id: str, round_no: int, node: str) -> str:
-        return f"{self.prefix}/jobs/{job_id}/rdzv/{round_no}/done/{node}"
+        """``node``'s workers of round ``round_no`` all exited 0: beside its join, outside every
+        watch and the read of every job (each member's, once, when the job ends)."""
+        return f"{self.prefix}/parts/{job_id}/{round_no}/done/{node}"
+
+    def round_parts(self, job_id: str, round_no: int) -> str:
+        """Round ``round_no``'s joins and done markers (``done/`` sorts before ``join/``)."""
+        return f"{self.prefix}/parts/{job_id}/{round_no}/"
 
     def left(self, job_id: str, round_no: int, node: str) -> str:
         return f"{self.prefix}/jobs/{job_id}/rdzv/{round_no}/left/{node}"
@@ -251,10 +301,10 @@ class Keys:
         return f"{self.prefix}/jobs/{job_id}/waiting/{node}"
 
     def node_status(self, job_id: str, node: str) -> str:
-        return f"{self.prefix}/parts/{job_id}/status/{node}"
+        return f"{self.prefix}/reports/{job_id}/{node}"
 
     def pending_note(self, job_id: str, node: str) -> str:
-        return f"{self.prefix}/parts/{job_id}/pending/{node}"
+        return f"{self.prefix}/notes/{job_id}/{node}"
 
     def drains(self) -> str:
         return f"{self.prefix}/drain/"
@@ -320,7 +370,7 @@ class Keys:
                 return KeyRef(KeyKind.EVENT_SEQ)
             case ["jobs", job, *rest]:
                 return _job_key(_job(job), rest)
-            case [("parts" | "rounds") as tree, job, *rest]:
+            case [("parts" | "rounds" | "reports" | "notes") as tree, job, *rest]:
                 return _part_key(tree, _job(job), rest)
             case ["presence", job, node]:
                 return KeyRef(KeyKind.PRESENCE, _job(job), node=_node(node))
@@ -330,9 +380,9 @@ class Keys:
                 raise DecodeError("", "no such key: the layout has no key of this name")
 
     def job_of(self, key: str) -> str | None:
-        """The job a key is under (``jobs/<job>/...``, ``parts/<job>/...`` or ``rounds/<job>/...``),
-        parsed or not; None for other keys."""
-        for base in (self.jobs(), self.all_parts(), self.all_rounds()):
+        """The job a key is under (``jobs/<job>/...``, ``notes/<job>/...``, ``parts/<job>/...``,
+        ``reports/<job>/...`` or ``rounds/<job>/...``), parsed or not; None for other keys."""
+        for base in (self.jobs(), self.all_notes(), self.all_parts(), self.all_reports(), self.all_rounds()):
             if key.startswith(base):
                 job, sep, _ = key[len(base) :].partition("/")
                 return job if sep else None
@@ -364,17 +414,20 @@ def _job_key(job: str, rest: list[str]) -> KeyRef:
 
 
 def _part_key(tree: str, job: str, rest: list[str]) -> KeyRef:
-    """A key under ``parts/<job>/`` (a join, its round a plain decimal, or a node's record) or
-    under ``rounds/<job>/`` (a member's assignment of a round)."""
+    """A key under ``parts/<job>/`` (a join, its round a plain decimal), ``notes/<job>/`` (a
+    node's pending note), ``reports/<job>/`` (a node's status) or ``rounds/<job>/`` (a member's
+    assignment of a round)."""
+    if tree in _NODE_TREES:
+        if len(rest) != 1:
+            raise DecodeError("", f"no such key: a job's {tree} have no record of this name")
+        return KeyRef(_NODE_TREES[tree], job, node=_node(rest[0]))
     if tree == "rounds":
         if len(rest) != 2:
             raise DecodeError("", "no such key: a round has no record of this name")
         return KeyRef(KeyKind.ASSIGNMENT, job, round_no(rest[0]), _node(rest[1]))
     match rest:
-        case [r, "join", node]:
-            return KeyRef(KeyKind.JOIN, job, round_no(r), _node(node))
-        case [kind, node] if kind in _PART_NODE_KEYS:
-            return KeyRef(_PART_NODE_KEYS[kind], job, node=_node(node))
+        case [r, kind, node] if kind in _PART_KINDS:
+            return KeyRef(_PART_KINDS[kind], job, round_no(r), _node(node))
         case _:
             raise DecodeError("", "no such key: a job's parts have no record of this name")
 

@@ -25,16 +25,20 @@ def admit(
     unit: str,
     draining: bool = False,
     single_host_only: bool = False,
+    joined: int | None = None,
 ) -> Admission:
     """A drained node (node-wide, or for this job) joins nothing; others join where there is a seat.
-    A node whose address other hosts cannot reach (``single_host_only``) joins no multi-node job."""
+    A node whose address other hosts cannot reach (``single_host_only``) joins no multi-node job.
+    ``joined``: the joins of the open round, as counted (None: those ``snap`` holds)."""
     head = snap.head
     if head is None or snap.ended or snap.round is None or not head.allows(node):
         return Admission(False)
     if draining or node in snap.drains:
         return Admission(False)
     closed = snap.closed  # a running round: join at the next one
-    seats = head.nnodes.max - (closed.size if closed is not None else len(snap.current_joins))
+    if joined is None:
+        joined = len(snap.current_joins)
+    seats = head.nnodes.max - (closed.size if closed is not None else joined)
     if seats <= 0:
         return Admission(False)
     if single_host_only and head.nnodes.max > 1:

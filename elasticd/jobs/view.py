@@ -52,7 +52,10 @@ def _reason(snap: JobSnapshot, state: JobState) -> str:
     need = head.nnodes.min if head else 1
     parts = [snap.round.detail] if snap.round is not None and snap.round.detail else []
     parts += list(snap.pending.values())
-    parts.append(f"{len(snap.current_joins)} of {need} node(s) joined round {snap.current}")
+    if snap.joins_read:
+        parts.append(f"{len(snap.current_joins)} of {need} node(s) joined round {snap.current}")
+    else:  # the read of every job counts no join (``status <job>`` does)
+        parts.append(f"round {snap.current} needs {need} node(s)")
     return "; ".join(parts)
 
 
@@ -66,11 +69,14 @@ def waits_for(snap: JobSnapshot, state: JobState) -> WaitsFor | None:
     if _short(snap):
         return WaitsFor.CAPACITY
     need = snap.head.nnodes.min if snap.head else 1
+    if not snap.joins_read:  # (the read of every job: an open round waits on its nodes)
+        return WaitsFor.NODES
     return WaitsFor.NODES if len(snap.current_joins) < need else None
 
 
 def _short(snap: JobSnapshot) -> list[str]:
-    """The nodes with a pending note that have not joined the current round."""
+    """The nodes with a pending note that have not joined the current round (every node with
+    one, in a read that carries no join)."""
     joined = {j.node for j in snap.current_joins}
     return sorted(n for n in snap.pending if n not in joined)
 

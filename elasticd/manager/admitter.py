@@ -45,15 +45,22 @@ class Admitter:
                 _log.warning("job.refused", job=head.id, code=refusal.code.value, reason=refusal.reason)
             return None
         free = len(self.allocator.free(head.mig))
-        decision = admit(
-            snap,
-            node,
-            free,
+        unit = "MIG slices" if head.mig else self.unit
+        slots, draining, alone = (
             self._rt.inventory.slots,
-            "MIG slices" if head.mig else self.unit,
-            draining=self.draining is not None,
-            single_host_only=self._rt.single_host_only,
+            self.draining is not None,
+            self._rt.single_host_only,
         )
+        # The read of every job carries no join: first decided as if no node had joined the
+        # open round (more joins only take seats away), and the joins counted (one small
+        # request) only where that would join or write a note, so that a queue of waiting jobs
+        # costs no request per job and scan.
+        counted = None if snap.joins_read else 0
+        decision = admit(snap, node, free, slots, unit, draining, alone, joined=counted)
+        acts = decision.join or decision.note != snap.pending.get(node)
+        if counted is not None and snap.closed is None and acts:
+            counted = await store.count_joins(snap.current)
+            decision = admit(snap, node, free, slots, unit, draining, alone, joined=counted)
         # Written only when it differs from what the job's read holds: with many pending jobs,
         # a scan must not rewrite every one's note (nor a restarted daemon, while they hold).
         if decision.note != snap.pending.get(node) and lease is not None and snap.closed is None:

@@ -7,7 +7,12 @@ Every clean-up write is a compare-and-swap, so a brief overlap of two janitors i
 It ends jobs that have an invalid record (naming the key), restarts or fails jobs that no live
 member looks after, fails jobs that no node joined within the join timeout, deletes the
 records of jobs that ended longer ago than the retention (each node then drops its own logs),
-and deletes parts (``parts/<job>/``) left of a job that has no records.
+and deletes notes (``notes/<job>/``) left of a job that has no records.
+
+The read of every job it sweeps carries no join (``parts/``, one per member of a round), so
+what it decides on them it asks for: whether a running round still has a member there with work
+left, or every member is done (``Members.live``: the one found last time, its join and done
+marker, at each sweep), and whether an open round past its join timeout has any join (counted).
 
 While etcd is above its high-water mark (``elasticd.etcd.space``), it first removes ended jobs
 before their retention is up, the oldest first, until their records add up to what is in use
@@ -29,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from elasticd import log
 from elasticd.decode import report_invalid
@@ -43,7 +49,7 @@ from elasticd.happenings.records import JobExpired, JobFailed, JobOrphaned
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.model import RoundInfo
 from elasticd.rendezvous.rosterread import Members
-from elasticd.rendezvous.snapshot import JobSnapshot, Seen
+from elasticd.rendezvous.snapshot import InvalidKey, JobSnapshot, Seen
 from elasticd.rendezvous.store import JobStore
 from elasticd.terms.ids import valid_job_id
 from elasticd.terms.state import EndReason, JobState, RoundReason
@@ -129,6 +135,7 @@ class Janitor:
     async def sweep(self, snaps: dict[str, JobSnapshot]) -> None:
         missing, self._missing = self._missing, {}
         self._members.retain(snaps)
+        await self._members.prefetch(snaps)  # each running round's member, all in a request or few
         for snap in snaps.values():
             if missing and (snap.job_id, snap.current) in missing and not snap.ended:
                 self._missing[(snap.job_id, snap.current)] = missing[(snap.job_id, snap.current)]
@@ -159,7 +166,7 @@ class Janitor:
         wait: Wait
         if snap.closed is not None or snap.round is None or snap.head is None:
             wait = False
-        elif snap.current_joins:
+        elif snap.joins_read and snap.current_joins:  # (the read of every job has none: counted when due)
             wait = True
         else:
             wait = (snap.round.opened_at, snap.head.join_timeout_s)
@@ -232,16 +239,19 @@ class Janitor:
         head, closed = snap.head, snap.closed
         store = self._store_of(snap.job_id)
         if closed is not None:
-            done = snap.done.get(snap.current, set())
-            if snap.all_done():  # everyone finished, and no one was left to say so
-                await store.finalize(JobState.SUCCEEDED, EndReason.SUCCEEDED, "")
-                return
             key = (snap.job_id, snap.current)
-            joined = [j.node for j in snap.current_joins if j.node not in done]
-            if alive := await self._members.first(snap, closed, joined):
+            alive = await self._members.live(snap, closed)
+            if isinstance(alive, InvalidKey):  # a bad join read: the job fails for it
+                report_invalid(alive.key, alive.revision, alive.why, job=snap.job_id)
+                await self._fail_invalid(replace(snap, invalid=[alive]))
+                return
+            if isinstance(alive, str):  # a member that has work left is alive: it looks after the job
                 if self._missing.pop(key, None) is not None:
                     _log.info("job.member_back", job=snap.job_id, round=snap.current, node=alive)
-                return  # a member that has work left is alive: it looks after the job
+                return
+            if len(alive) >= closed.size:  # everyone finished (done), and no one was left to say so
+                await store.finalize(JobState.SUCCEEDED, EndReason.SUCCEEDED, "")
+                return
             if closed.size == 1 and self._waiting_for(key):
                 return
             why = f"every node of round {snap.current} was lost"
@@ -252,9 +262,17 @@ class Janitor:
             info = RoundInfo(snap.current + 1, RoundReason.MEMBER_LOST, self._clock(), (), plan.why)
             if await store.bump(Seen.of(snap), info, plan.spend):
                 publish(JobOrphaned(snap.job_id, snap.current))
-        elif not snap.current_joins and self._clock() - snap.round.opened_at > head.join_timeout_s:
+        elif self._clock() - snap.round.opened_at > head.join_timeout_s:
+            if await self._joined(snap, store):
+                return  # the round's leader closes or fails it
             why = f"only 0 of the {head.nnodes.min} nodes needed joined within {head.join_timeout_s:g}s"
             await store.finalize(JobState.FAILED, EndReason.JOIN_TIMEOUT, why)
+
+    async def _joined(self, snap: JobSnapshot, store: JobStore) -> bool:
+        """Whether any node joined the job's open round (counted: the read of every job has none)."""
+        if snap.joins_read:
+            return bool(snap.current_joins)
+        return await store.count_joins(snap.current) > 0
 
     def _waiting_for(self, key: tuple[str, int]) -> bool:
         """Whether a round's only member, gone, is still within its grace to come back."""

@@ -8,9 +8,10 @@ Reached through ``CommandService.jobs``, after the command's permission check
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
@@ -29,7 +30,8 @@ from elasticd.manager.facts import NodeFacts
 from elasticd.manager.jobs import JobManager
 from elasticd.manager.statusviews import StatusViews
 from elasticd.node.registry import NodeRegistry
-from elasticd.rendezvous import rosterread
+from elasticd.rendezvous import reportread, rosterread
+from elasticd.rendezvous.model import NodeStatus
 from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.ids import valid_job_id
 from elasticd.terms.options import EntryKind
@@ -71,7 +73,18 @@ class JobCommands:
     @cached_property
     def status_views(self) -> StatusViews:
         """Every job's view, encoded once per change, and ``status``'s replies made of them."""
-        return StatusViews(self.facts.node_id, self._manager.board)
+        return StatusViews(self.facts.node_id, self._manager.board, self._own_statuses)
+
+    def _own_statuses(self) -> dict[str, NodeStatus]:
+        """This node's part in each job it takes part in, as its agent knows it (state, round,
+        devices, pids): what a view of every job shows of this node, whose read carries no
+        node's status."""
+        out: dict[str, NodeStatus] = {}
+        for job_id, agent in self._manager.agents.items():
+            v = agent.local_view()
+            with contextlib.suppress(ValueError):
+                out[job_id] = NodeStatus(v["state"], v["round"], v["devices"], tuple(v["pids"]), 0.0)
+        return out
 
     async def submit(self, spec: JobSpec, limits: Limits | None = None) -> dict[str, Any]:
         """Store a new job, within the submitter's ``limits``: the spec's size, and the jobs they
@@ -155,6 +168,28 @@ class JobCommands:
             return snap
         return rosterread.with_round(snap, head, await self._rounds.read(snap.job_id, head))
 
+    async def _with_parts(self, snap: JobSnapshot) -> JobSnapshot:
+        """``snap`` (from the read of every job: no status, join nor done marker) with its nodes'
+        statuses and, where its view shows them, the joins and done markers of the round it
+        shows (an ended job's last: how each member's part ended; an open round's, or a running
+        one's with pending notes to set apart from the members'), each read in pages for this
+        job alone."""
+        store = self._manager.store_of(snap.job_id)
+        snap = reportread.with_reports(snap, await store.statuses())
+        state = job_state(snap)
+        head = last_head(snap, state) if state.terminal else None
+        if head is None and snap.closed is not None and not snap.pending:
+            return snap
+        r = head.round if head is not None else snap.current
+        got = await store.round_parts(r)
+        return replace(
+            snap,
+            joins={**snap.joins, r: got.joins.get(r, [])},
+            done={**snap.done, r: got.done.get(r, set())},
+            joins_read=True,
+            invalid=sorted([*snap.invalid, *got.invalid], key=lambda k: k.key),
+        )
+
     async def view(self, job_id: str, queue: bool = True, held: bool = True) -> dict[str, Any]:
         """The job as ``status`` shows it: from the recent read of every job while it is valid
         (``JobManager.recent``; not unless ``held``), else from a read of this job alone; with
@@ -165,7 +200,11 @@ class JobCommands:
             snap = (recent or {}).get(job_id)
             if snap is None:
                 snap = await self.snapshot(job_id)
-                self._manager.amend_snapshot(snap)  # (heads only, as the read of every job)
+                # (heads only, no status and no join, as the read of every job)
+                bare = replace(snap, node_status={}, joins={}, done={}, join_counts={}, joins_read=False)
+                self._manager.amend_snapshot(bare)
+            else:  # the read of every job carries no member's status nor join: this job's
+                snap = await self._with_parts(snap)
             view = job_view(await self.with_members(snap), self.facts.node_id)
             if queue and view["state"] == JobState.PENDING:
                 place = self._manager.board.queue(await self._manager.recent_snapshots()).place(job_id)

@@ -201,7 +201,7 @@ class JobManager:
         jobs, drain = await asyncio.gather(self.jobwatch.read_jobs(), self.jobwatch.drain_record(quiet))
         snaps, strays = jobs
         seen = (jobs, drain.mod_revision if drain is not None else 0)
-        if quiet and self._unchanged(seen):
+        if quiet and await self._still_settled(seen, snaps):
             return
         self._settled = None  # until this scan completes
         self.admitter.draining = parse_node_drain(self._keys, drain) if drain is not None else None
@@ -236,6 +236,16 @@ class JobManager:
             await asyncio.to_thread(sweep_logs, self.rt.log_dir, set(snaps), self.agents)
             self._settled, self._settled_at = seen, time.monotonic()
         self._registry.publish_soon()
+
+    async def _still_settled(self, seen: tuple[Jobs, int], snaps: dict[str, JobSnapshot]) -> bool:
+        """Whether the read and drain are the last full scan's (``_unchanged``): then the quiet
+        scan stops, but for the janitor's sweep, which asks what no read of every job shows:
+        whether a running round's members are still there (their joins, ``Members.live``)."""
+        if not self._unchanged(seen):
+            return False
+        if self.janitor.holding:
+            await self.janitor.sweep(snaps)
+        return True
 
     def _unchanged(self, seen: tuple[Jobs, int]) -> bool:
         """The same read (the very objects: ``JobsRead``) and drain as the last full scan's, recently."""

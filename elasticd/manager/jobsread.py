@@ -1,14 +1,16 @@
 """Reading every job, for the scan and ``status``, at a cost that follows what changed.
 
-One read of ``jobs/`` and ``parts/`` at one revision gives every job (``parse_jobs``): its head,
-its round, its closed rounds' heads (size, world, master: a few hundred bytes whatever N), its
-joins, statuses and notes, but none of its rounds' assignments (``rounds/``, one per member: the
-scan and the table of ``status`` need sizes, not members, and with them every daemon read every
-member's assignment of every round, O(N) bytes per daemon and round; ``rendezvous/rosterread.py``
-reads one job's members on demand). With a thousand jobs queued that is thousands of keys, and
-the scan asks for it at every wake and every ``SCAN_S``, ``status`` at every refresh. So the last
-read is held, by job, and the next one first asks etcd, in one small request, what was created,
-changed or deleted since: a range read from the revision after the newest key held
+One read of ``jobs/`` and ``notes/`` at one revision gives every job (``parse_jobs``): its head,
+its round, its closed rounds' heads (size, world, master: a few hundred bytes whatever N) and
+pending notes, but none of what each member of a round has: its assignment (``rounds/``), its
+join (``parts/``), its status (``reports/``). The scan and the table of ``status`` need sizes
+and states, not members, and with them every daemon read O(N) bytes per round of an N-node job,
+and every status change again; what decides on members reads one job's
+(``rendezvous/rosterread.py``, ``rendezvous/reportread.py``, the admitter's and the janitor's
+counts and asks). With a thousand jobs queued that is thousands of keys, and the scan asks for
+it at every wake and every ``SCAN_S``, ``status`` at every refresh. So the last read is held, by
+job, and the next one first asks etcd, in one small request, what was created, changed or
+deleted since: a range read from the revision after the newest key held
 (``Query.min_mod_revision``) returns only the keys changed since then, and counts every key of
 the range, so a deletion shows as a count short of the held keys plus the new ones.
 
@@ -18,13 +20,13 @@ the range, so a deletion shows as a count short of the held keys plus the new on
 - A deletion: every key is read again (and parsed with the ``RecordCache``, which reuses the
   snapshot of every job whose keys did not change).
 
-Every key under ``jobs/`` is watched, ``parts/`` is not. So when the daemon has seen no change
+Every key under ``jobs/`` is watched, ``notes/`` is not. So when the daemon has seen no change
 since the held read was asked for (``changes``, the count of the news the watch brought: the
-recent read's generation), the probe asks about ``parts/`` alone, which etcd answers with a pass
-over it only (it follows the jobs that are active: joins, statuses, pending notes), not over
-every queued job's keys; only when it changed is the whole probe sent. The held read then stands
-as it was, consistent as of its revision: ``jobs/`` had no change the watch reported, ``parts/``
-none at all. A job this daemon created is read back alone and put in the held read (``adopt``),
+recent read's generation), the probe asks about ``notes/`` alone, which etcd answers with a pass
+over it only (the notes of jobs that wait for capacity), not over every queued job's keys; only
+when it changed is the whole probe sent. The held read then stands as it was, consistent as of
+its revision: ``jobs/`` had no change the watch reported, ``notes/`` none at all. A job this
+daemon created is read back alone and put in the held read (``adopt``),
 its creation's news not counted: so a submit costs no pass either.
 """
 
@@ -52,7 +54,7 @@ class _Held:
 
 @dataclass(frozen=True)
 class ReadBack:
-    """One job read alone, its keys under ``jobs/`` and ``parts/`` at one revision (``read_back``)."""
+    """One job read alone, its keys under ``jobs/`` and ``notes/`` at one revision (``read_back``)."""
 
     snap: JobSnapshot
     found: list[Found]  # the two ranges, as ``JobsRead``'s queries of every job order them
@@ -70,10 +72,9 @@ class JobsRead:
         self._keys = keys
         self._changes = changes  # news of ``jobs/`` seen so far (None: none can be relied on now)
         self._seen: int | None = None  # ``changes()`` when the held read was asked for
-        self._queries = (
-            Query(keys.jobs(), prefix=True),
-            Query(keys.all_parts(), prefix=True),  # unwatched
-        )  # (not ``rounds/``: the members' assignments, O(N) a round; module doc)
+        # ``jobs/`` and (unwatched) ``notes/``; not ``parts/``, ``reports/``, ``rounds/``: each
+        # O(N) a round (module doc)
+        self._queries = tuple(Query(p, prefix=True) for p in keys.every_job())
         self.records = RecordCache()
         self._held: _Held | None = None
         self.full_reads = 0  # what the tests and benches count
@@ -117,12 +118,12 @@ class JobsRead:
         found = self._kv.read_many(
             [
                 Query(k.job(job_id), prefix=True),
-                Query(k.job_parts(job_id), prefix=True),
+                Query(k.job_notes(job_id), prefix=True),
             ]
         )
         kvs = [kv for f in found for kv in f.kvs]
         snaps, _ = parse_jobs(k, kvs)
-        return ReadBack(snaps.get(job_id) or JobSnapshot.parse(k, job_id, kvs), found)
+        return ReadBack(snaps.get(job_id) or JobSnapshot.parse(k, job_id, kvs, with_joins=False), found)
 
     def adopt(self, jobs: Jobs, back: ReadBack, before: int, after: int) -> Jobs | None:
         """The held read, ``jobs``, with a job this process created and read back put in, as the
@@ -142,7 +143,7 @@ class JobsRead:
         return held.jobs
 
     async def _parts_unchanged(self, held: _Held) -> bool:
-        """No key under ``parts/`` (the unwatched range) created, changed or deleted since ``held``
+        """No key under ``notes/`` (the unwatched range) created, changed or deleted since ``held``
         was read."""
         probe = [replace(q, min_mod_revision=held.newest + 1) for q in self._queries[1:]]
         found = await asyncio.to_thread(self._kv.read_many, probe)

@@ -4,7 +4,7 @@ Every change the watch delivers is routed (``etcd/keys.py``) to ``JobManager.wak
 drops the recent read (``changed``), which the scan and ``status`` share, unless it is the news of
 a job this node's submit created (``own``): its submitter reads the job back and puts it in the
 read itself (``advance``). While the watch is armed, what brought no news is not read again: the
-parts of the jobs (``JobsRead``) and this node's drain record (``drain_record``).
+notes of the jobs (``JobsRead``) and this node's drain record (``drain_record``).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class JobWatch:
         # Jobs this node's submits created and wait to hear of from the watch (``expect_head``).
         self._expected: dict[str, tuple[Created, asyncio.Event]] = {}  # (set once all heard)
         # The scan's and status's reads cost what changed; with no news of ``jobs/`` since the last
-        # one (no change seen: the recent read's generation), only ``parts/`` is asked about,
+        # one (no change seen: the recent read's generation), only ``notes/`` is asked about,
         # while the watch is armed (``_armed``: the event its break sets).
         self._armed: asyncio.Event | None = None
         # This node's drain record as the scan last read it, and the news of ``drain/`` by then.
@@ -175,7 +175,7 @@ class JobWatch:
 
     # -- every job --------------------------------------------------------------------------------
     async def snapshots(self) -> dict[str, JobSnapshot]:
-        """Every job, all as of one revision (one read of ``jobs/`` and ``parts/``)."""
+        """Every job, all as of one revision (one read of ``jobs/`` and ``notes/``)."""
         return (await self.read_jobs())[0]
 
     async def recent_snapshots(self) -> dict[str, JobSnapshot]:
@@ -192,7 +192,7 @@ class JobWatch:
         return held[0] if held is not None else None
 
     async def read_jobs(self) -> Jobs:
-        """Every job as ``snapshots``, and the parts of no job (``parse_jobs``), which the
+        """Every job as ``snapshots``, and the notes of no job (``parse_jobs``), which the
         janitor deletes: a read that began after the last change seen, shared with ``status``
         (``RecentRead.fresh``), and read again only as far as something changed (``JobsRead``)."""
         return await self.recent.fresh()

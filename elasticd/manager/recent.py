@@ -1,6 +1,6 @@
 """A recent read, shared: what ``status`` answers from instead of asking etcd on every call.
 
-``status`` reads every job's records (``jobs/`` and ``parts/``) and is asked by every user and
+``status`` reads every job's records (``jobs/`` and ``notes/``) and is asked by every user and
 script that watches a job, often several times a second. Asking etcd each time put one etcd
 round trip, a thread hand-off and a decode on every call's path, and under many concurrent
 callers those queue behind each other (p99 10 ms for 50 clients, where a ``ping`` took 3 ms).
@@ -8,18 +8,18 @@ callers those queue behind each other (p99 10 ms for 50 clients, where a ``ping`
 *valid*, as ``freshness`` (here, pure) judges it:
 
 - no change was seen since the read began (``invalidate``: the daemon's watch of everything
-  outside ``parts/`` calls it for every job key that changes anywhere in the cluster, and the
+  outside ``notes/`` calls it for every job key that changes anywhere in the cluster, and the
   control commands call it after their own writes, so a ``kill`` or ``submit`` is seen by the
   ``status`` that follows it);
-- the read began less than ``max_age_s`` ago. The jobs' parts (each node's status of its
-  members, joins, pending notes) are watched by no daemon, by design (``Keys.watched``), so
-  this bounds how old they can be.
+- the read began less than ``max_age_s`` ago. The jobs' pending notes are watched by no
+  daemon, by design (``Keys.watched``), so this bounds how old they can be (what ``status
+  <job>`` adds of one job, its members' statuses and joins, it reads each time).
 
 A change this process made itself need not cost a read: its writer reads back what it wrote
 (one job's keys) and ``advance``s the held read with it, provided no other change was seen since
 the held read began; the watch's news of that write then does not invalidate it (the writer
 says which news is its own). The scan then works from the advanced read as from a read begun
-after the write (the watch reports every other change of what it shows; the unwatched parts
+after the write (the watch reports every other change of what it shows; the unwatched notes
 are as old as the held read, within ``max_age_s``).
 
 A caller that finds it older than ``refresh_s`` (but still valid) gets it at once and starts
@@ -43,7 +43,7 @@ from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
-MAX_AGE_S = 1.0  # the most a held read's unwatched parts can lag behind etcd
+MAX_AGE_S = 1.0  # the most a held read's unwatched notes can lag behind etcd
 REFRESH_S = 0.25  # a held read this old is refreshed in the background when asked for
 
 

@@ -22,12 +22,14 @@ the reply costs.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, NamedTuple
 
 from elasticd.jobs.board import Board, Queue
 from elasticd.jobs.queue import Reason, why
 from elasticd.jobs.view import job_row, job_view, selected
+from elasticd.rendezvous.model import NodeStatus
+from elasticd.rendezvous.reportread import with_reports
 from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.state import JobState
 
@@ -46,15 +48,23 @@ class Held(NamedTuple):
     open_view: bytes
     open_row: bytes
     submitted_at: float  # what the replies are ordered by (0: none known)
+    own: NodeStatus | None = None  # this node's status the view shows (from its agent)
 
 
 class StatusViews:
     """Views of every job of the latest read, encoded, and the replies made of them (module doc).
     Keeps the latest read's jobs only. Used on one event loop."""
 
-    def __init__(self, node_id: str, board: Board) -> None:
+    def __init__(
+        self, node_id: str, board: Board, own: Callable[[], Mapping[str, NodeStatus]] = dict
+    ) -> None:
         self._node_id = node_id
         self._board = board
+        # This node's status in each job it takes part in, as its agents know it: the read of
+        # every job carries no node's status, and a view of a job shows this node's devices and
+        # pids. A view is made again when it changes (its state, devices or pids).
+        self._own = own
+        self._owned: Mapping[str, NodeStatus] = {}
         # Each job's view, its JSON and its row's JSON, by the snapshot they were made from.
         self.held: dict[str, Held] = {}
         self._read: Mapping[str, JobSnapshot] | None = None
@@ -101,18 +111,23 @@ class StatusViews:
         return reply
 
     def _take(self, snaps: Mapping[str, JobSnapshot]) -> None:
-        """Make ``snaps`` the latest read: views for the snapshots not seen, the order by age."""
-        if snaps is self._read:
+        """Make ``snaps`` the latest read: views for the snapshots not seen (or whose job's status
+        of this node changed), the order by age."""
+        own = self._own()
+        if snaps is self._read and own == self._owned:
             return
+        if own != self._owned:
+            self._replies = {}  # (views in them change)
         held: dict[str, Held] = {}
         added: list[str] = []  # jobs not held before
         moved = False  # whether a job held before has another submission time now
         for job_id, snap in snaps.items():
-            kept = self.held.get(job_id)
-            if kept is None or kept.snap is not snap:
-                view = job_view(snap, self._node_id)
+            kept, mine = self.held.get(job_id), own.get(job_id)
+            if kept is None or kept.snap is not snap or kept.own != mine:
+                shown = with_reports(snap, {self._node_id: mine}) if mine is not None else snap
+                view = job_view(shown, self._node_id)
                 encoded, row = json.dumps(view).encode(), json.dumps(job_row(view)).encode()
-                new = Held(snap, view, encoded[:-1], row[:-1], view.get("submitted_at") or 0)
+                new = Held(snap, view, encoded[:-1], row[:-1], view.get("submitted_at") or 0, mine)
                 self.encoded += 1
                 if kept is None:
                     added.append(job_id)
@@ -120,7 +135,7 @@ class StatusViews:
                 kept = new
             held[job_id] = kept
         self._order = _ordered(self._order, held, added, moved)
-        self.held, self._read = held, snaps
+        self.held, self._read, self._owned = held, snaps, own
 
     def _assemble(
         self, snaps: Mapping[str, JobSnapshot], ranked: list[tuple[str, Reason]], key: Filter

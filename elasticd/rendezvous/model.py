@@ -341,7 +341,7 @@ _DEVICES = re.compile(r"^[0-9A-Za-z,._-]{0,4096}$")  # GPU indices and MIG UUIDs
 
 @dataclass(frozen=True)
 class NodeStatus:
-    """Value of ``parts/<job>/status/<node>``: that node's part, as its agent last published it."""
+    """Value of ``reports/<job>/<node>``: that node's part, as its agent last published it."""
 
     state: str  # an AgentState, or FAILED while a failed group awaits the next round
     round: int

@@ -8,7 +8,11 @@ What does need members reads them here, for one job:
   pages of ``PAGE`` keys (each request bounded, however large the round), then assembled against
   its head (``roster.assemble``); ``Rounds`` keeps the last few read (they never change);
 - ``membership``: whether given nodes are members of a closed round, one key each (their own
-  assignments) in one request (``drain``'s check; the janitor's, remembered: ``Members``).
+  assignments) in one request (``drain``'s check; the janitor's, remembered: ``Members``);
+- ``Members.live``: a member of a running round that is still there (its join) and has work
+  left (no done marker), for the janitor, which the read of every job does not tell (it carries
+  no join nor done marker): the one found last time asked about alone, else the round's keys in
+  growing pages until one is.
 
 The pages are separate requests, so not of one revision. A closed round's assignments do not
 change: each is written before its head and never after, and they are deleted only after their
@@ -33,9 +37,14 @@ from elasticd.rendezvous.snapshot import InvalidKey, JobSnapshot
 from elasticd.terms.spec import MAX_NODES
 
 PAGE = 500  # assignments per request: ~430 bytes each, ~215 KB a response
+LIVE_PAGES = (8, 64, PAGE)  # joins read at a time for ``Members.live``; then PAGE, up to MAX_KEYS
+ASKS = 100  # keys asked about in one request (etcd takes at most 128 operations in one)
 MAX_KEYS = MAX_NODES + 1024  # keys under one round's assignments that a read takes (a bound)
 
 Roster = RoundResult | InvalidKey | None  # the round whole; its bad key; None: it was forgotten
+# A running round's member that is there with work left; a bad key read; or, none being there,
+# the round's done markers (``Members.live``).
+Live = str | InvalidKey | frozenset[str]
 
 
 def read_round(kv: KV, keys: Keys, job_id: str, head: RoundHead, page: int = PAGE) -> Roster:
@@ -113,6 +122,8 @@ class Members:
         self._kv = kv
         self._keys = keys
         self._known: dict[tuple[str, int, int], dict[str, bool]] = {}  # (job, round, epoch) -> node -> member
+        self._live: dict[tuple[str, int, int], str] = {}  # (job, round, epoch) -> the member found there
+        self._fetched: dict[tuple[str, int, str], list[KeyValue]] = {}  # (job, round, node) -> its join read
 
     async def first(self, snap: JobSnapshot, head: RoundHead, nodes: Sequence[str]) -> str | None:
         """The first of ``nodes`` that is a member of ``head``'s round (None: none is): from the
@@ -133,10 +144,84 @@ class Members:
                 return hit
         return None
 
+    async def prefetch(self, snaps: Mapping[str, JobSnapshot]) -> None:
+        """Ask about the member ``live`` found last time in every running round at once (its join
+        and its done marker; one request per ``ASKS`` keys, not one per round): what ``live``
+        then answers from, once."""
+        asks = []
+        for snap in snaps.values():
+            head = snap.closed
+            if head is None or snap.final is not None or snap.joins_read:
+                continue
+            known = self._live.get((snap.job_id, head.round, head.epoch))
+            if known is not None:
+                asks.append((snap.job_id, head.round, known))
+        self._fetched = {}
+        for start in range(0, len(asks), ASKS // 2):
+            chunk = asks[start : start + ASKS // 2]
+            queries = [
+                Query(k(job, r, node)) for job, r, node in chunk for k in (self._keys.join, self._keys.done)
+            ]
+            found = await asyncio.to_thread(self._kv.read_many, queries)
+            for i, ask in enumerate(chunk):
+                self._fetched[ask] = found[2 * i].kvs + found[2 * i + 1].kvs
+
+    async def live(self, snap: JobSnapshot, head: RoundHead) -> Live:
+        """A member of ``head``'s round (the job's current one) that is there (its join, under its
+        lease) and not done; a bad key read, as the key the job fails for; or, when no member is,
+        the round's done markers (only members write one). From ``snap``'s joins and done
+        markers when it holds them (a read of the job alone); else the member found last time,
+        asked about alone (``prefetch``), and only when it is gone or done, the round's keys
+        (done markers, then joins) in growing pages (``LIVE_PAGES``) until one is: O(1) bytes a
+        sweep while the round runs, whatever its size."""
+        if snap.joins_read:
+            done = snap.done.get(head.round, set())
+            nodes = [j.node for j in snap.joins.get(head.round, []) if j.node not in done]
+            return await self.first(snap, head, nodes) or frozenset(done)
+        key = (snap.job_id, head.round, head.epoch)
+        known = self._live.get(key)
+        if known is not None:
+            kvs = self._fetched.pop((snap.job_id, head.round, known), None)
+            if kvs is None:
+                asks = [
+                    Query(self._keys.join(snap.job_id, head.round, known)),
+                    Query(self._keys.done(snap.job_id, head.round, known)),
+                ]
+                kvs = [kv for f in await asyncio.to_thread(self._kv.read_many, asks) for kv in f.kvs]
+            got = JobSnapshot.parse(self._keys, snap.job_id, kvs)
+            if got.invalid:
+                return got.invalid[0]
+            if got.joins and not got.done:
+                return known
+        return await self._search(snap, head, key)
+
+    async def _search(self, snap: JobSnapshot, head: RoundHead, key: tuple[str, int, int]) -> Live:
+        """``live`` from the round's keys in pages (module doc)."""
+        prefix = self._keys.round_parts(snap.job_id, head.round)
+        start, end, pages, taken = prefix, prefix_end(prefix), list(LIVE_PAGES), 0
+        done: set[str] = set()
+        while taken < MAX_KEYS:
+            query = Query(start, end=end, limit=pages.pop(0) if pages else PAGE)
+            (found,) = await asyncio.to_thread(self._kv.read_many, [query])
+            got = JobSnapshot.parse(self._keys, snap.job_id, found.kvs)
+            if got.invalid:
+                return got.invalid[0]
+            done |= got.done.get(head.round, set())  # (they sort before the joins)
+            nodes = [j.node for j in got.joins.get(head.round, []) if j.node not in done]
+            if hit := await self.first(snap, head, nodes):
+                self._live[key] = hit
+                return hit
+            taken += len(found.kvs)
+            if len(found.kvs) >= found.count or not found.kvs:
+                break
+            start = found.kvs[-1].key + "\0"  # the next key after the last one read
+        return frozenset(done)
+
     def retain(self, snaps: Mapping[str, JobSnapshot]) -> None:
         """Forget every round that is not a current, closed one of ``snaps``."""
         keep = {(j, s.closed.round, s.closed.epoch) for j, s in snaps.items() if s.closed is not None}
         self._known = {k: v for k, v in self._known.items() if k in keep}
+        self._live = {k: v for k, v in self._live.items() if k in keep}
 
 
 class Rounds:

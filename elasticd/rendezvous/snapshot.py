@@ -1,12 +1,13 @@
 """A job as etcd holds it, read at one revision: the model every decider works on.
 
-``JobSnapshot.parse`` turns the keys of one read of ``jobs/<job>/`` and ``parts/<job>/`` (its
-joins, statuses and pending notes), at one revision, into typed records and never raises: a key
+``JobSnapshot.parse`` turns the keys of one read of ``jobs/<job>/``, its joins (``parts/<job>/``)
+and its pending notes (``notes/<job>/``), at one revision, into typed records and never raises: a key
 that does not parse, does not validate or should not exist is recorded in ``invalid``. A closed
 round is its head (``heads``); its members are in ``results`` only when the read covered every
 assignment of the job (``rosters``: a round's leader) or one round's were read on demand
 (``rosterread``: ``status <job>``); a member's own assignment is read alone (``node``, ``me``):
-O(1) bytes for a member, whatever the job's size. The scan's read of every job carries heads only.
+O(1) bytes for a member, whatever the job's size. The scan's read of every job carries heads only,
+and no join (``joins_read``): what decides on them counts or reads them for one job.
 ``Glance`` is the small read a node waiting in an open round makes instead. Pure: no etcd client
 (``elasticd.rendezvous.store`` does the reading)."""
 
@@ -85,6 +86,10 @@ class JobSnapshot:
     drains: dict[str, DrainRecord] = field(default_factory=dict)  # nodes asked to leave this job
     last_join_revision: int = 0
     join_counts: dict[int, int] = field(default_factory=dict)  # rounds whose joins were only counted
+    # False: the read covered no join nor done marker (the read of every job): ``joins``,
+    # ``current_joins``, ``done`` and ``all_done`` say nothing, and what needs them reads them for
+    # this job (``admitter``, ``janitor``, ``status``).
+    joins_read: bool = True
     invalid: list[InvalidKey] = field(default_factory=list)
     # How many keys the job has under jobs/<job>/ (0: no such job). Parts alone make no job: they
     # are under their nodes' leases, and a job's removal deletes them first.
@@ -196,11 +201,12 @@ class JobSnapshot:
         *,
         rosters: bool = False,
         node: str = "",
+        with_joins: bool = True,
     ) -> JobSnapshot:
         """``rosters``: ``kvs`` hold every assignment of the job (each closed round is assembled
         whole, and one that does not make its head is invalid); ``node``: they hold that node's
-        own assignment of the current round."""
-        snap = cls(job_id, rosters=rosters, node=node)
+        own assignment of the current round; ``with_joins=False``: they hold no join (``joins_read``)."""
+        snap = cls(job_id, rosters=rosters, node=node, joins_read=with_joins)
         base = keys.job(job_id)
         seen = {kv.key[len(base) :] for kv in kvs if kv.key.startswith(base)}
         for kv in kvs:
@@ -327,13 +333,14 @@ class RecordCache:
         self.decoded = 0  # records decoded (not found here): what the tests count
 
     def snapshot(self, keys: Keys, job_id: str, kvs: list[KeyValue]) -> JobSnapshot:
-        """``JobSnapshot.parse`` of ``kvs`` (the job's keys under ``jobs/`` and ``parts/``: its
-        rounds' heads, not their members), or the same snapshot as last time if none changed."""
+        """``JobSnapshot.parse`` of ``kvs`` (the job's keys under ``jobs/`` and ``notes/``: its
+        rounds' heads, not their members nor their joins), or the same snapshot as last time if
+        none changed."""
         signature = tuple((kv.key, kv.mod_revision) for kv in kvs)
         held = self._jobs.get(job_id)
         if held is not None and held[0] == signature:
             return held[1]
-        snap = JobSnapshot.parse(keys, job_id, kvs, self)
+        snap = JobSnapshot.parse(keys, job_id, kvs, self, with_joins=False)
         if len(self._jobs) < self._limit or job_id in self._jobs:
             self._jobs[job_id] = (signature, snap)
         return snap
@@ -360,18 +367,19 @@ class RecordCache:
 def parse_jobs(
     keys: Keys, kvs: list[KeyValue], cache: RecordCache | None = None
 ) -> tuple[dict[str, JobSnapshot], dict[str, list[str]]]:
-    """Every job in one read of ``jobs/`` and ``parts/`` (one revision), by id; and the keys of
-    parts of no job: ``parts/<job>/`` of a job that has no records, put after its removal (a
-    status a leaving agent published late). Those make no job; their node's lease lasts as long
-    as its daemon, so the janitor deletes them. With ``cache``, records unchanged since the
-    cache's last read are not decoded again, and the cache keeps only this read's keys."""
+    """Every job in one read of ``jobs/`` and ``notes/`` (one revision), by id (no join read:
+    ``joins_read``); and the keys of notes of no job: ``notes/<job>/`` of a job that has no
+    records, put after its removal (a note a leaving node wrote late). Those make no job; their
+    node's lease lasts as long as its daemon, so the janitor deletes them. With ``cache``,
+    records unchanged since the cache's last read are not decoded again, and the cache keeps only
+    this read's keys."""
     by_job: dict[str, list[KeyValue]] = {}
     for kv in kvs:
         job = keys.job_of(kv.key)
         if job is not None:
             by_job.setdefault(job, []).append(kv)
     if cache is None:
-        snaps = [JobSnapshot.parse(keys, job, items) for job, items in by_job.items()]
+        snaps = [JobSnapshot.parse(keys, job, items, with_joins=False) for job, items in by_job.items()]
     else:
         snaps = [cache.snapshot(keys, job, items) for job, items in by_job.items()]
         cache.retain({kv.key for kv in kvs}, set(by_job))

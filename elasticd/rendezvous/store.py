@@ -1,9 +1,11 @@
 """A job's state in the key-value store: one consistent snapshot per read, and the writes that
 change it, behind the async ``JobStore`` protocol.
 
-Reads are a single request over ``jobs/<job>/`` and the job's parts ``parts/<job>/`` (its joins,
-statuses and pending notes), at one revision, so a snapshot is never torn; with the rounds'
-assignments (``rounds/<job>/``: every one, or a member's own), in the same request.
+Reads are a single request over ``jobs/<job>/`` and the job's parts ``parts/<job>/`` (its joins
+and pending notes), at one revision, so a snapshot is never torn; with the rounds' assignments
+(``rounds/<job>/``: every one, or a member's own), in the same request. The nodes' statuses
+(``reports/<job>/``: what ``status`` shows, no decider reads them) follow in pages
+(``reportread``).
 Every write that must not race is a transaction guarded by revisions (the fencing tokens):
 - the job is created once (``create(head) == 0``), its head (``jobs/<job>/spec``) and its full
   spec (``specs/<job>``, read by a node about to take part: ``spec``) together, and removed
@@ -32,16 +34,19 @@ from elasticd.decode import DecodeError, parse_json
 from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV, prefix_end
+from elasticd.etcd.pages import read_pages
 from elasticd.etcd.types import Compare, Put, Query
-from elasticd.rendezvous import roster, rosterread
-from elasticd.rendezvous.model import FinalRecord, Join, RoundInfo, RoundResult
+from elasticd.rendezvous import reportread, roster, rosterread
+from elasticd.rendezvous.model import FinalRecord, Join, NodeStatus, RoundInfo, RoundResult
 from elasticd.rendezvous.snapshot import Glance, InvalidKey, JobSnapshot, Seen
 from elasticd.terms.head import JobHead, body_bytes, check_body
-from elasticd.terms.spec import JobSpec
+from elasticd.terms.spec import MAX_NODES, JobSpec
 from elasticd.terms.state import EndReason, JobState, RoundReason
 
 T = TypeVar("T")
 READ_TRIES = 3  # a member's read finds the round closed at another round than it asked for
+JOIN_PAGE = 500  # keys per request when a round's are read for one job (``round_parts``)
+MAX_JOINS = 2 * MAX_NODES + 1024  # joins and done markers of one round such a read takes (a bound)
 
 
 class JobStore(Protocol):
@@ -49,6 +54,9 @@ class JobStore(Protocol):
     this call won."""
 
     job_id: str
+
+    @property
+    def keys(self) -> Keys: ...
 
     async def snapshot(
         self,
@@ -59,6 +67,9 @@ class JobStore(Protocol):
         rosters: bool = True,
     ) -> JobSnapshot: ...
     async def glance(self, round_no: int, node: str) -> Glance: ...
+    async def statuses(self) -> dict[str, NodeStatus]: ...
+    async def count_joins(self, round_no: int) -> int: ...
+    async def round_parts(self, round_no: int) -> JobSnapshot: ...
     async def create(self, spec: JobSpec) -> bool: ...
     async def spec(self, head: JobHead) -> JobSpec: ...
     async def finalize(
@@ -92,6 +103,13 @@ class KVJobStore:
         self._kv = kv
         self._keys = keys
         self.job_id = job_id
+        # The job's head's create revision as a read last found it (0: none found yet): a status
+        # is put only while that head is there (``put_node_status``).
+        self._head_revision = 0
+
+    @property
+    def keys(self) -> Keys:
+        return self._keys
 
     async def _run(self, fn: Callable[[], T]) -> T:
         raise NotImplementedError
@@ -108,10 +126,17 @@ class KVJobStore:
         """The whole job; with ``joins_counted_of=r``, round r's join keys are only counted
         (a running member needs how many are left, not N records: O(1) instead of O(N)); with
         ``statuses=False``, its nodes' statuses and pending notes are left out (what ``status``
-        shows, which no decider reads: an agent's read carries O(N) records fewer); with
+        shows, which no decider reads: an agent's read carries O(N) records fewer; with them, the
+        statuses are read after the rest, in pages: ``reportread``); with
         ``rosters=False``, no round's assignments but ``node``'s own of the current round (a
         member's read: O(1) bytes, whatever the job's size)."""
-        return await self._run(lambda: self._member_snapshot(joins_counted_of, statuses, node, rosters))
+        snap = await self._run(lambda: self._member_snapshot(joins_counted_of, statuses, node, rosters))
+        return reportread.with_reports(snap, await self.statuses()) if statuses else snap
+
+    async def statuses(self) -> dict[str, NodeStatus]:
+        """Each node's status in the job (``reports/<job>/``), read in pages (``reportread``)."""
+        reports = await self._run(lambda: reportread.read_reports(self._kv, self._keys, self.job_id))
+        return reportread.statuses(self._keys, self.job_id, reports)
 
     def _member_snapshot(
         self, counted_of: int | None, statuses: bool, node: str, rosters: bool
@@ -131,13 +156,14 @@ class KVJobStore:
         self, counted_of: int | None, statuses: bool, node: str, rosters: bool, hint: int | None
     ) -> JobSnapshot:
         k, j = self._keys, self.job_id
-        parts = k.job_parts(j)
-        start, end = (parts, prefix_end(parts)) if statuses else k.job_joins(j)
+        start, end = k.job_joins(j)
         ranges = [(start, end)]
         counted = k.joins(j, counted_of) if counted_of is not None else None
         if counted is not None:  # all but round r's joins, which are counted
             ranges = [(start, counted), (prefix_end(counted), end)]
         queries = [Query(k.job(j), prefix=True), *(Query(a, end=b) for a, b in ranges)]
+        if statuses:
+            queries.append(Query(k.job_notes(j), prefix=True))
         if not rosters and node and hint is not None:
             queries.append(Query(k.assignment(j, hint, node)))
         read = len(queries)
@@ -145,6 +171,8 @@ class KVJobStore:
             queries.append(Query(counted, prefix=True, count_only=True))
         found = self._kv.read_many(queries)
         kvs = [kv for f in found[:read] for kv in f.kvs]
+        head = next((kv.create_revision for kv in found[0].kvs if kv.key == k.job_spec(j)), 0)
+        self._head_revision = head or self._head_revision  # (gone: the guard fails on the old one)
         mine = node if not rosters and hint is not None else ""
         snap = JobSnapshot.parse(k, j, kvs, node=mine)
         if counted_of is not None:
@@ -173,6 +201,19 @@ class KVJobStore:
         first = round_kv.kvs[0] if round_kv.kvs else None
         lead = oldest.kvs[0] if oldest.kvs else None
         return Glance.parse(first, bool(final.kvs), result.count > 0, lead, bool(mine.kvs))
+
+    async def count_joins(self, round_no: int) -> int:
+        """How many joins round ``round_no`` has (O(1) bytes, whatever N)."""
+        query = Query(self._keys.joins(self.job_id, round_no), prefix=True, count_only=True)
+        return (await self._run(lambda: self._kv.read_many([query])))[0].count
+
+    async def round_parts(self, round_no: int) -> JobSnapshot:
+        """Round ``round_no``'s joins and done markers alone, read in pages, as a snapshot of them
+        (``joins``, ``done``, and each bad one in ``invalid``): for what shows them (``status
+        <job>``)."""
+        prefix = self._keys.round_parts(self.job_id, round_no)
+        kvs = await self._run(lambda: read_pages(self._kv, prefix, JOIN_PAGE, MAX_JOINS))
+        return JobSnapshot.parse(self._keys, self.job_id, kvs)
 
     async def join_of(self, round_no: int, node: str) -> Join | None:
         kv = await self._run(lambda: self._kv.get(self._keys.join(self.job_id, round_no, node)))
@@ -229,8 +270,11 @@ class KVJobStore:
 
     # -- rounds --------------------------------------------------------------------------------
     async def join(self, round_no: int, join: Join, lease: int) -> None:
+        """Put ``join`` under ``lease``, only while the job's head read last is there (as a
+        status: ``put_node_status``), so that no join is left of a removed job: no read of every
+        job covers the joins to find it."""
         key = self._keys.join(self.job_id, round_no, join.node)
-        await self._run(lambda: self._kv.put_json(key, join.to_json(), lease))
+        await self._put_guarded(Put(key, join.to_json(), lease))
 
     async def withdraw(self, round_no: int, node: str) -> None:
         await self._run(lambda: self._kv.delete(self._keys.join(self.job_id, round_no, node)))
@@ -281,8 +325,9 @@ class KVJobStore:
         )
 
     async def mark_done(self, round_no: int, node: str) -> None:
-        key = self._keys.done(self.job_id, round_no, node)
-        await self._run(lambda: self._kv.put_json(key, {"at": time.time()}))
+        """``node``'s workers of ``round_no`` all exited 0 (beside its join: only while the job's
+        head read last is there, so that none is left of a removed job)."""
+        await self._put_guarded(Put(self._keys.done(self.job_id, round_no, node), {"at": time.time()}))
 
     async def mark_left(self, round_no: int, node: str) -> None:
         """``node`` stopped its workers: ``round_no`` need not wait for it (it rejoins only as a
@@ -305,16 +350,18 @@ class KVJobStore:
         await self._run(forget)
 
     async def remove(self) -> None:
-        """Delete every record of the job: its parts first (see ``Keys.job_prefixes``), then its
-        records, its rounds' assignments and its full spec in one transaction, so that none is
-        left without the others."""
-        parts, records = self._keys.job_prefixes(self.job_id)
+        """Delete every record of the job: its joins and notes first (``Keys.job_prefixes``), then its
+        records, its rounds' assignments, its nodes' reports and its full spec in one
+        transaction, so that none is left without the others."""
+        parts, notes, records = self._keys.job_prefixes(self.job_id)
         body = self._keys.job_body(self.job_id)
         rounds = Query(self._keys.job_rounds(self.job_id), prefix=True)
+        reports = Query(self._keys.job_reports(self.job_id), prefix=True)
 
         def remove() -> None:
             self._kv.delete_prefix(parts)
-            self._kv.txn([], [], [Query(records, prefix=True), rounds, body])
+            self._kv.delete_prefix(notes)
+            self._kv.txn([], [], [Query(records, prefix=True), rounds, reports, body])
 
         await self._run(remove)
 
@@ -335,8 +382,19 @@ class KVJobStore:
         await self._run(lambda: self._kv.delete(self._keys.waiting(self.job_id, node)))
 
     async def put_node_status(self, node: str, status: dict[str, Any], lease: int) -> None:
-        key = self._keys.node_status(self.job_id, node)
-        await self._run(lambda: self._kv.put_json(key, status, lease))
+        """Publish ``node``'s report (``reports/<job>/<node>``), only while the job's head read
+        last is there: no read of every job covers the reports, so none finds one left of a
+        removed job (a leaving agent's last publish after ``rm``) to delete; this puts none.
+        Before any read of the job, unguarded."""
+        await self._put_guarded(Put(self._keys.node_status(self.job_id, node), status, lease))
+
+    async def _put_guarded(self, put: Put) -> None:
+        """``put`` if the job's head is the one read last (unguarded before any read)."""
+        head, spec = self._head_revision, self._keys.job_spec(self.job_id)
+        if not head:
+            await self._run(lambda: self._kv.put_json(put.key, put.value, put.lease))
+            return
+        await self._run(lambda: self._kv.txn([Compare(spec, "create", head)], [put]))
 
     async def note_pending(self, node: str, note: str | None, lease: int) -> None:
         key = self._keys.pending_note(self.job_id, node)

@@ -199,9 +199,9 @@ def test_parts_live_apart_from_the_job_and_are_read_with_it_at_one_revision(
     run(store.note_pending("n4", "no free slots", lease))
     assert [kv.key for kv in kv.get_prefix(keys.job_parts(JOB))] == [
         *(keys.join(JOB, r, n) for r, n in ((0, "n1"), (0, "n2"), (1, "n1"), (1, "n3"))),
-        keys.pending_note(JOB, "n4"),
-        keys.node_status(JOB, "n1"),
     ]
+    assert [kv.key for kv in kv.get_prefix(keys.job_notes(JOB))] == [keys.pending_note(JOB, "n4")]
+    assert [kv.key for kv in kv.get_prefix(keys.job_reports(JOB))] == [keys.node_status(JOB, "n1")]
     assert [x.key for x in kv.get_prefix(keys.job(JOB))] == [
         keys.job_restarts(JOB),
         keys.job_round(JOB),
@@ -252,6 +252,7 @@ def test_old_rounds_are_forgotten_with_their_joins_and_a_removed_job_leaves_noth
     assert list(snap.node_status) == ["n1"] and list(snap.pending) == ["n2"]  # no round's: kept
     run(store.remove())
     assert kv.get_prefix(keys.job(JOB)) == kv.get_prefix(keys.job_parts(JOB)) == []
+    assert kv.get_prefix(keys.job_reports(JOB)) == kv.get_prefix(keys.job_notes(JOB)) == []
     assert kv.get(keys.job_body(JOB)) is None and kv.get(keys.job_body(JOB + "x")) is not None
     assert not run(store.snapshot()).found
     kept = run(other.snapshot())  # a job whose id extends ours: untouched

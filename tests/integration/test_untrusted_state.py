@@ -41,8 +41,9 @@ JOB_KINDS = [
     "waiting/{node}",
     "nodes/{node}",  # where v1 kept statuses: no record now
     "pending/{node}",  # ... and pending notes
-    "@status/{node}",
-    "@pending/{node}",
+    "%{node}",  # (%: a pending note, ``notes/<job>/``)
+    "@1/join/{node}",
+    "@0/done/{node}",
     "drain/{node}",
     "rdzv/zero/result",
     "no-such-record",
@@ -111,9 +112,11 @@ def _garbage_in_one_key(
     reason and final record naming the key (returned, relative to the prefix); a valid one does not."""
     job = _submit(d, tmp_path)
     wait_for(lambda: _running_and_published(d, job), 30, 0.05, f"{job} running")
-    base = keys.job_parts(job) if kind.startswith("@") else keys.job(job)
-    key = base + kind.removeprefix("@").format(node=d.node_id)
+    bases = {"@": keys.job_parts(job), "%": keys.job_notes(job)}
+    base = bases.get(kind[0], keys.job(job))
+    key = base + kind.lstrip("@%").format(node=d.node_id)
     stored = etcd.get_prefix(keys.job(job)) + etcd.get_prefix(keys.job_parts(job))
+    stored += etcd.get_prefix(keys.job_notes(job))
     invalid = _is_invalid(keys, job, stored, key, value)
     put_raw(etcd, key, value)
     shown = key[len(keys.prefix) + 1 :]

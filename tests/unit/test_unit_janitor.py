@@ -154,14 +154,17 @@ def test_parts_left_of_a_removed_job_are_deleted_and_other_jobs_keep_theirs() ->
     for s in (store, kept):
         run_inline(s.create(make_spec(id=s.job_id)))
         run_inline(s.join(0, Join("n1", "127.0.0.1", 29500, 2), lease))
+    run_inline(store.snapshot())  # (as an agent's store has read its job)
     run_inline(store.remove())
-    for i in range(MAX_TXN_DELETES + 3):  # published late by leaving agents: more than one txn holds
-        run_inline(store.put_node_status(f"n{i}", STATUS, lease))
-    run_inline(store.note_pending("n1", "no free slots", lease))
-    snaps, strays = parse_jobs(KEYS, kv.get_prefix(KEYS.jobs()) + kv.get_prefix(KEYS.all_parts()))
-    assert list(snaps) == ["kept-1"] and list(strays) == [JOB] and len(strays[JOB]) == MAX_TXN_DELETES + 4
+    for i in range(MAX_TXN_DELETES + 3):  # written late by leaving agents: more than one txn holds
+        run_inline(store.note_pending(f"n{i}", "no free slots", lease))
+    run_inline(store.put_node_status("n1", STATUS, lease))  # after a read of the job: not put
+    run_inline(store.join(1, Join("n1", "127.0.0.1", 29500, 2), lease))  # nor a join
+    assert kv.get_prefix(KEYS.job_reports(JOB)) == kv.get_prefix(KEYS.job_parts(JOB)) == []
+    snaps, strays = parse_jobs(KEYS, kv.get_prefix(KEYS.jobs()) + kv.get_prefix(KEYS.all_notes()))
+    assert list(snaps) == ["kept-1"] and list(strays) == [JOB] and len(strays[JOB]) == MAX_TXN_DELETES + 3
     asyncio.run(janitor(kv, "n1").drop_strays(strays))
-    assert kv.get_prefix(KEYS.job_parts(JOB)) == []
+    assert kv.get_prefix(KEYS.job_notes(JOB)) == []
     assert run_inline(kept.snapshot()).current_joins  # a job's own parts stay
 
 
@@ -169,11 +172,11 @@ def test_parts_of_a_job_submitted_again_meanwhile_are_kept() -> None:
     kv = MemoryKV()
     lease = kv.grant_lease(30)
     store = InlineJobStore(kv, KEYS, JOB)
-    run_inline(store.put_node_status("n1", STATUS, lease))
-    _, strays = parse_jobs(KEYS, kv.get_prefix(KEYS.all_parts()))
+    run_inline(store.note_pending("n1", "no free slots", lease))
+    _, strays = parse_jobs(KEYS, kv.get_prefix(KEYS.all_notes()))
     run_inline(store.create(make_spec()))  # after the janitor's read
     asyncio.run(janitor(kv, "n1").drop_strays(strays))
-    assert list(run_inline(store.snapshot()).node_status) == ["n1"]
+    assert list(run_inline(store.snapshot()).pending) == ["n1"]
 
 
 def test_a_waiting_job_fails_at_its_join_timeout_though_its_snapshot_is_the_same() -> None:

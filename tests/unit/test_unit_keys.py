@@ -1,6 +1,6 @@
-"""elasticd.etcd.keys: every key built parses back to what it names; a job's parts (joins, statuses,
-pending notes) live apart from the rest of their job, outside the ranges every daemon watches
-(``Keys.watched``), and nowhere else."""
+"""elasticd.etcd.keys: every key built parses back to what it names; a job's parts (joins, pending
+notes) and its nodes' reports (statuses) live apart from the rest of their job, outside the ranges
+every daemon watches (``Keys.watched``), and nowhere else."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ NODES = st.from_regex(NODE_ID, fullmatch=True)
 ROUNDS = st.integers(0, MAX_ROUND)
 
 
-# Whether every daemon's watch carries a key kind (``Keys.watched``). A job's parts (its joins,
-# its nodes' statuses and pending notes) are under ``parts/<job>/``, which no daemon watches: each
+# Whether every daemon's watch carries a key kind (``Keys.watched``). A job's parts (its joins and
+# its nodes' pending notes) are under ``parts/<job>/`` and ``notes/<job>/``, which no daemon
+# watches, and its nodes' statuses under ``reports/<job>/``: each
 # is written by or for every node of a job, and no daemon but a round's leader (the joins of its
 # round, by a watch of its own) acts on another node's. A job's full spec (``specs/<job>``) is
 # read only by a node about to take part in the job: no daemon watches it either. A node's record
@@ -43,7 +44,7 @@ WATCHED = {
     KeyKind.RESULT: True,
     KeyKind.ASSIGNMENT: False,  # a round's N records reach no watch
     KeyKind.JOIN: False,
-    KeyKind.DONE: True,
+    KeyKind.DONE: False,
     KeyKind.LEFT: True,
     KeyKind.WAITING: True,
     KeyKind.NODE_STATUS: False,
@@ -87,8 +88,8 @@ def watched(keys: Keys, key: str) -> int:
     return sum(start <= key < end for start, end in keys.watched())
 
 
-def test_the_layout_is_v4_by_default() -> None:
-    assert Keys().prefix == "/elasticd/v4"
+def test_the_layout_is_v5_by_default() -> None:
+    assert Keys().prefix == "/elasticd/v5"
 
 
 def test_the_table_names_every_kind_once() -> None:
@@ -101,7 +102,11 @@ def test_every_key_parses_back_and_is_watched_as_its_kind_says(job: str, node: s
     for key, ref in built(KEYS, job, node, r).items():
         assert KEYS.parse(key) == ref
         assert watched(KEYS, key) == int(WATCHED[ref.kind]), key
-        unwatched = (KEYS.nodes(), KEYS.all_parts(), KEYS.presences(job), KEYS.all_rounds(), KEYS.specs())
+        unwatched: tuple[str, ...] = (KEYS.nodes(), KEYS.all_notes(), KEYS.all_parts(), KEYS.presences(job))
+        unwatched += (KEYS.all_reports(), KEYS.all_rounds(), KEYS.specs())
+        read = key.startswith(KEYS.every_job())  # the read of every job: no key of a member's
+        assert read == (ref.job != "" and (WATCHED[ref.kind] or ref.kind is KeyKind.PENDING)), key
+        assert KEYS.read_with_every_job(KEYS.relative(key)) == read
         assert key.startswith(unwatched) == (not WATCHED[ref.kind]), key
         if ref.kind in (KeyKind.BODY, KeyKind.PRESENCE):  # apart from the job's other keys
             assert key in (KEYS.job_body(job), KEYS.presence(job, node)) and KEYS.job_of(key) is None
@@ -110,12 +115,17 @@ def test_every_key_parses_back_and_is_watched_as_its_kind_says(job: str, node: s
         if ref.kind is KeyKind.ASSIGNMENT:  # under the job's rounds, which its removal deletes too
             assert key.startswith(KEYS.job_rounds(job)) and KEYS.job_of(key) == job
             continue
+        if ref.kind is KeyKind.NODE_STATUS:  # under the job's reports: outside the read of every job
+            assert key.startswith(KEYS.job_reports(job)) and KEYS.job_of(key) == job
+            assert not any(key.startswith(p) for p in (KEYS.jobs(), KEYS.all_parts()))
+            continue
         if ref.job:  # every key of a job is in exactly one of its prefixes
+            home = KEYS.job_notes(job) if ref.kind is KeyKind.PENDING else KEYS.job_parts(job)
             assert [p for p in KEYS.job_prefixes(job) if key.startswith(p)] == [
-                KEYS.job(job) if WATCHED[ref.kind] else KEYS.job_parts(job)
+                KEYS.job(job) if WATCHED[ref.kind] else home
             ], key
             start, end = KEYS.job_joins(job)  # what an agent reads of the parts
-            assert (start <= key < end) == (ref.kind is KeyKind.JOIN), key
+            assert (start <= key < end) == (ref.kind in (KeyKind.JOIN, KeyKind.DONE)), key
         change = KEYS.route(key, deleted=True)
         assert change is not None and change.ref == ref and change.job == (ref.job or None)
         assert KEYS.job_of(key) == (ref.job or None)
@@ -127,7 +137,7 @@ def test_a_job_and_its_rounds_cover_their_joins(job: str, node: str, r: int) -> 
     assert join.startswith(KEYS.joins(job, r)) and join.startswith(KEYS.job_parts(job))
     assert [p for p in KEYS.rounds(job, r) if join.startswith(p)] == [KEYS.rounds(job, r)[0]]
     assert any(KEYS.result(job, r).startswith(p) for p in KEYS.rounds(job, r))
-    assert KEYS.job_prefixes(job)[0] == KEYS.job_parts(job)  # parts deleted first
+    assert KEYS.job_prefixes(job)[:2] == (KEYS.job_parts(job), KEYS.job_notes(job))  # deleted first
     for other in (KEYS.node_status(job, node), KEYS.pending_note(job, node)):  # no round's
         assert not any(other.startswith(p) for p in KEYS.rounds(job, r))
         assert not other.startswith(KEYS.joins(job, r))
@@ -139,6 +149,8 @@ def test_the_watched_ranges_are_the_whole_prefix_but_nodes_parts_presences_and_f
     assert watched(KEYS, "/k/v2/nodes/x") == watched(KEYS, "/k/v2/presence/j/x") == 0
     assert watched(KEYS, "/k/v2/nodes") == watched(KEYS, "/k/v2/specsx") == 1  # siblings, not in it
     assert watched(KEYS, "/k/v2/parts/x") == watched(KEYS, "/k/v2/specs/x") == 0
+    assert watched(KEYS, "/k/v2/reports/j/x") == watched(KEYS, "/k/v2/rounds/j/0/x") == 0
+    assert watched(KEYS, "/k/v2/notes/j/x") == 0
     assert watched(KEYS, "/k/v20") == watched(KEYS, "/k/v2") == 0  # outside the prefix
 
 
@@ -152,22 +164,27 @@ def test_the_watched_ranges_are_the_whole_prefix_but_nodes_parts_presences_and_f
         f"parts/{JOB}/0/join",
         f"parts/{JOB}/0/join/{NODE}/x",
         f"parts/{JOB}/0/result",
-        f"parts/{JOB}/0/done/{NODE}",
+        f"jobs/{JOB}/rdzv/0/done/{NODE}",  # where v4 kept done markers
         f"parts/{JOB}/01/join/{NODE}",
         f"parts/{JOB}/+1/join/{NODE}",
         f"parts/{JOB}/0/join/bad node",
         f"parts/{JOB}/status/join/{NODE}",  # a round is a plain decimal, never a kind
         f"parts/{JOB}/0/status/{NODE}",  # a status is no round's
-        f"parts/{JOB}/status/{NODE}/x",
+        f"parts/{JOB}/status/{NODE}",  # where v4 kept statuses
         f"parts/{JOB}/status",
-        f"parts/{JOB}/status/bad node",
-        f"parts/{JOB}/pending/{NODE}/0",
+        f"reports/{JOB}/{NODE}/x",
+        f"reports/{JOB}/0/{NODE}",
+        f"reports/{JOB}/bad node",
+        f"parts/{JOB}/pending/{NODE}",  # where v4 kept pending notes
+        f"notes/{JOB}/{NODE}/0",
+        f"notes/{JOB}/pending/{NODE}",
         f"parts/{JOB}/nodes/{NODE}",
         f"parts/{JOB}/waiting/{NODE}",  # waiting stays under jobs/ (and watched)
         f"parts/{JOB}/drain/{NODE}",
         f"parts/{JOB}/spec",
         "parts/bad job/0/join/n1",
         "parts/bad job/status/n1",
+        "reports/bad job/n1",
     ],
 )
 def test_keys_of_a_job_that_name_no_record_do_not_parse(rest: str) -> None:

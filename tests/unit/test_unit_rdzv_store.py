@@ -54,9 +54,9 @@ def join_kv(round_no: int, node: str, value: Any, create: int = 1, mod: int | No
     return KeyValue(KEYS.join(JOB, round_no, node), json.dumps(value).encode(), create, mod or create, 0)
 
 
-def part_kv(key: str, value: Any) -> KeyValue:
-    """A node's status or pending note (``Keys.node_status``, ``Keys.pending_note``): a part too."""
-    return KeyValue(key, json.dumps(value).encode(), 1, 1, 0)
+def part_kv(key: str, value: Any, create: int = 1) -> KeyValue:
+    """A key outside ``jobs/<job>/`` (a status, a pending note, a done marker) of the job."""
+    return KeyValue(key, json.dumps(value).encode(), create, create, 0)
 
 
 def result_of(round_no: int, *nodes: str) -> RoundResult:
@@ -147,7 +147,7 @@ def test_parse_full_snapshot() -> None:
         *result_kvs(1, "n1", "n2"),
         join_kv(1, "n2", join_json("n2"), create=11),
         join_kv(1, "n1", join_json("n1"), create=10),
-        kv("rdzv/1/done/n1", {"at": 1.0}),
+        part_kv(KEYS.done(JOB, 1, "n1"), {"at": 1.0}),
         kv("rdzv/2/left/n2", {"at": 2.0}),
         kv("rdzv/2/left/n4", {"at": 2.5}),
         # joins arrive in key order (by node name), not by create revision
@@ -311,7 +311,7 @@ def test_parse_is_order_independent() -> None:
         kv("round", RoundInfo(1, RoundReason.MEMBER_LOST, 0.0).to_json(), create=revs.next()),
         *result_kvs(0, "n1", "n2", create=revs.next()),
         *(join_kv(1, n, join_json(n), create=revs.next()) for n in ("n2", "n3", "n1")),
-        kv("rdzv/0/done/n1", {"at": 1}, create=revs.next()),
+        part_kv(KEYS.done(JOB, 0, "n1"), {"at": 1}, create=revs.next()),
     ]
     assert parse(kvs) == parse(list(reversed(kvs)))
     assert [x.node for x in parse(list(reversed(kvs))).current_joins] == ["n2", "n3", "n1"]

@@ -192,6 +192,15 @@ def test_view_pending_without_notes() -> None:
     assert job_view(snapshot(0), "n1")["reason"] == "0 of 2 node(s) joined round 0"
 
 
+def test_a_view_from_the_read_of_every_job_counts_no_join() -> None:
+    """The read of every job carries no join (``joins_read``): its view says what the round
+    needs, not how many joined, and that it waits on its nodes; ``status <job>`` counts them."""
+    snap = snapshot(0)
+    snap.joins_read = False
+    view = job_view(snap, "n1")
+    assert view["reason"] == "round 0 needs 2 node(s)" and view["waits_for"] == "nodes"
+
+
 def test_view_restarting() -> None:
     snap = snapshot(
         3,

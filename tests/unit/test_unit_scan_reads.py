@@ -111,11 +111,11 @@ def test_a_pending_note_is_written_once_while_it_holds(tmp_path: Path) -> None:
     m = manager(kv, tmp_path)
     kv.reset()
     asyncio.run(m.scan())
-    notes = [k for k in kv.written if k.startswith(KEYS.all_parts())]
+    notes = [k for k in kv.written if k.startswith(KEYS.all_notes())]
     assert sorted(notes) == sorted(KEYS.pending_note(j, "n1") for j in jobs)
     kv.reset()
     asyncio.run(m.scan())
-    assert not [k for k in kv.written if k.startswith(KEYS.all_parts())]
+    assert not [k for k in kv.written if k.startswith(KEYS.all_notes())]
 
 
 def test_a_full_spec_that_is_missing_or_disagrees_with_its_head_fails_only_its_job(tmp_path: Path) -> None:
@@ -196,7 +196,7 @@ async def _apply(kv: MemoryKV, lease: int, op: str, job: str) -> None:
         case "final":
             await store.finalize(JobState.KILLED, EndReason.KILLED, "by u")
         case "note":
-            await store.note_pending("n1", f"note {len(kv.get_prefix(KEYS.all_parts()))}", lease)
+            await store.note_pending("n1", f"note {len(kv.get_prefix(KEYS.all_notes()))}", lease)
         case "unnote":
             await store.note_pending("n1", None, lease)
         case "remove":
@@ -217,7 +217,7 @@ def test_a_held_read_brought_up_to_date_is_what_a_full_read_gives(ops: list[tupl
         for op, job in ops:
             await _apply(kv, lease, op, job)
             got = await reader.read()
-            want = parse_jobs(KEYS, kv.get_prefix(KEYS.jobs()) + kv.get_prefix(KEYS.all_parts()))
+            want = parse_jobs(KEYS, kv.get_prefix(KEYS.jobs()) + kv.get_prefix(KEYS.all_notes()))
             assert got == want, op
 
     asyncio.run(check())
@@ -239,7 +239,7 @@ def test_a_read_that_trusts_the_watch_for_jobs_is_what_a_full_read_gives(ops: li
         for op, job in ops:
             await _apply(kv, lease, op, job)
             got = await reader.read()  # (the memory KV tells its watches before a write returns)
-            want = parse_jobs(KEYS, kv.get_prefix(KEYS.jobs()) + kv.get_prefix(KEYS.all_parts()))
+            want = parse_jobs(KEYS, kv.get_prefix(KEYS.jobs()) + kv.get_prefix(KEYS.all_notes()))
             assert got == want, op
         last, probes, full = await reader.read(), reader.parts_probes, reader.full_reads
         assert await reader.read() is last and reader.parts_probes == probes + 1 and reader.full_reads == full

@@ -30,11 +30,17 @@ ORPHAN_REASON = "every node of round 0 was lost"
 
 PARTS = "parts:"  # a key ``parts:<rest>`` is ``parts/<job>/<rest>``, among the job's parts
 ROUNDS = "rounds:"  # a key ``rounds:<rest>`` is ``rounds/<job>/<rest>``, a round's assignment
+REPORTS = "reports:"  # a key ``reports:<rest>`` is ``reports/<job>/<rest>``, a node's status
+NOTES = "notes:"  # a key ``notes:<rest>`` is ``notes/<job>/<rest>``, a node's pending note
 
 
 def key_of(rest: str, job: str = JOB) -> str:
-    """``rest`` under the job's records (``jobs/<job>/``), its parts (``parts:...``) or its
-    rounds' assignments (``rounds:...``)."""
+    """``rest`` under the job's records (``jobs/<job>/``), its parts (``parts:...``), its rounds'
+    assignments (``rounds:...``), its nodes' reports (``reports:...``) or notes (``notes:...``)."""
+    if rest.startswith(REPORTS):
+        return KEYS.job_reports(job) + rest.removeprefix(REPORTS)
+    if rest.startswith(NOTES):
+        return KEYS.job_notes(job) + rest.removeprefix(NOTES)
     if rest.startswith(PARTS):
         return KEYS.job_parts(job) + rest.removeprefix(PARTS)
     if rest.startswith(ROUNDS):
@@ -68,20 +74,20 @@ def running() -> dict[str, Any]:
         "parts:0/join/n1": join.to_json(),
         "rdzv/0/result": result.head().to_json(),
         "rounds:0/n1": roster.assignments(result)[0].to_json(),
-        "parts:status/n1": {
+        "reports:n1": {
             "state": status.state,
             "round": 0,
             "devices": "",
             "pids": [100, 101],
             "updated_at": 6.0,
         },
-        "parts:pending/n2": "n2 is waiting for 2 free CPU slots (0 of 2 free now)",
+        "notes:n2": "n2 is waiting for 2 free CPU slots (0 of 2 free now)",
     }
 
 
 EXTRA: dict[str, Any] = {  # key kinds a running job does not have, each with a valid value
     "final": {"state": "SUCCEEDED", "reason": "", "code": "succeeded", "failure": None, "ended_at": 9.0},
-    "rdzv/0/done/n1": {"at": 7.0},
+    "parts:0/done/n1": {"at": 7.0},
     "rdzv/1/left/n1": {"at": 7.0},
     "waiting/n2": {"at": 7.0},
     "drain/n1": {"grace_s": 5, "at": 7.0, "by": "root"},
@@ -176,21 +182,24 @@ CASES = [
     ("rdzv/0/join/n1", running()["parts:0/join/n1"]),  # where v1 kept joins: no record of a job now
     ("parts:0/result", running()["rdzv/0/result"]),  # no round's record among the parts
     ("parts:x/join/n1", running()["parts:0/join/n1"]),
-    ("rdzv/0/done/n1", {"at": "now"}),
+    ("parts:0/done/n1", {"at": "now"}),
+    ("rdzv/0/done/n1", {"at": 7.0}),  # where v4 kept done markers: no record of a job now
     ("rdzv/0/left/n1", []),
     ("waiting/n2", None),
-    ("parts:status/n1", {"state": "RUNNING"}),
-    ("parts:pending/n2", 42),
-    ("nodes/n1", running()["parts:status/n1"]),  # where v1 kept statuses: no record of a job now
-    ("pending/n2", running()["parts:pending/n2"]),  # ... and pending notes
-    ("parts:nodes/n1", running()["parts:status/n1"]),
-    ("parts:0/status/n1", running()["parts:status/n1"]),  # a status is no round's
+    ("reports:n1", {"state": "RUNNING"}),
+    ("parts:status/n1", running()["reports:n1"]),  # where v4 kept statuses: no part of a job now
+    ("notes:n2", 42),
+    ("parts:pending/n2", running()["notes:n2"]),  # where v4 kept pending notes: no part now
+    ("nodes/n1", running()["reports:n1"]),  # where v1 kept statuses: no record of a job now
+    ("pending/n2", running()["notes:n2"]),  # ... and pending notes
+    ("parts:nodes/n1", running()["reports:n1"]),
+    ("parts:0/status/n1", running()["reports:n1"]),  # a status is no round's
     ("parts:status/join/n1", running()["parts:0/join/n1"]),  # a round is a decimal, not a kind
     ("drain/n1", {"grace_s": -5}),
     ("rdzv/x/result", running()["rdzv/0/result"]),
-    ("rdzv/01/done/n1", {"at": 1.0}),
+    ("parts:01/done/n1", {"at": 1.0}),
     ("parts:0/join/bad node", running()["parts:0/join/n1"]),
-    ("parts:status/../etc", running()["parts:status/n1"]),
+    ("reports:../etc", running()["reports:n1"]),
     ("surprise", {}),
 ]
 
@@ -223,9 +232,9 @@ def test_a_bad_job_id_makes_every_key_invalid() -> None:
 
 def test_one_bad_key_in_a_valid_snapshot_is_named_and_the_rest_is_read() -> None:
     snap = _with(
-        "parts:status/n1", {"state": "RUNNING", "round": 0, "devices": "", "pids": [-1], "updated_at": 1.0}
+        "reports:n1", {"state": "RUNNING", "round": 0, "devices": "", "pids": [-1], "updated_at": 1.0}
     )
-    assert [k.key for k in snap.invalid] == [f"parts/{JOB}/status/n1"]
+    assert [k.key for k in snap.invalid] == [f"reports/{JOB}/n1"]
     assert "pids" in snap.invalid[0].why
     assert snap.head is not None and snap.result is not None and snap.node_status == {}
 
