@@ -5,42 +5,24 @@ parsed here into a ``KeyRef`` (see architecture.md, "etcd keys"). Parsing is str
 the prefix that has no meaning (an unknown kind, a bad job or node id, a round that is not a
 plain decimal) raises ``DecodeError`` naming the part. Pure: no etcd client.
 
-A job's *parts* live apart from the rest of the job, under ``parts/<job>/`` rather than
-``jobs/<job>/``: each node's joins, under its lease, and beside each its done marker once its
-workers all exited 0. Every daemon watches the whole prefix *but*
-that subtree (``Keys.watched``), and only a round's leader watches its round's joins, so a round
-of N nodes costs O(N) watch events, not N². No read of every job (the scan, the table of
-``status``) covers them either: what decides on a job's joins reads them for that job alone (a
-round's agents and its leader; the admitter and the janitor count them or ask about one node;
-``status <job>``), so a round of N reaches each other daemon as O(1) bytes.
+Every daemon watches what sorts before ``nodes/`` (``jobs/``, ``drain/``, ``gpus/``, ``events/``, the
+janitor key; ``Keys.watched``), and reads
+``jobs/`` and ``notes/`` whole (the read of every job: the scan, the table of ``status``). What
+grows with a job's nodes lives outside both, so a round of N nodes reaches each other daemon as
+O(1) bytes and events, and is read only by those who need it, for one job, in pages:
 
-The note of why an allowed node cannot take part (``notes/<job>/<node>``, under its lease) is
-apart too: unwatched, but in the read of every job (``status`` shows it, and the admitter writes
-one only when it differs from the one held).
+- ``parts/<job>/<r>/{join,done}/<node>``: a member's join (under its lease) and done marker; the
+  round's leader watches its joins, the admitter and the janitor count or ask about one node;
+- ``reports/<job>/<node>``: a node's state, devices, pids and progress, rewritten at every step;
+- ``rounds/<job>/<r>/<node>``: a member's assignment, written by the leader before the round's
+  head (``jobs/<job>/rdzv/<r>/result``, a few hundred bytes whatever N);
+- ``presence/<job>/<node>``: a node's presence (under its lease), whose deletion the job's agents
+  alone watch; ``nodes/<node>``: its record, read on demand;
+- ``specs/<job>``: the full spec, read only by a node about to take part (``jobs/<job>/spec``
+  holds its small head, ``elasticd.terms.head``).
 
-Each node's report of its part in a job (its state, devices, pids, progress: rewritten on every
-step and every progress publish) lives apart from the parts, under ``reports/<job>/<node>``:
-no daemon watches it and no read of every job (the scan, the table of ``status``) covers it, so
-N members' reports cost each other daemon nothing; ``status <job>`` (and ``kill``, ``logs``)
-reads one job's in pages (``rendezvous/reportread.py``).
-
-A node's presence in a job lives apart too, under ``presence/<job>/<node>`` (under the node's
-lease, from its admission until its agent leaves): no daemon's watch covers it, and a job's
-agents watch its deletions alone, so a node that comes, goes or is admitted reaches only the
-daemons that share a job with it, and only when it goes. ``nodes/`` (each node's record, rewritten
-at every admission) is read on demand and watched by none.
-
-A round's assignments live apart as well, under ``rounds/<job>/<r>/<node>``: one small record
-per member (its ranks, the round's master, its ring neighbours), written by the round's leader
-before the round's head (``jobs/<job>/rdzv/<r>/result``, a few hundred bytes whatever N). A
-member reads the head and its own assignment; ``status`` of the job and the leader read them
-all, in pages; the scan of every job none. No daemon watches ``rounds/`` (it sorts between
-``nodes/`` and ``specs/``), so the N records of a round reach no watch, and no value grows with
-the job.
-
-A job's full spec lives apart too, under ``specs/<job>``: ``jobs/<job>/spec`` holds its small
-head (``elasticd.terms.head``), and only a node about to take part in the job reads the spec. No
-daemon watches ``specs/``, and no read of ``jobs/`` or ``parts/`` (the scan, ``status``) touches it.
+``notes/<job>/<node>`` (why an allowed node cannot take part) is unwatched but in the read of
+every job: ``status`` shows it, and it is written only when it changes.
 """
 
 from __future__ import annotations
