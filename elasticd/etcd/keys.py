@@ -5,11 +5,11 @@ parsed here into a ``KeyRef`` (see architecture.md, "etcd keys"). Parsing is str
 the prefix that has no meaning (an unknown kind, a bad job or node id, a round that is not a
 plain decimal) raises ``DecodeError`` naming the part. Pure: no etcd client.
 
-Every daemon watches what sorts before ``nodes/`` (``jobs/``, ``drain/``, ``gpus/``, ``events/``, the
-janitor key; ``Keys.watched``), and reads
-``jobs/`` and ``notes/`` whole (the read of every job: the scan, the table of ``status``). What
-grows with a job's nodes lives outside both, so a round of N nodes reaches each other daemon as
-O(1) bytes and events, and is read only by those who need it, for one job, in pages:
+Every daemon watches what sorts before ``nodes/`` (``jobs/``, ``drain/``, ``gpus/``, ``events/``,
+the janitor key: ``Keys.watched``) and reads ``jobs/`` and ``notes/`` whole (the read of every
+job: the scan, the table of ``status``). What grows with a job's nodes lives outside both, so a
+round of N nodes reaches each other daemon as O(1) bytes and events, and is read only by those
+who need it, for one job, in pages:
 
 - ``parts/<job>/<r>/{join,done}/<node>``: a member's join (under its lease) and done marker; the
   round's leader watches its joins, the admitter and the janitor count or ask about one node;
