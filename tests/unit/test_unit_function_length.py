@@ -1,7 +1,8 @@
 """No function over 60 lines, decorators and docstring included: one that is longer does more than
 one thing. ruff's complexity rules (pyproject.toml) bound its branches and statements; this bounds
 what they do not count (a long table, a long literal, a long sequence of waits in a test). And no
-module of the daemon or the CLIs much over 400 lines: one that is longer holds more than one concern."""
+module of the daemon, the CLIs or the benches much over 400 lines: one that is longer holds more
+than one concern."""
 
 from __future__ import annotations
 
@@ -32,14 +33,15 @@ def test_no_function_over_60_lines() -> None:
 
 
 # A module of one concern reads in one sitting: about 400 lines, with a margin so that a module near
-# the bound is not split mid-concern for a few lines (the daemon's and the CLIs' own modules;
-# benches and tests are scripts and suites, bounded by their functions).
-MODULE_ROOTS = ("elasticd", "elasticctl")
+# the bound is not split mid-concern for a few lines (the daemon's, the CLIs' and the benches' modules;
+# tests are suites, bounded by their functions).
+MODULE_ROOTS = ("elasticd", "elasticctl", "bench")
 MAX_MODULE_LINES = 450
 
 
 def test_no_module_over_450_lines() -> None:
     files = [p for root in MODULE_ROOTS for p in sorted((REPO / root).rglob("*.py"))]
+    assert any(p.parent.name == "bench" for p in files)  # the benches are where this test thinks they are
     long = [
         f"{p.relative_to(REPO)} ({n} lines)"
         for p in files
