@@ -76,11 +76,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def run_sizes(etcd: EmbeddedEtcd, args: argparse.Namespace, outcomes: list[Outcome]) -> dict[str, float]:
+def run_sizes(
+    etcd: EmbeddedEtcd, args: argparse.Namespace, rates: dict[str, float], outcomes: list[Outcome]
+) -> None:
     """etcd's rates (unless ``--no-rates``), then a round of each size (and torch's, ``--torch``)."""
-    rates: dict[str, float] = {}
     if args.rates:
-        rates = etcd_rates(etcd.endpoint, etcd.pid)
+        rates.update(etcd_rates(etcd.endpoint, etcd.pid))
         print("etcd rates:", json.dumps(rates), flush=True)
     for n in (int(s) for s in args.sizes.split(",")):
         procs = args.procs or max(1, -(-n // 128))
@@ -91,18 +92,22 @@ def run_sizes(etcd: EmbeddedEtcd, args: argparse.Namespace, outcomes: list[Outco
         if args.torch and n <= 256:
             outcomes.append(run_torch(n, args.timeout))
             print(outcomes[-1], flush=True)
-    return rates
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, on_sigterm)  # stops the participants and etcd as ^C does
     outcomes: list[Outcome] = []
+    rates: dict[str, float] = {}
+    interrupted = False
     with tempfile.TemporaryDirectory(prefix="elasticd-bench-rdzv-") as tmp:
         etcd = EmbeddedEtcd(Path(tmp) / "etcd")
         etcd.start()
         try:
-            rates = run_sizes(etcd, args, outcomes)
+            run_sizes(etcd, args, rates, outcomes)
+        except KeyboardInterrupt:  # what finished is still reported
+            interrupted = True
+            print("\ninterrupted; cleaning up", flush=True)
         finally:
             for proc in list(live):
                 stop(proc, 5)
@@ -111,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         out = {"outcomes": [o.__dict__ for o in outcomes], "etcd_rates": rates, "cpus": os.cpu_count()}
         args.json.write_text(json.dumps(out, indent=2))
-    return 0
+    return 130 if interrupted else 0
 
 
 if __name__ == "__main__":

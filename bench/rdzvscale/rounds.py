@@ -41,12 +41,14 @@ def run_elasticd(endpoint: str, n: int, procs: int, timeout_s: float, watch: str
     assert run_inline(InlineJobStore(setup, Keys(prefix), job_id).create(spec_for(n, job_id)))
     setup.close()
     scan = ScanProbe(endpoint, Keys(prefix), job_id, scan_meter())
-    children = spawn(endpoint, prefix, job_id, n, procs, timeout_s, watch, publish)
-    scan.start(timeout_s)
-    t0 = time.time()
-    start(children)
-    reports, errors = collect(children, t0 + timeout_s + 90)
-    scan.stop()
+    try:  # (an interrupted bench stops its probe before it stops etcd)
+        children = spawn(endpoint, prefix, job_id, n, procs, timeout_s, watch, publish)
+        scan.start(timeout_s)
+        t0 = time.time()
+        start(children)
+        reports, errors = collect(children, t0 + timeout_s + 90)
+    finally:
+        scan.stop()
     errors += [r["error"] for r in reports if r["error"]]
     errors += [
         f"{r['node']} found no assignment of its own" for r in reports if r["done_at"] and not r["holds"]

@@ -42,7 +42,8 @@ class ScanProbe:
 
     def stop(self) -> None:
         self._deadline = 0.0
-        self._thread.join(10)
+        if self._thread.ident is not None:  # (started)
+            self._thread.join(10)
         self._client.close()
 
     def _run(self) -> None:
