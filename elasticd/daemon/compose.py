@@ -321,7 +321,7 @@ async def serve(
     await jobs.registry.start()
     await jobs.manager.recover()
     background.start(jobs.registry.run(), "registry")
-    background.start(jobs.manager.watch(), "watch")
+    background.start(jobs.manager.jobwatch.watch(), "watch")
     background.start(jobs.manager.run(), "jobs")
     background.start(jobs.space.run(), "etcd_space")
     facts = NodeFacts(

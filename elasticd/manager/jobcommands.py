@@ -28,6 +28,7 @@ from elasticd.jobs.view import job_state, job_view, last_head
 from elasticd.manager.etcdspace import SpaceWatch
 from elasticd.manager.facts import NodeFacts
 from elasticd.manager.jobs import JobManager
+from elasticd.manager.jobwatch import JobWatch
 from elasticd.manager.statusviews import StatusViews
 from elasticd.node.registry import NodeRegistry
 from elasticd.rendezvous import reportread, rosterread
@@ -70,6 +71,11 @@ class JobCommands:
         self._rounds = rounds  # the members of rounds a view of one job showed
         self._space = space  # how full etcd is (None: not watched)
 
+    @property
+    def _watch(self) -> JobWatch:
+        """The watch and the read of every job."""
+        return self._manager.jobwatch
+
     @cached_property
     def status_views(self) -> StatusViews:
         """Every job's view, encoded once per change, and ``status``'s replies made of them."""
@@ -110,7 +116,7 @@ class JobCommands:
                 requested=spec.nproc_per_node,
                 available=biggest,
             )
-        heard = self._manager.expect_head(spec.id)
+        heard = self._watch.expect_head(spec.id)
         since = self._manager.recent.generation
         try:
             if not await self._manager.store_of(spec.id).create(spec):
@@ -118,15 +124,15 @@ class JobCommands:
             publish(JobSubmitted(spec.id, spec.user, tuple(spec.argv), str(spec.nnodes)))
             # The job read back (its keys alone), and the watch's news of it heard: the recent read
             # with the job put in is then as good as a new read, for this submit's scan, the one
-            # the news wakes and the ``status`` after them (``JobManager.advance``).
-            back, told = await asyncio.gather(self._manager.read_back(spec.id), self._manager.heard(heard))
+            # the news wakes and the ``status`` after them (``JobWatch.advance``).
+            back, told = await asyncio.gather(self._watch.read_back(spec.id), self._watch.heard(heard))
         except BaseException:
             self._manager.wake()  # whatever was written: read again (its news may have been ours)
             raise
         finally:
-            self._manager.forget_head(spec.id)
+            self._watch.forget_head(spec.id)
         if told:
-            self._manager.advance(since, back)
+            self._watch.advance(since, back)
         else:  # what came before the job's news may still come: read again
             self._manager.wake()
         await self._manager.scan(clean_up=False)
@@ -142,7 +148,7 @@ class JobCommands:
             raise too_large
         if limits.jobs.value <= 0:
             return
-        snaps = await self._manager.recent_snapshots()
+        snaps = await self._watch.recent_snapshots()
         if spec.id in snaps:  # a second node's line of one multi-node job: ``conflict``, not a quota
             return
         held = quota.held_by(self._manager.board.tickets(snaps), spec.uid)
@@ -196,18 +202,18 @@ class JobCommands:
         ``queue``, a waiting job's place in the queue (from the recent read: the queue is every
         job's)."""
         try:
-            recent = self._manager.held_snapshots() if held else None
+            recent = self._watch.held_snapshots() if held else None
             snap = (recent or {}).get(job_id)
             if snap is None:
                 snap = await self.snapshot(job_id)
                 # (heads only, no status and no join, as the read of every job)
                 bare = replace(snap, node_status={}, joins={}, done={}, join_counts={}, joins_read=False)
-                self._manager.amend_snapshot(bare)
+                self._watch.amend_snapshot(bare)
             else:  # the read of every job carries no member's status nor join: this job's
                 snap = await self._with_parts(snap)
             view = job_view(await self.with_members(snap), self.facts.node_id)
             if queue and view["state"] == JobState.PENDING:
-                place = self._manager.board.queue(await self._manager.recent_snapshots()).place(job_id)
+                place = self._manager.board.queue(await self._watch.recent_snapshots()).place(job_id)
                 view.update(_queue(place))
             return view
         except EtcdUnavailable:
@@ -233,14 +239,14 @@ class JobCommands:
         """Every job (unreadable ones too), oldest first; only those in ``states`` (when given) and
         ``user``'s (when given); a waiting job with its queue place. From a recent read
         (``JobManager.recent``)."""
-        return self.status_views.views(await self._manager.recent_snapshots(), states, user)
+        return self.status_views.views(await self._watch.recent_snapshots(), states, user)
 
     async def views_json(
         self, states: Collection[JobState] = (), user: str | None = None, rows: bool = False
     ) -> bytes:
         """``views``, as a JSON array (of rows, with ``rows``): each job's view as encoded when its
         job last changed, with its queue place spliced in; made once per read (``StatusViews``)."""
-        return self.status_views.json(await self._manager.recent_snapshots(), states, user, rows)
+        return self.status_views.json(await self._watch.recent_snapshots(), states, user, rows)
 
     async def kill(self, job_id: str, user: str) -> dict[str, Any]:
         snap = await self.snapshot(job_id)

@@ -33,7 +33,7 @@ from elasticd.manager.admitter import Admitter
 from elasticd.manager.gpuhealth import GpuHealth
 from elasticd.manager.gpus import GpuPool
 from elasticd.manager.janitor import Janitor
-from elasticd.manager.jobsread import Jobs, ReadBack
+from elasticd.manager.jobsread import Jobs
 from elasticd.manager.jobwatch import JobWatch
 from elasticd.manager.joins import Joins
 from elasticd.manager.logsweep import sweep_logs
@@ -141,37 +141,6 @@ class JobManager:
     def fence_all(self) -> None:
         for agent in self.agents.values():
             agent.fence()
-
-    # -- the watch and the read of every job, as the command service and the daemon ask ---------
-    async def watch(self) -> None:
-        await self.jobwatch.watch()
-
-    def expect_head(self, job_id: str) -> asyncio.Event:
-        return self.jobwatch.expect_head(job_id)
-
-    def forget_head(self, job_id: str) -> None:
-        self.jobwatch.forget_head(job_id)
-
-    async def heard(self, event: asyncio.Event) -> bool:
-        return await self.jobwatch.heard(event)
-
-    async def read_back(self, job_id: str) -> ReadBack:
-        return await self.jobwatch.read_back(job_id)
-
-    def advance(self, since: int, back: ReadBack) -> bool:
-        return self.jobwatch.advance(since, back)
-
-    async def snapshots(self) -> dict[str, JobSnapshot]:
-        return await self.jobwatch.snapshots()
-
-    async def recent_snapshots(self) -> dict[str, JobSnapshot]:
-        return await self.jobwatch.recent_snapshots()
-
-    def amend_snapshot(self, snap: JobSnapshot) -> None:
-        self.jobwatch.amend_snapshot(snap)
-
-    def held_snapshots(self) -> dict[str, JobSnapshot] | None:
-        return self.jobwatch.held_snapshots()
 
     # -- the scan ---------------------------------------------------------------------------------
     async def run(self) -> None:

@@ -53,7 +53,7 @@ class NodeCommands:
         self, node: str, job_id: str | None, grace_s: float | None, force: bool, user: str
     ) -> dict[str, Any]:
         """Ask ``node`` to leave its jobs (or one job) gracefully; refuse to go below MIN unless forced."""
-        snaps = await self._manager.snapshots()
+        snaps = await self._manager.jobwatch.snapshots()
         if job_id is not None and job_id not in snaps:
             raise JobNotFound(f"no job {job_id!r}")
         if not await self._known_node(node):

@@ -24,7 +24,7 @@ CREATED_KINDS = frozenset({KeyKind.SPEC, KeyKind.ROUND, KeyKind.RESTARTS})
 
 class Created:
     """A job this node's submit created, and the news of its keys the watch has not yet given:
-    that news is the submitter's own write, which it reads back itself (``JobManager.advance``),
+    that news is the submitter's own write, which it reads back itself (``JobWatch.advance``),
     so it drops no recent read; a later change of the same keys does, as any other."""
 
     def __init__(self) -> None:

@@ -80,7 +80,9 @@ async def gather(manager: JobManager, registry: NodeRegistry, space: Space | Non
         gpus=tuple(manager.gpus.states({j: a.first_rank for j, a in manager.agents.items()}, coarse=False)),
     )
     try:
-        snaps, records = await asyncio.gather(manager.snapshots(), asyncio.to_thread(registry.records))
+        snaps, records = await asyncio.gather(
+            manager.jobwatch.snapshots(), asyncio.to_thread(registry.records)
+        )
     except EtcdUnavailable:
         return replace(local, etcd_up=False)
     states = Counter(job_state(s).value for s in snaps.values())

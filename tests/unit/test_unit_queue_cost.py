@@ -82,7 +82,7 @@ def one_change(n: int, tmp: Path) -> tuple[Costs, list[bytes]]:
                      kv.requests, kv.keys_read, m.recent.reads, passes)  # fmt: skip
 
     async def run() -> tuple[Costs, Costs, list[bytes]]:
-        watch = asyncio.ensure_future(m.watch())  # it tells the submit of its new job's head
+        watch = asyncio.ensure_future(m.jobwatch.watch())  # it tells the submit of its new job's head
         deadline = time.monotonic() + 10
         while m.jobwatch._armed is None and time.monotonic() < deadline:  # (arming drops the held read)
             await asyncio.sleep(0.01)

@@ -319,7 +319,7 @@ def test_the_managers_watch_drops_the_held_read_when_any_job_key_changes(tmp_pat
     async def main() -> None:
         kv, keys = MemoryKV(), Keys("/t")
         manager = bare_manager(kv, keys, tmp_path)
-        watch = asyncio.ensure_future(manager.watch())
+        watch = asyncio.ensure_future(manager.jobwatch.watch())
         try:
             await _until_armed(manager)
             for key in (keys.job_spec("j1"), keys.job_final("j2")):
@@ -344,12 +344,12 @@ def test_the_news_of_a_job_this_node_created_leaves_the_held_read_but_a_later_ch
     async def main() -> None:
         kv, keys = MemoryKV(), Keys("/t")
         manager = bare_manager(kv, keys, tmp_path)
-        watch = asyncio.ensure_future(manager.watch())
+        watch = asyncio.ensure_future(manager.jobwatch.watch())
         try:
             await _until_armed(manager)
             async with asyncio.timeout(10):
                 await manager.recent.get()
-                heard = manager.expect_head("j1")
+                heard = manager.jobwatch.expect_head("j1")
                 assert await InlineJobStore(kv, keys, "j1").create(make_spec(id="j1"))
                 await heard.wait()
                 assert manager.recent.held() is not None
@@ -357,7 +357,7 @@ def test_the_news_of_a_job_this_node_created_leaves_the_held_read_but_a_later_ch
                 while manager.recent.held() is not None:
                     await asyncio.sleep(0.01)
         finally:
-            manager.forget_head("j1")
+            manager.jobwatch.forget_head("j1")
             watch.cancel()
 
     asyncio.run(main())

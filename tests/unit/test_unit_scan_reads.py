@@ -82,7 +82,7 @@ def test_the_scan_and_status_never_read_a_full_spec(tmp_path: Path) -> None:
     m = manager(kv, tmp_path)
     kv.reset()
     asyncio.run(m.scan())
-    snaps = asyncio.run(m.snapshots())
+    snaps = asyncio.run(m.jobwatch.snapshots())
     assert sorted(snaps) == jobs and all(s.head is not None and s.head.user for s in snaps.values())
     assert kv.read and not [k for k in kv.read if k.startswith(KEYS.specs())]
 
@@ -95,7 +95,7 @@ def test_unchanged_records_are_not_decoded_again(tmp_path: Path) -> None:
     first = m.jobwatch._jobs.records.decoded
     assert first >= 60  # every head and round, once
     asyncio.run(m.scan())
-    asyncio.run(m.snapshots())
+    asyncio.run(m.jobwatch.snapshots())
     assert m.jobwatch._jobs.records.decoded == first
     run_inline(InlineJobStore(kv, KEYS, "q007").finalize(JobState.KILLED, EndReason.KILLED, "by u"))
     run_inline(InlineJobStore(kv, KEYS, "q007").remove())
@@ -131,7 +131,7 @@ def test_a_full_spec_that_is_missing_or_disagrees_with_its_head_fails_only_its_j
         KEYS.job_body(j)
         for j in (good, missing, rogue)  # read by the node taking part, once each
     ]
-    snaps = asyncio.run(m.snapshots())
+    snaps = asyncio.run(m.jobwatch.snapshots())
     for job, why in (
         (missing, "missing: the job has a head but no spec"),
         (rogue, "disagrees with the job's head"),
@@ -146,19 +146,21 @@ def test_a_read_with_nothing_changed_is_one_small_request_and_the_same_objects(t
     kv = CountingKV()
     queue(kv, 30, nodes=("elsewhere",))
     m = manager(kv, tmp_path)
-    first = asyncio.run(m.snapshots())
+    first = asyncio.run(m.jobwatch.snapshots())
     assert m.jobwatch._jobs.full_reads == 1
-    assert asyncio.run(m.snapshots()) is first and m.jobwatch._jobs.full_reads == 1
+    assert asyncio.run(m.jobwatch.snapshots()) is first and m.jobwatch._jobs.full_reads == 1
     run_inline(InlineJobStore(kv, KEYS, "q003").note_pending("n9", "n9 is busy", kv.grant_lease(30)))
     run_inline(InlineJobStore(kv, KEYS, "q004").finalize(JobState.KILLED, EndReason.KILLED, "by u"))
-    again = asyncio.run(m.snapshots())  # keys created and changed: applied to the held read
+    again = asyncio.run(m.jobwatch.snapshots())  # keys created and changed: applied to the held read
     assert m.jobwatch._jobs.full_reads == 1 and again["q003"].pending == {"n9": "n9 is busy"}
     assert again["q004"].final is not None
     assert all(again[j] is first[j] for j in first if j not in ("q003", "q004"))
     kv.delete(KEYS.pending_note("q003", "n9"))  # a deletion: read again
-    last = asyncio.run(m.snapshots())
+    last = asyncio.run(m.jobwatch.snapshots())
     assert m.jobwatch._jobs.full_reads == 2 and not last["q003"].pending and last["q004"].final is not None
-    assert asyncio.run(m.snapshots()) == asyncio.run(bare_manager(kv, KEYS, tmp_path).snapshots())
+    assert asyncio.run(m.jobwatch.snapshots()) == asyncio.run(
+        bare_manager(kv, KEYS, tmp_path).jobwatch.snapshots()
+    )
 
 
 def test_the_safety_nets_scan_stops_when_nothing_changed(tmp_path: Path) -> None:
@@ -350,7 +352,7 @@ def test_a_scan_reads_its_drain_record_again_only_after_news_of_a_drain(tmp_path
     mine = KEYS.drain("n1")
 
     async def run() -> None:
-        watch = asyncio.ensure_future(m.watch())
+        watch = asyncio.ensure_future(m.jobwatch.watch())
         try:
             async with asyncio.timeout(10):
                 while m.jobwatch._armed is None:

@@ -143,7 +143,7 @@ def test_status_of_the_job_shows_every_member_read_in_pages(tmp_path: Path) -> N
         kv.forget()
         view = await service.jobs.view(JOB)
         (row,) = json.loads(await service.jobs.views_json(rows=True))
-        held = service.jobs._manager.held_snapshots() or {}
+        held = service.jobs._manager.jobwatch.held_snapshots() or {}
         asked = list(zip(kv.asked, kv.answers, strict=True))
         kv.forget()
         again = await service.jobs.view(JOB)  # (``logs -f`` asks every 0.2 s): the round is kept

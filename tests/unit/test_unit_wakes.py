@@ -37,7 +37,7 @@ def test_no_node_record_wakes_any_agent_of_the_managers_watch(tmp_path: Path) ->
         manager = bare_manager(kv, KEYS, tmp_path)
         j, k = CountingAgent(), CountingAgent()
         manager.agents.update({"j": j, "k": k})  # type: ignore[dict-item]
-        watch = asyncio.ensure_future(manager.watch())
+        watch = asyncio.ensure_future(manager.jobwatch.watch())
         try:
             async with asyncio.timeout(10):
                 while k.wakes == 0:  # until the watch is armed
