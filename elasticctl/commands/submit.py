@@ -16,6 +16,7 @@ from elasticctl import torchrun
 from elasticctl.client import Client, local_gpus
 from elasticctl.commands.base import Command, count
 from elasticctl.entry import UsageError, resolve_entry
+from elasticctl.exits import EXIT_INTERRUPTED
 from elasticctl.torchrun import add_elasticd_flags, add_flags
 from elasticd.wire import JobState, JobView, SubmitArgs, WaitsFor, default
 
@@ -192,8 +193,11 @@ def run(client: Client, ns: argparse.Namespace) -> int:
         if job["state"] == JobState.PENDING and job.get("waits_for") == WaitsFor.CAPACITY:
             print(f"elasticctl: {job['id']} is PENDING: {job['reason']}", file=sys.stderr)
         return 0
-    from elasticctl.follow import FollowOptions, exit_status, follow_to_end  # after the request
-
+    try:
+        from elasticctl.follow import FollowOptions, exit_status, follow_to_end  # after the request
+    except KeyboardInterrupt:  # Ctrl-C before following began: the job keeps running all the same
+        print(f"\nelasticctl: stopped following; {job['id']} keeps running", file=sys.stderr)
+        return EXIT_INTERRUPTED
     ranks, nproc = mapped.local_ranks, args.nproc_per_node
     show = (lambda rank: rank % nproc in ranks) if ranks is not None else None
     return exit_status(follow_to_end(client, job["id"], FollowOptions(show=show, life=True)))

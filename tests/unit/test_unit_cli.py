@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import shutil
 import subprocess
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -181,3 +183,32 @@ def test_nodes_shows_how_full_etcd_is_on_one_line() -> None:
     assert alarmed.endswith(", ALARM NOSPACE")
     unknown = etcd_line(view | {"level": "unknown", "db_size": None, "db_size_in_use": None})  # type: ignore[arg-type]
     assert unknown.startswith("etcd: size unknown, quota 2.0 GiB")
+
+
+class _InterruptedOnLoad(types.ModuleType):
+    """A module whose names raise KeyboardInterrupt: Ctrl-C while ``from ... import`` runs."""
+
+    def __getattr__(self, name: str) -> object:
+        raise KeyboardInterrupt
+
+
+def test_ctrl_c_before_following_begins_leaves_the_job_running_and_exits_130(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from elasticctl.commands import submit
+
+    script = tmp_path / "train.py"
+    script.write_text("")
+    asked: list[str] = []
+
+    class OneSubmit:
+        def request(self, command: str, args: object) -> dict[str, object]:
+            asked.append(command)
+            return {"id": "j-1", "state": "RUNNING"}
+
+    monkeypatch.setitem(sys.modules, "elasticctl.follow", _InterruptedOnLoad("elasticctl.follow"))
+    ns = build_parser().parse_args(["submit", "--follow", "--nproc-per-node", "1", str(script)])
+    assert submit.run(OneSubmit(), ns) == 130  # type: ignore[arg-type]
+    out, err = capsys.readouterr()
+    assert out == "j-1\n" and "stopped following; j-1 keeps running" in err
+    assert asked == ["submit"]  # nothing asked to stop the job
