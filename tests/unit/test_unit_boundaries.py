@@ -114,6 +114,7 @@ PURE = (
     "elasticd.agent.conduct",
     "elasticd.jobs.decider",
     "elasticd.manager.drainrule",
+    "elasticd.manager.janitorrule",
     "elasticd.jobs.agentstore",
     "elasticd.jobs.admission",
     "elasticd.jobs.rootcause",
