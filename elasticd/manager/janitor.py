@@ -114,8 +114,9 @@ class Janitor:
         by time alone (``janitorrule.next_due``). Everything else it decides on changes a key, and
         the watch wakes the scan for that (a write that lost a race is retried at the next change
         or by the safety net, never in a tight loop)."""
-        jobs = ((snap, self._wait_of(snap)) for snap in snaps.values())
-        return rule.next_due(self._missing.values(), jobs, self._clock(), self._policy)
+        return rule.next_due(
+            self._missing.values(), snaps.values(), self._wait_of, self._clock(), self._policy
+        )
 
     async def sweep(self, snaps: dict[str, JobSnapshot]) -> None:
         """Decide on every job (``janitorrule``) and carry the decision out."""
@@ -123,7 +124,10 @@ class Janitor:
         self._members.retain(snaps)
         await self._members.prefetch(snaps)  # each running round's member, all in a request or few
         for snap in snaps.values():
-            match rule.triage(snap, self._wait_of(snap), self._clock(), self._policy):
+            decided = rule.triage(snap, self._wait_of(snap), self._clock(), self._policy)
+            if decided is rule.NOTHING:
+                continue  # (most jobs: no coroutine for them)
+            match decided:
                 case rule.Remove(ended_at):
                     await self._remove(snap.job_id)
                     publish(JobExpired(snap.job_id, ended_at=ended_at))

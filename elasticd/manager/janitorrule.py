@@ -16,7 +16,7 @@ no node joined fails the job (with a join, the round's leader closes or fails it
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from elasticd.rendezvous import decider as rdzv
@@ -92,6 +92,7 @@ class Nothing:
     """Someone looks after the job, or its only member is within its grace."""
 
 
+NOTHING = Nothing()  # the common answer (most jobs wait or run), made once: every change sweeps every job
 Triage = Remove | FailInvalid | AskMembers | AskJoins | Finalize | Nothing
 Action = FailInvalid | Finalize | Bump | MemberBack | Nothing
 
@@ -130,16 +131,16 @@ def expired(ended_at: float, now: float, policy: Policy) -> bool:
 def triage(snap: JobSnapshot, wait: Wait, now: float, policy: Policy) -> Triage:
     """The decision on ``snap`` alone, or the question whose answer decides (module doc)."""
     if snap.final is not None:
-        return Remove(snap.final.ended_at) if expired(snap.final.ended_at, now, policy) else Nothing()
+        return Remove(snap.final.ended_at) if expired(snap.final.ended_at, now, policy) else NOTHING
     if snap.invalid:
         return FailInvalid()
     if snap.head is None or snap.round is None or waits_in_time(wait, now):
-        return Nothing()
+        return NOTHING
     closed = snap.closed
     if closed is not None:
         return AskMembers(closed)
     if now - snap.round.opened_at <= snap.head.join_timeout_s:
-        return Nothing()
+        return NOTHING
     if snap.joins_read:
         return judge_joins(snap, bool(snap.current_joins))
     return AskJoins()
@@ -149,7 +150,7 @@ def judge_joins(snap: JobSnapshot, joined: bool) -> Finalize | Nothing:
     """An open round past its join timeout: the job fails unless a node joined (then the round's
     leader closes or fails it)."""
     if joined or snap.head is None:
-        return Nothing()
+        return NOTHING
     head = snap.head
     why = f"only 0 of the {head.nnodes.min} nodes needed joined within {head.join_timeout_s:g}s"
     return Finalize(JobState.FAILED, EndReason.JOIN_TIMEOUT, why)
@@ -163,7 +164,7 @@ def judge_members(
     if isinstance(alive, InvalidKey):  # a bad join read: the job fails for it
         return Judged(FailInvalid(alive), missing_since)
     if isinstance(alive, str):  # a member that has work left is alive: it looks after the job
-        return Judged(MemberBack(alive) if missing_since is not None else Nothing(), None)
+        return Judged(MemberBack(alive) if missing_since is not None else NOTHING, None)
     if len(alive) >= closed.size:  # everyone finished (done), and no one was left to say so
         return Judged(Finalize(JobState.SUCCEEDED, EndReason.SUCCEEDED, ""), missing_since)
     noted = False
@@ -171,7 +172,7 @@ def judge_members(
         noted = missing_since is None
         since = now if missing_since is None else missing_since
         if now - since < policy.solo_grace_s:
-            return Judged(Nothing(), since, noted)
+            return Judged(NOTHING, since, noted)
         missing_since = None  # given up
     return Judged(_give_up(snap, now), missing_since, noted)
 
@@ -198,16 +199,21 @@ def still_missing(
 
 
 def next_due(
-    missing: Iterable[float], jobs: Iterable[tuple[JobSnapshot, Wait]], now: float, policy: Policy
+    missing: Iterable[float],
+    snaps: Iterable[JobSnapshot],
+    wait_of: Callable[[JobSnapshot], Wait],
+    now: float,
+    policy: Policy,
 ) -> float | None:
-    """The earliest time after ``now`` at which a decision on ``jobs`` can change by time alone: a
-    solo member's grace ends (``missing``: since when each is gone), a round's join timeout, a
-    record's retention. Times already past are left out: the sweep acted on them."""
+    """The earliest time after ``now`` at which a decision on ``snaps`` can change by time alone: a
+    solo member's grace ends (``missing``: since when each is gone), a round's join timeout (a job's
+    ``Wait``, asked of ``wait_of``), a record's retention. Times already past are left out: the
+    sweep acted on them."""
     due = [since + policy.solo_grace_s for since in missing]
-    for snap, wait in jobs:
+    for snap in snaps:
         if snap.final is not None:
             if policy.retention_s is not None:
                 due.append(snap.final.ended_at + policy.retention_s)
-        elif isinstance(wait, tuple):
+        elif isinstance(wait := wait_of(snap), tuple):
             due.append(wait[0] + wait[1])
     return min((t for t in due if t > now), default=None)

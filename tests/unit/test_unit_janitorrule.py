@@ -126,10 +126,11 @@ def test_gone_members_are_forgotten_when_their_job_ends_or_moves_on() -> None:
 
 def test_next_due_is_the_earliest_time_ahead() -> None:
     ended = snap(final=FinalRecord(JobState.FAILED, "", EndReason.NODES_LOST, ended_at=OPENED))
-    jobs: list[tuple[JobSnapshot, rule.Wait]] = [(ended, False), (snap(), (OPENED, TIMEOUT))]
-    assert rule.next_due([OPENED + 5], jobs, OPENED, POLICY) == OPENED + 35
-    assert rule.next_due([], jobs, OPENED, POLICY) == min(OPENED + 60, OPENED + TIMEOUT)
-    assert rule.next_due([], jobs, OPENED + 1e9, POLICY) is None  # all past: acted on
+    jobs = [ended, snap()]
+    assert rule.next_due([OPENED + 5], jobs, rule.wait_of, OPENED, POLICY) == OPENED + 35
+    assert rule.next_due([], jobs, rule.wait_of, OPENED, POLICY) == min(OPENED + 60, OPENED + TIMEOUT)
+    assert rule.next_due([], jobs, rule.wait_of, OPENED + 1e9, POLICY) is None  # all past: acted on
+    assert rule.next_due([], [snap(joins=1)], rule.wait_of, OPENED, POLICY) is None  # joined: none due
 
 
 LIVE = st.one_of(
