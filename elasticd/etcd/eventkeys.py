@@ -8,8 +8,8 @@ is: a key that is not one of these raises ``DecodeError`` naming the part. Pure:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import StrEnum
+from typing import NamedTuple
 
 from elasticd.decode import DecodeError
 from elasticd.terms.ids import valid_job_id
@@ -26,10 +26,9 @@ class EventRing(StrEnum):
     OLDER = "older"
 
 
-@dataclass(frozen=True)
-class EventKey:
+class EventKey(NamedTuple):
     """What an event's key names: its ring, its sequence number, and its job (None: the cluster
-    ring's events are of no job, or of a job removed)."""
+    ring's events are of no job, or of a job removed). A tuple: a read parses every key."""
 
     ring: EventRing
     seq: int
@@ -76,26 +75,30 @@ def parse_event(key: str) -> EventKey:
             raise DecodeError("", "is no event key: events/cluster|recent/<job>|older/<seq>...")
 
 
-def loose_event(key: str) -> tuple[int, str | None]:
-    """Of an event key that does not parse: its sequence number as far as one reads (0: none; a
-    reader's cursor moves past it), and the job the last part names in the older ring (None:
-    not in it; a reader of another job's events passes it by)."""
-    parts = key.split("/")
-    seq = 0
-    for part in reversed(parts[-2:]):  # <seq> last, or before the job (older ring)
+def older_job(key: str) -> str | None:
+    """The job a key of the older ring (``[<prefix>/]events/older/<seq>/<job>``) names, unchecked;
+    None for a key of another ring. Cheap: a reader of one job's events passes every other job's
+    older events by without parsing them (the older ring holds every job's)."""
+    head, _, tail = key.rpartition("/")
+    return tail if head.rsplit("/", 2)[-2:-1] == ["older"] else None
+
+
+def seq_named(key: str) -> int:
+    """The sequence number an event key that does not parse names, as far as one reads (0: none):
+    a reader's cursor moves past it."""
+    for part in reversed(key.rsplit("/", 2)[1:]):  # <seq> last, or before the job (older ring)
         try:
-            seq = event_seq(part)
-            break
+            return event_seq(part)
         except DecodeError:
             continue
-    return seq, parts[-1] if len(parts) >= 3 and parts[-3] == "older" else None
+    return 0
 
 
 def event_seq(text: str) -> int:
     """An event's sequence number in its key: exactly ``EVENT_SEQ_DIGITS`` decimal digits, > 0."""
-    if not (len(text) == EVENT_SEQ_DIGITS and text.isascii() and text.isdigit()) or int(text) == 0:
-        raise DecodeError("", f"{text[:20]!r} in the key is not an event sequence number")
-    return int(text)
+    if len(text) == EVENT_SEQ_DIGITS and text.isascii() and text.isdigit() and (number := int(text)):
+        return number
+    raise DecodeError("", f"{text[:20]!r} in the key is not an event sequence number")
 
 
 def _job(text: str) -> str:

@@ -18,7 +18,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, replace
 
 from elasticd.decode import DecodeError, decode_as, parse_json
-from elasticd.etcd.eventkeys import EventKey, EventRing, loose_event, parse_event
+from elasticd.etcd.eventkeys import EventKey, EventRing, older_job, parse_event, seq_named
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.types import Compare, Found, KeyValue, Put, Query
@@ -144,11 +144,24 @@ class EventLog:
             cursor = max(after, self._counter(counter.kvs)[0])
         except DecodeError:
             cursor = after
+        events, skipped, cursor = self._collect(found_rings, after, job, cursor)
+        events.sort(key=lambda e: e.seq)
+        if limit is not None:
+            events = events[-limit:] if limit else []
+        return Page(events, skipped, cursor)
+
+    def _collect(
+        self, found_rings: list[Found], after: int, job: str | None, cursor: int
+    ) -> tuple[list[Stored], list[Skipped], int]:
+        """The events a read found above ``after`` (``job``'s, or every one), what it skipped,
+        and the cursor moved past every key it read."""
         events: list[Stored] = []
         skipped: list[Skipped] = []
         for found in found_rings:
             for kv in found.kvs:
-                match self._read_one(kv, job):
+                if job is not None and older_job(kv.key) not in (None, job):
+                    continue  # another job's older event, passed by unparsed (the ring holds every job's)
+                match self._read_one(kv):
                     case Stored() as stored:
                         cursor = max(cursor, stored.seq)
                         if stored.seq > after and (job is None or stored.event.job == job):
@@ -156,26 +169,16 @@ class EventLog:
                     case (Skipped() as bad, seq):
                         skipped.append(bad)
                         cursor = max(cursor, seq)
-        events.sort(key=lambda e: e.seq)
-        if limit is not None:
-            events = events[-limit:] if limit else []
-        return Page(events, skipped, cursor)
+        return events, skipped, cursor
 
-    def _read_one(self, kv: KeyValue, job: str | None) -> Stored | tuple[Skipped, int] | None:
+    def _read_one(self, kv: KeyValue) -> Stored | tuple[Skipped, int]:
         """One key a read found: its event; or what is skipped, and the sequence number its key
-        names as far as one reads (0: none). None: another job's older event, which a read of
-        ``job``'s passes by undecoded (the older ring holds every job's)."""
+        names as far as one reads (0: none)."""
         rel = self._keys.relative(kv.key)
         try:
-            where = parse_event(rel)
-            if job is not None and where.ring is EventRing.OLDER and where.job != job:
-                return None
-            return self._decode(where, kv)
+            return self._decode(parse_event(rel), kv)
         except DecodeError as exc:
-            seq, older_of = loose_event(rel)
-            if job is not None and older_of not in (None, job):
-                return None
-            return Skipped(rel, str(exc)), seq
+            return Skipped(rel, str(exc)), seq_named(rel)
 
     def _decode(self, where: EventKey, kv: KeyValue) -> Stored:
         """An event, checked against its key (``where``): the job its ring names (the cluster

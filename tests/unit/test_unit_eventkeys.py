@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from elasticd.decode import DecodeError
 from elasticd.etcd import eventkeys
-from elasticd.etcd.eventkeys import EVENT_SEQ_DIGITS, EventKey, EventRing, loose_event, parse_event
+from elasticd.etcd.eventkeys import EVENT_SEQ_DIGITS, EventKey, EventRing, older_job, parse_event, seq_named
 from elasticd.etcd.keys import KeyKind, Keys
 
 KEYS = Keys("/e/v1")
@@ -22,7 +22,8 @@ def test_every_event_key_parses_back_to_what_built_it(ring: EventRing, seq: int,
     key = KEYS.relative(KEYS.event(ring, seq, named))
     assert parse_event(key) == EventKey(ring, seq, named)
     assert KEYS.parse(KEYS.event(ring, seq, named)).kind is KeyKind.EVENT
-    assert loose_event(key)[0] == seq
+    assert seq_named(key) == seq
+    assert older_job(key) == (job if ring is EventRing.OLDER else None)
 
 
 @given(SEQS, SEQS)
@@ -55,10 +56,12 @@ def test_a_key_that_is_no_event_key_is_refused_naming_the_part(key: str, part: s
 
 
 def test_a_bad_key_names_what_it_can_so_a_reader_moves_past_it() -> None:
-    assert loose_event("events/junk") == (0, None)
-    assert loose_event("events/recent/Bad!/0000000000000007") == (7, None)
-    assert loose_event("events/older/0000000000000007/Bad!") == (7, "Bad!")
-    assert loose_event("events/older/xx/j-2") == (0, "j-2")
+    assert seq_named("events/junk") == 0 and older_job("events/junk") is None
+    assert seq_named("events/recent/Bad!/0000000000000007") == 7
+    assert older_job("events/recent/Bad!/0000000000000007") is None
+    assert seq_named("events/older/0000000000000007/Bad!") == 7
+    assert older_job("events/older/0000000000000007/Bad!") == "Bad!"
+    assert (seq_named("events/older/xx/j-2"), older_job("events/older/xx/j-2")) == (0, "j-2")
 
 
 def test_the_counter_is_beside_the_rings() -> None:
