@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from elasticd.decode import DecodeError
+from elasticd.etcd import eventkeys
+from elasticd.etcd.eventkeys import EventRing
 from elasticd.etcd.kv import prefix_end
 from elasticd.terms.ids import MAX_ROUND, valid_gpu_uuid, valid_job_id, valid_node_id
 
@@ -57,18 +59,6 @@ class KeyKind(StrEnum):
     JOB_DRAIN = "job_drain"  # jobs/<job>/drain/<node>
     EVENT = "event"  # events/...: the cluster's event history (elasticd.events.rings)
     EVENT_SEQ = "event_seq"  # event_seq: the last event's sequence number
-
-
-EVENT_SEQ_DIGITS = 16  # an event's <seq> zero-padded, so that key order is sequence order
-
-
-class EventRing(StrEnum):
-    """The event history's rings (``elasticd.events.rings``): events of no job; each job's newest
-    events; every job's older events, the first to go when the history is full."""
-
-    CLUSTER = "cluster"
-    RECENT = "recent"
-    OLDER = "older"
 
 
 _JOB_LEAVES = {
@@ -303,27 +293,18 @@ class Keys:
     def job_drain(self, job_id: str, node: str) -> str:
         return f"{self.prefix}/jobs/{job_id}/drain/{node}"
 
+    # The event history's keys (``elasticd.etcd.eventkeys``).
     def events(self) -> str:
-        """The whole event history (``elasticd.events.store``): three rings, below."""
-        return f"{self.prefix}/events/"
+        return eventkeys.events(self.prefix)
 
     def event_ring(self, ring: EventRing, job_id: str | None = None) -> str:
-        """A ring's prefix; with ``job_id``, that job's recent events."""
-        base = f"{self.prefix}/events/{ring.value}/"
-        return base if job_id is None else f"{base}{job_id}/"
+        return eventkeys.event_ring(self.prefix, ring, job_id)
 
     def event(self, ring: EventRing, seq: int, job_id: str | None = None) -> str:
-        """An event's key: ``events/cluster/<seq>``, ``events/recent/<job>/<seq>`` or
-        ``events/older/<seq>/<job>`` (the sequence number zero-padded: key order is its order, so
-        the first key of a job's recent ring, of the cluster ring and of the older ring is its
-        oldest)."""
-        number = f"{seq:0{EVENT_SEQ_DIGITS}d}"
-        if ring is EventRing.OLDER:
-            return f"{self.prefix}/events/older/{number}/{job_id}"
-        return f"{self.event_ring(ring, job_id)}{number}"
+        return eventkeys.event(self.prefix, ring, seq, job_id)
 
     def event_seq(self) -> str:
-        return f"{self.prefix}/event_seq"
+        return eventkeys.event_counter(self.prefix)
 
     # -- parse ---------------------------------------------------------------------------------
     def relative(self, key: str) -> str:
@@ -341,12 +322,8 @@ class Keys:
                 return KeyRef(KeyKind.GPU, node=_node(node))
             case ["janitor"]:
                 return KeyRef(KeyKind.JANITOR)
-            case ["events", "cluster", seq]:
-                event_seq(seq)
-                return KeyRef(KeyKind.EVENT)
-            case ["events", "recent", job, seq] | ["events", "older", seq, job]:
-                _job(job)
-                event_seq(seq)
+            case ["events", *_]:
+                eventkeys.parse_event(self.relative(key))
                 return KeyRef(KeyKind.EVENT)  # no job: an event wakes no one (``JobManager.wake``)
             case ["event_seq"]:
                 return KeyRef(KeyKind.EVENT_SEQ)
@@ -422,13 +399,6 @@ def round_no(text: str) -> int:
     if number > MAX_ROUND:
         raise DecodeError("", f"round {number} in the key is out of range")
     return number
-
-
-def event_seq(text: str) -> int:
-    """An event's sequence number in its key: exactly ``EVENT_SEQ_DIGITS`` decimal digits, > 0."""
-    if not (len(text) == EVENT_SEQ_DIGITS and text.isascii() and text.isdigit()) or int(text) == 0:
-        raise DecodeError("", f"{text[:20]!r} in the key is not an event sequence number")
-    return int(text)
 
 
 def _node(text: str) -> str:

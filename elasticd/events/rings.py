@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from elasticd.decode import DecodeError, parse_json
-from elasticd.etcd.keys import EventRing, Keys, event_seq
+from elasticd.etcd.eventkeys import EventRing, event_seq
+from elasticd.etcd.keys import Keys
 from elasticd.etcd.types import KeyValue
 
 

@@ -18,7 +18,8 @@ from collections.abc import Collection
 from dataclasses import dataclass, replace
 
 from elasticd.decode import DecodeError, decode_as, parse_json
-from elasticd.etcd.keys import EventRing, Keys, event_seq
+from elasticd.etcd.eventkeys import EventKey, EventRing, older_job, parse_event, seq_named
+from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.types import Compare, Found, KeyValue, Put, Query
 from elasticd.events.model import ClusterEvent
@@ -143,62 +144,56 @@ class EventLog:
             cursor = max(after, self._counter(counter.kvs)[0])
         except DecodeError:
             cursor = after
-        events: list[Stored] = []
-        skipped: list[Skipped] = []
-        for found in found_rings:
-            for kv in found.kvs:
-                if job is not None and _older_of_another(kv.key, job):
-                    continue  # (not decoded: the older ring holds every job's)
-                try:
-                    stored = self._decode(kv)
-                except DecodeError as exc:
-                    skipped.append(Skipped(self._keys.relative(kv.key), str(exc)))
-                    cursor = max(cursor, _seq_or_zero(kv.key))
-                    continue
-                cursor = max(cursor, stored.seq)
-                if stored.seq > after and (job is None or stored.event.job == job):
-                    events.append(stored)
+        events, skipped, cursor = self._collect(found_rings, after, job, cursor)
         events.sort(key=lambda e: e.seq)
         if limit is not None:
             events = events[-limit:] if limit else []
         return Page(events, skipped, cursor)
 
-    def _decode(self, kv: KeyValue) -> Stored:
-        """An event, checked against its key: the sequence number, and the job its ring names."""
-        match self._keys.relative(kv.key).split("/"):
-            case ["events", "cluster", seq]:
-                job = None  # events of no job, and removals of jobs
-            case ["events", "recent", job, seq] | ["events", "older", seq, job]:
-                pass
-            case _:
-                raise DecodeError("", "is no event key: events/cluster|recent/<job>|older/<seq>...")
-        number = event_seq(seq)
+    def _collect(
+        self, found_rings: list[Found], after: int, job: str | None, cursor: int
+    ) -> tuple[list[Stored], list[Skipped], int]:
+        """The events a read found above ``after`` (``job``'s, or every one), what it skipped,
+        and the cursor moved past every key it read."""
+        events: list[Stored] = []
+        skipped: list[Skipped] = []
+        for found in found_rings:
+            for kv in found.kvs:
+                if job is not None and older_job(kv.key) not in (None, job):
+                    continue  # another job's older event, passed by unparsed (the ring holds every job's)
+                match self._read_one(kv):
+                    case Stored() as stored:
+                        cursor = max(cursor, stored.seq)
+                        if stored.seq > after and (job is None or stored.event.job == job):
+                            events.append(stored)
+                    case (Skipped() as bad, seq):
+                        skipped.append(bad)
+                        cursor = max(cursor, seq)
+        return events, skipped, cursor
+
+    def _read_one(self, kv: KeyValue) -> Stored | tuple[Skipped, int]:
+        """One key a read found: its event; or what is skipped, and the sequence number its key
+        names as far as one reads (0: none)."""
+        rel = self._keys.relative(kv.key)
+        try:
+            return self._decode(parse_event(rel), kv)
+        except DecodeError as exc:
+            return Skipped(rel, str(exc)), seq_named(rel)
+
+    def _decode(self, where: EventKey, kv: KeyValue) -> Stored:
+        """An event, checked against its key (``where``): the job its ring names (the cluster
+        ring's are of no job, or removals of jobs)."""
         if len(kv.value) > MAX_VALUE_BYTES:
             raise DecodeError("", f"is {len(kv.value)} bytes, more than an event takes ({MAX_VALUE_BYTES})")
         event = ClusterEvent.from_json(parse_json(kv.value))
-        if job is not None and event.job != job:
+        if where.job is not None and event.job != where.job:
             raise DecodeError("job", "is not the job the key names")
-        return Stored(number, event)
+        return Stored(where.seq, event)
 
 
 def _first(prefix: str) -> Query:
     return Query(prefix, prefix=True, first_only=True)
 
 
-def _older_of_another(key: str, job: str) -> bool:
-    """An older event's key (``.../older/<seq>/<job>``) of a job other than ``job``."""
-    head, _, tail = key.rpartition("/")
-    return head.rsplit("/", 2)[-2:-1] == ["older"] and tail != job
-
-
 def _ring(found: Found) -> Ring:
     return Ring(found.count, found.kvs[0] if found.kvs else None)
-
-
-def _seq_or_zero(key: str) -> int:
-    for part in reversed(key.rsplit("/", 2)[1:]):  # <seq> last, or before the job (older ring)
-        try:
-            return event_seq(part)
-        except DecodeError:
-            continue
-    return 0

@@ -20,13 +20,12 @@ above the mark, and compacts etcd's history to the current revision, so that the
 can be used again (deletes and compactions are what etcd still allows under NOSPACE). Giving the
 file back to the disk (a defragmentation) is the operator's: it blocks the member while it runs.
 
-A round whose only member is gone gets a grace first (``SOLO_GRACE_S``): that node's workers are
-not fenced (there are no peers to split from), so a daemon that was frozen or cut off from etcd
-past its lease TTL still runs them, and re-asserts its join under its new lease when it is back
-(``elasticd.agent.step``). Only a member that stays gone for the whole grace is given up (the
-round restarts, spending a restart, or the job fails), as at once before: a node that died for
-good still does not leave its job RUNNING for ever. Rounds with several members are handled at
-once, as ever: their members were fenced before their leases could expire.
+What it does about each job is decided by ``janitorrule`` (pure), in two stages so that a read is
+made only when the decision needs it; this module reads the facts and carries the actions out. A
+round whose only member is gone gets a grace first (``SOLO_GRACE_S``): that node's workers are not
+fenced (there are no peers to split from), so a daemon that was frozen or cut off from etcd past
+its lease TTL still runs them, and re-asserts its join under its new lease when it is back
+(``elasticd.agent.step``). A node that died for good still does not leave its job RUNNING for ever.
 """
 
 from __future__ import annotations
@@ -46,13 +45,13 @@ from elasticd.etcd.types import Compare, Put
 from elasticd.events.store import EventLog
 from elasticd.happenings.bus import publish
 from elasticd.happenings.records import JobExpired, JobFailed, JobOrphaned
-from elasticd.rendezvous import decider as rdzv
-from elasticd.rendezvous.model import RoundInfo
+from elasticd.manager import janitorrule as rule
+from elasticd.rendezvous.model import RoundHead
 from elasticd.rendezvous.rosterread import Members
-from elasticd.rendezvous.snapshot import InvalidKey, JobSnapshot, Seen
+from elasticd.rendezvous.snapshot import JobSnapshot, Live, Seen
 from elasticd.rendezvous.store import JobStore
 from elasticd.terms.ids import valid_job_id
-from elasticd.terms.state import EndReason, JobState, RoundReason
+from elasticd.terms.state import EndReason
 
 _log = log.get("elasticd.janitor")
 
@@ -65,11 +64,6 @@ MAX_TXN_DELETES = 100  # etcd refuses a transaction of more than 128 operations 
 # show what the last relief gave back before another one removes more.
 RELIEF_S = 60.0
 JOB_OVERHEAD = 4096  # bytes of a job's records besides its spec (round, results, statuses), roughly
-
-# Whether a job waits in an open round, as its snapshot says (``Janitor._wait_of``): until its
-# join timeout (when the round opened, and the timeout) while no node joined; True once one did
-# (the janitor leaves it be); False for a job that does not wait (its round closed, or no round).
-Wait = tuple[float, float] | bool
 
 
 class Janitor:
@@ -88,14 +82,13 @@ class Janitor:
         self._space = space  # the last reading of etcd's fullness (None: not watched)
         self._relieved_at: float | None = None
         self._events = EventLog(kv, keys)
-        self._solo_grace_s = solo_grace_s
         self._missing: dict[tuple[str, int], float] = {}  # (job, round) -> since when its member is gone
-        self._retention_s = retention_s  # how long an ended job's records are kept (None: forever)
+        self._policy = rule.Policy(retention_s, solo_grace_s)
         self._clock = clock
         self._keys = keys
         self._node = node_id
         self._store_of = store_of
-        self._waits: dict[str, tuple[JobSnapshot, Wait]] = {}  # by job, per snapshot (``_wait_of``)
+        self._waits: dict[str, tuple[JobSnapshot, rule.Wait]] = {}  # by job, per snapshot (``_wait_of``)
         self._members = Members(kv, keys)  # who is a member of a running round, as asked
         self.holding = False
 
@@ -118,60 +111,76 @@ class Janitor:
 
     def next_due(self, snaps: dict[str, JobSnapshot]) -> float | None:
         """The earliest time (this clock) at which a decision of ``sweep`` over ``snaps`` can change
-        by time alone: a solo member's grace ends, a round's join timeout, a record's retention.
-        Everything else it decides on changes a key, and the watch wakes the scan for that. Times
-        already past are left out: ``sweep`` acted on them (a write that lost a race is retried at
-        the next change or by the safety net, never in a tight loop)."""
-        due = [since + self._solo_grace_s for since in self._missing.values()]
-        for snap in snaps.values():
-            if snap.final is not None:
-                if self._retention_s is not None:
-                    due.append(snap.final.ended_at + self._retention_s)
-            elif isinstance(wait := self._wait_of(snap), tuple):
-                due.append(wait[0] + wait[1])
-        now = self._clock()
-        return min((t for t in due if t > now), default=None)
+        by time alone (``janitorrule.next_due``). Everything else it decides on changes a key, and
+        the watch wakes the scan for that (a write that lost a race is retried at the next change
+        or by the safety net, never in a tight loop)."""
+        return rule.next_due(
+            self._missing.values(), snaps.values(), self._wait_of, self._clock(), self._policy
+        )
 
     async def sweep(self, snaps: dict[str, JobSnapshot]) -> None:
-        missing, self._missing = self._missing, {}
+        """Decide on every job (``janitorrule``) and carry the decision out."""
+        self._missing = rule.still_missing(self._missing, snaps)
         self._members.retain(snaps)
         await self._members.prefetch(snaps)  # each running round's member, all in a request or few
         for snap in snaps.values():
-            if missing and (snap.job_id, snap.current) in missing and not snap.ended:
-                self._missing[(snap.job_id, snap.current)] = missing[(snap.job_id, snap.current)]
-            if snap.final is not None and self._expired(snap.final.ended_at):
-                await self._remove(snap.job_id)
-                publish(JobExpired(snap.job_id, ended_at=snap.final.ended_at))
-            elif snap.final is None and snap.invalid:
-                await self._fail_invalid(snap)
-            elif snap.head is not None and not snap.ended and not self._waits_in_time(snap):
-                await self._orphan(snap)
+            decided = rule.triage(snap, self._wait_of(snap), self._clock(), self._policy)
+            if decided is rule.NOTHING:
+                continue  # (most jobs: no coroutine for them)
+            match decided:
+                case rule.Remove(ended_at):
+                    await self._remove(snap.job_id)
+                    publish(JobExpired(snap.job_id, ended_at=ended_at))
+                case rule.AskMembers(closed):
+                    alive = await self._members.live(snap, closed)
+                    await self._judged(snap, closed, alive)
+                case rule.AskJoins():
+                    count = await self._store_of(snap.job_id).count_joins(snap.current)
+                    await self._act(snap, rule.judge_joins(snap, count > 0))
+                case rule.FailInvalid() | rule.Finalize() | rule.Nothing() as action:
+                    await self._act(snap, action)
         if len(self._waits) > len(snaps):  # (jobs gone)
             self._waits = {j: w for j, w in self._waits.items() if j in snaps}
 
-    def _waits_in_time(self, snap: JobSnapshot) -> bool:
-        """A job no round of which closed, with a join or within its join timeout: ``_orphan``
-        does nothing for it (the cheap test first: a queue of a thousand waits at every sweep)."""
-        wait = self._wait_of(snap)
-        if isinstance(wait, bool):
-            return wait
-        return self._clock() - wait[0] <= wait[1]
-
-    def _wait_of(self, snap: JobSnapshot) -> Wait:
-        """``Wait`` of the job, made once per snapshot (the read hands out the same one while the
-        job's keys are unchanged): every change sweeps every job, and most wait."""
+    def _wait_of(self, snap: JobSnapshot) -> rule.Wait:
+        """``janitorrule.wait_of``, made once per snapshot (the read hands out the same one while
+        the job's keys are unchanged): every change sweeps every job, and most wait."""
         held = self._waits.get(snap.job_id)
         if held is not None and held[0] is snap:
             return held[1]
-        wait: Wait
-        if snap.closed is not None or snap.round is None or snap.head is None:
-            wait = False
-        elif snap.joins_read and snap.current_joins:  # (the read of every job has none: counted when due)
-            wait = True
-        else:
-            wait = (snap.round.opened_at, snap.head.join_timeout_s)
+        wait = rule.wait_of(snap)
         self._waits[snap.job_id] = (snap, wait)
         return wait
+
+    async def _judged(self, snap: JobSnapshot, closed: RoundHead, alive: Live) -> None:
+        """Count a closed round's only member gone (or back), then act on the rule's judgement."""
+        key = (snap.job_id, snap.current)
+        judged = rule.judge_members(snap, closed, alive, self._missing.get(key), self._clock(), self._policy)
+        if judged.noted:
+            _log.warning("job.member_missing", job=key[0], round=key[1], grace_s=self._policy.solo_grace_s)
+        if judged.missing_since is None:
+            self._missing.pop(key, None)
+        else:
+            self._missing[key] = judged.missing_since
+        await self._act(snap, judged.action)
+
+    async def _act(self, snap: JobSnapshot, action: rule.Action) -> None:
+        """Carry out one of the rule's actions on ``snap``'s job."""
+        match action:
+            case rule.FailInvalid(None):
+                await self._fail_invalid(snap)
+            case rule.FailInvalid(bad) if bad is not None:  # read while asking: reported here
+                report_invalid(bad.key, bad.revision, bad.why, job=snap.job_id)
+                await self._fail_invalid(replace(snap, invalid=[bad]))
+            case rule.Finalize(state, reason, why):
+                await self._store_of(snap.job_id).finalize(state, reason, why)
+            case rule.Bump(info, spend):
+                if await self._store_of(snap.job_id).bump(Seen.of(snap), info, spend):
+                    publish(JobOrphaned(snap.job_id, snap.current))
+            case rule.MemberBack(node):
+                _log.info("job.member_back", job=snap.job_id, round=snap.current, node=node)
+            case rule.Nothing():
+                pass
 
     async def drop_strays(self, strays: dict[str, list[str]]) -> None:
         """Delete parts of jobs that have no records (``snapshot.parse_jobs``), unless the job
@@ -224,66 +233,11 @@ class Janitor:
     def now(self) -> float:
         return self._clock()
 
-    def _expired(self, ended_at: float) -> bool:
-        return self._retention_s is not None and ended_at < self._clock() - self._retention_s
-
     async def _fail_invalid(self, snap: JobSnapshot) -> None:
         """A job with a bad record ends FAILED, naming the key. A bad ``final`` is replaced by a
         readable one; nothing is written for a key that names no job."""
         if valid_job_id(snap.job_id) and await self._store_of(snap.job_id).fail_invalid(snap):
             publish(JobFailed(snap.job_id, EndReason.INVALID_RECORD, key=snap.invalid[0].key))
-
-    async def _orphan(self, snap: JobSnapshot) -> None:
-        """A job no live member looks after: restart it (spending a restart) or fail it."""
-        assert snap.head is not None and snap.round is not None
-        head, closed = snap.head, snap.closed
-        store = self._store_of(snap.job_id)
-        if closed is not None:
-            key = (snap.job_id, snap.current)
-            alive = await self._members.live(snap, closed)
-            if isinstance(alive, InvalidKey):  # a bad join read: the job fails for it
-                report_invalid(alive.key, alive.revision, alive.why, job=snap.job_id)
-                await self._fail_invalid(replace(snap, invalid=[alive]))
-                return
-            if isinstance(alive, str):  # a member that has work left is alive: it looks after the job
-                if self._missing.pop(key, None) is not None:
-                    _log.info("job.member_back", job=snap.job_id, round=snap.current, node=alive)
-                return
-            if len(alive) >= closed.size:  # everyone finished (done), and no one was left to say so
-                await store.finalize(JobState.SUCCEEDED, EndReason.SUCCEEDED, "")
-                return
-            if closed.size == 1 and self._waiting_for(key):
-                return
-            why = f"every node of round {snap.current} was lost"
-            plan = rdzv.plan_bump(RoundReason.MEMBER_LOST, snap.restarts, head.max_restarts, why)
-            if plan.fail:
-                await store.finalize(JobState.FAILED, EndReason.NODES_LOST, plan.why)
-                return
-            info = RoundInfo(snap.current + 1, RoundReason.MEMBER_LOST, self._clock(), (), plan.why)
-            if await store.bump(Seen.of(snap), info, plan.spend):
-                publish(JobOrphaned(snap.job_id, snap.current))
-        elif self._clock() - snap.round.opened_at > head.join_timeout_s:
-            if await self._joined(snap, store):
-                return  # the round's leader closes or fails it
-            why = f"only 0 of the {head.nnodes.min} nodes needed joined within {head.join_timeout_s:g}s"
-            await store.finalize(JobState.FAILED, EndReason.JOIN_TIMEOUT, why)
-
-    async def _joined(self, snap: JobSnapshot, store: JobStore) -> bool:
-        """Whether any node joined the job's open round (counted: the read of every job has none)."""
-        if snap.joins_read:
-            return bool(snap.current_joins)
-        return await store.count_joins(snap.current) > 0
-
-    def _waiting_for(self, key: tuple[str, int]) -> bool:
-        """Whether a round's only member, gone, is still within its grace to come back."""
-        now = self._clock()
-        if key not in self._missing:
-            self._missing[key] = now
-            _log.warning("job.member_missing", job=key[0], round=key[1], grace_s=self._solo_grace_s)
-        if now - self._missing[key] < self._solo_grace_s:
-            return True
-        del self._missing[key]
-        return False
 
 
 def _size(snap: JobSnapshot) -> int:

@@ -33,7 +33,7 @@ from elasticd.etcd.kv import KV, prefix_end
 from elasticd.etcd.types import KeyValue, Query
 from elasticd.rendezvous.model import RoundHead, RoundResult
 from elasticd.rendezvous.roster import assemble, bounded, own
-from elasticd.rendezvous.snapshot import InvalidKey, JobSnapshot
+from elasticd.rendezvous.snapshot import InvalidKey, JobSnapshot, Live
 from elasticd.terms.spec import MAX_NODES
 
 PAGE = 500  # assignments per request: ~430 bytes each, ~215 KB a response
@@ -42,9 +42,6 @@ ASKS = 100  # keys asked about in one request (etcd takes at most 128 operations
 MAX_KEYS = MAX_NODES + 1024  # keys under one round's assignments that a read takes (a bound)
 
 Roster = RoundResult | InvalidKey | None  # the round whole; its bad key; None: it was forgotten
-# A running round's member that is there with work left; a bad key read; or, none being there,
-# the round's done markers (``Members.live``).
-Live = str | InvalidKey | frozenset[str]
 
 
 def read_round(kv: KV, keys: Keys, job_id: str, head: RoundHead, page: int = PAGE) -> Roster:

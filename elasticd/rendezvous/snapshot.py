@@ -56,6 +56,11 @@ class InvalidKey:
         return f"invalid record at {self.key}: {self.why}"
 
 
+# A running round's member that is there with work left; a bad key read; or, none being there,
+# the round's done markers (``elasticd.rendezvous.rosterread.Members.live``).
+Live = str | InvalidKey | frozenset[str]
+
+
 @dataclass
 class JobSnapshot:
     """Everything etcd holds about one job, as of one revision.

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from elasticd.etcd.client import EtcdClient
-from elasticd.etcd.keys import EventRing, Keys
+from elasticd.etcd.eventkeys import EventRing
+from elasticd.etcd.keys import Keys
 from elasticd.events.model import ClusterEvent
 from elasticd.events.rings import Limits
 from elasticd.events.store import EventLog

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from elasticd import log
 from elasticd.decode import DecodeError
 from elasticd.errors import EtcdUnavailable
-from elasticd.etcd.keys import EventRing, KeyKind, Keys
+from elasticd.etcd.eventkeys import EventRing
+from elasticd.etcd.keys import KeyKind, Keys
 from elasticd.etcd.memory import MemoryKV
 from elasticd.events.model import MAX_FIELD_TEXT, ClusterEvent
 from elasticd.events.recorder import EventRecorder

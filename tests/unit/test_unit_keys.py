@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from elasticd.decode import DecodeError
-from elasticd.etcd.keys import EventRing, KeyKind, KeyRef, Keys
+from elasticd.etcd.eventkeys import EventRing
+from elasticd.etcd.keys import KeyKind, KeyRef, Keys
 from elasticd.etcd.kv import prefix_end
 from elasticd.terms.ids import JOB_ID, MAX_ROUND, NODE_ID
 
