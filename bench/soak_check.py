@@ -17,7 +17,8 @@ from harness.procs import own_processes
 from soak_cluster import Cluster, LifeLine, Step, wait_until
 
 from elasticd.decode import DecodeError
-from elasticd.etcd.keys import KeyKind, Keys
+from elasticd.etcd.keyref import KeyKind
+from elasticd.etcd.keys import Keys
 from elasticd.workers.proctree import markers
 from elasticd.workers.proctree import tree as proctree
 

@@ -23,7 +23,8 @@ from elasticd.agent.executor import POLL_S
 from elasticd.agent.record import AgentRecord, AgentState, Local, Observed, View, presence_asked
 from elasticd.agent.step import step
 from elasticd.errors import EtcdUnavailable
-from elasticd.etcd.keys import KeyKind, Keys
+from elasticd.etcd.keyref import KeyKind
+from elasticd.etcd.keys import Keys
 from elasticd.etcd.memory import MemoryKV
 from elasticd.jobs.decider import Group, GroupOutcome
 from elasticd.manager.wakes import QUIET_KINDS

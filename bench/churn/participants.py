@@ -12,7 +12,8 @@ from typing import Any, TypeVar
 
 from elasticd.config import Settings
 from elasticd.etcd.client import EtcdClient
-from elasticd.etcd.keys import KeyKind, Keys
+from elasticd.etcd.keyref import KeyKind
+from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import prefix_end
 from elasticd.node.registry import NodeRegistry
 

@@ -12,7 +12,8 @@ from typing import Any
 from elasticd.agent.executor import LEADER_BATCH_S, POLL_S
 from elasticd.agent.record import AgentRecord
 from elasticd.errors import EtcdUnavailable
-from elasticd.etcd.keys import KeyKind, Keys
+from elasticd.etcd.keyref import KeyKind
+from elasticd.etcd.keys import Keys
 from elasticd.manager.wakes import QUIET_KINDS
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.model import Join, RoundInfo

@@ -25,7 +25,7 @@ from elasticd.agent.seams import Clock, Launcher, Lease, SystemClock, Workers
 from elasticd.agent.step import step
 from elasticd.decode import report_invalid
 from elasticd.errors import EtcdUnavailable
-from elasticd.etcd.keys import Change
+from elasticd.etcd.keyref import Change
 from elasticd.happenings.bus import publish
 from elasticd.happenings.records import (
     JobFailed,

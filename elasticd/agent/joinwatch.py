@@ -17,7 +17,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Protocol
 
-from elasticd.etcd.keys import Change, KeyKind, KeyRef
+from elasticd.etcd.keyref import Change, KeyKind, KeyRef
 
 
 class JoinRecords(Protocol):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from elasticd.etcd.keys import Change, KeyKind
+from elasticd.etcd.keyref import Change, KeyKind
 from elasticd.jobs.decider import Group
 from elasticd.rendezvous.reach import Reach
 from elasticd.rendezvous.snapshot import Glance, JobSnapshot

@@ -28,38 +28,13 @@ every job: ``status`` shows it, and it is written only when it changes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 
 from elasticd.decode import DecodeError
 from elasticd.etcd import eventkeys
 from elasticd.etcd.eventkeys import EventRing
+from elasticd.etcd.keyref import Change, KeyKind, KeyRef
 from elasticd.etcd.kv import prefix_end
 from elasticd.terms.ids import MAX_ROUND, valid_gpu_uuid, valid_job_id, valid_node_id
-
-
-class KeyKind(StrEnum):
-    NODE = "node"  # nodes/<node>: read on demand, watched by none
-    NODE_DRAIN = "node_drain"  # drain/<node>
-    GPU = "gpu"  # gpus/<node>/<uuid>: a GPU out of the pool, and why (elasticd.manager.gpus)
-    JANITOR = "janitor"  # janitor: the node that does cluster-wide clean-up
-    SPEC = "spec"  # jobs/<job>/spec: the job's head (elasticd.terms.head)
-    BODY = "body"  # specs/<job>: the job's full spec; outside jobs/, and outside the daemons' watch
-    ROUND = "round"
-    RESTARTS = "restarts"
-    FINAL = "final"
-    RESULT = "result"  # jobs/<job>/rdzv/<r>/result: the round's head (elasticd.rendezvous.roster)
-    ASSIGNMENT = "assignment"  # rounds/<job>/<r>/<node>: one member's part; unwatched, like parts/
-    PRESENCE = "presence"  # presence/<job>/<node>: under its lease; watched by the job's agents alone
-    JOIN = "join"  # parts/<job>/<r>/join/<node>: outside the daemons' watch and the scan's read
-    DONE = "done"  # parts/<job>/<r>/done/<node>: beside the joins, outside the watch and the scan
-    LEFT = "left"
-    WAITING = "waiting"  # jobs/<job>/waiting/<node>
-    NODE_STATUS = "node_status"  # reports/<job>/<node>: unwatched, and outside the scan's read
-    PENDING = "pending"  # notes/<job>/<node>: unwatched, in the read of every job
-    JOB_DRAIN = "job_drain"  # jobs/<job>/drain/<node>
-    EVENT = "event"  # events/...: the cluster's event history (elasticd.events.rings)
-    EVENT_SEQ = "event_seq"  # event_seq: the last event's sequence number
-
 
 _JOB_LEAVES = {
     "spec": KeyKind.SPEC,
@@ -72,31 +47,6 @@ _JOB_NODE_KEYS = {"waiting": KeyKind.WAITING, "drain": KeyKind.JOB_DRAIN}
 _ROUND_NODE_KEYS = {"left": KeyKind.LEFT}
 _PART_KINDS = {"join": KeyKind.JOIN, "done": KeyKind.DONE}  # parts/<job>/<r>/<kind>/<node>
 _NODE_TREES = {"reports": KeyKind.NODE_STATUS, "notes": KeyKind.PENDING}  # <tree>/<job>/<node>
-
-
-@dataclass(frozen=True)
-class KeyRef:
-    """A parsed key: its kind and the job, round and node it names (empty or None if none)."""
-
-    kind: KeyKind
-    job: str = ""
-    round: int | None = None
-    node: str = ""
-
-
-@dataclass(frozen=True)
-class Change:
-    """A watch event, routed: the job it concerns (None: node-wide) and what changed.
-
-    ``ref`` is None for a key of a job that does not parse: its job must still look (and fail)."""
-
-    job: str | None
-    ref: KeyRef | None
-    deleted: bool
-
-    @property
-    def kind(self) -> KeyKind | None:
-        return self.ref.kind if self.ref is not None else None
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ from elasticd import log
 from elasticd.agent.executor import JobAgent
 from elasticd.aio import wait_event
 from elasticd.errors import EtcdUnavailable
-from elasticd.etcd.keys import Change, Keys
+from elasticd.etcd.keyref import Change
+from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.space import Space
 from elasticd.jobs.board import Board

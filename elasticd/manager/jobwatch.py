@@ -15,7 +15,8 @@ from collections.abc import Callable
 from elasticd import log
 from elasticd.aio import wait_event
 from elasticd.errors import EtcdUnavailable
-from elasticd.etcd.keys import Change, KeyKind, Keys
+from elasticd.etcd.keyref import Change, KeyKind
+from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.types import KeyValue
 from elasticd.manager.jobsread import Jobs, JobsRead, ReadBack

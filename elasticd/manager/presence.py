@@ -16,7 +16,8 @@ from collections.abc import Callable
 
 from elasticd import log
 from elasticd.errors import EtcdUnavailable
-from elasticd.etcd.keys import Change, KeyKind, KeyRef, Keys
+from elasticd.etcd.keyref import Change, KeyKind, KeyRef
+from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV, prefix_end
 
 _log = log.get("elasticd.jobs")

@@ -9,7 +9,7 @@ rules, so what it proves holds for the daemon's wake-ups.
 
 from __future__ import annotations
 
-from elasticd.etcd.keys import Change, KeyKind
+from elasticd.etcd.keyref import Change, KeyKind
 
 # Only these can change whether this node should join a job (or whether a job needs clean-up);
 # a job's presences wake its agents only.

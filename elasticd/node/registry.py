@@ -32,7 +32,8 @@ from elasticd import __version__, log
 from elasticd.aio import wait_event
 from elasticd.decode import DecodeError, decode, parse_json, report_invalid
 from elasticd.errors import EtcdNoSpace, EtcdUnavailable
-from elasticd.etcd.keys import KeyKind, Keys
+from elasticd.etcd.keyref import KeyKind
+from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.types import KeyValue, Put, Query
 from elasticd.gpu.devices import Gpu

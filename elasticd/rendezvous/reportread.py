@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from elasticd.decode import DecodeError, parse_json, report_invalid
-from elasticd.etcd.keys import KeyKind, Keys
+from elasticd.etcd.keyref import KeyKind
+from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.pages import read_pages
 from elasticd.etcd.types import KeyValue

@@ -15,7 +15,8 @@ from elasticd.agent import actions as act
 from elasticd.agent import executor
 from elasticd.agent.executor import JobAgent
 from elasticd.agent.record import AgentState
-from elasticd.etcd.keys import KeyKind, Keys
+from elasticd.etcd.keyref import KeyKind
+from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import prefix_end
 from elasticd.etcd.memory import MemoryKV
 from elasticd.jobs.agentstore import Offer

@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from elasticd.agent import actions as act
 from elasticd.agent.executor import POLL_S
 from elasticd.agent.record import AgentState
-from elasticd.etcd.keys import KeyKind
+from elasticd.etcd.keyref import KeyKind
 from elasticd.jobs.decider import GroupOutcome
 from elasticd.rendezvous import roster
 from elasticd.rendezvous.model import Assignment, FinalRecord, RoundHead, RoundInfo, RoundResult

@@ -166,6 +166,7 @@ PURE = (
     "elasticd.errors",
     "elasticd.etcd.gateway",
     "elasticd.etcd.keys",
+    "elasticd.etcd.keyref",
     "elasticd.etcd.eventkeys",
     "elasticd.control.envelope",
     "elasticd.control.params",

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from elasticd.decode import DecodeError
 from elasticd.etcd import eventkeys
 from elasticd.etcd.eventkeys import EVENT_SEQ_DIGITS, EventKey, EventRing, older_job, parse_event, seq_named
-from elasticd.etcd.keys import KeyKind, Keys
+from elasticd.etcd.keyref import KeyKind
+from elasticd.etcd.keys import Keys
 
 KEYS = Keys("/e/v1")
 JOBS = st.from_regex(r"[a-z][a-z0-9-]{0,20}[a-z0-9]", fullmatch=True)

@@ -16,7 +16,8 @@ from elasticd import log
 from elasticd.decode import DecodeError
 from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.eventkeys import EventRing
-from elasticd.etcd.keys import KeyKind, Keys
+from elasticd.etcd.keyref import KeyKind
+from elasticd.etcd.keys import Keys
 from elasticd.etcd.memory import MemoryKV
 from elasticd.events.model import MAX_FIELD_TEXT, ClusterEvent
 from elasticd.events.recorder import EventRecorder

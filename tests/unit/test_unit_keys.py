@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from elasticd.decode import DecodeError
 from elasticd.etcd.eventkeys import EventRing
-from elasticd.etcd.keys import KeyKind, KeyRef, Keys
+from elasticd.etcd.keyref import KeyKind, KeyRef
+from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import prefix_end
 from elasticd.terms.ids import JOB_ID, MAX_ROUND, NODE_ID
 

@@ -10,7 +10,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from elasticd.etcd.keys import Change, KeyKind, Keys
+from elasticd.etcd.keyref import Change, KeyKind
+from elasticd.etcd.keys import Keys
 from elasticd.etcd.memory import MemoryKV
 from elasticd.manager.presence import PresenceWatches
 from elasticd.manager.wakes import Created
