@@ -35,8 +35,9 @@ from elasticd.etcd.types import Compare, Put
 from elasticd.jobs.admission import admit
 from elasticd.manager import janitor as janitors
 from elasticd.rendezvous import decider as rdzv
+from elasticd.rendezvous.glance import Seen
 from elasticd.rendezvous.model import RoundInfo
-from elasticd.rendezvous.snapshot import JobSnapshot, Seen
+from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.rendezvous.store import InlineJobStore, run_inline
 from elasticd.terms.spec import JobSpec
 from elasticd.terms.state import EndReason, JobState, RoundReason

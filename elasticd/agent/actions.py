@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from elasticd.rendezvous.glance import Seen
 from elasticd.rendezvous.model import FinalRecord, Member, RoundHead, RoundInfo, RoundResult
 from elasticd.rendezvous.model import Join as JoinRecord
 from elasticd.rendezvous.reach import Target
-from elasticd.rendezvous.snapshot import Seen
 from elasticd.terms.state import EndReason, JobState
 
 

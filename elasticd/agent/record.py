@@ -12,8 +12,9 @@ from enum import StrEnum
 
 from elasticd.etcd.keyref import Change, KeyKind
 from elasticd.jobs.decider import Group
+from elasticd.rendezvous.glance import Glance
 from elasticd.rendezvous.reach import Reach
-from elasticd.rendezvous.snapshot import Glance, JobSnapshot
+from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.spec import JobSpec
 from elasticd.terms.state import RoundReason, SetupFailure, WorkerFailure
 

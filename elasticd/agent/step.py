@@ -45,9 +45,10 @@ from elasticd.agent.record import AgentRecord, AgentState, Local, Observed, View
 from elasticd.agent.stepbase import StepBase
 from elasticd.jobs.decider import Group, GroupOutcome
 from elasticd.rendezvous import decider as rdzv
+from elasticd.rendezvous.glance import Glance, Seen
 from elasticd.rendezvous.model import Join as JoinRecord
 from elasticd.rendezvous.model import Member, RoundHead, RoundInfo
-from elasticd.rendezvous.snapshot import Glance, JobSnapshot, Seen
+from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.state import EndReason, JobState, RoundReason, WorkerFailure
 
 ETCD_RETRY_S = 1.0

@@ -8,8 +8,8 @@ assignment of the job (``rosters``: a round's leader) or one round's were read o
 (``rosterread``: ``status <job>``); a member's own assignment is read alone (``node``, ``me``):
 O(1) bytes for a member, whatever the job's size. The scan's read of every job carries heads only,
 and no join (``joins_read``): what decides on them counts or reads them for one job.
-``Glance`` is the small read a node waiting in an open round makes instead. Pure: no etcd client
-(``elasticd.rendezvous.store`` does the reading)."""
+(``elasticd.rendezvous.glance``: the small read a node waiting in an open round makes instead.)
+Pure: no etcd client (``elasticd.rendezvous.store`` does the reading)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from typing import Any, TypeVar, cast
 
 from elasticd.decode import DecodeError, decode, parse_json
 from elasticd.errors import InvalidSpec
-from elasticd.etcd.keys import KeyKind, KeyRef, Keys
+from elasticd.etcd.keyref import KeyKind, KeyRef
+from elasticd.etcd.keys import Keys
 from elasticd.etcd.types import KeyValue
 from elasticd.rendezvous.model import (
     Assignment,
@@ -390,48 +391,3 @@ def parse_jobs(
         cache.retain({kv.key for kv in kvs}, set(by_job))
     strays = {s.job_id: [kv.key for kv in by_job[s.job_id]] for s in snaps if not s.found}
     return {s.job_id: s for s in snaps if s.found}, strays
-
-
-@dataclass(frozen=True)
-class Glance:
-    """What a node waiting in an open round needs, read in one small request (O(1), not O(N))."""
-
-    round: int
-    ended: bool
-    closed: bool
-    leader: str | None
-    joined: bool
-
-    def quiet(self, round_no: int, node: str) -> bool:
-        """Nothing for ``node`` to do yet: the round is open, it joined, someone else leads."""
-        return (
-            self.round == round_no
-            and not self.ended
-            and not self.closed
-            and self.joined
-            and self.leader != node
-        )
-
-    @classmethod
-    def parse(
-        cls, round_kv: KeyValue | None, final: bool, closed: bool, oldest: KeyValue | None, joined: bool
-    ) -> Glance:
-        try:
-            info = RoundInfo.from_json(parse_json(round_kv.value)) if round_kv else None
-            lead = Join.from_json(parse_json(oldest.value)).node if oldest else None
-        except DecodeError:  # not quiet: the full read that follows reports the bad key
-            return cls(-1, False, False, None, False)
-        return cls(info.round if info else -1, final, closed, lead, joined)
-
-
-@dataclass(frozen=True)
-class Seen:
-    """The revisions a bump is guarded by: the round and restart counter as the caller saw them."""
-
-    round_mod: int
-    restarts_mod: int
-    restarts: int
-
-    @classmethod
-    def of(cls, snap: JobSnapshot) -> Seen:
-        return cls(snap.round_mod, snap.restarts_mod, snap.restarts)

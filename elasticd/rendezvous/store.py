@@ -37,8 +37,9 @@ from elasticd.etcd.kv import KV, prefix_end
 from elasticd.etcd.pages import read_pages
 from elasticd.etcd.types import Compare, Put, Query
 from elasticd.rendezvous import reportread, roster, rosterread
+from elasticd.rendezvous.glance import Glance, Seen
 from elasticd.rendezvous.model import FinalRecord, Join, NodeStatus, RoundInfo, RoundResult
-from elasticd.rendezvous.snapshot import Glance, InvalidKey, JobSnapshot, Seen
+from elasticd.rendezvous.snapshot import InvalidKey, JobSnapshot
 from elasticd.terms.head import JobHead, body_bytes, check_body
 from elasticd.terms.spec import MAX_NODES, JobSpec
 from elasticd.terms.state import EndReason, JobState, RoundReason

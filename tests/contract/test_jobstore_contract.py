@@ -14,8 +14,8 @@ from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.memory import MemoryKV
 from elasticd.rendezvous import decider as rdzv
+from elasticd.rendezvous.glance import Seen
 from elasticd.rendezvous.model import Join, RoundInfo
-from elasticd.rendezvous.snapshot import Seen
 from elasticd.rendezvous.store import EtcdJobStore, InlineJobStore, JobStore
 from elasticd.terms.spec import NodeRange
 from elasticd.terms.state import EndReason, JobState, RoundReason, WorkerFailure

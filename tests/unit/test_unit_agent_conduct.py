@@ -13,9 +13,9 @@ from elasticd.agent.conduct import PROGRESS_PUBLISH_S, Dropped, Leased, Progress
 from elasticd.agent.record import AgentState
 from elasticd.happenings.records import JobFailed, JobSucceeded, RootCauseAmended, RoundBumped, RoundComplete
 from elasticd.jobs.decider import GroupOutcome
+from elasticd.rendezvous.glance import Seen
 from elasticd.rendezvous.model import Join as JoinRecord
 from elasticd.rendezvous.model import RoundInfo
-from elasticd.rendezvous.snapshot import Seen
 from elasticd.terms.state import EndReason, JobState, RoundReason
 from tests.agent_steps import JOB, LEASE, NOW, failure, record, result
 

@@ -32,7 +32,8 @@ from elasticd.agent.record import AgentRecord, AgentState, Leave, Local, Observe
 from elasticd.agent.step import step
 from elasticd.jobs.decider import Group
 from elasticd.rendezvous import decider as rdzv
-from elasticd.rendezvous.snapshot import Glance, JobSnapshot
+from elasticd.rendezvous.glance import Glance
+from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.state import EndReason, JobState, RoundReason, SetupFailure
 from tests.agent_steps import (
     ALL,

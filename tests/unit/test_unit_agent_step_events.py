@@ -26,9 +26,9 @@ from elasticd.agent.actions import (
 from elasticd.agent.record import AgentState, Leave
 from elasticd.agent.step import step
 from elasticd.jobs.decider import Group
+from elasticd.rendezvous.glance import Glance, Seen
 from elasticd.rendezvous.model import Join as JoinRecord
 from elasticd.rendezvous.model import RoundInfo
-from elasticd.rendezvous.snapshot import Glance, Seen
 from elasticd.terms.state import EndReason, JobState, RoundReason, SetupFailure
 from tests.agent_steps import (
     ALL,

@@ -9,7 +9,8 @@ import pytest
 from elasticd.agent.actions import CloseRound, ReadSnapshot, Wait, WatchJoins, WatchPeers
 from elasticd.agent.step import step
 from elasticd.rendezvous import decider as rdzv
-from elasticd.rendezvous.snapshot import Glance, JobSnapshot
+from elasticd.rendezvous.glance import Glance
+from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.state import JobState
 from tests.agent_steps import ME, NOW, OPENED_AT, acts, decide, following, joining, local, snapshot
 

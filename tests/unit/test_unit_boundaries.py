@@ -145,6 +145,7 @@ PURE = (
     "elasticd.agent.actions",
     "elasticd.rendezvous.model",
     "elasticd.rendezvous.snapshot",
+    "elasticd.rendezvous.glance",
     "elasticd.rendezvous.roster",
     "elasticd.happenings.records",
     "elasticd.events.model",
