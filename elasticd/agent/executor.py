@@ -36,10 +36,10 @@ from elasticd.jobs.launch import NodeRuntime
 from elasticd.jobs.launcher import ProcessLauncher
 from elasticd.node import liveness
 from elasticd.node.peers import PeerWatch
+from elasticd.rendezvous.jobstore import JobStore
 from elasticd.rendezvous.model import Join
 from elasticd.rendezvous.reach import PROBE_TIMEOUT_S, Reach, Target
 from elasticd.rendezvous.snapshot import JobSnapshot
-from elasticd.rendezvous.store import JobStore
 from elasticd.terms.spec import JobSpec
 from elasticd.terms.state import EndReason, RoundReason, SetupFailure
 

@@ -12,9 +12,9 @@ from elasticd import log
 from elasticd.jobs.admission import admit, refuse
 from elasticd.jobs.launch import NodeRuntime
 from elasticd.node.allocator import Allocator
+from elasticd.rendezvous.jobstore import JobStore
 from elasticd.rendezvous.model import DrainRecord
 from elasticd.rendezvous.snapshot import JobSnapshot
-from elasticd.rendezvous.store import JobStore
 from elasticd.terms.state import JobState
 
 _log = log.get("elasticd.jobs")

@@ -47,10 +47,10 @@ from elasticd.happenings.bus import publish
 from elasticd.happenings.records import JobExpired, JobFailed, JobOrphaned
 from elasticd.manager import janitorrule as rule
 from elasticd.rendezvous.glance import Seen
+from elasticd.rendezvous.jobstore import JobStore
 from elasticd.rendezvous.model import RoundHead
 from elasticd.rendezvous.rosterread import Members
 from elasticd.rendezvous.snapshot import JobSnapshot, Live
-from elasticd.rendezvous.store import JobStore
 from elasticd.terms.ids import valid_job_id
 from elasticd.terms.state import EndReason
 

@@ -45,8 +45,9 @@ from elasticd.node.gpuwatch import GpuWatch
 from elasticd.node.hooks import LeaseHooks
 from elasticd.node.registry import NodeRegistry, parse_node_drain
 from elasticd.node.statedir import StateDir
+from elasticd.rendezvous.jobstore import JobStore
 from elasticd.rendezvous.snapshot import JobSnapshot
-from elasticd.rendezvous.store import EtcdJobStore, JobStore
+from elasticd.rendezvous.store import EtcdJobStore
 from elasticd.terms.state import RoundReason
 
 _log = log.get("elasticd.jobs")

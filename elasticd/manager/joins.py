@@ -25,8 +25,8 @@ from elasticd.manager.admitter import Admitter
 from elasticd.manager.presence import PresenceWatches
 from elasticd.node.registry import NodeRegistry
 from elasticd.node.statedir import StateDir
+from elasticd.rendezvous.jobstore import JobStore
 from elasticd.rendezvous.snapshot import JobSnapshot
-from elasticd.rendezvous.store import JobStore
 from elasticd.terms.head import JobHead
 from elasticd.terms.spec import JobSpec
 from elasticd.terms.state import EndReason, JobState

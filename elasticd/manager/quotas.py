@@ -15,7 +15,7 @@ from elasticd.happenings.records import JobFailed
 from elasticd.jobs.quota import Quotas, Verdict, over_limits
 from elasticd.jobs.ticket import JobTicket
 from elasticd.manager.access import Admins
-from elasticd.rendezvous.store import JobStore
+from elasticd.rendezvous.jobstore import JobStore
 from elasticd.terms.state import JobState
 
 

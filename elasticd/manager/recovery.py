@@ -22,8 +22,8 @@ from elasticd.jobs.launch import NodeRuntime
 from elasticd.node.statedir import StateDir
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.glance import Seen
+from elasticd.rendezvous.jobstore import JobStore
 from elasticd.rendezvous.model import RoundInfo
-from elasticd.rendezvous.store import JobStore
 from elasticd.terms.state import EndReason, JobState, RoundReason
 from elasticd.workers.proctree import tree as proctree
 

@@ -15,8 +15,9 @@ from elasticd.etcd.kv import KV
 from elasticd.etcd.memory import MemoryKV
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.glance import Seen
+from elasticd.rendezvous.jobstore import JobStore
 from elasticd.rendezvous.model import Join, RoundInfo
-from elasticd.rendezvous.store import EtcdJobStore, InlineJobStore, JobStore
+from elasticd.rendezvous.store import EtcdJobStore, InlineJobStore
 from elasticd.terms.spec import NodeRange
 from elasticd.terms.state import EndReason, JobState, RoundReason, WorkerFailure
 from tests.contract.test_kv_contract import Events

@@ -190,7 +190,12 @@ PURE = (
     "elasticctl.torchrun",
 )
 # The seams' protocols and their in-memory fakes: no I/O of their own, but run on the event loop.
-SEAMS = ("elasticd.etcd.kv", "elasticd.etcd.memory", "elasticd.rendezvous.store")
+SEAMS = (
+    "elasticd.etcd.kv",
+    "elasticd.etcd.memory",
+    "elasticd.rendezvous.jobstore",
+    "elasticd.rendezvous.store",
+)
 IO = (
     "elasticd.etcd.client",
     "elasticd.etcd.grpc.client",

@@ -10,9 +10,10 @@ from elasticd.etcd.keys import Keys
 from elasticd.etcd.memory import MemoryKV
 from elasticd.manager.janitor import MAX_TXN_DELETES, SOLO_GRACE_S, Janitor
 from elasticd.rendezvous import decider as rdzv
+from elasticd.rendezvous.jobstore import JobStore
 from elasticd.rendezvous.model import Join
 from elasticd.rendezvous.snapshot import parse_jobs
-from elasticd.rendezvous.store import InlineJobStore, JobStore, run_inline
+from elasticd.rendezvous.store import InlineJobStore, run_inline
 from elasticd.terms.spec import NodeRange
 from elasticd.terms.state import EndReason, JobState
 from tests.fakes import JOB, make_spec
