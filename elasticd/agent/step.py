@@ -22,7 +22,6 @@ from __future__ import annotations
 from elasticd.agent import blame
 from elasticd.agent.actions import (
     Action,
-    Bump,
     ClearWaiting,
     Exit,
     Finalize,
@@ -41,13 +40,14 @@ from elasticd.agent.actions import (
     WatchPeers,
     Withdraw,
 )
+from elasticd.agent.nextround import bump_or_end
 from elasticd.agent.record import AgentRecord, AgentState, Local, Observed, View
 from elasticd.agent.stepbase import StepBase
 from elasticd.jobs.decider import Group, GroupOutcome
 from elasticd.rendezvous import decider as rdzv
-from elasticd.rendezvous.glance import Glance, Seen
+from elasticd.rendezvous.glance import Glance
 from elasticd.rendezvous.model import Join as JoinRecord
-from elasticd.rendezvous.model import Member, RoundHead, RoundInfo
+from elasticd.rendezvous.model import Member, RoundHead
 from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.state import EndReason, JobState, RoundReason, WorkerFailure
 
@@ -171,7 +171,7 @@ class _Step(StepBase):
         if self.rec.fenced_round == snap.current:
             # Our workers of this round were fenced: the round cannot go on without them. (Until
             # the round moves, this is asked again: a bump cut short by an outage is retried.)
-            self._event(snap, seen.alive, RoundReason.MEMBER_LOST, f"node {self.rec.node} was fenced")
+            self._event(snap, RoundReason.MEMBER_LOST, f"node {self.rec.node} was fenced")
             return
         if self.rec.round != snap.current:
             if self.group is not None or self.rec.state is AgentState.DONE:
@@ -321,17 +321,17 @@ class _Step(StepBase):
             lost = [n for n in result.nodes if n not in present and n not in done and n != rec.node]
             if lost and set(lost) <= snap.left.get(snap.current, set()):
                 # They left on purpose (a drain raced the close that named them): free.
-                self._event(snap, alive, RoundReason.MEMBER_LEFT, f"node(s) {', '.join(lost)} left")
+                self._event(snap, RoundReason.MEMBER_LEFT, f"node(s) {', '.join(lost)} left")
                 return
             if lost:
-                self._event(snap, alive, RoundReason.MEMBER_LOST, f"lost node(s) {', '.join(lost)}")
+                self._event(snap, RoundReason.MEMBER_LOST, f"lost node(s) {', '.join(lost)}")
                 return
         # A member cleared its own waiting note before it joined: a note is a newcomer's.
         members = set(snap.result.nodes) if snap.result is not None else {rec.node}
         newcomers = [n for n in snap.waiting if n in alive and n not in members]
         if newcomers and not done and closed.size < rec.spec.nnodes.max:
             detail = f"node(s) {', '.join(newcomers)} waiting"
-            self._event(snap, alive, RoundReason.SCALE_UP, detail, extra=tuple(newcomers))
+            self._event(snap, RoundReason.SCALE_UP, detail, extra=tuple(newcomers))
             return
         self._do(Wait(on_exits=True))
 
@@ -356,7 +356,7 @@ class _Step(StepBase):
                 return True
             failure = self.rec.failure
             summary = failure.summary() if failure is not None else "a worker failed"
-            self._event(snap, alive, RoundReason.WORKER_FAILED, summary, failure)
+            self._event(snap, RoundReason.WORKER_FAILED, summary, failure)
             return True
         if group.outcome is GroupOutcome.SUCCEEDED:
             self._set(state=AgentState.DONE)
@@ -368,36 +368,14 @@ class _Step(StepBase):
     def _event(
         self,
         snap: JobSnapshot,
-        alive: frozenset[str],
         reason: RoundReason,
         detail: str,
         failure: WorkerFailure | None = None,
         extra: tuple[str, ...] = (),
         grace_s: float | None = None,
     ) -> None:
-        """Open the next round for ``reason`` (once, whoever sees it first) or end the job: when
-        the budget is spent, or when a failure repeats itself ``max_same_failures`` times."""
-        spec = self.rec.spec
-        plan = rdzv.plan_bump(reason, snap.restarts, spec.max_restarts, detail)
-        stored = failure.to_json() if failure is not None else None
-        if plan.fail:
-            code = EndReason.NODES_LOST
-            if reason is RoundReason.WORKER_FAILED:
-                code = EndReason.OOM if failure and failure.oom else EndReason.WORKER_FAILED
-            self._do(Finalize(JobState.FAILED, code, plan.why, stored))
-            return
-        repeats = blame.repeats(snap.round, failure) if failure is not None else 0
-        if spec.max_same_failures and repeats >= spec.max_same_failures:
-            left = spec.max_restarts - snap.restarts
-            why = (
-                f"{detail}; failed the same way {repeats} times in a row with no progress,"
-                f" so it stopped with {left} of {spec.max_restarts} restarts left"
-            )
-            self._do(Finalize(JobState.FAILED, EndReason.REPEATED_FAILURE, why, stored))
-            return
-        expect = rdzv.next_expect(extra)
-        info = RoundInfo(snap.current + 1, reason, self.now, expect, detail, stored, grace_s, repeats, True)
-        self._do(Bump(Seen.of(snap), info, plan.spend))
+        """Open the next round for ``reason`` or end the job (``nextround.bump_or_end``)."""
+        self._do(bump_or_end(self.rec.spec, snap, self.now, reason, detail, failure, extra, grace_s))
 
     def _leave_job(self, snap: JobSnapshot, alive: frozenset[str]) -> None:
         """Leave on purpose: open the next round without us (no restart is spent), then stop our
@@ -408,7 +386,7 @@ class _Step(StepBase):
         closed = snap.closed
         next_round = snap.current + 1
         if closed is not None and snap.me(self.rec.node) is not None:
-            self._event(snap, alive, leave.reason, leave.detail, grace_s=leave.grace_s)
+            self._event(snap, leave.reason, leave.detail, grace_s=leave.grace_s)
         elif closed is None:
             next_round = snap.current  # the round is still filling: it must not wait for us
             if self.rec.node in {j.node for j in snap.current_joins}:

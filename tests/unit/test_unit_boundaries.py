@@ -107,6 +107,7 @@ def test_completion_still_works_with_shtab_imported_late() -> None:
 PURE = (
     # deciders
     "elasticd.agent.step",
+    "elasticd.agent.nextround",
     "elasticd.agent.blame",
     "elasticd.rendezvous.decider",
     "elasticd.rendezvous.reach",
