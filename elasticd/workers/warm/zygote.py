@@ -36,6 +36,7 @@ from elasticd import log
 from elasticd.workers.group import Launch
 from elasticd.workers.proctree.reaper import Reaper
 from elasticd.workers.warm.children import Bogus, Children
+from elasticd.workers.warm.pending import Pending
 from elasticd.workers.warm.spawn import ZygoteError, ZygoteSetup, ended, new_marker, start
 from elasticd.workers.warm.wire import (
     MAX_MESSAGE,
@@ -90,10 +91,8 @@ class Zygote:
         self._pidfd: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready: asyncio.Future[bool] | None = None
-        self._forks: dict[int, asyncio.Future[Forked | ForkFailed]] = {}
-        self._checks: dict[int, asyncio.Future[Checked]] = {}
+        self._pending = Pending()
         self._children: Children | None = None
-        self._next_id = 0
         self._bogus = 0
         self._started = 0.0
         self._reaping: asyncio.Future[int] | None = None
@@ -136,7 +135,7 @@ class Zygote:
     def idle(self) -> bool:
         """READY, with no worker, request or nonsense on record: fit to be parked for another job."""
         busy = self._children is not None and len(self._children) > 0
-        return self.usable and not busy and not self._forks and not self._checks and not self._bogus
+        return self.usable and not busy and not self._pending and not self._bogus
 
     def _ready_timeout(self) -> None:
         if self.state is ZygoteState.STARTING:
@@ -201,14 +200,8 @@ class Zygote:
                     self._ready.set_result(True)
             case Unavailable() if self.state is ZygoteState.STARTING:
                 self._unavailable(msg.reason)
-            case Forked() | ForkFailed() if msg.id in self._forks:
-                fut = self._forks.pop(msg.id)
-                if not fut.done():
-                    fut.set_result(msg)
-            case Checked() if msg.id in self._checks:
-                answer = self._checks.pop(msg.id)
-                if not answer.done():
-                    answer.set_result(msg)
+            case Forked() | ForkFailed() | Checked() if self._pending.awaits(msg):
+                self._pending.answer(msg)
             case Exited() if self._children is not None and msg.pid in self._children:
                 wrong = self._children.reported(msg.pid, msg.status)
                 if wrong is not None:
@@ -223,20 +216,15 @@ class Zygote:
         except OSError as exc:  # EMSGSIZE: an environment too large for one message; EAGAIN: stuck
             raise ZygoteError(f"cannot send the {request['op']} request: {exc}") from exc
 
-    def _rid(self) -> int:
-        rid = self._next_id
-        self._next_id += 1
-        return rid
-
     # -- a parked zygote: is it still what a fresh process would be? ------------------------------
     async def check(self) -> Checked:
         """Ask whether every file behind its modules (and its interpreter) is as it was when it was
         ready: it stats them itself, as the user. Raises ``ZygoteError`` when it cannot answer."""
         if not self.usable or self._loop is None:
             raise ZygoteError(f"zygote {self.state.value}")
-        rid = self._rid()
+        rid = self._pending.rid()
         answer: asyncio.Future[Checked] = self._loop.create_future()
-        self._checks[rid] = answer
+        self._pending.checks[rid] = answer
         try:
             self._send({"op": "check", "id": rid}, [])
             return await asyncio.wait_for(asyncio.shield(answer), CHECK_TIMEOUT_S)
@@ -244,7 +232,7 @@ class Zygote:
             self._gone(f"no answer to a check within {CHECK_TIMEOUT_S:g} s")
             raise ZygoteError("the zygote did not answer") from None
         finally:
-            self._checks.pop(rid, None)
+            self._pending.checks.pop(rid, None)
 
     def move_to(self, procs_fd: int) -> bool:
         """Move the zygote itself into the cgroup whose ``cgroup.procs`` is ``procs_fd`` (the
@@ -281,7 +269,7 @@ class Zygote:
         """Fork one worker; its pid and exit future. Raises ``ZygoteError`` when it was not forked."""
         if not self.usable or self._sock is None or self._children is None:
             raise ZygoteError(f"zygote {self.state.value}")
-        rid = self._rid()
+        rid = self._pending.rid()
         go_r, go_w = os.pipe2(os.O_CLOEXEC)
         names, fds = ["log", "go"], [launch.log_fd, go_r]
         if launch.progress_fd is not None:
@@ -314,7 +302,7 @@ class Zygote:
         the group sweeps spare it (``helpers``). Raises ``ZygoteError`` when it was not forked."""
         if not self.usable or self._children is None:
             raise ZygoteError(f"zygote {self.state.value}")
-        rid = self._rid()
+        rid = self._pending.rid()
         request = {"op": "store", "id": rid, "host": host, "port": port, "fds": ["ctl"]}
         pid = await self._request(rid, request, [sock_fd])
         exited = self._adopt(pid)
@@ -325,16 +313,16 @@ class Zygote:
     async def _request(self, rid: int, request: dict[str, object], fds: list[int]) -> int:
         assert self._loop is not None
         reply: asyncio.Future[Forked | ForkFailed] = self._loop.create_future()
-        self._forks[rid] = reply
+        self._pending.forks[rid] = reply
         try:
             self._send(request, fds)
         except ZygoteError:
-            self._forks.pop(rid, None)
+            self._pending.forks.pop(rid, None)
             raise
         try:
             answer = await asyncio.wait_for(asyncio.shield(reply), FORK_TIMEOUT_S)
         except TimeoutError:
-            self._forks.pop(rid, None)
+            self._pending.forks.pop(rid, None)
             self._gone(f"no answer to a fork request within {FORK_TIMEOUT_S:g} s")
             raise ZygoteError("the zygote did not answer") from None
         if isinstance(answer, ForkFailed):
@@ -386,14 +374,7 @@ class Zygote:
         if self._pidfd is not None:
             os.close(self._pidfd)
             self._pidfd = None
-        for fut in self._forks.values():
-            if not fut.done():
-                fut.set_result(ForkFailed(-1, "zygote gone"))
-        self._forks.clear()
-        for answer in self._checks.values():
-            if not answer.done():
-                answer.set_exception(ZygoteError("zygote gone"))
-        self._checks.clear()
+        self._pending.fail_all()
         proc, self._popen = self._popen, None
         if proc is not None:
             with contextlib.suppress(OSError):
