@@ -11,6 +11,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from harness.daemon import start_daemon
 from harness.paths import REPO
 
 from multi.trial import DAEMON_SHUTDOWN_S, DAEMON_STOP_GRACE_S, LEASE_TTL
@@ -41,33 +42,22 @@ class Daemon:
 
     def start(self) -> None:
         self.root.mkdir(parents=True)
-        config = self.root / "elasticd.toml"
-        config.write_text("# empty: everything comes from flags\n")
-        argv = [
-            str(self.bin / "elasticd"),
-            "--config", str(config),
-            "--allow-root-jobs",
-            "--socket", str(self.socket),
-            "--state-dir", str(self.root / "state"),
-            "--log-dir", str(self.root / "logs"),
-            "--node-id", self.node_id,
+        extra = [
             "--etcd-endpoints", self.etcd_endpoint,
             "--etcd-prefix", self.prefix,
             "--address", "127.0.0.1",  # every "node" is this host (left unset: no multi-node job)
             "--lease-ttl", str(LEASE_TTL),
-            "--log-format", "json",
-            "--stop-grace", str(DAEMON_STOP_GRACE_S),
         ]  # fmt: skip
-        with open(self.err, "wb") as err:
-            self.proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=err,
-                stderr=err,
-                env=self.base_env | {"PYTHONFAULTHANDLER": "1"},
-                cwd=self.root,
-                start_new_session=True,
-            )
+        self.proc = start_daemon(
+            self.bin,
+            self.root,
+            socket=self.socket,
+            node_id=self.node_id,
+            stop_grace_s=DAEMON_STOP_GRACE_S,
+            env=self.base_env,
+            err=self.err,
+            extra=extra,
+        )
 
     def ctl(self, *args: str, timeout_s: float = 30.0) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

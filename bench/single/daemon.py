@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.daemon import start_daemon
 from harness.daemonlog import render_daemon_line
 from harness.paths import REPO
 from harness.runinfo import code_source
@@ -62,30 +63,16 @@ class BenchDaemon:
         )
 
     def start_daemon(self) -> None:
-        config = self.tmp / "elasticd.toml"
-        config.write_text("# empty: everything comes from flags\n")
-        argv = [
-            str(self.bin / "elasticd"),
-            "--config", str(config),
-            "--allow-root-jobs",
-            "--socket", str(self.socket),
-            "--state-dir", str(self.tmp / "state"),
-            "--log-dir", str(self.tmp / "logs"),
-            "--node-id", self.node_id,
-            "--log-format", "json",
-            "--stop-grace", str(DAEMON_STOP_GRACE_S),
-            *self.daemon_args,
-        ]  # fmt: skip
-        with open(self.daemon_err, "wb") as err:
-            self.daemon = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=err,
-                stderr=err,
-                env=self.base_env | {"PYTHONFAULTHANDLER": "1"},  # SIGABRT dumps its threads
-                cwd=self.tmp,
-                start_new_session=True,
-            )
+        self.daemon = start_daemon(
+            self.bin,
+            self.tmp,
+            socket=self.socket,
+            node_id=self.node_id,
+            stop_grace_s=DAEMON_STOP_GRACE_S,
+            env=self.base_env,
+            err=self.daemon_err,
+            extra=list(self.daemon_args),
+        )
         t0 = time.monotonic()
         while time.monotonic() - t0 < 60:
             if self.daemon.poll() is not None:
