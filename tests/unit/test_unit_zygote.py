@@ -187,6 +187,26 @@ def test_an_exit_reported_while_the_child_runs_is_ignored(tmp_path: Path) -> Non
     with_zygote(tmp_path, body, test)
 
 
+def test_an_exit_reported_before_the_fork_is_adopted_is_kept_for_it(tmp_path: Path) -> None:
+    """A child with no go to wait for (the store host) can end, and be reported, before the
+    daemon acts on its fork's answer: its status is believed once its pid is adopted and found
+    reaped, instead of waiting EXIT_REPORT_S for a report that came already."""
+    body = (
+        READY + "r = request()\npid = os.fork()\nif pid == 0:\n    os._exit(3)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "send(ev='forked', id=r['id'], pid=pid)\nsend(ev='exit', pid=pid, status=status)\ntime.sleep(60)\n"
+    )
+
+    async def test(z: zy.Zygote) -> None:
+        assert await z.ready()
+        _, exited = await z.fork(launch(tmp_path), None)
+        async with asyncio.timeout(5):
+            assert await exited == 3
+        assert z.usable and z._bogus == 0
+
+    with_zygote(tmp_path, body, test)
+
+
 def test_a_zygote_that_talks_nonsense_is_given_up(tmp_path: Path) -> None:
     body = READY + "for i in range(200):\n    ctl.send(b'garbage')\ntime.sleep(60)\n"
 

@@ -98,6 +98,8 @@ class Zygote:
         self._reaping: asyncio.Future[int] | None = None
         self._source = source
         self._on_lost: Callable[[Zygote], None] | None = None
+        self._unadopted: set[int] = set()  # pids its fork answers named, not adopted yet
+        self._early_exits: dict[int, int] = {}  # their exits, reported before the adoption
         self.helpers: set[int] = set()  # its children that are not workers (the store host)
 
     # -- start -----------------------------------------------------------------------------------
@@ -201,11 +203,15 @@ class Zygote:
             case Unavailable() if self.state is ZygoteState.STARTING:
                 self._unavailable(msg.reason)
             case Forked() | ForkFailed() | Checked() if self._pending.awaits(msg):
+                if isinstance(msg, Forked):
+                    self._unadopted.add(msg.pid)
                 self._pending.answer(msg)
             case Exited() if self._children is not None and msg.pid in self._children:
                 wrong = self._children.reported(msg.pid, msg.status)
                 if wrong is not None:
                     self._nonsense(wrong)
+            case Exited() if msg.pid in self._unadopted:  # a store host's end can beat its adoption
+                self._early_exits[msg.pid] = msg.status
             case _:
                 self._nonsense(f"unexpected {msg}")
 
@@ -331,11 +337,17 @@ class Zygote:
 
     def _adopt(self, pid: int) -> asyncio.Future[int]:
         assert self._children is not None
+        self._unadopted.discard(pid)
         try:
-            return self._children.adopt(pid, self.pid)
+            exited = self._children.adopt(pid, self.pid)
         except Bogus as exc:
             self._gone(str(exc))
             raise
+        if (status := self._early_exits.pop(pid, None)) is not None:
+            wrong = self._children.reported(pid, status)  # believed only of a pid already reaped
+            if wrong is not None:
+                self._nonsense(wrong)
+        return exited
 
     # -- the end ----------------------------------------------------------------------------------
     def _died(self) -> None:
