@@ -284,7 +284,7 @@ class JobAgent:
                 await store.put_node_status(node, self.local_view(), lease)
             case act.Join(round_no):
                 rt = self._rt
-                offer = await self._launcher.offer()
+                offer = await self._launcher.offer(round_no)
                 join = Join(
                     node,
                     rt.address,

@@ -53,9 +53,9 @@ class Launcher(Protocol):
         parked one for identical jobs, or a new one)."""
         ...
 
-    async def offer(self) -> Offer:
-        """The port offered for ``MASTER_PORT`` in a join, and whether a store host of the job
-        listens there (``elasticd.jobs.agentstore``)."""
+    async def offer(self, round_no: int) -> Offer:
+        """The port offered for ``MASTER_PORT`` in a join to ``round_no``, and whether a store host
+        of the job listens there (``elasticd.jobs.agentstore``)."""
         ...
 
     async def close(self) -> None:

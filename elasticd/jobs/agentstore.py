@@ -72,3 +72,12 @@ def at_start(advertised: bool, leads: bool, one_node: bool, serving: str | None)
     if not leads or serving is None:
         return Choice(True, "every rank is a client of the store host on the master's node")
     return Choice(True, f"the store host cannot serve ({serving}): the ranks will find no store")
+
+
+def offered_again(alive: bool, served_peers: bool) -> bool:
+    """Whether a node's store host may be offered in its next join. One that served a round of
+    several nodes may not: that round's ranks on another node may still run (cut off, or not
+    stopped yet) and would write into the next round's keys after the host was emptied, its
+    barrier counts among them. A new host, on a port they never knew, serves the next round. A
+    round of one node stops its own ranks before the next starts, so its host serves them all."""
+    return alive and not served_peers

@@ -151,21 +151,33 @@ class ProcessLauncher:
         stopped = self._keeper.persist if self._keeper is not None else None
         return ProcessWorkers(group, self._rt, result.round, watch, stopped)
 
-    async def offer(self) -> Offer:
-        """What this node puts in its join: ``MASTER_PORT`` should it lead, and whether the job's
-        store host listens there. Kept across rounds, so a node that leads again offers the same
-        port and store; started here when the zygote is ready now (a join never waits for its
-        imports: the round's join timeout runs meanwhile)."""
-        host, failed = self._store, None
-        if host is not None and not host.alive:
-            await self._stop_store()
-            host = None
+    async def offer(self, round_no: int) -> Offer:
+        """What this node puts in its join to ``round_no``: ``MASTER_PORT`` should it lead, and
+        whether the job's store host listens there. Kept across rounds, emptied here of the
+        previous attempt's keys: this node's ranks have stopped, and no rank of ``round_no`` can
+        reach it before this join is written (an emptying at the start would race the other nodes'
+        ranks, which connect as soon as their node starts them). One that served a round of several
+        nodes is replaced (``agentstore.offered_again``). Started here when the zygote is ready now
+        (a join never waits for its imports: the round's join timeout runs meanwhile)."""
         zygote, cold = self._zygote_now()
-        if host is None and zygote is not None:
+        host, failed = self._store, None
+        if host is not None and agentstore.offered_again(host.alive, host.served_peers):
             try:
-                host = self._store = await storehost.start(zygote, self._rt.address, master_port(self._rt))
+                await host.clear(round_no)
             except StoreError as exc:
-                failed = str(exc)
+                _log.warning("store.clear_failed", job=self._job, pid=host.pid, error=str(exc))
+                host = None
+        else:
+            host = None
+        if host is None:
+            fresh = None
+            if zygote is not None:
+                try:  # before the old one stops: the new port is then another than the old one's
+                    fresh = await storehost.start(zygote, self._rt.address, master_port(self._rt))
+                except StoreError as exc:
+                    failed = str(exc)
+            await self._stop_store()
+            host = self._store = fresh
         choice = agentstore.at_join(cold if host is None else None, failed)
         _log.info("store.offer", job=self._job, agent_store=choice.agent_store, why=choice.why)
         if host is not None:
@@ -186,7 +198,7 @@ class ProcessLauncher:
     async def _agent_store(self, result: RoundHead, member: Member, zygote: Zygote | None) -> bool:
         """What the round's workers here are told (``agentstore.at_start``). A round of this node
         alone decides here (a store host started now if its join could not offer one yet); in a
-        round of several nodes, the leader empties its store host of the previous attempt's keys."""
+        round of several nodes, the leader checks that the host it offered still serves."""
         leads, one_node = member.group_rank == 0, result.size == 1
         serving = None
         if one_node or (leads and result.agent_store):
@@ -200,8 +212,9 @@ class ProcessLauncher:
         return choice.agent_store
 
     async def _serving(self, result: RoundHead, zygote: Zygote | None) -> str | None:
-        """Why the store host cannot serve ``result``'s round (None: it can, emptied for it); one
-        is started on the round's port from ``zygote`` when none listens there."""
+        """Why the store host cannot serve ``result``'s round (None: it can; it was emptied at
+        the join, or is new); one is started on the round's port from ``zygote`` when none listens
+        there."""
         host = self._store
         if (host is None or not host.alive or host.port != result.master_port) and zygote is not None:
             await self._stop_store()
@@ -215,10 +228,7 @@ class ProcessLauncher:
             return f"no warm parent ({self._cold})" if self._cold else "no usable warm parent"
         if host.port != result.master_port:
             return f"it listens on {host.port}, not {result.master_port}"
-        try:
-            await host.clear(result.round)
-        except StoreError as exc:
-            return str(exc)
+        host.served_peers = result.size > 1
         return None
 
     async def _stop_store(self) -> None:

@@ -34,8 +34,8 @@ def test_the_store_host_outlives_a_workers_sigkill_and_serves_the_restart(
     hosts = log_events(daemon, "store.listening", job=job)
     assert len(hosts) == 1, f"one store host for both rounds, got {hosts}"
     pid, port = hosts[0]["pid"], hosts[0]["port"]
-    cleared = log_events(daemon, "store.cleared", job=job)
-    assert [(e["attempt"], e["pid"]) for e in cleared] == [(0, pid), (1, pid)], cleared
+    cleared = log_events(daemon, "store.cleared", job=job)  # at the join: a new one has no keys
+    assert [(e["attempt"], e["pid"]) for e in cleared] == [(1, pid)], cleared
     for rnd in (0, 1):
         for rank in (0, 1):
             r = record(tmp_path, rnd, rank)
@@ -64,19 +64,37 @@ def test_the_store_host_dies_with_its_zygote(daemon: DaemonProc, tmp_path: Path)
 def test_the_ranks_of_two_nodes_share_the_leaders_store_host_after_a_restart(
     daemon_factory: DaemonFactory, tmp_path: Path
 ) -> None:
-    """Every node of a round follows its leader's join; by the restart every zygote is ready."""
+    """Every node of a round follows its leader's join; by the restart every zygote is ready. A
+    store host that served a round of two nodes is never offered again: the next round's ranks get
+    a new host on a new port, so a rank of the old round still running elsewhere cannot write into
+    their keys."""
     a, b = start_cluster(daemon_factory, 2)
     job = submit_job(
-        a, tmp_path, "--nnodes", "2", "--nproc-per-node", "1", "--max-restarts", "1", str(SCRIPT)
+        a,
+        tmp_path,
+        *("--nnodes", "2", "--nproc-per-node", "1", "--max-restarts", "2", str(SCRIPT)),
+        env={"CRASH_ROUNDS": "0,1"},
     )
     assert a.wait_state(job, ("SUCCEEDED", "FAILED"), 90)["state"] == "SUCCEEDED", a.log_text()[-3000:]
     round_0 = {record(tmp_path, 0, rank)["use_agent_store"] for rank in (0, 1)}
     assert len(round_0) == 1, "the nodes disagree in round 0"
-    r0, r1 = record(tmp_path, 1, 0), record(tmp_path, 1, 1)
-    assert r0["use_agent_store"] == r1["use_agent_store"] == "True" and r0["sum"] == r1["sum"] == 3.0
-    chosen = [e for d in (a, b) for e in log_events(d, "store.chosen", job=job, round=1)]
-    assert [e["agent_store"] for e in chosen] == [True, True], chosen
-    leader = next(d for d in (a, b) if log_events(d, "store.cleared", job=job, attempt=1))
-    assert leader.job(job)["master"].endswith(f":{r0['master_port']}")
-    hosts = log_events(leader, "store.listening", job=job)
-    assert hosts and hosts[-1]["port"] == r0["master_port"]
+    ports = []
+    for rnd in (1, 2):
+        r0, r1 = record(tmp_path, rnd, 0), record(tmp_path, rnd, 1)
+        assert r0["use_agent_store"] == r1["use_agent_store"] == "True" and r0["sum"] == r1["sum"] == 3.0
+        chosen = [e for d in (a, b) for e in log_events(d, "store.chosen", job=job, round=rnd)]
+        assert [e["agent_store"] for e in chosen] == [True, True], chosen
+        assert any(r0["master_port"] in [e["port"] for e in log_events(d, "store.listening", job=job)]
+                   for d in (a, b)), "no store host of the job listened on MASTER_PORT"  # fmt: skip
+        ports.append(r0["master_port"])
+    assert ports[0] != ports[1], "a store host served two rounds of two nodes"
+    assert a.job(job)["master"].endswith(f":{ports[1]}")
+    stopped = [e["port"] for d in (a, b) for e in log_events(d, "store.stopped", job=job)]
+    assert ports[0] in stopped, "round 1's store host was not stopped"
+    for d in (a, b):  # emptied before the node joined, never once a rank of the round could connect
+        events = log_events(d)
+        for i, e in enumerate(events):
+            if e["event"] == "store.cleared" and e.get("job") == job:
+                started = [x for x in events[:i] if x["event"] == "agent.state" and x.get("job") == job
+                           and x["state"] == "RUNNING" and x["round"] == e["attempt"]]  # fmt: skip
+                assert not started, f"round {e['attempt']}'s store host was emptied after the round began"

@@ -1,6 +1,6 @@
 """A gloo job on the store its launcher hosts: writes $OUT/s.<round>.<rank>.json (the store it was
-told of), all-reduces, and in round 0 rank 1 SIGKILLs itself after the collective; round 1 ends
-cleanly. With $HOLD, every rank waits for $OUT/finish before it ends."""
+told of), all-reduces, and in round 0 (or each round $CRASH_ROUNDS names) rank 1 SIGKILLs itself after the
+collective; the other rounds end cleanly. With $HOLD, every rank waits for $OUT/finish before it ends."""
 
 import json
 import os
@@ -26,7 +26,7 @@ path = os.path.join(env["OUT"], f"s.{env['ELASTICD_ROUND']}.{rank}.json")
 with open(path + ".tmp", "w") as f:
     json.dump(record, f)
 os.replace(path + ".tmp", path)
-if env["ELASTICD_ROUND"] == "0" and rank == 1 and not env.get("HOLD"):
+if env["ELASTICD_ROUND"] in env.get("CRASH_ROUNDS", "0").split(",") and rank == 1 and not env.get("HOLD"):
     os.kill(os.getpid(), signal.SIGKILL)
 while env.get("HOLD") and not os.path.exists(os.path.join(env["OUT"], "finish")):
     time.sleep(0.05)

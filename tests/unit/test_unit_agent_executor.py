@@ -94,7 +94,7 @@ class FakeLauncher:
     async def close(self) -> None:
         self.closed += 1
 
-    async def offer(self) -> Offer:
+    async def offer(self, round_no: int) -> Offer:
         return Offer(29500, False)
 
     async def start(self, spec: JobSpec, result: RoundHead, member: Member, restarts: int,

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from elasticd.jobs.agentstore import at_join, at_start
+from elasticd.jobs.agentstore import at_join, at_start, offered_again
 from elasticd.workers.warm import spawn, storehost, wire
 from elasticd.workers.warm import zygote as zy
 from elasticd.workers.zygote_program import boot
@@ -62,6 +62,13 @@ def test_a_round_of_one_node_decides_at_the_start(advertised: bool, leads: bool)
 def test_a_leader_whose_store_host_is_gone_cannot_take_back_what_other_nodes_were_told() -> None:
     shared = at_start(True, True, False, "it has ended")
     assert shared.agent_store and "find no store" in shared.why
+
+
+@given(st.booleans())
+def test_a_store_host_that_served_a_round_of_several_nodes_is_never_offered_again(alive: bool) -> None:
+    """Ranks of that round elsewhere may still run and write into the next round's keys."""
+    assert not offered_again(alive, served_peers=True)
+    assert offered_again(True, served_peers=False) and not offered_again(False, served_peers=False)
 
 
 # --- the store host's wire -------------------------------------------------------------------------

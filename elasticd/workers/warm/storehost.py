@@ -44,14 +44,16 @@ class StoreHost:
         self.port = port
         self._sock = sock
         self._exited = exited
+        self.served_peers = False  # a round of several nodes used it: never offered again
 
     @property
     def alive(self) -> bool:
         return not self._exited.done() and self._sock.fileno() >= 0
 
     async def clear(self, attempt: int) -> None:
-        """Delete every key before ``attempt``'s ranks connect: the previous attempt's (gloo's
-        addresses among them) must not be read as theirs. Raises ``StoreError``."""
+        """Delete every key before this node joins ``attempt``'s round (so before any rank of it,
+        here or on another node, can connect): the previous attempt's keys (gloo's addresses among
+        them) must not be read as theirs. Raises ``StoreError``."""
         if not self.alive:
             raise StoreError("the store host has ended")
         loop = asyncio.get_running_loop()
