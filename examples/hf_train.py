@@ -8,9 +8,11 @@ checkpoint directory.
 
 ``elasticd.integrations.huggingface.SnapshotTrainer`` takes every save (``save_strategy="steps"``,
 ``save_steps=1``) into the job's keeper under elasticd with memory snapshots (the daemon's
-``snapshot_bytes``), and writes HF's ``checkpoint-N`` directory every ``--persist-every`` steps and
-at the end; under plain torchrun, HF writes the directory at every save. A restart resumes from
-the newest snapshot in memory, else from the newest directory.
+``snapshot_bytes``); ``OUT/elasticd-snapshot.pt`` is written behind every ``--persist-every``
+saves and when the workers fail, and HF's ``checkpoint-N`` directory at the end (and every
+``--checkpoint-every`` saves if asked); under plain torchrun, HF writes the directory at every
+save. A restart resumes from the newest snapshot in memory, else from the newest of the file and
+the directories.
 
 ``--pause-at K`` (for the example test): on the first attempt, rank 1 writes ``--pause-file`` and
 waits, before step K + 1, to be killed; the newest snapshot then holds step K.
@@ -97,7 +99,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--output-dir", type=Path, default=Path("hf-out"))
     p.add_argument("--batch-size", type=int, default=16, help="per rank")
-    p.add_argument("--persist-every", type=int, default=10)
+    p.add_argument("--persist-every", type=int, default=10, help="elasticd's file, behind")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="HF's directory (0: at the end)")
     p.add_argument("--result", type=Path, help="rank 0 writes the final step and attempt here (JSON)")
     p.add_argument("--pause-at", type=int, default=-1)
     p.add_argument("--pause-file", type=Path)
@@ -130,7 +133,7 @@ def main() -> None:
         "callbacks": [Report(attempt, args.pause_at, args.pause_file)],
     }
     trainer = (
-        SnapshotTrainer(**kwargs, persist_every=args.persist_every)
+        SnapshotTrainer(**kwargs, persist_every=args.persist_every, checkpoint_every=args.checkpoint_every)
         if worker is not None
         else Trainer(**kwargs)
     )

@@ -9,22 +9,28 @@
     trainer.train(resume_from_checkpoint=get_last_checkpoint(OUT))
 
 Each save (``save_strategy``) copies the model's, optimizer's, scheduler's and scaler's state, this
-rank's random generators and the trainer's state into the job's snapshot keeper, and returns. HF's
-own checkpoint directory (``OUT/checkpoint-N``, with ``save_total_limit``) is written by HF's own
-code every ``persist_every`` steps (default ``$ELASTICD_SNAPSHOT_PERSIST_EVERY``, else 10) and at
-the last step, so ``resume_from_checkpoint`` works from disk, under elasticd or not.
-That write is synchronous: HF's layout is HF's to write, from the live model.
+rank's random generators and the trainer's state into the job's snapshot keeper, and returns.
+Persisting is behind, as for ``worker.save_checkpoint``: rank 0's snapshot goes to
+``OUT/elasticd-snapshot.pt`` (a ``torch.save`` file), written from the snapshot by a thread every
+``persist_every`` saves (default ``$ELASTICD_SNAPSHOT_PERSIST_EVERY``, else 10), after a restore and
+at the script's normal exit, and by the job's keeper when the workers fail. HF's own
+``checkpoint-N`` directory is written by HF's code at the last step only (the loop is over then),
+or every ``checkpoint_every`` saves if asked (synchronously: HF's layout is HF's to write, from
+the live model), or at every save where HF reads its directories (``load_best_model_at_end``,
+``push_to_hub``).
 
 ``train`` first asks the job's keepers (one collective: every rank calls ``train``) for the newest
-complete snapshot of this output directory; when one exists it is newer than any file, and the
-run resumes from it whatever ``resume_from_checkpoint`` says: HF's resume reads the model,
-optimizer, scheduler, scaler and random generators from the snapshot, and the trainer's state
-(a few kB of JSON, which HF reads from a file) from a scratch directory. After a restore, rank 0
-writes the restored snapshot to ``OUT/elasticd-snapshot.pt`` behind (a node lost next keeps it).
+complete snapshot of this output directory; else it reads ``elasticd-snapshot.pt`` when every rank
+can, and its step is newer than the directory ``resume_from_checkpoint`` names (a job that failed
+as a whole and was submitted again; ``resume_from_checkpoint=False`` starts afresh). Either way
+the run resumes from it: HF's resume reads the model, optimizer, scheduler, scaler and random
+generators from the snapshot, and the trainer's state (a few kB of JSON, which HF reads from a
+file) from a scratch directory.
 
 Under plain torchrun (no keeper), with DeepSpeed or FSDP (their checkpoints are theirs), or when a
 keeper cannot take the state, every save is HF's own (on every rank: the ranks agree at each save,
-with one tiny all_reduce, since HF's save holds collectives).
+with one tiny all_reduce, since HF's save holds collectives); the file still resumes a run that
+elasticd snapshotted.
 """
 
 from __future__ import annotations
@@ -44,8 +50,9 @@ from torch import nn
 from transformers import Trainer
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_callback import ExportableState
+from transformers.trainer_utils import get_last_checkpoint
 
-from elasticd.integrations.rules import callback_states, due
+from elasticd.integrations.rules import callback_states, due, file_is_newer, in_loop_directories
 from elasticd.workers.snapshot_program import memory
 
 SNAPSHOT_FILE = "elasticd-snapshot.pt"
@@ -71,13 +78,14 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 class SnapshotTrainer(Trainer):
-    """A ``Trainer`` whose saves are memory snapshots, HF's directory written every N steps."""
+    """A ``Trainer`` whose saves are memory snapshots, persisted behind; HF's directory at the end."""
 
-    def __init__(self, *args: Any, persist_every: int | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, persist_every: int | None = None, checkpoint_every: int = 0, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
-        text = os.environ.get(memory.PERSIST_EVERY_ENV, "")
-        default = int(text) if text.isdigit() else memory.DEFAULT_PERSIST_EVERY
-        self.persist_every = persist_every if persist_every is not None else default
+        self.persist_every = persist_every  # None: $ELASTICD_SNAPSHOT_PERSIST_EVERY, else 10
+        self.checkpoint_every = checkpoint_every  # HF's directory in the loop (0: at the last step)
         self._written = 0  # the step of the last checkpoint directory written (or restored)
         self._restored: tuple[str, dict[str, Any]] | None = None  # (scratch directory, snapshot)
 
@@ -95,8 +103,10 @@ class SnapshotTrainer(Trainer):
         if self.hp_search_backend is None and trial is None:
             self.store_flos()  # on every rank, as HF does: a collective
         step = self.state.global_step
-        held = memory.save(self._state(), self.snapshot_path(), -1, 0, False)  # writer -1: no file behind
-        if not self._everyone(held) or due(step, self._written, self.persist_every, self.state.max_steps):
+        held = memory.save(self._state(), self.snapshot_path(), 0, self.persist_every, False)
+        every = 1 if in_loop_directories(self.args.load_best_model_at_end, self.args.push_to_hub) else 0
+        every = every or self.checkpoint_every
+        if not self._everyone(held) or due(step, self._written, every, self.state.max_steps):
             super()._save_checkpoint(model, trial)
             self._written = step
 
@@ -134,6 +144,8 @@ class SnapshotTrainer(Trainer):
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
         found = memory.restore(self.snapshot_path(), _dist()) if self._in_memory() else None
+        if not isinstance(found, dict) and resume_from_checkpoint is not False:
+            found = self._from_file(resume_from_checkpoint)
         if not isinstance(found, dict):
             return super().train(resume_from_checkpoint, *args, **kwargs)
         scratch = tempfile.mkdtemp(prefix="elasticd-hf-")
@@ -146,6 +158,48 @@ class SnapshotTrainer(Trainer):
         finally:
             self._restored = None
             shutil.rmtree(scratch, ignore_errors=True)
+
+    def _from_file(self, resume_from_checkpoint: str | bool | None) -> dict[str, Any] | None:
+        """``elasticd-snapshot.pt`` when every rank reads it at one step, newer than the HF
+        directory the run would resume from (a collective under ``torch.distributed``)."""
+        path, found = self.snapshot_path(), None
+        if path.is_file():
+            try:
+                found = torch.load(path, map_location="cpu", weights_only=False)  # the job's own file
+            except Exception as exc:  # a torn or foreign file: HF's directories, as without it
+                memory.say("snapshot.file_unreadable", path=path, error=repr(exc)[:200])
+        mine = _step_of(found)
+        lowest, highest = self._agreed(mine)
+        directory = self._directory_step(resume_from_checkpoint)
+        if not file_is_newer(lowest, highest, directory):
+            return None
+        memory.say("snapshot.restored", source="disk", rank=self.args.process_index, step=mine, path=path)
+        return cast(dict[str, Any], found)
+
+    def _agreed(self, step: int) -> tuple[int, int]:
+        """The lowest and highest of every rank's ``step`` (two tiny all_reduces)."""
+        dist = _dist()
+        if dist is None:
+            return step, step
+        low = torch.tensor([step], dtype=torch.int64, device=self.args.device)
+        high = low.clone()
+        dist.all_reduce(low, op=dist.ReduceOp.MIN)
+        dist.all_reduce(high, op=dist.ReduceOp.MAX)
+        return int(low.item()), int(high.item())
+
+    def _directory_step(self, resume_from_checkpoint: str | bool | None) -> int:
+        """The global step of the HF directory ``train`` would resume from, -1 for none."""
+        where = resume_from_checkpoint
+        if where is True:
+            out = self.args.output_dir or "."
+            where = get_last_checkpoint(out) if os.path.isdir(out) else None  # type: ignore[no-untyped-call]
+        if not isinstance(where, str):
+            return -1
+        try:
+            held = json.loads((Path(where) / TRAINER_STATE_NAME).read_text())
+            return int(held["global_step"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return -1
 
     def _snapshot_of(self, checkpoint: str | None) -> dict[str, Any] | None:
         """The restored snapshot, when HF resumes from its scratch directory."""
@@ -183,6 +237,14 @@ class SnapshotTrainer(Trainer):
             super()._load_rng_state(checkpoint)
             return
         set_rng_state(found["rng"])
+
+
+def _step_of(found: Any) -> int:
+    """The step of a state ``SnapshotTrainer`` saved, -1 for anything else."""
+    if not isinstance(found, dict) or "trainer_state" not in found:
+        return -1
+    step = found.get("step")
+    return step if type(step) is int and step >= 0 else -1
 
 
 def _dist() -> Any:

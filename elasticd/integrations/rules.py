@@ -45,3 +45,16 @@ def callback_states(held: dict[str, Any], states: list[tuple[str, Any]]) -> dict
     for name, current in by_name.items():
         out[name] = current if isinstance(held.get(name), list) else current[-1]
     return out
+
+
+def in_loop_directories(load_best_model_at_end: bool, push_to_hub: bool) -> bool:
+    """Whether HF's ``checkpoint-N`` directories are written at every save, as HF would, rather
+    than only at the last step: its best-model tracking and its uploads read them."""
+    return load_best_model_at_end or push_to_hub
+
+
+def file_is_newer(lowest: int, highest: int, directory: int) -> bool:
+    """Whether the ranks resume from elasticd's snapshot file: every rank read it, at the same
+    step (``lowest`` and ``highest`` of theirs; -1 where a rank has none), newer than the step of
+    the HF directory the run would resume from (-1: none)."""
+    return lowest == highest and lowest > directory

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import PYTHON, REPO, DaemonProc, wait_for
+from tests.conftest import DaemonFactory
+from tests.support import PYTHON, REPO, DaemonProc, wait_for, wait_log
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(240)]
@@ -25,20 +26,29 @@ def restored(log: str) -> list[dict[str, str]]:
     ]
 
 
-def kill_rank_1_when_paused(
-    daemon: DaemonProc, tmp_path: Path, preload: str, script: str, *argv: str
-) -> tuple[str, str]:
-    """Run ``script`` under elasticrun (2 ranks, one restart allowed, the zygote importing
-    ``preload`` once for both attempts); once rank 1 says it paused, SIGKILL it; the job's id and
-    elasticrun's stdout once it finished."""
-    paused = tmp_path / "paused"
+def elasticrun(
+    daemon: DaemonProc, tmp_path: Path, restarts: int, preload: str, *argv: str
+) -> subprocess.Popen[str]:
+    """``argv`` (a script and its arguments) under elasticrun: 2 ranks, ``restarts`` restarts
+    allowed, the zygote importing ``preload`` once for every attempt."""
     env = dict(os.environ, ELASTICD_SOCKET=str(daemon.socket), ELASTICD_SNAPSHOT_PERSIST_EVERY="0")
     cmd = [PYTHON, "-c", "import sys; from elasticctl.run import main; sys.exit(main())",
-           "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--preload", preload,
-           str(EXAMPLES / script), *argv, "--pause-file", str(paused)]  # fmt: skip
-    proc = subprocess.Popen(
+           "--standalone", "--nproc-per-node", "2", "--max-restarts", str(restarts), "--preload", preload,
+           *argv]  # fmt: skip
+    return subprocess.Popen(
         cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
+
+
+def kill_rank_1_when_paused(
+    daemon: DaemonProc, tmp_path: Path, preload: str, script: str, *argv: str, restarts: int = 1
+) -> tuple[str, str]:
+    """Run ``script`` under elasticrun (``elasticrun``); once rank 1 says it paused, SIGKILL it;
+    the job's id and elasticrun's stdout once it ended (succeeded after one restart, or failed
+    with none allowed)."""
+    paused = tmp_path / "paused"
+    argv = (str(EXAMPLES / script), *argv, "--pause-file", str(paused))
+    proc = elasticrun(daemon, tmp_path, restarts, preload, *argv)
     try:
         wait_for(lambda: paused.exists() and paused.read_text().endswith("\n"), 180, 0.1, "rank 1 to pause")
         # the node's published status may lag a rank that pauses fast (its store was up before it)
@@ -51,8 +61,8 @@ def kill_rank_1_when_paused(
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert proc.returncode == 0, (out[-2000:], err[-3000:])
-    assert daemon.job(job["id"])["restarts"] == 1
+    assert (proc.returncode == 0) == (restarts > 0), (out[-2000:], err[-3000:])
+    assert daemon.job(job["id"])["restarts"] == min(restarts, 1)
     return str(job["id"]), out
 
 
@@ -90,5 +100,39 @@ def test_the_hugging_face_example_killed_mid_run_resumes_from_memory(daemon_fact
         ], text
         assert f"rank {rank}: start at step 5 (attempt 1)" in text, text
     assert "finished at step 8 (attempt 1)" in out, out
-    # HF's layout on disk, as HF writes it: every third step and the last (save_total_limit=2)
-    assert sorted(p.name for p in out_dir.glob("checkpoint-*")) == ["checkpoint-6", "checkpoint-8"]
+    # HF's layout on disk, as HF writes it, at the end; elasticd's file, behind, up to the end too
+    assert sorted(p.name for p in out_dir.glob("checkpoint-*")) == ["checkpoint-8"]
+    import torch
+
+    assert torch.load(out_dir / "elasticd-snapshot.pt", weights_only=False)["step"] == 8
+
+
+@pytest.mark.timeout(300)
+def test_a_failed_hugging_face_job_leaves_its_last_step_and_the_next_job_resumes_there(
+    daemon_factory: DaemonFactory, tmp_path: Path
+) -> None:
+    """No restart allowed: the keeper writes the newest snapshot to ``elasticd-snapshot.pt`` once
+    the workers have failed (nothing was persisted in the loop, and HF wrote no directory); a new
+    job on the same output directory, whose keepers hold nothing, resumes from that file."""
+    pytest.importorskip("transformers", reason="the Hugging Face example needs transformers (the test extra)")
+    pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate (the test extra)")
+    daemon: DaemonProc = daemon_factory(None, "--slots", "2", "--snapshot-bytes", str(64 << 20))
+    out_dir = tmp_path / "out"
+    import torch
+
+    first, _ = kill_rank_1_when_paused(daemon, tmp_path, "transformers.trainer", "hf_train.py",
+                                       "--steps", "8", "--pause-at", "5", "--persist-every", "0",
+                                       "--output-dir", str(out_dir), restarts=0)  # fmt: skip
+    assert wait_log(daemon, "snapshots.persisted", job=first, timeout_s=60)["step"] == 5  # after FAILED
+    assert not list(out_dir.glob("checkpoint-*"))
+    assert torch.load(out_dir / "elasticd-snapshot.pt", weights_only=False)["step"] == 5
+    again = elasticrun(daemon, tmp_path, 0, "transformers.trainer", str(EXAMPLES / "hf_train.py"),
+                       "--steps", "8", "--persist-every", "0", "--output-dir", str(out_dir))  # fmt: skip
+    out, err = again.communicate(timeout=180)
+    assert again.returncode == 0, (out[-2000:], err[-3000:])
+    second = next(p.name for p in daemon.log_dir.iterdir() if p.name != first)
+    for rank in (0, 1):
+        text = (daemon.log_dir / second / "attempt_0" / f"rank_{rank}.log").read_text()
+        assert [(r["source"], r["step"]) for r in restored(text)] == [("disk", "5")], text
+        assert f"rank {rank}: start at step 5 (attempt 0)" in text, text
+    assert "finished at step 8 (attempt 0)" in out, out

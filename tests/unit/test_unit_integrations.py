@@ -8,10 +8,19 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from elasticd.integrations.rules import EXTENSION, LAST, callback_states, due, snapshotted, with_step
+from elasticd.integrations.rules import (
+    EXTENSION,
+    LAST,
+    callback_states,
+    due,
+    file_is_newer,
+    in_loop_directories,
+    snapshotted,
+    with_step,
+)
 from tests.support import REPO
 
 
@@ -69,6 +78,22 @@ def test_hf_never_writes_its_directory_with_every_0_but_at_the_end() -> None:
     assert not due(5, 0, 0, 10)
     assert due(10, 0, 0, 10)
     assert not due(10, 0, 0, 0)  # no max_steps known: no end either
+
+
+@given(st.integers(-1, 50), st.integers(-1, 50), st.integers(-1, 50))
+def test_the_file_resumes_only_where_every_rank_read_it_at_one_newer_step(
+    lowest: int, highest: int, directory: int
+) -> None:
+    assume(lowest <= highest)
+    chosen = file_is_newer(lowest, highest, directory)
+    assert chosen == (lowest == highest and lowest > directory)
+    if lowest == -1:  # a rank without the file: HF's directories, as without it
+        assert not chosen
+
+
+def test_hf_reads_its_directories_for_the_best_model_and_the_hub() -> None:
+    assert in_loop_directories(True, False) and in_loop_directories(False, True)
+    assert not in_loop_directories(False, False)
 
 
 def test_callback_states_are_the_current_ones_and_a_list_does_not_grow() -> None:
