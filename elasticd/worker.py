@@ -227,11 +227,13 @@ def snapshot_writer(
 ) -> Any:
     """A ``torch.distributed.checkpoint`` ``StorageWriter`` on the job's snapshot keepers:
     ``dcp.save(state, storage_writer=worker.snapshot_writer(DIR, step))``. Each rank snapshots its
-    own shard; ``DIR`` is written every ``persist_every`` saves (and always without a keeper).
-    ``step`` orders snapshots (default: one more than the last saved or restored here)."""
+    own shard; ``DIR`` is written behind, from the snapshots, every ``persist_every`` saves, at
+    once after a stop was requested (``GracefulStop``) and at the script's normal exit (in the
+    call, by torch's ``FileSystemWriter``, without a keeper). ``step`` orders snapshots (default:
+    one more than the last saved or restored here)."""
     from elasticd.workers.snapshot_program.dcp import SnapshotWriter
 
-    return SnapshotWriter(path, step, persist_every)
+    return SnapshotWriter(path, step, persist_every, _stopping())
 
 
 def snapshot_reader(path: str | os.PathLike[str]) -> Any:

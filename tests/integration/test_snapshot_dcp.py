@@ -1,6 +1,7 @@
 """torch.distributed.checkpoint on the snapshot keeper, with real gloo ranks and a real keeper
 process: a state sharded over 2 ranks is loaded at 1 rank from memory, and from the
-directory (the reason said) when no keeper holds it."""
+directory (the reason said) when no keeper holds it; the directory is written behind, from the
+snapshots, a step's files never over another's."""
 
 from __future__ import annotations
 
@@ -30,13 +31,14 @@ def keepers() -> Iterator[list[Keeper]]:
         k.close()
 
 
-def run(world: int, keeper: Keeper, out: Path, mode: str) -> list[str]:
+def run(world: int, keeper: Keeper, out: Path, mode: str, step: int = 3) -> list[str]:
     port = free_port()
     procs = []
     for rank in range(world):
         env = dict(
             os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MODE=mode, OUT=str(out)
         )
+        env["STEP"] = str(step)
         env |= {
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
@@ -63,3 +65,24 @@ def test_sharded_state_resumes_at_another_world_size(keepers: list[Keeper], tmp_
     errs = run(1, keepers[1], tmp_path, "load")
     assert "snapshot.memory_skipped" in errs[0] and "reason=no snapshot in memory" in errs[0], errs
     assert json.loads((tmp_path / "loaded.1.json").read_text()) == {"w": want, "step": 3}
+
+
+@pytest.mark.timeout(120)
+def test_the_directory_is_written_behind_and_a_newer_step_replaces_an_older_one_whole(
+    keepers: list[Keeper], tmp_path: Path
+) -> None:
+    keepers += [Keeper(), Keeper()]
+    ckpt = tmp_path / "dcp"
+    for step in (3, 4):
+        errs = run(2, keepers[0], tmp_path, "save", step)
+        assert "snapshot.persisted kind=dcp step=" + str(step) in errs[0], errs
+        # each rank's shard in files of its step, the commit's .metadata, no records left, nothing older
+        assert sorted(p.name for p in ckpt.iterdir()) == [
+            ".metadata",
+            f"__0_s{step}_0.distcp",
+            f"__1_s{step}_0.distcp",
+        ]
+        errs = run(1, keepers[1], tmp_path, "load")  # no keeper holds it: torch's reader, on the directory
+        assert "snapshot.memory_skipped" in errs[0], errs
+        want = [float(i + step - 3) for i in range(24)]
+        assert json.loads((tmp_path / "loaded.1.json").read_text()) == {"w": want, "step": step}

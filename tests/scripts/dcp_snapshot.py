@@ -1,5 +1,6 @@
 """torch.distributed.checkpoint through the snapshot keeper: ``MODE=save`` saves a tensor sharded
-over the ranks (DTensor, Shard(0)) and a step; ``MODE=load`` loads it at this world size and
+over the ranks (DTensor, Shard(0)) and a step ($STEP, default 3; the tensor is arange + STEP - 3);
+``MODE=load`` loads it at this world size and
 writes $OUT/loaded.<world>.json on rank 0 (the full tensor and the step)."""
 
 import json
@@ -22,9 +23,10 @@ world = dist.get_world_size()
 mesh = init_device_mesh("cpu", (world,))
 state: dict[str, Any]
 if mode == "save":
-    full = torch.arange(24.0).reshape(12, 2)
-    state = {"w": distribute_tensor(full, mesh, [Shard(0)]), "step": 3}
-    save(state, storage_writer=worker.snapshot_writer(ckpt, step=3, persist_every=1))
+    step = int(os.environ.get("STEP", "3"))
+    full = torch.arange(24.0).reshape(12, 2) + step - 3
+    state = {"w": distribute_tensor(full, mesh, [Shard(0)]), "step": step}
+    save(state, storage_writer=worker.snapshot_writer(ckpt, step=step, persist_every=1))
 else:
     state = {"w": distribute_tensor(torch.zeros(12, 2), mesh, [Shard(0)]), "step": 0}
     load(state, storage_reader=worker.snapshot_reader(ckpt))

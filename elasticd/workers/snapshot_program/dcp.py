@@ -2,9 +2,10 @@
 
 ``dcp.save(state, storage_writer=worker.snapshot_writer(DIR, step))`` snapshots each rank's own
 shard (the items its save plan holds, keyed by their ``MetadataIndex``) into its keeper, and the
-coordinator then snapshots the checkpoint's ``Metadata`` with which rank holds which item; every
-``persist_every`` saves (and never otherwise) the same plan also goes to ``DIR`` through
-``FileSystemWriter``, synchronously. ``dcp.load(state, storage_reader=worker.snapshot_reader(DIR))``
+coordinator then snapshots the checkpoint's ``Metadata`` with which rank holds which item. Every
+``persist_every`` saves, at once when a stop was requested, and at the script's normal exit, the
+step also goes to ``DIR``, behind, from the snapshots (``dcpfiles``); without a keeper, torch's
+``FileSystemWriter`` writes it in the call. ``dcp.load(state, storage_reader=worker.snapshot_reader(DIR))``
 resumes at any world size: the ranks agree (one ``all_gather_object`` in ``read_metadata``) on the
 newest step whose metadata and every owner's shard some keeper of the job holds, and each rank
 reads the shards its plan names from the nearest keeper; else every rank reads ``DIR``, and says
@@ -13,6 +14,7 @@ why on its stderr.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 from pathlib import Path
@@ -26,6 +28,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
+from elasticd.workers.snapshot_program import dcpfiles
 from elasticd.workers.snapshot_program import restore as nearest
 from elasticd.workers.snapshot_program.client import SnapshotError
 from elasticd.workers.snapshot_program.memory import DEFAULT_PERSIST_EVERY, PERSIST_EVERY_ENV, SNAPSHOTS, say
@@ -51,7 +54,11 @@ def _dist() -> Any:
 
 class SnapshotWriter(StorageWriter):
     def __init__(
-        self, path: str | os.PathLike[str], step: int | None = None, persist_every: int | None = None
+        self,
+        path: str | os.PathLike[str],
+        step: int | None = None,
+        persist_every: int | None = None,
+        stopping: bool = False,
     ) -> None:
         super().__init__()
         self.path = Path(path)
@@ -62,9 +69,12 @@ class SnapshotWriter(StorageWriter):
         if every is None:
             text = os.environ.get(PERSIST_EVERY_ENV, "")
             every = int(text) if text.isdigit() else DEFAULT_PERSIST_EVERY
-        self.persist = SNAPSHOTS.client() is None or (every > 0 and (self.step + 1) % every == 0)
+        self.persist = SNAPSHOTS.client() is None  # torch's writer, in the call
+        self.due = stopping or (every > 0 and (self.step + 1) % every == 0)  # behind, from the snapshot
+        self.stopping = stopping
         self.fs = FileSystemWriter(path)
         self.memory = True
+        self.is_coordinator = False
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         self.fs.reset(checkpoint_id)
@@ -84,15 +94,22 @@ class SnapshotWriter(StorageWriter):
         for item in plan.items:
             data = planner.resolve_data(item)
             items[item.index] = data.getvalue() if isinstance(data, io.BytesIO) else data.detach()
-        client = SNAPSHOTS.client()
+        client, name, me = SNAPSHOTS.client(), _names(self.path)[0], _rank()
         if client is not None:
+            files = dcpfiles.behind(self.path)
+            files.before_snapshot(files.count)
             try:
-                client.save(items, _names(self.path)[0], _rank(), self.step)
+                slot = client.save(items, name, me, self.step)
+                files.taken((client.mapped(name, me, slot), plan, me), self.step)
             except SnapshotError as exc:
-                say("snapshot.unavailable", rank=_rank(), reason=exc, fallback="disk")
+                say("snapshot.unavailable", rank=me, reason=exc, fallback="disk")
                 self.memory = False
         if self.persist or not self.memory:
+            if plan.storage_data is None:  # the plan was not torch's writer's: a keeper failed now
+                plan = dataclasses.replace(plan, storage_data=dcpfiles.prefix(me, self.step))
             return self.fs.write_data(plan, planner)
+        if self.due and not self.is_coordinator:  # the coordinator's goes with the commit (finish)
+            dcpfiles.behind(self.path).start_newest(lead=None, wait=self.stopping)
         results = [
             WriteResult(index=i.index, size_in_bytes=_size(items[i.index]), storage_data=None)
             for i in plan.items
@@ -111,6 +128,11 @@ class SnapshotWriter(StorageWriter):
                 say("snapshot.unavailable", rank=_rank(), reason=exc, fallback="disk")
         if self.persist or not self.memory:
             self.fs.finish(metadata, results)
+        else:
+            files = dcpfiles.behind(self.path)
+            files.lead = (metadata, len(results))
+            if self.due:
+                files.start_newest(files.lead, wait=self.stopping)
 
     def storage_meta(self) -> Any:
         return self.fs.storage_meta()

@@ -1,0 +1,211 @@
+"""A ``torch.distributed.checkpoint`` directory written behind, from the ranks' snapshots (the
+workers' side of ``dcp``; torch imported here, by the job's processes only).
+
+Each rank's thread writes its shard from its snapshot segment, never from the training loop's
+tensors, with torch's own ``FileSystemWriter`` (so ``FileSystemReader`` and ``dcp.load`` read the
+directory as theirs), into files named for the step (``__<rank>_s<step>_<n>.distcp``), then a
+small record of where each item lies (``.__<rank>_s<step>.results``). The coordinator's thread
+waits for every rank's record of that step (each rank writes its own; no collective runs behind
+the loop), writes ``.metadata`` (a temporary file, fsync, rename: the commit) and removes what
+older steps left. A crash at any point leaves the previous ``.metadata`` and every file it names
+whole: a step's files are never written over, and a step is read only once its ``.metadata`` is
+in place. Like torch's own writer, it takes ``DIR`` to be shared by the ranks that write it.
+
+A segment is written again two snapshots later (the keeper's double buffer): a thread still
+reading one then is waited for (``Behind.before_snapshot``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import io
+import os
+import pickle
+import re
+import sys
+import threading
+import time
+import uuid
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, cast
+
+from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION, FileSystemWriter, _StoragePrefix
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem
+from torch.distributed.checkpoint.storage import WriteResult
+
+from elasticd.workers.snapshot_program import frame
+from elasticd.workers.snapshot_program.filing import WRITE_TIMEOUT_S
+from elasticd.workers.snapshot_program.memory import say
+
+METADATA = ".metadata"
+_SHARD = re.compile(r"__(\d+)_s(\d+)_\d+\.distcp")
+_RESULTS = re.compile(r"\.__(\d+)_s(\d+)\.results")
+POLL_S = 0.05  # the coordinator's look for the other ranks' records
+
+
+def prefix(rank: int, step: int) -> _StoragePrefix:
+    """The names of ``rank``'s files of ``step``: no step writes over another's."""
+    return _StoragePrefix(f"__{rank}_s{step}_")
+
+
+def results_name(rank: int, step: int) -> str:
+    return f".__{rank}_s{step}.results"
+
+
+class _Resolved:
+    """What torch's writer asks of a planner (``resolve_data``), answered from the snapshot's
+    copy of each item, not the live state."""
+
+    def __init__(self, items: dict[MetadataIndex, Any]) -> None:
+        self.items = items
+
+    def resolve_data(self, write_item: WriteItem) -> Any:
+        value = self.items[write_item.index]
+        return io.BytesIO(value) if isinstance(value, bytes) else value
+
+
+def write_shard(path: Path, buf: Any, plan: SavePlan, rank: int) -> int:
+    """Write this rank's shard of the snapshot in ``buf`` under ``path``, then its record (the
+    results of torch's writer: each item's file, offset and length); the snapshot's step."""
+    step, items = frame.read(buf, views=True)
+    writer = FileSystemWriter(path)
+    writer.set_up_storage_writer(False, rank=rank)
+    writer.fs.mkdir(writer.path)
+    planner = cast(SavePlanner, _Resolved(items))
+    done = writer.write_data(replace(plan, storage_data=prefix(rank, step)), planner)
+    _atomic(path / results_name(rank, step), pickle.dumps(done.value()))
+    return int(step)
+
+
+def commit(path: Path, metadata: Metadata, step: int, world: int, timeout_s: float = WRITE_TIMEOUT_S) -> bool:
+    """Once every rank's record of ``step`` is in ``path`` (within ``timeout_s``), write the
+    checkpoint's ``.metadata`` and remove older steps' files; False when a record never came."""
+    deadline = time.monotonic() + timeout_s
+    results: list[WriteResult] = []
+    for rank in range(world):
+        record = path / results_name(rank, step)
+        while not record.exists():
+            if time.monotonic() > deadline:
+                say("snapshot.persist_failed", kind="dcp", step=step, reason=f"rank {rank} wrote no shard")
+                return False
+            time.sleep(POLL_S)
+        results.extend(pickle.loads(record.read_bytes()))  # written by the job's own ranks
+    meta = replace(metadata, storage_data={r.index: r.storage_data for r in results})
+    meta.version = CURRENT_DCP_VERSION
+    meta.storage_meta = StorageMeta(checkpoint_id=str(path), save_id=uuid.uuid4().hex)
+    _atomic(path / METADATA, pickle.dumps(meta))
+    _sweep(path, step)
+    return True
+
+
+def _sweep(path: Path, step: int) -> None:
+    """Remove the files ``.metadata`` no longer names: older steps' shards and every record up to
+    ``step`` (newer ones are the next commit's), and files of torch's own naming."""
+    for entry in os.scandir(path):
+        shard, record = _SHARD.fullmatch(entry.name), _RESULTS.fullmatch(entry.name)
+        old = (shard is not None and int(shard[2]) < step) or (record is not None and int(record[2]) <= step)
+        plain = shard is None and entry.name.startswith("__") and entry.name.endswith(".distcp")
+        if old or plain:
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+
+
+def _atomic(target: Path, data: bytes) -> None:
+    tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, target)
+    fd = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Behind:
+    """One checkpoint directory's writes behind, in this process: one thread at a time."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.thread: threading.Thread | None = None
+        self.started_at = -2  # the snapshot count its thread reads from
+        self.error: BaseException | None = None
+        self.count = 0  # snapshots taken by this process
+        self.newest: tuple[Any, SavePlan, int] | None = None  # its shard: segment, plan, rank
+        self.newest_step = -1
+        self.lead: tuple[Metadata, int] | None = None  # the coordinator's: metadata, world size
+        self.started = -1  # the newest step a thread was started for
+
+    def taken(self, shard: tuple[Any, SavePlan, int], step: int) -> None:
+        """A snapshot of this rank's shard was committed to its keeper (in ``shard[0]``)."""
+        if not _BEHIND_EXIT:
+            _BEHIND_EXIT.append(True)
+            atexit.register(at_exit)
+        self.count += 1
+        self.newest, self.newest_step = shard, step
+
+    def before_snapshot(self, count: int) -> None:
+        """Snapshot ``count`` may overwrite the segment the thread reads: wait for it then."""
+        if self.thread is not None and count >= self.started_at + 2:
+            self.wait()
+
+    def wait(self) -> bool:
+        thread, self.thread = self.thread, None
+        if thread is not None:
+            thread.join()
+        if self.error is None:
+            return True
+        error, self.error = self.error, None
+        say("snapshot.persist_failed", kind="dcp", error=repr(error)[:300])
+        return False
+
+    def start_newest(self, lead: tuple[Metadata, int] | None, wait: bool) -> None:
+        """Write the newest shard behind and, when ``lead`` (the metadata and the world size) is
+        given, commit its step once every rank's record is in; ``wait``: before returning."""
+        shard, step = self.newest, self.newest_step
+        if shard is None or shard[0] is None:
+            return
+        self.wait()
+
+        def run() -> None:
+            try:
+                write_shard(self.path, *shard)
+                if lead is not None and commit(self.path, lead[0], step, lead[1]):
+                    say("snapshot.persisted", kind="dcp", step=step, path=self.path)
+            except BaseException as exc:  # reported by the next wait, on the training thread
+                self.error = exc
+
+        self.started_at, self.started = self.count - 1, step
+        self.thread = threading.Thread(target=run, name="elasticd-dcp-persist", daemon=False)
+        self.thread.start()
+        if wait:
+            self.wait()
+
+
+_BEHIND: dict[Path, Behind] = {}
+_BEHIND_EXIT: list[bool] = []
+
+
+def behind(path: Path) -> Behind:
+    """This process's writes behind of the checkpoint directory ``path``."""
+    key = path.absolute()
+    if key not in _BEHIND:
+        _BEHIND[key] = Behind(key)
+    return _BEHIND[key]
+
+
+def at_exit() -> None:
+    """A script that ends leaves its newest step in the directory (every rank its shard, the
+    coordinator the commit). One that fails (an uncaught exception) does not: its step may be
+    one the other ranks never reached."""
+    if hasattr(sys, "last_value"):
+        return
+    for files in _BEHIND.values():
+        files.wait()
+        if files.newest_step > files.started:
+            files.start_newest(files.lead, wait=True)
