@@ -129,8 +129,12 @@ class ScriptedGateway:
 
 # --- fake zygotes: small programs run by the real loader in place of zygote_program.boot ------------------
 
+# A fake forks with ``fork()``, never ``os.fork()``: its children die with it, as the real program's do
+# (``zygote_program.child``). The daemon's side kills only the fake (``Zygote.close``), so a test that
+# ends before it stopped a child (a failed assertion, a timeout, a killed pytest worker) would leave
+# that child running, reparented to pid 1, under the zygote's command line.
 FAKE_ZYGOTE_HEAD = """
-import json, os, signal, socket, sys, time
+import ctypes, json, os, signal, socket, sys, time
 ctl = socket.socket(fileno=CTL_FD)
 cfg = ctl.recv(65536)
 def send(**m):
@@ -140,8 +144,16 @@ def request():
     for fd in fds:
         os.close(fd)
     return json.loads(data)
-def child():
+def fork():
+    me = os.getpid()
     pid = os.fork()
+    if pid == 0:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != me:
+            os._exit(0)
+    return pid
+def child():
+    pid = fork()
     if pid == 0:
         signal.pause()
         os._exit(0)

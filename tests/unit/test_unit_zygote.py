@@ -192,7 +192,7 @@ def test_an_exit_reported_before_the_fork_is_adopted_is_kept_for_it(tmp_path: Pa
     daemon acts on its fork's answer: its status is believed once its pid is adopted and found
     reaped, instead of waiting EXIT_REPORT_S for a report that came already."""
     body = (
-        READY + "r = request()\npid = os.fork()\nif pid == 0:\n    os._exit(3)\n"
+        READY + "r = request()\npid = fork()\nif pid == 0:\n    os._exit(3)\n"
         "_, status = os.waitpid(pid, 0)\n"
         "send(ev='forked', id=r['id'], pid=pid)\nsend(ev='exit', pid=pid, status=status)\ntime.sleep(60)\n"
     )
@@ -231,6 +231,29 @@ def test_a_dead_zygotes_workers_are_killed_and_count_as_killed(tmp_path: Path) -
         await until(lambda: _zombie(pid))
 
     with_zygote(tmp_path, body, test)
+
+
+def test_a_fake_zygotes_child_dies_with_it(tmp_path: Path) -> None:
+    """The fakes' contract (``tests.fakes``): closing a zygote kills the zygote alone, so a child a
+    test has not stopped (it failed, or timed out, first) must end with its fake, not outlive it."""
+    body = READY + "r = request()\nsend(ev='forked', id=r['id'], pid=child())\ntime.sleep(60)\n"
+    pidfds: list[int] = []
+
+    async def test(z: zy.Zygote) -> None:
+        assert await z.ready()
+        pid, _ = await z.fork(launch(tmp_path), None)
+        pidfds.append(os.pidfd_open(pid))
+        await z.close()
+        async with asyncio.timeout(10):
+            await until(lambda: zygote_spawn.ended(pidfds[0]))
+
+    try:
+        with_zygote(tmp_path, body, test)
+    finally:
+        for pidfd in pidfds:
+            if not zygote_spawn.ended(pidfd):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            os.close(pidfd)
 
 
 def test_a_zygote_that_says_it_is_unavailable_or_says_nothing_is_not_used(
