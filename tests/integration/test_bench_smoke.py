@@ -69,3 +69,10 @@ def test_bench_queue_load_prints_its_table(tmp_path: Path) -> None:
     ):
         assert line in out, out
     assert (tmp_path / "q.json").read_text().startswith("[")
+
+
+@pytest.mark.torch
+def test_bench_snapshot_dcp_prints_its_medians() -> None:
+    pytest.importorskip("torch")
+    out = _bench("bench_snapshot_dcp.py", "--mib", "4", "--rounds", "1", timeout_s=120)
+    assert '"behind_over_torch"' in out and '"mib_per_rank": 4' in out, out
