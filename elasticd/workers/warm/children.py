@@ -118,8 +118,9 @@ class Children:
         return None
 
     def orphaned(self, kill: bool) -> None:
-        """The zygote can report no more: ``kill`` the running workers (SIGKILL by pidfd); each
-        counts as killed once the kernel says it has ended."""
+        """The zygote can report no more: ``kill`` the running workers (SIGKILL by pidfd, which
+        cannot be refused; without ``kill``, their parent-death signal ended them with the zygote).
+        Each counts as ended now, its status the zygote's report if one comes."""
         for child in list(self._children.values()):
             if kill and child.pidfd >= 0:
                 with contextlib.suppress(OSError):

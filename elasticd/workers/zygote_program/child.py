@@ -60,12 +60,16 @@ def _fail(message: object) -> None:
 
 
 def _die_with_zygote(zygote: int) -> None:
+    """SIGKILL when the zygote dies (a child that cannot have it would outlive the zygote: it
+    does not start), and go at once if the zygote is gone already."""
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(1, signal.SIGKILL, 0, 0, 0) != 0:  # PR_SET_PDEATHSIG
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    except Exception as exc:
+        _fail(f"cannot set its parent-death signal: {exc}")
     if os.getppid() != zygote:
         os._exit(PARENT_GONE)
 
