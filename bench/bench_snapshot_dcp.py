@@ -103,7 +103,7 @@ def main() -> None:
     if args.rank_main:
         rank_main(args)
         return
-    from bench.bench_snapshot import start_keeper
+    from bench_snapshot import start_keeper
     from elasticd.netaddr import free_port
 
     ranks = 2
