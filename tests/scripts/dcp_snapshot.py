@@ -1,7 +1,9 @@
 """torch.distributed.checkpoint through the snapshot keeper: ``MODE=save`` saves a tensor sharded
 over the ranks (DTensor, Shard(0)) and a step ($STEP, default 3; the tensor is arange + STEP - 3);
 ``MODE=load`` loads it at this world size and
-writes $OUT/loaded.<world>.json on rank 0 (the full tensor and the step)."""
+writes $OUT/loaded.<world>.json on rank 0 (the full tensor and the step). $PERSIST: the
+writer's persist_every (default 1); $DIE: the ranks end with os._exit after the save, as a killed
+worker would (no exit handler, no write behind)."""
 
 import json
 import os
@@ -26,7 +28,10 @@ if mode == "save":
     step = int(os.environ.get("STEP", "3"))
     full = torch.arange(24.0).reshape(12, 2) + step - 3
     state = {"w": distribute_tensor(full, mesh, [Shard(0)]), "step": step}
-    save(state, storage_writer=worker.snapshot_writer(ckpt, step=step, persist_every=1))
+    every = int(os.environ.get("PERSIST", "1"))
+    save(state, storage_writer=worker.snapshot_writer(ckpt, step=step, persist_every=every))
+    if os.environ.get("DIE"):
+        os._exit(3)
 else:
     state = {"w": distribute_tensor(torch.zeros(12, 2), mesh, [Shard(0)]), "step": 0}
     load(state, storage_reader=worker.snapshot_reader(ckpt))

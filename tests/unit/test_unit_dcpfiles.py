@@ -39,7 +39,7 @@ def test_a_step_whose_every_record_is_in_is_committed_and_older_files_go(tmp_pat
         first: "__0_s3_0.distcp",
         second: "__1_s3_0.distcp",
     }
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != dcpfiles.LOCK) == [
         ".__1_s4.results",
         ".metadata",
         "__0_s3_0.distcp",
@@ -61,3 +61,31 @@ def test_a_step_a_rank_never_wrote_is_not_committed_and_the_last_one_stays_whole
 def test_a_step_prefix_names_the_rank_and_the_step() -> None:
     assert dcpfiles.prefix(3, 17).prefix == "__3_s17_"
     assert dcpfiles.results_name(3, 17) == ".__3_s17.results"
+
+
+def test_a_keepers_record_commits_a_step_and_an_older_step_never_replaces_a_newer_one(
+    tmp_path: Path,
+) -> None:
+    record(tmp_path, 0, 5), record(tmp_path, 1, 5)
+    assert dcpfiles.commit(tmp_path, Metadata({}), 5, 2, timeout_s=5)
+    assert dcpfiles.committed(tmp_path) == 5
+    newest = (tmp_path / dcpfiles.METADATA).read_bytes()
+    index = MetadataIndex("w0")  # a keeper's shard of step 4, written after a failure
+    info = _StorageInfo("__0_s4k_0.distcp", 0, 8)
+    (tmp_path / dcpfiles.results_name(0, 4, dcpfiles.KEEPER)).write_bytes(
+        pickle.dumps([WriteResult(index, 8, info)])
+    )
+    record(tmp_path, 1, 4)
+    assert dcpfiles.commit(tmp_path, Metadata({}), 4, 2, timeout_s=5)  # nothing to do: 5 is in
+    assert (tmp_path / dcpfiles.METADATA).read_bytes() == newest and dcpfiles.committed(tmp_path) == 5
+
+
+def test_a_keepers_record_is_as_good_as_a_workers(tmp_path: Path) -> None:
+    index = MetadataIndex("w0")
+    info = _StorageInfo("__0_s2k_0.distcp", 0, 8)
+    (tmp_path / dcpfiles.results_name(0, 2, dcpfiles.KEEPER)).write_bytes(
+        pickle.dumps([WriteResult(index, 8, info)])
+    )
+    (tmp_path / "__0_s2k_0.distcp").write_bytes(b"x" * 8)
+    assert dcpfiles.commit(tmp_path, Metadata({}), 2, 1, timeout_s=5)
+    assert dcpfiles.committed(tmp_path) == 2

@@ -93,6 +93,35 @@ def test_the_newest_snapshot_of_the_writing_rank_is_taken_once_and_pinned() -> N
     close_all(keeper)
 
 
+def test_a_checkpoint_directorys_shards_are_filed_per_rank_and_both_held_steps_are_written() -> None:
+    """Every rank snapshots its shard under one name: each is filed on its own, and both of its
+    complete steps newer than the directory go (the coordinator commits the newest step whose
+    metadata it holds; a rank may hold the next step's shard already)."""
+    keeper, shards, meta = k.Keeper(64 << 20), "/d#dcp", "/d#dcp-meta"
+    for rank in (0, 1):
+        for step in (3, 4):
+            commit(keeper, step, rank=rank, name=shards)
+    commit(keeper, 3, name=meta)
+    keeper.handle({"op": "written", "name": f"{shards}@1", "step": 3})  # rank 1's thread wrote step 3
+    due = keeper.take_due()
+    assert sorted((name, step) for name, _, _, step, _ in due) == [
+        ("/d#dcp-meta", 3), ("/d#dcp@0", 3), ("/d#dcp@0", 4), ("/d#dcp@1", 4)
+    ]  # fmt: skip
+    for _, fd, *_ in due:
+        os.close(fd)
+    assert keeper.take_due() == []
+    close_all(keeper)
+
+
+@given(st.text(max_size=8), st.integers(0, 99))
+def test_a_shards_file_key_names_its_rank_and_gives_its_snapshots_name_back(name: str, rank: int) -> None:
+    shards = f"/ckpt/{name}{filing.DCP_SHARDS}"
+    assert filing.file_key(shards, rank) == f"{shards}@{rank}"
+    assert filing.slot_name(filing.file_key(shards, rank)) == shards
+    plain = f"/ckpt/{name}.pt"
+    assert filing.file_key(plain, rank) == plain and filing.slot_name(plain) == plain
+
+
 def test_a_failed_write_is_not_retried_at_the_next_stop() -> None:
     keeper = k.Keeper(64 << 20)
     commit(keeper, 1)

@@ -31,6 +31,7 @@ from torch.futures import Future
 from elasticd.workers.snapshot_program import dcpfiles
 from elasticd.workers.snapshot_program import restore as nearest
 from elasticd.workers.snapshot_program.client import SnapshotError
+from elasticd.workers.snapshot_program.filing import DCP_META, DCP_SHARDS
 from elasticd.workers.snapshot_program.memory import DEFAULT_PERSIST_EVERY, PERSIST_EVERY_ENV, SNAPSHOTS, say
 from elasticd.workers.snapshot_program.protocol import SOCKET_ENV
 
@@ -39,7 +40,7 @@ _LAST_STEP: dict[str, int] = {}  # per checkpoint directory: the newest step sav
 
 def _names(path: Path) -> tuple[str, str]:
     base = str(path.absolute())
-    return base + "#dcp", base + "#dcp-meta"
+    return base + DCP_SHARDS, base + DCP_META
 
 
 def _rank() -> int:
@@ -99,8 +100,8 @@ class SnapshotWriter(StorageWriter):
             files = dcpfiles.behind(self.path)
             files.before_snapshot(files.count)
             try:
-                slot = client.save(items, name, me, self.step)
-                files.taken((client.mapped(name, me, slot), plan, me), self.step)
+                slot = client.save({"items": items, "plan": plan}, name, me, self.step, file=True)
+                files.taken((client.mapped(name, me, slot), me), self.step)
             except SnapshotError as exc:
                 say("snapshot.unavailable", rank=me, reason=exc, fallback="disk")
                 self.memory = False
@@ -123,7 +124,8 @@ class SnapshotWriter(StorageWriter):
         client = SNAPSHOTS.client()
         if client is not None and self.memory:
             try:
-                client.save({"metadata": metadata, "owners": owners}, _names(self.path)[1], 0, self.step)
+                meta = {"metadata": metadata, "owners": owners, "world": len(results)}
+                client.save(meta, _names(self.path)[1], 0, self.step, file=True)
             except SnapshotError as exc:
                 say("snapshot.unavailable", rank=_rank(), reason=exc, fallback="disk")
         if self.persist or not self.memory:
@@ -236,7 +238,7 @@ class SnapshotReader(StorageReader):
         errors = []
         for source in nearest.sources(reports, here, me):
             try:
-                return nearest.load(SNAPSHOTS.client() or _no_client(), data, self.key, source)  # type: ignore[no-any-return]
+                return nearest.load(SNAPSHOTS.client() or _no_client(), data, self.key, source)["items"]  # type: ignore[no-any-return]
             except SnapshotError as exc:
                 errors.append(str(exc))
         raise RuntimeError(f"rank {rank}'s shard of step {self.step} could not be read: {'; '.join(errors)}")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import io
 import os
 import pickle
@@ -27,6 +28,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
@@ -37,22 +39,27 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import WriteResult
 
 from elasticd.workers.snapshot_program import frame
-from elasticd.workers.snapshot_program.filing import WRITE_TIMEOUT_S
-from elasticd.workers.snapshot_program.memory import say
+from elasticd.workers.snapshot_program.client import SnapshotError
+from elasticd.workers.snapshot_program.filing import DCP_META, DCP_SHARDS, WRITE_TIMEOUT_S, file_key
+from elasticd.workers.snapshot_program.memory import SNAPSHOTS, say
 
 METADATA = ".metadata"
-_SHARD = re.compile(r"__(\d+)_s(\d+)_\d+\.distcp")
-_RESULTS = re.compile(r"\.__(\d+)_s(\d+)\.results")
+LOCK = ".elasticd.lock"  # a commit's check and rename, one process at a time
+KEEPER = "k"  # the tag of the files a keeper's child writes (never the ones a worker may write)
+_SHARD = re.compile(r"__(\d+)_s(\d+)k?_\d+\.distcp")
+_RESULTS = re.compile(r"\.__(\d+)_s(\d+)k?\.results")
 POLL_S = 0.05  # the coordinator's look for the other ranks' records
+KEEPER_WAIT_S = 60.0  # a keeper's commit, for the other nodes' keepers (within filing's bound)
 
 
-def prefix(rank: int, step: int) -> _StoragePrefix:
-    """The names of ``rank``'s files of ``step``: no step writes over another's."""
-    return _StoragePrefix(f"__{rank}_s{step}_")
+def prefix(rank: int, step: int, tag: str = "") -> _StoragePrefix:
+    """The names of ``rank``'s files of ``step``: no step writes over another's, and a keeper's
+    child (``tag``) never over a worker's."""
+    return _StoragePrefix(f"__{rank}_s{step}{tag}_")
 
 
-def results_name(rank: int, step: int) -> str:
-    return f".__{rank}_s{step}.results"
+def results_name(rank: int, step: int, tag: str = "") -> str:
+    return f".__{rank}_s{step}{tag}.results"
 
 
 class _Resolved:
@@ -67,38 +74,97 @@ class _Resolved:
         return io.BytesIO(value) if isinstance(value, bytes) else value
 
 
-def write_shard(path: Path, buf: Any, plan: SavePlan, rank: int) -> int:
-    """Write this rank's shard of the snapshot in ``buf`` under ``path``, then its record (the
-    results of torch's writer: each item's file, offset and length); the snapshot's step."""
-    step, items = frame.read(buf, views=True)
+def write_shard(path: Path, buf: Any, rank: int) -> int:
+    """Write this rank's shard of the snapshot in ``buf`` under ``path``; the snapshot's step."""
+    step, state = frame.read(buf, views=True)
+    write_items(path, state["items"], state["plan"], rank, int(step))
+    return int(step)
+
+
+def write_items(
+    path: Path, items: dict[MetadataIndex, Any], plan: SavePlan, rank: int, step: int, tag: str = ""
+) -> None:
+    """Write a rank's shard of ``step`` (its snapshot's ``items``, its save ``plan``) with torch's
+    writer into files of the step, then its record (the writer's results: each item's file, offset
+    and length)."""
     writer = FileSystemWriter(path)
     writer.set_up_storage_writer(False, rank=rank)
     writer.fs.mkdir(writer.path)
     planner = cast(SavePlanner, _Resolved(items))
-    done = writer.write_data(replace(plan, storage_data=prefix(rank, step)), planner)
-    _atomic(path / results_name(rank, step), pickle.dumps(done.value()))
-    return int(step)
+    done = writer.write_data(replace(plan, storage_data=prefix(rank, step, tag)), planner)
+    _atomic(path / results_name(rank, step, tag), pickle.dumps(done.value()))
+
+
+def _record(path: Path, rank: int, step: int) -> Path | None:
+    for tag in ("", KEEPER):
+        record = path / results_name(rank, step, tag)
+        if record.exists():
+            return record
+    return None
 
 
 def commit(path: Path, metadata: Metadata, step: int, world: int, timeout_s: float = WRITE_TIMEOUT_S) -> bool:
-    """Once every rank's record of ``step`` is in ``path`` (within ``timeout_s``), write the
-    checkpoint's ``.metadata`` and remove older steps' files; False when a record never came."""
+    """Once every rank's record of ``step`` is in ``path`` (a worker's or a keeper's, within
+    ``timeout_s``), write the checkpoint's ``.metadata`` and remove older steps' files, unless it
+    holds ``step`` or a newer one already (the directory never goes back); False when a record
+    never came."""
     deadline = time.monotonic() + timeout_s
     results: list[WriteResult] = []
     for rank in range(world):
-        record = path / results_name(rank, step)
-        while not record.exists():
+        while (record := _record(path, rank, step)) is None:
             if time.monotonic() > deadline:
                 say("snapshot.persist_failed", kind="dcp", step=step, reason=f"rank {rank} wrote no shard")
                 return False
             time.sleep(POLL_S)
-        results.extend(pickle.loads(record.read_bytes()))  # written by the job's own ranks
+        results.extend(pickle.loads(record.read_bytes()))  # written by the job's own processes
     meta = replace(metadata, storage_data={r.index: r.storage_data for r in results})
     meta.version = CURRENT_DCP_VERSION
     meta.storage_meta = StorageMeta(checkpoint_id=str(path), save_id=uuid.uuid4().hex)
-    _atomic(path / METADATA, pickle.dumps(meta))
-    _sweep(path, step)
+    with _locked(path):
+        if committed(path) >= step:
+            return True
+        _atomic(path / METADATA, pickle.dumps(meta))
+        _sweep(path, step)
     return True
+
+
+def committed(path: Path) -> int:
+    """The step ``path``'s ``.metadata`` holds (-1: none, or not one written here)."""
+    try:
+        meta = pickle.loads((path / METADATA).read_bytes())  # the job's own file
+        names = {info.relative_path for info in meta.storage_data.values()}
+    except Exception:
+        return -1
+    steps = {int(m[2]) for m in map(_SHARD.fullmatch, names) if m is not None}
+    return max(steps) if len(steps) == 1 else -1
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def from_keeper(target: str, step: int, state: Any) -> None:
+    """What a keeper's child writes once the workers failed (``persister``): a rank's shard of
+    ``step`` (``target`` is ``DIR#dcp@rank``), unless the directory or the rank's own thread has
+    it; or the commit of ``step`` (``DIR#dcp-meta``), once every rank's shard is in."""
+    if target.endswith(DCP_META):
+        path = Path(target[: -len(DCP_META)])
+        if committed(path) >= step:
+            return
+        if not commit(path, state["metadata"], step, int(state["world"]), KEEPER_WAIT_S):
+            raise SystemExit(f"step {step}: not every rank's shard reached {path}")
+        return
+    name, _, rank = target.rpartition("@")
+    path = Path(name[: -len(DCP_SHARDS)])
+    if committed(path) >= step or _record(path, int(rank), step) is not None:
+        return
+    write_items(path, state["items"], state["plan"], int(rank), step, KEEPER)
 
 
 def _sweep(path: Path, step: int) -> None:
@@ -136,12 +202,12 @@ class Behind:
         self.started_at = -2  # the snapshot count its thread reads from
         self.error: BaseException | None = None
         self.count = 0  # snapshots taken by this process
-        self.newest: tuple[Any, SavePlan, int] | None = None  # its shard: segment, plan, rank
+        self.newest: tuple[Any, int] | None = None  # its shard: the segment, the rank
         self.newest_step = -1
         self.lead: tuple[Metadata, int] | None = None  # the coordinator's: metadata, world size
         self.started = -1  # the newest step a thread was started for
 
-    def taken(self, shard: tuple[Any, SavePlan, int], step: int) -> None:
+    def taken(self, shard: tuple[Any, int], step: int) -> None:
         """A snapshot of this rank's shard was committed to its keeper (in ``shard[0]``)."""
         if not _BEHIND_EXIT:
             _BEHIND_EXIT.append(True)
@@ -175,7 +241,9 @@ class Behind:
         def run() -> None:
             try:
                 write_shard(self.path, *shard)
+                _tell(file_key(f"{self.path}{DCP_SHARDS}", shard[1]), step)
                 if lead is not None and commit(self.path, lead[0], step, lead[1]):
+                    _tell(f"{self.path}{DCP_META}", step)
                     say("snapshot.persisted", kind="dcp", step=step, path=self.path)
             except BaseException as exc:  # reported by the next wait, on the training thread
                 self.error = exc
@@ -185,6 +253,14 @@ class Behind:
         self.thread.start()
         if wait:
             self.wait()
+
+
+def _tell(key: str, step: int) -> None:
+    """The keeper: ``step`` of the file ``key`` is on disk (its own write after a failure skips it)."""
+    client = SNAPSHOTS.client()
+    if client is not None:
+        with contextlib.suppress(SnapshotError):
+            client.written(key, step)
 
 
 _BEHIND: dict[Path, Behind] = {}

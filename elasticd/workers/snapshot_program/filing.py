@@ -9,7 +9,10 @@ all gone (a failure, a restart, a stop) and closes it when the job ends here; th
 starts, for each file whose writing rank committed a snapshot since, a child of the job's own
 interpreter (``persister``: torch's save, atomically, as the submitter; the daemon never opens
 a snapshot) on a read-only fd of the pinned segment, under ``WRITE_TIMEOUT_S``, and tells the
-daemon how it went (``persisting``, ``persisted``, ``persist_failed``).
+daemon how it went (``persisting``, ``persisted``, ``persist_failed``). A
+``torch.distributed.checkpoint`` directory's shards are filed per rank (``file_key``) and its
+metadata as a file of the coordinator's: each held step newer than the directory is written
+(``due_shards``), and the commit follows once every rank's shard is in (``dcpfiles``).
 
 Order on disk: the file never goes back in steps. A worker asks before it writes (``claim``):
 a step the keeper's write already covers is skipped; one newer waits for the keeper's write to
@@ -37,6 +40,7 @@ CHILD = (  # the writing rank's elasticd first: the frame's pickles name its cla
     "from elasticd.workers.snapshot_program.persister import main;main(sys.argv[2:])"
 )
 WRITE, SKIP, WAIT = "write", "skip", "wait"
+DCP_SHARDS, DCP_META = "#dcp", "#dcp-meta"  # the names ``dcp``'s writer snapshots a checkpoint under
 
 
 class Filed:
@@ -61,6 +65,28 @@ def due(filed: Filed, newest: int | None) -> bool:
     now: one the workers committed since the last ``persist`` (a rank that moved to another node
     leaves no stale step to write here), newer than the file and than a write running."""
     return filed.dirty and newest is not None and newest > max(filed.on_disk, filed.running)
+
+
+def file_key(name: str, rank: int) -> str:
+    """What a file is filed under: its name; for a ``torch.distributed.checkpoint`` directory's
+    shards, which every rank writes under one name, the name and the rank."""
+    return f"{name}@{rank}" if name.endswith(DCP_SHARDS) else name
+
+
+def slot_name(key: str) -> str:
+    """The snapshots' name a file key writes from."""
+    name, at, _ = key.rpartition("@")
+    return name if at and name.endswith(DCP_SHARDS) else key
+
+
+def due_shards(filed: Filed, held: list[int]) -> list[int]:
+    """The steps of a rank's shards to write now, of the complete ones its keeper ``held``: all
+    newer than the directory, when it committed some since the last ``persist``. Both, not the
+    newest only: the step the coordinator commits is the newest whose metadata it holds, and a
+    rank may have snapshotted its shard of the next step already."""
+    if not filed.dirty:
+        return []
+    return sorted(step for step in held if step > max(filed.on_disk, filed.running))
 
 
 def claim(filed: Filed | None, step: int) -> str:

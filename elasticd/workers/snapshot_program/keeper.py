@@ -37,7 +37,15 @@ import zlib
 from typing import Any
 
 if __name__ != "__elasticd_keeper__":  # the daemon's tests and mypy; in the keeper, globals already
-    from elasticd.workers.snapshot_program.filing import WAIT, Filed, claim, due
+    from elasticd.workers.snapshot_program.filing import (
+        WAIT,
+        Filed,
+        claim,
+        due,
+        due_shards,
+        file_key,
+        slot_name,
+    )
     from elasticd.workers.snapshot_program.protocol import HEADER, BadMessage, align, parse_header
     from elasticd.workers.snapshot_program.replica import parse_key, parse_peer
 
@@ -192,8 +200,9 @@ class Keeper:
         if req["op"] in ("claim", "written"):
             return self._file_op(req["op"], req["name"], req["step"])
         if req["op"] == "begin":
-            if req.get("file") and (key[0] in self.filed or len(self.filed) < MAX_KEYS):
-                filed = self.filed.setdefault(key[0], Filed(key[1]))
+            fkey = file_key(*key)
+            if req.get("file") and (fkey in self.filed or len(self.filed) < MAX_KEYS):
+                filed = self.filed.setdefault(fkey, Filed(key[1]))
                 filed.rank, filed.lib = key[1], req.get("lib", "")
             return self._begin(self.slots, key, req["step"], req["size"])
         pair = (self.replicas if req.get("replica") else self.slots).get(key)
@@ -227,12 +236,16 @@ class Keeper:
         out = []
         with self.lock:
             for name, filed in self.filed.items():
-                pair = self.slots.get((name, filed.rank), [])
+                pair = self.slots.get((slot_name(name), filed.rank), [])
                 top = newest(pair)
-                if due(filed, pair[top].step if top >= 0 else None):
-                    slot = pair[top]
+                if name != slot_name(name):  # a checkpoint directory's shards (``filing.due_shards``)
+                    steps = due_shards(filed, [s.step for s in pair if s.state == COMPLETE])
+                    chosen = [s for s in pair if s.state == COMPLETE and s.step in steps]
+                else:
+                    chosen = [pair[top]] if due(filed, pair[top].step if top >= 0 else None) else []
+                for slot in chosen:
                     fd = os.open(f"/proc/self/fd/{slot.fd}", os.O_RDONLY | os.O_CLOEXEC)
-                    slot.pinned, filed.running = True, slot.step
+                    slot.pinned, filed.running = True, max(filed.running, slot.step)
                     out.append((name, fd, slot.length, slot.step, filed.lib))
                 filed.dirty = False
         return out
@@ -288,7 +301,7 @@ class Keeper:
         self._seq += 1
         slot.state, slot.seq = COMPLETE, self._seq
         self._retire(self.slots[key])
-        filed = self.filed.get(key[0])
+        filed = self.filed.get(file_key(*key))
         if filed is not None and filed.rank == key[1]:
             filed.dirty = True
         if self.peer is not None and key in self.slots:
