@@ -104,6 +104,7 @@ def main() -> None:
         rank_main(args)
         return
     from bench_snapshot import start_keeper
+
     from elasticd.netaddr import free_port
 
     ranks = 2
