@@ -189,8 +189,14 @@ def rank_main(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mib", type=int, default=256, help="state per rank, MiB")
+    bench_main(__doc__ or "", __file__, rank_main, "state per rank, MiB")
+
+
+def bench_main(doc: str, script: str, rank_main: Callable[[argparse.Namespace], None], mib_help: str) -> None:
+    """A 2-rank snapshot bench's command line: ``--mib`` and ``--rounds``; as a rank
+    (``--rank-main``), ``rank_main``; else the ranks, run on a keeper (``run_ranks``)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--mib", type=int, default=256, help=mib_help)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--rank-main", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default="")
@@ -198,27 +204,24 @@ def main() -> None:
     if args.rank_main:
         rank_main(args)
         return
+    run_ranks(script, args.mib, ["--mib", str(args.mib), "--rounds", str(args.rounds)])
+
+
+def run_ranks(script: str, mib: int, argv: list[str], ranks: int = 2) -> None:
+    """Start a keeper bounded for two snapshots of ``mib`` MiB per rank, run ``script
+    --rank-main argv`` as ``ranks`` gloo ranks on it (their ``--out``: a temporary directory),
+    and stop the keeper."""
     from elasticd.netaddr import free_port
 
-    ranks = 2
-    keeper, ctl, path = start_keeper(bound=ranks * 2 * (args.mib + 8) << 20)
+    keeper, ctl, path = start_keeper(bound=ranks * 2 * (mib + 8) << 20)
     try:
         with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as out:
-            port = free_port()
-            env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(ranks))
-            env |= {"ELASTICD_SNAPSHOT_SOCKET": path, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-            argv = [
-                sys.executable,
-                __file__,
-                "--rank-main",
-                "--mib",
-                str(args.mib),
-                "--rounds",
-                str(args.rounds),
-            ]
+            env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+            env |= {"WORLD_SIZE": str(ranks), "ELASTICD_SNAPSHOT_SOCKET": path, "OMP_NUM_THREADS": "1"}
+            env["PYTHONPATH"] = str(REPO)
+            cmd = [sys.executable, script, "--rank-main", *argv, "--out", out]
             procs = [
-                subprocess.Popen([*argv, "--out", out], env=env | {"RANK": str(r), "LOCAL_RANK": str(r)})
-                for r in range(ranks)
+                subprocess.Popen(cmd, env=env | {"RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(ranks)
             ]
             codes = [p.wait() for p in procs]
             if any(codes):

@@ -1,6 +1,6 @@
 """``torch.distributed.checkpoint`` saves that persist, against torch's own writer, 2 ranks.
 
-A real keeper process (``bench_snapshot.start_keeper``) and 2 gloo ranks, each with a CPU shard of
+A real keeper process (``bench_snapshot.run_ranks``) and 2 gloo ranks, each with a CPU shard of
 ``--mib`` MiB (16 float32 tensors, a plain state dict: each rank saves its own keys). Each round,
 interleaved, every rank times its ``dcp.save`` call (the training loop's stall):
 
@@ -22,9 +22,7 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -94,46 +92,9 @@ def rank_main(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mib", type=int, default=256, help="shard per rank, MiB")
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--rank-main", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--out", default="")
-    args = parser.parse_args()
-    if args.rank_main:
-        rank_main(args)
-        return
-    from bench_snapshot import start_keeper
+    from bench_snapshot import bench_main
 
-    from elasticd.netaddr import free_port
-
-    ranks = 2
-    keeper, ctl, path = start_keeper(bound=ranks * 2 * (args.mib + 8) << 20)
-    try:
-        with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as out:
-            env = dict(
-                os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(ranks)
-            )
-            env |= {"ELASTICD_SNAPSHOT_SOCKET": path, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-            argv = [
-                sys.executable,
-                __file__,
-                "--rank-main",
-                "--mib",
-                str(args.mib),
-                "--rounds",
-                str(args.rounds),
-            ]
-            procs = [
-                subprocess.Popen([*argv, "--out", out], env=env | {"RANK": str(r), "LOCAL_RANK": str(r)})
-                for r in range(ranks)
-            ]
-            codes = [p.wait() for p in procs]
-            if any(codes):
-                raise SystemExit(f"ranks exited {codes}")
-    finally:
-        ctl.close()
-        keeper.wait(10)
+    bench_main(__doc__ or "", __file__, rank_main, "shard per rank, MiB")
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from elasticd.workers.snapshot_program import frame
 from elasticd.workers.snapshot_program.client import SnapshotError
 from elasticd.workers.snapshot_program.filing import DCP_META, DCP_SHARDS, WRITE_TIMEOUT_S, file_key
-from elasticd.workers.snapshot_program.memory import SNAPSHOTS, say
+from elasticd.workers.snapshot_program.memory import SNAPSHOTS, WriterThread, say
 
 METADATA = ".metadata"
 LOCK = ".elasticd.lock"  # a commit's check and rename, one process at a time
@@ -193,14 +193,14 @@ def _atomic(target: Path, data: bytes) -> None:
         os.close(fd)
 
 
-class Behind:
+class Behind(WriterThread):
     """One checkpoint directory's writes behind, in this process: one thread at a time."""
 
+    said = {"kind": "dcp"}
+
     def __init__(self, path: Path) -> None:
+        super().__init__()
         self.path = path
-        self.thread: threading.Thread | None = None
-        self.started_at = -2  # the snapshot count its thread reads from
-        self.error: BaseException | None = None
         self.count = 0  # snapshots taken by this process
         self.newest: tuple[Any, int] | None = None  # its shard: the segment, the rank
         self.newest_step = -1
@@ -214,21 +214,6 @@ class Behind:
             atexit.register(at_exit)
         self.count += 1
         self.newest, self.newest_step = shard, step
-
-    def before_snapshot(self, count: int) -> None:
-        """Snapshot ``count`` may overwrite the segment the thread reads: wait for it then."""
-        if self.thread is not None and count >= self.started_at + 2:
-            self.wait()
-
-    def wait(self) -> bool:
-        thread, self.thread = self.thread, None
-        if thread is not None:
-            thread.join()
-        if self.error is None:
-            return True
-        error, self.error = self.error, None
-        say("snapshot.persist_failed", kind="dcp", error=repr(error)[:300])
-        return False
 
     def start_newest(self, lead: tuple[Metadata, int] | None, wait: bool) -> None:
         """Write the newest shard behind and, when ``lead`` (the metadata and the world size) is

@@ -84,15 +84,16 @@ def may_write(client: KeeperClient | None, name: str, step: int) -> bool:
     return verdict != SKIP
 
 
-class _Persist:
-    """One name's file, written behind from a segment by a thread."""
+class WriterThread:
+    """A write behind, by one thread at a time, reading a segment that snapshot ``started_at + 2``
+    overwrites (the keeper's double buffer); its error is said on the training thread's next wait."""
 
-    def __init__(self, name: str = "", client: KeeperClient | None = None) -> None:
-        self.name, self.client = name, client
+    said: dict[str, str] = {}  # what ``snapshot.persist_failed`` says besides the error
+
+    def __init__(self) -> None:
         self.thread: threading.Thread | None = None
         self.started_at = -2  # the snapshot count when it started (-1: from a restored snapshot)
         self.error: BaseException | None = None
-        self.steps: set[int] = set()  # steps written, or being written, by this process
 
     def before_snapshot(self, count: int) -> None:
         """The segment it reads is the one snapshot ``count`` may overwrite: wait for it then."""
@@ -100,15 +101,24 @@ class _Persist:
             self.wait()
 
     def wait(self) -> bool:
-        """Wait for the running persist; False when it failed (said on stderr)."""
+        """Wait for the running write; False when it failed (said on stderr)."""
         thread, self.thread = self.thread, None
         if thread is not None:
             thread.join()
         if self.error is None:
             return True
         error, self.error = self.error, None
-        say("snapshot.persist_failed", error=repr(error)[:300])
+        say("snapshot.persist_failed", **self.said, error=repr(error)[:300])
         return False
+
+
+class _Persist(WriterThread):
+    """One name's file, written behind from a segment by a thread."""
+
+    def __init__(self, name: str = "", client: KeeperClient | None = None) -> None:
+        super().__init__()
+        self.name, self.client = name, client
+        self.steps: set[int] = set()  # steps written, or being written, by this process
 
     def start(self, buf: Any, target: Path, count: int, release: Any = None) -> None:
         self.wait()
