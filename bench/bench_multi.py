@@ -69,7 +69,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=60.0, help="per trial, from launch (default 60 s)")
     p.add_argument("--json", type=Path, help="also write the results here")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (logs, stamps, ledgers)")
-    p.add_argument("--bin", default=str(default_bin()), help="dir with elasticd, elasticctl, torchrun")
+    p.add_argument(
+        "--bin",
+        default=str(default_bin()),
+        type=lambda text: str(Path(text).absolute()),  # the trials run in their own directories
+        help="dir with elasticd, elasticctl, torchrun",
+    )
     return p.parse_args(argv)
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.metadata
+import os
+import platform
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +39,18 @@ class Run:
             n = len(self.source["uncommitted"])
             desc += f" (git {self.source['git_head']}, {n} uncommitted paths under elasticd/ and elasticctl/)"
         return desc
+
+    def header(self) -> dict[str, Any]:
+        """What a bench's JSON output says of the run before its own fields."""
+        return {
+            "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": self.torch_version,
+                     "platform": platform.platform()},
+            "started_at": self.started,
+            "loadavg_start": self.load_before,
+            "loadavg_end": self.load_after,
+            "interrupted": self.interrupted,
+            "elasticd_source": self.source,
+        }  # fmt: skip
 
 
 def loadavg_text(load: tuple[float, float, float]) -> str:

@@ -6,13 +6,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from harness.daemonlog import render_daemon_line
+from harness.daemonlog import cause, print_groups, print_not_json
 from harness.runinfo import Run
 
 from multi.cluster import Cluster
@@ -188,23 +187,10 @@ def report_daemon_problems(bench: Cluster) -> dict[tuple[str, str], list[str]]:
             except ValueError:
                 not_json.append(f"{daemon.node_id}: {line}")
                 continue
-            last = str(rec.get("exception", "")).strip().splitlines()[-1:] or [
-                str(rec.get("summary", rec.get("reason", "")))
-            ]
-            warnings.setdefault((str(rec.get("event")), last[0][:160]), []).append(
-                f"{daemon.node_id}: {line}"
-            )
-    if warnings:
-        print(
-            "\nelasticd warnings/errors over all trials, grouped (a killed node makes some of them expected):"
-        )
-        for (event, what), lines in sorted(warnings.items(), key=lambda kv: -len(kv[1])):
-            print(f"  {len(lines)}x {event}: {what}")
-            print(render_daemon_line(lines[0], "    "))
-    if not_json:
-        print(f"\nelasticd stderr lines that are not JSON log records ({len(not_json)}):")
-        for line in not_json[:40]:
-            print(f"  {line}")
+            warnings.setdefault(cause(rec), []).append(f"{daemon.node_id}: {line}")
+    title = "elasticd warnings/errors over all trials, grouped (a killed node makes some of them expected):"
+    print_groups(title, warnings)
+    print_not_json(not_json)
     return warnings
 
 
@@ -221,13 +207,7 @@ def write_json(
             "steps_after_resume": STEPS_AFTER_RESUME, "torchrun_rdzv_conf": TORCHRUN_RDZV_CONF,
             "daemon_stop_grace_s": DAEMON_STOP_GRACE_S,
         },
-        "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": run.torch_version,
-                 "platform": platform.platform()},
-        "started_at": run.started,
-        "loadavg_start": run.load_before,
-        "loadavg_end": run.load_after,
-        "interrupted": run.interrupted,
-        "elasticd_source": run.source,
+        **run.header(),
         "elasticd_source_end": source_end,
         "summary": rows,
         "launcher_cpu": cpu,

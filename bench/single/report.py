@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from harness.daemonlog import render_daemon_line
+from harness.daemonlog import cause, print_groups, print_not_json
 from harness.runinfo import Run
 
 from single.daemon import BenchDaemon
@@ -150,22 +148,11 @@ def report_daemon_problems(bench: BenchDaemon) -> list[str]:
     printed = set(bench.daemon_lines(since=bench.stop_offset)) if bench.shutdown_hung else set()
     not_json = [line for line in problems if not line.startswith("{") and line not in printed]
     unexpected = [line for line in problems if line.startswith("{") and not _injected_crash(line)]
-    if unexpected:
-        print("\nelasticd warnings/errors (other than the injected rank-1 crash), grouped:")
-        groups: dict[tuple[str, str], list[str]] = {}
-        for line in unexpected:
-            rec = json.loads(line)
-            last = str(rec.get("exception", "")).strip().splitlines()[-1:] or [str(rec.get("summary", ""))]
-            groups.setdefault((str(rec.get("event")), last[0]), []).append(line)
-        for (event, what), lines in groups.items():
-            print(f"  {len(lines)}x {event}: {what}")
-            print(render_daemon_line(lines[0], "    "))
-    if not_json:
-        print(f"\nelasticd stderr lines that are not JSON log records ({len(not_json)}):")
-        for line in not_json[:40]:
-            print(f"  {line}")
-        if len(not_json) > 40:
-            print(f"  ... {len(not_json) - 40} more in the JSON output")
+    groups: dict[tuple[str, str], list[str]] = {}
+    for line in unexpected:
+        groups.setdefault(cause(json.loads(line)), []).append(line)
+    print_groups("elasticd warnings/errors (other than the injected rank-1 crash), grouped:", groups)
+    print_not_json(not_json)
     return problems
 
 
@@ -181,16 +168,10 @@ def write_json(
             "daemon_args": ns.daemon_arg,
             "start_timeout_s": ns.start_timeout, "restart_timeout_s": ns.restart_timeout,
         },
-        "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": run.torch_version,
-                 "platform": platform.platform()},
-        "started_at": run.started,
-        "loadavg_start": run.load_before,
-        "loadavg_end": run.load_after,
-        "interrupted": run.interrupted,
+        **run.header(),
         "aborted": run.aborted,
         "daemon_shutdown_hung": bench.shutdown_hung,
         "daemon_exit_code": bench.daemon.returncode if bench.daemon else None,
-        "elasticd_source": run.source,
         "summary": rows,
         "trials": [asdict(t) | {"flaky": t.flaky} for t in trials],
         "daemon_warnings": problems,

@@ -165,7 +165,8 @@ class SnapshotTrainer(Trainer):
         path, found = self.snapshot_path(), None
         if path.is_file():
             try:
-                found = torch.load(path, map_location="cpu", weights_only=False)  # the job's own file
+                # mapped, not read: only its step is needed unless it is the newest (the job's own file)
+                found = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
             except Exception as exc:  # a torn or foreign file: HF's directories, as without it
                 memory.say("snapshot.file_unreadable", path=path, error=repr(exc)[:200])
         mine = _step_of(found)

@@ -41,7 +41,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from elasticd.workers.snapshot_program import frame
 from elasticd.workers.snapshot_program.client import SnapshotError
 from elasticd.workers.snapshot_program.filing import DCP_META, DCP_SHARDS, WRITE_TIMEOUT_S, file_key
-from elasticd.workers.snapshot_program.memory import SNAPSHOTS, WriterThread, say
+from elasticd.workers.snapshot_program.memory import SNAPSHOTS, WriterThread, atomic_write, say
 
 METADATA = ".metadata"
 LOCK = ".elasticd.lock"  # a commit's check and rename, one process at a time
@@ -74,11 +74,10 @@ class _Resolved:
         return io.BytesIO(value) if isinstance(value, bytes) else value
 
 
-def write_shard(path: Path, buf: Any, rank: int) -> int:
-    """Write this rank's shard of the snapshot in ``buf`` under ``path``; the snapshot's step."""
+def write_shard(path: Path, buf: Any, rank: int) -> None:
+    """Write this rank's shard of the snapshot in ``buf`` under ``path``."""
     step, state = frame.read(buf, views=True)
     write_items(path, state["items"], state["plan"], rank, int(step))
-    return int(step)
 
 
 def write_items(
@@ -180,17 +179,7 @@ def _sweep(path: Path, step: int) -> None:
 
 
 def _atomic(target: Path, data: bytes) -> None:
-    tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, target)
-    fd = os.open(target.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    atomic_write(target, lambda f: f.write(data))
 
 
 class Behind(WriterThread):

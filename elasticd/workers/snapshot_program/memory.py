@@ -18,8 +18,9 @@ import select
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from elasticd.workers.snapshot_program import frame
 from elasticd.workers.snapshot_program import restore as nearest
@@ -46,14 +47,20 @@ def say(event: str, **fields: Any) -> None:
 
 
 def write_file(state: Any, target: Path) -> None:
-    """``torch.save`` to ``target`` atomically: a temporary file, fsync, rename, fsync of the directory."""
+    """``torch.save`` to ``target`` atomically (``atomic_write``)."""
     import torch
 
+    atomic_write(target, lambda f: torch.save(state, f))
+
+
+def atomic_write(target: Path, fill: Callable[[BinaryIO], object]) -> None:
+    """Write ``target`` with ``fill`` atomically: a temporary file, fsync, rename, fsync of the
+    directory."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
+            fill(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
