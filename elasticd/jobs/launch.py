@@ -150,6 +150,7 @@ async def start_group(
         attempt,
         functools.partial(_write_stacks, rt, spec.id, attempt, owner),
         wall_clock,
+        elsewhere=layout.local_world_size < layout.world_size,
     )
     tracked = rt.tracking.job(spec.id)
     spawner: Spawner = ColdSpawner()

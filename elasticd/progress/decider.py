@@ -21,6 +21,7 @@ from elasticd.progress.protocol import Phase
 CPU_FRACTION = 0.05
 STALL_WINDOW_S = 1.0  # CPU this flat this long: start taking stack samples
 STACK_LAG_S = 3.0  # stack samples start this much after the CPU evidence does (see the sampler)
+PEER_GRACE_S = 1.5  # how long a node whose hung ranks all wait on the others leaves to their nodes
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,26 @@ def looks_stalled(cpu: Sequence[CpuSample], fraction: float = CPU_FRACTION) -> b
         return False
     first = before[-1]
     return last.cpu_s - first.cpu_s < fraction * (last.at - first.at)
+
+
+def held_for_peers(
+    hung: Sequence[Hung],
+    waiting: Mapping[int, bool],
+    elsewhere: bool,
+    held_since: float | None,
+    now: float,
+    grace: float = PEER_GRACE_S,
+) -> bool:
+    """Whether to hold a hang back for ``grace`` (counted from ``held_since``, the first tick that
+    held it) rather than declare it now. Only when every hung rank here waits in a collective and
+    the round has ranks on other nodes (``elsewhere``): the rank they wait for is likely one of
+    those, and its node names it as the root cause if it declares first. Two nodes judge on their
+    own clocks' ticks, so without the hold the node of a rank that went silent a fraction of a
+    second later (it still reached the collective) can win the race to write the round's failure.
+    If the other node never declares (its ranks look busy, or it has no say), this one does."""
+    if not elsewhere or not hung or not all(waiting.get(h.rank, False) for h in hung):
+        return False
+    return held_since is None or now < held_since + grace
 
 
 def root_cause(hung: Sequence[Hung], waiting: Mapping[int, bool]) -> list[Hung]:

@@ -23,12 +23,14 @@ from elasticd.happenings.records import WorkerHung
 from elasticd.progress import stacks
 from elasticd.progress.channel import ProgressChannel
 from elasticd.progress.decider import (
+    PEER_GRACE_S,
     CpuSample,
     Evidence,
     Hung,
     StackSample,
     decide,
     flat_since,
+    held_for_peers,
     looks_stalled,
     root_cause,
 )
@@ -95,8 +97,10 @@ class HangWatch:
         attempt: int,
         write_stacks: Callable[[int, str], None],
         clock: Callable[[], float],
+        elsewhere: bool = False,
     ) -> None:
-        """``write_stacks(rank, text)`` writes a rank's stacks file (``jobs.stackfile.write_stacks``)."""
+        """``write_stacks(rank, text)`` writes a rank's stacks file (``jobs.stackfile.write_stacks``);
+        ``elsewhere``: the round has ranks on other nodes too."""
         self._specs = ranks
         self._policy = policy
         self._identity = identity
@@ -105,6 +109,8 @@ class HangWatch:
         self._attempt = attempt
         self._write_stacks = write_stacks
         self._clock = clock
+        self._elsewhere = elsewhere
+        self._held_since: float | None = None  # the first tick that held a hang back for the peers
         self._learner = TimeoutLearner(policy or HangPolicy(None))
         self._ranks: list[_Rank] = []
         self._task: asyncio.Task[None] | None = None
@@ -176,6 +182,8 @@ class HangWatch:
         hung = decide([r.evidence() for r in watched], self._timeouts(), now)
         if hung:
             await self._declare(hung, now)
+        else:
+            self._held_since = None
 
     async def _sample_stacks(self, quiet: list[_Rank], now: float) -> None:
         timeouts = self._timeouts()
@@ -202,23 +210,20 @@ class HangWatch:
             _add(r.stacks, StackSample(self._clock(), stacks.digest(main), stacks.innermost(main)), timeout)
 
     async def _declare(self, hung: list[Hung], now: float) -> None:
-        """Dump every local rank's stacks, name the likely cause, and report the hang."""
-        dumps = await asyncio.gather(
-            *(dump_stacks(r.pid, self._identity) for r in self._ranks if r.running and r.pid is not None)
-        )
-        by_rank: dict[int, Dump] = {}
+        """Dump every local rank's stacks, name the likely cause, and report the hang (or hold it
+        back a little for the other nodes: ``decider.held_for_peers``)."""
         running = [r for r in self._ranks if r.running and r.pid is not None]
-        for r, dump in zip(running, dumps, strict=True):
-            by_rank[r.spec.rank] = dump
-            self._save(r, dump)
-        hung_frames = {h.rank: h.frame for h in hung}
-        waiting: dict[int, bool] = {}
-        frames: dict[int, str] = {}
+        by_rank, waiting, frames = await self._look(running, hung)
+        if held_for_peers(hung, waiting, self._elsewhere, self._held_since, now):
+            if self._held_since is None:
+                self._held_since = now
+                _log.info(
+                    "hang_watch.held", job=self._job, attempt=self._attempt, ranks=[h.rank for h in hung],
+                    grace_s=PEER_GRACE_S,
+                )  # fmt: skip
+            return
         for r in running:
-            dump = by_rank[r.spec.rank]
-            main = stacks.main_thread(dump.threads, r.pid or 0) if dump.threads else None
-            waiting[r.spec.rank] = stacks.in_collective(main)
-            frames[r.spec.rank] = stacks.innermost(main) or hung_frames.get(r.spec.rank, "")
+            self._save(r, by_rank[r.spec.rank])
         ordered = root_cause(hung, waiting)
         first, others = ordered[0], ordered[1:]
         local = {r.spec.rank: r.spec.local_rank for r in self._ranks}
@@ -255,6 +260,23 @@ class HangWatch:
         publish(WorkerHung(self._job, self._attempt, first.rank, frame, round(first.silent_s, 1)))
         if not self.hung.done():
             self.hung.set_result(first.rank)
+
+    async def _look(
+        self, running: list[_Rank], hung: list[Hung]
+    ) -> tuple[dict[int, Dump], dict[int, bool], dict[int, str]]:
+        """Every running rank's stacks, by rank: the dump, whether its main thread waits in a
+        collective, and its innermost frame (the decider's, when the dump has none)."""
+        dumps = await asyncio.gather(*(dump_stacks(r.pid or 0, self._identity) for r in running))
+        by_rank = {r.spec.rank: dump for r, dump in zip(running, dumps, strict=True)}
+        hung_frames = {h.rank: h.frame for h in hung}
+        waiting: dict[int, bool] = {}
+        frames: dict[int, str] = {}
+        for r in running:
+            dump = by_rank[r.spec.rank]
+            main = stacks.main_thread(dump.threads, r.pid or 0) if dump.threads else None
+            waiting[r.spec.rank] = stacks.in_collective(main)
+            frames[r.spec.rank] = stacks.innermost(main) or hung_frames.get(r.spec.rank, "")
+        return by_rank, waiting, frames
 
     def _save(self, r: _Rank, dump: Dump) -> None:
         text = (

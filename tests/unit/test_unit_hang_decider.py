@@ -12,12 +12,14 @@ from hypothesis import strategies as st
 from elasticd.progress import stacks
 from elasticd.progress.decider import (
     CPU_FRACTION,
+    PEER_GRACE_S,
     STACK_LAG_S,
     CpuSample,
     Evidence,
     Hung,
     StackSample,
     decide,
+    held_for_peers,
     judge,
     looks_stalled,
     root_cause,
@@ -81,6 +83,48 @@ def test_decide_orders_by_silence_and_root_cause_prefers_a_rank_outside_collecti
     hung = decide(evs, T, 16.0)
     assert [h.rank for h in hung] == [1, 0]
     assert [h.rank for h in root_cause(hung, {1: True, 0: False})] == [0, 1]
+
+
+def test_a_hang_whose_ranks_all_wait_on_others_is_held_for_the_peers_grace_once() -> None:
+    hung = [Hung(0, 100.0, 10.0, "", True)]
+    assert held_for_peers(hung, {0: True}, True, None, 110.0)  # the first tick holds it
+    assert held_for_peers(hung, {0: True}, True, 110.0, 110.0 + PEER_GRACE_S - 0.01)
+    assert not held_for_peers(hung, {0: True}, True, 110.0, 110.0 + PEER_GRACE_S)
+    assert not held_for_peers(hung, {0: False}, True, None, 110.0)  # it is the culprit itself
+    assert not held_for_peers(hung, {0: True}, False, None, 110.0)  # no other node to wait for
+    two = [*hung, Hung(1, 101.0, 9.0, "", True)]
+    assert not held_for_peers(two, {0: True, 1: False}, True, None, 110.0)
+
+
+def _declared_at(since: float, waiting: bool, phase: float, timeout: float) -> float:
+    """When a node's watch, ticking every 0.5 s from ``phase``, declares its one rank's hang."""
+    held: float | None = None
+    t = phase
+    while True:
+        t += 0.5
+        hung = decide([Evidence(0, Phase.STEP, since)], dict.fromkeys(Phase, timeout), t)
+        if not hung:
+            continue
+        if not held_for_peers(hung, {0: waiting}, True, held, t):
+            return t
+        held = t if held is None else held
+
+
+@given(
+    st.floats(0.0, 0.5, exclude_max=True),
+    st.floats(0.0, 0.5, exclude_max=True),
+    st.floats(0.05, 1.0),
+    st.floats(1.0, 60.0),
+)
+def test_the_node_of_the_rank_that_stopped_declares_before_the_node_of_the_rank_waiting_on_it(
+    phase_culprit: float, phase_waiter: float, lag: float, timeout: float
+) -> None:
+    """Two nodes tick on their own phases. The culprit went silent ``lag`` before its peer, which
+    reached the next collective and waits there: the culprit's node writes the round's failure
+    first, whatever the phases (the cross-node rule then keeps it: it went silent first)."""
+    culprit = _declared_at(1000.0, False, phase_culprit, timeout)
+    waiter = _declared_at(1000.0 + lag, True, phase_waiter, timeout)
+    assert culprit < waiter
 
 
 def test_looks_stalled() -> None:
