@@ -122,8 +122,8 @@ def test_soak_survives_every_fault_kind(tmp_path: Path) -> None:
         return
     assert set(run.result["kinds"]) == set(ALL_KINDS), run.result["table"]
     faults = {f["fault"]["kind"]: f for f in run.result["faults"]}
-    for kind in PARTITION_KINDS:  # the fault broke the round it hit, and the job went on
-        assert len(faults[kind]["rounds"]) >= 2, faults[kind]
+    for kind in PARTITION_KINDS:  # the fault broke the round it hit: a newer round ran steps after it
+        assert faults[kind]["resumed_s"] is not None, faults[kind]
     for kind in FENCING:
         f = faults[kind]
         assert f["fenced_s"] is not None and f["fenced_s"] <= TTL_S + 1.0, f
