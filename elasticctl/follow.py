@@ -22,6 +22,10 @@ from elasticd.jobs.ranktext import RankOutput
 from elasticd.wire import ErrorCode, JobState, JobView, LogsArgs, LogsReply, StatusArgs, is_terminal
 
 POLL_S = 0.2
+# After the job ended, how long to wait on while this node still winds its part up: its keeper
+# writes the last snapshots within the daemon's own bound (130 s), then stops within 5 s.
+FINISH_WAIT_S = 140.0
+FINISH_NOTE_S = 1.0  # a wind-up that lasts longer than this is told
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,7 @@ class _Follower:
         self.life = Life() if opts.life else None
         self.told: set[str] = set()
         self.attempt_seen = -1
+        self.ended_at: float | None = None  # when a reply first said the job ended
 
     def say(self, text: str) -> None:
         self.out.close()  # a terminal line a rank left unfinished ends before the note
@@ -93,6 +98,20 @@ class _Follower:
             if before:
                 listed = ", ".join(map(str, before))
                 self.say(f"attempt(s) {listed} started before {hhmmss(since)} (--since): not shown")
+
+    def winding_up(self, reply: LogsReply, now: float) -> bool:
+        """Whether to wait on after the job ended: this node still winds its part up (its
+        workers stop, its snapshot keeper writes the last snapshots to their files), so that a
+        job submitted next finds those files written. Told once if it lasts; ``FINISH_WAIT_S`` at most."""
+        if not reply.get("finishing_here", False):
+            return False
+        if self.ended_at is None:
+            self.ended_at = now
+        waited = now - self.ended_at
+        if waited >= FINISH_NOTE_S and "winding up" not in self.told:
+            self.told.add("winding up")
+            self.say(f"{self.job} ended; this node is winding it up (its last snapshots written to disk)")
+        return waited < FINISH_WAIT_S
 
     def chunk_attempt(self, attempt: int, started: float | None) -> None:
         if attempt <= self.attempt_seen:
@@ -129,7 +148,7 @@ class _Follower:
                 sys.stdout.flush()
                 first, live = False, live or not reply.get("more", False)
                 if not reply["chunks"]:
-                    if is_terminal(reply["state"]) or not o.until_end:
+                    if not o.until_end or (is_terminal(reply["state"]) and not self.winding_up(reply, now)):
                         return reply
                     time.sleep(POLL_S)
         finally:

@@ -46,12 +46,15 @@ KILL_WAIT_S = 60.0
 @dataclass(frozen=True)
 class LogsRead:
     """What ``logs`` answers: the job as ``status`` shows it, its current round, the output read,
-    and when each attempt with logs here started."""
+    when each attempt with logs here started, and whether this node is still winding its part of
+    the job up (``finishing``: its agent has not left; after the job's end, that is its workers'
+    stop and its snapshot keeper's last writes)."""
 
     view: dict[str, Any]
     round: RoundView | None
     read: Read
     starts: dict[int, float]
+    finishing: bool = False
 
 
 class JobCommands:
@@ -300,7 +303,8 @@ class JobCommands:
             return got, {a: t for a, t in starts.items() if a in here}
 
         got, starts = await asyncio.to_thread(read)
-        return LogsRead(view, round_view(snap) if snap is not None else None, got, starts)
+        finishing = args.job in self._manager.agents
+        return LogsRead(view, round_view(snap) if snap is not None else None, got, starts, finishing)
 
     async def rm(self, job_id: str) -> dict[str, Any]:
         """Delete an ended job's records, and this node's logs of it (each node drops its own logs

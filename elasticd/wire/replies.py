@@ -211,6 +211,7 @@ class LogsReply(TypedDict):
     job: NotRequired[JobView]  # the job, as ``status`` shows it
     round_info: NotRequired[RoundView | None]  # None when the job's round record cannot be read
     attempt_started_at: NotRequired[dict[str, float]]  # attempts with logs here, and when each started
+    finishing_here: NotRequired[bool]  # this node still winds its part up (the keeper's last writes)
 
 
 class MigView(TypedDict):

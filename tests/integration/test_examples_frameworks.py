@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import DaemonFactory
-from tests.support import PYTHON, REPO, DaemonProc, wait_for, wait_log
+from tests.support import PYTHON, REPO, DaemonProc, log_events, wait_for
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(240)]
@@ -112,8 +112,9 @@ def test_a_failed_hugging_face_job_leaves_its_last_step_and_the_next_job_resumes
     daemon_factory: DaemonFactory, tmp_path: Path
 ) -> None:
     """No restart allowed: the keeper writes the newest snapshot to ``elasticd-snapshot.pt`` once
-    the workers have failed (nothing was persisted in the loop, and HF wrote no directory); a new
-    job on the same output directory, whose keepers hold nothing, resumes from that file."""
+    the workers have failed (nothing was persisted in the loop, and HF wrote no directory), before
+    elasticrun returns; a new job on the same output directory, whose keepers hold nothing, resumes
+    from that file."""
     pytest.importorskip("transformers", reason="the Hugging Face example needs transformers (the test extra)")
     pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate (the test extra)")
     daemon: DaemonProc = daemon_factory(None, "--slots", "2", "--snapshot-bytes", str(64 << 20))
@@ -123,7 +124,8 @@ def test_a_failed_hugging_face_job_leaves_its_last_step_and_the_next_job_resumes
     first, _ = kill_rank_1_when_paused(daemon, tmp_path, "transformers.trainer", "hf_train.py",
                                        "--steps", "8", "--pause-at", "5", "--persist-every", "0",
                                        "--output-dir", str(out_dir), restarts=0)  # fmt: skip
-    assert wait_log(daemon, "snapshots.persisted", job=first, timeout_s=60)["step"] == 5  # after FAILED
+    # Written after FAILED, and before elasticrun returned: it waits for this node to wind the job up.
+    assert [e["step"] for e in log_events(daemon, "snapshots.persisted", job=first)] == [5]
     assert not list(out_dir.glob("checkpoint-*"))
     assert torch.load(out_dir / "elasticd-snapshot.pt", weights_only=False)["step"] == 5
     again = elasticrun(daemon, tmp_path, 0, "transformers.trainer", str(EXAMPLES / "hf_train.py"),

@@ -152,6 +152,25 @@ def test_a_failed_job_ends_following_with_the_failed_code(
     assert code == 0
 
 
+def test_following_waits_while_this_node_winds_the_ended_job_up(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], no_sleep: None
+) -> None:
+    """A failed job's keeper here writes its last snapshots after the job is FAILED: following
+    returns once this node says it is done (so a job submitted next finds them), told once."""
+    failed = snapshot(0, members=(("n1", 2),), final=FinalRecord(
+        JobState.FAILED, "no restarts left", EndReason.WORKER_FAILED, FAILURE, 120.0))  # fmt: skip
+    winding = [reply(failed) | {"finishing_here": True}] * 3
+    monkeypatch.setattr("elasticctl.follow.FINISH_NOTE_S", 0.0)
+    code, client = run(monkeypatch, [*winding, reply(failed) | {"finishing_here": False}], "logs", "-f", JOB)
+    assert code == exits.EXIT_JOB_FAILED
+    assert [cmd for cmd, _ in client.sent] == ["logs"] * 4
+    err = capsys.readouterr().err
+    assert err.count("winding it up") == 1, err
+    monkeypatch.setattr("elasticctl.follow.FINISH_WAIT_S", 0.0)  # a node that never says it is done
+    code, client = run(monkeypatch, winding, "logs", "-f", JOB)
+    assert code == exits.EXIT_JOB_FAILED and len(client.sent) == 1
+
+
 def test_logs_asks_for_its_options_and_the_tail_once(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], no_sleep: None
 ) -> None:

@@ -20,6 +20,7 @@ async def logs(service: CommandService, args: LogsArgs, caller: Caller) -> dict[
         "job": got.view,
         "round_info": got.round,
         "attempt_started_at": {str(a): t for a, t in sorted(got.starts.items())},
+        "finishing_here": got.finishing,
     }
 
 
