@@ -75,6 +75,7 @@ class _Follower:
         self.told: set[str] = set()
         self.attempt_seen = -1
         self.ended_at: float | None = None  # when a reply first said the job ended
+        self.told_winding_up = False
 
     def say(self, text: str) -> None:
         self.out.close()  # a terminal line a rank left unfinished ends before the note
@@ -108,8 +109,8 @@ class _Follower:
         if self.ended_at is None:
             self.ended_at = now
         waited = now - self.ended_at
-        if waited >= FINISH_NOTE_S and "winding up" not in self.told:
-            self.told.add("winding up")
+        if waited >= FINISH_NOTE_S and not self.told_winding_up:
+            self.told_winding_up = True
             self.say(f"{self.job} ended; this node is winding it up (its last snapshots written to disk)")
         return waited < FINISH_WAIT_S
 
