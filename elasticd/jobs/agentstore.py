@@ -59,10 +59,12 @@ def at_start(advertised: bool, leads: bool, one_node: bool, serving: str | None)
 
     A round of one node decides alone, at the start: a store host if one serves (started then if
     its join came before the zygote was ready), else rank 0. A round of several nodes follows its
-    head; only the leader can find its store host gone (with its zygote, or killed) between its
-    join and the start. The members were told ``True`` already, so the ranks would find no store:
-    that is logged as an error; they wait for one until their own timeout (``init_process_group``'s,
-    or the job's hang timeout), and the next round's joins offer a store host only if one listens."""
+    head; only the leader can find its store host gone (killed, or with its zygote) between its
+    join and the start. It then starts another on the same port (the ranks' clients retry until
+    one listens). Only if that fails too is ``serving`` said here: the members were told ``True``
+    already, so the ranks find no store. That is logged as an error; they wait for one until
+    their own timeout (``init_process_group``'s, or the job's hang timeout), and the next round's
+    joins offer a store host only if one listens."""
     if one_node:
         if serving is None:
             return Choice(True, "every rank is a client of the job's store host")

@@ -198,11 +198,13 @@ class ProcessLauncher:
     async def _agent_store(self, result: RoundHead, member: Member, zygote: Zygote | None) -> bool:
         """What the round's workers here are told (``agentstore.at_start``). A round of this node
         alone decides here (a store host started now if its join could not offer one yet); in a
-        round of several nodes, the leader checks that the host it offered still serves."""
+        round of several nodes, the leader checks that the host it offered still serves, and
+        starts another on its port if it died since the join (the other nodes' ranks were told
+        that port, and connect to whatever listens there)."""
         leads, one_node = member.group_rank == 0, result.size == 1
         serving = None
         if one_node or (leads and result.agent_store):
-            serving = await self._serving(result, zygote if one_node else None)
+            serving = await self._serving(result, zygote)
         choice = agentstore.at_start(result.agent_store, leads, one_node, serving)
         expected = serving is None or self._zygote is None  # a cold job: rank 0 hosts, as planned
         say = _log.info if expected else _log.error if choice.agent_store else _log.warning

@@ -98,3 +98,35 @@ def test_the_ranks_of_two_nodes_share_the_leaders_store_host_after_a_restart(
                 started = [x for x in events[:i] if x["event"] == "agent.state" and x.get("job") == job
                            and x["state"] == "RUNNING" and x["round"] == e["attempt"]]  # fmt: skip
                 assert not started, f"round {e['attempt']}'s store host was emptied after the round began"
+
+
+def test_a_leader_whose_store_host_died_after_its_join_starts_another_on_the_same_port(
+    daemon_factory: DaemonFactory, tmp_path: Path
+) -> None:
+    """The leader offers its store host in its join; the host dies before the round starts (held
+    open here by the other node, drained until then). That node's ranks were told the port, so
+    the leader starts a new host on it at the start, and the round runs on it."""
+    a, b = start_cluster(daemon_factory, 2)
+    assert a.ctl("drain", b.node_id).returncode == 0
+    job = submit_job(a, tmp_path, "--nnodes", "2", "--nproc-per-node", "1", str(SCRIPT), env={"HOLD": "1"})
+    wait_log(a, "job.joining", 30, job=job)  # a joins first: it leads round 0, and so round 1
+    assert b.ctl("undrain", b.node_id).returncode == 0
+    wait_for(lambda: len(list(tmp_path.glob("s.0.*.json"))) == 2, 60, what="round 0's workers")
+    offers = len(log_events(a, "store.offer", job=job))
+    assert a.ctl("drain", b.node_id, "--force", "--grace", "2").returncode == 0
+    offer = wait_for(lambda: log_events(a, "store.offer", job=job)[offers:], 60, what="a's join to round 1")[
+        0
+    ]
+    assert offer["agent_store"] is True, offer  # its zygote is ready by now
+    host = log_events(a, "store.listening", job=job)[-1]  # started for that join
+    os.kill(host["pid"], signal.SIGKILL)
+    wait_for(lambda: not alive_pid(host["pid"]), 10, what="the store host's end")
+    assert b.ctl("undrain", b.node_id).returncode == 0
+    wait_for(lambda: len(list(tmp_path.glob("s.1.*.json"))) == 2, 60, what="round 1's workers")
+    for rank in (0, 1):
+        r = record(tmp_path, 1, rank)
+        assert (r["use_agent_store"], r["master_port"], r["sum"]) == ("True", host["port"], 3.0), (rank, r)
+    again = log_events(a, "store.listening", job=job)[-1]
+    assert again["port"] == host["port"] and again["pid"] != host["pid"], again
+    (tmp_path / "finish").touch()
+    assert a.wait_state(job, ("SUCCEEDED", "FAILED"), 60)["state"] == "SUCCEEDED"
