@@ -311,7 +311,7 @@ class WorkerGroup:
         grace = self._grace_s if grace_s is None else grace_s
         began = time.monotonic()
         pgids = [w.pid for w in self.workers if w.pid is not None]
-        tree = [p for w in self.running if w.pid is not None for p in proctree.descendants(w.pid)]
+        tree = [p for w in self.running if w.pid is not None for p in proctree.tree_of(w.pid)]
         # Orphans of workers that already exited keep their process group; find them there.
         for w in self.workers:
             if w.pid is not None and not w.running:

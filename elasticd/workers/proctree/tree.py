@@ -1,8 +1,9 @@
 """Find and kill whole process trees: TERM, wait to a deadline, KILL, tolerate the already-gone.
 
 A worker's tree is found three ways, because each alone misses something:
-- psutil descendants of the worker (while the worker lives);
-- its process group (the worker is a session leader, so orphaned grandchildren keep the pgid);
+- the worker and its psutil descendants (while the worker lives);
+- its process group (the worker is a session leader, so orphaned grandchildren keep the pgid;
+  a warm worker becomes one only after its fork, so the worker is also signalled itself);
 - an environment marker (``ELASTICD_OWNER``/``ELASTICD_JOB``) inherited by anything that escaped
   into a new session but kept its environment.
 """
@@ -25,9 +26,14 @@ from elasticd.workers.proctree.markers import JOB_ENV, OWNER_ENV
 _log = log.get("elasticd.proctree")
 
 
-def descendants(pid: int) -> list[psutil.Process]:
+def tree_of(pid: int) -> list[psutil.Process]:
+    """The process and its descendants. A stop signals these as well as the process group: a
+    warm worker leads its own group only once it has called ``setsid`` after its fork, and a
+    ``killpg`` before that finds no group of its pid (a SIGTERM lost so would let it train on
+    through the whole grace, to a SIGKILL)."""
     try:
-        return list(psutil.Process(pid).children(recursive=True))
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
     except psutil.Error:
         return []
 
