@@ -74,7 +74,7 @@ class _Follower:
         self.life = Life() if opts.life else None
         self.told: set[str] = set()
         self.attempt_seen = -1
-        self.ended_at: float | None = None  # when a reply first said the job ended
+        self.winding_since: float | None = None  # when a reply first said: ended, still winding up here
         self.told_winding_up = False
 
     def say(self, text: str) -> None:
@@ -106,9 +106,9 @@ class _Follower:
         job submitted next finds those files written. Told once if it lasts; ``FINISH_WAIT_S`` at most."""
         if not reply.get("finishing_here", False):
             return False
-        if self.ended_at is None:
-            self.ended_at = now
-        waited = now - self.ended_at
+        if self.winding_since is None:
+            self.winding_since = now
+        waited = now - self.winding_since
         if waited >= FINISH_NOTE_S and not self.told_winding_up:
             self.told_winding_up = True
             self.say(f"{self.job} ended; this node is winding it up (its last snapshots written to disk)")
