@@ -6,8 +6,11 @@ gateway cannot do: etcd-io/etcd#10392). The KV and JobStore contracts run agains
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,6 +62,21 @@ def test_a_job_over_grpc_loses_a_node_and_completes(daemon_factory: DaemonFactor
     assert a.wait_state(job, ("SUCCEEDED", "FAILED"), 30)["state"] == "SUCCEEDED"
     assert a.job(job)["restarts"] == 1
     assert [e["client"] for e in a.events("etcd.connected")] == ["grpc"]
+
+
+def test_children_forked_while_grpc_is_busy_reach_their_exec(etcd_server: EtcdServer) -> None:
+    """grpc's fork handlers, on by default in grpcio, could abort a child between its fork and its
+    exec (SIGABRT, a few in a hundred: a worker, a keeper or py-spy lost). The backend turns them
+    off; 600 children at that rate would lose about 14."""
+    script = SCRIPTS / "grpc_forks.py"
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_ENABLE_FORK_SUPPORT"}
+    env["PYTHONPATH"] = str(REPO)
+    res = subprocess.run(
+        [sys.executable, str(script), etcd_server.endpoint, "600"],
+        capture_output=True, text=True, env=env, timeout=100,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert json.loads(res.stdout.splitlines()[-1]) == {"signalled": 0, "failed": 0}, res.stderr[-2000:]
 
 
 @pytest.fixture

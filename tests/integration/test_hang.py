@@ -98,7 +98,7 @@ def test_a_hang_on_one_node_restarts_the_other_through_etcd(
     assert job["restarts"] == 1
     failure = job["failure"]
     assert failure["kind"] == "hang" and failure["rank"] == 1, failure
-    assert failure["frame"] == f"hang_across.py:{_line(script, 'HANG LINE')} in <module>"
+    assert failure["frame"] == f"hang_across.py:{_line(script, 'HANG LINE')} in <module>", failure
     hung_on = failure["node"]
     peer = a if hung_on == b.node_id else b
     assert peer.node_id != hung_on

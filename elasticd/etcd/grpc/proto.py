@@ -15,12 +15,20 @@ from elasticd.etcd.transport import Endpoint
 from elasticd.etcd.types import Found, KeyValue
 
 PB_ENV = "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"
+# grpc's fork support runs handlers around every fork; while another thread is inside grpc (a
+# watch always is), a child forked to exec a worker, a keeper or py-spy can die of SIGABRT in
+# them before its exec (grpcio 1.85: a few in a hundred). The daemon never uses grpc in a child
+# it forks (each one execs at once), so the support is off, for the daemon's whole life: grpc
+# reads the setting when it starts, not at each fork.
+FORK_ENV = "GRPC_ENABLE_FORK_SUPPORT"
 DB_SIZE_IN_USE_FIELD = 9  # StatusResponse.dbSizeInUse (etcd >= 3.4), newer than etcd3's protos
 
 
 def load() -> tuple[Any, Any]:
     """``grpc`` and ``etcd3.etcdrpc``, with protobuf's pure-Python implementation for this import
-    (the environment is as it was afterwards: processes we start do not inherit the setting)."""
+    (the environment is as it was afterwards: processes we start do not inherit the setting), and
+    grpc's fork support off (``FORK_ENV``)."""
+    os.environ[FORK_ENV] = "false"
     had = os.environ.get(PB_ENV)
     os.environ[PB_ENV] = "python"
     try:
