@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from elasticd.workers.proctree.spawn import Identity, worker_preexec
 
 PY_SPY_TIMEOUT_S = 15.0
 MAX_OUTPUT = 4 << 20
+MAX_ERROR = 4096
 _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C"}
 
 
@@ -72,6 +74,27 @@ async def _read_bounded(stream: asyncio.StreamReader) -> bytes:
     return b"".join(chunks)
 
 
+async def _read_head(stream: asyncio.StreamReader, keep: int = MAX_ERROR) -> bytes:
+    """The first ``keep`` bytes of everything ``stream`` says (the rest is read and dropped, so
+    the writer never blocks on a full pipe)."""
+    head = b""
+    while chunk := await stream.read(65536):
+        head = (head + chunk)[:keep]
+    return head
+
+
+def failed(code: int, err: bytes) -> str:
+    """Why py-spy gave no stacks: what it said, and a signal that ended it (before its exec, too)."""
+    said = " ".join(err.decode(errors="replace").split())[:300]
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"killed by {name}" + (f": {said}" if said else "")
+    return said or f"exit code {code}"
+
+
 async def dump_stacks(pid: int, identity: Identity | None, timeout_s: float = PY_SPY_TIMEOUT_S) -> Dump:
     """The stacks of every thread of ``pid``, as ``identity`` (the worker's) may see them."""
     exe = py_spy_path()
@@ -91,7 +114,7 @@ async def dump_stacks(pid: int, identity: Identity | None, timeout_s: float = PY
     assert proc.stdout is not None and proc.stderr is not None
     try:
         out, err = await asyncio.wait_for(
-            asyncio.gather(_read_bounded(proc.stdout), proc.stderr.read(4096)), timeout_s
+            asyncio.gather(_read_bounded(proc.stdout), _read_head(proc.stderr)), timeout_s
         )
         code = await asyncio.wait_for(proc.wait(), timeout_s)
     except (TimeoutError, StackError) as exc:
@@ -100,8 +123,7 @@ async def dump_stacks(pid: int, identity: Identity | None, timeout_s: float = PY
         await proc.wait()
         return Dump(None, f"py-spy: {exc or 'no answer within ' + str(timeout_s) + ' s'}")
     if code != 0:
-        why = " ".join(err.decode(errors="replace").split())[:300] or f"exit code {code}"
-        return Dump(None, f"py-spy: {why}")
+        return Dump(None, f"py-spy: {failed(code, err)}")
     try:
         return Dump(parse_dump(out))
     except StackError as exc:
