@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from pathlib import Path
 import psutil
 
 from elasticd.progress.stacks import StackError, ThreadStack, parse_dump
+from elasticd.terms.state import describe_exit
 from elasticd.workers.proctree.spawn import Identity, worker_preexec
 
 PY_SPY_TIMEOUT_S = 15.0
@@ -79,7 +79,8 @@ async def _read_head(stream: asyncio.StreamReader, keep: int = MAX_ERROR) -> byt
     the writer never blocks on a full pipe)."""
     head = b""
     while chunk := await stream.read(65536):
-        head = (head + chunk)[:keep]
+        if len(head) < keep:
+            head = (head + chunk)[:keep]
     return head
 
 
@@ -87,12 +88,8 @@ def failed(code: int, err: bytes) -> str:
     """Why py-spy gave no stacks: what it said, and a signal that ended it (before its exec, too)."""
     said = " ".join(err.decode(errors="replace").split())[:300]
     if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"killed by {name}" + (f": {said}" if said else "")
-    return said or f"exit code {code}"
+        return describe_exit(code) + (f": {said}" if said else "")
+    return said or describe_exit(code)
 
 
 async def dump_stacks(pid: int, identity: Identity | None, timeout_s: float = PY_SPY_TIMEOUT_S) -> Dump:
