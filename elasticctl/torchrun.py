@@ -151,7 +151,8 @@ def add_elasticd_flags(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=3,
         help="end the job when it fails the same way N times in a row with no progress, instead "
-        "of spending the rest of its restarts (0: never; default: 3)",
+        "of spending the rest of its restarts; a failure from outside the job (a SIGKILL not the "
+        "OOM killer's, a lost node) never counts (0: never; default: 3)",
     )
     parser.add_argument(
         "--no-warm",

@@ -7,7 +7,8 @@ may bump first with their "Connection closed by peer". So a node that reads a re
 another node's failure of the same round, later than its own, amends the record by
 compare-and-swap (``amendment``): the first failure by time wins, whoever wrote first, and the
 one it displaced is listed among the also-failed. ``repeats`` counts a failure that repeats
-itself round after round with no progress, so that the job can stop instead of burning its budget.
+itself round after round with no progress, so that the job can stop instead of burning its budget;
+a failure from outside the job (``jobs.rootcause.from_outside``) is never counted.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import replace
 
 from elasticd.agent.actions import Amend
 from elasticd.decode import DecodeError, decode
-from elasticd.jobs.rootcause import earlier, same_way, with_also_failed
+from elasticd.jobs.rootcause import earlier, from_outside, same_way, with_also_failed
 from elasticd.rendezvous.model import RoundInfo
 from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.state import RoundReason, WorkerFailure
@@ -51,7 +52,10 @@ def amendment(snap: JobSnapshot, mine: WorkerFailure | None) -> Amend | None:
         return None
     root = with_also_failed(mine, theirs)
     detail = root.summary() if info.detail == theirs.summary() else info.detail
-    return Amend(snap.round_mod, replace(info, failure=root.to_json(), detail=detail))
+    # The count was made for the failure the record named; a root cause from outside the job
+    # (another node's rank killed, say, and ``theirs`` only its echo) starts no chain.
+    count = 1 if from_outside(root) else info.repeats
+    return Amend(snap.round_mod, replace(info, failure=root.to_json(), detail=detail, repeats=count))
 
 
 def repeats(previous: RoundInfo | None, failure: WorkerFailure) -> int:

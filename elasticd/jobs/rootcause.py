@@ -2,7 +2,8 @@
 
 Within a node, ``by_first_failure`` orders the exits; across nodes, ``earlier`` tells whether a
 node's own root cause precedes the one another node recorded for the round (the record is then
-amended); across rounds, ``same_way`` tells a failure that repeats itself with no progress.
+amended); across rounds, ``same_way`` tells a failure that repeats itself with no progress, and
+``from_outside`` one that never does: the job's own code did not bring it on.
 
 torchrun blames the failure with the smallest error-file timestamp; a worker without one (no
 ``@record``, a signal, ``os._exit``) is timed by when its exit was seen. The lowest rank is not
@@ -21,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from elasticd.terms.state import MAX_ALSO_FAILED, FailedRank, WorkerFailure, one_line
+from elasticd.terms.state import MAX_ALSO_FAILED, FailedRank, FailureKind, WorkerFailure, one_line
 
 
 @dataclass(frozen=True)
@@ -162,11 +163,46 @@ def with_also_failed(root: WorkerFailure, other: WorkerFailure) -> WorkerFailure
 
 PROGRESS_WITHOUT_STEPS_S = 300.0  # a script that reports no steps made progress if it ran this long
 
+# Signals a process gets for what it did itself: a fault, ``abort()`` (torch's and NCCL's fatal
+# errors), a resource limit it ran into, a write to a closed pipe, an alarm it set. Any other
+# signal (SIGKILL, SIGTERM, SIGINT, SIGHUP, ...) was sent from outside: an operator, a scheduler,
+# a node's own troubles. Where it did not come from the OOM killer (``FailureKind.OOM``), nothing
+# says the job will meet it again, so it is never taken for a job that cannot progress.
+OWN_SIGNALS = frozenset(
+    {
+        "SIGSEGV",
+        "SIGBUS",
+        "SIGFPE",
+        "SIGILL",
+        "SIGABRT",
+        "SIGTRAP",
+        "SIGSYS",
+        "SIGXCPU",
+        "SIGXFSZ",
+        "SIGPIPE",
+        "SIGALRM",
+        "SIGVTALRM",
+        "SIGPROF",
+    }
+)
+_NOT_THE_JOBS = frozenset({FailureKind.NODE_LOST, FailureKind.GPU, FailureKind.INFRASTRUCTURE})
+
+
+def from_outside(failure: WorkerFailure) -> bool:
+    """``failure`` came from outside the job's own code: a signal no rank brings on itself, a lost
+    node, a GPU gone bad, the node's own setup. Such a failure never counts as a repeat."""
+    if failure.kind in _NOT_THE_JOBS:
+        return True
+    return failure.kind is FailureKind.SIGNAL and failure.signal not in OWN_SIGNALS
+
 
 def same_way(previous: WorkerFailure, new: WorkerFailure) -> bool:
-    """``new`` repeats ``previous`` with no progress in between: the same kind of failure, the
-    same exception (or exit code / signal), and the furthest step did not advance (for a script
-    that reports no steps: the attempt failed within ``PROGRESS_WITHOUT_STEPS_S``)."""
+    """``new`` repeats ``previous`` with no progress in between: neither came from outside the job
+    (``from_outside``), they are the same kind of failure with the same exception (or exit code /
+    signal), and the furthest step did not advance (for a script that reports no steps: the
+    attempt failed within ``PROGRESS_WITHOUT_STEPS_S`` of its workers' start)."""
+    if from_outside(previous) or from_outside(new):
+        return False
     same = (previous.kind, previous.exception, previous.exit_code, previous.signal) == (
         new.kind,
         new.exception,

@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -111,3 +112,31 @@ def test_a_job_failing_the_same_way_with_no_progress_stops_before_its_budget_is_
     assert "7 of 9 restarts left" in job["reason"]
     status = daemon.ctl("status", job["id"])
     assert "failed the same way 3 times" in status.stdout and "(KeyError)" in status.stdout
+
+
+def _written(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
+
+
+@pytest.mark.timeout(150)
+def test_a_worker_killed_from_outside_again_and_again_is_restarted_until_its_budget_is_spent(
+    daemon: DaemonProc, tmp_path: Path
+) -> None:
+    """A plain script (no steps) whose worker is SIGKILLed from outside a few seconds into each
+    attempt, three times in a row: not the job's own doing, so it is restarted as torchrun would,
+    and its fourth attempt succeeds."""
+    script = tmp_path / "killed.py"
+    script.write_text(
+        "import os, pathlib, sys, time\n"
+        "attempt = int(os.environ['TORCHELASTIC_RESTART_COUNT'])\n"
+        "if attempt == 3:\n"
+        "    sys.exit(0)\n"
+        "pathlib.Path(os.environ['OUT'], f'pid.{attempt}').write_text(str(os.getpid()))\n"
+        "time.sleep(120)\n"
+    )
+    job_id = submit_job(daemon, tmp_path, "--max-restarts", "5", "--max-same-failures", "3", str(script))
+    for attempt in range(3):
+        pid = int(wait_for(partial(_written, tmp_path / f"pid.{attempt}"), 60, what=f"attempt {attempt}"))
+        os.kill(pid, signal.SIGKILL)
+    job = daemon.wait_state(job_id, ("SUCCEEDED", "FAILED"), timeout_s=60)
+    assert (job["state"], job["restarts"]) == ("SUCCEEDED", 3), job
