@@ -6,7 +6,7 @@ coordinator then snapshots the checkpoint's ``Metadata`` with which rank holds w
 ``persist_every`` saves, at once when a stop was requested, and at the script's normal exit, the
 step also goes to ``DIR``, behind, from the snapshots (``dcpfiles``); without a keeper, torch's
 ``FileSystemWriter`` writes it in the call. ``dcp.load(state, storage_reader=worker.snapshot_reader(DIR))``
-resumes at any world size: the ranks agree (one ``all_gather_object`` in ``read_metadata``) on the
+resumes at any world size: the ranks agree (one gather in ``read_metadata``) on the
 newest step whose metadata and every owner's shard some keeper of the job holds, and each rank
 reads the shards its plan names from the nearest keeper; else every rank reads ``DIR``, and says
 why on its stderr.

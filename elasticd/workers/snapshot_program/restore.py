@@ -1,8 +1,9 @@
 """``load_checkpoint``'s memory path: which step the job resumes from, and from where.
 
-At every load the ranks exchange one report each (``all_gather_object``): what their node's keeper
-holds of the checkpoint (its own snapshots and the replicas it received), its replication link,
-and the job's key if it has one. From the same reports every rank computes the same answers
+At every load the ranks exchange one report each (``collective.all_gather_json``: tensor
+collectives only, so torch without numpy will do): what their node's keeper holds of the
+checkpoint (its own snapshots and the replicas it received), its replication link, and the job's
+key if it has one. From the same reports every rank computes the same answers
 (pure functions below, unit-tested): the job's key (the first keeper's that has one, else rank 0's
 proposal), each node's replication peer (the next node in rank order, a ring), and the step: the
 newest step any keeper holds (the state is the same on every rank, so a step one rank finished is
@@ -16,7 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from elasticd.workers.snapshot_program import frame, replica
+from elasticd.workers.snapshot_program import collective, frame, replica
 from elasticd.workers.snapshot_program.client import Held, KeeperClient, SnapshotError
 from elasticd.workers.snapshot_program.protocol import BadMessage
 
@@ -53,11 +54,8 @@ def report(client: KeeperClient | None, name: str, me: int) -> tuple[dict[str, A
 
 
 def gather(mine: dict[str, Any], dist: Any) -> list[dict[str, Any]]:
-    if dist is None:
-        return [mine]
-    everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine)
-    return [r for r in everyone if isinstance(r, dict)]
+    """Every rank's report (a collective when ``dist`` is given)."""
+    return [r for r in collective.all_gather_json(mine, dist) if isinstance(r, dict)]
 
 
 def _valid(r: dict[str, Any]) -> bool:
