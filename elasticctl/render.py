@@ -194,12 +194,14 @@ def job_detail(job: JobView, now: float | None = None) -> str:
 
 
 def progress_table(job: JobView, now: float) -> str:
-    """Each rank's last step, steps/s and time since its last step, stragglers flagged; empty when
-    no rank has reported (a script that does not call ``elasticd.worker.step``)."""
-    rows = [["RANK", "NODE", "STEP", "STEPS/S", "LAST STEP", "PHASE", ""]]
+    """Each rank's last step, steps/s, time since its last step, and its slowness (score, seconds
+    computing and waiting over the last 20 s), stragglers flagged; empty when no rank has reported a
+    step and none has been scored yet."""
+    rows = [["RANK", "NODE", "STEP", "STEPS/S", "LAST STEP", "PHASE", "SCORE", "COMPUTE/WAIT", ""]]
     for m in job.get("members") or []:
         for p in m.get("progress") or []:
-            rate, at = p.get("steps_per_s"), p.get("last_step_at")
+            rate, at, score = p.get("steps_per_s"), p.get("last_step_at"), p.get("score")
+            busy, idle = p.get("computing_s"), p.get("waiting_s")
             rows.append(
                 [
                     str(p["rank"]),
@@ -208,10 +210,12 @@ def progress_table(job: JobView, now: float) -> str:
                     "-" if rate is None else f"{rate:.3g}",
                     "-" if at is None else f"{duration(now - at)} ago",
                     p.get("phase", ""),
+                    "-" if score is None else f"{score:.2f}",
+                    "-" if busy is None or idle is None else f"{busy:.1f}s/{idle:.1f}s",
                     "straggler" if p.get("straggler") else "",
                 ]
             )
-    if all(r[2] == "-" for r in rows[1:]):
+    if all(r[2] == "-" and r[7] == "-" for r in rows[1:]):
         return ""
     return table([rows[0], *sorted(rows[1:], key=lambda r: int(r[0]))])
 

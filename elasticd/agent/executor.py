@@ -23,6 +23,7 @@ from elasticd.agent.joinwatch import JoinWatch
 from elasticd.agent.record import AgentRecord, AgentState, Leave, Local, Observed, View, presence_asked
 from elasticd.agent.seams import Clock, Launcher, Lease, SystemClock, Workers
 from elasticd.agent.step import step
+from elasticd.agent.stragglers import StragglerJudge
 from elasticd.decode import report_invalid
 from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keyref import Change
@@ -90,6 +91,7 @@ class JobAgent:
         self.task: asyncio.Task[None] | None = None
         self._progress = conduct.ProgressSent()  # when progress was last due, and what was sent
         self._reach: Reach | None = None  # what the last probe found (an input to ``step``)
+        self._stragglers: StragglerJudge | None = None  # while our workers run as group rank 0
 
     @property
     def node(self) -> str:
@@ -124,6 +126,10 @@ class JobAgent:
             self.rec = replace(self.rec, leave=Leave(reason, detail, grace_s, stopping))
             self.wake()
 
+    def straggler_scores(self) -> dict[int, float]:
+        """Every rank's slowness score in the round we judge (empty unless we are its group rank 0)."""
+        return dict(self._stragglers.scores) if self._stragglers is not None else {}
+
     async def wait(self) -> None:
         if self.task is not None:
             await asyncio.shield(self.task)
@@ -143,6 +149,7 @@ class JobAgent:
             "failure": rec.failure.to_json() if rec.failure else None,
             "updated_at": self._clock.time(),
             "progress": [p.to_json() for p in workers.progress()] if workers is not None else [],
+            "stragglers": sorted(self._stragglers.flagged) if self._stragglers is not None else [],
         }
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -156,6 +163,8 @@ class JobAgent:
         finally:
             self._peers.close()
             self._joins.close()
+            if self._stragglers is not None:
+                self._stragglers.close()
             if self.workers is not None:
                 workers, self.workers = self.workers, None
                 await workers.stop(0)
@@ -358,6 +367,8 @@ class JobAgent:
         result, member = action.result, action.member
         self.first_rank = member.group_rank * self.spec.nproc_per_node
         self.workers = await self._launcher.start(self.spec, result, member, action.restarts, self.slots)
+        if member.group_rank == 0:
+            self._stragglers = StragglerJudge(self.spec.id, result.round)
         self._on_change(self)
         _log.info(
             "attempt.started",
@@ -371,6 +382,9 @@ class JobAgent:
 
     async def _stop_workers(self, grace_s: float) -> None:
         workers, self.workers = self.workers, None
+        if self._stragglers is not None:
+            self._stragglers.close()
+            self._stragglers = None
         if workers is None:
             return
         await self._publish_quietly()
@@ -390,11 +404,12 @@ class JobAgent:
             return
         self._progress = replace(self._progress, at=now)  # the next check is due from now
         view = self.local_view()
-        if not conduct.progress_changed(self._progress, view["progress"]):
-            return
-        with contextlib.suppress(EtcdUnavailable):
-            await self._store.put_node_status(self.node, view, lease)
-            self._progress = replace(self._progress, progress=tuple(view["progress"]))
+        if conduct.progress_changed(self._progress, view["progress"]):
+            with contextlib.suppress(EtcdUnavailable):
+                await self._store.put_node_status(self.node, view, lease)
+                self._progress = replace(self._progress, progress=tuple(view["progress"]))
+        if self._stragglers is not None:
+            await self._stragglers.evaluate(self._store, now)
 
     async def _publish_quietly(self) -> None:
         """``Publish`` around stopping workers, whether or not the store can be reached."""

@@ -24,6 +24,7 @@ class EventKind(StrEnum):
     RESTART = "restart"  # a new round was opened: a failure, a lost or leaving node, a scale-up
     WORKER_FAILED = "worker_failed"  # a node's workers failed (its own root cause)
     HANG = "hang"  # a rank stopped making progress
+    STRAGGLER = "straggler"  # a rank became, or stopped being, the one the others wait for
     ROOT_CAUSE = "root_cause"  # an earlier failure elsewhere was found to be the root cause
     SUCCEEDED = "succeeded"
     FAILED = "failed"  # the job ended FAILED, with its root cause
@@ -73,7 +74,8 @@ def _present(**fields: Any) -> dict[str, Any]:
 JobEnd = r.JobSucceeded | r.JobFailed | r.JobSetupFailed | r.JobKilled | r.JobRemoved | r.JobExpired
 RoundEvent = (
     r.RoundComplete | r.RoundBumped | r.JobOrphaned | r.WorkerFailed | r.WorkerHung | r.RootCauseAmended
-)
+    | r.StragglerFound | r.StragglerCleared
+)  # fmt: skip
 NodeEvent = (
     r.JobSubmitted | r.JobJoining | r.JobLeft | r.NodeDrained | r.NodeUndrained | r.DaemonReady
     | r.DaemonStopping | r.LeaseLost | r.GpuUnhealthy | r.GpuReturned
@@ -91,7 +93,7 @@ def describe(h: r.Happening) -> Said | None:
             return _job_end(h)
         case r.RoundComplete() | r.RoundBumped() | r.JobOrphaned() | r.WorkerFailed() | r.WorkerHung():
             return _round(h)
-        case r.RootCauseAmended():
+        case r.RootCauseAmended() | r.StragglerFound() | r.StragglerCleared():
             return _round(h)
         case r.JobSubmitted() | r.JobJoining() | r.JobLeft() | r.NodeDrained() | r.NodeUndrained():
             return _node(h)
@@ -153,6 +155,17 @@ def _round(h: RoundEvent) -> Said:
             message = f"rank {h.rank} made no progress for {h.silent_s}s at {h.frame}"
             fields = {"attempt": h.attempt, "rank": h.rank, "frame": h.frame, "silent_s": h.silent_s}
             return Said(EventKind.HANG, message, fields, h.job)
+        case r.StragglerFound():
+            message = (
+                f"rank {h.rank} is a straggler: slowness score {h.score:.2f} (1.0: as fast as the fastest)"
+            )
+            fields = {"round": h.round, "rank": h.rank, "straggler": True, "score": h.score}
+            return Said(EventKind.STRAGGLER, message, fields, h.job)
+        case r.StragglerCleared():
+            why = f"slowness score {h.score:.2f}" if h.score is not None else "no longer scored"
+            message = f"rank {h.rank} is no longer a straggler ({why})"
+            fields = {"round": h.round, "rank": h.rank, "straggler": False, "score": h.score}
+            return Said(EventKind.STRAGGLER, message, fields, h.job)
         case r.RootCauseAmended():
             message = f"root cause moved to this node's failure ({h.record})"
             return Said(EventKind.ROOT_CAUSE, message, {"record": h.record}, h.job, h.node)

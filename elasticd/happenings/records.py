@@ -212,6 +212,30 @@ class WorkerHung(Record):
 
 
 @dataclass(frozen=True)
+class StragglerFound(Record):
+    """A rank's slowness score stayed low: the others wait for it (``progress.slowness``)."""
+
+    EVENT = "straggler.found"
+    LEVEL = "warning"
+    job: str
+    round: int
+    rank: int
+    score: float
+
+
+@dataclass(frozen=True)
+class StragglerCleared(Record):
+    """A rank stopped being a straggler: its score recovered (``score``), or it is no longer
+    scored (None: its round ended, or it left)."""
+
+    EVENT = "straggler.cleared"
+    job: str
+    round: int
+    rank: int
+    score: float | None
+
+
+@dataclass(frozen=True)
 class RootCauseAmended(Record):
     """This node's failure replaced the root cause recorded for the job."""
 
@@ -291,6 +315,7 @@ class LeaseLost(Record):
 Happening = (
     JobSubmitted | JobJoining | JobLeft | JobSucceeded | JobFailed | JobSetupFailed | JobKilled
     | JobRemoved | JobExpired | JobOrphaned | RoundComplete | RoundBumped | WorkerFailed | WorkerHung
-    | RootCauseAmended | NodeDrained | NodeUndrained | DaemonReady | DaemonStopping | LeaseLost
+    | StragglerFound | StragglerCleared | RootCauseAmended | NodeDrained | NodeUndrained | DaemonReady
+    | DaemonStopping | LeaseLost
     | GpuUnhealthy | GpuReturned
 )  # fmt: skip

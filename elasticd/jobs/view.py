@@ -12,7 +12,8 @@ from collections.abc import Collection
 from typing import Any, cast
 
 from elasticd.decode import DecodeError, decode
-from elasticd.progress.tracker import RankProgress, stragglers
+from elasticd.progress.slowness import scores
+from elasticd.progress.tracker import RankProgress
 from elasticd.rendezvous.model import RoundHead, RoundResult
 from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.head import JobHead
@@ -177,16 +178,22 @@ def _failure(snap: JobSnapshot) -> dict[str, Any] | None:
 
 def progress_of(snap: JobSnapshot, result: RoundResult) -> dict[str, list[RankProgressView]]:
     """Each member's ranks' progress in ``result``'s round (a status of another round says nothing
-    about this one), with stragglers flagged job-wide: against every node's ranks."""
+    about this one), each rank scored job-wide (against every node's ranks), and flagged when the
+    round's judge (group rank 0's node) names it a straggler."""
     ranks: dict[str, list[RankProgress]] = {}
     for m in result.members:
         status = snap.node_status.get(m.node)
         if status is not None and status.round == result.round and status.progress:
             ranks[m.node] = list(status.progress)
-    slow = stragglers([(p.rank, p.step_time_s, p.samples) for ps in ranks.values() for p in ps])
+    judge = snap.node_status.get(result.members[0].node)
+    slow = set(judge.stragglers) if judge is not None and judge.round == result.round else set()
+    score = scores({p.rank: e for ps in ranks.values() for p in ps if (e := p.evidence) is not None})
     out: dict[str, list[RankProgressView]] = {}
     for node, ps in ranks.items():
-        out[node] = [cast(RankProgressView, p.to_json() | {"straggler": p.rank in slow}) for p in ps]
+        out[node] = [
+            cast(RankProgressView, p.to_json() | {"score": score.get(p.rank), "straggler": p.rank in slow})
+            for p in ps
+        ]
     return out
 
 

@@ -63,6 +63,11 @@ class EventMetrics:
             registry=registry,
         )
         self.hangs = Counter("elasticd_hangs", "Hung ranks found on this node", registry=registry)
+        self.stragglers = Counter(
+            "elasticd_stragglers",
+            "Ranks named stragglers by the jobs this node judges (group rank 0's node)",
+            registry=registry,
+        )
         self.submits = Counter("elasticd_jobs_submitted", "Jobs submitted to this node", registry=registry)
         self.drains = Counter("elasticd_drains", "Drains requested through this node", registry=registry)
         self.gpu_unhealthy = Counter(
@@ -87,6 +92,8 @@ class EventMetrics:
                 self.worker_failures.labels(_label(h.cause, FAILURE_KINDS)).inc()
             case r.WorkerHung():
                 self.hangs.inc()
+            case r.StragglerFound():
+                self.stragglers.inc()
             case r.JobSubmitted():
                 self.submits.inc()
             case r.NodeDrained():

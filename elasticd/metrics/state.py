@@ -24,6 +24,7 @@ from elasticd.agent.record import AgentState
 from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.space import Space, SpaceLevel
 from elasticd.jobs.view import job_state
+from elasticd.progress.slowness import Evidence
 from elasticd.terms.state import GpuStatus, JobState
 
 if TYPE_CHECKING:
@@ -42,6 +43,8 @@ class NodeState:
     workers: dict[str, int] = field(default_factory=dict)  # job -> live worker processes here
     steps_per_s: dict[str, float] = field(default_factory=dict)  # job -> its ranks' here, summed
     step_times: dict[tuple[str, int], float] = field(default_factory=dict)  # (job, rank) -> median step s
+    evidence: dict[tuple[str, int], Evidence] = field(default_factory=dict)  # this node's ranks
+    scores: dict[tuple[str, int], float] = field(default_factory=dict)  # every rank of the rounds judged here
     slots: int = 0
     free_slots: int = 0
     lease_renewals: int = 0
@@ -57,7 +60,10 @@ async def gather(manager: JobManager, registry: NodeRegistry, space: Space | Non
     workers: dict[str, int] = {}
     rates: dict[str, float] = {}
     step_times: dict[tuple[str, int], float] = {}
+    evidence: dict[tuple[str, int], Evidence] = {}
+    scores: dict[tuple[str, int], float] = {}
     for job, agent in manager.agents.items():
+        scores |= {(job, rank): score for rank, score in agent.straggler_scores().items()}
         if agent.workers is None:
             continue
         workers[job] = len(agent.workers.pids())
@@ -65,6 +71,7 @@ async def gather(manager: JobManager, registry: NodeRegistry, space: Space | Non
         if any(p.steps_per_s is not None for p in progress):
             rates[job] = sum(p.steps_per_s or 0.0 for p in progress)
         step_times |= {(job, p.rank): p.step_time_s for p in progress if p.step_time_s is not None}
+        evidence |= {(job, p.rank): e for p in progress if (e := p.evidence) is not None}
     capacity = manager.capacity()
     local = NodeState(
         node=registry.node_id,
@@ -72,6 +79,8 @@ async def gather(manager: JobManager, registry: NodeRegistry, space: Space | Non
         workers=workers,
         steps_per_s=rates,
         step_times=step_times,
+        evidence=evidence,
+        scores=scores,
         slots=int(capacity["slots"]),
         free_slots=int(capacity["free_slots"]),
         lease_renewals=registry.renewals,
@@ -131,6 +140,7 @@ class StateCollector(Collector):
             s.steps_per_s,
         )
         yield _step_times(s.step_times)
+        yield from _slowness(s.evidence, s.scores)
         yield _gauge("elasticd_slots", "This node's slots", s.slots)
         yield _gauge("elasticd_free_slots", "This node's free slots", s.free_slots)
         yield CounterMetricFamily(
@@ -170,8 +180,8 @@ def _gpus(gpus: tuple[dict[str, Any], ...]) -> Iterator[Metric]:
 
 
 def _step_times(times: Mapping[tuple[str, int], float]) -> GaugeMetricFamily:
-    """Each of this node's ranks' median step time: a rank well above its job's median, across
-    every node's ranks, is a straggler (as ``status`` flags it: ``progress.tracker.stragglers``)."""
+    """Each of this node's ranks' median step time: in synchronous training the same on every rank,
+    every node's ranks, says how fast the job steps, not which rank holds it back (``_slowness``)."""
     family = GaugeMetricFamily(
         "elasticd_rank_step_seconds",
         "Median seconds per step of each of this node's ranks, by job and rank (from their progress reports)",
@@ -180,6 +190,35 @@ def _step_times(times: Mapping[tuple[str, int], float]) -> GaugeMetricFamily:
     for (job, rank), took in sorted(times.items()):
         family.add_metric([job, str(rank)], took)
     return family
+
+
+def _slowness(
+    evidence: Mapping[tuple[str, int], Evidence], scores: Mapping[tuple[str, int], float]
+) -> Iterator[Metric]:
+    """Where each of this node's ranks spends its time (``progress.slowness``), and the score of
+    every rank of the rounds this node judges (group rank 0's node: each rank once cluster-wide)."""
+    labels = ["job", "rank"]
+    computing = GaugeMetricFamily(
+        "elasticd_rank_computing_seconds",
+        "Seconds each of this node's ranks spent outside collectives over the last 20 s",
+        labels=labels,
+    )
+    waiting = GaugeMetricFamily(
+        "elasticd_rank_waiting_seconds",
+        "Seconds each of this node's ranks spent waiting in collectives over the last 20 s",
+        labels=labels,
+    )
+    for (job, rank), e in sorted(evidence.items()):
+        computing.add_metric([job, str(rank)], e.computing_s)
+        waiting.add_metric([job, str(rank)], e.waiting_s)
+    score = GaugeMetricFamily(
+        "elasticd_rank_slowness_score",
+        "Each rank's slowness score (1: as fast as the job's fastest rank; lower is slower)",
+        labels=labels,
+    )
+    for (job, rank), value in sorted(scores.items()):
+        score.add_metric([job, str(rank)], value)
+    yield from (computing, waiting, score)
 
 
 def _space(space: Space) -> Iterator[Metric]:

@@ -1,9 +1,9 @@
-"""Per-rank progress from the reports of ``protocol``: last step, steps/s, phase, and which
-ranks straggle. Pure: every call takes ``now``.
+"""Per-rank progress from the reports of ``protocol``: last step, steps/s, phase. Pure: every
+call takes ``now``.
 
-Step times are kept in a bounded window per rank. ``stragglers`` is job-wide: it runs over the
-ranks of every node (as their agents published them), so it is a function of published values,
-not of a tracker.
+Step times are kept in a bounded window per rank. Step times cannot say which rank is slow in
+synchronous training (every rank waits for the slowest, so all step alike): that is ``slowness``'s,
+from where each rank's time goes.
 """
 
 from __future__ import annotations
@@ -11,15 +11,14 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from elasticd.progress.protocol import MAX_STEP, Phase, PhaseReport, Report, StepReport
+from elasticd.progress.slowness import Evidence
 
 WINDOW = 64  # step durations kept per rank
-STRAGGLER_FACTOR = 2.0  # a rank's median step time above this multiple of the job's median
-STRAGGLER_MIN_SAMPLES = 5  # step durations a rank needs before it can be called a straggler
 MAX_RANK = 2**31 - 1
 
 
@@ -39,6 +38,10 @@ class RankProgress:
     step_time_s: float | None  # median seconds per step over the window
     samples: int  # step durations in the window
     phase: Phase
+    # Seconds outside collectives and waiting in them over ``slowness.WINDOW_S`` (the daemon's
+    # looks at the rank's main thread, ``threadstate``); None until enough was seen.
+    computing_s: float | None = None
+    waiting_s: float | None = None
 
     def __post_init__(self) -> None:
         """Read back from etcd, where anyone with access could have written it."""
@@ -50,6 +53,16 @@ class RankProgress:
             raise ValueError(f"samples must be 0..{WINDOW}")
         for name in ("last_step_at", "steps_per_s", "step_time_s"):
             _finite(getattr(self, name), name)
+        if (self.computing_s is None) != (self.waiting_s is None):
+            raise ValueError("computing_s and waiting_s are both given or both null")
+        if self.computing_s is not None and self.waiting_s is not None:
+            Evidence(self.computing_s, self.waiting_s)  # bounded by the window
+
+    @property
+    def evidence(self) -> Evidence | None:
+        if self.computing_s is None or self.waiting_s is None:
+            return None
+        return Evidence(self.computing_s, self.waiting_s)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -119,18 +132,3 @@ class RankTracker:
             samples=len(self._durations),
             phase=self.phase,
         )
-
-
-def stragglers(
-    ranks: Sequence[tuple[int, float | None, int]],
-    factor: float = STRAGGLER_FACTOR,
-    min_samples: int = STRAGGLER_MIN_SAMPLES,
-) -> frozenset[int]:
-    """Ranks (``(rank, median step time, samples)``) whose median step time is above ``factor``
-    times the job's (its low median, over ranks with ``min_samples``: with two ranks, the faster
-    one's). With fewer than two such ranks there is nothing to compare with."""
-    known = [(r, t) for r, t, n in ranks if t is not None and n >= min_samples]
-    if len(known) < 2:
-        return frozenset()
-    median = statistics.median_low(t for _, t in known)
-    return frozenset(r for r, t in known if t > factor * median)

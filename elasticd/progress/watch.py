@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from elasticd import log
 from elasticd.happenings.bus import publish
@@ -36,6 +36,7 @@ from elasticd.progress.decider import (
 )
 from elasticd.progress.protocol import Phase, Report
 from elasticd.progress.sampler import Dump, dump_stacks, tree_cpu_seconds
+from elasticd.progress.threadstate import ActivitySampler
 from elasticd.progress.timeouts import HangPolicy, TimeoutLearner
 from elasticd.progress.tracker import RankProgress, RankTracker
 from elasticd.terms.state import FailedRank, FailureKind, WorkerFailure
@@ -114,6 +115,7 @@ class HangWatch:
         self._learner = TimeoutLearner(policy or HangPolicy(None))
         self._ranks: list[_Rank] = []
         self._task: asyncio.Task[None] | None = None
+        self._activity: ActivitySampler | None = None
         self.hung: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self.failure: WorkerFailure | None = None
 
@@ -125,6 +127,9 @@ class HangWatch:
             rank = _Rank(spec, pid, alive, now, self._learner)
             self._ranks.append(rank)
             spec.channel.start(self._reporter(rank))
+        started = [(s.rank, pid) for s, (pid, _) in zip(self._specs, procs, strict=True) if pid is not None]
+        self._activity = ActivitySampler(started, self._clock)
+        self._activity.start()
         if self._policy is not None:
             self._task = asyncio.create_task(self._run(), name=f"hang-watch-{self._attempt}")
 
@@ -136,7 +141,11 @@ class HangWatch:
         rank.stacks.clear()  # it moves: older stacks say nothing about now
 
     def progress(self) -> list[RankProgress]:
-        return [r.tracker.snapshot() for r in self._ranks]
+        return [self._with_evidence(r.tracker.snapshot()) for r in self._ranks]
+
+    def _with_evidence(self, p: RankProgress) -> RankProgress:
+        seen = self._activity.evidence(p.rank) if self._activity is not None else None
+        return p if seen is None else replace(p, computing_s=seen.computing_s, waiting_s=seen.waiting_s)
 
     def junk(self) -> int:
         return sum(r.spec.channel.junk for r in self._ranks)
@@ -144,6 +153,8 @@ class HangWatch:
     def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
+        if self._activity is not None:
+            self._activity.close()
         for spec in self._specs:
             ch = spec.channel
             if ch.junk or ch.pauses:

@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from elasticd.decode import DecodeError, decode
-from elasticd.progress.tracker import RankProgress
+from elasticd.progress.slowness import MAX_TRACKED as MAX_STRAGGLERS
+from elasticd.progress.tracker import MAX_RANK, RankProgress
 from elasticd.terms.ids import MAX_ROUND, valid_node_id
 from elasticd.terms.spec import MAX_NODES, MAX_NPROC_PER_NODE
 from elasticd.terms.state import EndReason, JobState, RoundReason, WorkerFailure
@@ -350,10 +351,13 @@ class NodeStatus:
     updated_at: float
     failure: dict[str, Any] | None = None
     progress: tuple[RankProgress, ...] = ()  # each local rank's reports (elasticd.progress)
+    stragglers: tuple[int, ...] = ()  # the round's ranks this node (group rank 0's) names stragglers
 
     def __post_init__(self) -> None:
         _need(bool(_STATE.match(self.state)), f"state must be an upper-case name, got {self.state[:40]!r}")
         _need(len(self.progress) <= MAX_NPROC_PER_NODE, f"progress lists at most {MAX_NPROC_PER_NODE} ranks")
+        _need(len(self.stragglers) <= MAX_STRAGGLERS, f"stragglers lists at most {MAX_STRAGGLERS} ranks")
+        _need(all(0 <= r <= MAX_RANK for r in self.stragglers), "stragglers must be ranks")
         _need(-1 <= self.round <= MAX_ROUND, f"round must be -1..{MAX_ROUND}, got {self.round}")
         _need(bool(_DEVICES.match(self.devices)), "devices must be a list of device indices or MIG UUIDs")
         _need(all(0 < p < 2**31 for p in self.pids), "pids must be process ids")

@@ -63,7 +63,12 @@ class RankProgressView(TypedDict):
     step_time_s: float | None  # its median seconds per step, recently
     samples: int
     phase: str  # startup, step or checkpoint
-    straggler: bool  # its step time is far above the job's median (elasticd.progress.tracker.stragglers)
+    # Seconds outside collectives and waiting in them over the last 20 s (the daemon's looks at its
+    # main thread); None until enough was seen.
+    computing_s: float | None
+    waiting_s: float | None
+    score: float | None  # slowness: 1.0 as fast as the job's fastest rank, lower is slower (None: unscored)
+    straggler: bool  # the job's judge names it a straggler (elasticd.progress.slowness.judge)
 
 
 class MemberView(TypedDict):

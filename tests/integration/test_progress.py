@@ -1,5 +1,6 @@
-"""Progress in status, with real daemons and workers: each rank's last step, steps/s, time since
-its last step and stragglers; and a worker that abuses its progress pipe disturbs nothing."""
+"""Progress in status, with real daemons and workers: each rank's last step, steps/s and time since
+its last step; and a worker that abuses its progress pipe disturbs nothing. (Which rank the others
+wait for: ``test_stragglers``.)"""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def _progress(job: dict[str, Any]) -> dict[int, dict[str, Any]]:
 
 
 @pytest.mark.timeout(180)
-def test_a_stepping_job_shows_its_progress_and_its_straggler(daemon: DaemonProc, tmp_path: Path) -> None:
+def test_a_stepping_job_shows_its_progress(daemon: DaemonProc, tmp_path: Path) -> None:
     env = dict(os.environ, OUT=str(tmp_path))
     res = daemon.ctl("submit", "--nproc-per-node", "2", str(SCRIPTS / "stepper.py"), env=env, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
@@ -33,16 +34,17 @@ def test_a_stepping_job_shows_its_progress_and_its_straggler(daemon: DaemonProc,
     job = wait_job(daemon, job_id, stepping, "both ranks to report steps", 90)
     fast, slow = _progress(job)[0], _progress(job)[1]
     assert fast["phase"] == "step" and fast["steps_per_s"] > 0 and fast["last_step_at"] > 0
-    assert slow["straggler"] and not fast["straggler"]
     assert slow["step_time_s"] > 2 * fast["step_time_s"]
+    # Ranks that never wait for each other (no collective): neither holds the other back.
+    assert not slow["straggler"] and not fast["straggler"]
 
     as_json = json.loads(daemon.ctl("status", job_id, "--json").stdout)
     rank1 = _progress(as_json)[1]
-    assert rank1["straggler"] is True and "T" in rank1["last_step_at"]  # ISO 8601 for programs
+    assert "T" in rank1["last_step_at"]  # ISO 8601 for programs
     text = daemon.ctl("status", job_id).stdout
     assert "progress:" in text and "STEPS/S" in text and "LAST STEP" in text
     row = next(line.split() for line in text.splitlines() if line.strip().startswith("1 "))
-    assert row[-1] == "straggler" and row[5] == "ago", row
+    assert row[5] == "ago", row
 
     (tmp_path / "stop").touch()
     assert wait_job(daemon, job_id, lambda j: j["state"] == "SUCCEEDED", "the job to end", 60)

@@ -155,6 +155,7 @@ PURE = (
     "elasticd.jobs.view",
     "elasticd.manager.statusviews",
     "elasticd.progress.tracker",
+    "elasticd.progress.slowness",
     "elasticd.progress.timeouts",
     "elasticd.progress.protocol",
     "elasticd.progress.stacks",

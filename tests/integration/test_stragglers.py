@@ -1,0 +1,118 @@
+"""The rank the others wait for is named with no change to the script: a real 2-rank DDP job on gloo
+under a real daemon, one rank slowed from outside (stopped half of every 200 ms)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from elasticd.netaddr import free_port
+from tests.conftest import DaemonFactory
+from tests.integration.test_observe import scrape
+from tests.support import REPO, DaemonProc, wait_for, wait_job
+
+SCRIPTS = REPO / "tests" / "scripts"
+
+
+def _ranks(job: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    return {p["rank"]: p for m in job.get("members", []) for p in m.get("progress", [])}
+
+
+def _scored(job: dict[str, Any]) -> bool:
+    ranks = _ranks(job)
+    return len(ranks) == 2 and all(r.get("score") is not None for r in ranks.values())
+
+
+class DutyCycle:
+    """SIGSTOP ``pid`` for ``stopped_s`` of every ``period_s``, from a thread, until ``stop``."""
+
+    def __init__(self, pid: int, period_s: float = 0.2, stopped_s: float = 0.1) -> None:
+        self.pid, self.period_s, self.stopped_s = pid, period_s, stopped_s
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> DutyCycle:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join(timeout=5)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGCONT)
+
+    def _run(self) -> None:
+        while not self._done.is_set():
+            try:
+                os.kill(self.pid, signal.SIGSTOP)
+                self._done.wait(self.stopped_s)
+                os.kill(self.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                return
+            self._done.wait(self.period_s - self.stopped_s)
+
+
+def _straggler_events(daemon: DaemonProc, job_id: str) -> list[dict[str, Any]]:
+    res = daemon.ctl("events", job_id, "--json")
+    assert res.returncode == 0, res.stderr
+    events = [json.loads(line) for line in res.stdout.splitlines() if line.strip()]
+    return [e for e in events if e.get("kind") == "straggler"]
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_stopped_half_the_time_is_named_alone_and_cleared(
+    daemon_factory: DaemonFactory, tmp_path: Path
+) -> None:
+    port = free_port()
+    daemon = daemon_factory(None, "--slots", "4", "--metrics-address", str(port))
+    env = dict(os.environ, OUT=str(tmp_path))
+    res = daemon.ctl("submit", "--nproc-per-node", "2", str(SCRIPTS / "ddp_steady.py"), env=env, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    job_id = res.stdout.splitlines()[0]
+    pid = int(wait_for(lambda: _read(tmp_path / "pid.1"), 120, what="rank 1 to train"))
+
+    healthy = wait_job(daemon, job_id, _scored, "both ranks to be scored", 60)
+    assert not any(r["straggler"] for r in _ranks(healthy).values()), _ranks(healthy)
+
+    with DutyCycle(pid):
+        named = wait_job(daemon, job_id, lambda j: _ranks(j).get(1, {}).get("straggler"), "rank 1 named", 60)
+        slow, fast = _ranks(named)[1], _ranks(named)[0]
+        assert not fast["straggler"] and fast["score"] == 1.0
+        assert slow["score"] < 0.8 and slow["computing_s"] > fast["computing_s"]
+        assert fast["waiting_s"] > slow["waiting_s"]
+        found = wait_for(lambda: _straggler_events(daemon, job_id), 30, what="the straggler event")
+        assert [(e["fields"]["rank"], e["fields"]["straggler"]) for e in found] == [(1, True)]
+        text = daemon.ctl("status", job_id).stdout
+        row = next(line.split() for line in text.splitlines() if line.strip().startswith("1 "))
+        assert row[-1] == "straggler" and float(row[-3]) < 0.8, text
+        m = scrape(port)
+        assert m[f'elasticd_rank_slowness_score{{job="{job_id}",rank="1"}}'] < 0.8
+        assert m[f'elasticd_rank_slowness_score{{job="{job_id}",rank="0"}}'] == 1.0
+        assert m[f'elasticd_rank_waiting_seconds{{job="{job_id}",rank="0"}}'] > 0
+        assert m["elasticd_stragglers_total"] == 1
+
+    wait_job(daemon, job_id, lambda j: not _ranks(j).get(1, {}).get("straggler"), "rank 1 cleared", 90)
+    said = wait_for(
+        lambda: e if len(e := _straggler_events(daemon, job_id)) == 2 else None, 30, what="cleared"
+    )
+    assert [(e["fields"]["rank"], e["fields"]["straggler"]) for e in said] == [(1, True), (1, False)]
+
+    (tmp_path / "stop").touch()
+    wait_job(daemon, job_id, lambda j: j["state"] == "SUCCEEDED", "the job to end", 60)
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text() or None
+    except FileNotFoundError:
+        return None
