@@ -18,7 +18,7 @@ from enum import StrEnum
 from typing import Any
 
 from elasticctl.entry import UsageError
-from elasticd.terms.options import MODULE_NAME, NUMA_BINDINGS
+from elasticd.terms.options import MODULE_NAME, NUMA_BINDINGS, StragglerPolicy
 
 
 class Treat(StrEnum):
@@ -153,6 +153,14 @@ def add_elasticd_flags(parser: argparse.ArgumentParser) -> None:
         help="end the job when it fails the same way N times in a row with no progress, instead "
         "of spending the rest of its restarts; a failure from outside the job (a SIGKILL not the "
         "OOM killer's, a lost node) never counts (0: never; default: 3)",
+    )
+    parser.add_argument(
+        "--stragglers",
+        choices=[p.value for p in StragglerPolicy],
+        default=StragglerPolicy.REPORT.value,
+        help="what to do about a rank the others wait for: report it (status, metrics, events), or "
+        "also drain its node out of the job once it stayed a straggler for the daemon's "
+        "straggler_grace, if the job keeps its minimum size (default: report)",
     )
     parser.add_argument(
         "--no-warm",

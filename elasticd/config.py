@@ -62,6 +62,7 @@ class Settings:
     gpu_poll: float = 10.0  # seconds between reads of the GPUs' health counters
     slots: int | None = None  # CPU slots when there are no GPUs; default os.cpu_count()
     stop_grace: float = 10.0  # SIGTERM -> SIGKILL for worker trees
+    straggler_grace: float = 60.0  # a straggler named this long has its node drained (--stragglers drain)
     job_retention: float = 7 * 86400.0  # seconds an ended job's records and logs are kept (0: forever)
     allow_root_jobs: bool = False  # run specs that ask for uid 0 (off: a root job is refused and fails)
     warm_pool_size: int = 2  # zygotes kept for the next identical job, on this node (0: none)
@@ -118,6 +119,8 @@ class Settings:
 
     def _check_limits(self) -> None:
         """The bounds on what users can make the cluster hold, and the etcd settings."""
+        if not 0 <= self.straggler_grace <= 86400:
+            raise ConfigError("straggler_grace must be 0..86400 seconds")
         for name in ("max_jobs_per_user", "max_submits_per_minute", "admin_max_jobs_per_user",
                      "admin_max_submits_per_minute"):  # fmt: skip
             if not 0 <= getattr(self, name) <= 1_000_000:
@@ -260,6 +263,11 @@ OPTIONS: dict[str, Option] = {
     "gpu_poll": Option(float, "seconds between reads of the GPUs' health counters (default 10)", "SECONDS"),
     "slots": Option(_optional(int), "CPU slots when there are no GPUs (default: CPU count)", "N"),
     "stop_grace": Option(float, "seconds between SIGTERM and SIGKILL for workers (default 10)", "SECONDS"),
+    "straggler_grace": Option(
+        float,
+        "seconds a straggler is named before a --stragglers drain job drains its node (default 60)",
+        "SECONDS",
+    ),
     "job_retention": Option(
         float, "seconds an ended job's records and logs are kept (default 7 days; 0: forever)", "SECONDS"
     ),

@@ -18,6 +18,7 @@ from elasticctl.commands.base import Command, count
 from elasticctl.entry import UsageError, resolve_entry
 from elasticctl.exits import EXIT_INTERRUPTED
 from elasticctl.torchrun import add_elasticd_flags, add_flags
+from elasticd.terms.options import StragglerPolicy
 from elasticd.wire import JobState, JobView, SubmitArgs, WaitsFor, default
 
 
@@ -179,6 +180,7 @@ def submit_request(ns: argparse.Namespace, gpus: Callable[[], int]) -> tuple[Sub
         priority=ns.priority,
         numa_binding=fields.get("numa_binding"),
         mig=ns.mig,
+        stragglers=StragglerPolicy(ns.stragglers),
     )
     return args, mapped
 

@@ -368,7 +368,7 @@ class JobAgent:
         self.first_rank = member.group_rank * self.spec.nproc_per_node
         self.workers = await self._launcher.start(self.spec, result, member, action.restarts, self.slots)
         if member.group_rank == 0:
-            self._stragglers = StragglerJudge(self.spec.id, result.round)
+            self._stragglers = StragglerJudge(self.spec, result, self._rt.straggler_grace_s)
         self._on_change(self)
         _log.info(
             "attempt.started",

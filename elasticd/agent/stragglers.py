@@ -4,23 +4,44 @@ Every member publishes its ranks' evidence with their progress (``progress.threa
 node's report). The judging node reads the round's reports when its own progress is due, scores
 every rank against the fastest (``progress.slowness.scores``), and keeps the verdicts with
 hysteresis (``slowness.judge``); a change is a record on the bus (an event in the history, a
-metric). Reports are untrusted input: each was decoded by ``NodeStatus`` (bounded numbers, at most
+metric). Under ``--stragglers drain``, a node that held a straggler for the daemon's
+``straggler_grace`` is drained out of this job (``slowness.drains``: never below the job's
+minimum) by the same record an operator's ``drain NODE --job JOB`` writes, so it leaves by the
+graceful drain that loses no step; ``undrain NODE --job JOB`` lets it take part again.
+
+Reports are untrusted input: each was decoded by ``NodeStatus`` (bounded numbers, at most
 ``MAX_NPROC_PER_NODE`` ranks), one of another round says nothing, and a read that fails costs one
-evaluation, never the job.
+evaluation, never the job. The evidence in them is the daemons' own looks at the ranks, not what a
+worker says of itself, and a drain names one node and this job only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Mapping
 
 from elasticd import log
 from elasticd.errors import EtcdUnavailable
 from elasticd.happenings.bus import publish
-from elasticd.happenings.records import StragglerCleared, StragglerFound
-from elasticd.progress.slowness import Change, Evidence, Verdicts, ended, judge, scores
+from elasticd.happenings.records import NodeDrained, StragglerCleared, StragglerFound
+from elasticd.progress.slowness import (
+    Change,
+    Drain,
+    Evidence,
+    Keep,
+    Verdicts,
+    drains,
+    ended,
+    judge,
+    scores,
+)
 from elasticd.rendezvous.jobstore import JobStore
-from elasticd.rendezvous.model import NodeStatus
+from elasticd.rendezvous.model import DrainRecord, NodeStatus, RoundHead
+from elasticd.terms.options import StragglerPolicy
+from elasticd.terms.spec import JobSpec
+
+DRAINED_BY = "elasticd (stragglers)"  # who a straggler's drain says asked for it
 
 _log = log.get("elasticd.agent")
 
@@ -37,22 +58,53 @@ def round_evidence(statuses: Mapping[str, NodeStatus], round_no: int) -> dict[in
     return out
 
 
-class StragglerJudge:
-    """The verdicts of one round, on the node that judges it."""
+def round_holders(statuses: Mapping[str, NodeStatus], round_no: int) -> dict[str, frozenset[int]]:
+    """Each member's ranks in ``round_no``, as its report of that round lists them."""
+    return {
+        node: frozenset(p.rank for p in status.progress)
+        for node, status in statuses.items()
+        if status.round == round_no
+    }
 
-    def __init__(self, job: str, round_no: int) -> None:
-        self.job = job
-        self.round = round_no
+
+class StragglerJudge:
+    """The verdicts of one round, on the node that judges it, and the drains its policy asks."""
+
+    def __init__(self, spec: JobSpec, head: RoundHead, grace_s: float) -> None:
+        self.job = spec.id
+        self.round = head.round
+        self._policy = spec.stragglers
+        self._minimum = spec.nnodes.min
+        self._size = head.size
+        self._grace_s = grace_s
         self._verdicts = Verdicts()
+        self._acted: set[str] = set()  # nodes drained (or kept at the minimum) once this round
         self.scores: dict[int, float] = {}
 
     async def evaluate(self, store: JobStore, now: float) -> None:
-        """Read the round's reports, score every rank and say what changed."""
+        """Read the round's reports, score every rank, say what changed and act by the policy."""
         with contextlib.suppress(EtcdUnavailable):
             statuses = await store.statuses()
             self.scores = scores(round_evidence(statuses, self.round))
             self._verdicts, changes = judge(self._verdicts, self.scores, now)
             self._tell(changes)
+            if self._policy is StragglerPolicy.DRAIN:
+                await self._act(store, round_holders(statuses, self.round), now)
+
+    async def _act(self, store: JobStore, holders: dict[str, frozenset[int]], now: float) -> None:
+        v, size, least = self._verdicts, self._size, self._minimum
+        due = drains(v, self.scores, holders, size, least, self._grace_s, now)
+        for d in due:
+            if d.node in self._acted:
+                continue
+            self._acted.add(d.node)
+            match d:
+                case Drain(node, rank, score):
+                    await store.drain_member(node, DrainRecord(None, time.time(), DRAINED_BY))
+                    publish(NodeDrained(node, self.job, None, DRAINED_BY, (self.job,), False))
+                    _log.warning("straggler.drained", job=self.job, node=node, rank=rank, score=score)
+                case Keep(node, rank, why):
+                    _log.warning("straggler.kept", job=self.job, node=node, rank=rank, why=why)
 
     @property
     def flagged(self) -> frozenset[int]:

@@ -236,6 +236,7 @@ def runtime(
         zygotes=ZygotePool(Limits(s.warm_pool_size, s.warm_keep_s), tracking),
         numa=read_host(),
         snapshot_bytes=s.snapshot_bytes,
+        straggler_grace_s=s.straggler_grace,
     )
 
 

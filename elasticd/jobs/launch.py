@@ -63,6 +63,7 @@ class NodeRuntime:
     zygotes: ZygotePool = field(default_factory=ZygotePool.disabled)  # parked for the next identical job
     numa: Host | None = None  # the host's NUMA layout (node/numa.py), for --numa-binding
     snapshot_bytes: int = 0  # a job's snapshot keeper's bound here (0: none; workers.warm.keeper)
+    straggler_grace_s: float = 60.0  # named this long, a straggler's node is drained (--stragglers drain)
 
 
 def master_port(rt: NodeRuntime) -> int:

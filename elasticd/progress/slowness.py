@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
@@ -136,10 +136,11 @@ class Change:
 
 @dataclass(frozen=True)
 class Verdicts:
-    """Which ranks are stragglers, and since when each score has been past its line."""
+    """Which ranks are stragglers (and since when), and since when each score has been past its line."""
 
     flagged: frozenset[int] = frozenset()
     past_since: Mapping[int, float] = field(default_factory=dict)  # rank -> first time past its line
+    flagged_at: Mapping[int, float] = field(default_factory=dict)  # flagged rank -> when it was named
 
 
 def judge(v: Verdicts, current: Mapping[int, float], now: float) -> tuple[Verdicts, tuple[Change, ...]]:
@@ -161,9 +162,58 @@ def judge(v: Verdicts, current: Mapping[int, float], now: float) -> tuple[Verdic
     for rank in sorted(flagged - current.keys()):
         flagged.discard(rank)
         changes.append(Change(rank, False, None))
-    return replace(v, flagged=frozenset(flagged), past_since=past), tuple(changes)
+    named = {c.rank: now for c in changes if c.straggler}
+    at = {r: t for r, t in v.flagged_at.items() if r in flagged} | named
+    return replace(v, flagged=frozenset(flagged), past_since=past, flagged_at=at), tuple(changes)
 
 
 def ended(v: Verdicts) -> tuple[Change, ...]:
     """What the end of the round (or of the evaluation) says of each flagged rank."""
     return tuple(Change(rank, False, None) for rank in sorted(v.flagged))
+
+
+@dataclass(frozen=True)
+class Drain:
+    """Drain ``node`` out of the job: it has held straggler ``rank`` for the grace."""
+
+    node: str
+    rank: int
+    score: float | None
+
+
+@dataclass(frozen=True)
+class Keep:
+    """``node`` holds a straggler past the grace, but the job is at its minimum: it stays."""
+
+    node: str
+    rank: int
+    why: str
+
+
+def drains(
+    v: Verdicts,
+    scores_now: Mapping[int, float],
+    holders: Mapping[str, Collection[int]],
+    size: int,
+    minimum: int,
+    grace_s: float,
+    now: float,
+) -> list[Drain | Keep]:
+    """The nodes to drain out of the job under ``StragglerPolicy.DRAIN``: each node (of
+    ``holders``: node -> its ranks) that holds a rank named a straggler at least ``grace_s`` ago,
+    with its slowest such rank, so long as the round (``size`` nodes) keeps ``minimum`` nodes: a
+    drain never takes a job below it (the node is kept, and said so)."""
+    due = {r for r, t in v.flagged_at.items() if r in v.flagged and now - t >= grace_s}
+    out: list[Drain | Keep] = []
+    left = size
+    for node in sorted(holders):
+        mine = sorted(due.intersection(holders[node]))
+        if not mine:
+            continue
+        rank = min(mine, key=lambda r: scores_now.get(r, 1.0))
+        if left - 1 < minimum:
+            out.append(Keep(node, rank, f"the job needs {minimum} nodes and has {left}"))
+            continue
+        left -= 1
+        out.append(Drain(node, rank, scores_now.get(rank)))
+    return out

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any, TypeVar, cast
 
 from elasticd.decode import DecodeError, parse_json
@@ -39,7 +39,7 @@ from elasticd.etcd.pages import read_pages
 from elasticd.etcd.types import Compare, Put, Query
 from elasticd.rendezvous import reportread, roster, rosterread
 from elasticd.rendezvous.glance import Glance, Seen
-from elasticd.rendezvous.model import FinalRecord, Join, NodeStatus, RoundInfo, RoundResult
+from elasticd.rendezvous.model import DrainRecord, FinalRecord, Join, NodeStatus, RoundInfo, RoundResult
 from elasticd.rendezvous.snapshot import InvalidKey, JobSnapshot
 from elasticd.terms.head import JobHead, body_bytes, check_body
 from elasticd.terms.spec import MAX_NODES, JobSpec
@@ -335,6 +335,12 @@ class KVJobStore:
 
     async def clear_waiting(self, node: str) -> None:
         await self._run(lambda: self._kv.delete(self._keys.waiting(self.job_id, node)))
+
+    async def drain_member(self, node: str, record: DrainRecord) -> None:
+        """Drain ``node`` out of this job (``jobs/<job>/drain/<node>``), as ``drain NODE --job``
+        does: the node leaves gracefully, and stays out until the record is deleted (``undrain``)."""
+        key = self._keys.job_drain(self.job_id, node)
+        await self._run(lambda: self._kv.put_json(key, asdict(record)))
 
     async def put_node_status(self, node: str, status: dict[str, Any], lease: int) -> None:
         """Publish ``node``'s report (``reports/<job>/<node>``), only while the job's head read

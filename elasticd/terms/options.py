@@ -24,3 +24,10 @@ class EntryKind(StrEnum):
 
 
 NUMA_BINDINGS = ("node", "socket", "exclusive", "core-complex")  # torchrun's --numa-binding values
+
+
+class StragglerPolicy(StrEnum):
+    """What a job does about a rank the others wait for (``--stragglers``)."""
+
+    REPORT = "report"  # name it (status, metrics, events) and nothing more
+    DRAIN = "drain"  # also drain its node out of the job (the graceful drain) once named for the grace

@@ -21,6 +21,7 @@ from elasticd.terms.options import (
     MODULE_NAME,
     NUMA_BINDINGS,
     EntryKind,
+    StragglerPolicy,
 )
 
 # A plain user name: what pwd may hold (or the uid as digits when it has no entry), nothing that
@@ -130,6 +131,7 @@ class JobSpec:
     priority: int = 0  # admission order among pending jobs, higher first (above 0: root and admins)
     numa_binding: str | None = None  # torchrun's --numa-binding: node, socket, exclusive, core-complex
     mig: bool = False  # run on MIG slices (a MIG job), never on whole GPUs, and the other way round
+    stragglers: StragglerPolicy = StragglerPolicy.REPORT  # what a straggler's node gets (progress.slowness)
 
     def __post_init__(self) -> None:
         # In this order: a spec with several problems is told the first one.
@@ -155,6 +157,8 @@ class JobSpec:
             )
         if type(self.mig) is not bool:
             raise InvalidSpec("mig must be true or false")
+        if not isinstance(self.stragglers, StragglerPolicy):
+            raise InvalidSpec(f"stragglers must be one of {', '.join(StragglerPolicy)}")
 
     def _check_types(self) -> None:
         for name in ("id", "name", "entry", "python", "cwd", "user"):
@@ -270,6 +274,7 @@ class JobSpec:
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["entry_kind"] = self.entry_kind.value
+        out["stragglers"] = self.stragglers.value
         out["args"] = list(self.args)
         out["nnodes"] = str(self.nnodes)
         out["nodes"] = list(self.nodes)
@@ -279,6 +284,8 @@ class JobSpec:
         for name in ("numa_binding", "mig"):
             if not out[name]:
                 del out[name]
+        if self.stragglers is StragglerPolicy.REPORT:
+            del out["stragglers"]
         return out
 
     def allows(self, node: str) -> bool:

@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from elasticd.terms.options import DEFAULT_JOIN_TIMEOUT_S, DEFAULT_LAST_CALL_S
+from elasticd.terms.options import DEFAULT_JOIN_TIMEOUT_S, DEFAULT_LAST_CALL_S, StragglerPolicy
 from elasticd.terms.state import JobState
 
 
@@ -44,6 +44,7 @@ class SubmitArgs:
     priority: int = 0  # admission order among waiting jobs, higher first; above 0: root and admins only
     numa_binding: str | None = None  # node, socket, exclusive or core-complex (torchrun's --numa-binding)
     mig: bool = False  # run on MIG slices, not whole GPUs
+    stragglers: StragglerPolicy = StragglerPolicy.REPORT  # report, or also drain a straggler's node
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import pytest
 from elasticd.netaddr import free_port
 from tests.conftest import DaemonFactory
 from tests.integration.test_observe import scrape
-from tests.support import REPO, DaemonProc, wait_for, wait_job
+from tests.support import REPO, DaemonProc, start_cluster, submit_job, wait_for, wait_job
 
 SCRIPTS = REPO / "tests" / "scripts"
 
@@ -116,3 +116,39 @@ def _read(path: Path) -> str | None:
         return path.read_text() or None
     except FileNotFoundError:
         return None
+
+
+@pytest.mark.timeout(300)
+def test_the_drain_policy_moves_a_straggler_s_node_out_of_an_elastic_job(
+    daemon_factory: DaemonFactory, tmp_path: Path
+) -> None:
+    a, b = start_cluster(daemon_factory, 2, "--straggler-grace", "3")
+    job = submit_job(
+        a,
+        tmp_path,
+        "--nnodes",
+        "1:2",
+        "--last-call",
+        "1",
+        "--stragglers",
+        "drain",
+        str(SCRIPTS / "ddp_steady.py"),
+    )
+    view = wait_job(a, job, _scored, "both ranks to be scored", 120)
+    holder = next(m["node"] for m in view["members"] if m["ranks"][0] <= 1 <= m["ranks"][-1])
+    other = ({a.node_id, b.node_id} - {holder}).pop()
+    pid = int(wait_for(lambda: _read(tmp_path / "pid.1"), 30, what="rank 1's pid"))
+
+    def without_it(j: dict[str, Any]) -> bool:
+        return j["state"] == "RUNNING" and j["round"] >= 1 and [m["node"] for m in j["members"]] == [other]
+
+    with DutyCycle(pid):
+        after = wait_job(a, job, without_it, "the job to go on without the straggler's node", 150)
+    assert after["restarts"] == 0  # a drain is no failure: no restart spent
+    res = a.ctl("events", job, "--json")
+    drains = [e for e in map(json.loads, res.stdout.splitlines()) if e.get("kind") == "drain"]
+    assert [(e["node"], e["fields"]["by"]) for e in drains] == [(holder, "elasticd (stragglers)")], drains
+    found = [e for e in map(json.loads, res.stdout.splitlines()) if e.get("kind") == "straggler"]
+    assert (found[0]["fields"]["rank"], found[0]["fields"]["straggler"]) == (1, True)
+    (tmp_path / "stop").touch()
+    assert a.wait_state(job, ("SUCCEEDED", "FAILED"))["state"] == "SUCCEEDED"

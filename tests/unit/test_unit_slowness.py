@@ -153,3 +153,31 @@ def test_look_reads_this_process_and_not_a_gone_one() -> None:
     state, _ = look(os.getpid()) or ("", "")
     assert state == "R"
     assert look(2**22 + 12345) is None
+
+
+def _flagged(at: dict[int, float]) -> Verdicts:
+    return Verdicts(flagged=frozenset(at), flagged_at=at)
+
+
+def test_a_straggler_s_node_is_drained_after_the_grace_and_never_below_the_minimum() -> None:
+    holders = {"a": {0, 1}, "b": {2, 3}, "c": {4, 5}}
+    v = _flagged({3: 100.0, 2: 110.0})
+    assert sl.drains(v, {3: 0.5, 2: 0.4}, holders, 3, 1, 60.0, 159.0) == []  # within the grace
+    assert sl.drains(v, {3: 0.5, 2: 0.4}, holders, 3, 1, 60.0, 171.0) == [sl.Drain("b", 2, 0.4)]
+    kept = sl.drains(v, {}, holders, 3, 3, 60.0, 200.0)
+    assert kept == [sl.Keep("b", 2, "the job needs 3 nodes and has 3")]
+
+
+@given(
+    st.dictionaries(st.integers(0, 15), st.floats(0, 200), max_size=16),
+    st.integers(1, 4),
+    st.integers(1, 4),
+)
+def test_drains_never_take_a_job_below_its_minimum(at: dict[int, float], size: int, minimum: int) -> None:
+    holders = {f"n{i}": {4 * i + k for k in range(4)} for i in range(size)}
+    out = sl.drains(_flagged(at), {}, holders, size, minimum, 30.0, 200.0)
+    drained = [d.node for d in out if isinstance(d, sl.Drain)]
+    assert size - len(drained) >= min(size, minimum)
+    assert len(set(drained)) == len(drained)
+    for d in out:
+        assert d.rank in holders[d.node] and 200.0 - at[d.rank] >= 30.0

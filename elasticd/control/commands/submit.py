@@ -81,6 +81,7 @@ def _spec(service: CommandService, args: SubmitArgs, caller: Caller) -> JobSpec:
         priority=args.priority,
         numa_binding=args.numa_binding,
         mig=args.mig,
+        stragglers=args.stragglers,
     )
 
 
