@@ -130,6 +130,49 @@ def test_ctrl_c_stops_the_job_and_every_worker(daemon: DaemonProc, tmp_path: Pat
     assert not [p for p in pids if alive_pid(p)]
 
 
+STUBBORN = """\
+import os, pathlib, signal, time
+out = pathlib.Path(os.environ["OUT"])
+signal.signal(signal.SIGTERM, lambda *_: (out / f"term.{os.environ['RANK']}").write_text(""))
+(out / f"up.{os.environ['RANK']}").write_text("")
+while True:
+    time.sleep(1)
+"""
+
+
+def test_signals_while_the_job_stops_change_nothing_and_print_no_traceback(
+    daemon: DaemonProc, tmp_path: Path
+) -> None:
+    """``timeout`` sends SIGTERM to elasticrun and to its process group at once; more come while
+    the daemon's kill waits out the workers' grace (they ignore SIGTERM): each is told, and the
+    stop goes on as the first asked."""
+    script = tmp_path / "stubborn.py"
+    script.write_text(STUBBORN)
+    env = dict(os.environ) | {"ELASTICD_SOCKET": str(daemon.socket), "OUT": str(tmp_path)}
+    cmd = [PYTHON, "-c", "import sys; from elasticctl.run import main; sys.exit(main())",
+           "--shutdown-timeout", "15", str(script)]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        wait_for((tmp_path / "up.0").exists, 60, 0.05, "the worker to start")
+        os.kill(proc.pid, signal.SIGTERM)
+        os.killpg(proc.pid, signal.SIGTERM)
+        wait_for((tmp_path / "term.0").exists, 30, 0.05, "the kill to reach the worker")
+        os.kill(proc.pid, signal.SIGTERM)  # within the worker's grace: elasticrun still waits on its kill
+        os.kill(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
+    assert "Traceback" not in err, err
+    assert proc.returncode == 130, err
+    assert "SIGTERM: stopping job" in err and "Ctrl-C again: already stopping job" in err, err
+    job = err.split("SIGTERM: stopping job ")[1].split()[0]
+    assert daemon.job(job)["state"] == "KILLED"
+
+
 def test_the_same_line_on_two_nodes_with_one_rdzv_id_makes_one_job(
     daemon_factory: Callable[..., DaemonProc], tmp_path: Path
 ) -> None:

@@ -186,6 +186,7 @@ PURE = (
     "elasticd.jobs.env",
     "elasticd.jobs.ranktext",
     "elasticctl.life",
+    "elasticctl.runsignals",
     "elasticctl.render",
     "elasticctl.views.status",
     "elasticctl.views.events",
