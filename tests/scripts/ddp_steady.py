@@ -1,6 +1,7 @@
 """A plain torchrun script: synchronous DDP on gloo, no call into elasticd. Trains until $OUT/stop
 exists (every rank learns it at the same step, through an all_reduce), writing its pid to
-$OUT/pid.<rank> once training runs."""
+$OUT/pid.<rank> once training runs (and, with STEPS_FILE set, its step count to $OUT/steps.<rank>
+every 10 steps: bench/bench_stragglers.py)."""
 
 import os
 
@@ -19,6 +20,7 @@ stop = os.path.join(os.environ["OUT"], "stop")
 with open(os.path.join(os.environ["OUT"], f"pid.{rank}"), "w") as f:
     f.write(str(os.getpid()))
 steps = 0
+counts = os.path.join(os.environ["OUT"], f"steps.{rank}") if os.environ.get("STEPS_FILE") else None
 while True:
     flag = torch.tensor([float(os.path.exists(stop))])
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
@@ -29,5 +31,8 @@ while True:
     opt.step()
     opt.zero_grad()
     steps += 1
+    if counts is not None and steps % 10 == 0:
+        with open(counts, "w") as f:
+            f.write(str(steps))
 print(f"rank {rank} stopped after {steps} steps", flush=True)
 dist.destroy_process_group()
