@@ -91,7 +91,12 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--duplicate-stderr-filters", Treat.NOTED, "there is no console file to duplicate into: use logs"),
     Flag("--node-rank", Treat.NOTED, "group ranks come from the rendezvous, and stay stable across restarts"),
     Flag("--master-addr", Treat.NOTED, "MASTER_ADDR is group rank 0's node address, from the rendezvous"),
-    Flag("--master-port", Treat.NOTED, "MASTER_PORT is picked by group rank 0's node (see worker_ports)"),
+    Flag(
+        "--master-port",
+        Treat.MAPPED,
+        "MASTER_PORT on every node: the ranks' store listens there on group rank 0's node, or the job "
+        "fails at once saying why (without it: a port group rank 0's node picks, see worker_ports)",
+    ),
     Flag("--local-addr", Treat.NOTED, "the node's address is the daemon's `address` setting"),
     Flag(
         "--logs-specs",
@@ -222,6 +227,8 @@ def interpret(ns: argparse.Namespace, gpus: Callable[[], int]) -> Mapped:
         fields["stop_grace_s"] = _number("--shutdown-timeout", ns.shutdown_timeout)
     if getattr(ns, "numa_binding", None):
         fields["numa_binding"] = numa_binding(str(ns.numa_binding))
+    if getattr(ns, "master_port", None) not in (None, ""):
+        fields["master_port"] = master_port(str(ns.master_port))
     local_ranks = None
     if getattr(ns, "local_ranks_filter", None):
         text = str(ns.local_ranks_filter).replace(" ", "")
@@ -253,6 +260,13 @@ def nproc(text: str, gpus: Callable[[], int]) -> int:
     if text in ("cpu", "auto"):
         return os.cpu_count() or 1
     raise FlagError(f"--nproc-per-node takes a positive number, gpu, cpu or auto, got {text!r}")
+
+
+def master_port(text: str) -> int:
+    """``--master-port``: a port number (the daemon checks its range with the rest of the spec)."""
+    if not text.strip().isdigit():
+        raise FlagError(f"--master-port takes a port number, got {text!r}")
+    return int(text)
 
 
 def numa_binding(text: str) -> str:

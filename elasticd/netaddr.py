@@ -58,6 +58,20 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
         return True
 
 
+def listen_error(port: int) -> str | None:
+    """Why a process could not listen on ``port`` on every address now (None: it could), probed
+    as a ``TCPStore`` server binds (``SO_REUSEADDR``: a port left in TIME_WAIT by the previous
+    attempt's store is free, one that something listens on is not)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+            s.listen(1)
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
+
+
 def pick_port(host: str, ports: PortRange | None, rng: random.Random | None = None) -> int:
     """A port that ``host`` can bind now: any free one, or one of ``ports`` (the ``worker_ports``
     setting, for firewalls). Raises ``NoFreePort`` when the whole range is taken."""

@@ -179,6 +179,7 @@ def submit_request(ns: argparse.Namespace, gpus: Callable[[], int]) -> tuple[Sub
         job_id=fields.get("job_id"),
         priority=ns.priority,
         numa_binding=fields.get("numa_binding"),
+        master_port=fields.get("master_port"),
         mig=ns.mig,
         stragglers=StragglerPolicy(ns.stragglers),
     )

@@ -83,3 +83,25 @@ def offered_again(alive: bool, served_peers: bool) -> bool:
     barrier counts among them. A new host, on a port they never knew, serves the next round. A
     round of one node stops its own ranks before the next starts, so its host serves them all."""
     return alive and not served_peers
+
+
+def named_port_refusal(
+    named: int | None, leads: bool, chosen: Choice, serving: str | None, listen: str | None
+) -> str | None:
+    """Why a round cannot start with the port its user named (torchrun's ``--master-port``:
+    ``named``; None: none was named, elasticd picks one and nothing is refused), or None.
+
+    A script may reach the store on that port itself (``init_method="tcp://host:PORT"``), so
+    under torchrun's contract something must listen there: the job's store host on group rank 0's
+    node (``chosen.agent_store``), or rank 0 itself. If neither can, the ranks would wait for a
+    store until their own timeout: the job is refused at once instead, saying why. Only group rank
+    0's node can tell (``leads``); ``serving``: why its store host cannot serve (None: it can);
+    ``listen``: why rank 0 could not listen on the port now (None: it could), asked only when
+    rank 0 is to host the store."""
+    if named is None or not leads:
+        return None
+    if chosen.agent_store:
+        return None if serving is None else f"--master-port {named} has no store host: {serving}"
+    if listen is not None:
+        return f"--master-port {named} cannot be listened on: {listen}"
+    return None

@@ -13,9 +13,11 @@ from elasticd.jobs.env import zygote_env
 from elasticd.jobs.identity import switch_to
 from elasticd.jobs.launch import NodeRuntime, ProcessWorkers, layout_for, master_port, start_group
 from elasticd.jobs.pathcheck import check_paths
+from elasticd.netaddr import listen_error
 from elasticd.rendezvous.model import Member, RoundHead
 from elasticd.terms.options import EntryKind
 from elasticd.terms.spec import JobSpec
+from elasticd.terms.state import EndReason, SetupFailure
 from elasticd.workers.cgroups.limits import ResourceLimits
 from elasticd.workers.warm import storehost
 from elasticd.workers.warm.keeper import KeeperSetup, SnapshotKeeper
@@ -76,12 +78,14 @@ class ProcessLauncher:
         self._store: StoreHost | None = None  # the job's store host here (``jobs.agentstore``)
         self._cold = ""  # why the job has no zygote here
         self._job = ""
+        self._named: int | None = None  # the port the user named for MASTER_PORT (--master-port)
 
     def prepare(self, spec: JobSpec) -> None:
         """The job was admitted here: get its zygote now, so its imports overlap the rendezvous."""
         if self._zygote is not None or self._keeper is not None:
             return
         self._job = spec.id
+        self._named = spec.master_port
         self._start_keeper(spec)
         setup = zygote_setup(self._rt, spec)
         if isinstance(setup, str):
@@ -160,29 +164,47 @@ class ProcessLauncher:
         nodes is replaced (``agentstore.offered_again``). Started here when the zygote is ready now
         (a join never waits for its imports: the round's join timeout runs meanwhile)."""
         zygote, cold = self._zygote_now()
-        host, failed = self._store, None
-        if host is not None and agentstore.offered_again(host.alive, host.served_peers):
-            try:
-                await host.clear(round_no)
-            except StoreError as exc:
-                _log.warning("store.clear_failed", job=self._job, pid=host.pid, error=str(exc))
-                host = None
-        else:
-            host = None
+        host = await self._kept(round_no)
+        failed = None
         if host is None:
-            fresh = None
-            if zygote is not None:
-                try:  # before the old one stops: the new port is then another than the old one's
-                    fresh = await storehost.start(zygote, self._rt.address, master_port(self._rt))
-                except StoreError as exc:
-                    failed = str(exc)
-            await self._stop_store()
-            host = self._store = fresh
+            host, failed = await self._fresh(zygote)
         choice = agentstore.at_join(cold if host is None else None, failed)
         _log.info("store.offer", job=self._job, agent_store=choice.agent_store, why=choice.why)
         if host is not None:
             return Offer(host.port, True)
-        return Offer(master_port(self._rt), False)
+        return Offer(self._port(), False)
+
+    def _port(self) -> int:
+        """The port this node offers: the one the user named, else a free one."""
+        return self._named if self._named is not None else master_port(self._rt)
+
+    async def _kept(self, round_no: int) -> StoreHost | None:
+        """The store host of the previous round, emptied for ``round_no``, if it may serve it."""
+        host = self._store
+        if host is None or not agentstore.offered_again(host.alive, host.served_peers):
+            return None
+        try:
+            await host.clear(round_no)
+        except StoreError as exc:
+            _log.warning("store.clear_failed", job=self._job, pid=host.pid, error=str(exc))
+            return None
+        return host
+
+    async def _fresh(self, zygote: Zygote | None) -> tuple[StoreHost | None, str | None]:
+        """A new store host from ``zygote`` (None and why when none starts), the old one stopped.
+        It stops after the new one listens, so the new port is another than the old one's; on a
+        port the user named there is one port only, so it stops first."""
+        if self._named is not None:
+            await self._stop_store()
+        fresh, failed = None, None
+        if zygote is not None:
+            try:
+                fresh = await storehost.start(zygote, self._rt.address, self._port())
+            except StoreError as exc:
+                failed = str(exc)
+        await self._stop_store()
+        self._store = fresh
+        return fresh, failed
 
     def _zygote_now(self) -> tuple[Zygote | None, str]:
         """The job's zygote if it is ready now, or None and why not."""
@@ -211,7 +233,20 @@ class ProcessLauncher:
         say("store.chosen", job=self._job, round=result.round, agent_store=choice.agent_store, why=choice.why)
         if serving is not None:
             await self._stop_store()  # rank 0 may host on the port; the next join starts another
+        await self._check_named(leads, choice, serving, result.master_port)
         return choice.agent_store
+
+    async def _check_named(
+        self, leads: bool, choice: agentstore.Choice, serving: str | None, port: int
+    ) -> None:
+        """Refuse the job at once when nothing can listen on the port its user named
+        (``agentstore.named_port_refusal``); raises ``SetupFailure``."""
+        listen = None
+        if self._named is not None and leads and not choice.agent_store:
+            listen = await asyncio.to_thread(listen_error, port)  # rank 0 is to listen there itself
+        refusal = agentstore.named_port_refusal(self._named, leads, choice, serving, listen)
+        if refusal is not None:
+            raise SetupFailure(EndReason.SPAWN_FAILED, f"on node {self._rt.node_id}: {refusal}")
 
     async def _serving(self, result: RoundHead, zygote: Zygote | None) -> str | None:
         """Why the store host cannot serve ``result``'s round (None: it can; it was emptied at

@@ -35,6 +35,7 @@ MAX_ALLOWED_NODES = 256  # node ids a job may name in ``nodes`` (none: any node)
 MIN_HANG_TIMEOUT_S = 1.0
 MAX_HANG_TIMEOUT_S = 86400.0
 MAX_PRELOAD = 32
+MIN_MASTER_PORT = 1024
 MIN_MEMORY = 16 << 20
 MAX_MEMORY = 1 << 50
 
@@ -132,6 +133,7 @@ class JobSpec:
     numa_binding: str | None = None  # torchrun's --numa-binding: node, socket, exclusive, core-complex
     mig: bool = False  # run on MIG slices (a MIG job), never on whole GPUs, and the other way round
     stragglers: StragglerPolicy = StragglerPolicy.REPORT  # what a straggler's node gets (progress.slowness)
+    master_port: int | None = None  # torchrun's --master-port: MASTER_PORT on every node (None: picked)
 
     def __post_init__(self) -> None:
         # In this order: a spec with several problems is told the first one.
@@ -212,6 +214,10 @@ class JobSpec:
             raise InvalidSpec(f"submitted_on must be a node id, got {self.submitted_on[:80]!r}")
         if not math.isfinite(self.submitted_at):
             raise InvalidSpec("submitted_at must be a finite time")
+        port = self.master_port
+        if port is not None and (type(port) is not int or not MIN_MASTER_PORT <= port <= 65535):
+            # Below 1024 only root may listen, and the ranks and their store host are the submitter.
+            raise InvalidSpec(f"master_port must be {MIN_MASTER_PORT}..65535, got {port!r}")
 
     def _check_limits(self) -> None:
         """Each worker's resource limits."""
@@ -281,7 +287,7 @@ class JobSpec:
         out["preload"] = list(self.preload)
         # Left out at their defaults: a daemon that does not know them reads such a spec still,
         # and rejects (as it must) only a job that asks for them.
-        for name in ("numa_binding", "mig"):
+        for name in ("numa_binding", "mig", "master_port"):
             if not out[name]:
                 del out[name]
         if self.stragglers is StragglerPolicy.REPORT:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -14,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from elasticd.netaddr import free_port
 from tests.support import PYTHON, DaemonProc, alive_pid, log_events, unique, wait_for
 
 pytest.importorskip("torch")
@@ -128,6 +131,67 @@ def test_ctrl_c_stops_the_job_and_every_worker(daemon: DaemonProc, tmp_path: Pat
     assert proc.returncode == 130, err
     assert daemon.job(jobs[0]["id"])["state"] == "KILLED"
     assert not [p for p in pids if alive_pid(p)]
+
+
+@pytest.mark.parametrize("mode", ["warm", "cold"])
+def test_master_port_is_where_the_ranks_store_listens(daemon: DaemonProc, tmp_path: Path, mode: str) -> None:
+    """torchrun's agent hosts the store on --master-port; so does elasticrun (warm: the job's store
+    host, every rank a client; cold: rank 0), and a script that dials that port itself runs."""
+    port = free_port()
+    cold = ["--no-warm"] if mode == "cold" else []
+    line = ["--nnodes=1", "--nproc-per-node=2", "--master-addr=localhost", f"--master-port={port}"]
+    line += [str(SCRIPTS / "master_port.py"), str(port)]
+    res = elasticrun(daemon, tmp_path, *cold, *line, timeout_s=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    store = "True" if mode == "warm" else "False"
+    assert f"rank 0 sum 3.0 agent_store={store}" in res.stdout, res.stdout
+    assert f"rank 1 sum 3.0 agent_store={store}" in res.stdout, res.stdout
+    assert "--master-port: not needed" not in res.stderr
+
+
+def test_master_port_on_two_nodes_is_where_the_leaders_store_listens(
+    daemon_factory: Callable[..., DaemonProc], tmp_path: Path
+) -> None:
+    """One line per node (an sbatch script's): the ranks of both reach the store on the named port
+    of group rank 0's node (here both nodes are this host: localhost is the leader's)."""
+    a, b = (daemon_factory(unique(n), "--slots", "2") for n in ("a", "b"))
+    port, job = free_port(), unique("exp")
+    argv = ["--nnodes", "2", "--nproc_per_node", "1", "--rdzv-id", job, f"--master-port={port}",
+            str(SCRIPTS / "master_port.py"), str(port)]  # fmt: skip
+    procs = []
+    for d in (a, b):
+        env = dict(os.environ) | {"ELASTICD_SOCKET": str(d.socket)}
+        cmd = [PYTHON, "-c", "import sys; from elasticctl.run import main; sys.exit(main())", *argv]
+        pipes: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+        procs.append(subprocess.Popen(cmd, env=env, cwd=tmp_path, **pipes))
+    try:
+        outs = [p.communicate(timeout=150) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate(timeout=30)
+    assert [p.returncode for p in procs] == [0, 0], outs
+    sums = sorted(m for out, _ in outs for m in re.findall(r"rank \d sum [\d.]+", out))
+    assert sums == ["rank 0 sum 3.0", "rank 1 sum 3.0"], outs
+    assert a.job(job)["state"] == "SUCCEEDED"
+
+
+@pytest.mark.parametrize("mode", ["warm", "cold"])
+def test_a_master_port_in_use_fails_the_job_at_once_saying_so(
+    daemon: DaemonProc, tmp_path: Path, mode: str
+) -> None:
+    cold = ["--no-warm"] if mode == "cold" else []
+    with socket.create_server(("0.0.0.0", 0)) as taken:
+        port = taken.getsockname()[1]
+        res = elasticrun(daemon, tmp_path, *cold, "--nproc-per-node=2", f"--master-port={port}",
+                         str(SCRIPTS / "master_port.py"), str(port), timeout_s=60)  # fmt: skip
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert f"--master-port {port} " in res.stderr, res.stderr
+    (job,) = [j for j in daemon.call("status")["jobs"] if j["state"] == "FAILED"]
+    ended = daemon.job(job["id"])
+    assert (ended["code"], ended["restarts"]) == ("spawn_failed", 0), ended
+    assert "sum" not in res.stdout  # no rank ran
 
 
 STUBBORN = """\

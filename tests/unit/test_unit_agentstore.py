@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,12 +15,45 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from elasticd.jobs.agentstore import at_join, at_start, offered_again
+from elasticd.jobs.agentstore import Choice, at_join, at_start, named_port_refusal, offered_again
+from elasticd.netaddr import free_port, listen_error
 from elasticd.workers.warm import spawn, storehost, wire
 from elasticd.workers.warm import zygote as zy
 from elasticd.workers.zygote_program import boot
 from elasticd.workers.zygote_program import storehost as storehost_program
 from tests.fakes import FAKE_ZYGOTE_HEAD, READY, NoReaper, until
+
+SERVES, RANK0 = Choice(True, "store host"), Choice(False, "rank 0 hosts")
+
+
+@given(
+    leads=st.booleans(),
+    chosen=st.sampled_from([SERVES, RANK0]),
+    serving=st.none() | st.just("it has ended"),
+    listen=st.none() | st.just("Address already in use"),
+)
+def test_a_picked_port_is_never_refused_nor_a_named_one_on_a_node_that_does_not_lead(
+    leads: bool, chosen: Choice, serving: str | None, listen: str | None
+) -> None:
+    assert named_port_refusal(None, leads, chosen, serving, listen) is None
+    assert named_port_refusal(29500, False, chosen, serving, listen) is None
+
+
+def test_a_named_port_is_served_by_the_store_host_or_by_rank_0_else_the_job_is_refused() -> None:
+    assert named_port_refusal(29500, True, SERVES, None, None) is None
+    assert named_port_refusal(29500, True, RANK0, "no warm parent", None) is None  # rank 0 listens
+    assert named_port_refusal(29500, True, SERVES, "it has ended", None) == (
+        "--master-port 29500 has no store host: it has ended"
+    )
+    assert named_port_refusal(29500, True, RANK0, "in use", "Address already in use") == (
+        "--master-port 29500 cannot be listened on: Address already in use"
+    )
+
+
+def test_the_named_port_is_probed_as_a_store_binds_it() -> None:
+    with socket.create_server(("0.0.0.0", 0)) as taken:
+        assert listen_error(taken.getsockname()[1]) is not None
+    assert listen_error(free_port()) is None
 
 
 def test_a_node_with_a_listening_store_host_offers_it() -> None:

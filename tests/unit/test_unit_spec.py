@@ -312,3 +312,17 @@ def test_gpu_options_are_stored_only_when_asked_for() -> None:
     assert JobSpec.from_json(asked.to_json()) == asked
     assert JobHead.of(asked, 100).to_json()["mig"] is True
     assert JobSpec.from_json(base.to_json()) == base
+
+
+def test_master_port_is_checked_and_stored_only_when_named() -> None:
+    from dataclasses import replace
+
+    from elasticd.errors import InvalidSpec
+
+    base = make_spec()
+    assert "master_port" not in base.to_json()
+    named = replace(base, master_port=29500)
+    assert JobSpec.from_json(named.to_json()) == named
+    for bad in (80, 0, 65536, True, "29500"):
+        with pytest.raises(InvalidSpec, match=r"master_port must be 1024\.\.65535"):
+            replace(base, master_port=bad)  # type: ignore[arg-type]

@@ -143,3 +143,12 @@ def test_numa_binding_is_mapped(given: str, value: str) -> None:
 def test_numa_binding_refuses_other_values() -> None:
     with pytest.raises(FlagError, match="--numa-binding takes one of"):
         interpret(parse("--numa-binding", "everywhere"), lambda: 0)
+
+
+def test_master_port_is_mapped_and_master_addr_only_noted() -> None:
+    mapped = interpret(parse("--master-addr", "localhost", "--master_port", "29500"), lambda: 0)
+    assert mapped.fields["master_port"] == 29500
+    assert [n.split(":")[0] for n in mapped.notes] == ["--master-addr"]
+    assert "master_port" not in interpret(parse(), lambda: 0).fields
+    with pytest.raises(FlagError, match="--master-port takes a port number"):
+        interpret(parse("--master-port", "http"), lambda: 0)

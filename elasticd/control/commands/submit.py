@@ -82,6 +82,7 @@ def _spec(service: CommandService, args: SubmitArgs, caller: Caller) -> JobSpec:
         numa_binding=args.numa_binding,
         mig=args.mig,
         stragglers=args.stragglers,
+        master_port=args.master_port,
     )
 
 
