@@ -120,6 +120,7 @@ PURE = (
     "elasticd.jobs.admission",
     "elasticd.jobs.rootcause",
     "elasticd.progress.decider",
+    "elasticd.progress.goodput",
     "elasticd.workers.warm.pool_decider",
     "elasticd.manager.access",
     "elasticd.manager.facts",
