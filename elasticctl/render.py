@@ -267,8 +267,18 @@ def gpus_table(nodes: list[NodeView]) -> str | None:
     return table(rows) if len(rows) > 1 else None
 
 
+def snapshots_cell(n: NodeView) -> str:
+    """A node's bound on each job's memory snapshots and where it came from: ``12.0 GiB (derived)``,
+    ``off (set)``; ``-`` from a daemon that does not say."""
+    source = n.get("snapshot_source") or ""
+    if not source:
+        return "-"
+    bound = n.get("snapshot_bytes", 0)
+    return f"{_bytes(bound) if bound > 0 else 'off'} ({source})"
+
+
 def nodes_table(nodes: list[NodeView]) -> str:
-    rows = [["NODE", "HOST", "ADDRESS", "DEVICES", "SLOTS", "FREE", "STATE", "VERSION"]]
+    rows = [["NODE", "HOST", "ADDRESS", "DEVICES", "SLOTS", "FREE", "STATE", "SNAPSHOTS", "VERSION"]]
     for n in nodes:
         inv = n.get("inventory", {})
         rows.append(
@@ -280,6 +290,7 @@ def nodes_table(nodes: list[NodeView]) -> str:
                 str(n.get("slots", inv.get("slots", "?"))),
                 str(n.get("free_slots", "?")),
                 "draining" if n.get("draining") else "ready",
+                snapshots_cell(n),
                 n.get("version", "?"),
             ]
         )

@@ -69,7 +69,8 @@ class Settings:
     warm_keep_s: float = 120.0  # seconds a zygote is kept for the next identical job (0: none)
     # Memory snapshots (``worker.save_checkpoint(memory=True)``): the bytes one job's snapshot
     # keeper may hold on this node, two per rank (0: no keeper; scripts checkpoint to disk).
-    snapshot_bytes: int = 0
+    # None: derived from the host's memory at start (``node/snapshotbound.py``).
+    snapshot_bytes: int | None = None
     log_group: str | None = None  # job log files 0640 to this group (default: 0600, the submitter only)
     # Per-user limits: what one local user can make the cluster hold. Root and ``admin_group``'s
     # members get the admin_* limits (and may set a job's priority). 0: no limit.
@@ -108,7 +109,7 @@ class Settings:
             raise ConfigError("job_retention must be >= 0 seconds (0: keep ended jobs forever)")
         if not 0 <= self.warm_pool_size <= MAX_WARM_POOL:
             raise ConfigError(f"warm_pool_size must be 0..{MAX_WARM_POOL} (0: keep no zygote)")
-        if not 0 <= self.snapshot_bytes <= MAX_SNAPSHOT_BYTES:
+        if self.snapshot_bytes is not None and not 0 <= self.snapshot_bytes <= MAX_SNAPSHOT_BYTES:
             raise ConfigError(f"snapshot_bytes must be 0..{MAX_SNAPSHOT_BYTES} (0: no memory snapshots)")
         if not 0 <= self.warm_keep_s <= MAX_WARM_KEEP_S:
             raise ConfigError(f"warm_keep_s must be 0..{MAX_WARM_KEEP_S:g} seconds (0: keep no zygote)")
@@ -279,7 +280,10 @@ OPTIONS: dict[str, Option] = {
         float, "seconds a zygote is kept for the next identical job (default 120; 0: none)", "SECONDS"
     ),
     "snapshot_bytes": Option(
-        int, "bytes one job's memory snapshots may hold on this node, two per rank (default 0: off)", "BYTES"
+        _optional(int),
+        "bytes one job's memory snapshots may hold on this node, two per rank (default: derived from"
+        " RAM and /dev/shm; 0: off)",
+        "BYTES",
     ),
     "log_group": Option(_optional(str), "job log files are 0640 to this group (default 0600)", "GROUP"),
     "max_jobs_per_user": Option(

@@ -29,7 +29,8 @@ same lines (``step 12``) to ``$ELASTICD_HEARTBEAT_FILE``.
 When elasticd changes the membership of a job (a drain, a node joining), every worker gets
 SIGTERM and the stop grace period: with this pattern no completed step is lost. A crash (SIGKILL,
 a lost node) loses the steps since the last periodic checkpoint, unless the daemons keep memory
-snapshots (``snapshot_bytes``): then ``save_checkpoint`` after every step costs about a copy of the
+snapshots (on unless ``snapshot_bytes = 0``, or the host is too small for the bound a daemon derives
+from its memory): then ``save_checkpoint`` after every step costs about a copy of the
 state into the job's snapshot keeper on the node, the file is written behind, and
 ``load_checkpoint`` resumes from the newest step any keeper of the job holds, on this node or
 replicated on another (``elasticd.workers.snapshot_program``).
@@ -172,17 +173,17 @@ def save_checkpoint(
 ) -> None:
     """Checkpoint ``state`` (the same on every rank; rank ``rank`` writes the file).
 
-    Under elasticd with memory snapshots on (the daemon's ``snapshot_bytes``) and ``memory``: every
-    rank's state is copied into the job's snapshot keeper on this node, and this returns as soon as
-    the copy is committed, with no collective. ``path`` is written behind, atomically, from the
-    snapshot: every ``persist_every`` snapshots (default ``$ELASTICD_SNAPSHOT_PERSIST_EVERY``, else
-    10), at once after a stop was requested (``GracefulStop``), after a restart restored a
-    snapshot, and at the process's normal exit; when a worker fails, the job's keeper writes the
-    newest snapshot itself once the group has stopped. Elsewhere (plain torchrun, or the keeper cannot
-    take it): written at once (temporary file, fsync, rename, fsync of the directory), then every
-    rank waits for it: when this returns, the checkpoint is durable for everyone. A rank whose keeper
-    cannot take the state while the job's snapshots are on (its keeper died, or the state is over
-    the bound) writes without that wait: the other ranks, snapshotting to memory, make no collective.
+    Under elasticd with memory snapshots on (the daemon's ``snapshot_bytes``, derived by default) and
+    ``memory``: every rank's state is copied into the job's snapshot keeper on this node, and this returns
+    as soon as the copy is committed, with no collective. ``path`` is written behind, atomically, from the
+    snapshot: every ``persist_every`` snapshots (default ``$ELASTICD_SNAPSHOT_PERSIST_EVERY``, else 10),
+    at once after a stop was requested (``GracefulStop``), after a restart restored a snapshot, and at the
+    process's normal exit; when a worker fails, the job's keeper writes the newest snapshot itself once
+    the group has stopped. Elsewhere (plain torchrun, or the keeper cannot take it): written at once
+    (temporary file, fsync, rename, fsync of the directory), then every rank waits for it: when this
+    returns, the checkpoint is durable for everyone. A rank whose keeper cannot take the state while the
+    job's snapshots are on (its keeper died, or the state is over the bound) writes without that wait: the
+    other ranks, snapshotting to memory, make no collective.
     """
     if memory and snapshots.save(state, Path(path), rank, persist_every, _stopping()):
         return

@@ -150,7 +150,6 @@ class JobAgent:
             "updated_at": self._clock.time(),
             "progress": [p.to_json() for p in workers.progress()] if workers is not None else [],
             "stragglers": sorted(self._stragglers.flagged) if self._stragglers is not None else [],
-            "goodput": tally.to_json() if (tally := self._launcher.goodput()) is not None else None,
         }
 
     # -- the loop ---------------------------------------------------------------------------------

@@ -12,7 +12,6 @@ from typing import Protocol
 
 from elasticd.jobs.agentstore import Offer
 from elasticd.jobs.decider import Group
-from elasticd.progress.goodput import Tally
 from elasticd.progress.tracker import RankProgress
 from elasticd.rendezvous.model import Member, RoundHead
 from elasticd.terms.spec import JobSpec
@@ -57,11 +56,6 @@ class Launcher(Protocol):
     async def offer(self, round_no: int) -> Offer:
         """The port offered for ``MASTER_PORT`` in a join to ``round_no``, and whether a store host
         of the job listens there (``elasticd.jobs.agentstore``)."""
-        ...
-
-    def goodput(self) -> Tally | None:
-        """Where the job's time went on this node since its submission (``progress.goodput``),
-        across its rounds; None before ``prepare``."""
         ...
 
     async def close(self) -> None:

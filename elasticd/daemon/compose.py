@@ -44,12 +44,14 @@ from elasticd.manager.facts import NodeFacts
 from elasticd.manager.jobs import JobManager
 from elasticd.manager.service import CommandService
 from elasticd.netaddr import NoFreePort
+from elasticd.node import hostmemory
 from elasticd.node.gpuwatch import GpuWatch
 from elasticd.node.hooks import LeaseHooks
 from elasticd.node.inventory import Inventory, discover, load_nvml
 from elasticd.node.liveness import LivenessServer
 from elasticd.node.numa import read_host
 from elasticd.node.registry import NodeRegistry
+from elasticd.node.snapshotbound import SnapshotBound, bound_of
 from elasticd.node.statedir import StateDir
 from elasticd.trustedpath import read_secret, trusted_file
 from elasticd.workers.cgroups.hierarchy import detect
@@ -199,7 +201,11 @@ async def build_jobs(
         keys,
         rt.node_id,
         s.lease_ttl,
-        record=lambda: {"address": rt.address, "inventory": rt.inventory.to_json()} | hooks.capacity(),
+        record=lambda: (
+            {"address": rt.address, "inventory": rt.inventory.to_json()}
+            | {"snapshot_bytes": rt.snapshot_bytes, "snapshot_source": rt.snapshot_source.value}
+            | hooks.capacity()
+        ),
         reaper=rt.reaper,
         hooks=hooks,
     )
@@ -221,6 +227,7 @@ def runtime(
     limits: LimitBackend,
     tracking: Tracker,
 ) -> NodeRuntime:
+    snapshots = snapshot_bound(s.snapshot_bytes)
     return NodeRuntime(
         node_id,
         s.effective_address,
@@ -235,9 +242,20 @@ def runtime(
         tracking=tracking,
         zygotes=ZygotePool(Limits(s.warm_pool_size, s.warm_keep_s), tracking),
         numa=read_host(),
-        snapshot_bytes=s.snapshot_bytes,
+        snapshot_bytes=snapshots.bytes,
+        snapshot_source=snapshots.source,
         straggler_grace_s=s.straggler_grace,
     )
+
+
+def snapshot_bound(setting: int | None) -> SnapshotBound:
+    """The bound on each job's memory snapshots here: the operator's, else derived from the host's
+    memory as it is at start (logged with what it was derived from)."""
+    host = hostmemory.read()
+    bound = bound_of(setting, host)
+    _log.info("snapshots.bound", bytes=bound.bytes, source=bound.source.value, mem_total=host.mem_total,
+              shm_size=host.shm_size, shm_free=host.shm_free)  # fmt: skip
+    return bound
 
 
 def nvml_of(s: Settings) -> Nvml | None:

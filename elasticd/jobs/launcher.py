@@ -14,14 +14,11 @@ from elasticd.jobs.identity import switch_to
 from elasticd.jobs.launch import NodeRuntime, ProcessWorkers, layout_for, master_port, start_group
 from elasticd.jobs.pathcheck import check_paths
 from elasticd.netaddr import listen_error
-from elasticd.progress.accounts import Accounts
-from elasticd.progress.goodput import Tally
 from elasticd.rendezvous.model import Member, RoundHead
 from elasticd.terms.options import EntryKind
 from elasticd.terms.spec import JobSpec
 from elasticd.terms.state import EndReason, SetupFailure
 from elasticd.workers.cgroups.limits import ResourceLimits
-from elasticd.workers.group import wall_clock
 from elasticd.workers.warm import storehost
 from elasticd.workers.warm.keeper import KeeperSetup, SnapshotKeeper
 from elasticd.workers.warm.spawn import ZygoteSetup
@@ -55,7 +52,7 @@ def zygote_setup(rt: NodeRuntime, spec: JobSpec) -> ZygoteSetup | str:
 def keeper_setup(rt: NodeRuntime, spec: JobSpec) -> KeeperSetup | str:
     """What the job's snapshot keeper is started with, or why the job has none here."""
     if rt.snapshot_bytes <= 0:
-        return "off (snapshot_bytes is 0)"
+        return f"off (snapshot_bytes is 0, {rt.snapshot_source.value})"
     if spec.entry_kind is EntryKind.EXEC:
         return "not a python entry point (--no-python)"
     return KeeperSetup(
@@ -82,7 +79,6 @@ class ProcessLauncher:
         self._cold = ""  # why the job has no zygote here
         self._job = ""
         self._named: int | None = None  # the port the user named for MASTER_PORT (--master-port)
-        self._accounts: Accounts | None = None  # the job's goodput here, across its rounds
 
     def prepare(self, spec: JobSpec) -> None:
         """The job was admitted here: get its zygote now, so its imports overlap the rendezvous."""
@@ -90,7 +86,6 @@ class ProcessLauncher:
             return
         self._job = spec.id
         self._named = spec.master_port
-        self._accounts = Accounts(spec.submitted_at, wall_clock)
         self._start_keeper(spec)
         setup = zygote_setup(self._rt, spec)
         if isinstance(setup, str):
@@ -145,8 +140,6 @@ class ProcessLauncher:
             )
             zygote = None
         agent_store = await self._agent_store(result, member, zygote)
-        if self._accounts is not None:
-            self._accounts.launched(restarts)
         group, watch = await start_group(
             self._rt,
             spec,
@@ -158,13 +151,9 @@ class ProcessLauncher:
             zygote=zygote,
             snapshots=await self._snapshots(),
             agent_store=agent_store,
-            accounts=self._accounts,
         )
         stopped = self._keeper.persist if self._keeper is not None else None
-        return ProcessWorkers(group, self._rt, result.round, watch, stopped, self._accounts)
-
-    def goodput(self) -> Tally | None:
-        return self._accounts.tally() if self._accounts is not None else None
+        return ProcessWorkers(group, self._rt, result.round, watch, stopped)
 
     async def offer(self, round_no: int) -> Offer:
         """What this node puts in its join to ``round_no``: ``MASTER_PORT`` should it lead, and

@@ -4,25 +4,14 @@ A job's snapshot keeper (``workers.warm.keeper``) keeps its segments in memfds, 
 ``/dev/shm`` size limits; where ``memfd_create`` is refused (an old kernel, a container's seccomp
 profile) it falls back to unlinked files in ``/dev/shm``, and a write past a tmpfs's size is a
 SIGBUS in the training loop (Docker's default ``/dev/shm`` is 64 MB). So the node refuses, at
-submit, a job it could not keep snapshots for whichever way, with a code a script can match.
+submit, a job it could not keep snapshots for whichever way, with a code a script can match. A
+bound the node derived never asks for more than ``/dev/shm`` had (``node/snapshotbound.py``); an
+operator's can. Pure: ``/dev/shm``'s size comes in (``node/hostmemory.py``: ``shm_bytes``).
 """
 
 from __future__ import annotations
 
-import os
-
 from elasticd.errors import SnapshotSpace
-
-SHM = "/dev/shm"
-
-
-def shm_bytes(path: str = SHM) -> int | None:
-    """The size of the tmpfs at ``path`` (None: none there). A ``statvfs``: nothing is opened."""
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return None
-    return st.f_blocks * st.f_frsize
 
 
 def refusal(bound: int, shm: int | None, node: str) -> SnapshotSpace | None:

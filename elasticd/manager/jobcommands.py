@@ -30,6 +30,7 @@ from elasticd.manager.facts import NodeFacts
 from elasticd.manager.jobs import JobManager
 from elasticd.manager.jobwatch import JobWatch
 from elasticd.manager.statusviews import StatusViews
+from elasticd.node import hostmemory
 from elasticd.node.registry import NodeRegistry
 from elasticd.rendezvous import reportread, rosterread
 from elasticd.rendezvous.model import NodeStatus
@@ -103,7 +104,7 @@ class JobCommands:
         if spec.entry_kind is not EntryKind.EXEC:  # a python job may keep memory snapshots here
             bound = self._manager.rt.snapshot_bytes
             if (
-                small := snapshotspace.refusal(bound, snapshotspace.shm_bytes(), self.facts.node_id)
+                small := snapshotspace.refusal(bound, hostmemory.shm_bytes(), self.facts.node_id)
             ) is not None:
                 raise small
         if limits is not None:

@@ -267,6 +267,8 @@ class NodeView(TypedDict):
     jobs: list[str]
     draining: bool
     gpu_states: list[GpuStateView]
+    snapshot_bytes: int  # the bound on each job's memory snapshots there (0: off)
+    snapshot_source: str  # derived (from its RAM and /dev/shm), set (snapshot_bytes), "": older daemon
 
 
 class EtcdSpaceView(TypedDict):

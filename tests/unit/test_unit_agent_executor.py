@@ -24,7 +24,6 @@ from elasticd.jobs.decider import Group, GroupOutcome, group_outcome
 from elasticd.jobs.launch import NodeRuntime
 from elasticd.node.inventory import Inventory
 from elasticd.node.liveness import LivenessServer
-from elasticd.progress.goodput import Tally
 from elasticd.progress.tracker import RankProgress
 from elasticd.rendezvous.model import Join, Member, RoundHead
 from elasticd.rendezvous.snapshot import JobSnapshot
@@ -97,9 +96,6 @@ class FakeLauncher:
 
     async def offer(self, round_no: int) -> Offer:
         return Offer(29500, False)
-
-    def goodput(self) -> Tally | None:
-        return Tally(productive_s=1.0)
 
     async def start(self, spec: JobSpec, result: RoundHead, member: Member, restarts: int,
                     slots: tuple[int, ...]) -> FakeWorkers:  # fmt: skip

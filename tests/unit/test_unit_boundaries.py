@@ -141,6 +141,8 @@ PURE = (
     "elasticd.jobs.board",
     "elasticd.jobs.rate",
     "elasticd.jobs.logscope",
+    "elasticd.jobs.snapshotspace",
+    "elasticd.node.snapshotbound",
     "elasticd.integrations.rules",
     # records, models and views
     "elasticd.agent.record",

@@ -185,6 +185,20 @@ def test_nodes_shows_how_full_etcd_is_on_one_line() -> None:
     assert unknown.startswith("etcd: size unknown, quota 2.0 GiB")
 
 
+def test_nodes_shows_each_nodes_snapshot_bound_and_where_it_came_from() -> None:
+    from elasticctl.render import nodes_table
+    from elasticd.node.registry import NodeRecord
+
+    derived = NodeRecord("n1", 2, snapshot_bytes=12 << 30, snapshot_source="derived").to_json()
+    off = NodeRecord("n2", 2, snapshot_source="set").to_json()
+    older = NodeRecord("n3", 2).to_json()
+    lines = nodes_table([derived, off, older]).splitlines()  # type: ignore[list-item]
+    assert "SNAPSHOTS" in lines[0].split()
+    assert "12.0 GiB (derived)" in lines[1] and "off (set)" in lines[2]
+    column = lines[0].index("SNAPSHOTS")
+    assert lines[3][column] == "-"
+
+
 class _InterruptedOnLoad(types.ModuleType):
     """A module whose names raise KeyboardInterrupt: Ctrl-C while ``from ... import`` runs."""
 

@@ -115,6 +115,12 @@ def test_every_setting_is_in_the_readme() -> None:
     assert [name for name in setting_names() if f"`{name}`" not in readme] == []
 
 
+def test_snapshot_bytes_unset_is_derived_and_zero_turns_snapshots_off() -> None:
+    assert load_settings(None, {}, {}).snapshot_bytes is None  # node/snapshotbound.py derives it
+    assert load_settings(None, {"ELASTICD_SNAPSHOT_BYTES": ""}, {}).snapshot_bytes is None
+    assert load_settings(None, {"ELASTICD_SNAPSHOT_BYTES": "0"}, {}).snapshot_bytes == 0
+
+
 def test_worker_ports() -> None:
     assert load_settings(None, {}, {}).worker_ports is None
     assert load_settings(None, {}, {"worker_ports": "29500-29999"}).worker_ports == PortRange(29500, 29999)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from elasticd.errors import ErrorCode
 from elasticd.jobs import snapshotspace
+from elasticd.node import hostmemory
 from elasticd.workers.snapshot_program import keeper as k
 from elasticd.workers.snapshot_program import restore as nearest
 from elasticd.workers.snapshot_program.protocol import (
@@ -192,7 +193,7 @@ def test_a_small_dev_shm_is_refused_with_its_code() -> None:
     assert small.details == {"shm_bytes": 64 << 20, "bound": 1 << 30, "setting": "snapshot_bytes"}
     assert "--shm-size" in small.message
     assert snapshotspace.refusal(1, None, "n1") is not None
-    assert snapshotspace.shm_bytes("/nonexistent") is None
+    assert hostmemory.shm_bytes("/nonexistent") is None
 
 
 def report(rank: int, held: list[list[int]], key: str | None = None, port: int = 0) -> dict[str, object]:
