@@ -33,4 +33,7 @@ done
 # As a user would: the job runs with the `python` on PATH (here, the venv's), in this directory.
 export PATH="$bin:$PATH"
 cd "$repo"
-"$bin/elasticctl" submit --nproc-per-node 2 --max-restarts 1 --follow examples/ddp_minimal.py -- --steps 20
+# It checkpoints after every step: memory snapshots are on by default (`elasticctl nodes` shows the
+# bound the daemon derived from this host), so a crash would redo at most the step in flight.
+"$bin/elasticctl" submit --nproc-per-node 2 --max-restarts 1 --follow examples/ddp_minimal.py -- --steps 20 \
+    --checkpoint "$work/ddp_minimal.pt"

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from elasticd.node import hostmemory
+from elasticd.node.snapshotbound import derive
 from elasticd.workers.snapshot_program.client import KeeperClient
 from tests.support import REPO, DaemonProc, log_events, start_cluster, submit_job, wait_for, wait_log
 
@@ -26,9 +28,20 @@ def restored(log: str) -> list[dict[str, str]]:
     ]
 
 
+DERIVED = derive(hostmemory.read())  # what a daemon of this host derives when nothing is set
+
+
 @pytest.mark.timeout(120)
-def test_a_killed_worker_resumes_from_memory(daemon_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    daemon: DaemonProc = daemon_factory(None, "--slots", "2", "--snapshot-bytes", str(64 << 20))
+@pytest.mark.parametrize("bound", ["set", "derived"])
+def test_a_killed_worker_resumes_from_memory(daemon_factory, tmp_path: Path, bound: str) -> None:  # type: ignore[no-untyped-def]
+    """Snapshots are on by default: a daemon with no snapshot_bytes derives its bound from the host."""
+    if bound == "derived" and not DERIVED:
+        pytest.skip("this host's memory or /dev/shm is too small for a derived bound")
+    flags = ("--snapshot-bytes", str(64 << 20)) if bound == "set" else ()
+    daemon: DaemonProc = daemon_factory(None, "--slots", "2", *flags)
+    node = daemon.call("nodes")["nodes"][0]
+    assert node["snapshot_source"] == bound and node["snapshot_bytes"] > 0
+    assert f"({bound})" in daemon.ctl("nodes").stdout
     out = tmp_path / "out"
     out.mkdir()
     env = dict(os.environ, OUT=str(out), STEPS="20", CRASH_STEP="12", CRASH_RANK="1")
