@@ -200,20 +200,34 @@ def bench_main(doc: str, script: str, rank_main: Callable[[argparse.Namespace], 
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--rank-main", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default="")
+    parser.add_argument(
+        "--bound",
+        choices=("derived", "fit"),
+        default="derived",
+        help="the keeper's bound: the one a daemon derives on this host with snapshot_bytes unset"
+        " (default), or just what two snapshots per rank need",
+    )
     args = parser.parse_args()
     if args.rank_main:
         rank_main(args)
         return
-    run_ranks(script, args.mib, ["--mib", str(args.mib), "--rounds", str(args.rounds)])
+    run_ranks(script, args.mib, ["--mib", str(args.mib), "--rounds", str(args.rounds)], bound=args.bound)
 
 
-def run_ranks(script: str, mib: int, argv: list[str], ranks: int = 2) -> None:
-    """Start a keeper bounded for two snapshots of ``mib`` MiB per rank, run ``script
-    --rank-main argv`` as ``ranks`` gloo ranks on it (their ``--out``: a temporary directory),
-    and stop the keeper."""
+def run_ranks(script: str, mib: int, argv: list[str], ranks: int = 2, bound: str = "fit") -> None:
+    """Start a keeper bounded for two snapshots of ``mib`` MiB per rank (``bound="derived"``: as a
+    daemon of this host bounds it by default), run ``script --rank-main argv`` as ``ranks`` gloo
+    ranks on it (their ``--out``: a temporary directory), and stop the keeper."""
     from elasticd.netaddr import free_port
+    from elasticd.node import hostmemory
+    from elasticd.node.snapshotbound import derive
 
-    keeper, ctl, path = start_keeper(bound=ranks * 2 * (mib + 8) << 20)
+    need = ranks * 2 * (mib + 8) << 20
+    size = derive(hostmemory.read()) if bound == "derived" else need
+    if size < need:
+        raise SystemExit(f"this host's derived bound, {size} bytes, is under the {need} the bench needs")
+    print(f"keeper bound: {size} bytes ({bound})", file=sys.stderr)
+    keeper, ctl, path = start_keeper(bound=size)
     try:
         with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as out:
             env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))

@@ -2,9 +2,9 @@
 2 ranks, a snapshot after every step).
 
 Each trial submits ``snapshot_restart_worker.py`` (a DDP model of ``--mib`` MiB, SGD without
-momentum) to a real daemon with memory snapshots on (and its default warm workers); rank 1 kills
-itself at the start of a step, the daemon restarts the group, both ranks restore the newest
-snapshot and train on. Reported per trial and as medians, from rank 1's SIGKILL (its wall time,
+momentum) to a real daemon with its defaults (memory snapshots on, their bound derived from the
+host; warm workers; ``--snapshot-bytes`` sets a bound instead); rank 1 kills itself at the start of
+a step, the daemon restarts the group, both ranks restore the newest snapshot and train on. Reported per trial and as medians, from rank 1's SIGKILL (its wall time,
 written just before):
 
 - ``to_start``: until the later rank's script runs again (the restart: the failure seen, the group
@@ -105,6 +105,12 @@ def main() -> None:
         help="a module the job's zygote imports (default: what DDP and skip_init import on first use)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the daemon's and the workers' logs")
+    parser.add_argument(
+        "--snapshot-bytes",
+        type=int,
+        default=None,
+        help="the daemon's snapshot_bytes (default: unset, the bound it derives from this host)",
+    )
     args = parser.parse_args()
     if args.preload is None:
         args.preload = list(LAZY)
@@ -118,7 +124,9 @@ def main() -> None:
         etcd = EtcdServer(root / "etcd")
         etcd.start()
         flags = ["--etcd-endpoints", etcd.endpoint, "--etcd-prefix", f"/b/{unique('p')}", "--slots", "2"]
-        flags += ["--snapshot-bytes", str((2 * 3 * 2 * args.mib + 64) << 20), "--address", "127.0.0.1"]
+        flags += ["--address", "127.0.0.1"]
+        if args.snapshot_bytes is not None:
+            flags += ["--snapshot-bytes", str(args.snapshot_bytes)]
         daemon = DaemonProc(unique("bench"), root / "node", flags, dict(os.environ))
         daemon.start()
         try:

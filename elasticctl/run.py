@@ -87,6 +87,7 @@ def submit_args(
         hang_timeout=ns.hang_timeout,
         max_same_failures=ns.max_same_failures,
         stragglers=StragglerPolicy(ns.stragglers),
+        node_check=ns.node_check,
         warm=ns.warm,
         preload=ns.preload,
         **mapped.fields,

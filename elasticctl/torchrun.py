@@ -160,6 +160,15 @@ def add_elasticd_flags(parser: argparse.ArgumentParser) -> None:
         "OOM killer's, a lost node) never counts (0: never; default: 3)",
     )
     parser.add_argument(
+        "--node-check",
+        "--node_check",
+        dest="node_check",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="before each round, check every node (compute, and its link to the round's leader) and "
+        "leave out one far below its peers (default: the daemon's node_check setting)",
+    )
+    parser.add_argument(
         "--stragglers",
         choices=[p.value for p in StragglerPolicy],
         default=StragglerPolicy.REPORT.value,

@@ -62,6 +62,7 @@ class Settings:
     gpu_poll: float = 10.0  # seconds between reads of the GPUs' health counters
     slots: int | None = None  # CPU slots when there are no GPUs; default os.cpu_count()
     stop_grace: float = 10.0  # SIGTERM -> SIGKILL for worker trees
+    node_check: bool = False  # jobs check their nodes before each round unless they say (--node-check)
     straggler_grace: float = 60.0  # a straggler named this long has its node drained (--stragglers drain)
     job_retention: float = 7 * 86400.0  # seconds an ended job's records and logs are kept (0: forever)
     allow_root_jobs: bool = False  # run specs that ask for uid 0 (off: a root job is refused and fails)
@@ -264,6 +265,10 @@ OPTIONS: dict[str, Option] = {
     "gpu_poll": Option(float, "seconds between reads of the GPUs' health counters (default 10)", "SECONDS"),
     "slots": Option(_optional(int), "CPU slots when there are no GPUs (default: CPU count)", "N"),
     "stop_grace": Option(float, "seconds between SIGTERM and SIGKILL for workers (default 10)", "SECONDS"),
+    "node_check": Option(
+        _bool,
+        "jobs check their nodes before each round unless they say otherwise (--node-check; default off)",
+    ),
     "straggler_grace": Option(
         float,
         "seconds a straggler is named before a --stragglers drain job drains its node (default 60)",

@@ -295,8 +295,8 @@ class Node:
                 | act.MarkLeft()
             ):
                 self._write(action)
-            case act.Wait() | act.WatchPeers():
-                pass  # (peers are proven dead by Crash)
+            case act.Wait() | act.WatchPeers() | act.CheckNodes():
+                pass  # (peers are proven dead by Crash; the simulated jobs check no nodes)
             case _:
                 assert_never(action)
         return None

@@ -182,6 +182,7 @@ def submit_request(ns: argparse.Namespace, gpus: Callable[[], int]) -> tuple[Sub
         master_port=fields.get("master_port"),
         mig=ns.mig,
         stragglers=StragglerPolicy(ns.stragglers),
+        node_check=ns.node_check,
     )
     return args, mapped
 

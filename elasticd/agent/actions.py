@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from elasticd.rendezvous.fitness import CheckTarget
 from elasticd.rendezvous.glance import Seen
 from elasticd.rendezvous.model import FinalRecord, Member, RoundHead, RoundInfo, RoundResult
 from elasticd.rendezvous.model import Join as JoinRecord
@@ -109,6 +110,16 @@ class Probe:
 
 
 @dataclass(frozen=True)
+class CheckNodes:
+    """Measure the link to each of ``targets`` (node, address, check port) of round ``round``
+    (``--node-check``: latency and bandwidth, by a process of the job's user, within
+    ``fitness.PROBE_DEADLINE_S``); what it found is the next steps' ``Local.checked``."""
+
+    round: int
+    targets: tuple[CheckTarget, ...]
+
+
+@dataclass(frozen=True)
 class NotePending:
     """Publish why this node waits (None: clear it), in the job's pending notes (``status``)."""
 
@@ -188,6 +199,7 @@ Action = (
     | SetWaiting
     | ClearWaiting
     | Probe
+    | CheckNodes
     | NotePending
     | CloseRound
     | Bump

@@ -14,6 +14,7 @@ from elasticd.agent.actions import (
     Action,
     Amend,
     Bump,
+    CheckNodes,
     ClearWaiting,
     CloseRound,
     Exit,
@@ -63,6 +64,7 @@ Unleased = (
     | Withdraw
     | ClearWaiting
     | Probe
+    | CheckNodes
     | CloseRound
     | Bump
     | Amend

@@ -37,6 +37,7 @@ from elasticd.jobs.launch import NodeRuntime
 from elasticd.jobs.launcher import ProcessLauncher
 from elasticd.node import liveness
 from elasticd.node.peers import PeerWatch
+from elasticd.rendezvous.fitness import Checked
 from elasticd.rendezvous.jobstore import JobStore
 from elasticd.rendezvous.model import Join
 from elasticd.rendezvous.reach import PROBE_TIMEOUT_S, Reach, Target
@@ -91,6 +92,7 @@ class JobAgent:
         self.task: asyncio.Task[None] | None = None
         self._progress = conduct.ProgressSent()  # when progress was last due, and what was sent
         self._reach: Reach | None = None  # what the last probe found (an input to ``step``)
+        self._checked: Checked | None = None  # what the last node check found (an input to ``step``)
         self._stragglers: StragglerJudge | None = None  # while our workers run as group rank 0
 
     @property
@@ -196,6 +198,7 @@ class JobAgent:
             view, setup, etcd_error = None, None, None
             try:
                 for action in actions:
+                self._checked,
                     view = await self._execute(action) or view
             except EtcdUnavailable as exc:
                 if self.rec.etcd_down_since is None:
@@ -239,8 +242,8 @@ class JobAgent:
                 await self._stop_workers(grace_s)
             case act.StartWorkers() as start:
                 await self._start_workers(start)
-            case act.Probe(round_no, targets):
-                await self._probe(round_no, targets)
+            case act.Probe() | act.CheckNodes() as look:
+                await self._look(look)
             case act.WatchPeers() | act.WatchJoins() as watch:
                 await self._follow(watch)
             case act.Withdraw() | act.ClearWaiting() | act.MarkDone() | act.MarkLeft() as mark:
@@ -307,6 +310,8 @@ class JobAgent:
                 await store.join(round_no, join, lease)
                 _log.info("agent.reasserted", job=self.spec.id, node=node, round=round_no, lease=lease)
             case act.SetWaiting():
+                    check_port=offer.check_port,
+                    compute=offer.compute,
                 await store.set_waiting(node, lease)
             case act.NotePending(note):
                 await store.note_pending(node, note, lease)
@@ -347,6 +352,18 @@ class JobAgent:
         self._reach = Reach(round_no, reached, unreached, self._clock.time())
         if unreached != before:  # once per change: a cut node probes every few seconds
             say = _log.warning if unreached else _log.info
+    async def _look(self, action: act.Probe | act.CheckNodes) -> None:
+        """Measure what admission to a round needs: peers' liveness, or (``--node-check``) the
+        links to the joiners' check servers; the next step reads what was found."""
+        match action:
+            case act.Probe(round_no, targets):
+                await self._probe(round_no, targets)
+            case act.CheckNodes(round_no, targets):
+                links = await self._launcher.check_links(targets)
+                self._checked = Checked(round_no, links, self._clock.time())
+                bad = sorted(n for n, lk in links.items() if lk.error)
+                _log.info("check.links", job=self.spec.id, round=round_no, measured=len(links), failed=bad)
+
             say("peer.reach", job=self.spec.id, round=round_no, unreached=sorted(unreached))
 
     async def _sleep(self, until: float | None, on_exits: bool) -> None:

@@ -12,6 +12,7 @@ from enum import StrEnum
 
 from elasticd.etcd.keyref import Change, KeyKind
 from elasticd.jobs.decider import Group
+from elasticd.rendezvous.fitness import Checked
 from elasticd.rendezvous.glance import Glance
 from elasticd.rendezvous.reach import Reach
 from elasticd.rendezvous.snapshot import JobSnapshot
@@ -187,6 +188,7 @@ class Local:
     etcd_error: str | None = None  # the last action could not reach the store
     joins_followed: int | None = None  # the round whose joins our watch follows (None: none)
     reach: Reach | None = None  # what our last probe of peers' liveness ports found
+    checked: Checked | None = None  # what our last node check of the joiners' links found
 
 
 @dataclass(frozen=True)

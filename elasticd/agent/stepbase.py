@@ -10,6 +10,7 @@ from typing import Any
 
 from elasticd.agent.actions import (
     Action,
+    CheckNodes,
     CloseRound,
     Finalize,
     MarkLeft,
@@ -20,7 +21,7 @@ from elasticd.agent.actions import (
 )
 from elasticd.agent.record import AgentRecord, Local
 from elasticd.rendezvous import decider as rdzv
-from elasticd.rendezvous import reach
+from elasticd.rendezvous import fitness, reach
 from elasticd.rendezvous.model import RoundInfo, RoundResult
 from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.state import EndReason, JobState
@@ -60,6 +61,20 @@ class StepBase:
             now=self.now,
             deadline=deadline,
         )
+        if got.verdict is reach.Admit.GO and spec.node_check:
+            fit = fitness.admit(
+                info.round,
+                got.joins,
+                rec.node,
+                self.local.checked,
+                spec.nnodes.min,
+                now=self.now,
+                deadline=deadline,
+            )
+            if fit.verdict is reach.Admit.PROBE:
+                self._do(CheckNodes(info.round, fit.targets))  # then step again, with what it found
+                return
+            got = _after(got, fit)
         match got.verdict:
             case reach.Admit.PROBE:
                 self._do(Probe(info.round, got.targets))  # then step again, with what it found
@@ -103,3 +118,11 @@ class StepBase:
             return False
         self._note(None)
         return True
+
+
+def _after(reached: reach.Admission, fit: reach.Admission) -> reach.Admission:
+    """The node check's verdict on the joiners ``reach`` let in, saying who either left out."""
+    if fit.verdict is not reach.Admit.GO:
+        return fit
+    why = "; ".join(w for w in (reached.why, fit.why) if w)
+    return replace(fit, left_out=reached.left_out + fit.left_out, why=why)

@@ -353,6 +353,7 @@ async def serve(
         s.effective_log_dir,
         jobs.quotas,
         jobs.admins,
+        node_check=s.node_check,
     )
     service = CommandService(facts, jobs.manager, jobs.registry, etcd.client, keys, space=jobs.space)
     server = ControlServer(service, s.socket, s.socket_mode, s.socket_group)

@@ -29,6 +29,8 @@ class Offer:
 
     port: int
     store: bool
+    check_port: int = 0  # with --node-check: this node's check server (0: none)
+    compute: float | None = None  # and the compute figure it measured
 
 
 @dataclass(frozen=True)

@@ -22,3 +22,4 @@ class NodeFacts:
     log_dir: Path
     quotas: Quotas = NO_QUOTAS  # per-user limits (``jobs.quota``)
     admins: Admins = ROOT_ONLY  # who gets the admin limits and may set --priority
+    node_check: bool = False  # the default of a job's --node-check (setting node_check)

@@ -133,6 +133,7 @@ class JobSpec:
     numa_binding: str | None = None  # torchrun's --numa-binding: node, socket, exclusive, core-complex
     mig: bool = False  # run on MIG slices (a MIG job), never on whole GPUs, and the other way round
     stragglers: StragglerPolicy = StragglerPolicy.REPORT  # what a straggler's node gets (progress.slowness)
+    node_check: bool = False  # check every node before a round takes it in (rendezvous.fitness)
     master_port: int | None = None  # torchrun's --master-port: MASTER_PORT on every node (None: picked)
 
     def __post_init__(self) -> None:
@@ -159,6 +160,8 @@ class JobSpec:
             )
         if type(self.mig) is not bool:
             raise InvalidSpec("mig must be true or false")
+        if type(self.node_check) is not bool:
+            raise InvalidSpec("node_check must be true or false")
         if not isinstance(self.stragglers, StragglerPolicy):
             raise InvalidSpec(f"stragglers must be one of {', '.join(StragglerPolicy)}")
 
@@ -292,6 +295,8 @@ class JobSpec:
                 del out[name]
         if self.stragglers is StragglerPolicy.REPORT:
             del out["stragglers"]
+        if not self.node_check:
+            del out["node_check"]
         return out
 
     def allows(self, node: str) -> bool:

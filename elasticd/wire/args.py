@@ -45,6 +45,7 @@ class SubmitArgs:
     numa_binding: str | None = None  # node, socket, exclusive or core-complex (torchrun's --numa-binding)
     mig: bool = False  # run on MIG slices, not whole GPUs
     stragglers: StragglerPolicy = StragglerPolicy.REPORT  # report, or also drain a straggler's node
+    node_check: bool | None = None  # check nodes before each round; None: the daemon's default
     master_port: int | None = None  # torchrun's --master-port: the ranks' store listens there (None: picked)
 
 

@@ -24,7 +24,9 @@ from elasticd.jobs.decider import Group, GroupOutcome, group_outcome
 from elasticd.jobs.launch import NodeRuntime
 from elasticd.node.inventory import Inventory
 from elasticd.node.liveness import LivenessServer
+from elasticd.progress.goodput import Ledger, opened
 from elasticd.progress.tracker import RankProgress
+from elasticd.rendezvous.fitness import CheckTarget, Link
 from elasticd.rendezvous.model import Join, Member, RoundHead
 from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.rendezvous.store import InlineJobStore, run_inline
@@ -96,6 +98,12 @@ class FakeLauncher:
 
     async def offer(self, round_no: int) -> Offer:
         return Offer(29500, False)
+
+    def goodput(self) -> Ledger | None:
+        return opened(0.0)
+
+    async def check_links(self, targets: tuple[CheckTarget, ...]) -> dict[str, Link]:
+        return {}
 
     async def start(self, spec: JobSpec, result: RoundHead, member: Member, restarts: int,
                     slots: tuple[int, ...]) -> FakeWorkers:  # fmt: skip

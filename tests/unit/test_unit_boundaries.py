@@ -159,6 +159,7 @@ PURE = (
     "elasticd.manager.statusviews",
     "elasticd.progress.tracker",
     "elasticd.progress.slowness",
+    "elasticd.rendezvous.fitness",
     "elasticd.progress.timeouts",
     "elasticd.progress.protocol",
     "elasticd.progress.stacks",

@@ -19,7 +19,7 @@ BASE = Path(elasticd.workers.__file__).parent
 
 # Bottom to top. A module imports only from a lower layer, or from its own package.
 LAYERS = (
-    ("zygote_program", "snapshot_program"),
+    ("zygote_program", "snapshot_program", "check_program"),
     ("proctree", "cgroups", "numa_memory"),
     ("group",),
     ("warm",),
