@@ -192,13 +192,13 @@ class JobAgent:
                 etcd_error,
                 self._joins.round,
                 self._reach,
+                self._checked,
             )
             rec, actions = step(self.rec, view, local, self._clock.time())
             self._transition(self.rec, rec)
             view, setup, etcd_error = None, None, None
             try:
                 for action in actions:
-                self._checked,
                     view = await self._execute(action) or view
             except EtcdUnavailable as exc:
                 if self.rec.etcd_down_since is None:
@@ -304,14 +304,14 @@ class JobAgent:
                     self.spec.nproc_per_node,
                     liveness_port=rt.liveness_port,
                     store=offer.store,
+                    check_port=offer.check_port,
+                    compute=offer.compute,
                 )
                 await store.join(round_no, join, lease)
             case act.Reassert(round_no, join):
                 await store.join(round_no, join, lease)
                 _log.info("agent.reasserted", job=self.spec.id, node=node, round=round_no, lease=lease)
             case act.SetWaiting():
-                    check_port=offer.check_port,
-                    compute=offer.compute,
                 await store.set_waiting(node, lease)
             case act.NotePending(note):
                 await store.note_pending(node, note, lease)
@@ -346,12 +346,6 @@ class JobAgent:
             if isinstance(action, act.CloseRound):
                 await store.forget_rounds_before(action.result.round)
 
-    async def _probe(self, round_no: int, targets: tuple[Target, ...]) -> None:
-        reached, unreached = await liveness.probe(targets, PROBE_TIMEOUT_S)
-        before = self._reach.unreached if self._reach is not None else frozenset()
-        self._reach = Reach(round_no, reached, unreached, self._clock.time())
-        if unreached != before:  # once per change: a cut node probes every few seconds
-            say = _log.warning if unreached else _log.info
     async def _look(self, action: act.Probe | act.CheckNodes) -> None:
         """Measure what admission to a round needs: peers' liveness, or (``--node-check``) the
         links to the joiners' check servers; the next step reads what was found."""
@@ -364,6 +358,12 @@ class JobAgent:
                 bad = sorted(n for n, lk in links.items() if lk.error)
                 _log.info("check.links", job=self.spec.id, round=round_no, measured=len(links), failed=bad)
 
+    async def _probe(self, round_no: int, targets: tuple[Target, ...]) -> None:
+        reached, unreached = await liveness.probe(targets, PROBE_TIMEOUT_S)
+        before = self._reach.unreached if self._reach is not None else frozenset()
+        self._reach = Reach(round_no, reached, unreached, self._clock.time())
+        if unreached != before:  # once per change: a cut node probes every few seconds
+            say = _log.warning if unreached else _log.info
             say("peer.reach", job=self.spec.id, round=round_no, unreached=sorted(unreached))
 
     async def _sleep(self, until: float | None, on_exits: bool) -> None:
