@@ -173,6 +173,8 @@ def job_detail(job: JobView, now: float | None = None) -> str:
     if job.get("started_at"):
         lines.append(f"{'duration:':16}{duration(run_time(job, now))}")
     lines.append(f"{'command:':16}{' '.join(job.get('argv') or [])}")
+    if goodput := goodput_line(job):
+        lines.append(f"{'goodput:':16}{goodput}")
     if job.get("error") and job["error"] != job.get("reason"):
         lines.append(f"{'error:':16}{job['error']}")
     if job.get("members"):
@@ -191,6 +193,16 @@ def job_detail(job: JobView, now: float | None = None) -> str:
     if detail:
         lines.append(detail)
     return "\n".join(lines)
+
+
+def goodput_line(job: JobView) -> str:
+    """``0.82 of 1h02m; lost: restart 5m01s, hung 3m00s, checkpoint 40s``: the three largest losses."""
+    g = job.get("goodput")
+    if not g or g["ratio"] is None:
+        return ""
+    losses = sorted((s, c) for c, s in g["by_cause_s"].items() if c != "productive" and s >= 0.5)
+    lost = ", ".join(f"{c} {duration(s)}" for s, c in losses[::-1][:3])
+    return f"{g['ratio']:.2f} of {duration(g['wall_s'])}" + (f"; lost: {lost}" if lost else "")
 
 
 def progress_table(job: JobView, now: float) -> str:

@@ -37,7 +37,7 @@ from elasticd.jobs.launch import NodeRuntime
 from elasticd.jobs.launcher import ProcessLauncher
 from elasticd.node import liveness
 from elasticd.node.peers import PeerWatch
-from elasticd.rendezvous.fitness import Checked
+from elasticd.progress.goodput import Tally, seconds
 from elasticd.rendezvous.jobstore import JobStore
 from elasticd.rendezvous.model import Join
 from elasticd.rendezvous.reach import PROBE_TIMEOUT_S, Reach, Target
@@ -92,7 +92,6 @@ class JobAgent:
         self.task: asyncio.Task[None] | None = None
         self._progress = conduct.ProgressSent()  # when progress was last due, and what was sent
         self._reach: Reach | None = None  # what the last probe found (an input to ``step``)
-        self._checked: Checked | None = None  # what the last node check found (an input to ``step``)
         self._stragglers: StragglerJudge | None = None  # while our workers run as group rank 0
 
     @property
@@ -132,6 +131,11 @@ class JobAgent:
         """Every rank's slowness score in the round we judge (empty unless we are its group rank 0)."""
         return dict(self._stragglers.scores) if self._stragglers is not None else {}
 
+    def goodput(self) -> tuple[Tally, Tally] | None:
+        """Where the job's time went here: as of now, and the part no later event moves."""
+        ledger = self._launcher.goodput()
+        return None if ledger is None else (seconds(ledger, self._clock.time()), ledger.tally)
+
     async def wait(self) -> None:
         if self.task is not None:
             await asyncio.shield(self.task)
@@ -152,6 +156,7 @@ class JobAgent:
             "updated_at": self._clock.time(),
             "progress": [p.to_json() for p in workers.progress()] if workers is not None else [],
             "stragglers": sorted(self._stragglers.flagged) if self._stragglers is not None else [],
+            "goodput": tallies[0].to_json() if (tallies := self.goodput()) is not None else None,
         }
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -192,7 +197,6 @@ class JobAgent:
                 etcd_error,
                 self._joins.round,
                 self._reach,
-                self._checked,
             )
             rec, actions = step(self.rec, view, local, self._clock.time())
             self._transition(self.rec, rec)
@@ -242,8 +246,8 @@ class JobAgent:
                 await self._stop_workers(grace_s)
             case act.StartWorkers() as start:
                 await self._start_workers(start)
-            case act.Probe() | act.CheckNodes() as look:
-                await self._look(look)
+            case act.Probe(round_no, targets):
+                await self._probe(round_no, targets)
             case act.WatchPeers() | act.WatchJoins() as watch:
                 await self._follow(watch)
             case act.Withdraw() | act.ClearWaiting() | act.MarkDone() | act.MarkLeft() as mark:
@@ -304,8 +308,6 @@ class JobAgent:
                     self.spec.nproc_per_node,
                     liveness_port=rt.liveness_port,
                     store=offer.store,
-                    check_port=offer.check_port,
-                    compute=offer.compute,
                 )
                 await store.join(round_no, join, lease)
             case act.Reassert(round_no, join):
@@ -345,18 +347,6 @@ class JobAgent:
             publish(conduct.took(action, self.spec.id, self.node, self.rec.round))
             if isinstance(action, act.CloseRound):
                 await store.forget_rounds_before(action.result.round)
-
-    async def _look(self, action: act.Probe | act.CheckNodes) -> None:
-        """Measure what admission to a round needs: peers' liveness, or (``--node-check``) the
-        links to the joiners' check servers; the next step reads what was found."""
-        match action:
-            case act.Probe(round_no, targets):
-                await self._probe(round_no, targets)
-            case act.CheckNodes(round_no, targets):
-                links = await self._launcher.check_links(targets)
-                self._checked = Checked(round_no, links, self._clock.time())
-                bad = sorted(n for n, lk in links.items() if lk.error)
-                _log.info("check.links", job=self.spec.id, round=round_no, measured=len(links), failed=bad)
 
     async def _probe(self, round_no: int, targets: tuple[Target, ...]) -> None:
         reached, unreached = await liveness.probe(targets, PROBE_TIMEOUT_S)

@@ -25,6 +25,7 @@ from elasticd.jobs.identity import switch_to
 from elasticd.netaddr import NoFreePort, PortRange, pick_port
 from elasticd.node.inventory import Inventory
 from elasticd.node.snapshotbound import BoundSource
+from elasticd.progress.accounts import Accounts
 from elasticd.progress.channel import ProgressChannel
 from elasticd.progress.protocol import HEARTBEAT_FILE_ENV, PROGRESS_FD_ENV
 from elasticd.progress.timeouts import HangPolicy
@@ -122,6 +123,7 @@ async def start_group(
     zygote: Zygote | None = None,
     snapshots: str | None = None,
     agent_store: bool = False,
+    accounts: Accounts | None = None,
 ) -> tuple[WorkerGroup, HangWatch]:
     """Spawn this node's workers for one round (on the event-loop thread), each with its progress
     pipe, and the watch that reads them (and judges hangs, when the job asks).
@@ -154,6 +156,7 @@ async def start_group(
         functools.partial(_write_stacks, rt, spec.id, attempt, owner),
         wall_clock,
         elsewhere=layout.local_world_size < layout.world_size,
+        accounts=accounts,
     )
     tracked = rt.tracking.job(spec.id)
     spawner: Spawner = ColdSpawner()
@@ -294,8 +297,10 @@ class ProcessWorkers:
         attempt: int,
         watch: HangWatch | None = None,
         stopped: Callable[[], None] | None = None,
+        accounts: Accounts | None = None,
     ) -> None:
         self._group = group
+        self._accounts = accounts  # the job's goodput here: told the stop, and whether we failed
         self._rt = rt
         self._attempt = attempt
         self._watch = watch
@@ -363,6 +368,9 @@ class ProcessWorkers:
     async def stop(self, grace_s: float) -> list[int]:
         if self._watch is not None:
             self._watch.close()
+        if self._accounts is not None:
+            hung = self._watch is not None and self._watch.failure is not None
+            self._accounts.stopped(hung or any(w.exited.result() != 0 for w in self._exited()))
         stuck = await self._group.stop(grace_s)
         if self._stopped is not None:
             self._stopped()

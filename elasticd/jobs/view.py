@@ -12,6 +12,7 @@ from collections.abc import Collection
 from typing import Any, cast
 
 from elasticd.decode import DecodeError, decode
+from elasticd.progress.goodput import Cause, combine
 from elasticd.progress.slowness import scores
 from elasticd.progress.tracker import RankProgress
 from elasticd.rendezvous.model import RoundHead, RoundResult
@@ -21,6 +22,7 @@ from elasticd.terms.state import EndReason, FailureKind, JobState, RoundReason, 
 from elasticd.wire import (
     ROW_REASON_CHARS,
     FailureView,
+    GoodputView,
     JobView,
     MemberEndState,
     MemberView,
@@ -252,6 +254,20 @@ def _add_head(view: JobView, head: JobHead) -> None:
     }
 
 
+def goodput_of(snap: JobSnapshot) -> GoodputView | None:
+    """The job's goodput from every node's report that has one (a node that has left keeps its
+    report while its daemon lives, so a drained node's part stays counted). Every node of a job
+    runs the same number of ranks, so each weighs alike; the shares scale to the wall time from
+    the submission to the end (or the newest report)."""
+    reports = [s for s in snap.node_status.values() if s.goodput is not None]
+    if not reports or snap.head is None:
+        return None
+    end = snap.final.ended_at if snap.final is not None and snap.final.ended_at else 0.0
+    wall_s = max(0.0, (end or max(s.updated_at for s in reports)) - snap.head.submitted_at)
+    tally = combine([(s.goodput, 1) for s in reports if s.goodput is not None], wall_s)
+    return {"ratio": tally.ratio, "wall_s": wall_s, "by_cause_s": {c.value: tally.of(c) for c in Cause}}
+
+
 def _view(snap: JobSnapshot, local_node: str) -> JobView:
     head = snap.head
     state = job_state(snap)
@@ -290,6 +306,8 @@ def _view(snap: JobSnapshot, local_node: str) -> JobView:
         _add_head(view, head)
     if failure:
         view["failure"] = cast(FailureView, failure)  # checked as a WorkerFailure when read
+    if (goodput := goodput_of(snap)) is not None:
+        view["goodput"] = goodput
     if state is JobState.FAILED:
         view["error"] = view["reason"] or (_summary(failure) if failure else "failed")
     return view

@@ -24,6 +24,7 @@ from elasticd.agent.record import AgentState
 from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.space import Space, SpaceLevel
 from elasticd.jobs.view import job_state
+from elasticd.progress.goodput import LOSSES, Tally
 from elasticd.progress.slowness import Evidence
 from elasticd.terms.state import GpuStatus, JobState
 
@@ -51,6 +52,7 @@ class NodeState:
     lease_held: bool = False
     etcd_space: Space | None = None  # how full etcd is, as last read (None: not watched)
     gpus: tuple[dict[str, Any], ...] = ()  # each GPU's state and use (``GpuPool.states``), in index order
+    goodput: dict[str, tuple[Tally, Tally]] = field(default_factory=dict)  # job -> now, settled (here)
 
 
 async def gather(manager: JobManager, registry: NodeRegistry, space: Space | None = None) -> NodeState:
@@ -62,8 +64,11 @@ async def gather(manager: JobManager, registry: NodeRegistry, space: Space | Non
     step_times: dict[tuple[str, int], float] = {}
     evidence: dict[tuple[str, int], Evidence] = {}
     scores: dict[tuple[str, int], float] = {}
+    goodput: dict[str, tuple[Tally, Tally]] = {}
     for job, agent in manager.agents.items():
         scores |= {(job, rank): score for rank, score in agent.straggler_scores().items()}
+        if (tallies := agent.goodput()) is not None:
+            goodput[job] = tallies
         if agent.workers is None:
             continue
         workers[job] = len(agent.workers.pids())
@@ -86,6 +91,7 @@ async def gather(manager: JobManager, registry: NodeRegistry, space: Space | Non
         lease_renewals=registry.renewals,
         lease_held=registry.lease_id is not None,
         etcd_space=space,
+        goodput=goodput,
         gpus=tuple(manager.gpus.states({j: a.first_rank for j, a in manager.agents.items()}, coarse=False)),
     )
     try:
@@ -151,6 +157,29 @@ class StateCollector(Collector):
             yield from _space(s.etcd_space)
         if s.gpus:
             yield from _gpus(s.gpus)
+        yield from _goodput(s.goodput)
+
+
+def _goodput(goodput: Mapping[str, tuple[Tally, Tally]]) -> Iterator[Metric]:
+    """This node's share of each job's time (``progress.goodput``); a job's figure is the sum over
+    its nodes. The counter takes the settled seconds, which only ever grow."""
+    ratio = GaugeMetricFamily(
+        "elasticd_job_goodput_ratio",
+        "Productive share of the time since submission, as this node's ranks saw it, by job",
+        labels=["job"],
+    )
+    lost = CounterMetricFamily(
+        "elasticd_job_lost_seconds",
+        "Seconds since submission not spent on kept training, as this node saw them, by job and cause",
+        labels=["job", "cause"],
+    )
+    for job, (now, settled) in sorted(goodput.items()):
+        if now.ratio is not None:
+            ratio.add_metric([job], now.ratio)
+        for cause in LOSSES:
+            lost.add_metric([job, cause.value], settled.of(cause))
+    yield ratio
+    yield lost
 
 
 def _gpus(gpus: tuple[dict[str, Any], ...]) -> Iterator[Metric]:

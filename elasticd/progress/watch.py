@@ -21,6 +21,7 @@ from elasticd import log
 from elasticd.happenings.bus import publish
 from elasticd.happenings.records import WorkerHung
 from elasticd.progress import stacks
+from elasticd.progress.accounts import Accounts
 from elasticd.progress.channel import ProgressChannel
 from elasticd.progress.decider import (
     PEER_GRACE_S,
@@ -99,9 +100,11 @@ class HangWatch:
         write_stacks: Callable[[int, str], None],
         clock: Callable[[], float],
         elsewhere: bool = False,
+        accounts: Accounts | None = None,
     ) -> None:
         """``write_stacks(rank, text)`` writes a rank's stacks file (``jobs.stackfile.write_stacks``);
-        ``elsewhere``: the round has ranks on other nodes too."""
+        ``elsewhere``: the round has ranks on other nodes too; ``accounts``: the job's goodput here,
+        told the first local rank's reports and the hang."""
         self._specs = ranks
         self._policy = policy
         self._identity = identity
@@ -111,6 +114,7 @@ class HangWatch:
         self._write_stacks = write_stacks
         self._clock = clock
         self._elsewhere = elsewhere
+        self._accounts = accounts
         self._held_since: float | None = None  # the first tick that held a hang back for the peers
         self._learner = TimeoutLearner(policy or HangPolicy(None))
         self._ranks: list[_Rank] = []
@@ -137,7 +141,10 @@ class HangWatch:
         return lambda report: self._report(rank, report)
 
     def _report(self, rank: _Rank, report: Report) -> None:
-        rank.tracker.report(report, self._clock())
+        now = self._clock()
+        rank.tracker.report(report, now)
+        if self._accounts is not None and rank is self._ranks[0]:
+            self._accounts.reported(report, rank.tracker.step, now)
         rank.stacks.clear()  # it moves: older stacks say nothing about now
 
     def progress(self) -> list[RankProgress]:
@@ -269,6 +276,8 @@ class HangWatch:
             frame=frame,
         )
         publish(WorkerHung(self._job, self._attempt, first.rank, frame, round(first.silent_s, 1)))
+        if self._accounts is not None:
+            self._accounts.hung()
         if not self.hung.done():
             self.hung.set_result(first.rank)
 

@@ -95,6 +95,15 @@ class InvalidRecordView(TypedDict):
     why: str
 
 
+class GoodputView(TypedDict):
+    """Where a job's wall time since its submission went (``progress.goodput``), summed over its
+    nodes' reports as their ranks saw it and scaled to ``wall_s``."""
+
+    ratio: float | None  # productive seconds over wall_s
+    wall_s: float  # submission to the end, or to the newest report
+    by_cause_s: dict[str, float]  # per ``progress.goodput.Cause`` value: they add up to wall_s
+
+
 class JobView(TypedDict):
     """One job, as ``submit``, ``status`` and ``kill`` show it (``elasticd.jobs.view.job_view``).
 
@@ -144,6 +153,7 @@ class JobView(TypedDict):
     stale: NotRequired[bool]
     updated_at: NotRequired[float]
     queue: NotRequired[QueueView]  # PENDING jobs only
+    goodput: NotRequired[GoodputView]  # ``status`` of one job, once a node reported it
 
 
 class JobReply(TypedDict):

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from elasticd.decode import DecodeError
+from elasticd.progress.accounts import Accounts
 from elasticd.progress.goodput import (
     Cause,
     Entered,
@@ -22,7 +23,8 @@ from elasticd.progress.goodput import (
     replay,
     seconds,
 )
-from elasticd.progress.protocol import Phase
+from elasticd.progress.protocol import Phase, PhaseReport, StepReport
+from elasticd.rendezvous.model import NodeStatus
 
 T0 = 1000.0
 
@@ -156,3 +158,27 @@ def test_the_ledger_only_ever_adds(timed: list[tuple[float, Event]]) -> None:
         assert all(now.of(c) >= ledger.tally.of(c) - 1e-9 for c in Cause)
         assert all(ledger.tally.of(c) >= before.of(c) - 1e-9 for c in Cause)
         before = ledger.tally
+
+
+def test_accounts_follow_the_first_ranks_reports_and_the_launcher() -> None:
+    now = [T0]
+    accounts = Accounts(T0 - 10, lambda: now[0])
+    accounts.launched(0)
+    accounts.reported(StepReport(None), 0, T0 + 2)
+    accounts.reported(PhaseReport(Phase.CHECKPOINT), 0, T0 + 3)
+    accounts.reported(PhaseReport(Phase.STEP), 0, T0 + 4)
+    accounts.reported(StepReport(None), 1, T0 + 5)
+    now[0] = T0 + 6
+    accounts.hung()
+    accounts.stopped(True)
+    assert accounts.settled() == Tally(productive_s=2, checkpoint_s=1, waiting_s=10, hung_s=1, startup_s=2)
+    now[0] = T0 + 8
+    assert accounts.tally().restart_s == 2 and accounts.tally().total_s == 18
+
+
+def test_a_node_report_with_a_bad_tally_is_refused() -> None:
+    status = {"state": "RUNNING", "round": 0, "devices": "", "pids": [], "updated_at": T0}
+    assert NodeStatus.from_json(status | {"goodput": Tally(hung_s=2).to_json()}).goodput == Tally(hung_s=2)
+    assert NodeStatus.from_json(status).goodput is None
+    with pytest.raises(DecodeError):
+        NodeStatus.from_json(status | {"goodput": {"hung_s": -5}})

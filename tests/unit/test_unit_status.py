@@ -220,7 +220,7 @@ def _hints(td: Any) -> dict[str, Any]:
     return typing.get_type_hints(td)
 
 
-RATIOS = {"score"}  # floats without a unit: a rank's slowness score (0..1)
+RATIOS = {"score", "ratio"}  # floats without a unit: a rank's slowness score, a job's goodput (0..1)
 
 
 def test_time_fields_are_every_time_of_the_wire() -> None:
