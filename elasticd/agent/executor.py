@@ -38,6 +38,7 @@ from elasticd.jobs.launcher import ProcessLauncher
 from elasticd.node import liveness
 from elasticd.node.peers import PeerWatch
 from elasticd.progress.goodput import Tally, seconds
+from elasticd.rendezvous.fitness import Checked
 from elasticd.rendezvous.jobstore import JobStore
 from elasticd.rendezvous.model import Join
 from elasticd.rendezvous.reach import PROBE_TIMEOUT_S, Reach, Target
@@ -92,6 +93,7 @@ class JobAgent:
         self.task: asyncio.Task[None] | None = None
         self._progress = conduct.ProgressSent()  # when progress was last due, and what was sent
         self._reach: Reach | None = None  # what the last probe found (an input to ``step``)
+        self._checked: Checked | None = None  # what the last node check found (an input to ``step``)
         self._stragglers: StragglerJudge | None = None  # while our workers run as group rank 0
 
     @property
@@ -197,6 +199,7 @@ class JobAgent:
                 etcd_error,
                 self._joins.round,
                 self._reach,
+                self._checked,
             )
             rec, actions = step(self.rec, view, local, self._clock.time())
             self._transition(self.rec, rec)
@@ -246,8 +249,8 @@ class JobAgent:
                 await self._stop_workers(grace_s)
             case act.StartWorkers() as start:
                 await self._start_workers(start)
-            case act.Probe(round_no, targets):
-                await self._probe(round_no, targets)
+            case act.Probe() | act.CheckNodes() as look:
+                await self._look(look)
             case act.WatchPeers() | act.WatchJoins() as watch:
                 await self._follow(watch)
             case act.Withdraw() | act.ClearWaiting() | act.MarkDone() | act.MarkLeft() as mark:
@@ -308,6 +311,8 @@ class JobAgent:
                     self.spec.nproc_per_node,
                     liveness_port=rt.liveness_port,
                     store=offer.store,
+                    check_port=offer.check_port,
+                    compute=offer.compute,
                 )
                 await store.join(round_no, join, lease)
             case act.Reassert(round_no, join):
@@ -347,6 +352,18 @@ class JobAgent:
             publish(conduct.took(action, self.spec.id, self.node, self.rec.round))
             if isinstance(action, act.CloseRound):
                 await store.forget_rounds_before(action.result.round)
+
+    async def _look(self, action: act.Probe | act.CheckNodes) -> None:
+        """Measure what admission to a round needs: peers' liveness, or (``--node-check``) the
+        links to the joiners' check servers; the next step reads what was found."""
+        match action:
+            case act.Probe(round_no, targets):
+                await self._probe(round_no, targets)
+            case act.CheckNodes(round_no, targets):
+                links = await self._launcher.check_links(targets)
+                self._checked = Checked(round_no, links, self._clock.time())
+                bad = sorted(n for n, lk in links.items() if lk.error)
+                _log.info("check.links", job=self.spec.id, round=round_no, measured=len(links), failed=bad)
 
     async def _probe(self, round_no: int, targets: tuple[Target, ...]) -> None:
         reached, unreached = await liveness.probe(targets, PROBE_TIMEOUT_S)

@@ -13,7 +13,9 @@ from typing import Protocol
 from elasticd.jobs.agentstore import Offer
 from elasticd.jobs.decider import Group
 from elasticd.progress.goodput import Ledger
+from elasticd.progress.goodput import Ledger
 from elasticd.progress.tracker import RankProgress
+from elasticd.rendezvous.fitness import CheckTarget, Link
 from elasticd.rendezvous.model import Member, RoundHead
 from elasticd.terms.spec import JobSpec
 
@@ -57,6 +59,15 @@ class Launcher(Protocol):
     async def offer(self, round_no: int) -> Offer:
         """The port offered for ``MASTER_PORT`` in a join to ``round_no``, and whether a store host
         of the job listens there (``elasticd.jobs.agentstore``)."""
+        ...
+
+    async def check_links(self, targets: tuple[CheckTarget, ...]) -> dict[str, Link]:
+        """As a round's leader (``--node-check``): the link to each joiner's check server."""
+        ...
+
+    def goodput(self) -> Ledger | None:
+        """Where the job's time went on this node since its submission (``progress.goodput``),
+        across its rounds; None before ``prepare``."""
         ...
 
     def goodput(self) -> Ledger | None:

@@ -12,15 +12,20 @@ from elasticd.jobs.agentstore import Offer
 from elasticd.jobs.env import zygote_env
 from elasticd.jobs.identity import switch_to
 from elasticd.jobs.launch import NodeRuntime, ProcessWorkers, layout_for, master_port, start_group
+from elasticd.jobs.nodecheck import NodeChecks, Runner
 from elasticd.jobs.pathcheck import check_paths
 from elasticd.netaddr import listen_error
 from elasticd.progress.accounts import Accounts
 from elasticd.progress.goodput import Ledger
+from elasticd.progress.accounts import Accounts
+from elasticd.progress.goodput import Ledger
+from elasticd.rendezvous.fitness import CheckTarget, Link
 from elasticd.rendezvous.model import Member, RoundHead
 from elasticd.terms.options import EntryKind
 from elasticd.terms.spec import JobSpec
 from elasticd.terms.state import EndReason, SetupFailure
 from elasticd.workers.cgroups.limits import ResourceLimits
+from elasticd.workers.group import wall_clock
 from elasticd.workers.group import wall_clock
 from elasticd.workers.warm import storehost
 from elasticd.workers.warm.keeper import KeeperSetup, SnapshotKeeper
@@ -69,6 +74,9 @@ def keeper_setup(rt: NodeRuntime, spec: JobSpec) -> KeeperSetup | str:
     )
 
 
+CHECK_PYTHON = "/usr/bin/python3"  # runs the node check of a job that has no interpreter (--no-python)
+
+
 class ProcessLauncher:
     """Starts worker process trees as the submitter (``elasticd.agent.seams.Launcher``), one job's on
     this node: forked from the job's zygote while there is one (``prepare`` adopts a parked one or
@@ -83,6 +91,8 @@ class ProcessLauncher:
         self._job = ""
         self._named: int | None = None  # the port the user named for MASTER_PORT (--master-port)
         self._accounts: Accounts | None = None  # the job's goodput here, across its rounds
+        self._accounts: Accounts | None = None  # the job's goodput here, across its rounds
+        self._checks: NodeChecks | None = None  # with --node-check (``rendezvous.fitness``)
 
     def prepare(self, spec: JobSpec) -> None:
         """The job was admitted here: get its zygote now, so its imports overlap the rendezvous."""
@@ -91,6 +101,11 @@ class ProcessLauncher:
         self._job = spec.id
         self._named = spec.master_port
         self._accounts = Accounts(spec.submitted_at, wall_clock)
+        self._accounts = Accounts(spec.submitted_at, wall_clock)
+        if spec.node_check:
+            python = spec.python if spec.entry_kind is not EntryKind.EXEC and spec.python else CHECK_PYTHON
+            runner = Runner(python, switch_to(spec), spec.cwd)
+            self._checks = NodeChecks(runner, self._rt.address, spec.join_timeout_s)
         self._start_keeper(spec)
         setup = zygote_setup(self._rt, spec)
         if isinstance(setup, str):
@@ -135,6 +150,8 @@ class ProcessLauncher:
     async def start(
         self, spec: JobSpec, result: RoundHead, member: Member, restarts: int, slots: tuple[int, ...]
     ) -> ProcessWorkers:
+        if self._checks is not None:
+            await self._checks.stop()  # the round closed: its checks are done
         problem = await asyncio.to_thread(check_paths, spec)  # as the submitter, as exec will see them
         if problem is not None:
             raise problem.to_setup_failure(self._rt.node_id)
@@ -145,6 +162,8 @@ class ProcessLauncher:
             )
             zygote = None
         agent_store = await self._agent_store(result, member, zygote)
+        if self._accounts is not None:
+            self._accounts.launched(restarts)
         if self._accounts is not None:
             self._accounts.launched(restarts)
         group, watch = await start_group(
@@ -181,9 +200,14 @@ class ProcessLauncher:
             host, failed = await self._fresh(zygote)
         choice = agentstore.at_join(cold if host is None else None, failed)
         _log.info("store.offer", job=self._job, agent_store=choice.agent_store, why=choice.why)
+        check_port, compute = await self._checks.offer(self._job) if self._checks is not None else (0, None)
         if host is not None:
-            return Offer(host.port, True)
-        return Offer(self._port(), False)
+            return Offer(host.port, True, check_port, compute)
+        return Offer(self._port(), False, check_port, compute)
+
+    async def check_links(self, targets: tuple[CheckTarget, ...]) -> dict[str, Link]:
+        """As a round's leader: this node's link to each joiner's check server."""
+        return await self._checks.links(targets) if self._checks is not None else {}
 
     def _port(self) -> int:
         """The port this node offers: the one the user named, else a free one."""
@@ -298,6 +322,8 @@ class ProcessLauncher:
         Its snapshot keeper stops, and its snapshots with it; its store host stops first."""
         try:
             await self._stop_store()
+            if self._checks is not None:
+                await self._checks.stop()
         except Exception as exc:  # the agent is leaving: say so, never stop it from leaving
             _log.error("store.close_failed", job=self._job, error=str(exc))
         keeper, self._keeper = self._keeper, None

@@ -120,10 +120,17 @@ class Join:
     lease: int = 0  # from etcd, not stored: the node's lease
     liveness_port: int = 0  # the node's liveness listener (see elasticd.node.liveness)
     store: bool = False  # a store host of the job listens on ``port`` (``jobs.agentstore``)
+    # With --node-check: the node's check server (0: none started) and its compute figure
+    # (``rendezvous.fitness``); None: no figure (no check, or it did not start).
+    check_port: int = 0
+    compute: float | None = None
 
     def __post_init__(self) -> None:
         _check_node_part(self.node, self.address, self.liveness_port, self.local_world_size)
         _check_port("port", self.port)
+        _need(0 <= self.check_port <= 65535, "check_port must be 0..65535")
+        if self.compute is not None:
+            _need(math.isfinite(self.compute) and 0 <= self.compute <= 1e15, "compute must be a figure")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -133,7 +140,7 @@ class Join:
             "local_world_size": self.local_world_size,
             "liveness_port": self.liveness_port,
             "store": self.store,
-        }
+        } | ({"check_port": self.check_port, "compute": self.compute} if self.check_port else {})
 
     @classmethod
     def from_json(cls, data: Any, create_revision: int = 0, lease: int = 0) -> Join:

@@ -25,7 +25,9 @@ from elasticd.jobs.launch import NodeRuntime
 from elasticd.node.inventory import Inventory
 from elasticd.node.liveness import LivenessServer
 from elasticd.progress.goodput import Ledger, opened
+from elasticd.progress.goodput import Ledger, opened
 from elasticd.progress.tracker import RankProgress
+from elasticd.rendezvous.fitness import CheckTarget, Link
 from elasticd.rendezvous.model import Join, Member, RoundHead
 from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.rendezvous.store import InlineJobStore, run_inline
@@ -100,6 +102,12 @@ class FakeLauncher:
 
     def goodput(self) -> Ledger | None:
         return opened(0.0)
+
+    def goodput(self) -> Ledger | None:
+        return opened(0.0)
+
+    async def check_links(self, targets: tuple[CheckTarget, ...]) -> dict[str, Link]:
+        return {}
 
     async def start(self, spec: JobSpec, result: RoundHead, member: Member, restarts: int,
                     slots: tuple[int, ...]) -> FakeWorkers:  # fmt: skip
