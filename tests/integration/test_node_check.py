@@ -33,7 +33,11 @@ def cpu_quota(pid: int, share: float) -> Iterator[None]:
         files["cpu.cfs_quota_us"] = str(max(1000, int(20000 * share)))
         root = V1
     elif _writable(V2) and "cpu" in (V2 / "cgroup.controllers").read_text().split():
-        group, files, root = V2 / unique("elasticd-test"), {"cpu.max": f"{max(1000, int(20000 * share))} 20000"}, V2
+        group, files, root = (
+            V2 / unique("elasticd-test"),
+            {"cpu.max": f"{max(1000, int(20000 * share))} 20000"},
+            V2,
+        )
     else:
         pytest.skip("no cgroup CPU controller this test may write")
     group.mkdir()
