@@ -13,7 +13,6 @@ from typing import Protocol
 from elasticd.jobs.agentstore import Offer
 from elasticd.jobs.decider import Group
 from elasticd.progress.goodput import Ledger
-from elasticd.progress.goodput import Ledger
 from elasticd.progress.tracker import RankProgress
 from elasticd.rendezvous.fitness import CheckTarget, Link
 from elasticd.rendezvous.model import Member, RoundHead
@@ -63,11 +62,6 @@ class Launcher(Protocol):
 
     async def check_links(self, targets: tuple[CheckTarget, ...]) -> dict[str, Link]:
         """As a round's leader (``--node-check``): the link to each joiner's check server."""
-        ...
-
-    def goodput(self) -> Ledger | None:
-        """Where the job's time went on this node since its submission (``progress.goodput``),
-        across its rounds; None before ``prepare``."""
         ...
 
     def goodput(self) -> Ledger | None:

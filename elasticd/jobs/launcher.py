@@ -17,15 +17,12 @@ from elasticd.jobs.pathcheck import check_paths
 from elasticd.netaddr import listen_error
 from elasticd.progress.accounts import Accounts
 from elasticd.progress.goodput import Ledger
-from elasticd.progress.accounts import Accounts
-from elasticd.progress.goodput import Ledger
 from elasticd.rendezvous.fitness import CheckTarget, Link
 from elasticd.rendezvous.model import Member, RoundHead
 from elasticd.terms.options import EntryKind
 from elasticd.terms.spec import JobSpec
 from elasticd.terms.state import EndReason, SetupFailure
 from elasticd.workers.cgroups.limits import ResourceLimits
-from elasticd.workers.group import wall_clock
 from elasticd.workers.group import wall_clock
 from elasticd.workers.warm import storehost
 from elasticd.workers.warm.keeper import KeeperSetup, SnapshotKeeper

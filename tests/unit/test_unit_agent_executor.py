@@ -25,7 +25,6 @@ from elasticd.jobs.launch import NodeRuntime
 from elasticd.node.inventory import Inventory
 from elasticd.node.liveness import LivenessServer
 from elasticd.progress.goodput import Ledger, opened
-from elasticd.progress.goodput import Ledger, opened
 from elasticd.progress.tracker import RankProgress
 from elasticd.rendezvous.fitness import CheckTarget, Link
 from elasticd.rendezvous.model import Join, Member, RoundHead
@@ -99,9 +98,6 @@ class FakeLauncher:
 
     async def offer(self, round_no: int) -> Offer:
         return Offer(29500, False)
-
-    def goodput(self) -> Ledger | None:
-        return opened(0.0)
 
     def goodput(self) -> Ledger | None:
         return opened(0.0)
