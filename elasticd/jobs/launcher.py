@@ -88,7 +88,6 @@ class ProcessLauncher:
         self._job = ""
         self._named: int | None = None  # the port the user named for MASTER_PORT (--master-port)
         self._accounts: Accounts | None = None  # the job's goodput here, across its rounds
-        self._accounts: Accounts | None = None  # the job's goodput here, across its rounds
         self._checks: NodeChecks | None = None  # with --node-check (``rendezvous.fitness``)
 
     def prepare(self, spec: JobSpec) -> None:
@@ -97,7 +96,6 @@ class ProcessLauncher:
             return
         self._job = spec.id
         self._named = spec.master_port
-        self._accounts = Accounts(spec.submitted_at, wall_clock)
         self._accounts = Accounts(spec.submitted_at, wall_clock)
         if spec.node_check:
             python = spec.python if spec.entry_kind is not EntryKind.EXEC and spec.python else CHECK_PYTHON
@@ -159,8 +157,6 @@ class ProcessLauncher:
             )
             zygote = None
         agent_store = await self._agent_store(result, member, zygote)
-        if self._accounts is not None:
-            self._accounts.launched(restarts)
         if self._accounts is not None:
             self._accounts.launched(restarts)
         group, watch = await start_group(
