@@ -4,8 +4,8 @@
 Each trial submits ``snapshot_restart_worker.py`` (a DDP model of ``--mib`` MiB, SGD without
 momentum) to a real daemon with its defaults (memory snapshots on, their bound derived from the
 host; warm workers; ``--snapshot-bytes`` sets a bound instead); rank 1 kills itself at the start of
-a step, the daemon restarts the group, both ranks restore the newest snapshot and train on. Reported per trial and as medians, from rank 1's SIGKILL (its wall time,
-written just before):
+a step, the daemon restarts the group, both ranks restore the newest snapshot and train on.
+Reported per trial and as medians, from rank 1's SIGKILL (its wall time, written just before):
 
 - ``to_start``: until the later rank's script runs again (the restart: the failure seen, the group
   stopped, the workers forked from the zygote, the script's own imports);
