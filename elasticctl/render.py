@@ -8,7 +8,16 @@ from datetime import UTC, datetime
 from typing import Any
 
 from elasticd.terms.state import exit_text
-from elasticd.wire import ROW_REASON_CHARS, TIME_FIELDS, EtcdSpaceView, FailureView, JobRow, JobView, NodeView
+from elasticd.wire import (
+    ROW_REASON_CHARS,
+    TIME_FIELDS,
+    CheckReply,
+    EtcdSpaceView,
+    FailureView,
+    JobRow,
+    JobView,
+    NodeView,
+)
 
 
 def iso_times(value: Any) -> Any:
@@ -287,6 +296,24 @@ def snapshots_cell(n: NodeView) -> str:
         return "-"
     bound = n.get("snapshot_bytes", 0)
     return f"{_bytes(bound) if bound > 0 else 'off'} ({source})"
+
+
+def check_table(reply: CheckReply) -> str:
+    """Each checked node's figures against the cluster's medians, and its verdict."""
+    rows = [["NODE", "COMPUTE", "RTT", "BANDWIDTH", "VERDICT"]]
+    med = reply["cluster"]
+    for r in reply["nodes"]:
+        rows.append([r["node"], *_check_cells(r["compute"], r["rtt_s"], r["bytes_per_s"]), r["verdict"]])
+    rows.append(["(median)", *_check_cells(med["compute"], med["rtt_s"], med["bytes_per_s"]), ""])
+    return table(rows) + f"\nlinks measured from {reply['measured_from']}"
+
+
+def _check_cells(compute: float | None, rtt: float | None, rate: float | None) -> list[str]:
+    return [
+        "-" if compute is None else f"{compute / 1e6:.2f}M/s",
+        "-" if rtt is None else f"{rtt * 1e3:.2f}ms",
+        "-" if rate is None else f"{rate / 1e6:.0f}MB/s",
+    ]
 
 
 def nodes_table(nodes: list[NodeView]) -> str:

@@ -3,7 +3,7 @@ import); ``elasticctl.parser`` builds the command line from it, in this order.""
 
 from __future__ import annotations
 
-from elasticctl.commands import completion, drain, events, kill, logs, nodes, ping, rm, status, submit
+from elasticctl.commands import check, completion, drain, events, kill, logs, nodes, ping, rm, status, submit
 from elasticctl.commands.base import Command, LocalCommand
 
 REGISTRY: dict[str, Command | LocalCommand] = {
@@ -18,6 +18,7 @@ REGISTRY: dict[str, Command | LocalCommand] = {
         nodes.COMMAND,
         drain.DRAIN,
         drain.UNDRAIN,
+        check.COMMAND,
         ping.COMMAND,
         completion.COMMAND,
     )

@@ -42,7 +42,12 @@ _JOB_LEAVES = {
     "restarts": KeyKind.RESTARTS,
     "final": KeyKind.FINAL,
 }
-_NODE_KEYS = {"nodes": KeyKind.NODE, "drain": KeyKind.NODE_DRAIN}
+_NODE_KEYS = {
+    "nodes": KeyKind.NODE,
+    "drain": KeyKind.NODE_DRAIN,
+    "checks": KeyKind.CHECK_REQUEST,
+    "checked": KeyKind.CHECK_ANSWER,
+}
 _JOB_NODE_KEYS = {"waiting": KeyKind.WAITING, "drain": KeyKind.JOB_DRAIN}
 _ROUND_NODE_KEYS = {"left": KeyKind.LEFT}
 _PART_KINDS = {"join": KeyKind.JOIN, "done": KeyKind.DONE}  # parts/<job>/<r>/<kind>/<node>
@@ -233,6 +238,14 @@ class Keys:
 
     def drain(self, node: str) -> str:
         return f"{self.prefix}/drain/{node}"
+
+    def check_request(self, node: str) -> str:
+        """An operator's ``check`` asks ``node`` to serve a check (``manager/checks.py``)."""
+        return f"{self.prefix}/checks/{node}"
+
+    def check_answer(self, node: str) -> str:
+        """``node``'s answer to the check it was asked for: its server's port and compute."""
+        return f"{self.prefix}/checked/{node}"
 
     def gpus(self, node: str) -> str:
         return f"{self.prefix}/gpus/{node}/"

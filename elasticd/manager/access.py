@@ -9,6 +9,7 @@ runs, with the caller's kernel-verified credentials. Handlers contain no permiss
 | CONNECTED | anyone who can open the socket                         | ping, submit, status, nodes      |
 | OWNER     | the named job's owner, or root; with no job named: root | kill, logs, drain, undrain      |
 | ROOT      | root only                                              | (none yet)                       |
+| ADMIN     | root and ``admin_group``'s members (``Admins``)         | check                            |
 | HISTORY   | anyone; a job's events only to its owner and root      | events                           |
 
 Some options are for admins only, whatever the command's level: a command names them
@@ -109,6 +110,7 @@ class Access(StrEnum):
     CONNECTED = "connected"
     OWNER = "owner"
     ROOT = "root"
+    ADMIN = "admin"  # root and admin_group's members: what runs processes and moves data on every node
     HISTORY = "history"  # events: filtered per job by ``may_read_job``, and a named job is checked
 
 
@@ -128,6 +130,10 @@ async def authorize(
     if admin_option is not None and not admins(caller.uid):
         raise PermissionDenied(f"only {admins.who()} may use {admin_option}")
     if access is Access.CONNECTED:
+        return
+    if access is Access.ADMIN:
+        if not admins(caller.uid):
+            raise PermissionDenied(f"only {admins.who()} may do this")
         return
     if access is Access.HISTORY:
         if job_id is not None and caller.uid != ROOT_UID:

@@ -31,6 +31,7 @@ from elasticd.manager import janitor as janitors
 from elasticd.manager import quotas as limits
 from elasticd.manager.access import ROOT_ONLY, Admins
 from elasticd.manager.admitter import Admitter
+from elasticd.manager.checks import CHECK_KINDS, CheckResponder
 from elasticd.manager.gpuhealth import GpuHealth
 from elasticd.manager.gpus import GpuPool
 from elasticd.manager.janitor import Janitor
@@ -96,6 +97,7 @@ class JobManager:
         )  # fmt: skip
         self.janitor = Janitor(kv, keys, rt.node_id, self.store_of, retention_s, space=space)
         self.agents: dict[str, JobAgent] = {}
+        self.checks = CheckResponder(kv, keys, rt.node_id, rt.address, registry)
         self._wake = asyncio.Event()
         self._due: float | None = None  # when the janitor's next decision by time alone comes due
         self._stopping = False
@@ -128,6 +130,9 @@ class JobManager:
     def wake(self, change: Change | None = None) -> None:
         """Something changed: for one job (``change.job``), or anywhere (None, or a node-wide key)."""
         if change is not None and change.kind in QUIET_KINDS:
+            return
+        if change is not None and change.kind in CHECK_KINDS:
+            self.checks.heard(change)  # an operator's check: nothing for the jobs
             return
         if self.jobwatch.own(change):
             return  # its submitter reads the job back, and wakes the scan (``advance``)
@@ -248,6 +253,7 @@ class JobManager:
             await self._shutdown_agents()
         finally:  # no presence watch outlives the leaves
             self._presence.close()
+            self.checks.close()
 
     async def _shutdown_agents(self) -> None:
         agents = list(self.agents.values())

@@ -17,6 +17,7 @@ from elasticd.etcd.space import Space
 from elasticd.etcd.types import Query
 from elasticd.happenings.bus import publish
 from elasticd.happenings.records import GpuReturned, NodeDrained, NodeUndrained
+from elasticd.manager.checks import run_check
 from elasticd.manager.drainrule import Membership, judge_drain
 from elasticd.manager.etcdspace import SpaceWatch
 from elasticd.manager.jobs import JobManager
@@ -86,6 +87,10 @@ class NodeCommands:
         heads = [(jid, snap.closed, node) for jid, snap in asks if snap.closed is not None]
         found = await asyncio.to_thread(rosterread.membership, self._kv, self._keys, heads)
         return [ask for ask, member in zip(asks, found, strict=True) if member]
+
+    async def check(self, nodes: list[str], user: str) -> dict[str, Any]:
+        """The pre-flight node check on ``nodes`` (every live node when empty), on demand."""
+        return await run_check(self._kv, self._keys, self._registry, nodes, user)
 
     async def undrain(self, node: str, job_id: str | None) -> dict[str, Any]:
         """Undo a drain; an unknown node or job, or one that is not drained, is an error."""

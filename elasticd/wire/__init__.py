@@ -24,6 +24,7 @@ from elasticd.events.schema import EventsArgs, EventsReply, EventView, SkippedEv
 from elasticd.terms.options import EntryKind
 from elasticd.terms.state import EndReason, JobState
 from elasticd.wire.args import (
+    CheckArgs,
     DrainArgs,
     KillArgs,
     LogsArgs,
@@ -38,6 +39,9 @@ from elasticd.wire.args import (
 from elasticd.wire.replies import (
     ROW_REASON_CHARS,
     CallerView,
+    CheckFigures,
+    CheckReply,
+    CheckRow,
     DrainReply,
     ErrorReply,
     EtcdSpaceView,
@@ -72,6 +76,10 @@ __all__ = [
     "TERMINAL_STATES",
     "TIME_FIELDS",
     "CallerView",
+    "CheckArgs",
+    "CheckFigures",
+    "CheckReply",
+    "CheckRow",
     "CommandSchema",
     "DrainArgs",
     "DrainReply",
@@ -142,4 +150,5 @@ COMMANDS: dict[str, CommandSchema] = {
     "undrain": CommandSchema(UndrainArgs, UndrainReply),
     "rm": CommandSchema(RmArgs, RmReply),
     "events": CommandSchema(EventsArgs, EventsReply),  # schema in elasticd.events.schema
+    "check": CommandSchema(CheckArgs, CheckReply),
 }

@@ -50,6 +50,11 @@ class SubmitArgs:
 
 
 @dataclass(frozen=True)
+class CheckArgs:
+    nodes: list[str] = field(default_factory=list)  # the nodes to check ([]: every live node)
+
+
+@dataclass(frozen=True)
 class RmArgs:
     job: str  # a job that has ended: its records and this node's logs of it are deleted
 

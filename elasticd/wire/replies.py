@@ -298,6 +298,30 @@ class NodesReply(TypedDict):
     etcd: NotRequired[EtcdSpaceView]  # absent from older daemons
 
 
+class CheckRow(TypedDict):
+    """One node's figures in a ``check``: compute (iterations a second of a fixed loop on one
+    core), and the asking node's link to it (round trip, bulk rate; none for the asking node)."""
+
+    node: str
+    compute: float | None
+    rtt_s: float | None
+    bytes_per_s: float | None
+    error: str  # why it has no figures ("": none)
+    verdict: str  # "ok", or why it is far below the others (rendezvous.fitness)
+
+
+class CheckFigures(TypedDict):
+    compute: float | None  # the checked nodes' medians
+    rtt_s: float | None
+    bytes_per_s: float | None
+
+
+class CheckReply(TypedDict):
+    nodes: list[CheckRow]
+    cluster: CheckFigures
+    measured_from: str  # the node whose links to the others were measured (the one asked)
+
+
 class RmReply(TypedDict):
     job: str
     logs_removed: bool  # this node held logs of the job (other nodes drop theirs on their own)

@@ -82,3 +82,22 @@ def test_a_healthy_round_passes_the_node_check(daemon_factory: DaemonFactory, tm
     assert owners == {a.node_id, b.node_id}
     (tmp_path / "finish").touch()
     assert a.wait_state(job, ("SUCCEEDED", "FAILED"))["state"] == "SUCCEEDED"
+
+
+@pytest.mark.timeout(120)
+def test_check_measures_every_node_against_the_cluster(daemon_factory: DaemonFactory) -> None:
+    a, b = start_cluster(daemon_factory, 2)
+    res = a.ctl("check", "--json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    reply = json.loads(res.stdout)
+    rows = {r["node"]: r for r in reply["nodes"]}
+    assert set(rows) == {a.node_id, b.node_id} and reply["measured_from"] == a.node_id
+    assert all(r["verdict"] == "ok" and r["compute"] > 0 for r in rows.values()), rows
+    assert rows[b.node_id]["rtt_s"] > 0 and rows[b.node_id]["bytes_per_s"] > 0
+    assert rows[a.node_id]["rtt_s"] is None  # no link to itself
+    assert reply["cluster"]["compute"] > 0
+    text = a.ctl("check", b.node_id)
+    assert text.returncode == 0 and "BANDWIDTH" in text.stdout and b.node_id in text.stdout, text.stderr
+    assert a.node_id not in text.stdout.split("links measured")[0]  # only the node named
+    unknown = a.ctl("check", "no-such-node")
+    assert unknown.returncode == 3 and "node_not_found" in unknown.stderr

@@ -169,3 +169,9 @@ def test_root_jobs_are_refused_unless_the_daemon_allows_them(
     script.write_text("print('hi')\n")
     res = d.ctl("submit", str(script))
     assert res.returncode == 3 and "permission_denied" in res.stderr and "allow_root_jobs" in res.stderr
+
+
+def test_only_root_and_admins_may_check_nodes(shared_daemon: DaemonProc) -> None:
+    reply = nobody(shared_daemon, "check")
+    assert reply["ok"] is False and reply["code"] == "permission_denied", reply
+    assert "only root may do this" in str(reply["message"])

@@ -32,6 +32,7 @@ EXPECTED = {
     "undrain": Access.OWNER,
     "rm": Access.OWNER,
     "events": Access.HISTORY,
+    "check": Access.ADMIN,
 }
 
 
@@ -180,3 +181,12 @@ def test_a_job_owner_cannot_return_a_gpu_through_their_job() -> None:
     _run(undrain.access, OWNER, undrain.job_of(args))  # the owner passes for their job...
     with pytest.raises(InvalidArgs, match="not both"):  # ...and the command refuses the pair
         asyncio.run(undrain.handler(None, args, OWNER))  # type: ignore[arg-type]
+
+
+def test_an_admin_command_is_for_root_and_admins_only() -> None:
+    for caller in (ROOT, OWNER):
+        asyncio.run(authorize(Access.ADMIN, caller, None, _owners, None, ADMINS))
+    with pytest.raises(PermissionDenied, match="only root and members of admin_group may do this"):
+        asyncio.run(authorize(Access.ADMIN, OTHER, None, _owners, None, ADMINS))
+    with pytest.raises(PermissionDenied, match="only root may do this"):
+        asyncio.run(authorize(Access.ADMIN, OWNER, None, _owners))

@@ -34,6 +34,8 @@ WATCHED = {
     KeyKind.NODE: False,
     KeyKind.PRESENCE: False,
     KeyKind.NODE_DRAIN: True,
+    KeyKind.CHECK_REQUEST: True,  # each node hears its own (manager/checks.py)
+    KeyKind.CHECK_ANSWER: True,
     KeyKind.GPU: True,
     KeyKind.JANITOR: True,
     KeyKind.EVENT: True,
@@ -60,6 +62,8 @@ def built(keys: Keys, job: str, node: str, r: int) -> dict[str, KeyRef]:
     return {
         keys.node(node): KeyRef(KeyKind.NODE, node=node),
         keys.drain(node): KeyRef(KeyKind.NODE_DRAIN, node=node),
+        keys.check_request(node): KeyRef(KeyKind.CHECK_REQUEST, node=node),
+        keys.check_answer(node): KeyRef(KeyKind.CHECK_ANSWER, node=node),
         keys.gpu(node, "GPU-0a1b-2c"): KeyRef(KeyKind.GPU, node=node),
         keys.gpu(node, "MIG-0a1b"): KeyRef(KeyKind.GPU, node=node),
         keys.janitor(): KeyRef(KeyKind.JANITOR),

@@ -220,7 +220,9 @@ def _hints(td: Any) -> dict[str, Any]:
     return typing.get_type_hints(td)
 
 
-RATIOS = {"score", "ratio"}  # floats without a unit: a rank's slowness score, a job's goodput (0..1)
+# Floats without a unit: a rank's slowness score, a job's goodput (0..1), a node check's compute
+# (iterations a second) and bulk rate (bytes a second).
+RATIOS = {"score", "ratio", "compute", "bytes_per_s"}
 
 
 def test_time_fields_are_every_time_of_the_wire() -> None:

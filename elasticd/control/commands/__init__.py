@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from elasticd.control.commands import drain, events, kill, logs, nodes, ping, rm, status, submit
+from elasticd.control.commands import check, drain, events, kill, logs, nodes, ping, rm, status, submit
 from elasticd.control.commands.base import Command
 
 REGISTRY: dict[str, Command[Any]] = {
@@ -20,5 +20,6 @@ REGISTRY: dict[str, Command[Any]] = {
         drain.UNDRAIN,
         rm.COMMAND,
         events.COMMAND,
+        check.COMMAND,
     )
 }
