@@ -144,7 +144,7 @@ async def start_group(
     at = _Attempt(layout, restart_count, slots, identity, snapshots, agent_store)
     launches, channels = _prepare(rt, spec, at, files)
     watch = HangWatch(
-        [WatchedRank(launch.rank, launch.local_rank, ch) for launch, ch in zip(launches, channels, strict=True)],
+        [WatchedRank(ln.rank, ln.local_rank, ch) for ln, ch in zip(launches, channels, strict=True)],
         hang_policy(spec),
         identity,
         spec.id,
