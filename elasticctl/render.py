@@ -305,7 +305,8 @@ def check_table(reply: CheckReply) -> str:
     for r in reply["nodes"]:
         rows.append([r["node"], *_check_cells(r["compute"], r["rtt_s"], r["bytes_per_s"]), r["verdict"]])
     rows.append(["(median)", *_check_cells(med["compute"], med["rtt_s"], med["bytes_per_s"]), ""])
-    return table(rows) + f"\nlinks measured from {reply['measured_from']}"
+    back = "".join(f"\n{r['node']} passed: it takes part in job {r['job']} again" for r in reply["returned"])
+    return table(rows) + f"\nlinks measured from {reply['measured_from']}" + back
 
 
 def _check_cells(compute: float | None, rtt: float | None, rate: float | None) -> list[str]:

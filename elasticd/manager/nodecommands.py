@@ -10,6 +10,7 @@ import asyncio
 import time
 from typing import Any
 
+from elasticd.agent.stragglers import DRAINED_BY
 from elasticd.errors import Conflict, InvalidArgs, JobNotFound, NodeNotFound
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV
@@ -89,8 +90,19 @@ class NodeCommands:
         return [ask for ask, member in zip(asks, found, strict=True) if member]
 
     async def check(self, nodes: list[str], user: str) -> dict[str, Any]:
-        """The pre-flight node check on ``nodes`` (every live node when empty), on demand."""
-        return await run_check(self._kv, self._keys, self._registry, nodes, user)
+        """The pre-flight node check on ``nodes`` (every live node when empty), on demand. A node
+        that passes takes part again in the jobs whose straggler policy drained it."""
+        reply = await run_check(self._kv, self._keys, self._registry, nodes, user)
+        passed = {r["node"] for r in reply["nodes"] if r["verdict"] == "ok"}
+        returned = []
+        for job_id, snap in (await self._manager.jobwatch.snapshots()).items():
+            for node in sorted(passed):
+                record = snap.drains.get(node)
+                if record is not None and record.by == DRAINED_BY:
+                    await asyncio.to_thread(self._kv.delete, self._keys.job_drain(job_id, node))
+                    publish(NodeUndrained(node, job_id))
+                    returned.append({"node": node, "job": job_id})
+        return reply | {"returned": returned}
 
     async def undrain(self, node: str, job_id: str | None) -> dict[str, Any]:
         """Undo a drain; an unknown node or job, or one that is not drained, is an error."""

@@ -316,10 +316,16 @@ class CheckFigures(TypedDict):
     bytes_per_s: float | None
 
 
+class Returned(TypedDict):
+    node: str
+    job: str
+
+
 class CheckReply(TypedDict):
     nodes: list[CheckRow]
     cluster: CheckFigures
     measured_from: str  # the node whose links to the others were measured (the one asked)
+    returned: list[Returned]  # nodes that passed, back in the jobs whose straggler policy drained them
 
 
 class RmReply(TypedDict):

@@ -150,5 +150,14 @@ def test_the_drain_policy_moves_a_straggler_s_node_out_of_an_elastic_job(
     assert [(e["node"], e["fields"]["by"]) for e in drains] == [(holder, "elasticd (stragglers)")], drains
     found = [e for e in map(json.loads, res.stdout.splitlines()) if e.get("kind") == "straggler"]
     assert (found[0]["fields"]["rank"], found[0]["fields"]["straggler"]) == (1, True)
+
+    # A passing check of the node (its slowdown is over) lets it take part again.
+    checked = a.ctl("check", holder, "--json")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert json.loads(checked.stdout)["returned"] == [{"node": holder, "job": job}]
+    both = wait_job(
+        a, job, lambda j: j["state"] == "RUNNING" and len(j["members"]) == 2, "both nodes again", 120
+    )
+    assert both["restarts"] == 0
     (tmp_path / "stop").touch()
     assert a.wait_state(job, ("SUCCEEDED", "FAILED"))["state"] == "SUCCEEDED"
