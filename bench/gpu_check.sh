@@ -152,4 +152,8 @@ step "unhealthy GPU (ECC at the NVML layer) leaves the pool, no restart spent, u
 # --- 5. a GPU-tensor snapshot: the device-to-host copy through pinned memory, against plain copies
 step "GPU-tensor snapshot: stall against pinned and pageable device-to-host copies (1 GiB)" 240 \
     "$PY" "$REPO/bench/bench_snapshot_gpu.py" --mib 1024 --rounds 5
+# --- 6. the node check on demand: this host's compute (one node: no link to measure). A rank's
+# slowness score needs two ranks to compare, so two GPUs (a one-rank job shows none).
+step "elasticctl check: this node's compute, verdict ok" 60 \
+    env ELASTICD_SOCKET="$WORK/ctl.sock" "$PY" -m elasticctl check
 ELASTICD_SOCKET="$WORK/ctl.sock" "$PY" -m elasticctl nodes || true
