@@ -43,6 +43,16 @@ def wait_for(predicate: Callable[[], Any], timeout_s: float, interval_s: float =
         time.sleep(interval_s)
 
 
+def hears_ctrl_c() -> None:
+    """A ``preexec_fn`` for a child a test sends SIGINT: SIGINT back to its default action.
+
+    A shell that starts the suite in the background (``&``, ``nohup``, a CI step) ignores SIGINT,
+    every child inherits that, and Python leaves an inherited ignore in place instead of raising
+    ``KeyboardInterrupt``: the test's Ctrl-C would go unheard and the test would wait it out.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def stop_process(proc: subprocess.Popen[Any], grace_s: float = 20.0) -> int | None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)

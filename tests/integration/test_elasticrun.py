@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from elasticd.netaddr import free_port
-from tests.support import PYTHON, DaemonProc, alive_pid, log_events, unique, wait_for
+from tests.support import PYTHON, DaemonProc, alive_pid, hears_ctrl_c, log_events, unique, wait_for
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(240)]
@@ -118,7 +118,9 @@ def test_ctrl_c_stops_the_job_and_every_worker(daemon: DaemonProc, tmp_path: Pat
     env = dict(os.environ) | {"ELASTICD_SOCKET": str(daemon.socket)}
     cmd = [PYTHON, "-c", "import sys; from elasticctl.run import main; sys.exit(main())",
            "--nproc-per-node", "2", str(SCRIPTS / "sleeper.py")]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True, preexec_fn=hears_ctrl_c
+    )
     try:
         jobs = wait_for(lambda: [j for j in daemon.call("status")["jobs"] if len(j.get("pids") or ()) == 2],
                         60, 0.1, "the job's two workers")  # fmt: skip
@@ -215,9 +217,8 @@ def test_signals_while_the_job_stops_change_nothing_and_print_no_traceback(
     env = dict(os.environ) | {"ELASTICD_SOCKET": str(daemon.socket), "OUT": str(tmp_path)}
     cmd = [PYTHON, "-c", "import sys; from elasticctl.run import main; sys.exit(main())",
            "--shutdown-timeout", "15", str(script)]  # fmt: skip
-    proc = subprocess.Popen(
-        cmd, env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
+    alone: dict[str, Any] = {"start_new_session": True, "preexec_fn": hears_ctrl_c}
+    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True, **alone)
     try:
         wait_for((tmp_path / "up.0").exists, 60, 0.05, "the worker to start")
         os.kill(proc.pid, signal.SIGTERM)

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from tests.conftest import DaemonFactory
-from tests.support import REPO, DaemonProc, wait_for
+from tests.support import REPO, DaemonProc, hears_ctrl_c, wait_for
 
 SCRIPTS = REPO / "tests" / "scripts"
 TORCHRUN_VARS = [
@@ -241,6 +241,7 @@ def test_signal_on_follow_leaves_job_running(daemon: DaemonProc, tmp_path: Path)
         env=dict(os.environ, ELASTICD_SOCKET=str(daemon.socket)),
         stdout=subprocess.PIPE,
         text=True,
+        preexec_fn=hears_ctrl_c,
     )
     assert proc.stdout is not None
     job_id = proc.stdout.readline().strip()

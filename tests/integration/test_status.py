@@ -17,7 +17,7 @@ import pytest
 
 from elasticctl.client import DaemonError
 from tests.conftest import DaemonFactory
-from tests.support import PYTHON, REPO, DaemonProc, wait_for
+from tests.support import PYTHON, REPO, DaemonProc, hears_ctrl_c, wait_for
 
 SCRIPTS = REPO / "tests" / "scripts"
 
@@ -98,7 +98,8 @@ def test_filters_and_ids(daemon: DaemonProc, ended: dict[str, str]) -> None:
 def test_watch_prints_until_ctrl_c(daemon: DaemonProc, ended: dict[str, str]) -> None:
     env = dict(os.environ, ELASTICD_SOCKET=str(daemon.socket))
     argv = [PYTHON, "-m", "elasticctl", "status", "--state", "SUCCEEDED", "-q", "--watch", "0.2"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    pipes: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    proc = subprocess.Popen(argv, env=env, preexec_fn=hears_ctrl_c, **pipes)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout or []), daemon=True)
     reader.start()
