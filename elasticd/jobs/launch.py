@@ -25,7 +25,7 @@ from elasticd.jobs.identity import switch_to
 from elasticd.netaddr import NoFreePort, PortRange, pick_port
 from elasticd.node.inventory import Inventory
 from elasticd.node.snapshotbound import BoundSource
-from elasticd.progress.accounts import Accounts
+from elasticd.progress.accounts import Accounts, Books
 from elasticd.progress.channel import ProgressChannel
 from elasticd.progress.protocol import HEARTBEAT_FILE_ENV, PROGRESS_FD_ENV
 from elasticd.progress.timeouts import HangPolicy
@@ -67,6 +67,8 @@ class NodeRuntime:
     snapshot_bytes: int = 0  # a job's snapshot keeper's bound here (0: none; workers.warm.keeper)
     snapshot_source: BoundSource = BoundSource.SET  # the operator's, or derived (node/snapshotbound.py)
     straggler_grace_s: float = 60.0  # named this long, a straggler's node is drained (--stragglers drain)
+    shrink_interval_s: float = 300.0  # an elastic job lends nodes at most this often (jobs.room)
+    books: Books = field(default_factory=Books)  # each job's goodput here, across its agents
 
 
 def master_port(rt: NodeRuntime) -> int:

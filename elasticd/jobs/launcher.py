@@ -96,7 +96,7 @@ class ProcessLauncher:
             return
         self._job = spec.id
         self._named = spec.master_port
-        self._accounts = Accounts(spec.submitted_at, wall_clock)
+        self._accounts = self._rt.books.of(spec.id, spec.submitted_at, wall_clock)
         if spec.node_check:
             python = spec.python if spec.entry_kind is not EntryKind.EXEC and spec.python else CHECK_PYTHON
             runner = Runner(python, switch_to(spec), spec.cwd)

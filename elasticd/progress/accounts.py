@@ -4,10 +4,12 @@ The job's launcher on this node holds it from the job's admission to the agent's
 rounds (``jobs.launcher.ProcessLauncher``): it tells the launches, the attempt's watch tells the
 first local rank's reports and a hang (``progress.watch``), the attempt's workers their stop
 (``jobs.launch.ProcessWorkers``). The agent publishes ``tally`` with the node's report.
+``Books`` keeps each job's past the agent's leaving, for the next agent of the job here.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 
 from elasticd.progress.goodput import (
@@ -58,3 +60,22 @@ class Accounts:
     def settled(self) -> Tally:
         """The seconds no later event moves (a counter may take these: they only ever grow)."""
         return self.ledger.tally
+
+
+class Books:
+    """This node's jobs' ledgers, kept past an agent's leaving: a node drained from a job and let
+    back in (or lent for a scale-in and taken again) picks its ledger up where it stood, its last
+    stop deciding the gap as a launch does, rather than starting over with all the time before
+    counted as waiting (its report is overwritten by the new agent's). Bounded: the least recently
+    used job's is forgotten first."""
+
+    def __init__(self, most: int = 256) -> None:
+        self._by_job: OrderedDict[str, Accounts] = OrderedDict()
+        self._most = most
+
+    def of(self, job: str, submitted_at: float, clock: Callable[[], float]) -> Accounts:
+        accounts = self._by_job.pop(job, None) or Accounts(submitted_at, clock)
+        self._by_job[job] = accounts
+        while len(self._by_job) > self._most:
+            self._by_job.popitem(last=False)
+        return accounts

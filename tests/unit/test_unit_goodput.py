@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from elasticd.decode import DecodeError
-from elasticd.progress.accounts import Accounts
+from elasticd.progress.accounts import Accounts, Books
 from elasticd.progress.goodput import (
     Cause,
     Entered,
@@ -174,6 +174,24 @@ def test_accounts_follow_the_first_ranks_reports_and_the_launcher() -> None:
     assert accounts.settled() == Tally(productive_s=2, checkpoint_s=1, waiting_s=10, hung_s=1, startup_s=2)
     now[0] = T0 + 8
     assert accounts.tally().restart_s == 2 and accounts.tally().total_s == 18
+
+
+def test_a_node_back_in_a_job_picks_its_ledger_up_where_it_stood() -> None:
+    now = [T0]
+    books = Books(most=2)
+    first = books.of("j", T0 - 10, lambda: now[0])
+    first.launched(0)
+    first.reported(StepReport(None), 0, T0 + 2)
+    now[0] = T0 + 3
+    first.stopped(False)  # drained: the next launch says what the gap was
+    again = books.of("j", T0 - 10, lambda: now[0])
+    assert again is first
+    now[0] = T0 + 7
+    again.launched(0)  # no restart spent: the drain's time waited
+    assert again.settled() == Tally(waiting_s=15, startup_s=2)  # the step in flight was lost
+    books.of("k", T0, lambda: now[0])
+    books.of("l", T0, lambda: now[0])
+    assert books.of("j", T0, lambda: now[0]) is not first  # the least recently used, forgotten
 
 
 def test_a_node_report_with_a_bad_tally_is_refused() -> None:
