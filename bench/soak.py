@@ -172,6 +172,7 @@ class Findings:
     skipped: int = 0  # planned faults not started: past the duration, every kind injected once
     keys_at_end: list[str] = field(default_factory=list)
     complaints: dict[str, int] = field(default_factory=dict)
+    goodput: dict[str, Any] | None = None  # the ended job's (status's ``goodput``)
 
 
 def scope_of(ns: argparse.Namespace) -> Scope:
@@ -216,6 +217,20 @@ def inject(
             break
 
 
+def goodput_lines(goodput: dict[str, Any] | None) -> list[str]:
+    """Where the job's wall time went, by cause as elasticd booked it (``status``'s ``goodput``):
+    what the faults cost, beside whether it survived them."""
+    if not goodput:
+        return ["goodput: none reported"]
+    wall = float(goodput["wall_s"])
+    ratio = goodput.get("ratio")
+    lines = [f"goodput: {'-' if ratio is None else f'{ratio:.3f}'} of {wall:.1f} s"]
+    for cause, seconds in goodput["by_cause_s"].items():
+        share = f"{100 * seconds / wall:5.1f}%" if wall > 0 else "    -"
+        lines.append(f"  {cause:<11} {seconds:8.1f} s {share}")
+    return lines
+
+
 def finish_and_check(
     c: Cluster, job: str, settings: JobSettings, scope: Scope, ns: argparse.Namespace, found: Findings
 ) -> None:
@@ -229,6 +244,7 @@ def finish_and_check(
         ns.recover_timeout + 60, 0.5,
     )  # fmt: skip
     found.state = state = ended["state"] if ended else f"not ended ({(c.status() or {}).get('state')})"
+    found.goodput = ended.get("goodput") if ended else None
     checks = found.checks
     checks.append(
         Check("job SUCCEEDED", state == "SUCCEEDED", f"{state}, restarts={ended and ended['restarts']}")
@@ -315,6 +331,8 @@ def report(
     for n in scope.notes:
         print(f"({n})")
     print()
+    print("\n".join(goodput_lines(found.goodput)))
+    print()
     for ch in found.checks:
         print(f"  [{'ok' if ch.ok else 'FAIL'}] {ch.name}: {ch.detail}")
     if found.complaints:
@@ -327,6 +345,7 @@ def report(
             "faults": [asdict(r) for r in found.results], "table": rows,
             "checks": [asdict(ch) for ch in found.checks], "daemon_complaints": found.complaints,
             "dir": str(c.root), "job": c.job_id, "state": found.state, "keys_at_end": found.keys_at_end,
+            "goodput": found.goodput,
             "netns": scope.netns, "ttl_s": ns.ttl, "etcd_client": ns.etcd_client, "snapshots": ns.snapshots,
         }, indent=2, default=str))  # fmt: skip
     return ok
