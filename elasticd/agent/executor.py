@@ -20,6 +20,7 @@ from elasticd import log
 from elasticd.agent import actions as act
 from elasticd.agent import conduct
 from elasticd.agent.joinwatch import JoinWatch
+from elasticd.agent.looks import Looks
 from elasticd.agent.record import AgentRecord, AgentState, Leave, Local, Observed, View, presence_asked
 from elasticd.agent.seams import Clock, Launcher, Lease, SystemClock, Workers
 from elasticd.agent.step import step
@@ -35,13 +36,10 @@ from elasticd.happenings.records import (
 )
 from elasticd.jobs.launch import NodeRuntime
 from elasticd.jobs.launcher import ProcessLauncher
-from elasticd.node import liveness
 from elasticd.node.peers import PeerWatch
 from elasticd.progress.goodput import Tally, seconds
-from elasticd.rendezvous.fitness import Checked
 from elasticd.rendezvous.jobstore import JobStore
 from elasticd.rendezvous.model import Join
-from elasticd.rendezvous.reach import PROBE_TIMEOUT_S, Reach, Target
 from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.spec import JobSpec
 from elasticd.terms.state import EndReason, RoundReason, SetupFailure
@@ -92,8 +90,7 @@ class JobAgent:
         self._wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         self._progress = conduct.ProgressSent()  # when progress was last due, and what was sent
-        self._reach: Reach | None = None  # what the last probe found (an input to ``step``)
-        self._checked: Checked | None = None  # what the last node check found (an input to ``step``)
+        self._looks = Looks(spec.id, self._launcher, self._clock)  # what admission measured (``step``)
         self._stragglers: StragglerJudge | None = None  # while our workers run as group rank 0
 
     @property
@@ -198,8 +195,8 @@ class JobAgent:
                 setup,
                 etcd_error,
                 self._joins.round,
-                self._reach,
-                self._checked,
+                self._looks.reach,
+                self._looks.checked,
             )
             rec, actions = step(self.rec, view, local, self._clock.time())
             self._transition(self.rec, rec)
@@ -250,7 +247,7 @@ class JobAgent:
             case act.StartWorkers() as start:
                 await self._start_workers(start)
             case act.Probe() | act.CheckNodes() as look:
-                await self._look(look)
+                await self._looks.look(look)
             case act.WatchPeers() | act.WatchJoins() as watch:
                 await self._follow(watch)
             case act.Withdraw() | act.ClearWaiting() | act.MarkDone() | act.MarkLeft() as mark:
@@ -352,26 +349,6 @@ class JobAgent:
             publish(conduct.took(action, self.spec.id, self.node, self.rec.round))
             if isinstance(action, act.CloseRound):
                 await store.forget_rounds_before(action.result.round)
-
-    async def _look(self, action: act.Probe | act.CheckNodes) -> None:
-        """Measure what admission to a round needs: peers' liveness, or (``--node-check``) the
-        links to the joiners' check servers; the next step reads what was found."""
-        match action:
-            case act.Probe(round_no, targets):
-                await self._probe(round_no, targets)
-            case act.CheckNodes(round_no, targets):
-                links = await self._launcher.check_links(targets)
-                self._checked = Checked(round_no, links, self._clock.time())
-                bad = sorted(n for n, lk in links.items() if lk.error)
-                _log.info("check.links", job=self.spec.id, round=round_no, measured=len(links), failed=bad)
-
-    async def _probe(self, round_no: int, targets: tuple[Target, ...]) -> None:
-        reached, unreached = await liveness.probe(targets, PROBE_TIMEOUT_S)
-        before = self._reach.unreached if self._reach is not None else frozenset()
-        self._reach = Reach(round_no, reached, unreached, self._clock.time())
-        if unreached != before:  # once per change: a cut node probes every few seconds
-            say = _log.warning if unreached else _log.info
-            say("peer.reach", job=self.spec.id, round=round_no, unreached=sorted(unreached))
 
     async def _sleep(self, until: float | None, on_exits: bool) -> None:
         """Wait for a wake-up, a worker exit (``on_exits``), or ``until`` (wall clock), at most POLL_S,

@@ -372,7 +372,8 @@ def test_the_leader_probes_a_joiners_liveness_port_before_it_closes(listening: b
             await until(lambda: launcher.groups)
             result = run_inline(store.snapshot()).result
             assert result is not None and result.nodes == (("n1", "n2") if listening else ("n1",))
-            assert agent._reach is not None and agent._reach.unreached == (set() if listening else {"n2"})
+            reach = agent._looks.reach
+            assert reach is not None and reach.unreached == (set() if listening else {"n2"})
             run_inline(store.finalize(JobState.KILLED, EndReason.KILLED, "killed"))
         finally:
             await server.close()
