@@ -182,16 +182,3 @@ def read_logs(
             budget -= len(data)
             chunks.append(Chunk(attempt, r, data.decode(errors="replace")))
     return Read(chunks, out, more)
-
-
-def read_new(
-    log_dir: Path,
-    job_id: str,
-    cursor: dict[str, int],
-    rank: int | None = None,
-    max_bytes: int = MAX_CHUNK,
-    whole: bool = False,
-) -> tuple[list[Chunk], dict[str, int]]:
-    """``read_logs`` of whole lines: the chunks and the cursor."""
-    read = read_logs(log_dir, job_id, cursor, rank=rank, max_bytes=max_bytes, whole=whole)
-    return read.chunks, read.cursor

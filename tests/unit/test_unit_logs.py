@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from elasticd.jobs import logs
-from elasticd.jobs.logs import Chunk, attempt_starts, log_files, read_logs, read_new, tail_start
+from elasticd.jobs.logs import Chunk, attempt_starts, log_files, read_logs, tail_start
 
 JOB = "train-1"
 A0R0 = "attempt_0/rank_0.log"
@@ -21,6 +22,14 @@ def write(log_dir: Path, name: str, data: str, append: bool = False) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a" if append else "w") as f:
         f.write(data)
+
+
+def read_new(
+    log_dir: Path, job_id: str, cursor: dict[str, int], **how: Any
+) -> tuple[list[Chunk], dict[str, int]]:
+    """``read_logs`` as a following client uses it: the chunks and the cursor to poll with next."""
+    read = read_logs(log_dir, job_id, cursor, **how)
+    return read.chunks, read.cursor
 
 
 @pytest.fixture

@@ -118,8 +118,3 @@ async def terminate(
     if stuck:
         _log.error("proctree.unkillable", pids=stuck)
     return stuck
-
-
-def kill_now(procs: Iterable[psutil.Process], pgids: Iterable[int]) -> None:
-    """Synchronous SIGKILL, for crash clean-up where there is nothing to wait for."""
-    _signal_all(procs, pgids, signal.SIGKILL)
