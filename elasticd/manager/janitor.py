@@ -45,6 +45,7 @@ from elasticd.etcd.types import Compare, Put
 from elasticd.events.store import EventLog
 from elasticd.happenings.bus import publish
 from elasticd.happenings.records import JobExpired, JobFailed, JobOrphaned
+from elasticd.jobs.view import job_state
 from elasticd.manager import janitorrule as rule
 from elasticd.rendezvous.glance import Seen
 from elasticd.rendezvous.jobstore import JobStore
@@ -52,7 +53,7 @@ from elasticd.rendezvous.model import RoundHead
 from elasticd.rendezvous.rosterread import Members
 from elasticd.rendezvous.snapshot import JobSnapshot, Live
 from elasticd.terms.ids import valid_job_id
-from elasticd.terms.state import EndReason
+from elasticd.terms.state import EndReason, IllegalTransition, check_transition
 
 _log = log.get("elasticd.janitor")
 
@@ -174,6 +175,11 @@ class Janitor:
                 report_invalid(bad.key, bad.revision, bad.why, job=snap.job_id)
                 await self._fail_invalid(replace(snap, invalid=[bad]))
             case rule.Finalize(state, reason, why):
+                try:
+                    check_transition(snap.job_id, job_state(snap), state)
+                except IllegalTransition as exc:  # one bad decision must not stop the sweep of the rest
+                    _log.error("job.illegal_transition", job=snap.job_id, error=str(exc))
+                    return
                 await self._store_of(snap.job_id).finalize(state, reason, why)
             case rule.Bump(info, spend):
                 if await self._store_of(snap.job_id).bump(Seen.of(snap), info, spend):

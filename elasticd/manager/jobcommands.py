@@ -38,7 +38,7 @@ from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.ids import valid_job_id
 from elasticd.terms.options import EntryKind
 from elasticd.terms.spec import JobSpec
-from elasticd.terms.state import EndReason, JobState
+from elasticd.terms.state import EndReason, IllegalTransition, JobState, check_transition
 from elasticd.wire import LogsArgs, RoundView, is_terminal
 
 KILL_WAIT_S = 60.0
@@ -254,8 +254,10 @@ class JobCommands:
 
     async def kill(self, job_id: str, user: str) -> dict[str, Any]:
         snap = await self.snapshot(job_id)
-        if snap.final is not None:
-            raise Conflict(f"job {job_id} already ended as {snap.final.state.value}")
+        try:
+            check_transition(job_id, job_state(snap), JobState.KILLED)
+        except IllegalTransition as exc:  # it ended (or has an invalid record: it shows FAILED)
+            raise Conflict(str(exc)) from None
         if await self._manager.store_of(job_id).finalize(
             JobState.KILLED, EndReason.KILLED, f"killed by {user}"
         ):

@@ -100,6 +100,18 @@ def can_transition(old: JobState, new: JobState) -> bool:
     return new in _ALLOWED[old]
 
 
+class IllegalTransition(ValueError):
+    """A write would move a job between two states its lifecycle (``JobState``) does not connect."""
+
+
+def check_transition(job_id: str, old: JobState, new: JobState) -> None:
+    """Refuse a change of a job's state that ``JobState``'s lifecycle does not have, before it is
+    written: a decider that asks for one has a bug, and the record would tell a history no job can
+    have (a job that never ran SUCCEEDED, an ended job ended again)."""
+    if not can_transition(old, new):
+        raise IllegalTransition(f"job {job_id} is {old.value}: it cannot become {new.value}")
+
+
 def describe_exit(returncode: int) -> str:
     if returncode < 0:
         try:

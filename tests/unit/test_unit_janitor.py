@@ -8,6 +8,7 @@ import pytest
 
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.memory import MemoryKV
+from elasticd.manager import janitorrule as rule
 from elasticd.manager.janitor import MAX_TXN_DELETES, SOLO_GRACE_S, Janitor
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.jobstore import JobStore
@@ -120,6 +121,20 @@ def test_a_job_with_an_invalid_record_is_failed_naming_the_key() -> None:
     asyncio.run(janitor(kv, "n1").sweep({JOB: run_inline(store.snapshot())}))
     final = run_inline(store.snapshot()).final
     assert final is not None and final.code is EndReason.INVALID_RECORD and "rdzv/0/result" in final.reason
+
+
+def test_an_end_the_jobs_lifecycle_does_not_allow_is_refused() -> None:
+    """A job that never ran cannot succeed: the janitor writes no such final record; it can fail."""
+    kv = MemoryKV()
+    store = InlineJobStore(kv, KEYS, JOB)
+    run_inline(store.create(make_spec()))
+    pending = run_inline(store.snapshot())
+    j = janitor(kv, "n1")
+    asyncio.run(j._act(pending, rule.Finalize(JobState.SUCCEEDED, EndReason.SUCCEEDED, "")))
+    assert run_inline(store.snapshot()).final is None
+    asyncio.run(j._act(pending, rule.Finalize(JobState.FAILED, EndReason.JOIN_TIMEOUT, "no nodes")))
+    final = run_inline(store.snapshot()).final
+    assert final is not None and final.state is JobState.FAILED
 
 
 def test_ended_jobs_are_deleted_after_the_retention_and_not_before() -> None:

@@ -8,9 +8,11 @@ import pytest
 
 from elasticd.terms.state import (
     FailureKind,
+    IllegalTransition,
     JobState,
     WorkerFailure,
     can_transition,
+    check_transition,
     describe_exit,
     exit_text,
 )
@@ -34,6 +36,15 @@ ALL_PAIRS = list(itertools.product(JobState, JobState))
 @pytest.mark.parametrize(("old", "new"), ALL_PAIRS, ids=[f"{o}->{n}" for o, n in ALL_PAIRS])
 def test_transition_table(old: JobState, new: JobState) -> None:
     assert can_transition(old, new) is ((old, new) in ALLOWED)
+
+
+@pytest.mark.parametrize(("old", "new"), ALL_PAIRS, ids=[f"{o}->{n}" for o, n in ALL_PAIRS])
+def test_check_transition_refuses_what_the_table_does_not_have(old: JobState, new: JobState) -> None:
+    if (old, new) in ALLOWED:
+        check_transition("j1", old, new)
+    else:
+        with pytest.raises(IllegalTransition, match=f"^job j1 is {old.value}: it cannot become {new.value}$"):
+            check_transition("j1", old, new)
 
 
 @pytest.mark.parametrize("state", list(JobState))
