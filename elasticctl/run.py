@@ -88,6 +88,7 @@ def submit_args(
         max_same_failures=ns.max_same_failures,
         stragglers=StragglerPolicy(ns.stragglers),
         node_check=ns.node_check,
+        yields=ns.yields,
         warm=ns.warm,
         preload=ns.preload,
         **mapped.fields,

@@ -139,6 +139,18 @@ def add_flags(parser: argparse.ArgumentParser, skip: frozenset[str] = frozenset(
             )
 
 
+def _add_yield(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--yield",
+        dest="yields",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="an elastic job (--nnodes MIN:MAX) lends nodes it holds above MIN to a waiting job of a "
+        "higher priority, each by a graceful drain, and grows back once that job ends; --no-yield "
+        "keeps every node it holds (default: yield)",
+    )
+
+
 def add_elasticd_flags(parser: argparse.ArgumentParser) -> None:
     """elasticd's own failure handling (torchrun has none of these), for both commands."""
     parser.add_argument(
@@ -168,6 +180,7 @@ def add_elasticd_flags(parser: argparse.ArgumentParser) -> None:
         help="before each round, check every node (compute, and its link to the round's leader) and "
         "leave out one far below its peers (default: the daemon's node_check setting)",
     )
+    _add_yield(parser)
     parser.add_argument(
         "--stragglers",
         choices=[p.value for p in StragglerPolicy],

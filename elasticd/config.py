@@ -64,6 +64,7 @@ class Settings:
     stop_grace: float = 10.0  # SIGTERM -> SIGKILL for worker trees
     node_check: bool = False  # jobs check their nodes before each round unless they say (--node-check)
     straggler_grace: float = 60.0  # a straggler named this long has its node drained (--stragglers drain)
+    shrink_interval: float = 300.0  # an elastic job lends nodes to a higher priority at most this often
     job_retention: float = 7 * 86400.0  # seconds an ended job's records and logs are kept (0: forever)
     allow_root_jobs: bool = False  # run specs that ask for uid 0 (off: a root job is refused and fails)
     warm_pool_size: int = 2  # zygotes kept for the next identical job, on this node (0: none)
@@ -123,6 +124,8 @@ class Settings:
         """The bounds on what users can make the cluster hold, and the etcd settings."""
         if not 0 <= self.straggler_grace <= 86400:
             raise ConfigError("straggler_grace must be 0..86400 seconds")
+        if not 0 <= self.shrink_interval <= 86400:
+            raise ConfigError("shrink_interval must be 0..86400 seconds")
         for name in ("max_jobs_per_user", "max_submits_per_minute", "admin_max_jobs_per_user",
                      "admin_max_submits_per_minute"):  # fmt: skip
             if not 0 <= getattr(self, name) <= 1_000_000:
@@ -272,6 +275,11 @@ OPTIONS: dict[str, Option] = {
     "straggler_grace": Option(
         float,
         "seconds a straggler is named before a --stragglers drain job drains its node (default 60)",
+        "SECONDS",
+    ),
+    "shrink_interval": Option(
+        float,
+        "seconds between two shrinks of one elastic job for waiting jobs of a higher priority (default 300)",
         "SECONDS",
     ),
     "job_retention": Option(

@@ -183,6 +183,7 @@ def submit_request(ns: argparse.Namespace, gpus: Callable[[], int]) -> tuple[Sub
         mig=ns.mig,
         stragglers=StragglerPolicy(ns.stragglers),
         node_check=ns.node_check,
+        yields=ns.yields,
     )
     return args, mapped
 

@@ -245,6 +245,7 @@ def runtime(
         snapshot_bytes=snapshots.bytes,
         snapshot_source=snapshots.source,
         straggler_grace_s=s.straggler_grace,
+        shrink_interval_s=s.shrink_interval,
     )
 
 

@@ -187,7 +187,8 @@ def _node(h: NodeEvent) -> Said:
             fields = {"by": h.by, "grace_s": h.grace_s, "forced": h.forced, "jobs": h.jobs}
             return Said(EventKind.DRAIN, message, fields, h.job, h.node, own_node=False)
         case r.NodeUndrained():
-            return Said(EventKind.UNDRAIN, "undrained", {}, h.job, h.node, own_node=False)
+            message = f"undrained by {h.by}" if h.by else "undrained"
+            return Said(EventKind.UNDRAIN, message, _present(by=h.by or None), h.job, h.node, own_node=False)
         case r.DaemonReady():
             fields = {"slots": h.slots, "devices": h.devices}
             return Said(EventKind.NODE_UP, "elasticd started", fields, node=h.node)

@@ -262,6 +262,7 @@ class NodeUndrained(Record):
     EVENT = "node.undrain"
     node: str
     job: str | None
+    by: str = ""  # who gave the node back ("": an operator's undrain)
 
 
 @dataclass(frozen=True)

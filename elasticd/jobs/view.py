@@ -12,6 +12,7 @@ from collections.abc import Collection
 from typing import Any, cast
 
 from elasticd.decode import DecodeError, decode
+from elasticd.jobs.room import lent_for
 from elasticd.progress.goodput import Cause, combine
 from elasticd.progress.slowness import scores
 from elasticd.progress.tracker import RankProgress
@@ -51,7 +52,7 @@ def _reason(snap: JobSnapshot, state: JobState) -> str:
     head = snap.head
     if state is JobState.RUNNING:  # with why a node outside waits (not in the round: not joined)
         outside = [snap.pending[node] for node in _short(snap)]
-        return "; ".join([f"round {snap.current}", *outside])
+        return "; ".join([f"round {snap.current}", *_lent(snap), *outside])
     need = head.nnodes.min if head else 1
     parts = [snap.round.detail] if snap.round is not None and snap.round.detail else []
     parts += list(snap.pending.values())
@@ -60,6 +61,15 @@ def _reason(snap: JobSnapshot, state: JobState) -> str:
     else:  # the read of every job counts no join (``status <job>`` does)
         parts.append(f"round {snap.current} needs {need} node(s)")
     return "; ".join(parts)
+
+
+def _lent(snap: JobSnapshot) -> list[str]:
+    """Why a running job holds fewer nodes than it could: the nodes it lent (``jobs.room``)."""
+    lent: dict[str, list[str]] = {}
+    for node, record in sorted(snap.drains.items()):
+        if (for_job := lent_for(record.by)) is not None:
+            lent.setdefault(for_job, []).append(node)
+    return [f"shrunk for {job} (lent {', '.join(nodes)})" for job, nodes in sorted(lent.items())]
 
 
 def waits_for(snap: JobSnapshot, state: JobState) -> WaitsFor | None:

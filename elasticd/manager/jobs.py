@@ -41,6 +41,7 @@ from elasticd.manager.joins import Joins
 from elasticd.manager.logsweep import sweep_logs
 from elasticd.manager.presence import PresenceWatches
 from elasticd.manager.recovery import recover
+from elasticd.manager.room import RoomMaker
 from elasticd.manager.wakes import QUIET_KINDS, SCAN_KINDS
 from elasticd.node.gpuwatch import GpuWatch
 from elasticd.node.hooks import LeaseHooks
@@ -96,6 +97,7 @@ class JobManager:
             accept=gpu_watch.accept if gpu_watch else None, usage=gpu_watch.usage if gpu_watch else None,
         )  # fmt: skip
         self.janitor = Janitor(kv, keys, rt.node_id, self.store_of, retention_s, space=space)
+        self.room = RoomMaker(kv, keys, lambda: registry.records(), rt.shrink_interval_s)
         self.agents: dict[str, JobAgent] = {}
         self.checks = CheckResponder(kv, keys, rt.node_id, rt.address, registry)
         self._wake = asyncio.Event()
@@ -193,14 +195,8 @@ class JobManager:
         # shared (``JobsRead``, ``Board``, ``status``): the jobs removed are left out of a copy.
         if janitor and (removed := await self.janitor.relieve(snaps)):
             snaps = {j: s for j, s in snaps.items() if j not in removed}
-        tickets = self.board.tickets(snaps)  # the jobs that have not ended
-        failed = await self._limits.enforce(tickets)
-        if failed:
-            order = admission_order((t for t in tickets if t.id not in failed), self.turns.last)
-        else:
-            order = self.board.queue(snaps).admission
         node = self.rt.node_id
-        for job_id in order:
+        for job_id in await self._order(snaps, janitor):
             head = snaps[job_id].head
             if job_id not in self.agents and head is not None and head.allows(node):
                 await self.joins.consider(snaps[job_id], lease)
@@ -212,6 +208,17 @@ class JobManager:
             await asyncio.to_thread(sweep_logs, self.rt.log_dir, set(snaps), self.agents)
             self._settled, self._settled_at = seen, time.monotonic()
         self._registry.publish_soon()
+
+    async def _order(self, snaps: dict[str, JobSnapshot], janitor: bool) -> list[str]:
+        """The jobs to consider, in admission order, once the limits failed whom they fail and,
+        on the janitor, once nodes were lent to a waiting job of a higher priority (``jobs.room``)."""
+        tickets = self.board.tickets(snaps)  # the jobs that have not ended
+        failed = await self._limits.enforce(tickets)
+        if janitor:
+            await self.room.make(snaps, tickets, self.board.queue(snaps).order, failed)
+        if failed:
+            return admission_order((t for t in tickets if t.id not in failed), self.turns.last)
+        return self.board.queue(snaps).admission
 
     async def _still_settled(self, seen: tuple[Jobs, int], snaps: dict[str, JobSnapshot]) -> bool:
         """Whether the read and drain are the last full scan's (``_unchanged``): then the quiet

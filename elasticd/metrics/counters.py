@@ -14,6 +14,7 @@ from enum import StrEnum
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from elasticd.happenings import records as r
+from elasticd.jobs.room import lent_for
 from elasticd.terms.state import FailureKind, Fault, JobState, RoundReason
 
 # Rendezvous and recovery take from well under a second (a local restart) to minutes (waiting for
@@ -70,6 +71,18 @@ class EventMetrics:
         )
         self.submits = Counter("elasticd_jobs_submitted", "Jobs submitted to this node", registry=registry)
         self.drains = Counter("elasticd_drains", "Drains requested through this node", registry=registry)
+        self.shrinks = Counter(
+            "elasticd_shrinks",
+            "Nodes this node (as the janitor) drained out of elastic jobs to make room for a waiting "
+            "job of a higher priority",
+            registry=registry,
+        )
+        self.growths = Counter(
+            "elasticd_growths",
+            "Nodes this node (as the janitor) gave back to the elastic jobs that lent them, once the "
+            "job they were lent to ended",
+            registry=registry,
+        )
         self.gpu_unhealthy = Counter(
             "elasticd_gpu_unhealthy",
             "GPUs of this node that left the pool, by fault",
@@ -96,12 +109,23 @@ class EventMetrics:
                 self.stragglers.inc()
             case r.JobSubmitted():
                 self.submits.inc()
-            case r.NodeDrained():
-                self.drains.inc()
+            case r.NodeDrained() | r.NodeUndrained():
+                self._drain(h)
             case r.LeaseLost():
                 self.lease_lost.inc()
             case r.GpuUnhealthy():
                 self.gpu_unhealthy.labels(_label(h.fault, GPU_FAULTS)).inc()
+
+    def _drain(self, h: r.NodeDrained | r.NodeUndrained) -> None:
+        """A drain, and whether it lent a node to a waiting job (``jobs.room``) or gave one back."""
+        lent = lent_for(h.by) is not None
+        match h:
+            case r.NodeDrained():
+                self.drains.inc()
+                if lent:
+                    self.shrinks.inc()
+            case r.NodeUndrained() if lent:
+                self.growths.inc()
 
     def _job_ended(self, h: r.JobSucceeded | r.JobFailed | r.JobSetupFailed | r.JobKilled) -> None:
         match h:

@@ -72,6 +72,7 @@ class JobHead:
     argv_cut: bool
     spec_bytes: int  # the stored size of the full spec (``specs/<job>``)
     mig: bool = False  # the job runs on MIG slices only (whole GPUs only when False)
+    yields: bool = True  # it lends nodes above its MIN to a waiting higher priority (jobs.room)
 
     def __post_init__(self) -> None:
         if not (isinstance(self.id, str) and JOB_ID.match(self.id)):
@@ -130,6 +131,7 @@ class JobHead:
             last_call_s=spec.last_call_s,
             stop_grace_s=spec.stop_grace_s,
             mig=spec.mig,
+            yields=spec.yields,
             max_same_failures=spec.max_same_failures,
             hang_timeout_s=spec.hang_timeout_s,
             hang_timeout_auto=spec.hang_timeout_auto,
@@ -148,6 +150,8 @@ class JobHead:
         out["argv"] = list(self.argv)
         if not self.mig:  # left out at its default: older daemons read the head still
             del out["mig"]
+        if self.yields:  # (the same)
+            del out["yields"]
         return out
 
     @classmethod

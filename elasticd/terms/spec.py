@@ -135,6 +135,7 @@ class JobSpec:
     stragglers: StragglerPolicy = StragglerPolicy.REPORT  # what a straggler's node gets (progress.slowness)
     node_check: bool = False  # check every node before a round takes it in (rendezvous.fitness)
     master_port: int | None = None  # torchrun's --master-port: MASTER_PORT on every node (None: picked)
+    yields: bool = True  # an elastic job lends nodes above its MIN to a waiting higher priority (jobs.room)
 
     def __post_init__(self) -> None:
         # In this order: a spec with several problems is told the first one.
@@ -162,6 +163,8 @@ class JobSpec:
             raise InvalidSpec("mig must be true or false")
         if type(self.node_check) is not bool:
             raise InvalidSpec("node_check must be true or false")
+        if type(self.yields) is not bool:
+            raise InvalidSpec("yields must be true or false")
         if not isinstance(self.stragglers, StragglerPolicy):
             raise InvalidSpec(f"stragglers must be one of {', '.join(StragglerPolicy)}")
 

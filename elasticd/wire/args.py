@@ -47,6 +47,7 @@ class SubmitArgs:
     stragglers: StragglerPolicy = StragglerPolicy.REPORT  # report, or also drain a straggler's node
     node_check: bool | None = None  # check nodes before each round; None: the daemon's default
     master_port: int | None = None  # torchrun's --master-port: the ranks' store listens there (None: picked)
+    yields: bool = True  # an elastic job lends nodes above its MIN to a waiting higher priority
 
 
 @dataclass(frozen=True)

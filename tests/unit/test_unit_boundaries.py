@@ -136,6 +136,7 @@ PURE = (
     "elasticd.events.rings",
     "elasticd.events.select",
     "elasticd.jobs.queue",
+    "elasticd.jobs.room",
     "elasticd.jobs.quota",
     "elasticd.jobs.ticket",
     "elasticd.jobs.board",

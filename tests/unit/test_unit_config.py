@@ -65,6 +65,7 @@ SAMPLES: dict[str, tuple[str, str, str | None]] = {
     "slots": ("1", "2", "3"),
     "stop_grace": ("0", "1.5", "30"),
     "straggler_grace": ("0", "2.5", "600"),
+    "shrink_interval": ("0", "60", "900"),
     "node_check": ("false", "true", None),  # the flag: --no-node-check
     "job_retention": ("0", "60", "86400"),
     "allow_root_jobs": ("false", "true", None),  # the flag: --no-allow-root-jobs

@@ -63,7 +63,7 @@ SAMPLES: list[tuple[r.Happening, str, str, dict[str, Any]]] = [
      {"job": "j", "node": "n1", "record": "WorkerFailure"}),
     (r.NodeDrained("n2", None, 5.0, "root", ("a", "b"), True), "info", "node.drain",
      {"node": "n2", "job": None, "grace_s": 5.0, "by": "root", "jobs": ["a", "b"], "forced": True}),
-    (r.NodeUndrained("n2", "a"), "info", "node.undrain", {"node": "n2", "job": "a"}),
+    (r.NodeUndrained("n2", "a"), "info", "node.undrain", {"node": "n2", "job": "a", "by": ""}),
     (r.DaemonReady("n1", "/run/elasticd.sock", ("http://127.0.0.1:2379",), "gpu", 8), "info",
      "daemon.ready",
      {"node": "n1", "socket": "/run/elasticd.sock", "etcd": ["http://127.0.0.1:2379"], "devices": "gpu",

@@ -83,6 +83,7 @@ def _spec(service: CommandService, args: SubmitArgs, caller: Caller) -> JobSpec:
         mig=args.mig,
         stragglers=args.stragglers,
         master_port=args.master_port,
+        yields=args.yields,
         node_check=args.node_check if args.node_check is not None else service.facts.node_check,
     )
 
