@@ -51,17 +51,28 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from goodput.faults import end_launcher, kill_worker, read_progress, wait_first_step  # noqa: E402
-from goodput.figures import Calib, Fault, Line, Result, figures, interval, render, schedule  # noqa: E402
+from goodput.figures import (  # noqa: E402
+    Calib,
+    Fault,
+    Line,
+    Result,
+    figures,
+    interval,
+    outside_goodput,
+    render,
+    schedule,
+)
 from goodput.launchers import Elasticd, calibrate, job_args, torchrun  # noqa: E402
 from harness.procs import sweep  # noqa: E402
 
 # the arithmetic, for its unit tests
-__all__ = ["Calib", "Fault", "Line", "figures", "interval", "main", "schedule"]
+__all__ = ["Calib", "Fault", "Line", "figures", "interval", "main", "outside_goodput", "schedule"]
 
 
 def trial(ns: argparse.Namespace, name: str, run: Run, calib: Calib) -> Result:
@@ -81,7 +92,25 @@ def trial(ns: argparse.Namespace, name: str, run: Run, calib: Calib) -> Result:
         (out / "finish").touch()
     finally:
         end_launcher(run.proc, out)
-    return figures(name, read_progress(out), t0, ns.duration, injected, calib)
+    result = figures(name, read_progress(out), t0, ns.duration, injected, calib)
+    if run.goodput is not None:
+        compare(name, run, time.time())
+    return result
+
+
+def compare(name: str, run: Run, ended: float) -> None:
+    """elasticd's own goodput beside the one measured outside it (rank 0's log, the submission to
+    the launcher's exit) for the same run."""
+    assert run.goodput is not None
+    own = run.goodput(run.submitted)
+    outside = outside_goodput(read_progress(run.out), ended - run.submitted)
+    if own is None or own.get("ratio") is None:
+        print(f"  {name}: elasticd reported no goodput", flush=True)
+        return
+    by_cause = ", ".join(f"{c} {s:.1f}" for c, s in own["by_cause_s"].items())
+    print(f"  {name}: goodput elasticd {own['ratio']:.4f} of {own['wall_s']:.1f} s, outside {outside:.4f} "
+          f"of {ended - run.submitted:.1f} s (difference {own['ratio'] - outside:+.4f}); "
+          f"seconds by cause: {by_cause}", flush=True)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -92,6 +121,8 @@ class Run:
     out: Path
     faults: list[Fault]
     kill_node: Callable[[int], None] | None = None
+    submitted: float = 0.0  # just before the submission (elasticd's runs)
+    goodput: Callable[[float], dict[str, Any] | None] | None = None  # elasticd's figure, asked after
 
 
 def launch(ns: argparse.Namespace, name: str, out: Path, calib: Calib, clusters: dict[str, Elasticd]) -> Run:
@@ -99,7 +130,8 @@ def launch(ns: argparse.Namespace, name: str, out: Path, calib: Calib, clusters:
     if name == "torchrun":
         return Run(torchrun(job_args(ns, out, calib.every), out), out, faults)
     c = clusters[name]
-    return Run(c.launch(job_args(ns, out, 1), out), out, faults, c.kill_node)
+    submitted = time.time()
+    return Run(c.launch(job_args(ns, out, 1), out), out, faults, c.kill_node, submitted, c.goodput)
 
 
 def run_trials(ns: argparse.Namespace, root: Path, calib: Calib) -> list[Result]:

@@ -185,9 +185,9 @@ def save_checkpoint(
     job's snapshots are on (its keeper died, or the state is over the bound) writes without that wait: the
     other ranks, snapshotting to memory, make no collective.
     """
-    if memory and snapshots.save(state, Path(path), rank, persist_every, _stopping()):
-        return
-    with checkpointing():
+    with checkpointing():  # a memory snapshot's stall too: the job's goodput books it as checkpoint
+        if memory and snapshots.save(state, Path(path), rank, persist_every, _stopping()):
+            return
         _save(state, Path(path), rank, together=not (memory and snapshots.on()))
 
 

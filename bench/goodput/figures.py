@@ -100,6 +100,19 @@ def figures(name: str, lines: list[Line], t0: float, duration: float, faults: in
     )  # fmt: skip
 
 
+def outside_goodput(lines: list[Line], wall_s: float) -> float:
+    """Goodput as elasticd defines it, measured from rank 0's log alone: the time between two
+    reports of the same attempt, the second a step never reached before, less the save that
+    followed the first (a step is reported before its save: ``at - save_s``), over the wall time
+    from the submission to the launcher's exit."""
+    productive, kept = 0.0, -1
+    for prev, cur in itertools.pairwise(lines):
+        if cur.attempt == prev.attempt and cur.step > kept:
+            productive += (cur.at - cur.save_s) - (prev.at - prev.save_s) - prev.save_s
+        kept = max(kept, prev.step, cur.step)
+    return productive / wall_s if wall_s > 0 else 0.0
+
+
 def render(results: list[Result], calib: Calib) -> str:
     rows = [("", "faults", "useful/capacity", "goodput", "redone/fault", "max", "downtime", "step",
              "ckpt stall")]  # fmt: skip

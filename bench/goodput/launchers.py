@@ -11,6 +11,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 from harness.paths import REPO
@@ -87,6 +88,16 @@ class Elasticd:
         proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env, cwd=out, start_new_session=True)
         log.close()
         return proc
+
+    def goodput(self, since: float) -> dict[str, Any] | None:
+        """elasticd's own figure (``status JOB``'s ``goodput``) for the job submitted after ``since``."""
+        jobs = self.daemons[0].call("status")["jobs"]
+        ours = [j for j in jobs if (j.get("submitted_at") or 0) >= since]
+        if not ours:
+            return None
+        job = max(ours, key=lambda j: j["submitted_at"])
+        view = self.daemons[0].call("status", job=job["id"])["job"]
+        return dict(view["goodput"]) if view.get("goodput") else None
 
     def kill_node(self, i: int) -> None:
         """SIGKILL node ``i`` whole (its daemon, workers, keeper, zygote: as a power loss), then

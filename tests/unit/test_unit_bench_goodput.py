@@ -8,7 +8,7 @@ from tests.support import REPO
 
 sys.path.append(str(REPO / "bench"))  # bench/ is scripts, not a package
 
-from bench_goodput import Calib, Fault, Line, figures, interval, schedule
+from bench_goodput import Calib, Fault, Line, figures, interval, outside_goodput, schedule
 
 
 def test_interval_keeps_checkpointing_within_five_percent() -> None:
@@ -41,3 +41,12 @@ def test_schedule_kills_workers_and_one_node_between_them() -> None:
     assert [f.at_s for f in faults] == [30, 60, 75, 90, 120, 150]
     assert schedule(20, 30, node_kill=True) == [Fault(15, True, 1)]
     assert schedule(10, 30, node_kill=True) == [Fault(5, True, 1)]
+
+
+def test_outside_goodput_counts_first_runs_less_their_saves() -> None:
+    # a line's time is after its save: the step was reported save_s before it
+    lines = [Line(0, 10.0, 0, 0.1, 0.5), Line(1, 11.5, 0, 0.1, 0.5), Line(2, 13.0, 0, 0.1, 0.5),
+             Line(1, 20.0, 1, 0.1, 0.5), Line(2, 21.5, 1, 0.1, 0.5), Line(3, 23.0, 1, 0.1, 0.5)]  # fmt: skip
+    # steps 1 and 2 (1.5 s apart, less a 0.5 s save: 1 s each), 1 and 2 again (redone), then 3
+    assert outside_goodput(lines, 30.0) == 3.0 / 30.0
+    assert outside_goodput(lines, 0.0) == 0.0
