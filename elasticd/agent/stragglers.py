@@ -42,6 +42,16 @@ from elasticd.terms.options import StragglerPolicy
 from elasticd.terms.spec import JobSpec
 
 DRAINED_BY = "elasticd (stragglers)"  # who a straggler's drain says asked for it
+EVALUATE_S = 5.0  # a round's reports are read this often at most ...
+READS_PER_S = 200.0  # ... and never more than this many reports a second, whatever the round's size
+
+
+def evaluate_every(size: int) -> float:
+    """Seconds between two reads of a round of ``size`` nodes' reports: every progress period for a
+    small round, less often for a large one, so that the judge's reads stay O(1) a second however
+    many nodes report (1,024 nodes: every 5.1 s; 12,500: every 62.5 s)."""
+    return max(EVALUATE_S, size / READS_PER_S)
+
 
 _log = log.get("elasticd.agent")
 
@@ -79,10 +89,15 @@ class StragglerJudge:
         self._grace_s = grace_s
         self._verdicts = Verdicts()
         self._acted: set[str] = set()  # nodes drained (or kept at the minimum) once this round
+        self._next_at = 0.0
         self.scores: dict[int, float] = {}
 
     async def evaluate(self, store: JobStore, now: float) -> None:
-        """Read the round's reports, score every rank, say what changed and act by the policy."""
+        """Read the round's reports, score every rank, say what changed and act by the policy
+        (when due: ``evaluate_every``)."""
+        if now < self._next_at:
+            return
+        self._next_at = now + evaluate_every(self._size)
         with contextlib.suppress(EtcdUnavailable):
             statuses = await store.statuses()
             self.scores = scores(round_evidence(statuses, self.round))

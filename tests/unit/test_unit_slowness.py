@@ -181,3 +181,10 @@ def test_drains_never_take_a_job_below_its_minimum(at: dict[int, float], size: i
     assert len(set(drained)) == len(drained)
     for d in out:
         assert d.rank in holders[d.node] and 200.0 - at[d.rank] >= 30.0
+
+
+def test_the_judge_reads_a_large_round_less_often() -> None:
+    from elasticd.agent.stragglers import EVALUATE_S, evaluate_every
+
+    assert evaluate_every(2) == EVALUATE_S == evaluate_every(1000)
+    assert evaluate_every(12_500) == 62.5 and evaluate_every(100_000) == 500.0
