@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from elasticd.progress.goodput import Silence
 from elasticd.rendezvous.fitness import CheckTarget
 from elasticd.rendezvous.glance import Seen
 from elasticd.rendezvous.model import FinalRecord, Member, RoundHead, RoundInfo, RoundResult
@@ -64,6 +65,7 @@ class StartWorkers:
     result: RoundHead
     member: Member
     restarts: int
+    silence: Silence | None = None  # the hang that opened the round (``blame.silence``)
 
 
 @dataclass(frozen=True)

@@ -13,14 +13,16 @@ a failure from outside the job (``jobs.rootcause.from_outside``) is never counte
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from elasticd.agent.actions import Amend
 from elasticd.decode import DecodeError, decode
 from elasticd.jobs.rootcause import earlier, from_outside, same_way, with_also_failed
+from elasticd.progress.goodput import Silence
 from elasticd.rendezvous.model import RoundInfo
 from elasticd.rendezvous.snapshot import JobSnapshot
-from elasticd.terms.state import RoundReason, WorkerFailure
+from elasticd.terms.state import FailureKind, RoundReason, WorkerFailure
 
 
 def _failure(data: dict[str, object] | None) -> WorkerFailure | None:
@@ -66,3 +68,16 @@ def repeats(previous: RoundInfo | None, failure: WorkerFailure) -> int:
     if before is None or not same_way(before, failure):
         return 1
     return max(previous.repeats, 1) + 1
+
+
+def silence(info: RoundInfo | None) -> Silence | None:
+    """The hang round ``info`` was opened by, as every member reads it: from when the hung rank
+    went silent to when the round moved on. Its peers' ledgers book that time as hung too
+    (``progress.goodput``): they were blocked by it, though their own workers never failed."""
+    failure = _failure(info.failure) if info is not None else None
+    if info is None or failure is None or failure.kind is not FailureKind.HANG:
+        return None
+    since = failure.failed_at
+    if since is None or not (math.isfinite(since) and since <= info.opened_at):
+        return None
+    return Silence(since, info.opened_at)

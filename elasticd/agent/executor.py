@@ -37,7 +37,7 @@ from elasticd.happenings.records import (
 from elasticd.jobs.launch import NodeRuntime
 from elasticd.jobs.launcher import ProcessLauncher
 from elasticd.node.peers import PeerWatch
-from elasticd.progress.goodput import Tally, seconds
+from elasticd.progress.goodput import Tally, published, seconds
 from elasticd.rendezvous.jobstore import JobStore
 from elasticd.rendezvous.model import Join
 from elasticd.rendezvous.snapshot import JobSnapshot
@@ -155,7 +155,7 @@ class JobAgent:
             "updated_at": self._clock.time(),
             "progress": [p.to_json() for p in workers.progress()] if workers is not None else [],
             "stragglers": sorted(self._stragglers.flagged) if self._stragglers is not None else [],
-            "goodput": tallies[0].to_json() if (tallies := self.goodput()) is not None else None,
+            **published(self._launcher.goodput(), self._clock.time()),
         }
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -365,9 +365,9 @@ class JobAgent:
         self._wake.clear()
 
     async def _start_workers(self, action: act.StartWorkers) -> None:
-        result, member = action.result, action.member
+        result, member, restarts, silence = action.result, action.member, action.restarts, action.silence
         self.first_rank = member.group_rank * self.spec.nproc_per_node
-        self.workers = await self._launcher.start(self.spec, result, member, action.restarts, self.slots)
+        self.workers = await self._launcher.start(self.spec, result, member, restarts, self.slots, silence)
         if member.group_rank == 0:
             self._stragglers = StragglerJudge(self.spec, result, self._rt.straggler_grace_s)
         self._on_change(self)

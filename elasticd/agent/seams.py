@@ -12,7 +12,7 @@ from typing import Protocol
 
 from elasticd.jobs.agentstore import Offer
 from elasticd.jobs.decider import Group
-from elasticd.progress.goodput import Ledger
+from elasticd.progress.goodput import Ledger, Silence
 from elasticd.progress.tracker import RankProgress
 from elasticd.rendezvous.fitness import CheckTarget, Link
 from elasticd.rendezvous.model import Member, RoundHead
@@ -75,10 +75,17 @@ class Launcher(Protocol):
         ...
 
     async def start(
-        self, spec: JobSpec, result: RoundHead, member: Member, restarts: int, slots: tuple[int, ...]
+        self,
+        spec: JobSpec,
+        result: RoundHead,
+        member: Member,
+        restarts: int,
+        slots: tuple[int, ...],
+        silence: Silence | None = None,
     ) -> Workers:
         """Start our workers of ``result``'s round; raises ``SetupFailure`` when they cannot start
-        for a reason that is not the job's fault (paths, log tree, limits)."""
+        for a reason that is not the job's fault (paths, log tree, limits). ``silence``: the hang
+        that opened the round (the job's goodput books its time as hung here too)."""
         ...
 
 

@@ -180,7 +180,7 @@ class _Step(StepBase):
             self._set(
                 round=snap.current, failure=None, state=AgentState.RUNNING, part=self.rec.part.started(solo)
             )
-            self._do(StartWorkers(closed, me, snap.restarts), Publish())
+            self._do(StartWorkers(closed, me, snap.restarts, blame.silence(snap.round)), Publish())
             self._note(None)
             self.group = Group(GroupOutcome.RUNNING)
         self._reassert(snap, closed, me)

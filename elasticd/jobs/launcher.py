@@ -16,7 +16,7 @@ from elasticd.jobs.nodecheck import NodeChecks, Runner
 from elasticd.jobs.pathcheck import check_paths
 from elasticd.netaddr import listen_error
 from elasticd.progress.accounts import Accounts
-from elasticd.progress.goodput import Ledger
+from elasticd.progress.goodput import Ledger, Silence
 from elasticd.rendezvous.fitness import CheckTarget, Link
 from elasticd.rendezvous.model import Member, RoundHead
 from elasticd.terms.options import EntryKind
@@ -143,7 +143,13 @@ class ProcessLauncher:
         return zygote
 
     async def start(
-        self, spec: JobSpec, result: RoundHead, member: Member, restarts: int, slots: tuple[int, ...]
+        self,
+        spec: JobSpec,
+        result: RoundHead,
+        member: Member,
+        restarts: int,
+        slots: tuple[int, ...],
+        silence: Silence | None = None,
     ) -> ProcessWorkers:
         if self._checks is not None:
             await self._checks.stop()  # the round closed: its checks are done
@@ -158,7 +164,7 @@ class ProcessLauncher:
             zygote = None
         agent_store = await self._agent_store(result, member, zygote)
         if self._accounts is not None:
-            self._accounts.launched(restarts)
+            self._accounts.launched(restarts, silence)
         group, watch = await start_group(
             self._rt,
             spec,

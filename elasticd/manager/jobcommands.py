@@ -232,6 +232,7 @@ class JobCommands:
             return None
         own = agent.local_view()
         own.pop("progress", None)  # published per member; not a field of the job's own view
+        own.pop("ledger", None)  # what a restarted daemon picks up from: nothing to show
         return {
             "id": job_id,
             "state": agent.state.value,

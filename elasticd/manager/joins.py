@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from elasticd import log
 from elasticd.agent.executor import JobAgent
 from elasticd.agent.record import AgentState
 from elasticd.decode import DecodeError
@@ -30,6 +31,9 @@ from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.head import JobHead
 from elasticd.terms.spec import JobSpec
 from elasticd.terms.state import EndReason, JobState
+from elasticd.workers.group import wall_clock
+
+_log = log.get("elasticd.jobs")
 
 
 class Joins:
@@ -101,6 +105,8 @@ class Joins:
             self._registry.leave(spec.id)
             self.admitter.release(spec.id)
             raise
+        if not self.rt.books.holds(spec.id):
+            await self._pick_up(spec, store)
         in_job = self._registry.in_job(spec.id)
         agent = JobAgent(spec, self.rt, store, in_job, slots, self._agent_changed, on_invalid=self._wake_scan)
         self.agents[spec.id] = agent
@@ -108,6 +114,24 @@ class Joins:
         self._agent_changed(agent)
         publish(JobJoining(spec.id, self.rt.node_id, self.rt.inventory.visible_devices(slots)))
         agent.start()
+
+    async def _pick_up(self, spec: JobSpec, store: JobStore) -> None:
+        """A job this daemon keeps no ledger of: if this node's report of it is left from a daemon
+        before this one (it restarted; the report lives until that one's lease ends), the job's
+        ledger picks up from the report's mark (``goodput.resumed``) rather than starting over."""
+        try:
+            status = await store.node_status(self.rt.node_id)
+        except EtcdUnavailable as exc:  # the ledger starts over: no reason to hold the join back
+            _log.warning("goodput.unread", job=spec.id, error=str(exc))
+            return
+        if status is None or status.ledger is None:
+            return
+        books = self.rt.books.resume(spec.id, spec.submitted_at, wall_clock, status.ledger, status.updated_at)
+        settled = books.settled()
+        _log.info(
+            "goodput.resumed", job=spec.id, written_at=status.updated_at, settled_s=round(settled.total_s, 3),
+            productive_s=round(settled.productive_s, 3),
+        )  # fmt: skip
 
     async def _full_spec(self, head: JobHead, store: JobStore) -> JobSpec | None:
         """The job's full spec, read now that this node takes part (nothing else reads it); a

@@ -3,8 +3,9 @@
 The job's launcher on this node holds it from the job's admission to the agent's leaving, across
 rounds (``jobs.launcher.ProcessLauncher``): it tells the launches, the attempt's watch tells the
 first local rank's reports and a hang (``progress.watch``), the attempt's workers their stop
-(``jobs.launch.ProcessWorkers``). The agent publishes ``tally`` with the node's report.
-``Books`` keeps each job's past the agent's leaving, for the next agent of the job here.
+(``jobs.launch.ProcessWorkers``). The agent publishes ``tally`` with the node's report, and the
+ledger's ``Mark`` (``goodput.published``). ``Books`` keeps each job's past the agent's leaving, for the
+next agent of the job here, and past a restart of the daemon from that mark (``resume``).
 """
 
 from __future__ import annotations
@@ -18,11 +19,14 @@ from elasticd.progress.goodput import (
     Hung,
     Launched,
     Ledger,
+    Mark,
+    Silence,
     Stepped,
     Stopped,
     Tally,
     apply,
     opened,
+    resumed,
     seconds,
 )
 from elasticd.progress.protocol import PhaseReport, Report, StepReport
@@ -36,8 +40,8 @@ class Accounts:
     def _apply(self, event: Event) -> None:
         self.ledger = apply(self.ledger, event)
 
-    def launched(self, restarts: int) -> None:
-        self._apply(Launched(self._clock(), restarts))
+    def launched(self, restarts: int, silence: Silence | None = None) -> None:
+        self._apply(Launched(self._clock(), restarts, silence))
 
     def reported(self, report: Report, step: int | None, now: float) -> None:
         """The first local rank's ``report``, after which its tracker is at ``step``."""
@@ -75,6 +79,24 @@ class Books:
 
     def of(self, job: str, submitted_at: float, clock: Callable[[], float]) -> Accounts:
         accounts = self._by_job.pop(job, None) or Accounts(submitted_at, clock)
+        return self._keep(job, accounts)
+
+    def holds(self, job: str) -> bool:
+        return job in self._by_job
+
+    def resume(
+        self, job: str, submitted_at: float, clock: Callable[[], float], mark: Mark, written_at: float
+    ) -> Accounts:
+        """The job's ledger picked up from ``mark``, this node's report of it written at
+        ``written_at`` by a daemon before this one (``goodput.resumed``); one held already is
+        kept (it is newer)."""
+        if job in self._by_job:
+            return self.of(job, submitted_at, clock)
+        accounts = Accounts(submitted_at, clock)
+        accounts.ledger = resumed(submitted_at, mark, written_at, clock())
+        return self._keep(job, accounts)
+
+    def _keep(self, job: str, accounts: Accounts) -> Accounts:
         self._by_job[job] = accounts
         while len(self._by_job) > self._most:
             self._by_job.popitem(last=False)

@@ -16,8 +16,13 @@ its report; ``Tally`` is what crosses etcd, validated when read back.
 - checkpoint: in the checkpoint phase (memory snapshots included);
 - waiting: queued, waiting for nodes or a rendezvous (before the first launch, or after a stop
   that spent no restart: a drain, a scale-up);
-- hung: a hang, from the last report to its detection;
+- hung: a hang, from the last report to its detection; on the other nodes of its round (blocked
+  by it), from when its rank went silent to when the round moved on (``Silence``);
 - startup: a launch that followed no failure, to the first step.
+
+A daemon that restarts keeps nothing in memory: its node's report carries a ``Mark`` (the
+settled seconds, the highest step, the restarts at the last launch), and the job's ledger picks
+up from it when the node takes part again (``resumed``).
 """
 
 from __future__ import annotations
@@ -134,9 +139,25 @@ _RUNNING = (Mode.STARTUP, Mode.RESTART, Mode.STEPPING, Mode.CHECKPOINT)
 
 
 @dataclass(frozen=True)
+class Silence:
+    """The hang that ended the round before a launch, as the next round's record says on every
+    node: when the hung rank went silent (its failure's ``failed_at``) and when the round moved on
+    (the next round's ``opened_at``). Times of other nodes' clocks: only their overlap with the
+    time a launch decides counts (``_silent_s``)."""
+
+    since: float
+    until: float
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.since) and math.isfinite(self.until)):
+            raise ValueError("a silence is between two times")
+
+
+@dataclass(frozen=True)
 class Launched:
     at: float
     restarts: int  # the job's restarts spent, as the round that launched says
+    silence: Silence | None = None  # a hang opened that round: its time was hung here too
 
 
 @dataclass(frozen=True)
@@ -185,8 +206,8 @@ def apply(ledger: Ledger, event: Event) -> Ledger:
     """The ledger after ``event`` (a time before the open interval's start counts as that start)."""
     at = max(event.at, ledger.since)
     match event:
-        case Launched(_, restarts):
-            return _launched(ledger, at, restarts)
+        case Launched(_, restarts, silence):
+            return _launched(ledger, at, restarts, silence)
         case Stepped(_, step):
             return _stepped(ledger, at, min(max(step, 0), MAX_STEP))
         case Entered(_, phase):
@@ -270,12 +291,24 @@ def _stopped(ledger: Ledger, at: float, failed: bool) -> Ledger:
     return replace(ledger, mode=Mode.STOPPED, since=at, pending_s=ledger.pending_s + at - ledger.since)
 
 
-def _launched(ledger: Ledger, at: float, restarts: int) -> Ledger:
+def _silent_s(ledger: Ledger, at: float, silence: Silence | None) -> float:
+    """The seconds of the time a launch at ``at`` decides that the round's hang took: their
+    overlap with ``silence``. They are taken as the last ones before ``at`` (they are, but for a
+    checkpoint between the last step and the stop, whose seconds are booked already)."""
+    if silence is None:
+        return 0.0
+    undecided = ledger.pending_s + at - ledger.since
+    overlap = min(silence.until, at) - max(silence.since, ledger.since - ledger.pending_s)
+    return min(max(0.0, overlap), undecided)
+
+
+def _launched(ledger: Ledger, at: float, restarts: int, silence: Silence | None = None) -> Ledger:
     if ledger.mode in (Mode.STARTUP, Mode.STEPPING, Mode.CHECKPOINT):  # never told of the stop
         ledger = _stopped(ledger, at, False)
     failure = ledger.mode is Mode.RESTART or (ledger.restarts is not None and restarts > ledger.restarts)
     gap = Cause.RESTART if failure else Cause.WAITING
-    tally = ledger.tally.add(gap, ledger.pending_s + at - ledger.since)
+    hung = _silent_s(ledger, at, silence)
+    tally = ledger.tally.add(Cause.HUNG, hung).add(gap, ledger.pending_s + at - ledger.since - hung)
     mode = Mode.RESTART if failure else Mode.STARTUP
     return replace(ledger, tally=tally, mode=mode, since=at, pending_s=0.0, last=None, restarts=restarts)
 
@@ -294,3 +327,61 @@ def seconds(ledger: Ledger, now: float) -> Tally:
             return tally.add(Cause.WAITING, ledger.pending_s + opened_s)
         case _:
             return tally.add(_open_cause(ledger.mode), opened_s)
+
+
+MAX_RESTARTS = 10_000  # a job's restarts' bound (``JobSpec.max_restarts``)
+SLACK_S = 1.0  # a mark's settled seconds may end this much after its report's time (float sums)
+
+
+@dataclass(frozen=True)
+class Mark:
+    """What a node's report carries (``reports/<job>/<node>``'s ``ledger``) for the job's ledger
+    there to pick up from after the node's daemon restarted (``resumed``): the settled seconds,
+    the highest step finished, the restarts at the last launch, and whether the node was
+    restarting from a failure of its own. Bounded: it is read back from etcd."""
+
+    settled: Tally
+    kept: int | None = None
+    restarts: int | None = None
+    restarting: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kept is not None and not 0 <= self.kept <= MAX_STEP:
+            raise ValueError(f"kept must be a step, 0..{MAX_STEP}")
+        if self.restarts is not None and not 0 <= self.restarts <= MAX_RESTARTS:
+            raise ValueError(f"restarts must be 0..{MAX_RESTARTS}")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> Mark:
+        return decode(cls, data)
+
+
+def marked(ledger: Ledger) -> Mark:
+    return Mark(ledger.tally, ledger.kept, ledger.restarts, ledger.mode is Mode.RESTART)
+
+
+def published(ledger: Ledger | None, now: float) -> dict[str, Any]:
+    """What a node's report says of the job's ledger there: where the time went as of ``now``
+    (``goodput``, what ``status`` sums) and what a restarted daemon picks up from (``ledger``)."""
+    if ledger is None:
+        return {"goodput": None, "ledger": None}
+    return {"goodput": seconds(ledger, now).to_json(), "ledger": marked(ledger).to_json()}
+
+
+def resumed(submitted_at: float, mark: Mark, written_at: float, now: float) -> Ledger:
+    """The ledger of a daemon that restarted, picked up from ``mark`` (its node's report, written
+    at ``written_at``): the settled seconds kept, and everything after them (the work after the
+    last step, the time the daemon was down) undecided until the next launch, which books it as
+    after any stop: restart when a restart was spent since the last launch here (the job restarted
+    for the node's loss: the restarted daemon's recovery spends one, or its peers did), waiting
+    when none was (the node was not running the job: it waited for a round, or was drained). A
+    mark that cannot be this job's here (written before its submission, or settling more seconds
+    than the job has had) is ignored: the ledger starts over."""
+    horizon = submitted_at + mark.settled.total_s
+    if written_at < submitted_at or horizon > min(now, written_at + SLACK_S):
+        return opened(submitted_at)
+    mode = Mode.RESTART if mark.restarting else Mode.WAITING if mark.restarts is None else Mode.STOPPED
+    return Ledger(mark.settled, mode, horizon, kept=mark.kept, restarts=mark.restarts)

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from elasticd.decode import DecodeError, decode
-from elasticd.progress.goodput import Tally
+from elasticd.progress.goodput import Mark, Tally
 from elasticd.progress.slowness import MAX_TRACKED as MAX_STRAGGLERS
 from elasticd.progress.tracker import MAX_RANK, RankProgress
 from elasticd.terms.ids import MAX_ROUND, valid_node_id
@@ -361,6 +361,7 @@ class NodeStatus:
     progress: tuple[RankProgress, ...] = ()  # each local rank's reports (elasticd.progress)
     stragglers: tuple[int, ...] = ()  # the round's ranks this node (group rank 0's) names stragglers
     goodput: Tally | None = None  # where the job's time went here since its submission (progress.goodput)
+    ledger: Mark | None = None  # what the ledger picks up from after a daemon restart (progress.goodput)
 
     def __post_init__(self) -> None:
         _need(bool(_STATE.match(self.state)), f"state must be an upper-case name, got {self.state[:40]!r}")

@@ -93,6 +93,11 @@ class KVJobStore:
         reports = await self._run(lambda: reportread.read_reports(self._kv, self._keys, self.job_id))
         return reportread.statuses(self._keys, self.job_id, reports)
 
+    async def node_status(self, node: str) -> NodeStatus | None:
+        """``node``'s report alone (one key), None when there is none or it does not decode."""
+        kv = await self._run(lambda: self._kv.get(self._keys.node_status(self.job_id, node)))
+        return reportread.statuses(self._keys, self.job_id, [kv] if kv is not None else []).get(node)
+
     def _member_snapshot(
         self, counted_of: int | None, statuses: bool, node: str, rosters: bool
     ) -> JobSnapshot:

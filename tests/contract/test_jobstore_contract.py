@@ -228,6 +228,22 @@ def test_parts_live_apart_from_the_job_and_are_read_with_it_at_one_revision(
     assert kv.get(keys.pending_note(JOB, "n4")) is None and not run(store.snapshot()).pending
 
 
+def test_a_nodes_own_report_is_read_alone_and_a_bad_one_reads_as_none(
+    store: JobStore, kv: KV, base: str
+) -> None:
+    keys = Keys(base)
+    run(store.create(make_spec()))
+    lease = kv.grant_lease(30)
+    assert run(store.node_status("n1")) is None
+    run(store.put_node_status("n1", STATUS | {"round": 3}, lease))
+    run(store.put_node_status("n2", STATUS, lease))
+    mine = run(store.node_status("n1"))
+    assert mine is not None and mine.round == 3 and mine.ledger is None
+    kv.put_json(keys.node_status(JOB, "n2"), STATUS | {"ledger": {"kept": -1}})
+    assert run(store.node_status("n2")) is None  # left out, as a read of them all leaves it out
+    assert run(store.node_status("n3")) is None
+
+
 def test_old_rounds_are_forgotten_with_their_joins_and_a_removed_job_leaves_nothing(
     store: JobStore, kv: KV, base: str
 ) -> None:

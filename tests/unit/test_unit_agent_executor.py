@@ -24,7 +24,7 @@ from elasticd.jobs.decider import Group, GroupOutcome, group_outcome
 from elasticd.jobs.launch import NodeRuntime
 from elasticd.node.inventory import Inventory
 from elasticd.node.liveness import LivenessServer
-from elasticd.progress.goodput import Ledger, opened
+from elasticd.progress.goodput import Ledger, Silence, opened
 from elasticd.progress.tracker import RankProgress
 from elasticd.rendezvous.fitness import CheckTarget, Link
 from elasticd.rendezvous.model import Join, Member, RoundHead
@@ -106,7 +106,7 @@ class FakeLauncher:
         return {}
 
     async def start(self, spec: JobSpec, result: RoundHead, member: Member, restarts: int,
-                    slots: tuple[int, ...]) -> FakeWorkers:  # fmt: skip
+                    slots: tuple[int, ...], silence: Silence | None = None) -> FakeWorkers:  # fmt: skip
         if self.failure is not None:
             raise self.failure
         group = FakeWorkers(result.round, member.local_world_size)
