@@ -31,7 +31,7 @@ class Treat(StrEnum):
 class Flag:
     name: str  # the dash spelling; the underscore spelling is accepted too
     treat: Treat
-    equivalent: str  # what elasticd does instead (the README table shows it)
+    equivalent: str  # what elasticd does instead (the table in docs/guide/elasticrun.md shows it)
     dest: str = ""
     short: str = ""
     value: bool = True  # takes a value (else it is a switch)
@@ -320,7 +320,7 @@ def _number(what: str, value: Any) -> float:
 
 
 def table() -> str:
-    """The README's table: every torchrun flag and what elasticd does with it."""
+    """The table of docs/guide/elasticrun.md: every torchrun flag and what elasticd does with it."""
     rows = ["| torchrun | elasticrun / elasticctl submit |", "|---|---|"]
     for flag in FLAGS:
         names = " ".join(f"`{n}`" for n in flag.spellings)

@@ -19,6 +19,8 @@ fi
 "$bin/ruff" check .
 "$bin/ruff" format --check elasticd elasticctl tests bench examples
 "$bin/mypy"
+# The user guide (mkdocs.yml): --strict fails on a broken link or anchor and on a page left out of the nav.
+"$bin/mkdocs" build --strict --site-dir "$(mktemp -d)"
 # pytest exits 5 when it collects nothing; with `set -e` that fails the run, as it should.
 # Two workers (ELASTICD_TEST_WORKERS): most integration tests wait on leases, timeouts and rounds,
 # not on the CPU. A group (pytest.mark.xdist_group) keeps tests that share a costly fixture together.

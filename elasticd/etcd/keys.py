@@ -1,7 +1,7 @@
 """The etcd key layout, in one place: build keys, parse them back, route watch events.
 
 Every key elasticd writes is built here, and every key it reads or is told about by a watch is
-parsed here into a ``KeyRef`` (see architecture.md, "etcd keys"). Parsing is strict: a key under
+parsed here into a ``KeyRef`` (see docs/architecture/etcd-keys.md). Parsing is strict: a key under
 the prefix that has no meaning (an unknown kind, a bad job or node id, a round that is not a
 plain decimal) raises ``DecodeError`` naming the part. Pure: no etcd client.
 

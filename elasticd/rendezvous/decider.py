@@ -1,6 +1,6 @@
 """Pure rendezvous rules: no I/O and no clock (``now`` is passed in), so each is unit-tested.
 
-Invariants they keep (see docs/architecture.md):
+Invariants they keep (see docs/architecture/invariants.md):
 - Agreement: the result is computed once, by the round's leader, and written once.
 - Stable ranks: survivors keep their relative order; newcomers follow in join order.
 - One bump per event: callers apply ``plan_bump`` through a compare-and-swap on the round.

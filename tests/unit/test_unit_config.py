@@ -93,7 +93,8 @@ def _argv(name: str, value: str | None) -> list[str]:
 
 @pytest.mark.parametrize("name", setting_names())
 def test_every_setting_is_a_flag_of_elasticd_and_flags_win(name: str, tmp_path: Path) -> None:
-    """README: every setting is a TOML key, an ELASTICD_ variable and a flag; file < env < flags."""
+    """docs/guide/configuration.md: every setting is a TOML key, an ELASTICD_ variable and a flag;
+    file < env < flags."""
     assert name in SAMPLES, f"add sample values of the new setting {name!r} to SAMPLES"
     file_value, env_value, flag_value = SAMPLES[name]
     path = toml(tmp_path, f"{name} = {json.dumps(file_value)}\n")
@@ -112,9 +113,9 @@ def test_every_setting_is_a_flag_of_elasticd_and_flags_win(name: str, tmp_path: 
     assert value(config_file, {}, {}) == convert(file_value) != convert(env_value)
 
 
-def test_every_setting_is_in_the_readme() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert [name for name in setting_names() if f"`{name}`" not in readme] == []
+def test_every_setting_is_in_the_configuration_guide() -> None:
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "guide" / "configuration.md").read_text()
+    assert [name for name in setting_names() if f"`{name}`" not in guide] == []
 
 
 def test_snapshot_bytes_unset_is_derived_and_zero_turns_snapshots_off() -> None:

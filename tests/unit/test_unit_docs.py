@@ -1,6 +1,6 @@
-"""The docs point at what exists: every file named in them is in the repository, and the table of
-``workers/`` in ``docs/architecture.md`` is the layout ``tests/unit/test_unit_workers_layout.py``
-holds the code to."""
+"""The docs point at what exists: every file named in them is in the repository, every page the
+README links to is there, and the table of ``workers/`` in the code layout is the layout
+``tests/unit/test_unit_workers_layout.py`` holds the code to."""
 
 from __future__ import annotations
 
@@ -10,9 +10,17 @@ from pathlib import Path
 from tests.unit import test_unit_workers_layout as workers
 
 REPO = Path(__file__).resolve().parents[2]
-DOCS = ("docs/architecture.md", "README.md", "bench/README.md", "SECURITY.md")
-# Files the docs name that are a user's, not ours (a module shadowing a library, in an example).
-NOT_OURS = {"numpy.py"}
+# The README, the user guide and the design (every page under docs/, which mkdocs.yml builds), and
+# the pages beside the code.
+DOCS = (
+    "README.md",
+    "bench/README.md",
+    "SECURITY.md",
+    *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "docs").rglob("*.md")),
+)
+# Files the docs name that are a user's, not ours: a module shadowing a library (in an example), and
+# a host's settings (made from packaging/elasticd.toml.example).
+NOT_OURS = {"numpy.py", "elasticd.toml"}
 NAMED = re.compile(r"`([\w.-]+(?:/[\w.-]+)*\.(?:py|md|toml|sh|service|ya?ml|json|txt|cfg))`")
 SKIP = {".git", ".venv", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache"}
 
@@ -32,10 +40,17 @@ def test_every_file_the_docs_name_exists() -> None:
     assert missing == []
 
 
+def test_every_link_of_the_readme_leads_to_a_file() -> None:
+    """The README is read on its own (on a forge, in the package): its relative links are paths in
+    the repository, which mkdocs' strict build does not see."""
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", (REPO / "README.md").read_text())
+    assert [link for link in links if "://" not in link and not (REPO / link).exists()] == []
+
+
 def test_the_workers_table_shows_the_workers_layout() -> None:
     """One row per package or module of ``workers/``, numbered by its layer (1: the bottom)."""
-    text = (REPO / "docs" / "architecture.md").read_text()
-    section = text.split("### workers/: packages in layers", 1)[1].split("\n## ", 1)[0]
+    text = (REPO / "docs" / "architecture" / "code-layout.md").read_text()
+    section = text.split("## workers/: packages in layers", 1)[1].split("\n## ", 1)[0]
     rows = {}
     for line in section.splitlines():
         cells = line.split("|")

@@ -12,7 +12,7 @@ import pytest
 from elasticctl import run, torchrun
 from elasticctl.torchrun import FLAGS, FlagError, Treat, interpret, nproc, rdzv_conf
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guide" / "elasticrun.md"
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -103,8 +103,8 @@ def test_rdzv_conf_ignores_keys_of_other_backends_and_checks_numbers() -> None:
         rdzv_conf("join_timeout=soon")
 
 
-def test_the_readme_has_the_table() -> None:
-    assert torchrun.table() in README.read_text()
+def test_the_elasticrun_guide_has_the_table() -> None:
+    assert torchrun.table() in GUIDE.read_text()
 
 
 def test_a_line_joins_only_a_live_job_of_its_own_user() -> None:
