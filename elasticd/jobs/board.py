@@ -29,6 +29,7 @@ from elasticd.jobs.queue import (
     started_first,
     why,
 )
+from elasticd.jobs.room import Lent, lent_for, making
 from elasticd.jobs.ticket import JobTicket, ticket_of
 from elasticd.rendezvous.snapshot import JobSnapshot
 
@@ -40,6 +41,7 @@ class Queue:
     order: Sequence[JobTicket]  # the waiting jobs, in queue order
     tickets: Sequence[JobTicket]
     last: Mapping[int, int]
+    making: Mapping[str, str] = field(default_factory=dict)  # shrunk for a job (``room.making``)
     _admission: list[str] | None = None
     _ranked: list[tuple[str, Reason]] | None = None
     _index: dict[str, int] | None = field(default=None)
@@ -55,7 +57,7 @@ class Queue:
     def ranked(self) -> list[tuple[str, Reason]]:
         """Each waiting job in queue order, with its place's reason (``queue.reasons``)."""
         if self._ranked is None:
-            self._ranked = reasons(self.order, held_slots(self.tickets), self.last)
+            self._ranked = reasons(self.order, held_slots(self.tickets), self.last, self.making)
         return self._ranked
 
     def place(self, job_id: str) -> QueuePlace | None:
@@ -105,7 +107,17 @@ class Board:
             return held[2]
         tickets = self.tickets(snaps)
         last = dict(self._turns.last)  # as of now: later admissions make a new queue
-        queue = Queue(queue_order(tickets, last), tickets, last)
+        queue = Queue(queue_order(tickets, last), tickets, last, making(lent(snaps)))
         self.queues_made += 1
         self._queue = (snaps, admissions, queue)
         return queue
+
+
+def lent(snaps: Mapping[str, JobSnapshot]) -> list[Lent]:
+    """Every node lent to a waiting job now (``jobs.room``), from the jobs' drain records."""
+    return [
+        Lent(job_id, node, for_job)
+        for job_id, snap in snaps.items()
+        for node, record in snap.drains.items()
+        if (for_job := lent_for(record.by)) is not None
+    ]

@@ -44,9 +44,10 @@ NEVER = -1
 
 # What a waiting job's ``why`` says, as values (``why``): its priority, how many waiting jobs of a
 # higher priority come first, its user, which of that user's waiting jobs it is, the slots the
-# user holds, and whether this node admitted a job of theirs lately. Most of a queue's places
-# keep theirs when one job comes or goes (its place and ``of`` move): the text is made once.
-Reason = tuple[int, int, str, int, int, bool]
+# user holds, whether this node admitted a job of theirs lately, and what is shrunk to make room
+# for it ("": nothing, ``jobs.room.making``). Most of a queue's places keep theirs when one job
+# comes or goes (its place and ``of`` move): the text is made once.
+Reason = tuple[int, int, str, int, int, bool, str]
 
 
 @dataclass(frozen=True)
@@ -136,26 +137,33 @@ def started_first(tickets: Iterable[JobTicket], order: Sequence[JobTicket]) -> l
 
 
 def reasons(
-    order: Sequence[JobTicket], held: Mapping[int, int], last: Mapping[int, int] | None = None
+    order: Sequence[JobTicket],
+    held: Mapping[int, int],
+    last: Mapping[int, int] | None = None,
+    making: Mapping[str, str] | None = None,
 ) -> list[tuple[str, Reason]]:
     """Each waiting job's id, in queue ``order`` (``queue_order``), with what its place's ``why``
-    says (``held``: ``held_slots`` of every job; ``last``: as for ``queue_order``)."""
-    last = last or {}
+    says (``held``: ``held_slots`` of every job; ``last``: as for ``queue_order``; ``making``: what
+    is shrunk to make room for a job, by its id: ``jobs.room.making``)."""
+    last, making = last or {}, making or {}
     higher: dict[int, int] = {}  # priority -> waiting jobs of a higher priority
     turns: dict[tuple[int, int], int] = {}  # (priority, uid) -> jobs of that user seen so far
     out: list[tuple[str, Reason]] = []
     for i, t in enumerate(order):  # the order is by priority first
         first = higher.setdefault(t.priority, i)
         k = turns[(t.priority, t.uid)] = turns.get((t.priority, t.uid), 0) + 1
-        out.append((t.id, (t.priority, first, t.user, k, held.get(t.uid, 0), t.uid in last)))
+        reason = (t.priority, first, t.user, k, held.get(t.uid, 0), t.uid in last, making.get(t.id, ""))
+        out.append((t.id, reason))
     return out
 
 
 @lru_cache(maxsize=MAX_TURNS)
 def why(reason: Reason) -> str:
     """The text of a place's reason (``reasons``)."""
-    priority, higher, user, k, held, lately = reason
+    priority, higher, user, k, held, lately, room = reason
     said = [f"priority {priority}"]
+    if room:  # first: the nodes it will start on are on their way, it does not just wait
+        said.append(room)
     if higher:
         said.append(f"{higher} waiting job(s) of higher priority first")
     had = ", had a job admitted here lately" if lately else ""

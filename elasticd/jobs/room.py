@@ -20,7 +20,10 @@ The decision (``decide``), over the first waiting job in queue order that free n
 - all or nothing: nodes are taken only when they are enough for the waiting job's MIN with the
   free ones, so no job shrinks for a job that still could not start;
 - what was already lent to it counts as its own, so a decision made again (a later scan, a new
-  janitor after a crash mid-shrink) takes only what is still missing, never twice.
+  janitor after a crash mid-shrink) takes only what is still missing, never twice; but only while
+  the node lives, and a lender's spare nodes are counted from its live members, so a node that
+  died mid-shrink (with the janitor, say) neither keeps the waiting job waiting for it nor lets
+  a job be taken below MIN.
 
 A job at its MIN is never preempted: making room there would mean stopping it and putting it back
 in the queue (a requeue policy), which needs a checkpoint the job resumes from on other nodes and a
@@ -130,6 +133,19 @@ class Room:
 NOTHING = Room()
 
 
+def making(lent: Iterable[Lent]) -> dict[str, str]:
+    """What a waiting job's queue place says while nodes are lent to it (their lenders' drains
+    under way, or done and the job not started yet): ``making room: shrinking JOB (NODE, ...)``,
+    by the borrower's id. Without it, the job would show only its place, as if it were stuck."""
+    lenders: dict[str, dict[str, list[str]]] = {}
+    for x in sorted(lent, key=lambda x: (x.for_job, x.job, x.node)):
+        lenders.setdefault(x.for_job, {}).setdefault(x.job, []).append(x.node)
+    return {
+        job: "making room: shrinking " + ", ".join(f"{j} ({', '.join(nodes)})" for j, nodes in by.items())
+        for job, by in lenders.items()
+    }
+
+
 def worth_asking(waiting: Iterable[Waiting], running: Iterable[Running]) -> bool:
     """Whether ``decide`` could lend anything, from the jobs alone: some job waits with a priority
     above a running job's that yields and runs above its MIN. When not, the caller reads no node
@@ -171,8 +187,9 @@ def decide(
 
 
 def _supply(w: Waiting, free: Mapping[str, int], lent: Sequence[Lent], reserved: set[str]) -> set[str]:
-    """The nodes ``w`` could run on now: free enough and allowed, or already lent to it."""
-    own = {x.node for x in lent if x.for_job == w.id}
+    """The nodes ``w`` could run on now: free enough and allowed, or already lent to it and live
+    (a lent node that died, say with the janitor that lent it, would keep ``w`` waiting for it)."""
+    own = {x.node for x in lent if x.for_job == w.id and x.node in free}
     return {n for n, slots in free.items() if n not in reserved and w.allows(n) and slots >= w.nproc} | own
 
 
@@ -194,10 +211,12 @@ def _take(
     now: float,
     interval_s: float,
 ) -> tuple[Shrink, ...]:
-    """Up to ``need`` nodes for ``w``, one at a time from the best lender (module doc)."""
+    """Up to ``need`` nodes for ``w``, one at a time from the best lender (module doc). A job's
+    spare nodes are counted from its live members: a member that died still counts in its round's
+    size until the next round, and lending on that count would take the job below MIN."""
     gone = {(x.job, x.node) for x in lent}
     spare = {
-        r.id: r.size - r.minimum - sum((r.id, n) in gone for n in r.members)
+        r.id: min(r.size, len(r.members)) - r.minimum - sum((r.id, n) in gone for n in r.members)
         for r in running
         if _may_lend(r, w, now, interval_s)
     }

@@ -3,6 +3,8 @@ priority, and when they get them back."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -101,6 +103,25 @@ def test_a_janitor_that_stopped_mid_way_is_finished_by_the_next_within_the_inter
     assert len(room.shrinks) == 1 and room.shrinks[0].node != "n4"
 
 
+def test_a_lent_node_that_died_mid_shrink_is_not_waited_for_nor_is_a_dead_member_lent() -> None:
+    # n4 was lent to b, then died (with the janitor that lent it, say) before b started there; a's
+    # round still counts it (size 4) until its next round. b takes another node of a's...
+    lent = [Lent("a", "n4", "b")]
+    running = replace(_elastic(lent_to=frozenset({"b"}), last_shrunk=NOW), size=4)
+    nodes = _nodes("n1", "n2", "n3")
+    room = decide([Waiting("b", 5, 1, 1)], [running], nodes, lent, {"a", "b"}, NOW, INTERVAL)
+    assert len(room.shrinks) == 1 and room.shrinks[0].node in {"n1", "n2", "n3"}
+    # ... but not one that would leave a below MIN among the nodes that live.
+    at_min = replace(running, members=("n1", "n2"))
+    room = decide([Waiting("b", 5, 1, 1)], [at_min], nodes[:2], lent, {"a", "b"}, NOW, INTERVAL)
+    assert room.shrinks == () and "b waits" in room.reason
+    # Back alive, n4 is b's again: nothing more is lent.
+    back = decide(
+        [Waiting("b", 5, 1, 1)], [at_min], [*nodes, NodeRoom("n4", 1)], lent, {"a", "b"}, NOW, INTERVAL
+    )
+    assert back == Room()
+
+
 def test_nodes_are_given_back_once_the_borrower_ended_and_only_then() -> None:
     lent = [Lent("a", "n3", "b")]
     assert decide([], [_elastic()], [], lent, {"a"}, NOW, INTERVAL).returns == (GiveBack("a", "n3", "b"),)
@@ -178,11 +199,13 @@ def test_never_below_min_never_over_a_higher_priority_and_no_shrink_without_need
 
 
 def _applied(running: list[Running], lent: list[Lent], at: float) -> list[Running]:
-    """The running jobs once ``lent`` is written (members leave at their next round: not yet)."""
+    """The running jobs once ``lent`` is written (members leave at their next round: not yet); a
+    job that lent last shrunk ``at``, as its lend records say (``manager.room.running_of``), even
+    when it had shrunk before (keeping that older time let it lend again within the interval)."""
     return [
         Running(
             r.id, r.priority, r.minimum, r.size, r.nproc, r.yields, r.submitted_at, r.members,
-            at if any(x.job == r.id for x in lent) and r.last_shrunk is None else r.last_shrunk,
+            at if any(x.job == r.id for x in lent) else r.last_shrunk,
             frozenset(x.for_job for x in lent if x.job == r.id),
         )
         for r in running
@@ -211,3 +234,22 @@ def test_no_loop_decisions_made_again_settle_and_nothing_goes_back_while_its_bor
         back = decide(rest, _applied(running, lent, NOW), nodes, lent, alive - {gone}, NOW + 9, INTERVAL)
         assert {(b.job, b.node) for b in back.returns} == {(x.job, x.node) for x in lent if x.for_job == gone}
         assert all(s.for_job != gone for s in back.shrinks)
+
+
+@settings(max_examples=300, deadline=None)
+@given(clusters(), st.sets(st.sampled_from(NODE_NAMES)))
+def test_never_below_min_among_the_live_members_when_nodes_died(
+    cluster: tuple[list[Waiting], list[Running], list[NodeRoom]], dead: set[str]
+) -> None:
+    waiting, running, nodes = cluster
+    # The dead nodes have no record: not among the live nodes, nor their jobs' members; each
+    # round keeps its size until its next one.
+    live = [replace(r, members=tuple(n for n in r.members if n not in dead)) for r in running]
+    alive = {w.id for w in waiting} | {r.id for r in running}
+    room = decide(waiting, live, [n for n in nodes if n.node not in dead], [], alive, NOW, INTERVAL)
+    for r in live:
+        assert (
+            not any(s.job == r.id for s in room.shrinks)
+            or len(r.members) - sum(s.job == r.id for s in room.shrinks) >= r.minimum
+        )
+    assert not {s.node for s in room.shrinks} & dead
