@@ -16,7 +16,7 @@ from tests.conftest import DaemonFactory
 from tests.support import DaemonProc, alive_pid, log_events, start_cluster, submit_job, wait_for, wait_log
 
 pytest.importorskip("torch")
-pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.torch, pytest.mark.timeout(120), pytest.mark.slow]
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "agent_store.py"
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from tests.support import REPO, etcd_available
 
-pytestmark = pytest.mark.skipif(not etcd_available(), reason="needs the etcd binary")
+pytestmark = [pytest.mark.skipif(not etcd_available(), reason="needs the etcd binary"), pytest.mark.slow]
 
 
 def _bench(name: str, *args: str, timeout_s: float = 240) -> str:

@@ -11,10 +11,13 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from elasticd.etcd.client import EtcdClient
 from tests.conftest import DaemonFactory
 from tests.support import PYTHON, REPO, EtcdServer, wait_for
+
+pytestmark = pytest.mark.slow
 
 SCRIPTS = REPO / "tests" / "scripts"
 

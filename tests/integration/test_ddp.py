@@ -11,7 +11,7 @@ import pytest
 from tests.support import REPO, DaemonProc
 
 pytest.importorskip("torch")
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
 SCRIPT = REPO / "tests" / "scripts" / "ddp_checkpoint.py"
 
 

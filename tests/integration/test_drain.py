@@ -25,6 +25,8 @@ from tests.support import (
     worker_records,
 )
 
+pytestmark = pytest.mark.slow
+
 SCRIPTS = REPO / "tests" / "scripts"
 EXAMPLE = REPO / "examples" / "elastic_train.py"
 TTL = 3.0

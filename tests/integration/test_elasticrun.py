@@ -20,7 +20,7 @@ from elasticd.netaddr import free_port
 from tests.support import PYTHON, DaemonProc, alive_pid, hears_ctrl_c, log_events, unique, wait_for
 
 pytest.importorskip("torch")
-pytestmark = [pytest.mark.torch, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.torch, pytest.mark.timeout(240), pytest.mark.slow]
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 

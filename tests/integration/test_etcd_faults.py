@@ -5,8 +5,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import DaemonFactory
 from tests.support import REPO, DaemonProc, EtcdServer, unique, wait_for
+
+pytestmark = pytest.mark.slow
 
 SCRIPTS = REPO / "tests" / "scripts"
 

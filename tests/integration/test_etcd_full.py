@@ -21,7 +21,7 @@ from elasticd.etcd.space import MIB
 from tests.conftest import DaemonFactory
 from tests.support import REPO, EtcdServer, alive_pid, put_raw, submit_job, wait_for, wait_round
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
 MEMBER = REPO / "tests" / "scripts" / "member.py"  # runs until $OUT/finish exists
 # The mark is 25.6 MiB. Not the 16 MiB etcd_quota_bytes allows: bbolt grows its file by a few MiB

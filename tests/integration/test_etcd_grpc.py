@@ -41,6 +41,7 @@ pytestmark = [
         importlib.util.find_spec("etcd3") is None, reason="the grpc extra is not installed (elasticd[grpc])"
     ),
     pytest.mark.timeout(120),
+    pytest.mark.slow,
 ]
 SCRIPTS = REPO / "tests" / "scripts"
 NODE_CN = "elasticd-node-cn"  # the etcd user the node's certificate names; it has no password

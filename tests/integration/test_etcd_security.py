@@ -32,7 +32,7 @@ from tests.users import NOBODY, SYSTEM_PYTHON, other_users
 
 ENVDUMP = REPO / "tests" / "scripts" / "envdump.py"
 
-pytestmark = pytest.mark.skipif(not etcd_available(), reason="needs an etcd binary")
+pytestmark = [pytest.mark.skipif(not etcd_available(), reason="needs an etcd binary"), pytest.mark.slow]
 
 
 # Runs as uid nobody with the system python, stdlib only: try to PUT a key over each transport.

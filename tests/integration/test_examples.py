@@ -15,7 +15,7 @@ import pytest
 from tests.support import PYTHON, REPO, DaemonProc
 
 pytest.importorskip("torch")
-pytestmark = [pytest.mark.torch, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.torch, pytest.mark.timeout(180), pytest.mark.slow]
 EXAMPLES = REPO / "examples"
 
 

@@ -16,7 +16,7 @@ from tests.conftest import DaemonFactory
 from tests.support import PYTHON, REPO, DaemonProc, log_events, wait_for
 
 pytest.importorskip("torch")
-pytestmark = [pytest.mark.torch, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.torch, pytest.mark.timeout(240), pytest.mark.slow]
 EXAMPLES = REPO / "examples"
 
 

@@ -8,11 +8,15 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from elasticd.gpu.fakefile import write
 from elasticd.netaddr import free_port
 from tests import monitoring as mon
 from tests.conftest import DaemonFactory
 from tests.support import DaemonProc, submit_job, unique, wait_for, wait_round
+
+pytestmark = pytest.mark.slow
 
 MEMBER = str(Path(__file__).parent.parent / "scripts" / "member.py")
 

@@ -14,6 +14,8 @@ import pytest
 
 from tests.support import REPO, DaemonProc, start_cluster, submit_job, wait_job, wait_log
 
+pytestmark = pytest.mark.slow
+
 SCRIPTS = REPO / "tests" / "scripts"
 
 

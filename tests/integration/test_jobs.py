@@ -15,6 +15,8 @@ import pytest
 from tests.conftest import DaemonFactory
 from tests.support import REPO, DaemonProc, hears_ctrl_c, wait_for
 
+pytestmark = pytest.mark.slow
+
 SCRIPTS = REPO / "tests" / "scripts"
 TORCHRUN_VARS = [
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME",

@@ -20,6 +20,8 @@ from elasticd.jobs.ranktext import NO_TIME
 from tests.conftest import DaemonFactory
 from tests.support import PYTHON, REPO, DaemonProc, start_cluster, submit_job, unique, wait_for, wait_job
 
+pytestmark = pytest.mark.slow
+
 SCRIPTS = REPO / "tests" / "scripts"
 FLAKY = """\
 import os, sys, time

@@ -32,6 +32,8 @@ from tests.support import (
     worker_records,
 )
 
+pytestmark = pytest.mark.slow
+
 SCRIPTS = REPO / "tests" / "scripts"
 TTL = 3.0
 

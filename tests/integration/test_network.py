@@ -15,6 +15,8 @@ from elasticd.netaddr import PortRange, port_is_free
 from tests.conftest import DaemonFactory
 from tests.support import REPO, DaemonProc, submit_job, wait_job, wait_log
 
+pytestmark = pytest.mark.slow
+
 ENVDUMP = REPO / "tests" / "scripts" / "envdump.py"
 SLEEPER = REPO / "tests" / "scripts" / "sleeper.py"
 ENDED = ("SUCCEEDED", "FAILED", "KILLED")

@@ -15,6 +15,8 @@ import pytest
 from tests.conftest import DaemonFactory
 from tests.support import REPO, start_cluster, submit_job, unique, wait_round
 
+pytestmark = pytest.mark.slow
+
 SCRIPTS = REPO / "tests" / "scripts"
 V1 = Path("/sys/fs/cgroup/cpu")
 V2 = Path("/sys/fs/cgroup/unified")

@@ -16,6 +16,8 @@ from elasticd.node.numa import read_host
 from tests.conftest import DaemonFactory
 from tests.support import log_events, submit_job
 
+pytestmark = pytest.mark.slow
+
 MPOL_PREFERRED = 1
 AFFINITY = str(Path(__file__).parent.parent / "scripts" / "affinity.py")
 

@@ -26,6 +26,8 @@ from tests.conftest import DaemonFactory
 from tests.support import PYTHON, DaemonProc, EtcdServer, wait_for
 from tests.users import NOBODY, as_user, other_users, public_daemon, public_dir
 
+pytestmark = pytest.mark.slow
+
 # Attempt 0 fails at once; attempt 1 reports steps until $OUT/stop exists, then succeeds.
 FAIL_ONCE = """\
 import os, sys, time

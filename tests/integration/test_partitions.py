@@ -37,7 +37,7 @@ from soak_cluster import Cluster, JobSettings, read_lives, wait_until  # noqa: E
 TTL_S = 3
 CLIENTS = policy().mode  # mixed: the 3 daemons on gateway, grpc, gateway (tests/etcd_clients.py)
 
-pytestmark = [pytest.mark.root]
+pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 # Binds, says so, waits for "go" on stdin (every side is bound by then), sends one UDP datagram
 # to each given address, then prints the payloads it received within 0.6 s: what got through, in

@@ -14,7 +14,7 @@ from tests.conftest import DaemonFactory
 from tests.support import DaemonProc
 from tests.users import NOBODY, OTHER_USERS, SYSTEM_PYTHON, as_user, public_daemon, public_dir
 
-pytestmark = OTHER_USERS
+pytestmark = [*OTHER_USERS, pytest.mark.slow]
 ENV = {"PATH": "/usr/bin:/bin", "SLEEP": "600"}
 
 

@@ -13,6 +13,8 @@ import pytest
 
 from tests.support import REPO, DaemonProc, log_events, wait_for, wait_job
 
+pytestmark = pytest.mark.slow
+
 SCRIPTS = REPO / "tests" / "scripts"
 
 

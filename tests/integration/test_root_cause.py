@@ -17,7 +17,7 @@ import pytest
 from tests.support import REPO, DaemonProc, start_cluster, submit_job, wait_for, wait_job, wait_log
 
 pytest.importorskip("torch")
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
 SCRIPT = REPO / "tests" / "scripts" / "crash_collective.py"
 
 

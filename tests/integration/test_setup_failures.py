@@ -15,6 +15,8 @@ import pytest
 from tests.conftest import DaemonFactory
 from tests.support import DaemonProc, wait_for
 
+pytestmark = pytest.mark.slow
+
 ALLOCATE = "buf = []\nfor _ in range(400):\n    buf.append(bytearray(1 << 20))\nprint('survived')\n"
 FAIL_ONCE = (
     "import os, sys\n"

@@ -9,6 +9,8 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
+import pytest
+
 from elasticd.etcd.client import EtcdClient
 from elasticd.etcd.keys import Keys
 from tests.conftest import DaemonFactory
@@ -23,6 +25,8 @@ from tests.support import (
     wait_round,
     worker_records,
 )
+
+pytestmark = pytest.mark.slow
 
 MEMBER = REPO / "tests" / "scripts" / "member.py"  # runs until $OUT/finish exists
 TTL = "3"

@@ -21,6 +21,8 @@ import pytest
 from tests.conftest import DaemonFactory
 from tests.support import PYTHON, REPO, unique, wait_for
 
+pytestmark = pytest.mark.slow
+
 SLURM = REPO / "packaging" / "slurm"
 RECIPE = SLURM / "elastic-allocation.sbatch"
 FAKE_SLURM = REPO / "tests" / "scripts" / "fake_slurm"

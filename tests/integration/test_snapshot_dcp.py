@@ -20,7 +20,7 @@ from tests.keeper_proc import Keeper
 from tests.support import REPO
 
 pytest.importorskip("torch")
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
 SCRIPT = REPO / "tests" / "scripts" / "dcp_snapshot.py"
 
 

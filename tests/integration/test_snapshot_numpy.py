@@ -16,7 +16,7 @@ import pytest
 from tests.support import REPO, DaemonProc
 
 pytest.importorskip("torch")
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
 SCRIPT = REPO / "tests" / "scripts" / "snapshot_train.py"
 
 # Found before the real numpy on the path: an import of numpy fails as if it were not installed,

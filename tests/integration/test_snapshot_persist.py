@@ -16,7 +16,7 @@ from tests.keeper_proc import Keeper
 from tests.users import NOBODY, SYSTEM_PYTHON, other_users
 
 torch = pytest.importorskip("torch")
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 
 @pytest.fixture

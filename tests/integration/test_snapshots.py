@@ -18,7 +18,7 @@ from elasticd.workers.snapshot_program.client import KeeperClient
 from tests.support import REPO, DaemonProc, log_events, start_cluster, submit_job, wait_for, wait_log
 
 pytest.importorskip("torch")
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
 SCRIPT = REPO / "tests" / "scripts" / "snapshot_train.py"
 
 

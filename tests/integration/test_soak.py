@@ -30,6 +30,8 @@ from tests.etcd_clients import policy
 from tests.netns import unavailable_reason as netns_unavailable
 from tests.soak_run import SoakRun, run_soak
 
+pytestmark = pytest.mark.slow
+
 SEED = 19
 GAP_S = 8
 DURATION_S = 80  # ten slots of GAP_S: each kind once, no repeats

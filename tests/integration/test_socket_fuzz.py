@@ -7,11 +7,14 @@ import random
 from typing import Any
 
 import psutil
+import pytest
 import zmq
 
 from elasticd.control.address import endpoint
 from elasticd.control.commands import REGISTRY
 from tests.support import DaemonProc
+
+pytestmark = pytest.mark.slow
 
 MESSAGES = 10_000
 WARMUP = 1_000

@@ -19,6 +19,8 @@ from elasticctl.client import DaemonError
 from tests.conftest import DaemonFactory
 from tests.support import PYTHON, REPO, DaemonProc, hears_ctrl_c, wait_for
 
+pytestmark = pytest.mark.slow
+
 SCRIPTS = REPO / "tests" / "scripts"
 
 

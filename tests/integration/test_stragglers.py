@@ -18,6 +18,8 @@ from tests.conftest import DaemonFactory
 from tests.integration.test_observe import scrape
 from tests.support import REPO, DaemonProc, start_cluster, submit_job, wait_for, wait_job
 
+pytestmark = pytest.mark.slow
+
 SCRIPTS = REPO / "tests" / "scripts"
 
 

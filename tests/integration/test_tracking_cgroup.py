@@ -26,7 +26,7 @@ from elasticd.workers.proctree.reaper import Reaper
 from tests.conftest import DaemonFactory
 from tests.support import REPO, DaemonProc, alive_pid, wait_for, wait_log
 
-pytestmark = [pytest.mark.root, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.root, pytest.mark.timeout(180), pytest.mark.slow]
 
 ESCAPER = REPO / "tests" / "scripts" / "escaper.py"
 

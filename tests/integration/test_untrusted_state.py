@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -24,6 +25,8 @@ from tests import fakes
 from tests.conftest import DaemonFactory
 from tests.strategies import stored_values
 from tests.support import REPO, DaemonProc, EtcdServer, put_raw, wait_for
+
+pytestmark = pytest.mark.slow
 
 SLEEPER = REPO / "tests" / "scripts" / "sleeper.py"
 ORPHAN_REASON = "every node of round 0 was lost"

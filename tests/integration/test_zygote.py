@@ -19,7 +19,7 @@ from tests.support import DaemonProc, log_events, submit_job, wait_for, wait_log
 from tests.users import NOBODY, SYSTEM_PYTHON, as_user, other_users, public_daemon, public_dir, public_workdir
 
 pytest.importorskip("torch")
-pytestmark = [pytest.mark.torch, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.torch, pytest.mark.timeout(240), pytest.mark.slow]
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 # What legitimately differs between two jobs (ids, ports, fd numbers of the daemon's pipes, the
 # socket of the job's snapshot keeper where the daemons keep snapshots).

@@ -21,7 +21,7 @@ from tests.support import DaemonProc, alive_pid, log_events, submit_job, wait_fo
 from tests.users import NOBODY, SYSTEM_PYTHON, as_user, other_users, public_daemon, public_dir, public_workdir
 
 pytest.importorskip("torch")
-pytestmark = [pytest.mark.torch, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.torch, pytest.mark.timeout(300), pytest.mark.slow]
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 
