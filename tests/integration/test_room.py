@@ -11,6 +11,8 @@ from tests.conftest import DaemonFactory
 from tests.integration.test_drain import EXAMPLE, SCRIPTS, ledger, progress
 from tests.support import log_events, start_cluster, submit_job, wait_for
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.torch
 @pytest.mark.timeout(300)
