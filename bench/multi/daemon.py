@@ -28,8 +28,10 @@ class Daemon:
         root: Path,
         node_id: str,
         prefix: str,
+        flags: tuple[str, ...] = (),  # more daemon flags (``--slots 2``)
     ) -> None:
         self.bin = bin_dir
+        self.flags = flags
         self.base_env = base_env
         self.etcd_endpoint = etcd_endpoint
         self.root = root
@@ -47,6 +49,7 @@ class Daemon:
             "--etcd-prefix", self.prefix,
             "--address", "127.0.0.1",  # every "node" is this host (left unset: no multi-node job)
             "--lease-ttl", str(LEASE_TTL),
+            *self.flags,
         ]  # fmt: skip
         self.proc = start_daemon(
             self.bin,
