@@ -1,11 +1,15 @@
 """Goodput with real daemons: a job that waits in the queue, checkpoints, crashes, redoes steps,
 hangs and is drained, whose every second's cause is known from its own stamps
 (``tests/scripts/goodput_faults.py``) and the daemon's log; status's figure per cause must be
-within 2% of the job's wall time of what those stamps say."""
+within 2% of the job's wall time of what those stamps say. A job whose node's daemon is killed
+and started again keeps the productive seconds from before (``tests/scripts/goodput_restart.py``),
+and a hang on one node is hung on its peer too (``tests/scripts/hang_across.py``)."""
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 import time
 from collections import defaultdict
 from datetime import datetime
@@ -14,11 +18,16 @@ from typing import Any
 
 import pytest
 
+from elasticd.etcd.client import EtcdClient
+from elasticd.etcd.keys import Keys
+from elasticd.rendezvous.model import NodeStatus
 from tests.conftest import DaemonFactory
 from tests.support import (
     REPO,
     DaemonProc,
+    EtcdServer,
     log_events,
+    start_cluster,
     submit_job,
     wait_for,
     wait_job,
@@ -116,3 +125,74 @@ def test_every_cause_matches_the_stamps_within_two_percent(
     assert abs(sum(want.values()) - wall) < TOLERANCE * wall, (want, wall)
     off = {c: round(got[c] - want[c], 2) for c in want}
     assert all(abs(d) <= TOLERANCE * wall for d in off.values()), (off, got, want, wall)
+
+
+def _next_report(daemon: DaemonProc, job_id: str) -> dict[str, Any]:
+    """The job's status once its node's report was published again (every 5 s while it steps)."""
+    seen = daemon.job(job_id)["goodput"]["wall_s"]
+    return wait_job(daemon, job_id, lambda j: j["goodput"]["wall_s"] != seen, "a report", 10)
+
+
+@pytest.mark.timeout(180)
+def test_a_daemon_killed_and_started_again_keeps_the_jobs_productive_seconds(
+    daemon_factory: DaemonFactory, tmp_path: Path
+) -> None:
+    daemon = daemon_factory(None)
+    out = tmp_path / "job"
+    out.mkdir()
+    script = REPO / "tests" / "scripts" / "goodput_restart.py"
+    job_id = submit_job(daemon, out, "--max-restarts", "2", str(script), env=dict(STEP_S="0.2", LAST="400"))
+    wait_for(lambda: (out / "stamps").exists() and len(_steps(_stamps(out), 0)) >= 30, 60, 0.1, "30 steps")
+    # Right after a report, so that what it settled is known here: the seconds after it are lost
+    # with the daemon (the restart's), like the work of a crashed step.
+    submitted_at, written_s = (job := _next_report(daemon, job_id))["submitted_at"], job["goodput"]["wall_s"]
+    daemon.kill9()
+    killed_at = time.time()
+    daemon.start()
+    resumed = wait_log(daemon, "goodput.resumed", timeout_s=30, job=job_id)
+    wait_for(lambda: len(_steps(_stamps(out), 1)) >= 30, 60, 0.1, "30 steps after the restart")
+    job = _next_report(daemon, job_id)  # while it runs: its end has a figure of its own
+    assert job["restarts"] == 1, job
+
+    stamps, reported_at = _stamps(out), submitted_at + job["goodput"]["wall_s"]
+    before = [at for at in _steps(stamps, 0) if at <= submitted_at + written_s]
+    after = _steps(stamps, 1)
+    kept = before[-1] - before[0]  # what the report the restarted daemon read back had settled
+    productive = kept + (reported_at - after[0])  # the step in flight counts as its step would
+    got, total = job["goodput"]["by_cause_s"], job["goodput"]["wall_s"]
+    assert abs(sum(got.values()) - total) < 1e-6 * total
+    assert abs(resumed["productive_s"] - kept) <= TOLERANCE * total, (resumed, kept, total)
+    assert abs(got["productive"] - productive) <= TOLERANCE * total, (got, productive, total)
+    assert got["restart"] >= after[0] - killed_at  # the daemon's downtime, to the first step after
+    queued = before[0] - submitted_at  # waiting and starting up, at most
+    assert got["waiting"] + got["startup"] <= queued + TOLERANCE * total, (got, queued)
+    assert daemon.ctl("kill", job_id).returncode == 0
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(240)
+def test_a_hang_on_one_node_is_hung_on_its_peer_too(
+    daemon_factory: DaemonFactory, etcd_server: EtcdServer, tmp_path: Path
+) -> None:
+    """The peer's rank waits in a collective for the hung rank: its node books that time as hung
+    (from the round's record), not as a restart of its own."""
+    pytest.importorskip("torch")
+    a, b = start_cluster(daemon_factory, 2)
+    script = REPO / "tests" / "scripts" / "hang_across.py"
+    job_id = submit_job(
+        a, tmp_path, "--nnodes", "2", "--hang-timeout", "3", "--max-restarts", "1",
+        "--python", sys.executable, str(script),
+    )  # fmt: skip
+    job = wait_job(a, job_id, lambda j: j["state"] == "SUCCEEDED", "the restarted job to succeed", 200)
+    assert job["restarts"] == 1 and job["failure"]["kind"] == "hang", job
+    client, keys = EtcdClient([etcd_server.endpoint]), Keys(a.etcd_prefix)
+    try:
+        reports = {d.node_id: client.get(keys.node_status(job_id, d.node_id)) for d in (a, b)}
+    finally:
+        client.close()
+    hung = {n: NodeStatus.from_json(json.loads(kv.value)).goodput for n, kv in reports.items() if kv}
+    hung_on = job["failure"]["node"]
+    peer = next(n for n in hung if n != hung_on)
+    ours, theirs = hung[hung_on], hung[peer]
+    assert ours is not None and theirs is not None, reports
+    assert ours.hung_s >= 3 and abs(theirs.hung_s - ours.hung_s) < 1.0, (ours, theirs)
