@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness.paths import default_bin
 from harness.procs import sweep
-from multi.daemon import Daemon
+from multi.daemon import Daemon, running
 
 from elasticd.etcd.embedded import EmbeddedEtcd
 
@@ -66,23 +66,14 @@ def trial(daemons: list[Daemon], out: Path, check: bool) -> tuple[float, float]:
 
 def run(n: int, repeats: int, etcd: str, tmp: Path, binary: Path) -> dict[str, list[tuple[float, float]]]:
     env = {"PATH": f"{binary}:/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    daemons = [Daemon(binary, env, etcd, tmp / f"n{n}-{i}", f"nc{n}-{i}", f"/bench/nc{n}") for i in range(n)]
-    for d in daemons:
-        d.start()
-    for d in daemons:
-        d.wait_ready(time.monotonic() + 60)
     found: dict[str, list[tuple[float, float]]] = {"off": [], "on": []}
-    try:
+    nodes = [Daemon(binary, env, etcd, tmp / f"n{n}-{i}", f"nc{n}-{i}", f"/bench/nc{n}") for i in range(n)]
+    with running(nodes) as daemons:
         for i in range(repeats):
             for variant in ("off", "on"):
                 out = tmp / f"n{n}-{variant}-{i}"
                 out.mkdir()
                 found[variant].append(trial(daemons, out, variant == "on"))
-    finally:
-        for d in daemons:
-            d.sigterm()
-        for d in daemons:
-            d.finish_stop()
     return found
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness.paths import default_bin
 from harness.procs import sweep
-from multi.daemon import Daemon
+from multi.daemon import Daemon, running
 
 from elasticd.etcd.embedded import EmbeddedEtcd
 
@@ -123,26 +123,17 @@ def run(
     repeats: int, hold_s: float, tmp: Path, binary: Path, etcd: str
 ) -> dict[str, list[dict[str, float | str]]]:
     env = {"PATH": f"{binary}:/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    daemons = [
+    nodes = [
         Daemon(binary, env, etcd, tmp / f"n{i}", f"room-{i}", "/bench/room", ("--slots", "2"))
         for i in range(3)
     ]
-    for daemon in daemons:
-        daemon.start()
-    for daemon in daemons:
-        daemon.wait_ready(time.monotonic() + 60)
     found: dict[str, list[dict[str, float | str]]] = {"yield": [], "no-yield": []}
-    try:
+    with running(nodes) as daemons:
         for i in range(repeats):
             for variant in found:
                 got = trial(daemons, tmp / f"{variant}-{i}", variant == "yield", hold_s)
                 print(f"  {variant:>8} #{i}: {got}", flush=True)
                 found[variant].append(got)
-    finally:
-        for daemon in daemons:
-            daemon.sigterm()
-        for daemon in daemons:
-            daemon.finish_stop()
     return found
 
 

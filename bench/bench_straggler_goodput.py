@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness.paths import default_bin
 from harness.procs import sweep
-from multi.daemon import Daemon
+from multi.daemon import Daemon, running
 
 from elasticd.etcd.embedded import EmbeddedEtcd
 
@@ -98,24 +98,19 @@ def main() -> None:
     etcd.start()
     env = {"PATH": f"{ns.bin}:/usr/bin:/bin", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
     env["ELASTICD_STRAGGLER_GRACE"] = str(ns.grace)  # a daemon setting, from the daemons' environment
-    ds = [Daemon(Path(ns.bin), env, etcd.endpoint, tmp / f"d{i}", f"sg-{i}", "/bench/sg") for i in range(3)]
+    nodes = [
+        Daemon(Path(ns.bin), env, etcd.endpoint, tmp / f"d{i}", f"sg-{i}", "/bench/sg") for i in range(3)
+    ]
     results: dict[str, list[int]] = {"healthy": [], "report": [], "drain": []}
     try:
-        for d in ds:
-            d.start()
-        for d in ds:
-            d.wait_ready(time.monotonic() + 60)
-        for i in range(ns.repeats):
-            for label, policy in (("healthy", None), ("report", "report"), ("drain", "drain")):
-                out = tmp / f"{label}-{i}"
-                out.mkdir()
-                results[label].append(trial(ds, out, policy, ns.slow))
-                print(f"{label:>8} trial {i}: {results[label][-1]} steps in {ns.slow:.0f} s", flush=True)
+        with running(nodes) as ds:
+            for i in range(ns.repeats):
+                for label, policy in (("healthy", None), ("report", "report"), ("drain", "drain")):
+                    out = tmp / f"{label}-{i}"
+                    out.mkdir()
+                    results[label].append(trial(ds, out, policy, ns.slow))
+                    print(f"{label:>8} trial {i}: {results[label][-1]} steps in {ns.slow:.0f} s", flush=True)
     finally:
-        for d in ds:
-            d.sigterm()
-        for d in ds:
-            d.finish_stop()
         etcd.stop()
         sweep([str(tmp)])
     print(json.dumps({k: v for k, v in results.items()}))

@@ -7,6 +7,7 @@ import json
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -130,6 +131,24 @@ class Daemon:
                     pass  # not JSON (a traceback, a faulthandler dump): keep it
             out.append(line)
         return out
+
+
+@contextlib.contextmanager
+def running(daemons: list[Daemon], ready_s: float = 60.0) -> Iterator[list[Daemon]]:
+    """``daemons`` started and ready; stopped (SIGTERM, then the escalation of ``finish_stop``)
+    on the way out, whatever happened."""
+    try:
+        for daemon in daemons:
+            daemon.start()
+        for daemon in daemons:
+            daemon.wait_ready(time.monotonic() + ready_s)
+        yield daemons
+    finally:
+        for daemon in daemons:
+            if daemon.proc is not None:
+                daemon.sigterm()
+        for daemon in daemons:
+            daemon.finish_stop()
 
 
 def first_event(daemon: Daemon, event: str, after: float, **match: Any) -> float | None:
