@@ -35,6 +35,8 @@ from tests.support import (
     write_script,
 )
 
+pytestmark = pytest.mark.slow
+
 SCRIPT = REPO / "tests" / "scripts" / "goodput_faults.py"
 QUEUED_S = 5.0  # how long the measured job waits behind the one that holds every slot
 DRAINED_S = 3.0  # how long its node stays drained
