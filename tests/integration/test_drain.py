@@ -45,8 +45,14 @@ def test_drain_refuses_below_min_then_force_and_undrain(
     assert forced.returncode == 0 and job in forced.stdout
     view = a.wait_state(job, ("RESTARTING",), 10)
     assert view["restarts"] == 0  # leaving is not a failure
-    nodes = {n["node"]: n for n in a.call("nodes")["nodes"]}
-    assert nodes[b.node_id]["draining"] is True and "draining" in a.ctl("nodes").stdout
+
+    # b's record says so once b's daemon republishes it (its own thread, after the scan that saw
+    # the drain: not ordered with the job's round).
+    def draining() -> bool:
+        return bool({n["node"]: n for n in a.call("nodes")["nodes"]}[b.node_id]["draining"])
+
+    wait_for(draining, 15, 0.1, "b's record to say draining")
+    assert "draining" in a.ctl("nodes").stdout
     # a has joined round 1 (or it closed, which the asserts below then reject).
     joined = "1 of 2 node(s) joined round 1"
     view = wait_job(a, job, lambda v: v["state"] != "RESTARTING" or joined in v["reason"],
