@@ -66,15 +66,17 @@ def test_a_killed_worker_resumes_from_memory(daemon_factory, tmp_path: Path, bou
         for r in (0, 1)
     }
     assert ledgers[(0, 1)] == list(range(12))  # rank 1 died in step 12
-    assert ledgers[(0, 0)] in (list(range(12)), list(range(13)))  # rank 0 may not get past it
-    # both resumed at step 12 (the snapshot taken after step 11): only the step in flight is redone,
-    # though the disk held step 10 only
-    assert ledgers[(1, 0)] == ledgers[(1, 1)] == list(range(12, 20))
+    # Rank 0 may be stopped after step 11's all-reduce but before it wrote step 11 down (a SIGKILL
+    # is not waited on), or before its snapshot of it: it is one step behind then, never ahead.
+    assert ledgers[(0, 0)] in (list(range(11)), list(range(12)))
     logs = daemon.log_dir / job_id / "attempt_1"
-    for rank in (0, 1):
-        text = (logs / f"rank_{rank}.log").read_text()
-        assert [r["source"] for r in restored(text)] == ["memory"], text
-        assert restored(text)[0]["step"] == "12"
+    texts = [(logs / f"rank_{rank}.log").read_text() for rank in (0, 1)]
+    assert all([r["source"] for r in restored(t)] == ["memory"] for t in texts), texts
+    resumed = sorted({int(restored(t)[0]["step"]) for t in texts})
+    # Both resumed at the newest snapshot every rank took, 12 (after step 11) or 11: from memory,
+    # where the disk held step 10 only; at most the steps in flight are redone.
+    assert resumed in ([11], [12]), (resumed, ledgers)
+    assert ledgers[(1, 0)] == ledgers[(1, 1)] == list(range(resumed[0], 20))
     first = (daemon.log_dir / job_id / "attempt_0" / "rank_0.log").read_text()
     assert restored(first) == [] and "snapshot.memory_skipped" in first
     # one keeper served both attempts, and went with the job
