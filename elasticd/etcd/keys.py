@@ -245,7 +245,11 @@ class Keys:
 
     def check_answer(self, node: str) -> str:
         """``node``'s answer to the check it was asked for: its server's port and compute."""
-        return f"{self.prefix}/checked/{node}"
+        return f"{self.check_answers()}{node}"
+
+    def check_answers(self) -> str:
+        """Every node's answer: the asking daemon reads them in one request."""
+        return f"{self.prefix}/checked/"
 
     def gpus(self, node: str) -> str:
         return f"{self.prefix}/gpus/{node}/"

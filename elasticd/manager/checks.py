@@ -169,15 +169,15 @@ async def run_check(kv: KV, keys: Keys, registry: NodeRegistry, nodes: list[str]
 
 
 async def _answers(kv: KV, keys: Keys, nodes: list[str], asked: str) -> dict[str, CheckAnswer]:
-    """Each node's answer to request ``asked``, as they come, for at most ``ANSWER_S``."""
+    """Each node's answer to request ``asked``, as they come, for at most ``ANSWER_S``: one read of
+    every answer a poll, whatever the number of nodes."""
     found: dict[str, CheckAnswer] = {}
     deadline = time.monotonic() + ANSWER_S
     while len(found) < len(nodes) and time.monotonic() < deadline:
+        answers = {a.key: a for a in await asyncio.to_thread(kv.get_prefix, keys.check_answers())}
         for node in nodes:
-            if node in found:
-                continue
-            got = await asyncio.to_thread(kv.get, keys.check_answer(node))
-            if got is None:
+            got = answers.get(keys.check_answer(node))
+            if node in found or got is None:
                 continue
             try:
                 answer = decode(CheckAnswer, parse_json(got.value))
