@@ -167,7 +167,7 @@ def test_a_peer_blocked_by_a_hang_books_it_as_hung_from_the_silence_to_the_round
     assert tally.hung_s == pytest.approx(29.8) and tally.restart_s == pytest.approx(0.2 + 2 + 3)
     assert tally.productive_s == 4 and tally.total_s == pytest.approx(40)
     alone = seconds(replay(T0, [*events[:-2], Launched(T0 + 37, 1), Stepped(T0 + 40, 5)]), T0 + 40)
-    assert alone.hung_s == 0 and alone.restart_s == 35  # as before: a peer's failure
+    assert alone.hung_s == 0 and alone.restart_s == 35  # no silence: a peer's failure is restart
 
 
 def test_the_hung_node_adds_only_the_time_from_its_detection_to_the_rounds_move() -> None:
