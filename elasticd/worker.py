@@ -48,6 +48,7 @@ from types import FrameType
 from typing import Any
 
 from elasticd.progress.protocol import MAX_STEP, PROGRESS_FD_ENV
+from elasticd.workers.snapshot_program import collective
 from elasticd.workers.snapshot_program import memory as snapshots
 
 
@@ -104,12 +105,6 @@ def checkpointing() -> Iterator[None]:
         _progress.send("phase step\n")
 
 
-def _dist() -> Any:
-    import torch.distributed as dist
-
-    return dist if dist.is_available() and dist.is_initialized() else None
-
-
 class GracefulStop:
     """Turns SIGTERM (and any of ``signals``) into a request to stop at the next step boundary."""
 
@@ -129,7 +124,7 @@ class GracefulStop:
 
         Call it at the same point of every step on every rank: it is a collective.
         """
-        dist = _dist()
+        dist = collective.group()
         if dist is None:
             return self.requested
         import torch
@@ -156,11 +151,6 @@ _STOPS: list[GracefulStop] = []  # the stops a signal requested: a snapshot pers
 
 def _stopping() -> bool:
     return bool(_STOPS)
-
-
-def _rank() -> int:
-    dist = _dist()
-    return int(dist.get_rank()) if dist is not None else int(os.environ.get("RANK", "0"))
 
 
 def save_checkpoint(
@@ -192,9 +182,9 @@ def save_checkpoint(
 
 
 def _save(state: Any, target: Path, rank: int, together: bool = True) -> None:
-    if _rank() == rank:
+    if collective.rank() == rank:
         snapshots.write_file(state, target)
-    dist = _dist()
+    dist = collective.group()
     if together and dist is not None:
         dist.barrier()
 
@@ -209,7 +199,7 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu", *, 
     file: no collective). Each rank logs where its state came from (``snapshot.restored
     source=memory|peer|disk``) to its stderr."""
     if memory:
-        found = snapshots.restore(Path(path), _dist())
+        found = snapshots.restore(Path(path), collective.group())
         if found is not None:
             return found
     import torch

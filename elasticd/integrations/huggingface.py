@@ -53,7 +53,7 @@ from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import get_last_checkpoint
 
 from elasticd.integrations.rules import callback_states, due, file_is_newer, in_loop_directories
-from elasticd.workers.snapshot_program import memory
+from elasticd.workers.snapshot_program import collective, memory
 
 SNAPSHOT_FILE = "elasticd-snapshot.pt"
 
@@ -113,7 +113,7 @@ class SnapshotTrainer(Trainer):
     def _everyone(self, held: bool) -> bool:
         """Whether every rank's keeper took its snapshot (one tiny all_reduce): HF's own save holds
         collectives, so when one rank must write the directory, every rank does."""
-        dist = _dist()
+        dist = collective.group()
         if dist is None:
             return held
         flag = torch.tensor([1 if held else 0], dtype=torch.int32, device=self.args.device)
@@ -143,7 +143,7 @@ class SnapshotTrainer(Trainer):
         }
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
-        found = memory.restore(self.snapshot_path(), _dist()) if self._in_memory() else None
+        found = memory.restore(self.snapshot_path(), collective.group()) if self._in_memory() else None
         if not isinstance(found, dict) and resume_from_checkpoint is not False:
             found = self._from_file(resume_from_checkpoint)
         if not isinstance(found, dict):
@@ -179,7 +179,7 @@ class SnapshotTrainer(Trainer):
 
     def _agreed(self, step: int) -> tuple[int, int]:
         """The lowest and highest of every rank's ``step`` (two tiny all_reduces)."""
-        dist = _dist()
+        dist = collective.group()
         if dist is None:
             return step, step
         low = torch.tensor([step], dtype=torch.int64, device=self.args.device)
@@ -246,9 +246,3 @@ def _step_of(found: Any) -> int:
         return -1
     step = found.get("step")
     return step if type(step) is int and step >= 0 else -1
-
-
-def _dist() -> Any:
-    import torch.distributed as dist
-
-    return dist if dist.is_available() and dist.is_initialized() else None

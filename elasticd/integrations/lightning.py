@@ -34,7 +34,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from elasticd import worker
 from elasticd.integrations.rules import snapshotted, with_step
-from elasticd.workers.snapshot_program import memory
+from elasticd.workers.snapshot_program import collective, memory
 
 
 class SnapshotCheckpointIO(TorchCheckpointIO):
@@ -55,7 +55,7 @@ class SnapshotCheckpointIO(TorchCheckpointIO):
             super().save_checkpoint(checkpoint, path, storage_options)
             return
         target, state = Path(path), with_step(checkpoint)
-        rank = _rank()
+        rank = collective.rank(fallback=0)
         if memory.save(state, target, rank, self.persist_every, not target.exists()):
             return
         with worker.checkpointing():
@@ -65,7 +65,7 @@ class SnapshotCheckpointIO(TorchCheckpointIO):
         self, path: Any, map_location: Any | None = None, weights_only: bool | None = None
     ) -> dict[str, Any]:
         if snapshotted(path):
-            found = memory.restore(Path(path), _dist())
+            found = memory.restore(Path(path), collective.group())
             if isinstance(found, dict):
                 return found
         if map_location is None:  # Lightning's own default: tensors where they were saved
@@ -76,14 +76,3 @@ class SnapshotCheckpointIO(TorchCheckpointIO):
         """The file being written behind is finished before the trainer lets go of its plugins."""
         memory.flush()
         super().teardown()
-
-
-def _dist() -> Any:
-    import torch.distributed as dist
-
-    return dist if dist.is_available() and dist.is_initialized() else None
-
-
-def _rank() -> int:
-    dist = _dist()
-    return int(dist.get_rank()) if dist is not None else 0

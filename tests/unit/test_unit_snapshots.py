@@ -390,10 +390,10 @@ def test_a_rank_whose_keeper_fails_writes_without_waiting_for_ranks_in_memory(
 ) -> None:
     pytest.importorskip("torch")
     from elasticd import worker
-    from elasticd.workers.snapshot_program import memory, protocol
+    from elasticd.workers.snapshot_program import collective, memory, protocol
 
     dist = _Dist(rank)
-    monkeypatch.setattr(worker, "_dist", lambda: dist)
+    monkeypatch.setattr(collective, "group", lambda: dist)
     monkeypatch.setattr(memory, "save", lambda *_: False)  # e.g. its keeper died
     monkeypatch.setenv(protocol.SOCKET_ENV, str(tmp_path / "gone.sock"))
     worker.save_checkpoint({"step": 3}, tmp_path / "ckpt.pt")

@@ -1,4 +1,5 @@
-"""Plain data between a job's ranks, gathered as tensors of bytes.
+"""This process's place among a job's ranks (``group``, ``rank``: the one helper every worker-side
+module asks), and plain data between the ranks, gathered as tensors of bytes.
 
 ``torch.distributed``'s ``*_object`` collectives (``all_gather_object``, ``broadcast_object_list``,
 ``gather_object``, ...) read the bytes they received back through numpy (``Tensor.numpy()``):
@@ -11,7 +12,27 @@ longest and trimmed back. Every rank of the default group must make the same cal
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
+
+RANK_ENV = "RANK"  # the launcher's (torchrun's, elasticd's) rank of this process
+
+
+def group() -> Any:
+    """``torch.distributed`` when its default group is up, else None (one process alone)."""
+    import torch.distributed as dist
+
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def rank(fallback: int | None = None) -> int:
+    """This process's rank in the default group. Without one: ``fallback`` where the caller's
+    work is a single process's then (a checkpoint plugin, a DCP plan: rank 0), else the
+    launcher's ``RANK`` (a script that checkpoints before, or without, ``init_process_group``)."""
+    dist = group()
+    if dist is not None:
+        return int(dist.get_rank())
+    return fallback if fallback is not None else int(os.environ.get(RANK_ENV, "0"))
 
 
 def device(dist: Any) -> Any:

@@ -20,7 +20,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
@@ -28,7 +27,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
-from elasticd.workers.snapshot_program import dcpfiles
+from elasticd.workers.snapshot_program import collective, dcpfiles
 from elasticd.workers.snapshot_program import restore as nearest
 from elasticd.workers.snapshot_program.client import SnapshotError
 from elasticd.workers.snapshot_program.filing import DCP_META, DCP_SHARDS
@@ -41,16 +40,6 @@ _LAST_STEP: dict[str, int] = {}  # per checkpoint directory: the newest step sav
 def _names(path: Path) -> tuple[str, str]:
     base = str(path.absolute())
     return base + DCP_SHARDS, base + DCP_META
-
-
-def _rank() -> int:
-    dist = torch.distributed
-    return int(dist.get_rank()) if dist.is_available() and dist.is_initialized() else 0
-
-
-def _dist() -> Any:
-    dist = torch.distributed
-    return dist if dist.is_available() and dist.is_initialized() else None
 
 
 class SnapshotWriter(StorageWriter):
@@ -95,7 +84,7 @@ class SnapshotWriter(StorageWriter):
         for item in plan.items:
             data = planner.resolve_data(item)
             items[item.index] = data.getvalue() if isinstance(data, io.BytesIO) else data.detach()
-        client, name, me = SNAPSHOTS.client(), _names(self.path)[0], _rank()
+        client, name, me = SNAPSHOTS.client(), _names(self.path)[0], collective.rank(fallback=0)
         if client is not None:
             files = dcpfiles.behind(self.path)
             files.before_snapshot(files.count)
@@ -127,7 +116,7 @@ class SnapshotWriter(StorageWriter):
                 meta = {"metadata": metadata, "owners": owners, "world": len(results)}
                 client.save(meta, _names(self.path)[1], 0, self.step, file=True)
             except SnapshotError as exc:
-                say("snapshot.unavailable", rank=_rank(), reason=exc, fallback="disk")
+                say("snapshot.unavailable", rank=collective.rank(fallback=0), reason=exc, fallback="disk")
         if self.persist or not self.memory:
             self.fs.finish(metadata, results)
         else:
@@ -168,11 +157,11 @@ class SnapshotReader(StorageReader):
         if SOCKET_ENV not in os.environ:  # not under elasticd's snapshots: the directory, as FileSystemReader
             return self.fs.read_metadata(*args, **kwargs)
         data, meta = _names(self.path)
-        client, me = SNAPSHOTS.client(), _rank()
+        client, me = SNAPSHOTS.client(), collective.rank(fallback=0)
         mine, held, why = nearest.report(client, meta, me)
         shard_report, shards_held, _ = nearest.report(client, data, me)
         mine["shards"] = shard_report["held"]
-        reports = nearest.gather(mine, _dist())
+        reports = nearest.gather(mine, collective.group())
         self.key = nearest.choose_key(reports)
         self.shards = [{**r, "held": r.get("shards", [])} for r in reports]
         self.shards_here = shards_held
@@ -229,7 +218,7 @@ class SnapshotReader(StorageReader):
 
     def _shard(self, rank: int) -> dict[MetadataIndex, Any]:
         """Rank ``rank``'s items of the agreed step, from the nearest keeper holding them."""
-        data, me = _names(self.path)[0], _rank()
+        data, me = _names(self.path)[0], collective.rank(fallback=0)
         step = self.step
         reports = [
             {**r, "held": [[k, s] for k, s in r["held"] if (k, s) == (rank, step)]} for r in self.shards

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from elasticd.workers.snapshot_program import frame
+from elasticd.workers.snapshot_program import collective, frame
 from elasticd.workers.snapshot_program import restore as nearest
 from elasticd.workers.snapshot_program.client import Held, KeeperClient, SnapshotError
 from elasticd.workers.snapshot_program.filing import SKIP, WRITE_TIMEOUT_S
@@ -184,7 +184,7 @@ class Snapshots:
         client = self.client()
         if client is None:
             return False
-        name, me = str(path.absolute()), _rank()
+        name, me = str(path.absolute()), collective.rank()
         count = self._counts.get(name, 0)
         step = _step_of(state, self._base.get(name, 0) + count)
         persist = self._persist(name)
@@ -243,7 +243,7 @@ class Snapshots:
         if SOCKET_ENV not in os.environ:  # not under elasticd's snapshots: no collective (plain torchrun)
             return None
         client = self.client()
-        name, me = str(path.absolute()), _rank()
+        name, me = str(path.absolute()), collective.rank()
         mine, held, why = nearest.report(client, name, me)
         reports = nearest.gather(mine, dist)
         key = nearest.choose_key(reports)
@@ -318,14 +318,6 @@ def _step_of(state: Any, count: int) -> int:
 def _env_int(name: str, default: int) -> int:
     text = os.environ.get(name, "")
     return int(text) if text.isdigit() else default
-
-
-def _rank() -> int:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return int(dist.get_rank())
-    return int(os.environ.get("RANK", "0"))
 
 
 SNAPSHOTS = Snapshots()
