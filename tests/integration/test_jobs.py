@@ -12,6 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from elasticd.daemon.testhooks import FAKE_GPUS_ENV
 from tests.conftest import DaemonFactory
 from tests.support import REPO, DaemonProc, hears_ctrl_c, wait_for
 
@@ -160,7 +161,7 @@ def test_kill_removes_every_process_including_escaped_grandchildren(
 def test_gpu_jobs_get_disjoint_devices_and_overflow_waits_pending(
     daemon_factory: DaemonFactory, tmp_path: Path
 ) -> None:
-    d = daemon_factory(None, "--fake-gpus", "4")
+    d = daemon_factory(None, env={**os.environ, FAKE_GPUS_ENV: "4"})
     env = dict(os.environ, OUT=str(tmp_path))
     a = submit(d, "--nproc-per-node", "2", str(SCRIPTS / "sleeper.py"), env=env)
     b = submit(d, "--nproc-per-node", "2", str(SCRIPTS / "sleeper.py"), env=env)

@@ -59,8 +59,6 @@ SAMPLES: dict[str, tuple[str, str, str | None]] = {
     "etcd_password_file": ("/f/pw", "/e/pw", "/c/pw"),
     "etcd_binary": ("/f/etcd", "/e/etcd", "/c/etcd"),
     "lease_ttl": ("4", "5.5", "7"),
-    "fake_gpus": ("1", "2", "3"),
-    "fake_nvml": ("/f/nvml.json", "/e/nvml.json", "/c/nvml.json"),
     "gpu_poll": ("1.5", "2.5", "3.5"),
     "slots": ("1", "2", "3"),
     "stop_grace": ("0", "1.5", "30"),
@@ -173,7 +171,7 @@ def test_defaults() -> None:
     assert (s.warm_pool_size, s.warm_keep_s) == (2, 120.0)
     none_by_default = (
         "log_dir", "node_id", "address", "etcd_ca", "etcd_cert", "etcd_key",
-        "etcd_user", "etcd_password", "etcd_password_file", "etcd_binary", "fake_gpus", "fake_nvml", "slots",
+        "etcd_user", "etcd_password", "etcd_password_file", "etcd_binary", "slots",
     )  # fmt: skip
     assert all(getattr(s, name) is None for name in none_by_default)
 
@@ -298,7 +296,7 @@ def test_paths_and_optionals_are_converted(tmp_path: Path) -> None:
     env = {
         "ELASTICD_STATE_DIR": "/s",
         "ELASTICD_ETCD_CA": "/ca.pem",
-        "ELASTICD_FAKE_GPUS": "2",
+        "ELASTICD_SNAPSHOT_BYTES": "2",
         "ELASTICD_SLOTS": "",  # empty optional means unset
         "ELASTICD_SOCKET": "/r/c.sock",
     }
@@ -306,7 +304,7 @@ def test_paths_and_optionals_are_converted(tmp_path: Path) -> None:
     assert s.state_dir == Path("/s")
     assert s.etcd_ca == Path("/ca.pem")
     assert s.socket == Path("/r/c.sock")
-    assert s.fake_gpus == 2
+    assert s.snapshot_bytes == 2
     assert s.slots is None
 
 
@@ -322,7 +320,6 @@ def test_paths_and_optionals_are_converted(tmp_path: Path) -> None:
         ("slots", "0"),
         ("slots", "two"),
         ("slots", "1.5"),
-        ("fake_gpus", "-1"),
         ("socket_mode", "rw-r--r--"),
         ("socket_mode", "0999"),
         ("log_format", "xml"),
