@@ -318,7 +318,7 @@ def _check_cells(compute: float | None, rtt: float | None, rate: float | None) -
 
 
 def nodes_table(nodes: list[NodeView]) -> str:
-    rows = [["NODE", "HOST", "ADDRESS", "DEVICES", "SLOTS", "FREE", "STATE", "SNAPSHOTS", "VERSION"]]
+    rows = [["NODE", "HOST", "ADDRESS", "DEVICES", "SLOTS", "FREE", "STATE", "SNAPSHOTS", "PORTS", "VERSION"]]
     for n in nodes:
         inv = n.get("inventory", {})
         rows.append(
@@ -331,7 +331,20 @@ def nodes_table(nodes: list[NodeView]) -> str:
                 str(n.get("free_slots", "?")),
                 "draining" if n.get("draining") else "ready",
                 snapshots_cell(n),
+                ports_cell(n),
                 n.get("version", "?"),
             ]
         )
-    return table(rows)
+    offs = "".join(
+        f"\n{n.get('node', '?')}: port filter {n.get('port_filter')}"
+        for n in nodes
+        if (n.get("port_filter") or "").startswith("off")
+    )
+    return table(rows) + offs
+
+
+def ports_cell(n: NodeView) -> str:
+    """Whether a node keeps its jobs' ports to the jobs: ``on (uid)``, ``off`` (why, under the
+    table), ``-`` from a daemon that does not say."""
+    status = n.get("port_filter") or ""
+    return "-" if not status else "off" if status.startswith("off") else status

@@ -47,7 +47,7 @@ class Settings:
     address: str | None = None  # address peers use to reach this host's workers; default 127.0.0.1
     worker_ports: PortRange | None = None  # MASTER_PORT and the liveness port from here (default: any)
     etcd_endpoints: tuple[str, ...] = ()  # empty: a private embedded etcd on UNIX sockets
-    etcd_prefix: str = "/elasticd/v5"
+    etcd_prefix: str = "/elasticd/v6"
     etcd_ca: Path | None = None
     etcd_cert: Path | None = None
     etcd_key: Path | None = None
@@ -65,6 +65,7 @@ class Settings:
     shrink_interval: float = 300.0  # an elastic job lends nodes to a higher priority at most this often
     job_retention: float = 7 * 86400.0  # seconds an ended job's records and logs are kept (0: forever)
     allow_root_jobs: bool = False  # run specs that ask for uid 0 (off: a root job is refused and fails)
+    port_filter: bool = True  # only a job's own processes and member nodes reach its ports (nftables)
     warm_pool_size: int = 2  # zygotes kept for the next identical job, on this node (0: none)
     warm_keep_s: float = 120.0  # seconds a zygote is kept for the next identical job (0: none)
     # Memory snapshots (``worker.save_checkpoint(memory=True)``): the bytes one job's snapshot
@@ -231,7 +232,7 @@ OPTIONS: dict[str, Option] = {
         "comma-separated host:port or https://host:port list; none starts an embedded etcd",
         "LIST",
     ),
-    "etcd_prefix": Option(str, "key prefix in etcd (default /elasticd/v5)", "PREFIX"),
+    "etcd_prefix": Option(str, "key prefix in etcd (default /elasticd/v6)", "PREFIX"),
     "etcd_ca": Option(
         _optional(Path), "CA bundle that signed the etcd servers' certificates (https endpoints)", "FILE"
     ),
@@ -280,6 +281,9 @@ OPTIONS: dict[str, Option] = {
         float, "seconds an ended job's records and logs are kept (default 7 days; 0: forever)", "SECONDS"
     ),
     "allow_root_jobs": Option(_bool, "run jobs submitted by root as root (off by default: they are refused)"),
+    "port_filter": Option(
+        _bool, "only a job's processes and member nodes reach its ports, through nftables (default on)"
+    ),
     "warm_pool_size": Option(
         int, "zygotes kept on this node for the next identical job, 1 per user (default 2; 0: none)", "N"
     ),

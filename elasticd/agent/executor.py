@@ -18,7 +18,7 @@ from typing import Any, assert_never
 
 from elasticd import log
 from elasticd.agent import actions as act
-from elasticd.agent import conduct
+from elasticd.agent import conduct, portrules
 from elasticd.agent.joinwatch import JoinWatch
 from elasticd.agent.looks import Looks
 from elasticd.agent.record import AgentRecord, AgentState, Leave, Local, Observed, View, presence_asked
@@ -367,6 +367,7 @@ class JobAgent:
     async def _start_workers(self, action: act.StartWorkers) -> None:
         result, member, restarts, silence = action.result, action.member, action.restarts, action.silence
         self.first_rank = member.group_rank * self.spec.nproc_per_node
+        await portrules.follow_round(self._rt, self._store, self.spec, result, member)
         self.workers = await self._launcher.start(self.spec, result, member, restarts, self.slots, silence)
         if member.group_rank == 0:
             self._stragglers = StragglerJudge(self.spec, result, self._rt.straggler_grace_s)

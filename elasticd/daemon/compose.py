@@ -55,6 +55,7 @@ from elasticd.node.numa import read_host
 from elasticd.node.registry import NodeRegistry
 from elasticd.node.snapshotbound import SnapshotBound, bound_of
 from elasticd.node.statedir import StateDir
+from elasticd.portfilter.guard import detect as detect_ports
 from elasticd.trustedpath import read_secret, trusted_file
 from elasticd.workers.cgroups.hierarchy import detect
 from elasticd.workers.cgroups.limits import LimitBackend
@@ -206,6 +207,7 @@ async def build_jobs(
         record=lambda: (
             {"address": rt.address, "inventory": rt.inventory.to_json()}
             | {"snapshot_bytes": rt.snapshot_bytes, "snapshot_source": rt.snapshot_source.value}
+            | {"port_filter": rt.ports.status}
             | hooks.capacity()
         ),
         reaper=rt.reaper,
@@ -248,6 +250,7 @@ def runtime(
         snapshot_source=snapshots.source,
         straggler_grace_s=s.straggler_grace,
         shrink_interval_s=s.shrink_interval,
+        ports=detect_ports(s.port_filter),
     )
 
 
@@ -312,6 +315,8 @@ async def start(
     warn_if_unreachable(s)
     liveness = await start_liveness(s, stack)
     rt = runtime(s, node_id, inventory, reaper, liveness, limits, tracking)
+    await rt.ports.start()  # no rule of a previous daemon's survives it: its jobs died with it
+    stack.push_async_callback(rt.ports.close)
     verdicts: asyncio.Queue[tuple[str, Verdict]] = asyncio.Queue()
     gpu_watch = watch_gpus(s, nvml, inventory, verdicts, stack)
     jobs = await build_jobs(s, stack, etcd, keys, state, rt, gpu_watch)

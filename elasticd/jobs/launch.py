@@ -25,6 +25,7 @@ from elasticd.jobs.identity import switch_to
 from elasticd.netaddr import NoFreePort, PortRange, pick_port
 from elasticd.node.inventory import Inventory
 from elasticd.node.snapshotbound import BoundSource
+from elasticd.portfilter.guard import PortFilter
 from elasticd.progress.accounts import Accounts, Books
 from elasticd.progress.channel import ProgressChannel
 from elasticd.progress.protocol import HEARTBEAT_FILE_ENV, PROGRESS_FD_ENV
@@ -69,6 +70,7 @@ class NodeRuntime:
     straggler_grace_s: float = 60.0  # named this long, a straggler's node is drained (--stragglers drain)
     shrink_interval_s: float = 300.0  # an elastic job lends nodes at most this often (jobs.room)
     books: Books = field(default_factory=Books)  # each job's goodput here, across its agents
+    ports: PortFilter = field(default_factory=PortFilter.disabled)  # who reaches the jobs' ports (nftables)
 
 
 def master_port(rt: NodeRuntime) -> int:

@@ -14,6 +14,7 @@ from elasticd.jobs.identity import switch_to
 from elasticd.jobs.launch import NodeRuntime, ProcessWorkers, layout_for, master_port, start_group
 from elasticd.jobs.nodecheck import NodeChecks, Runner
 from elasticd.jobs.pathcheck import check_paths
+from elasticd.jobs.portguard import guard_of
 from elasticd.netaddr import listen_error
 from elasticd.progress.accounts import Accounts
 from elasticd.progress.goodput import Ledger, Silence
@@ -86,6 +87,7 @@ class ProcessLauncher:
         self._store: StoreHost | None = None  # the job's store host here (``jobs.agentstore``)
         self._cold = ""  # why the job has no zygote here
         self._job = ""
+        self._uid = 0  # the submitter's: whose sockets the port filter keeps to the job's members
         self._named: int | None = None  # the port the user named for MASTER_PORT (--master-port)
         self._accounts: Accounts | None = None  # the job's goodput here, across its rounds
         self._checks: NodeChecks | None = None  # with --node-check (``rendezvous.fitness``)
@@ -96,6 +98,7 @@ class ProcessLauncher:
             return
         self._job = spec.id
         self._named = spec.master_port
+        self._uid = spec.uid
         self._accounts = self._rt.books.of(spec.id, spec.submitted_at, wall_clock)
         if spec.node_check:
             python = spec.python if spec.entry_kind is not EntryKind.EXEC and spec.python else CHECK_PYTHON
@@ -198,6 +201,8 @@ class ProcessLauncher:
         if host is None:
             host, failed = await self._fresh(zygote)
         choice = agentstore.at_join(cold if host is None else None, failed)
+        if host is not None:  # its listener is known before any answer; the members, at the start
+            await self._rt.ports.listen(guard_of(self._job, self._uid, (), self._rt.address, (host.port,)))
         _log.info("store.offer", job=self._job, agent_store=choice.agent_store, why=choice.why)
         check_port, compute = await self._checks.offer(self._job) if self._checks is not None else (0, None)
         if host is not None:
@@ -321,6 +326,7 @@ class ProcessLauncher:
         Its snapshot keeper stops, and its snapshots with it; its store host stops first."""
         try:
             await self._stop_store()
+            await self._rt.ports.release(self._job)
             if self._checks is not None:
                 await self._checks.stop()
         except Exception as exc:  # the agent is leaving: say so, never stop it from leaving

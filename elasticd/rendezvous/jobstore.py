@@ -13,7 +13,16 @@ from typing import Any, Protocol
 
 from elasticd.etcd.keys import Keys
 from elasticd.rendezvous.glance import Glance, Seen
-from elasticd.rendezvous.model import DrainRecord, FinalRecord, Join, NodeStatus, RoundInfo, RoundResult
+from elasticd.rendezvous.model import (
+    DrainRecord,
+    FinalRecord,
+    Join,
+    Member,
+    NodeStatus,
+    RoundHead,
+    RoundInfo,
+    RoundResult,
+)
 from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.head import JobHead
 from elasticd.terms.spec import JobSpec
@@ -42,6 +51,7 @@ class JobStore(Protocol):
     async def node_status(self, node: str) -> NodeStatus | None: ...
     async def count_joins(self, round_no: int) -> int: ...
     async def round_parts(self, round_no: int) -> JobSnapshot: ...
+    async def members(self, head: RoundHead) -> tuple[Member, ...] | None: ...
     async def create(self, spec: JobSpec) -> bool: ...
     async def spec(self, head: JobHead) -> JobSpec: ...
     async def finalize(

@@ -39,7 +39,16 @@ from elasticd.etcd.pages import read_pages
 from elasticd.etcd.types import Compare, Put, Query
 from elasticd.rendezvous import reportread, roster, rosterread
 from elasticd.rendezvous.glance import Glance, Seen
-from elasticd.rendezvous.model import DrainRecord, FinalRecord, Join, NodeStatus, RoundInfo, RoundResult
+from elasticd.rendezvous.model import (
+    DrainRecord,
+    FinalRecord,
+    Join,
+    Member,
+    NodeStatus,
+    RoundHead,
+    RoundInfo,
+    RoundResult,
+)
 from elasticd.rendezvous.snapshot import InvalidKey, JobSnapshot
 from elasticd.terms.head import JobHead, body_bytes, check_body
 from elasticd.terms.spec import MAX_NODES, JobSpec
@@ -174,6 +183,12 @@ class KVJobStore:
         prefix = self._keys.round_parts(self.job_id, round_no)
         kvs = await self._run(lambda: read_pages(self._kv, prefix, JOIN_PAGE, MAX_JOINS))
         return JobSnapshot.parse(self._keys, self.job_id, kvs)
+
+    async def members(self, head: RoundHead) -> tuple[Member, ...] | None:
+        """``head``'s round's members, read in pages (``rosterread``); None when the round was
+        forgotten meanwhile or an assignment is bad (the job's next full read reports it)."""
+        found = await self._run(lambda: rosterread.read_round(self._kv, self._keys, self.job_id, head))
+        return found.members if isinstance(found, RoundResult) else None
 
     async def join_of(self, round_no: int, node: str) -> Join | None:
         kv = await self._run(lambda: self._kv.get(self._keys.join(self.job_id, round_no, node)))

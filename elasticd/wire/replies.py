@@ -279,6 +279,7 @@ class NodeView(TypedDict):
     gpu_states: list[GpuStateView]
     snapshot_bytes: int  # the bound on each job's memory snapshots there (0: off)
     snapshot_source: str  # derived (from its RAM and /dev/shm), set (snapshot_bytes), "": older daemon
+    port_filter: NotRequired[str]  # "on (uid)", "off: why"; absent or "": an older daemon
 
 
 class EtcdSpaceView(TypedDict):

@@ -110,6 +110,7 @@ PURE = (
     "elasticd.agent.nextround",
     "elasticd.agent.blame",
     "elasticd.rendezvous.decider",
+    "elasticd.portfilter.rules",
     "elasticd.rendezvous.reach",
     "elasticd.agent.stepbase",
     "elasticd.agent.conduct",

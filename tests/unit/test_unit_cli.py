@@ -199,6 +199,20 @@ def test_nodes_shows_each_nodes_snapshot_bound_and_where_it_came_from() -> None:
     assert lines[3][column] == "-"
 
 
+def test_nodes_shows_whether_each_node_filters_its_jobs_ports_and_why_not() -> None:
+    from elasticctl.render import nodes_table
+    from elasticd.node.registry import NodeRecord
+
+    on = NodeRecord("n1", 2, port_filter="on (uid)").to_json()
+    off = NodeRecord("n2", 2, port_filter="off: no nft binary (install the nftables package)").to_json()
+    older = NodeRecord("n3", 2).to_json()
+    lines = nodes_table([on, off, older]).splitlines()  # type: ignore[list-item]
+    column = lines[0].index("PORTS")
+    assert lines[1][column:].startswith("on (uid)") and lines[2][column:].startswith("off")
+    assert lines[3][column] == "-"
+    assert lines[-1] == "n2: port filter off: no nft binary (install the nftables package)"
+
+
 class _InterruptedOnLoad(types.ModuleType):
     """A module whose names raise KeyboardInterrupt: Ctrl-C while ``from ... import`` runs."""
 

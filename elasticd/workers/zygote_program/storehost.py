@@ -77,15 +77,31 @@ def _own_socket(fd: int) -> socket.socket:
     return socket.socket(fileno=3)
 
 
+def _listener(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host`` alone (the node's workers' address: loopback on a one-host
+    node), listening: torch's own server would bind every address, so it is handed this one."""
+    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's server does
+    sock.bind(addr)
+    sock.listen(4096)
+    return sock
+
+
 def _tcp_store(host: str, port: int) -> Any:
-    """torch's ``TCPStore`` server on ``port``, from the torch the zygote imported (a store host
-    never imports it: that would cost what the zygote saves)."""
+    """torch's ``TCPStore`` server on ``port`` at ``host`` only, from the torch the zygote imported
+    (a store host never imports it: that would cost what the zygote saves)."""
     import importlib
 
     if "torch" not in sys.modules:
         raise RuntimeError("the zygote has not imported torch")
     dist = importlib.import_module("torch.distributed")
-    return dist.TCPStore(host, port, is_master=True, wait_for_workers=False)
+    sock = _listener(host, port)
+    store = dist.TCPStore(
+        host, sock.getsockname()[1], is_master=True, wait_for_workers=False, master_listen_fd=sock.fileno()
+    )
+    store._elasticd_listener = sock  # the store serves on its fd: keep it open as long as the store
+    return store
 
 
 def serve_store(req: dict[str, Any]) -> None:
