@@ -17,6 +17,12 @@ if ! command -v promtool >/dev/null && [ ! -x "$bin/promtool" ] && command -v ap
     fi
     rm -rf "$tmp"
 fi
+# nft drives the port filter's tests (tests/integration/test_portfilter.py, the nft contract). As
+# root where apt works, the nftables package is installed when missing (it ships no rule and
+# starts nothing by itself); elsewhere those tests skip, saying so.
+if ! command -v nft >/dev/null && [ ! -x /usr/sbin/nft ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q nftables >/dev/null 2>&1 || echo "nftables not installed: the port filter's tests skip" >&2
+fi
 "$bin/ruff" check .
 "$bin/ruff" format --check elasticd elasticctl tests bench examples
 "$bin/mypy"
