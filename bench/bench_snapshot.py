@@ -44,14 +44,14 @@ sys.path.insert(0, str(REPO))
 
 
 def start_keeper(bound: int) -> tuple[subprocess.Popen[bytes], socket.socket, str]:
-    from elasticd.workers.warm.keeper import LOADER, program_source
+    from elasticd.workers.warm.keeper import KEEPER
 
     ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     src_r, src_w = os.pipe()
-    os.write(src_w, program_source())
+    os.write(src_w, KEEPER.source())
     os.close(src_w)
     proc = subprocess.Popen(
-        [sys.executable, "-c", LOADER.format(src=src_r, ctl=theirs.fileno())],
+        [sys.executable, "-c", KEEPER.loader(src_r, theirs.fileno())],
         pass_fds=(src_r, theirs.fileno()),
     )
     os.close(src_r)

@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 
-from elasticd.workers.warm.keeper import LOADER, program_source
+from elasticd.workers.warm.keeper import KEEPER
 
 
 class Keeper:
@@ -24,10 +24,10 @@ class Keeper:
         """``uid``: run it as that user (and group), with ``python``, as a daemon runs a job's."""
         self.ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         src_r, src_w = os.pipe()
-        os.write(src_w, program_source())
+        os.write(src_w, KEEPER.source())
         os.close(src_w)
         # -I -S: an interpreter that cannot import elasticd (a job's python need not): stdlib only
-        argv = [python, "-I", "-S", "-c", LOADER.format(src=src_r, ctl=theirs.fileno())]
+        argv = [python, "-I", "-S", "-c", KEEPER.loader(src_r, theirs.fileno())]
         user = {} if uid is None else {"user": uid, "group": uid, "extra_groups": [], "cwd": "/"}
         self.proc = subprocess.Popen(argv, pass_fds=(src_r, theirs.fileno()), **user)  # type: ignore[call-overload]
         os.close(src_r)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import select
 import time
-from typing import Any
 
 import pytest
 from hypothesis import given
@@ -15,6 +14,7 @@ from hypothesis import strategies as st
 
 from elasticd.workers.snapshot_program import filing
 from elasticd.workers.snapshot_program import keeper as k
+from elasticd.workers.snapshot_program.protocol import Report, WriteReport
 from elasticd.workers.warm.keeper import parse_report
 from tests.unit.test_unit_snapshots import frame_bytes
 
@@ -66,11 +66,11 @@ def test_the_newest_snapshot_of_the_writing_rank_is_taken_once_and_pinned() -> N
     commit(keeper, 5, rank=1, file=False)  # another rank's snapshot of the same checkpoint
     commit(keeper, 9, name="/other.pt", file=False)  # a name no rank writes a file of
     keeper.handle({"op": "written", "name": "/c.pt", "step": 2})  # the worker's every-N write
-    [(name, fd, length, step, lib)] = keeper.take_due()
-    assert (name, step, lib) == ("/c.pt", 3, "/lib") and length > 0
+    [due] = keeper.take_due()
+    assert (due.name, due.step, due.lib) == ("/c.pt", 3, "/lib") and due.length > 0
     with pytest.raises(OSError):
-        os.pwrite(fd, b"x", 0)  # read-only
-    os.close(fd)
+        os.pwrite(due.fd, b"x", 0)  # read-only
+    os.close(due.fd)
     pair = keeper.slots[("/c.pt", 0)]
     assert pair[k.newest(pair)].pinned  # the next snapshots go elsewhere while the child reads it
     assert keeper.take_due() == []  # nothing committed since: a second stop writes nothing
@@ -104,11 +104,11 @@ def test_a_checkpoint_directorys_shards_are_filed_per_rank_and_both_held_steps_a
     commit(keeper, 3, name=meta)
     keeper.handle({"op": "written", "name": f"{shards}@1", "step": 3})  # rank 1's thread wrote step 3
     due = keeper.take_due()
-    assert sorted((name, step) for name, _, _, step, _ in due) == [
+    assert sorted((d.name, d.step) for d in due) == [
         ("/d#dcp-meta", 3), ("/d#dcp@0", 3), ("/d#dcp@0", 4), ("/d#dcp@1", 4)
     ]  # fmt: skip
-    for _, fd, *_ in due:
-        os.close(fd)
+    for d in due:
+        os.close(d.fd)
     assert keeper.take_due() == []
     close_all(keeper)
 
@@ -125,20 +125,20 @@ def test_a_shards_file_key_names_its_rank_and_gives_its_snapshots_name_back(name
 def test_a_failed_write_is_not_retried_at_the_next_stop() -> None:
     keeper = k.Keeper(64 << 20)
     commit(keeper, 1)
-    [(_, fd, _, step, _)] = keeper.take_due()
-    os.close(fd)
-    keeper.wrote("/c.pt", step, ok=False)
+    [due] = keeper.take_due()
+    os.close(due.fd)
+    keeper.wrote("/c.pt", due.step, ok=False)
     assert keeper.filed["/c.pt"].on_disk == -1 and keeper.take_due() == []
     close_all(keeper)
 
 
 class FakeFiles:
-    def __init__(self, due: list[tuple[str, int, int, int, str]]) -> None:
+    def __init__(self, due: list[filing.Due]) -> None:
         self.due = due
         self.ended: list[tuple[str, int, bool]] = []
         self.waiters: dict[str, int] = {}
 
-    def take_due(self) -> list[tuple[str, int, int, int, str]]:
+    def take_due(self) -> list[filing.Due]:
         due, self.due = self.due, []
         return due
 
@@ -149,13 +149,13 @@ class FakeFiles:
         self.ended.append((name, step, ok))
 
 
-def run_behind(monkeypatch: pytest.MonkeyPatch, child: str, timeout_s: float = 60.0) -> list[dict[str, Any]]:
+def run_behind(monkeypatch: pytest.MonkeyPatch, child: str, timeout_s: float = 60.0) -> list[WriteReport]:
     """``Behind`` as the keeper's loop drives it, with ``child`` as the persister's program."""
     monkeypatch.setattr(filing, "CHILD", child)
-    said: list[dict[str, Any]] = []
+    said: list[WriteReport] = []
     fd = os.open("/dev/null", os.O_RDONLY)
-    files = FakeFiles([("/c.pt", fd, 10, 7, "")])
-    behind = filing.Behind(files, lambda **msg: said.append(msg))
+    files = FakeFiles([filing.Due("/c.pt", fd, 10, 7, "")])
+    behind = filing.Behind(files, said.append)
     behind.start()
     deadline = time.monotonic() + timeout_s
     while behind.children and time.monotonic() < deadline:
@@ -179,28 +179,26 @@ def test_a_writes_end_says_how_it_went() -> None:
 
 def test_a_childs_end_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     said = run_behind(monkeypatch, "pass")
-    assert [m["ev"] for m in said] == ["persisting", "persisted"] and said[1]["step"] == 7
+    assert [m.report for m in said] == [Report.PERSISTING, Report.PERSISTED] and said[1].step == 7
     said = run_behind(
         monkeypatch, "import sys; print('noise\\nOSError: No space left', file=sys.stderr); sys.exit(1)"
     )
-    assert said[-1]["ev"] == "persist_failed" and said[-1]["reason"] == "OSError: No space left"
+    assert said[-1].report is Report.PERSIST_FAILED and said[-1].reason == "OSError: No space left"
 
 
 def test_a_child_over_the_bound_is_killed_and_said(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(filing, "WRITE_TIMEOUT_S", 0.3)
     said = run_behind(monkeypatch, "import time; time.sleep(60)", timeout_s=20)
-    assert said[-1]["ev"] == "persist_failed" and "timed out" in said[-1]["reason"]
+    assert said[-1].report is Report.PERSIST_FAILED and "timed out" in said[-1].reason
 
 
 def test_the_keepers_reports_are_untrusted() -> None:
-    assert parse_report(b'{"ev": "persisted", "step": 8, "took_s": 1.5}') == {
-        "ev": "persisted",
-        "step": 8,
-        "took_s": 1.5,
-    }
+    persisted = parse_report(b'{"ev": "persisted", "step": 8, "took_s": 1.5}')
+    assert persisted == WriteReport(Report.PERSISTED, 8, took_s=1.5)
+    assert persisted.fields() == {"step": 8, "took_s": 1.5}
     failed = parse_report(b'{"ev": "persist_failed", "step": 8, "reason": "' + b"r" * 900 + b'", "x": 1}')
-    assert failed["reason"] == "r" * 300 and "x" not in failed
-    assert "took_s" not in parse_report(b'{"ev": "persisting", "step": 1, "took_s": true}')
+    assert failed.fields() == {"step": 8, "reason": "r" * 300}
+    assert "took_s" not in parse_report(b'{"ev": "persisting", "step": 1, "took_s": true}').fields()
     for bad in (
         b'{"ev": "persisted", "step": -1}',
         b'{"ev": "persisted", "step": "8"}',

@@ -34,7 +34,8 @@ def test_the_keeper_runs_its_protocol_first() -> None:
 
 
 def test_the_guards_name_the_keeper_as_the_loader_does() -> None:
-    assert f"'__name__':'{protocol.KEEPER_NAME}'" in keeper.LOADER
+    assert keeper.KEEPER.name == protocol.KEEPER_NAME
+    assert f"types.ModuleType('{protocol.KEEPER_NAME}')" in keeper.KEEPER.loader(0, 0)
     for part in keeper.PARTS:
         tree = ast.parse((PROGRAM / part).read_text())
         names = [
@@ -97,14 +98,15 @@ def test_no_module_writes_a_protocol_name_again() -> None:
 def test_the_daemon_knows_every_report_the_keeper_sends_and_waits_long_enough() -> None:
     from elasticd.workers.snapshot_program import filing
 
-    events = [
-        kw.value
-        for node in ast.walk(ast.parse(Path(filing.__file__).read_text()))
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "tell"
-        for kw in node.keywords
-        if kw.arg == "ev"
-    ]
-    assert all(isinstance(ev, ast.Name) for ev in events), "an event named by a literal, not by protocol"
-    told = {getattr(protocol, ev.id) for ev in events if isinstance(ev, ast.Name)}
-    assert told == set(protocol.REPORTS)
+    tree = ast.parse(Path(filing.__file__).read_text())
+    told = {
+        protocol.Report[node.attr]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "Report"
+    }
+    assert told == set(protocol.Report)  # each typed, and each one decode_control reads back
+    for report in protocol.Report:
+        sent = protocol.WriteReport(report, 3, took_s=0.5, reason="r", pid=9)
+        back = protocol.decode_control(protocol.encode_control(sent))
+        assert isinstance(back, protocol.WriteReport) and back.report is report
     assert keeper.PERSIST_TIMEOUT_S > filing.WRITE_TIMEOUT_S

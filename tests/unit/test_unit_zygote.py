@@ -81,7 +81,7 @@ def test_config_names_modules_only() -> None:
 
 
 def test_the_program_is_its_parts_and_fits_the_pipe() -> None:
-    source = zygote_spawn.boot_source()
+    source = zygote_spawn.ZYGOTE.source()
     parts = source.split(b"\0")
     assert len(parts) == len(zygote_spawn.BOOT_PARTS) and len(source) < 65536
     assert all(compile(p, shared.BOOT_FILE, "exec") for p in parts)

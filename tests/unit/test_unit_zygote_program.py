@@ -43,7 +43,8 @@ def test_the_daemon_takes_the_shared_values_from_the_program() -> None:
         and vars(spawn)["PARENT_GONE"] is shared.PARENT_GONE
     )
     assert vars(zygote_spawn)["BOOT_FILE"] is shared.BOOT_FILE
-    assert f"'__name__':'{shared.PROGRAM_NAME}'" in zygote_spawn.LOADER
+    assert zygote_spawn.ZYGOTE.name == shared.PROGRAM_NAME
+    assert f"types.ModuleType('{shared.PROGRAM_NAME}')" in zygote_spawn.ZYGOTE.loader(0, 0)
     assert vars(group)["SPAWN_FAILED"] is shared.SPAWN_FAILED
 
 
@@ -61,14 +62,14 @@ def test_no_module_of_workers_writes_a_shared_name_again() -> None:
 def test_the_program_in_an_isolated_interpreter_sees_the_daemons_values() -> None:
     """The real loader, in a python that cannot import elasticd (``-I -S``: no site-packages, no
     cwd or PYTHONPATH on ``sys.path``), runs the shipped parts but the last and then a probe."""
-    parts = zygote_spawn.boot_source().split(b"\0")
+    parts = zygote_spawn.ZYGOTE.source().split(b"\0")
     program = b"\0".join([*parts[:-1], PROBE.encode()])
     src_r, src_w = os.pipe()
     try:
         os.write(src_w, program)
         os.close(src_w)
         src_w = -1
-        loader = zygote_spawn.LOADER.format(src=src_r, ctl=-1)
+        loader = zygote_spawn.ZYGOTE.loader(src_r, -1)
         out = subprocess.run(
             [sys.executable, "-I", "-S", "-c", loader],
             pass_fds=(src_r,),

@@ -62,6 +62,7 @@ V2_JOBS = "elasticd.jobs"  # workers.cgroups.fs: the parent of every daemon's ba
 SNAPSHOTS_LEAF = "snapshots"  # workers.cgroups.tracking: a job's keeper, which a fence spares
 KILL_WAIT_S = 5.0  # workers.cgroups.kill: how long a sweep waits for the kernel to empty the base
 _BUSY = (errno.EBUSY, errno.ENOTEMPTY)
+STOP_GRACE_S = 10.0  # the daemon's clean stop: the sidecar's final sweep, which finds nothing
 
 
 def valid_job(name: str) -> bool:
@@ -325,18 +326,17 @@ class Reaper:
         self._send(f"deadline {monotonic_deadline:.3f}")
 
     def close(self) -> None:
-        """Clean stop: everything is already down; the sidecar's final sweep finds nothing."""
+        """Clean stop: everything is already down; the sidecar's final sweep finds nothing. Asked
+        by its stdin's EOF, then stopped by the helpers' one policy (``proctree.helper``): it has
+        ``STOP_GRACE_S`` to end, then it alone is killed (its session holds nothing else)."""
         proc, self._proc = self._proc, None
         if proc is None:
             return
         if proc.stdin is not None:
             proc.stdin.close()
-        import subprocess
+        from elasticd.workers.proctree.helper import StopPolicy, stop
 
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc, StopPolicy(grace_s=STOP_GRACE_S, group=False))
 
 
 if __name__ == "__main__":

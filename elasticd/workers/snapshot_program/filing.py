@@ -28,10 +28,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 if __name__ != "__elasticd_keeper__":  # the daemon's tests and mypy; in the keeper, globals already
-    from elasticd.workers.snapshot_program.protocol import PERSIST_FAILED, PERSISTED, PERSISTING
+    from elasticd.workers.snapshot_program.protocol import Report, WriteReport
 
 WRITE_TIMEOUT_S = 120.0  # a child's import of torch and a write of the bound's bytes, with fsync
 MAX_TAIL = 300  # of a failed child's stderr, in its report
@@ -184,10 +185,22 @@ def reap(child: Child, now: float) -> tuple[bool, str] | None:
     return outcome(code, over, child.tail)
 
 
+@dataclass(frozen=True)
+class Due:
+    """A file to write now: its snapshot's segment (``fd``, read-only, pinned: never written
+    again), its length and step, and where the writing rank's ``elasticd`` is (``lib``)."""
+
+    name: str
+    fd: int
+    length: int
+    step: int
+    lib: str
+
+
 class Files(Protocol):
     """What ``Behind`` needs of the keeper (``keeper.Keeper``)."""
 
-    def take_due(self) -> list[tuple[str, int, int, int, str]]: ...
+    def take_due(self) -> list[Due]: ...
 
     def writing(self, name: str, waiter: int) -> None: ...
 
@@ -198,24 +211,26 @@ class Behind:
     """The keeper's running writes, driven by its loop (``main.serve``): ``start`` on the daemon's
     word, ``read``/``poll`` on every turn; ``tell`` reports to the daemon."""
 
-    def __init__(self, keeper: Files, tell: Callable[..., None]) -> None:
+    def __init__(self, keeper: Files, tell: Callable[[WriteReport], None]) -> None:
         self.keeper = keeper
         self.tell = tell
         self.children: dict[int, Child] = {}  # by the fd of the child's stderr
         self.quiet: set[int] = set()  # children whose stderr closed: their exit is waited for
 
     def start(self) -> None:
-        for name, fd, length, step, lib in self.keeper.take_due():
+        for due in self.keeper.take_due():
             try:
-                child = spawn(fd, length, step, name, lib)
+                child = spawn(due.fd, due.length, due.step, due.name, due.lib)
             except OSError as exc:
-                self.keeper.wrote(name, step, False)
-                self.tell(ev=PERSIST_FAILED, step=step, reason=f"cannot start: {exc}"[:MAX_TAIL])
+                self.keeper.wrote(due.name, due.step, False)
+                self.tell(
+                    WriteReport(Report.PERSIST_FAILED, due.step, reason=f"cannot start: {exc}"[:MAX_TAIL])
+                )
                 continue
             assert child.proc.stderr is not None
             self.children[child.proc.stderr.fileno()] = child
-            self.keeper.writing(name, child.done_r)
-            self.tell(ev=PERSISTING, step=step, pid=child.proc.pid)
+            self.keeper.writing(due.name, child.done_r)
+            self.tell(WriteReport(Report.PERSISTING, due.step, pid=child.proc.pid))
 
     def fds(self) -> list[int]:
         return [fd for fd in self.children if fd not in self.quiet]
@@ -246,6 +261,6 @@ class Behind:
             self.keeper.wrote(child.name, child.step, ok)
             took = round(now - child.started, 3)
             if ok:
-                self.tell(ev=PERSISTED, step=child.step, took_s=took)
+                self.tell(WriteReport(Report.PERSISTED, child.step, took_s=took))
             else:
-                self.tell(ev=PERSIST_FAILED, step=child.step, reason=why, took_s=took)
+                self.tell(WriteReport(Report.PERSIST_FAILED, child.step, took_s=took, reason=why))

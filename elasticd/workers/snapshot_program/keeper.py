@@ -39,6 +39,7 @@ from typing import Any
 if __name__ != "__elasticd_keeper__":  # the daemon's tests and mypy; in the keeper, globals already
     from elasticd.workers.snapshot_program.filing import (
         WAIT,
+        Due,
         Filed,
         claim,
         due,
@@ -229,10 +230,8 @@ class Keeper:
         waiter = os.dup(filed.waiter) if verdict == WAIT and filed is not None and filed.waiter >= 0 else None
         return {"ok": True, "do": verdict}, waiter
 
-    def take_due(self) -> list[tuple[str, int, int, int, str]]:
-        """The files to write now (``filing.due``): ``(name, fd, length, step, lib)`` each, a
-        read-only fd of the snapshot's segment, which is pinned (never written again), and where
-        the writing rank's ``elasticd`` is; every file is clean after."""
+    def take_due(self) -> list[Due]:
+        """The files to write now (``filing.due``); every file is clean after."""
         out = []
         with self.lock:
             for name, filed in self.filed.items():
@@ -246,7 +245,7 @@ class Keeper:
                 for slot in chosen:
                     fd = os.open(f"/proc/self/fd/{slot.fd}", os.O_RDONLY | os.O_CLOEXEC)
                     slot.pinned, filed.running = True, max(filed.running, slot.step)
-                    out.append((name, fd, slot.length, slot.step, filed.lib))
+                    out.append(Due(name, fd, slot.length, slot.step, filed.lib))
                 filed.dirty = False
         return out
 
@@ -291,15 +290,24 @@ class Keeper:
                     return slot
         return None
 
-    def _commit(self, key: tuple[str, int], index: int, slot: Slot) -> dict[str, Any]:
+    def _complete(self, slot: Slot) -> str | None:
+        """The one commit, of a worker's snapshot and of a replica alike: the frame written into
+        ``slot`` is checked and becomes the newest complete one of its pair; or why not (a torn
+        frame leaves the slot empty)."""
         if slot.state != WRITING:
-            return {"ok": False, "error": f"segment is {slot.state}, not being written"}
+            return f"segment is {slot.state}, not being written"
         why = verify(slot)
         if why is not None:
             slot.state = EMPTY
-            return {"ok": False, "error": f"incomplete snapshot: {why}"}
+            return f"incomplete snapshot: {why}"
         self._seq += 1
         slot.state, slot.seq = COMPLETE, self._seq
+        return None
+
+    def _commit(self, key: tuple[str, int], index: int, slot: Slot) -> dict[str, Any]:
+        why = self._complete(slot)
+        if why is not None:
+            return {"ok": False, "error": why}
         self._retire(self.slots[key])
         filed = self.filed.get(file_key(*key))
         if filed is not None and filed.rank == key[1]:
@@ -351,12 +359,6 @@ class Keeper:
 
     def commit_replica(self, slot: Slot, gen: int) -> str | None:
         with self.lock:
-            if slot.gen != gen or slot.state != WRITING:
+            if slot.gen != gen:
                 return "replaced while it was received"
-            why = verify(slot)
-            if why is not None:
-                slot.state = EMPTY
-                return why
-            self._seq += 1
-            slot.state, slot.seq = COMPLETE, self._seq
-            return None
+            return self._complete(slot)

@@ -5,7 +5,6 @@ keeper's program, after ``protocol``, ``replica``, ``filing``, ``keeper`` and ``
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import select
 import signal
@@ -21,7 +20,20 @@ if __name__ != "__elasticd_keeper__":
     from elasticd.workers.snapshot_program import peers
     from elasticd.workers.snapshot_program.filing import Behind
     from elasticd.workers.snapshot_program.keeper import Keeper
-    from elasticd.workers.snapshot_program.protocol import MAX_MESSAGE, BadMessage, encode, parse_request
+    from elasticd.workers.snapshot_program.protocol import (
+        MAX_CONTROL,
+        MAX_MESSAGE,
+        BadMessage,
+        Control,
+        KeeperReady,
+        KeeperUnavailable,
+        Order,
+        decode_config,
+        decode_order,
+        encode,
+        encode_control,
+        parse_request,
+    )
 
     start_peers = peers.start
 else:
@@ -79,27 +91,23 @@ def _accept(listener: socket.socket, clients: dict[int, socket.socket]) -> None:
     clients[conn.fileno()] = conn
 
 
-def _tell(ctl: socket.socket, msg: dict[str, Any]) -> None:
+def _tell(ctl: socket.socket, msg: Control) -> None:
     """One report to the daemon; dropped when it does not read (never blocks the loop)."""
     with contextlib.suppress(OSError):
-        ctl.send(encode(**msg), socket.MSG_DONTWAIT)
+        ctl.send(encode_control(msg), socket.MSG_DONTWAIT)
 
 
 def _control(ctl: socket.socket, behind: Behind) -> bool:
-    """The daemon's word: ``persist`` (the workers here stopped), or its end closed (the job ended
-    here: the last writes too). False once closed."""
+    """The daemon's word: ``Order.PERSIST`` (the workers here stopped), or its end closed (the
+    job ended here: the last writes too). False once closed."""
     try:
-        data = ctl.recv(4096)
+        data = ctl.recv(MAX_CONTROL)
     except OSError:
         data = b""
     if not data:
         behind.start()
         return False
-    try:
-        op = json.loads(data).get("op")
-    except (ValueError, AttributeError):
-        op = None
-    if op == "persist":
+    if decode_order(data) is Order.PERSIST:
         behind.start()
     return True
 
@@ -107,7 +115,7 @@ def _control(ctl: socket.socket, behind: Behind) -> bool:
 def serve(ctl: socket.socket, listener: socket.socket, keeper: Keeper) -> None:
     """Until the daemon closes ``ctl`` and the writes it asked for are done."""
     clients: dict[int, socket.socket] = {}
-    behind = Behind(keeper, lambda **msg: _tell(ctl, msg))
+    behind = Behind(keeper, lambda report: _tell(ctl, report))
     live = True
     while live or behind.children:
         watched = [listener.fileno(), *clients, *behind.fds(), *([ctl.fileno()] if live else [])]
@@ -164,14 +172,6 @@ def sweep_stale(base: str) -> int:
     return gone
 
 
-def _config(data: bytes) -> tuple[int, str]:
-    cfg = json.loads(data)
-    bound, address = cfg["bound"], cfg["address"]
-    if type(bound) is not int or bound < 0 or not isinstance(address, str):
-        raise ValueError("bad configuration")
-    return bound, address
-
-
 def _replication(address: str) -> socket.socket | None:
     """The TCP listener other keepers and the job's workers reach (None: replication is off)."""
     if not address:
@@ -189,10 +189,11 @@ def main(ctl_fd: int) -> None:
     ctl = socket.socket(fileno=ctl_fd)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        bound, address = _config(ctl.recv(4096))
-    except (ValueError, KeyError, TypeError):
-        ctl.send(encode(ev="unavailable", reason="bad configuration"))
+        config = decode_config(ctl.recv(MAX_CONTROL))
+    except BadMessage:
+        ctl.send(encode_control(KeeperUnavailable("bad configuration")))
         return
+    bound, address = config.bound, config.address
     sweep_stale(tempfile.gettempdir())
     where = tempfile.mkdtemp(prefix=PREFIX)  # 0700, ours, a fresh name
     path = os.path.join(where, "sock")
@@ -204,7 +205,7 @@ def main(ctl_fd: int) -> None:
         listener.listen(64)
         if tcp is not None:
             start_peers(keeper, tcp)
-        ctl.send(encode(ev="ready", pid=os.getpid(), socket=path, port=keeper.port))
+        ctl.send(encode_control(KeeperReady(os.getpid(), path, keeper.port)))
         serve(ctl, listener, keeper)
     finally:
         listener.close()

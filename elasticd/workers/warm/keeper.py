@@ -18,26 +18,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
-import signal
 import socket
 import subprocess
 from dataclasses import dataclass, field
-from importlib import resources
-from typing import Any
 
 from elasticd import log
-from elasticd.decode import parse_json
-from elasticd.workers.group import before_drop
-from elasticd.workers.proctree.markers import JOB_ENV
+from elasticd.workers.proctree.helper import Program, Seat, StopPolicy, launch, stop
 from elasticd.workers.proctree.reaper import Reaper
-from elasticd.workers.proctree.spawn import Identity, worker_preexec
-from elasticd.workers.snapshot_program.protocol import KEEPER_NAME, REPORTS
+from elasticd.workers.proctree.spawn import Identity
+from elasticd.workers.snapshot_program.protocol import (
+    KEEPER_NAME,
+    MAX_CONTROL,
+    BadMessage,
+    KeeperConfig,
+    KeeperReady,
+    KeeperUnavailable,
+    Order,
+    Report,
+    WriteReport,
+    decode_control,
+    encode_control,
+)
 
 _log = log.get("elasticd.snapshots")
 
-PROGRAM = "elasticd.workers.snapshot_program"
 PARTS = (
     "protocol.py",
     "replica.py",
@@ -46,17 +51,13 @@ PARTS = (
     "peers.py",
     "main.py",
 )  # run in this order, in one namespace
-LOADER = (
-    "import os;g={{'__name__':'" + KEEPER_NAME + "','CTL_FD':{ctl}}};"
-    "[exec(compile(p,'<elasticd-keeper>','exec'),g) for p in "
-    "b''.join(iter(lambda:os.read({src},65536),b'')).split(b'\\0')]"
-)
+PROGRAM = "elasticd.workers.snapshot_program"
+KEEPER = Program(PROGRAM, PARTS, KEEPER_NAME, "<elasticd-keeper>", "elasticd-keeper")
 READY_TIMEOUT_S = 30.0  # an interpreter's start, without torch
 STOP_TIMEOUT_S = 5.0
-MAX_READY = 4096
-MAX_SOCKET_PATH = 107  # sun_path, less its NUL
+# Its writers are in its process group: they go with it.
+KEEPER_STOP = StopPolicy(grace_s=STOP_TIMEOUT_S, group=True)
 PERSIST_TIMEOUT_S = 130.0  # the keeper's own bound on a write (filing.WRITE_TIMEOUT_S), and a margin
-MAX_REPORT = 1024
 
 
 @dataclass(frozen=True)
@@ -70,50 +71,22 @@ class KeeperSetup:
     address: str = ""  # where it listens for other keepers (this node's address; "": no replication)
 
 
-def program_source() -> bytes:
-    files = resources.files(PROGRAM)
-    return b"\0".join(files.joinpath(name).read_bytes() for name in PARTS)
-
-
-def _small_object(data: bytes, bound: int) -> dict[str, Any]:
-    """A keeper's message: a JSON object of at most ``bound`` bytes, checked before it is
-    decoded; ``ValueError`` (``DecodeError`` for bad JSON) for anything else."""
-    if len(data) > bound:
-        raise ValueError(f"message over {bound} bytes")
-    msg = parse_json(data)
-    if not isinstance(msg, dict):
-        raise ValueError("not an object")
-    return msg
-
-
 def parse_ready(data: bytes, pid: int) -> str:
     """The socket path of the keeper's ``ready`` message; raises ``ValueError`` for anything else."""
-    msg = _small_object(data, MAX_READY)
-    if msg.get("ev") == "unavailable":
-        raise ValueError(f"unavailable: {str(msg.get('reason'))[:200]}")
-    path = msg.get("socket")
-    if msg.get("ev") != "ready" or msg.get("pid") != pid or not isinstance(path, str):
+    msg = decode_control(data)
+    if isinstance(msg, KeeperUnavailable):
+        raise ValueError(f"unavailable: {msg.reason}")
+    if not isinstance(msg, KeeperReady) or msg.pid != pid:
         raise ValueError("not a ready message of this keeper")
-    if not path.startswith("/") or len(path.encode()) > MAX_SOCKET_PATH or "\0" in path or "\n" in path:
-        raise ValueError("not a usable socket path")
-    return path
+    return msg.socket
 
 
-def parse_report(data: bytes) -> dict[str, object]:
-    """A keeper's report of its writes behind, as fields to log; raises ``ValueError``."""
-    msg = _small_object(data, MAX_REPORT)
-    if msg.get("ev") not in REPORTS:
-        raise ValueError("not a report")
-    step = msg.get("step")
-    if type(step) is not int or not 0 <= step < 1 << 63:
-        raise ValueError("no step")
-    out: dict[str, object] = {"ev": msg["ev"], "step": step}
-    took = msg.get("took_s")
-    if isinstance(took, int | float) and not isinstance(took, bool) and 0 <= took < 1e6:
-        out["took_s"] = float(took)
-    if msg["ev"] == "persist_failed":
-        out["reason"] = str(msg.get("reason"))[:300]
-    return out
+def parse_report(data: bytes) -> WriteReport:
+    """A keeper's report of a write behind; raises ``ValueError`` (``BadMessage``) for anything else."""
+    msg = decode_control(data)
+    if not isinstance(msg, WriteReport):
+        raise BadMessage("not a report")
+    return msg
 
 
 class SnapshotKeeper:
@@ -139,56 +112,24 @@ class SnapshotKeeper:
 
     def spawn(self) -> None:
         procs_fd, self._procs_fd = self._procs_fd, None
+        setup = self.setup
+        seat = Seat(setup.python, setup.cwd, setup.env, setup.identity, self.marker)
+        config = encode_control(KeeperConfig(setup.bound, setup.address))
         try:
-            self._proc, self._sock = self._start(procs_fd)
+            started = launch(seat, KEEPER, config, procs_fd)
         except (OSError, subprocess.SubprocessError) as exc:
-            _log.warning("snapshots.unavailable", job=self.setup.job_id, reason=f"cannot start: {exc}")
+            _log.warning("snapshots.unavailable", job=setup.job_id, reason=f"cannot start: {exc}")
             return
+        self._proc, self._sock, self._pidfd = started.proc, started.sock, started.pidfd
         self._reaper.track(self._proc.pid)
         self._ready = asyncio.ensure_future(self._await_ready())
-        _log.info("snapshots.spawned", job=self.setup.job_id, pid=self._proc.pid, bound=self.setup.bound)
-
-    def _start(self, procs_fd: int | None) -> tuple[subprocess.Popen[bytes], socket.socket]:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        src_r, src_w = os.pipe2(os.O_CLOEXEC)
-        try:
-            source = program_source()
-            if len(source) >= 65536:  # written whole before the child reads: must fit the pipe
-                raise OSError("the keeper's program is larger than a pipe's buffer")
-            os.write(src_w, source)
-            os.close(src_w)
-            src_w = -1
-            setup = self.setup
-            proc = subprocess.Popen(
-                [setup.python, "-c", LOADER.format(src=src_r, ctl=theirs.fileno()), "elasticd-keeper"],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                env=setup.env | {JOB_ENV: self.marker},
-                start_new_session=True,
-                preexec_fn=worker_preexec(setup.cwd, setup.identity, before_drop(procs_fd, None)),
-                close_fds=True,
-                pass_fds=(src_r, theirs.fileno()),
-            )
-            ours.send(json.dumps({"bound": setup.bound, "address": setup.address}).encode())
-            ours.setblocking(False)
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
-            os.close(src_r)
-            if src_w >= 0:
-                os.close(src_w)
-            if procs_fd is not None:
-                os.close(procs_fd)
-        return proc, ours
+        _log.info("snapshots.spawned", job=setup.job_id, pid=self._proc.pid, bound=setup.bound)
 
     async def _await_ready(self) -> str | None:
         assert self._sock is not None and self._proc is not None
         loop = asyncio.get_running_loop()
         try:
-            data = await asyncio.wait_for(loop.sock_recv(self._sock, MAX_READY + 1), READY_TIMEOUT_S)
+            data = await asyncio.wait_for(loop.sock_recv(self._sock, MAX_CONTROL + 1), READY_TIMEOUT_S)
             self.socket_path = parse_ready(data, self._proc.pid)
         except (TimeoutError, OSError, ValueError) as exc:
             reason = "not ready in time" if isinstance(exc, TimeoutError) else str(exc) or "closed"
@@ -205,7 +146,7 @@ class SnapshotKeeper:
         job = self.setup.job_id
         while True:
             try:
-                data = await loop.sock_recv(sock, MAX_REPORT + 1)
+                data = await loop.sock_recv(sock, MAX_CONTROL + 1)
             except OSError:
                 return
             if not data:
@@ -215,9 +156,8 @@ class SnapshotKeeper:
             except ValueError as exc:
                 _log.warning("snapshots.bad_report", job=job, error=str(exc))
                 continue
-            event = report.pop("ev")
-            say = _log.warning if event == "persist_failed" else _log.info
-            say(f"snapshots.{event}", job=job, **report)
+            say = _log.warning if report.report is Report.PERSIST_FAILED else _log.info
+            say(f"snapshots.{report.report.value}", job=job, **report.fields())
 
     def persist(self) -> None:
         """The job's workers here have stopped: the keeper writes each checkpoint file's newest
@@ -225,26 +165,20 @@ class SnapshotKeeper:
         if self._sock is None or self.socket_path is None:
             return
         try:
-            self._sock.send(json.dumps({"op": "persist"}).encode())
+            self._sock.send(encode_control(Order.PERSIST))
         except OSError as exc:  # full (the keeper is not reading) or gone: the close asks again
             _log.warning("snapshots.persist_unsent", job=self.setup.job_id, error=str(exc))
 
     def _watch(self, loop: asyncio.AbstractEventLoop, proc: subprocess.Popen[bytes]) -> None:
         """Say so when the keeper dies before the job ends here: its snapshots are gone, and the
-        workers write their checkpoints to disk from then on."""
-        try:
-            pidfd = os.pidfd_open(proc.pid)
-        except OSError:
-            return
+        workers write their checkpoints to disk from then on (a keeper is never restarted)."""
+        pidfd = self._pidfd
 
         def died() -> None:
             loop.remove_reader(pidfd)
-            os.close(pidfd)
-            self._pidfd = -1
             if self._proc is proc and not self._closing:  # not its exit after the job's end
                 _log.warning("snapshots.lost", job=self.setup.job_id, pid=proc.pid, status=proc.poll())
 
-        self._pidfd = pidfd
         loop.add_reader(pidfd, died)
 
     async def _last_writes(self) -> None:
@@ -293,11 +227,6 @@ class SnapshotKeeper:
             sock.close()
         if proc is None:
             return
-        try:
-            await asyncio.to_thread(proc.wait, STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(OSError):
-                os.killpg(proc.pid, signal.SIGKILL)  # its writers are in its process group
-            await asyncio.to_thread(proc.wait)
+        await asyncio.to_thread(stop, proc, KEEPER_STOP)
         self._reaper.untrack(proc.pid)
         _log.info("snapshots.closed", job=self.setup.job_id, pid=proc.pid, returncode=proc.returncode)

@@ -1,8 +1,9 @@
-"""What a zygote is made of, and starting its process (the daemon's side; ``zygote`` supervises it).
+"""What a zygote is made of (the daemon's side; ``zygote`` supervises it).
 
-A zygote is spawned exactly as a worker is (the submitter's identity, cwd, environment, the job's
-tracking cgroup, a parent-death signal tied to the daemon), with the job's own interpreter running
-the stdlib-only program of ``workers.zygote_program`` (``BOOT_PARTS``), handed over a pipe.
+A zygote is a helper process (``proctree.helper``: started as a worker is, as the submitter, in
+the job's tracking cgroup, tied to the daemon): the job's own interpreter runs the stdlib-only
+program of ``workers.zygote_program`` (``ZYGOTE``); it is never restarted, and it is killed at
+once when it stops (``ZYGOTE_STOP``: its workers are stopped by their group, never through it).
 
 ``ZygoteKey`` is everything that makes a zygote what it is: two jobs whose setups have the same key
 would start identical zygotes, so a parked one may serve the second (``pool``).
@@ -10,30 +11,21 @@ would start identical zygotes, so a parked one may serve the second (``pool``).
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import secrets
-import socket
-import subprocess
 from dataclasses import dataclass, field
-from importlib import resources
 
-from elasticd.workers.group import before_drop
+from elasticd.workers.proctree.helper import Program, Seat, StopPolicy
 from elasticd.workers.proctree.markers import JOB_ENV
-from elasticd.workers.proctree.spawn import Identity, worker_preexec
+from elasticd.workers.proctree.spawn import Identity
 from elasticd.workers.zygote_program.shared import BOOT_FILE, PROGRAM_NAME
 
 SNDBUF = 4 << 20  # a fork request carries one rank's argv and env
 PROGRAM = "elasticd.workers.zygote_program"
 # Run in this order, in one namespace.
 BOOT_PARTS = ("shared.py", "mempolicy.py", "title.py", "child.py", "storehost.py", "boot.py")
-# Reads the parts (NUL-separated: no Python source holds a NUL) and runs each in the same globals.
-LOADER = (
-    "import os;g={{'__name__':'" + PROGRAM_NAME + "','CTL_FD':{ctl}}};"
-    "[exec(compile(p,'" + BOOT_FILE + "','exec'),g) for p in "
-    "b''.join(iter(lambda:os.read({src},65536),b'')).split(b'\\0')]"
-)
+ZYGOTE = Program(PROGRAM, BOOT_PARTS, PROGRAM_NAME, BOOT_FILE, "elasticd-zygote")
+ZYGOTE_STOP = StopPolicy(grace_s=0.0, group=False)
 
 
 class ZygoteError(Exception):
@@ -82,6 +74,9 @@ class ZygoteSetup:
             {"kind": self.kind, "entry": self.entry, "preload": list(self.preload), "torch": self.torch}
         ).encode()
 
+    def seat(self, marker: str) -> Seat:
+        return Seat(self.python, self.cwd, self.env, self.identity, marker)
+
     def key(self, tracked: bool) -> ZygoteKey:
         env = tuple(sorted((k, v) for k, v in self.env.items() if k != JOB_ENV))
         return ZygoteKey(
@@ -96,11 +91,6 @@ def new_marker() -> str:
     their own environment block (``zygote_program.title``), so the groups it forks sweep for it
     too; unique, so no other job's sweep can ever match it."""
     return f"zygote-{secrets.token_hex(8)}"
-
-
-def boot_source() -> bytes:
-    files = resources.files(PROGRAM)
-    return b"\0".join(files.joinpath(name).read_bytes() for name in BOOT_PARTS)
 
 
 def parent_of(pid: int) -> int | None:
@@ -121,62 +111,3 @@ def ended(pidfd: int) -> bool:
     import select
 
     return bool(select.select([pidfd], [], [], 0)[0])
-
-
-@dataclass
-class Started:
-    """A zygote process just started: its ``Popen``, our end of its control socket, its pidfd."""
-
-    proc: subprocess.Popen[bytes]
-    sock: socket.socket
-    pidfd: int
-
-
-def start(setup: ZygoteSetup, marker: str, procs_fd: int | None, source: bytes | None = None) -> Started:
-    """Start the process and send its configuration; its imports run on while the caller goes on.
-
-    ``procs_fd`` (closed here, whatever happens): the tracking cgroup leaf the child joins before it
-    drops root. ``source``: the program (tests pass fake zygotes). Raises ``OSError``,
-    ``subprocess.SubprocessError`` or ``ZygoteError``."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    src_r, src_w = os.pipe2(os.O_CLOEXEC)
-    try:
-        program = source if source is not None else boot_source()
-        if len(program) >= 65536:  # written whole before the child reads: must fit the pipe
-            raise ZygoteError("bootstrap larger than a pipe's buffer")
-        os.write(src_w, program)
-        os.close(src_w)
-        src_w = -1
-        with contextlib.suppress(OSError):
-            force: int | None = getattr(socket, "SO_SNDBUFFORCE", None) if os.geteuid() == 0 else None
-            ours.setsockopt(socket.SOL_SOCKET, force or socket.SO_SNDBUF, SNDBUF)
-        proc = subprocess.Popen(
-            [setup.python, "-u", "-c", LOADER.format(src=src_r, ctl=theirs.fileno()), "elasticd-zygote"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env=setup.env | {JOB_ENV: marker},
-            start_new_session=True,
-            preexec_fn=worker_preexec(setup.cwd, setup.identity, before_drop(procs_fd, None)),
-            close_fds=True,
-            pass_fds=(src_r, theirs.fileno()),
-        )
-        try:
-            pidfd = os.pidfd_open(proc.pid)
-            ours.setblocking(False)
-            ours.send(setup.config())
-        except OSError:
-            proc.kill()
-            proc.wait()
-            raise
-    except BaseException:
-        ours.close()
-        raise
-    finally:
-        theirs.close()
-        os.close(src_r)
-        if src_w >= 0:
-            os.close(src_w)
-        if procs_fd is not None:
-            os.close(procs_fd)
-    return Started(proc, ours, pidfd)

@@ -34,10 +34,19 @@ import psutil
 
 from elasticd import log
 from elasticd.workers.group import Launch
+from elasticd.workers.proctree.helper import kill, launch
 from elasticd.workers.proctree.reaper import Reaper
 from elasticd.workers.warm.children import Bogus, Children
 from elasticd.workers.warm.pending import Pending
-from elasticd.workers.warm.spawn import ZygoteError, ZygoteSetup, ended, new_marker, start
+from elasticd.workers.warm.spawn import (
+    SNDBUF,
+    ZYGOTE,
+    ZYGOTE_STOP,
+    ZygoteError,
+    ZygoteSetup,
+    ended,
+    new_marker,
+)
 from elasticd.workers.warm.wire import (
     MAX_MESSAGE,
     Checked,
@@ -111,8 +120,9 @@ class Zygote:
         self._started = time.monotonic()
         procs_fd, self._procs_fd = self._procs_fd, None
         try:
-            started = start(self.setup, self.marker, procs_fd, self._source)
-        except (OSError, subprocess.SubprocessError, ZygoteError) as exc:
+            seat, config = self.setup.seat(self.marker), self.setup.config()
+            started = launch(seat, ZYGOTE, config, procs_fd, source=self._source, sndbuf=SNDBUF)
+        except (OSError, subprocess.SubprocessError) as exc:
             self._unavailable(f"cannot start: {exc}")
             return
         self._popen = started.proc
@@ -389,8 +399,7 @@ class Zygote:
         self._pending.fail_all()
         proc, self._popen = self._popen, None
         if proc is not None:
-            with contextlib.suppress(OSError):
-                proc.kill()
+            kill(proc, ZYGOTE_STOP)
             self._reaper.untrack(proc.pid)
             self._reaping = asyncio.ensure_future(asyncio.to_thread(proc.wait))
 

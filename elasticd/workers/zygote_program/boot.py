@@ -2,9 +2,9 @@
 
 Stdlib only, and never imported there by elasticd: the daemon reads this file's source (after
 ``shared``'s and ``child``'s, the part a forked child runs) from its own package and hands them over
-a pipe (``warm.spawn.LOADER``), because the job's python (Debian's ``/usr/bin/python3``, say) need
-not be able to import elasticd, nor enter the daemon's venv. The loader runs the parts in one
-namespace, so ``shared``'s and ``child``'s names are globals here.
+a pipe (``proctree.helper.Program.loader``), because the job's python (Debian's
+``/usr/bin/python3``, say) need not be able to import elasticd, nor enter the daemon's venv. The
+loader runs the parts in one namespace, so ``shared``'s and ``child``'s names are globals here.
 
 What it does, once per zygote (a job's on a node, and the next identical job's when the daemon
 parked it between the two: ``warm.pool``):

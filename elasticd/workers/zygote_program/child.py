@@ -2,8 +2,8 @@
 
 Like ``boot`` (the last part, which serves fork requests), this runs in the *job's* interpreter, as
 the submitter, never in the daemon: the daemon hands the parts (``shared``, this, ``boot``) over one
-pipe and the loader (``warm.spawn.LOADER``) runs them, in order, in one namespace. So names defined
-here (and ``shared``'s) are plain globals of ``boot`` there.
+pipe and the loader (``proctree.helper.Program.loader``) runs them, in order, in one namespace. So
+names defined here (and ``shared``'s) are plain globals of ``boot`` there.
 
 A forked child makes itself what a fresh ``python -u SCRIPT ARGS`` (or ``-m MODULE``) would be
 (``become_worker``) and runs the entry point as ``__main__`` (``run_entry``). Exit semantics are
