@@ -27,6 +27,7 @@ from elasticd.workers import numa_memory
 from elasticd.workers.cgroups.limits import Placement
 from elasticd.workers.cgroups.tracking import JobTracking, NoJobTracking
 from elasticd.workers.proctree import tree as proctree
+from elasticd.workers.proctree.helper import exit_future
 from elasticd.workers.proctree.markers import JOB_ENV, OWNER_ENV
 from elasticd.workers.proctree.reaper import Reaper
 from elasticd.workers.proctree.spawn import Identity, worker_preexec
@@ -95,26 +96,6 @@ class Worker:
         if self._exited_at is None and self.exited.done():
             self._seen()
         return self._exited_at
-
-
-def _watch_exit(proc: subprocess.Popen[bytes]) -> asyncio.Future[int]:
-    loop = asyncio.get_running_loop()
-    fut: asyncio.Future[int] = loop.create_future()
-    try:
-        fd = os.pidfd_open(proc.pid)
-    except OSError:  # very old kernel: a thread waits instead
-        task = loop.run_in_executor(None, proc.wait)
-        task.add_done_callback(lambda t: None if fut.done() else fut.set_result(t.result()))
-        return fut
-
-    def on_exit() -> None:
-        loop.remove_reader(fd)
-        os.close(fd)
-        if not fut.done():
-            fut.set_result(proc.wait())
-
-    loop.add_reader(fd, on_exit)
-    return fut
 
 
 def before_drop(
@@ -189,7 +170,7 @@ class ColdSpawner:
             close_fds=True,
             pass_fds=() if launch.progress_fd is None else (launch.progress_fd,),
         )
-        return proc.pid, _watch_exit(proc)
+        return proc.pid, exit_future(proc)
 
     def spared(self) -> frozenset[int]:
         return frozenset()

@@ -11,7 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from elasticd.workers.group import ColdSpawner, Launch, WorkerGroup, _watch_exit
+from elasticd.workers.group import ColdSpawner, Launch, WorkerGroup
+from elasticd.workers.proctree.helper import exit_future
 from tests.fakes import NoReaper
 
 # Says so when SIGTERM reaches it, and ends; says it is ready once its handler is in place.
@@ -36,7 +37,7 @@ class _BeforeSetsidSpawner(ColdSpawner):
             list(launch.argv), stdin=subprocess.DEVNULL, stdout=launch.log_fd, stderr=subprocess.STDOUT,
             env=launch.env, close_fds=True,
         )  # fmt: skip
-        return proc.pid, _watch_exit(proc)
+        return proc.pid, exit_future(proc)
 
 
 def test_a_worker_not_yet_leading_its_process_group_gets_the_stops_sigterm(tmp_path: Path) -> None:

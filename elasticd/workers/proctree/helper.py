@@ -10,6 +10,8 @@ A helper lives beside a job's workers (the zygote, ``warm.zygote``; the snapshot
   the loader makes the program's namespace a module registered under its name (so dataclasses and
   enums work in it) and runs each part there, in order. Its control socket is a
   ``SOCK_SEQPACKET`` pair; our end's first message is its configuration.
+- **is watched** as a worker is: its exit is a future (``exit_future``), set from its pidfd by
+  the event loop, with no thread and no polling.
 - **is never restarted.** A helper that dies takes what it held with it, and its owner falls back
   at once: a lost zygote's workers are spawned cold, a lost keeper's workers checkpoint to disk, a
   lost reaper's duties end with the daemon (whose death the kernel signals to every child).
@@ -20,6 +22,7 @@ A helper lives beside a job's workers (the zygote, ``warm.zygote``; the snapshot
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -188,3 +191,34 @@ def kill(proc: subprocess.Popen[bytes] | subprocess.Popen[str], policy: StopPoli
             os.killpg(proc.pid, signal.SIGKILL)
         else:
             proc.kill()
+
+
+def exit_future(proc: subprocess.Popen[bytes], pidfd: int | None = None) -> asyncio.Future[int]:
+    """``proc``'s exit status (our child: the loop reaps it), on the running loop: read off
+    ``pidfd`` (ours from here on) or one opened now; a thread waits where the kernel has no
+    pidfd. Cancelling the future stops the watch (and closes the pidfd)."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[int] = loop.create_future()
+    if pidfd is None:
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+        except OSError:  # very old kernel: a thread waits instead
+            task = loop.run_in_executor(None, proc.wait)
+            task.add_done_callback(lambda t: None if fut.done() else fut.set_result(t.result()))
+            return fut
+    fd, watching = pidfd, [True]
+
+    def unwatch(_: object = None) -> None:
+        if watching:
+            watching.clear()
+            loop.remove_reader(fd)
+            os.close(fd)
+
+    def on_exit() -> None:
+        unwatch()
+        if not fut.done():
+            fut.set_result(proc.wait())
+
+    loop.add_reader(fd, on_exit)
+    fut.add_done_callback(unwatch)
+    return fut

@@ -24,7 +24,7 @@ import subprocess
 from dataclasses import dataclass, field
 
 from elasticd import log
-from elasticd.workers.proctree.helper import Program, Seat, StopPolicy, launch, stop
+from elasticd.workers.proctree.helper import Program, Seat, StopPolicy, exit_future, launch, stop
 from elasticd.workers.proctree.reaper import Reaper
 from elasticd.workers.proctree.spawn import Identity
 from elasticd.workers.snapshot_program.protocol import (
@@ -104,7 +104,7 @@ class SnapshotKeeper:
         self._ready: asyncio.Task[str | None] | None = None
         self._reports: asyncio.Task[None] | None = None
         self._closing = False
-        self._pidfd = -1
+        self._exit: asyncio.Future[int] | None = None
 
     @property
     def pid(self) -> int | None:
@@ -120,7 +120,9 @@ class SnapshotKeeper:
         except (OSError, subprocess.SubprocessError) as exc:
             _log.warning("snapshots.unavailable", job=setup.job_id, reason=f"cannot start: {exc}")
             return
-        self._proc, self._sock, self._pidfd = started.proc, started.sock, started.pidfd
+        self._proc, self._sock = started.proc, started.sock
+        self._exit = exit_future(started.proc, started.pidfd)
+        self._exit.add_done_callback(self._died)
         self._reaper.track(self._proc.pid)
         self._ready = asyncio.ensure_future(self._await_ready())
         _log.info("snapshots.spawned", job=setup.job_id, pid=self._proc.pid, bound=setup.bound)
@@ -137,7 +139,6 @@ class SnapshotKeeper:
             await self.close()
             return None
         _log.info("snapshots.ready", job=self.setup.job_id, pid=self._proc.pid, socket=self.socket_path)
-        self._watch(loop, self._proc)
         self._reports = asyncio.ensure_future(self._listen(loop, self._sock))
         return self.socket_path
 
@@ -169,17 +170,13 @@ class SnapshotKeeper:
         except OSError as exc:  # full (the keeper is not reading) or gone: the close asks again
             _log.warning("snapshots.persist_unsent", job=self.setup.job_id, error=str(exc))
 
-    def _watch(self, loop: asyncio.AbstractEventLoop, proc: subprocess.Popen[bytes]) -> None:
-        """Say so when the keeper dies before the job ends here: its snapshots are gone, and the
-        workers write their checkpoints to disk from then on (a keeper is never restarted)."""
-        pidfd = self._pidfd
-
-        def died() -> None:
-            loop.remove_reader(pidfd)
-            if self._proc is proc and not self._closing:  # not its exit after the job's end
-                _log.warning("snapshots.lost", job=self.setup.job_id, pid=proc.pid, status=proc.poll())
-
-        loop.add_reader(pidfd, died)
+    def _died(self, exited: asyncio.Future[int]) -> None:
+        """Say so when the keeper dies once ready and before the job ends here: its snapshots are
+        gone, and the workers write their checkpoints to disk from then on (a keeper is never
+        restarted). One that dies before it is ready says so through ``ready``."""
+        if exited.cancelled() or self._closing or self.socket_path is None or self._proc is None:
+            return
+        _log.warning("snapshots.lost", job=self.setup.job_id, pid=self._proc.pid, status=exited.result())
 
     async def _last_writes(self) -> None:
         """Shut our end for writing (the keeper's EOF: the job ended here) and read its reports
@@ -219,10 +216,8 @@ class SnapshotKeeper:
         await self._last_writes()
         sock, self._sock = self._sock, None
         proc, self._proc = self._proc, None
-        if self._pidfd >= 0:
-            asyncio.get_running_loop().remove_reader(self._pidfd)
-            os.close(self._pidfd)
-            self._pidfd = -1
+        if self._exit is not None:
+            self._exit.cancel()  # the stop reaps it
         if sock is not None:
             sock.close()
         if proc is None:
