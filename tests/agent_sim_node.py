@@ -29,6 +29,7 @@ from elasticd.etcd.memory import MemoryKV
 from elasticd.jobs.decider import Group, GroupOutcome
 from elasticd.manager.wakes import QUIET_KINDS
 from elasticd.node.registry import parse_presences
+from elasticd.rendezvous.glance import Glance
 from elasticd.rendezvous.model import Join, Member
 from elasticd.rendezvous.reach import Reach
 from elasticd.rendezvous.store import InlineJobStore, run_inline
@@ -283,9 +284,10 @@ class Node:
             case act.StopWorkers() | act.StartWorkers() | act.Publish() | act.Probe() | act.WatchJoins():
                 self._act_here(agent, action, now)
             case act.Join() | act.Reassert() | act.SetWaiting() | act.NotePending():
-                self._put_under_lease(agent, action)
+                return self._put_under_lease(agent, action)
             case (
                 act.Withdraw()
+                | act.ClaimLead()
                 | act.ClearWaiting()
                 | act.CloseRound()
                 | act.Bump()
@@ -328,16 +330,17 @@ class Node:
 
     def _put_under_lease(
         self, agent: Agent, action: act.Join | act.Reassert | act.SetWaiting | act.NotePending
-    ) -> None:
-        """The keys put under this node's lease; without a lease, nothing."""
+    ) -> Glance | None:
+        """The keys put under this node's lease; without a lease, nothing. A join answers with
+        a glance."""
         store, lease, name = self.store, self.lease, self.name
         if lease is None:
-            return
+            return None
         match action:
             case act.Join(round_no):
                 i, nproc = self.index, agent.rec.spec.nproc_per_node
                 join = Join(name, f"10.0.0.{i + 1}", 29500 + i, nproc, liveness_port=4000 + i)
-                run_inline(store.join(round_no, join, lease))
+                return run_inline(store.join(round_no, join, lease))
             case act.Reassert(round_no, join):
                 run_inline(store.join(round_no, join, lease))
             case act.SetWaiting():
@@ -345,10 +348,12 @@ class Node:
             case act.NotePending(text):
                 run_inline(store.note_pending(name, text, lease))
                 self.notes.append(text)
+        return None
 
     def _write(
         self,
         action: act.Withdraw
+        | act.ClaimLead
         | act.ClearWaiting
         | act.CloseRound
         | act.Bump
@@ -362,6 +367,8 @@ class Node:
         match action:
             case act.Withdraw(round_no):
                 run_inline(store.withdraw(round_no, name))
+            case act.ClaimLead(round_no, epoch, lease):
+                run_inline(store.claim_lead(round_no, name, epoch, lease))
             case act.ClearWaiting():
                 run_inline(store.clear_waiting(name))
             case act.MarkDone(round_no):

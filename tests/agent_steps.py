@@ -105,8 +105,10 @@ def snapshot(
     drains: Sequence[str] = (),
     final: JobState | None = None,
     invalid: bool = False,
+    lead: str | None = None,
 ) -> JobSnapshot:
-    """The job in round ``round_no``: ``joins`` in create-revision order, ``members`` its result.
+    """The job in round ``round_no``: ``joins`` in create-revision order, ``members`` its result,
+    ``lead`` the node its lead key names (``JobStore.claim_lead``).
 
     With ``counted`` the round's joins are only counted, as a running member reads them. The
     round's and the restart counter's mod revisions follow from ``round_no`` and ``restarts``.
@@ -125,6 +127,8 @@ def snapshot(
         snap.results[round_no] = result(round_no, members)
     if previous is not None:
         snap.results[round_no - 1] = result(round_no - 1, previous, OPENED_AT - 100.0)
+    if lead is not None:
+        snap.leads[round_no] = lead
     if done:
         snap.done[round_no] = set(done)
     if left:

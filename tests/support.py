@@ -198,7 +198,7 @@ class DaemonProc:
         return (
             self.args[self.args.index("--etcd-prefix") + 1]
             if "--etcd-prefix" in self.args
-            else "/elasticd/v5"
+            else "/elasticd/v6"
         )
 
     @property

@@ -93,6 +93,18 @@ class Withdraw:
 
 
 @dataclass(frozen=True)
+class ClaimLead:
+    """Say that we lead round ``round`` (``JobStore.claim_lead``): the read that decided it
+    showed our join (created at ``epoch``, under ``lease``) the oldest. Waiting members' glances
+    then read that one key instead of sorting every join. The write is guarded by that join and
+    put under its lease, not under whatever lease we hold now: it must die with the join."""
+
+    round: int
+    epoch: int
+    lease: int
+
+
+@dataclass(frozen=True)
 class SetWaiting:
     pass
 
@@ -198,6 +210,7 @@ Action = (
     | Join
     | Reassert
     | Withdraw
+    | ClaimLead
     | SetWaiting
     | ClearWaiting
     | Probe
@@ -212,3 +225,6 @@ Action = (
     | WatchPeers
     | WatchJoins
 )
+
+# Our marks in the job's records, carried out as they are (``JobAgent._mark``).
+Mark = Withdraw | ClaimLead | ClearWaiting | MarkDone | MarkLeft

@@ -15,6 +15,7 @@ from elasticd.agent.actions import (
     Amend,
     Bump,
     CheckNodes,
+    ClaimLead,
     ClearWaiting,
     CloseRound,
     Exit,
@@ -62,6 +63,7 @@ Unleased = (
     | StopWorkers
     | StartWorkers
     | Withdraw
+    | ClaimLead
     | ClearWaiting
     | Probe
     | CheckNodes

@@ -38,6 +38,7 @@ from elasticd.jobs.launch import NodeRuntime
 from elasticd.jobs.launcher import ProcessLauncher
 from elasticd.node.peers import PeerWatch
 from elasticd.progress.goodput import Tally, published, seconds
+from elasticd.rendezvous.glance import Glance
 from elasticd.rendezvous.jobstore import JobStore
 from elasticd.rendezvous.model import Join
 from elasticd.rendezvous.snapshot import JobSnapshot
@@ -234,7 +235,7 @@ class JobAgent:
             case conduct.Dropped(dropped, why):
                 _log.info("agent.dropped", job=self.spec.id, action=type(dropped).__name__, why=why)
             case conduct.Leased(leased, lease):
-                await self._leased(leased, lease)
+                return await self._leased(leased, lease)
             case act.ReadGlance() | act.ReadSnapshot() as read:
                 return await self._read(read)
             case act.Wait(until, on_exits, batch):
@@ -250,7 +251,9 @@ class JobAgent:
                 await self._looks.look(look)
             case act.WatchPeers() | act.WatchJoins() as watch:
                 await self._follow(watch)
-            case act.Withdraw() | act.ClearWaiting() | act.MarkDone() | act.MarkLeft() as mark:
+            case (
+                act.Withdraw() | act.ClaimLead() | act.ClearWaiting() | act.MarkDone() | act.MarkLeft()
+            ) as mark:
                 await self._mark(mark)
             case act.CloseRound() | act.Bump() | act.Amend() | act.Finalize() as record:
                 await self._record(record)
@@ -292,8 +295,8 @@ class JobAgent:
             await asyncio.sleep(LEADER_BATCH_S)  # joins arriving together are then read together
         await self._sleep(until, on_exits)
 
-    async def _leased(self, action: conduct.LeasedAction, lease: int) -> None:
-        """A write under our lease (``conduct.gate`` found one)."""
+    async def _leased(self, action: conduct.LeasedAction, lease: int) -> Glance | None:
+        """A write under our lease (``conduct.gate`` found one); a join answers with a glance."""
         store, node = self._store, self.node
         match action:
             case act.Publish():
@@ -311,7 +314,7 @@ class JobAgent:
                     check_port=offer.check_port,
                     compute=offer.compute,
                 )
-                await store.join(round_no, join, lease)
+                return await store.join(round_no, join, lease)
             case act.Reassert(round_no, join):
                 await store.join(round_no, join, lease)
                 _log.info("agent.reasserted", job=self.spec.id, node=node, round=round_no, lease=lease)
@@ -319,13 +322,17 @@ class JobAgent:
                 await store.set_waiting(node, lease)
             case act.NotePending(note):
                 await store.note_pending(node, note, lease)
+        return None
 
-    async def _mark(self, action: act.Withdraw | act.ClearWaiting | act.MarkDone | act.MarkLeft) -> None:
-        """Our marks in the job's records (no lease: they outlive it, or remove what it held)."""
+    async def _mark(self, action: act.Mark) -> None:
+        """Our marks in the job's records (not under our lease now: they outlive it, remove what
+        it held, or go with our join)."""
         store, node = self._store, self.node
         match action:
             case act.Withdraw(round_no):
                 await store.withdraw(round_no, node)
+            case act.ClaimLead(round_no, epoch, lease):
+                await store.claim_lead(round_no, node, epoch, lease)
             case act.ClearWaiting():
                 await store.clear_waiting(node)
             case act.MarkDone(round_no):

@@ -22,6 +22,7 @@ from __future__ import annotations
 from elasticd.agent import blame
 from elasticd.agent.actions import (
     Action,
+    ClaimLead,
     ClearWaiting,
     Exit,
     Finalize,
@@ -279,7 +280,17 @@ class _Step(StepBase):
         elif decision.verdict is rdzv.Close.FAIL:
             self._do(Finalize(JobState.FAILED, EndReason.JOIN_TIMEOUT, decision.why))
         else:
+            self._claim_lead(snap, info.round)
             self._do(Wait(decision.recheck_at, batch=True))
+
+    def _claim_lead(self, snap: JobSnapshot, round_no: int) -> None:
+        """While the round stays open under us, say so in the lead key that waiting members'
+        glances read (one key, where the oldest join is a sort of every join); again after each
+        read that finds it gone (our join was put again)."""
+        node = self.rec.node
+        if snap.leads.get(round_no) != node:
+            mine = next(j for j in snap.current_joins if j.node == node)
+            self._do(ClaimLead(round_no, mine.create_revision, mine.lease))
 
     def _outside_running_round(self, snap: JobSnapshot, closed: RoundHead, alive: frozenset[str]) -> None:
         """The round runs without us: wait to join at the next one if the job can grow."""

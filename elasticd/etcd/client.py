@@ -213,6 +213,16 @@ class EtcdClient:
         body = gw.txn_request(compare, [(p, _encode(p.value)) for p in puts], deletes)
         return gw.parse_txn(self._post("/v3/kv/txn", body))
 
+    def write_and_read(
+        self,
+        compare: Sequence[Compare],
+        puts: Sequence[Put],
+        deletes: Sequence[str | Query],
+        reads: Sequence[Query],
+    ) -> list[Found] | None:
+        body = gw.write_and_read_request(compare, [(p, _encode(p.value)) for p in puts], deletes, reads)
+        return gw.parse_write_and_read(self._post("/v3/kv/txn", body), len(reads))
+
     def delete(self, key: str) -> bool:
         """Delete ``key``; True if it existed."""
         return gw.parse_deleted(self._post("/v3/kv/deleterange", gw.key_range(key))) > 0

@@ -128,6 +128,8 @@ def range_request(q: Query) -> dict[str, Any]:
         body["count_only"] = True
     if q.min_mod_revision:
         body["min_mod_revision"] = str(q.min_mod_revision)
+    if q.serializable:
+        body["serializable"] = True
     return body
 
 
@@ -141,19 +143,41 @@ def put_request(key: str, value: bytes, lease: int | None) -> dict[str, Any]:
 def txn_request(
     compare: Sequence[Compare], puts: Sequence[tuple[Put, bytes]], deletes: Sequence[str | Query]
 ) -> dict[str, Any]:
-    """If every compare holds (create or mod revision EQUAL), the puts (with their encoded values)
-    and the deletes; nothing otherwise."""
+    """If every compare holds (create or mod revision, or lease, EQUAL), the puts (with their
+    encoded values) and the deletes; nothing otherwise."""
     checks = []
     for c in compare:
-        target = "CREATE" if c.target == "create" else "MOD"
+        field = "lease" if c.target == "lease" else f"{c.target}_revision"
         checks.append(
-            {"key": b64(c.key), "target": target, "result": "EQUAL", f"{c.target}_revision": str(c.revision)}
+            {"key": b64(c.key), "target": c.target.upper(), "result": "EQUAL", field: str(c.revision)}
         )
     success: list[dict[str, Any]] = [{"request_put": put_request(p.key, v, p.lease)} for p, v in puts]
     for d in deletes:
         q = d if isinstance(d, Query) else Query(d)
         success.append({"request_delete_range": key_range(q.key, prefix=q.prefix, end=q.end)})
     return {"compare": checks, "success": success}
+
+
+def write_and_read_request(
+    compare: Sequence[Compare],
+    puts: Sequence[tuple[Put, bytes]],
+    deletes: Sequence[str | Query],
+    reads: Sequence[Query],
+) -> dict[str, Any]:
+    """``txn_request`` whose success ends with ``reads`` (which see its writes)."""
+    body = txn_request(compare, puts, deletes)
+    body["success"] += [{"request_range": range_request(q)} for q in reads]
+    return body
+
+
+def parse_write_and_read(obj: dict[str, Any], n: int) -> list[Found] | None:
+    """The last ``n`` answers of a ``write_and_read_request`` (None: a comparison failed)."""
+    if not parse_txn(obj):
+        return None
+    responses = _list(obj, "responses")
+    if len(responses) < n:
+        raise _malformed(f"{len(responses)} responses to a transaction that reads {n} ranges")
+    return [parse_range(_object(r, "response_range")) for r in responses[len(responses) - n :]]
 
 
 def read_many_request(queries: Sequence[Query]) -> dict[str, Any]:

@@ -25,6 +25,7 @@ class KeyKind(StrEnum):
     PRESENCE = "presence"  # presence/<job>/<node>: under its lease; watched by the job's agents alone
     JOIN = "join"  # parts/<job>/<r>/join/<node>: outside the daemons' watch and the scan's read
     DONE = "done"  # parts/<job>/<r>/done/<node>: beside the joins, outside the watch and the scan
+    LEAD = "lead"  # parts/<job>/<r>/lead/<node>: the round's leader says so (one key: an O(1) glance)
     LEFT = "left"
     WAITING = "waiting"  # jobs/<job>/waiting/<node>
     NODE_STATUS = "node_status"  # reports/<job>/<node>: unwatched, and outside the scan's read

@@ -13,6 +13,8 @@ who need it, for one job, in pages:
 
 - ``parts/<job>/<r>/{join,done}/<node>``: a member's join (under its lease) and done marker; the
   round's leader watches its joins, the admitter and the janitor count or ask about one node;
+  ``parts/<job>/<r>/lead/<node>``: the leader's claim, under its join's lease, which a waiting
+  member's glance reads (one key) instead of the oldest join (a sort of every join);
 - ``reports/<job>/<node>``: a node's state, devices, pids and progress, rewritten at every step;
 - ``rounds/<job>/<r>/<node>``: a member's assignment, written by the leader before the round's
   head (``jobs/<job>/rdzv/<r>/result``, a few hundred bytes whatever N);
@@ -50,7 +52,11 @@ _NODE_KEYS = {
 }
 _JOB_NODE_KEYS = {"waiting": KeyKind.WAITING, "drain": KeyKind.JOB_DRAIN}
 _ROUND_NODE_KEYS = {"left": KeyKind.LEFT}
-_PART_KINDS = {"join": KeyKind.JOIN, "done": KeyKind.DONE}  # parts/<job>/<r>/<kind>/<node>
+_PART_KINDS = {
+    "join": KeyKind.JOIN,
+    "done": KeyKind.DONE,
+    "lead": KeyKind.LEAD,
+}  # parts/<job>/<r>/<kind>/<node>
 _NODE_TREES = {"reports": KeyKind.NODE_STATUS, "notes": KeyKind.PENDING}  # <tree>/<job>/<node>
 
 
@@ -64,8 +70,10 @@ class Keys:
     # parts/ to reports/<job>/<node>, its pending note to notes/<job>/<node>, and the read of
     # every job leaves parts/ (the joins, and the done markers, which moved there from
     # jobs/<job>/rdzv/<r>/done/) out (a v4 daemon would see no v5 status, note or done marker,
-    # nor a v5 daemon a v4 one).
-    prefix: str = "/elasticd/v5"
+    # nor a v5 daemon a v4 one). v6: a round's leader writes its lead key beside its join
+    # (parts/<job>/<r>/lead/<node>), which a waiting member's glance reads instead of sorting
+    # every join (a v5 daemon would read a lead key as an invalid record).
+    prefix: str = "/elasticd/v6"
 
     # -- build ---------------------------------------------------------------------------------
     def nodes(self) -> str:
@@ -189,6 +197,15 @@ class Keys:
         """Round ``round_no``'s joins: what its leader watches."""
         return f"{self.prefix}/parts/{job_id}/{round_no}/join/"
 
+    def lead(self, job_id: str, round_no: int, node: str) -> str:
+        """``node`` leads round ``round_no``: written by the leader once a read of every join
+        showed its own the oldest, guarded by that join and under its lease (``JobStore.claim_lead``)."""
+        return f"{self.prefix}/parts/{job_id}/{round_no}/lead/{node}"
+
+    def leads(self, job_id: str, round_no: int) -> str:
+        """Round ``round_no``'s lead key (at most one lives: ``lead``)."""
+        return f"{self.prefix}/parts/{job_id}/{round_no}/lead/"
+
     def result(self, job_id: str, round_no: int) -> str:
         """The round's head: written last, once every assignment of the round is in place."""
         return f"{self.prefix}/jobs/{job_id}/rdzv/{round_no}/result"
@@ -208,7 +225,7 @@ class Keys:
         return f"{self.prefix}/parts/{job_id}/{round_no}/done/{node}"
 
     def round_parts(self, job_id: str, round_no: int) -> str:
-        """Round ``round_no``'s joins and done markers (``done/`` sorts before ``join/``)."""
+        """Round ``round_no``'s joins, done markers and lead key (``done/`` < ``join/`` < ``lead/``)."""
         return f"{self.prefix}/parts/{job_id}/{round_no}/"
 
     def left(self, job_id: str, round_no: int, node: str) -> str:

@@ -59,6 +59,18 @@ class KV(Protocol):
         key that is put)."""
         ...
 
+    def write_and_read(
+        self,
+        compare: Sequence[Compare],
+        puts: Sequence[Put],
+        deletes: Sequence[str | Query],
+        reads: Sequence[Query],
+    ) -> list[Found] | None:
+        """``txn``, then ``reads`` in the same transaction, which see its writes: a write and
+        what the writer needs to know right after it, in one round trip at one revision. The
+        reads' answers, or None when a comparison failed (nothing written, nothing read)."""
+        ...
+
     def delete(self, key: str) -> bool:
         """Delete one key; True if it existed."""
         ...

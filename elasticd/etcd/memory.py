@@ -157,6 +157,15 @@ class MemoryKV:
     def txn(
         self, compare: Sequence[Compare], puts: Sequence[Put], deletes: Sequence[str | Query] = ()
     ) -> bool:
+        return self.write_and_read(compare, puts, deletes, ()) is not None
+
+    def write_and_read(
+        self,
+        compare: Sequence[Compare],
+        puts: Sequence[Put],
+        deletes: Sequence[str | Query],
+        reads: Sequence[Query],
+    ) -> list[Found] | None:
         data = [(p.key, _encode(p.value), p.lease or 0) for p in puts]
         ranges = [d if isinstance(d, Query) else Query(d) for d in deletes]
         with self._op():
@@ -166,7 +175,7 @@ class MemoryKV:
             if puts:
                 self._check_space()  # (etcd refuses before it compares, as the request would grow it)
             if not all(self._holds(c) for c in compare):
-                return False
+                return None
             if any(lease and lease not in self._leases for _, _, lease in data):
                 raise EtcdUnavailable("etcd refused the request: requested lease not found")
             for key, value, lease in data:
@@ -174,7 +183,7 @@ class MemoryKV:
             removed = [self._remove(kv.key) for q in ranges for kv in self._read(q).kvs]
             if data or any(removed):
                 self._revision += 1
-            return True
+            return [self._read(q) for q in reads]
 
     def delete(self, key: str) -> bool:
         with self._op():
@@ -277,7 +286,9 @@ class MemoryKV:
 
     def _holds(self, c: Compare) -> bool:
         kv = self._kvs.get(c.key)
-        actual = 0 if kv is None else kv.create_revision if c.target == "create" else kv.mod_revision
+        if kv is None:
+            return c.revision == 0
+        actual = {"create": kv.create_revision, "mod": kv.mod_revision, "lease": kv.lease}[c.target]
         return actual == c.revision
 
     def _set(self, key: str, value: bytes, lease: int) -> None:

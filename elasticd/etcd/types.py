@@ -35,10 +35,12 @@ class KeyValue:
 
 @dataclass(frozen=True)
 class Compare:
-    """``target`` (create or mod revision) of ``key`` equals ``revision`` (0: the key is absent)."""
+    """``target`` of ``key`` equals ``revision``: its create or mod revision (0: the key is
+    absent), or for ``"lease"`` the lease the key is held under (0: none, or absent). A write
+    guarded by a lease compare lands only beside a key that dies with the same lease."""
 
     key: str
-    target: str  # "create" | "mod"
+    target: str  # "create" | "mod" | "lease"
     revision: int
 
 
@@ -59,6 +61,12 @@ class Query:
     # key in the range, as etcd does: so a read can tell that nothing was created, changed or
     # deleted since a revision without reading the range again.
     min_mod_revision: int = 0
+    # Served by the member the client talks to from what it has applied, without first asking
+    # the cluster's leader how far the log goes (etcd's ReadIndex): no older than what that
+    # member already told this client (a watch event, an earlier answer), maybe older than the
+    # newest write elsewhere. A read-only transaction skips the ReadIndex only when every range
+    # in it is serializable. For reads whose staleness only delays: what acts on them is guarded.
+    serializable: bool = False
 
 
 @dataclass(frozen=True)

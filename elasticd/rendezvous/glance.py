@@ -8,10 +8,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from elasticd.decode import DecodeError, parse_json
+from elasticd.decode import DecodeError, decode, parse_json
+from elasticd.etcd.keyref import KeyKind
+from elasticd.etcd.keys import Keys
 from elasticd.etcd.types import KeyValue
-from elasticd.rendezvous.model import Join, RoundInfo
+from elasticd.rendezvous.model import Join, LeadRecord, RoundInfo
 from elasticd.rendezvous.snapshot import JobSnapshot
+
+# A glance's leader when the reader's own join found others before it and no lead key named
+# the leader yet: someone older leads (not a node id: it never equals one).
+AN_OLDER_JOIN = "(an older join)"
 
 
 @dataclass(frozen=True)
@@ -34,16 +40,40 @@ class Glance:
             and self.leader != node
         )
 
+    @staticmethod
+    def lead_of(keys: Keys, kv: KeyValue) -> str | DecodeError:
+        """The node a lead key names (``Keys.lead``), or why it is no lead key."""
+        try:
+            ref = keys.parse(kv.key)
+            decode(LeadRecord, parse_json(kv.value))
+        except DecodeError as exc:
+            return exc
+        return ref.node if ref.kind is KeyKind.LEAD and ref.node else DecodeError("", "not a lead key")
+
+    @staticmethod
+    def join_of(kv: KeyValue) -> str | DecodeError:
+        """The node a join names (the round's oldest: its leader while none claimed it)."""
+        try:
+            return Join.from_json(parse_json(kv.value)).node
+        except DecodeError as exc:
+            return exc
+
     @classmethod
     def parse(
-        cls, round_kv: KeyValue | None, final: bool, closed: bool, oldest: KeyValue | None, joined: bool
+        cls,
+        round_kv: KeyValue | None,
+        final: bool,
+        closed: bool,
+        leader: str | DecodeError | None,
+        joined: bool,
     ) -> Glance:
         try:
             info = RoundInfo.from_json(parse_json(round_kv.value)) if round_kv else None
-            lead = Join.from_json(parse_json(oldest.value)).node if oldest else None
-        except DecodeError:  # not quiet: the full read that follows reports the bad key
-            return cls(-1, False, False, None, False)
-        return cls(info.round if info else -1, final, closed, lead, joined)
+        except DecodeError:
+            info = None
+        if isinstance(leader, DecodeError) or (round_kv and info is None):
+            return cls(-1, False, False, None, False)  # not quiet: the full read reports the bad key
+        return cls(info.round if info else -1, final, closed, leader, joined)
 
 
 @dataclass(frozen=True)

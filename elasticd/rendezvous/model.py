@@ -340,6 +340,19 @@ class DoneRecord(_Stamp):
 
 
 @dataclass(frozen=True)
+class LeadRecord(_Stamp):
+    """Value of ``parts/<job>/<r>/lead/<node>``: the node leads round r, its join the oldest
+    (``epoch``: that join's create revision, which the key's write was guarded by)."""
+
+    epoch: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if isinstance(self.epoch, bool) or not isinstance(self.epoch, int) or self.epoch <= 0:
+            raise DecodeError("epoch", "must be a revision (a positive integer)")
+
+
+@dataclass(frozen=True)
 class LeftRecord(_Stamp):
     """Value of ``jobs/<job>/rdzv/<r>/left/<node>``: the node stopped and will not join round r."""
 

@@ -28,6 +28,7 @@ from elasticd.rendezvous.model import (
     DrainRecord,
     FinalRecord,
     Join,
+    LeadRecord,
     LeftRecord,
     Member,
     NodeStatus,
@@ -86,6 +87,7 @@ class JobSnapshot:
     joins: dict[int, list[Join]] = field(default_factory=dict)
     done: dict[int, set[str]] = field(default_factory=dict)
     left: dict[int, set[str]] = field(default_factory=dict)  # stopped for good before round r
+    leads: dict[int, str] = field(default_factory=dict)  # each round's leader, by its lead key
     waiting: dict[str, WaitingRecord] = field(default_factory=dict)
     node_status: dict[str, NodeStatus] = field(default_factory=dict)
     pending: dict[str, str] = field(default_factory=dict)
@@ -293,6 +295,9 @@ class JobSnapshot:
             case KeyKind.DONE:
                 decode(DoneRecord, value)
                 self.done.setdefault(r, set()).add(ref.node)
+            case KeyKind.LEAD:
+                decode(LeadRecord, value)
+                self.leads[r] = ref.node
             case KeyKind.LEFT:
                 decode(LeftRecord, value)
                 self.left.setdefault(r, set()).add(ref.node)

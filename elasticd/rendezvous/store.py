@@ -37,7 +37,7 @@ from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV, prefix_end
 from elasticd.etcd.pages import read_pages
 from elasticd.etcd.types import Compare, Put, Query
-from elasticd.rendezvous import reportread, roster, rosterread
+from elasticd.rendezvous import leadership, reportread, roster, rosterread
 from elasticd.rendezvous.glance import Glance, Seen
 from elasticd.rendezvous.model import (
     DrainRecord,
@@ -130,14 +130,20 @@ class KVJobStore:
         counted = k.joins(j, counted_of) if counted_of is not None else None
         if counted is not None:  # all but round r's joins, which are counted
             ranges = [(start, counted), (prefix_end(counted), end)]
-        queries = [Query(k.job(j), prefix=True), *(Query(a, end=b) for a, b in ranges)]
+        # A member's read of its own assignment follows the round's head it was told of (a
+        # glance, a watch event) from the same etcd member: served from what that member
+        # applied (``Query.serializable``), it is no older than the head; etcd then skips the
+        # round trip to its leader for every member of a closing round at once.
+        member = not rosters and bool(node) and hint is not None
+        queries = [Query(k.job(j), prefix=True, serializable=member)]
+        queries += [Query(a, end=b, serializable=member) for a, b in ranges]
         if statuses:
-            queries.append(Query(k.job_notes(j), prefix=True))
-        if not rosters and node and hint is not None:
-            queries.append(Query(k.assignment(j, hint, node)))
+            queries.append(Query(k.job_notes(j), prefix=True, serializable=member))
+        if member and hint is not None:
+            queries.append(Query(k.assignment(j, hint, node), serializable=True))
         read = len(queries)
         if counted is not None:
-            queries.append(Query(counted, prefix=True, count_only=True))
+            queries.append(Query(counted, prefix=True, count_only=True, serializable=member))
         found = self._kv.read_many(queries)
         kvs = [kv for f in found[:read] for kv in f.kvs]
         head = next((kv.create_revision for kv in found[0].kvs if kv.key == k.job_spec(j)), 0)
@@ -158,18 +164,8 @@ class KVJobStore:
         return replace(snap, rosters=True)
 
     async def glance(self, round_no: int, node: str) -> Glance:
-        k, j = self._keys, self.job_id
-        queries = [
-            Query(k.job_round(j)),
-            Query(k.job_final(j)),
-            Query(k.result(j, round_no), count_only=True),  # whether it closed: O(N) bytes if read
-            Query(k.joins(j, round_no), prefix=True, oldest_only=True),
-            Query(k.join(j, round_no, node)),
-        ]
-        round_kv, final, result, oldest, mine = await self._run(lambda: self._kv.read_many(queries))
-        first = round_kv.kvs[0] if round_kv.kvs else None
-        lead = oldest.kvs[0] if oldest.kvs else None
-        return Glance.parse(first, bool(final.kvs), result.count > 0, lead, bool(mine.kvs))
+        """The small read of a node waiting in an open round (``leadership.glance``)."""
+        return await self._run(lambda: leadership.glance(self._kv, self._keys, self.job_id, round_no, node))
 
     async def count_joins(self, round_no: int) -> int:
         """How many joins round ``round_no`` has (O(1) bytes, whatever N)."""
@@ -244,15 +240,21 @@ class KVJobStore:
         )
 
     # -- rounds --------------------------------------------------------------------------------
-    async def join(self, round_no: int, join: Join, lease: int) -> None:
+    async def join(self, round_no: int, join: Join, lease: int) -> Glance:
         """Put ``join`` under ``lease``, only while the job's head read last is there (as a
         status: ``put_node_status``), so that no join is left of a removed job: no read of every
-        job covers the joins to find it."""
-        key = self._keys.join(self.job_id, round_no, join.node)
-        await self._put_guarded(Put(key, join.to_json(), lease))
+        job covers the joins to find it. The answer is a glance from the same transaction
+        (``leadership.join``)."""
+        head, k, j = self._head_revision, self._keys, self.job_id
+        return await self._run(lambda: leadership.join(self._kv, k, j, head, round_no, join, lease))
 
     async def withdraw(self, round_no: int, node: str) -> None:
-        await self._run(lambda: self._kv.delete(self._keys.join(self.job_id, round_no, node)))
+        await self._run(lambda: leadership.withdraw(self._kv, self._keys, self.job_id, round_no, node))
+
+    async def claim_lead(self, round_no: int, node: str, epoch: int, lease: int) -> bool:
+        """Say that ``node`` leads round ``round_no`` (``leadership.claim``)."""
+        k, j = self._keys, self.job_id
+        return await self._run(lambda: leadership.claim(self._kv, k, j, round_no, node, epoch, lease))
 
     async def close(self, result: RoundResult, leader: str) -> bool:
         """Close the round: every member's assignment, in bounded transactions, then its head

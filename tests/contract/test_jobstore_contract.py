@@ -95,6 +95,43 @@ def test_joins_are_ordered_by_arrival_and_the_oldest_leads(store: JobStore, kv: 
     assert not run(store.glance(0, "n3")).quiet(0, "n3")  # the leader is never quiet
 
 
+def test_the_lead_key_names_the_leader_and_dies_with_its_join(store: JobStore, kv: KV, base: str) -> None:
+    keys = Keys(base)
+    run(store.create(make_spec()))
+    mine, other = kv.grant_lease(30), kv.grant_lease(30)
+    for node, lease in (("n3", mine), ("n1", other), ("n2", other)):
+        run(store.join(0, _join(node), lease))
+    n3 = run(store.snapshot()).current_joins[0]
+    assert not run(store.claim_lead(0, "n3", n3.create_revision, other))  # not its join's lease
+    assert not run(store.claim_lead(0, "n3", n3.create_revision + 1, mine))  # not its join
+    assert run(store.glance(0, "n2")).leader == "n3"  # no lead key yet: the oldest join
+    assert run(store.claim_lead(0, "n3", n3.create_revision, mine))
+    lead = kv.get(keys.lead(JOB, 0, "n3"))
+    assert lead is not None and lead.lease == mine and run(store.snapshot()).leads == {0: "n3"}
+    assert run(store.glance(0, "n2")).leader == "n3" and run(store.glance(0, "n2")).quiet(0, "n2")
+    run(store.join(0, _join("n3", 29501), mine))  # its join put again: the claim goes with it
+    assert kv.get(keys.lead(JOB, 0, "n3")) is None and run(store.snapshot()).leads == {}
+    assert run(store.claim_lead(0, "n3", n3.create_revision, mine))
+    run(store.withdraw(0, "n3"))  # withdrawn: join and claim at one revision
+    assert kv.get(keys.lead(JOB, 0, "n3")) is None
+    assert run(store.glance(0, "n2")).leader == "n1"
+    n1 = run(store.snapshot()).current_joins[0]
+    assert run(store.claim_lead(0, "n1", n1.create_revision, other))
+    kv.revoke_lease(other)  # its lease ended: the join and the claim with it
+    assert kv.get(keys.lead(JOB, 0, "n1")) is None and run(store.glance(0, "n2")).leader is None
+
+
+def test_a_bad_lead_key_makes_the_glance_read_the_job_whole(store: JobStore, kv: KV, base: str) -> None:
+    run(store.create(make_spec()))
+    lease = kv.grant_lease(30)
+    run(store.join(0, _join("n1"), lease))
+    run(store.join(0, _join("n2"), lease))
+    kv.put_json(Keys(base).lead(JOB, 0, "n1"), {"at": "soon"})
+    glance = run(store.glance(0, "n2"))
+    assert not glance.quiet(0, "n2")  # not quiet: the full read that follows names the bad key
+    assert run(store.snapshot()).invalid[0].key.endswith("/lead/n1")
+
+
 def test_a_counted_snapshot_counts_joins_without_reading_them(store: JobStore, kv: KV) -> None:
     run(store.create(make_spec()))
     lease = kv.grant_lease(30)

@@ -135,6 +135,40 @@ def test_txn_compare_on_mod_revision_fences_stale_writers(kv: KV, base: str) -> 
     assert kv.txn([Compare(f"{base}/absent", "mod", 0)], [])
 
 
+def test_txn_compare_on_lease_lands_only_beside_a_key_of_that_lease(kv: KV, base: str) -> None:
+    key, beside = f"{base}/k", f"{base}/beside"
+    mine, other = kv.grant_lease(60), kv.grant_lease(60)
+    try:
+        kv.put_json(key, 1, mine)
+        assert not kv.txn([Compare(key, "lease", other)], [Put(beside, "no", other)])
+        assert kv.get(beside) is None
+        assert kv.txn([Compare(key, "lease", mine)], [Put(beside, "yes", mine)])
+        assert must_get(kv, beside).lease == mine
+        assert kv.txn([Compare(f"{base}/absent", "lease", 0)], [])  # an absent key holds no lease
+        assert not kv.txn([Compare(f"{base}/absent", "lease", mine)], [])
+    finally:
+        kv.revoke_lease(mine)
+        kv.revoke_lease(other)
+    assert kv.get(beside) is None  # gone with the lease it was guarded by
+
+
+def test_write_and_read_reads_what_it_wrote_at_one_revision_or_nothing(kv: KV, base: str) -> None:
+    kv.put_json(f"{base}/j/a", 1)
+    kv.put_json(f"{base}/gone", 1)
+    reads = [Query(f"{base}/j/", prefix=True, count_only=True), Query(f"{base}/j/b"), Query(f"{base}/gone")]
+    found = kv.write_and_read(
+        [Compare(f"{base}/j/b", "create", 0)], [Put(f"{base}/j/b", 2)], [f"{base}/gone"], reads
+    )
+    assert found is not None
+    count, mine, gone = found
+    assert count.count == 2 and mine.kvs[0].json() == 2 and gone.kvs == []  # its own writes seen
+    assert mine.kvs[0].mod_revision == must_get(kv, f"{base}/j/b").mod_revision
+    assert (
+        kv.write_and_read([Compare(f"{base}/j/b", "create", 0)], [Put(f"{base}/j/b", 3)], [], reads) is None
+    )
+    assert must_get(kv, f"{base}/j/b").json() == 2  # a failed comparison: nothing written
+
+
 def test_txn_applies_puts_and_deletes_at_one_revision(kv: KV, base: str) -> None:
     kv.put_json(f"{base}/old", 0)
     kv.put_json(f"{base}/keep", 0)

@@ -42,7 +42,7 @@ def test_embedded_etcd_default_and_clean_sigterm(daemon_factory: DaemonFactory, 
     ]
     assert len(etcd_procs) == 1
     client = EtcdClient([endpoint])
-    record = client.get_json(f"/elasticd/v5/nodes/{d.node_id}")
+    record = client.get_json(f"/elasticd/v6/nodes/{d.node_id}")
     assert record["node"] == d.node_id and record["inventory"]["kind"] == "cpu" and record["free_slots"] == 2
 
     env = dict(os.environ, OUT=str(tmp_path))

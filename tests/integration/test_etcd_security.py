@@ -122,7 +122,7 @@ def test_embedded_etcd_refuses_other_users_and_serves_the_daemon(
     # The daemon (root) still works end to end over the socket.
     client = EtcdClient([endpoint])
     try:
-        assert client.get_json(f"/elasticd/v5/nodes/{d.node_id}")["node"] == d.node_id
+        assert client.get_json(f"/elasticd/v6/nodes/{d.node_id}")["node"] == d.node_id
     finally:
         client.close()
     job = submit_job(d, tmp_path, "--nproc-per-node", "1", str(ENVDUMP))

@@ -148,7 +148,7 @@ def test_leader_closes_after_last_call_without_a_new_join() -> None:
 
 def test_leader_waits_out_last_call_after_a_new_join_batching_joins() -> None:
     rec = joining(1, seen_joins=("n1",), last_join_at=NOW - 30.0)
-    new, actions = decide(rec, snapshot(1, joins=("n1", "n2")), following(1))
+    new, actions = decide(rec, snapshot(1, joins=("n1", "n2"), lead=ME), following(1))
     assert acts(actions) == [Wait(NOW + 2.0, batch=True)]
     assert (new.seen_joins, new.last_join_at) == (("n1", "n2"), NOW)
 
@@ -174,7 +174,7 @@ def test_leader_closes_at_once_when_every_expected_node_rejoined_keeping_ranks()
 def test_leader_waits_for_a_live_expected_node_unless_it_left(
     left: tuple[str, ...], grace_s: float | None, expected: Wait | str
 ) -> None:
-    snap = snapshot(2, joins=("n1", "n2"), expect=("n1", "n2", "n3"), left=left, grace_s=grace_s)
+    snap = snapshot(2, joins=("n1", "n2"), expect=("n1", "n2", "n3"), left=left, grace_s=grace_s, lead=ME)
     _, actions = decide(joining(2, ran=1), snap, following(2))
     if expected == "close":
         assert acts(actions) == [
@@ -191,7 +191,7 @@ def test_leader_fails_the_job_when_min_did_not_join_in_time() -> None:
 
 
 def test_leader_below_min_waits_until_the_join_timeout() -> None:
-    _, actions = decide(joining(1), snapshot(1, joins=("n1",)), following(1))
+    _, actions = decide(joining(1), snapshot(1, joins=("n1",), lead=ME), following(1))
     assert acts(actions) == [Wait(OPENED_AT + 60.0, batch=True)]
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from elasticd.agent.actions import CloseRound, ReadSnapshot, Wait, WatchJoins, WatchPeers
+from elasticd.agent.actions import ClaimLead, CloseRound, ReadSnapshot, Wait, WatchJoins, WatchPeers
 from elasticd.agent.step import step
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.glance import Glance
@@ -18,9 +18,22 @@ LEAD = 10  # the leader's join's create revision (``agent_steps.snapshot``): the
 
 
 def test_the_oldest_join_follows_its_rounds_joins_as_it_starts_leading() -> None:
-    rec, actions = decide(joining(1), snapshot(1, joins=("n1", "n2")))
-    assert actions == [WatchPeers(1, ()), WatchJoins(1), Wait(NOW + 2.0, batch=True)]
+    snap = snapshot(1, joins=("n1", "n2"))
+    mine = snap.current_joins[0]
+    rec, actions = decide(joining(1), snap)
+    claim = ClaimLead(1, mine.create_revision, mine.lease)  # its join's lease, not the one held now
+    assert actions == [WatchPeers(1, ()), WatchJoins(1), claim, Wait(NOW + 2.0, batch=True)]
     assert rec.leading
+
+
+def test_a_leader_claims_its_round_once_the_lead_key_names_it_and_not_when_it_closes_now() -> None:
+    _, actions = decide(joining(1), snapshot(1, joins=("n1", "n2"), lead=ME))
+    assert not [a for a in actions if isinstance(a, ClaimLead)]
+    full = snapshot(1, joins=("n1", "n2", "n3"))  # at most 3: it closes at once, no claim first
+    _, actions = decide(joining(1), full)
+    assert [type(a).__name__ for a in actions if isinstance(a, (ClaimLead, CloseRound))] == ["CloseRound"]
+    _, actions = decide(joining(1), snapshot(1, joins=("n2", "n1")))  # n2 leads: no claim of ours
+    assert not [a for a in actions if isinstance(a, ClaimLead)]
 
 
 def test_a_leader_already_following_its_round_asks_for_no_watch() -> None:
@@ -36,7 +49,7 @@ def test_a_non_leader_follows_no_joins(followed: int | None) -> None:
 
 
 def test_a_leader_still_following_an_older_rounds_joins_moves_to_its_own() -> None:
-    _, actions = decide(joining(2, ran=1), snapshot(2, joins=("n1",)), following(1))
+    _, actions = decide(joining(2, ran=1), snapshot(2, joins=("n1",), lead=ME), following(1))
     assert acts(actions) == [WatchJoins(2), Wait(OPENED_AT + 60.0, batch=True)]
 
 

@@ -164,7 +164,7 @@ def test_defaults() -> None:
     assert s.socket_group == "elastic"
     assert s.etcd_endpoints == ()
     assert s.embedded_etcd
-    assert s.etcd_prefix == "/elasticd/v5"
+    assert s.etcd_prefix == "/elasticd/v6"
     assert s.lease_ttl == 10.0
     assert s.stop_grace == 10.0
     assert (s.log_format, s.log_level) == ("auto", "info")

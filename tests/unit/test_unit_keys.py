@@ -49,6 +49,7 @@ WATCHED = {
     KeyKind.ASSIGNMENT: False,  # a round's N records reach no watch
     KeyKind.JOIN: False,
     KeyKind.DONE: False,
+    KeyKind.LEAD: False,
     KeyKind.LEFT: True,
     KeyKind.WAITING: True,
     KeyKind.NODE_STATUS: False,
@@ -81,6 +82,7 @@ def built(keys: Keys, job: str, node: str, r: int) -> dict[str, KeyRef]:
         keys.join(job, r, node): KeyRef(KeyKind.JOIN, job, r, node),
         keys.presence(job, node): KeyRef(KeyKind.PRESENCE, job, node=node),
         keys.done(job, r, node): KeyRef(KeyKind.DONE, job, r, node),
+        keys.lead(job, r, node): KeyRef(KeyKind.LEAD, job, r, node),
         keys.left(job, r, node): KeyRef(KeyKind.LEFT, job, r, node),
         keys.waiting(job, node): KeyRef(KeyKind.WAITING, job, node=node),
         keys.node_status(job, node): KeyRef(KeyKind.NODE_STATUS, job, node=node),
@@ -94,8 +96,8 @@ def watched(keys: Keys, key: str) -> int:
     return sum(start <= key < end for start, end in keys.watched())
 
 
-def test_the_layout_is_v5_by_default() -> None:
-    assert Keys().prefix == "/elasticd/v5"
+def test_the_layout_is_v6_by_default() -> None:
+    assert Keys().prefix == "/elasticd/v6"
 
 
 def test_the_table_names_every_kind_once() -> None:
@@ -131,7 +133,7 @@ def test_every_key_parses_back_and_is_watched_as_its_kind_says(job: str, node: s
                 KEYS.job(job) if WATCHED[ref.kind] else home
             ], key
             start, end = KEYS.job_joins(job)  # what an agent reads of the parts
-            assert (start <= key < end) == (ref.kind in (KeyKind.JOIN, KeyKind.DONE)), key
+            assert (start <= key < end) == (ref.kind in (KeyKind.JOIN, KeyKind.DONE, KeyKind.LEAD)), key
         change = KEYS.route(key, deleted=True)
         assert change is not None and change.ref == ref and change.job == (ref.job or None)
         assert KEYS.job_of(key) == (ref.job or None)

@@ -213,7 +213,7 @@ def test_daemonset_runs_elasticd_on_the_host_network_with_etcd_client_certs() ->
     assert "--from-file=tls.crt=$CERTS/elasticd.crt --from-file=tls.key=$CERTS/elasticd.key" in guide
     assert "--from-file=password=$CERTS/elasticd.password" in guide
     assert 'etcdctl user add elasticd --interactive=false <"$CERTS/elasticd.password"' in guide
-    assert "etcdctl role grant-permission elasticd readwrite --prefix=true /elasticd/v5/" in guide
+    assert "etcdctl role grant-permission elasticd readwrite --prefix=true /elasticd/v6/" in guide
 
 
 def _settings_from(toml: str, environ: dict[str, str] | None = None) -> Any:

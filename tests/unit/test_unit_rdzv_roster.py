@@ -47,7 +47,7 @@ def test_a_round_of_max_nodes_of_the_widest_members_stays_within_the_bounds() ->
     head = RoundHead(MAX_ROUND, 2**62, n, n * lws, LONG_ADDRESS, 65535, 1.7e9)
     assert len(roster.encoded(worst.to_json())) <= roster.RECORD_BOUND
     assert len(roster.encoded(head.to_json())) <= roster.RECORD_BOUND
-    key = f"/elasticd/v5/rounds/{'j' * 63}/{MAX_ROUND}/{LONG_NODE}99999"
+    key = f"/elasticd/v6/rounds/{'j' * 63}/{MAX_ROUND}/{LONG_NODE}99999"
     txns = roster.batches([(key, worst.to_json())] * n)
     assert len(txns) == -(-n // roster.MAX_TXN_PUTS)
     assert all(sum(len(k) + len(roster.encoded(v)) for k, v in t) <= roster.MAX_TXN_BYTES for t in txns)
@@ -56,7 +56,7 @@ def test_a_round_of_max_nodes_of_the_widest_members_stays_within_the_bounds() ->
 def check_round(n: int, wide: bool) -> None:
     result = build_result(7, joins(n, wide), 1.5, epoch=1)
     items = [
-        (f"/elasticd/v5/rounds/{'j' * 63}/7/{a.member.node}", a.to_json()) for a in roster.assignments(result)
+        (f"/elasticd/v6/rounds/{'j' * 63}/7/{a.member.node}", a.to_json()) for a in roster.assignments(result)
     ]
     txns = roster.batches(items)
     assert [key for txn in txns for key, _ in txn] == [key for key, _ in items]  # all, once, in order

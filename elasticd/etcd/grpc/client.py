@@ -154,6 +154,7 @@ class GrpcEtcdClient:
             request.limit = q.limit
         request.count_only = q.count_only
         request.min_mod_revision = q.min_mod_revision
+        request.serializable = q.serializable
         return request
 
     def _unary(self, stub: str, method: str, request: Any) -> Any:
@@ -187,6 +188,9 @@ class GrpcEtcdClient:
         if c.target == "create":
             return rpc.Compare(key=_b(c.key), target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL,
                                create_revision=c.revision)  # fmt: skip
+        if c.target == "lease":
+            return rpc.Compare(key=_b(c.key), target=rpc.Compare.LEASE, result=rpc.Compare.EQUAL,
+                               lease=c.revision)  # fmt: skip
         return rpc.Compare(
             key=_b(c.key), target=rpc.Compare.MOD, result=rpc.Compare.EQUAL, mod_revision=c.revision
         )
@@ -208,6 +212,23 @@ class GrpcEtcdClient:
         success += [rpc.RequestOp(request_delete_range=self._delete(d)) for d in deletes]
         request = rpc.TxnRequest(compare=[self._compare(c) for c in compare], success=success)
         return bool(self._unary("kv", "Txn", request).succeeded)
+
+    def write_and_read(
+        self,
+        compare: Sequence[Compare],
+        puts: Sequence[Put],
+        deletes: Sequence[str | Query],
+        reads: Sequence[Query],
+    ) -> list[Found] | None:
+        rpc = self._rpc
+        success = [rpc.RequestOp(request_put=self._put(p)) for p in puts]
+        success += [rpc.RequestOp(request_delete_range=self._delete(d)) for d in deletes]
+        success += [rpc.RequestOp(request_range=self._range(q)) for q in reads]
+        request = rpc.TxnRequest(compare=[self._compare(c) for c in compare], success=success)
+        answer = self._unary("kv", "Txn", request)
+        if not answer.succeeded:
+            return None
+        return [found(r.response_range) for r in answer.responses[len(answer.responses) - len(reads) :]]
 
     def create_json(self, key: str, value: Any, lease: int | None = None) -> bool:
         return self.txn([Compare(key, "create", 0)], [Put(key, value, lease)])
