@@ -381,7 +381,7 @@ def resumed(submitted_at: float, mark: Mark, written_at: float, now: float) -> L
     mark that cannot be this job's here (written before its submission, or settling more seconds
     than the job has had) is ignored: the ledger starts over."""
     horizon = submitted_at + mark.settled.total_s
-    if written_at < submitted_at or horizon > min(now, written_at + SLACK_S):
+    if written_at < submitted_at or horizon > min(now, written_at) + SLACK_S:
         return opened(submitted_at)
     mode = Mode.RESTART if mark.restarting else Mode.WAITING if mark.restarts is None else Mode.STOPPED
     return Ledger(mark.settled, mode, horizon, kept=mark.kept, restarts=mark.restarts)
