@@ -42,16 +42,19 @@ import argparse
 import json
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from harness.paths import REPO
 from harness.procs import live, stop
 from harness.runinfo import on_sigterm
+from rdzvscale.breakdown import breakdown, report_breakdowns
 from rdzvscale.etcdrates import etcd_rates
 from rdzvscale.participants import serve
 from rdzvscale.report import Outcome, report
-from rdzvscale.rounds import measure_round
+from rdzvscale.rounds import Side, measure_round
 from rdzvscale.torchside import run_torch
 
 from elasticd.etcd.embedded import EmbeddedEtcd
@@ -71,8 +74,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument("--timeout", type=float, default=180.0, help="per side and size, seconds")
     p.add_argument("--torch", action="store_true", help="also run torch's c10d rendezvous (N <= 256)")
+    p.add_argument(
+        "--versus", metavar="REV",
+        help="also play each round with REV's participants (a git worktree of it), interleaved",
+    )  # fmt: skip
+    p.add_argument("--repeat", type=int, default=1, help="rounds of each size (and side)")
     p.add_argument("--json", type=Path)
     p.add_argument("--no-rates", dest="rates", action="store_false", help="leave out etcd's per-op rates")
+    p.add_argument(
+        "--breakdown", type=int, default=0, metavar="N",
+        help="etcd's CPU per request of a participant of a round of N, each kind alone, on both clients",
+    )  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -83,19 +95,42 @@ def run_sizes(
     if args.rates:
         rates.update(etcd_rates(etcd.endpoint, etcd.pid))
         print("etcd rates:", json.dumps(rates), flush=True)
+    for kind in ("gateway", "grpc") if args.breakdown else ():
+        parts = breakdown(etcd.endpoint, etcd.pid, kind, args.breakdown)
+        args.breakdowns.append(parts)
+        print(parts, flush=True)
+    sides = [Side(), *([Side(f"elasticd@{args.versus}", args.before_tree)] if args.versus else [])]
     for n in (int(s) for s in args.sizes.split(",")):
         procs = args.procs or max(1, -(-n // 128))
-        outcomes.append(
-            measure_round(etcd.endpoint, etcd.pid, n, min(procs, n), args.timeout, args.watch, args.publish)
-        )
-        print(outcomes[-1], flush=True)
+        for k in range(args.repeat):
+            for side in sides if k % 2 == 0 else sides[::-1]:  # interleaved: neither always first
+                outcomes.append(
+                    measure_round(
+                        etcd.endpoint,
+                        etcd.pid,
+                        n,
+                        min(procs, n),
+                        args.timeout,
+                        args.watch,
+                        args.publish,
+                        side,
+                    )
+                )
+                print(outcomes[-1], flush=True)
         if args.torch and n <= 256:
             outcomes.append(run_torch(n, args.timeout))
             print(outcomes[-1], flush=True)
 
 
+def worktree(rev: str, where: Path) -> Path:
+    """A checkout of ``rev`` (its participants play the ``--versus`` side), detached, in ``where``."""
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(where), rev], check=True)
+    return where
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    args.breakdowns = []
     signal.signal(signal.SIGTERM, on_sigterm)  # stops the participants and etcd as ^C does
     outcomes: list[Outcome] = []
     rates: dict[str, float] = {}
@@ -104,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         etcd = EmbeddedEtcd(Path(tmp) / "etcd")
         etcd.start()
         try:
+            args.before_tree = worktree(args.versus, Path(tmp) / "versus") if args.versus else None
             run_sizes(etcd, args, rates, outcomes)
         except KeyboardInterrupt:  # what finished is still reported
             interrupted = True
@@ -112,9 +148,13 @@ def main(argv: list[str] | None = None) -> int:
             for proc in list(live):
                 stop(proc, 5)
             etcd.stop()
+            if args.versus:
+                subprocess.run(["git", "-C", str(REPO), "worktree", "prune"], check=False)
     report(outcomes)
+    report_breakdowns(args.breakdowns)
     if args.json:
         out = {"outcomes": [o.__dict__ for o in outcomes], "etcd_rates": rates, "cpus": os.cpu_count()}
+        out["breakdown"] = [b.__dict__ for b in args.breakdowns]
         args.json.write_text(json.dumps(out, indent=2))
     return 130 if interrupted else 0
 

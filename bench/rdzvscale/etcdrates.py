@@ -41,6 +41,8 @@ def etcd_rates(endpoint: str, pid: int | None) -> dict[str, float]:
     cpu0, t0 = cpu_s(pid), time.perf_counter()
     joins = run_inline(store.snapshot(statuses=False, rosters=True)).current_joins
     joins_read_s = time.perf_counter() - t0
+    # the leader's claim, which the members' glances read (as in a round that waits for joins)
+    assert run_inline(store.claim_lead(0, joins[0].node, joins[0].create_revision, lease))
     result = rdzv.build_result(0, joins, time.time(), joins[0].create_revision)
     txns = (
         len(

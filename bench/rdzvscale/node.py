@@ -16,6 +16,7 @@ from elasticd.etcd.keyref import KeyKind
 from elasticd.etcd.keys import Keys
 from elasticd.manager.wakes import QUIET_KINDS
 from elasticd.rendezvous import decider as rdzv
+from elasticd.rendezvous.glance import Glance
 from elasticd.rendezvous.model import Join, RoundInfo
 from elasticd.rendezvous.store import InlineJobStore, run_inline
 from elasticd.terms.options import EntryKind
@@ -148,11 +149,10 @@ class Node:
 
     def _step(self, state: dict[str, Any]) -> bool:
         store = self.store
-        if self.joined_at is None:
-            self._join()
+        joined = self._join() if self.joined_at is None else None  # (its answer is a glance)
         self.wake.clear()
         if not self.leading:  # the agent's glance: one small read while someone else leads
-            glance = run_inline(store.glance(0, self.me))
+            glance = joined or run_inline(store.glance(0, self.me))
             if glance.closed:  # the member reads the job: the round's head and its own assignment
                 snap = run_inline(store.snapshot(0, statuses=False, node=self.me, rosters=False))
                 self.holds = snap.me(self.me) is not None
@@ -173,6 +173,9 @@ class Node:
             state["seen"], state["last_join_at"] = names, time.time()
         self.rec = replace(self.rec, part=self.rec.part.lead(rdzv.leader(joins) == self.me))
         self.follow_joins(self.leading)
+        if self.leading and snap.leads.get(0) != self.me:  # as the agent's ClaimLead
+            mine = next(j for j in joins if j.node == self.me)
+            run_inline(self.store.claim_lead(0, self.me, mine.create_revision, mine.lease))
         if self.leading and snap.round is not None:
             if self._close_if_due(snap.round, joins, state["last_join_at"]):
                 return False
@@ -180,9 +183,9 @@ class Node:
         self.wake.wait(POLL_S)
         return False
 
-    def _join(self) -> None:
+    def _join(self) -> Glance:
         """The agent's join of round 0, and its Publish: its status, JOINING, under its lease."""
-        run_inline(self.store.join(0, Join(self.me, "127.0.0.1", 29500, 1), self.lease))
+        glance = run_inline(self.store.join(0, Join(self.me, "127.0.0.1", 29500, 1), self.lease))
         self.joined_at = time.time()
         self.rec = replace(self.rec, joined_round=0)
         if self.publish:
@@ -194,6 +197,7 @@ class Node:
                 "updated_at": time.time(),
             }
             run_inline(self.store.put_node_status(self.me, status, self.lease))
+        return glance
 
     def _close_if_due(self, info: RoundInfo, joins: Sequence[Join], last_join_at: float) -> bool:
         """The leader's close, when the decider says now: whether it closed the round."""

@@ -70,19 +70,29 @@ def _watch_for(nodes: list[Node], endpoint: str, keys: Keys) -> None:
 
 
 def spawn(
-    endpoint: str, prefix: str, job_id: str, n: int, procs: int, timeout_s: float, watch: str, publish: bool
+    endpoint: str,
+    prefix: str,
+    job_id: str,
+    n: int,
+    procs: int,
+    timeout_s: float,
+    watch: str,
+    publish: bool,
+    code: Path = REPO,
 ) -> list[subprocess.Popen[bytes]]:
     """The processes that play the ``n`` nodes, ``procs`` of them, each ready (a client, a lease and
     a watch per node) and waiting for a ``go`` line. Each in a session of its own, in the harness's
-    ``live`` set: the bench stops whatever is left of them when it ends."""
-    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    ``live`` set: the bench stops whatever is left of them when it ends. ``code``: the checkout
+    whose elasticd they run (another commit's, for a before/after in one run: ``--versus``)."""
+    env = dict(os.environ, PYTHONPATH=f"{code}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    entry = code / ENTRY.relative_to(REPO)
     per = -(-n // procs)
     children = []
     for first in range(0, n, per):
         argv = [endpoint, prefix, job_id, str(n), str(first), str(min(per, n - first)), str(timeout_s), watch]
         argv.append("1" if publish else "0")
         child = subprocess.Popen(
-            [sys.executable, str(ENTRY), "_node", *argv],
+            [sys.executable, str(entry), "_node", *argv],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,

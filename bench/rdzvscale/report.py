@@ -29,6 +29,9 @@ class Outcome:
     result_read: tuple[float, float] | None = None
     result_read_cpu: tuple[float, float] | None = None  # that last step's CPU time, in its thread
     etcd_cpu_s: float = 0.0
+    # etcd's CPU from the start signal to the end: the round itself, without each node's lease
+    # and watch streams (a daemon opens those once in its life, not once per round)
+    etcd_round_cpu_s: float = 0.0
     harness_cpu_s: float = 0.0
     # Bytes each participant read (unary response bodies and watch lines, as received) and wrote
     # (request bodies): median and max over those that did not lead; the leader's apart.
@@ -68,7 +71,7 @@ def report(outcomes: list[Outcome]) -> None:
             f" {o.leader_requests:>6.0f} {o.events:>8} {o.join_events:>8}  {o.note}"
         )
     for o in outcomes:
-        if o.side == "elasticd":
+        if o.side.startswith("elasticd"):
             rb, wb, lb = (
                 o.read_bytes_per_participant,
                 o.written_bytes_per_participant,
@@ -90,10 +93,37 @@ def report(outcomes: list[Outcome]) -> None:
                 f"{o.n:>6}  after the close: result event {o.result_event[0]:.3f}/{o.result_event[1]:.3f} s,"
                 f" then read {o.result_read[0]:.3f}/{o.result_read[1]:.3f} s (median/max; CPU"
                 f" {o.result_read_cpu[0] * 1000:.0f}/{o.result_read_cpu[1] * 1000:.0f} ms);"
-                f" CPU of the run: etcd {o.etcd_cpu_s:.1f} s, participants {o.harness_cpu_s:.1f} s"
+                f" CPU of the run: etcd {o.etcd_cpu_s:.1f} s (the round alone {o.etcd_round_cpu_s:.1f} s,"
+                f" {1000 * o.etcd_round_cpu_s / o.n:.2f} ms a participant),"
+                f" participants {o.harness_cpu_s:.1f} s"
             )
+    versus(outcomes)
     mine = [o for o in outcomes if o.side == "elasticd" and o.seconds is not None]
     if len(mine) > 1:
         flat = max(o.requests_max for o in mine) <= min(o.requests_max for o in mine) + 2
         print(f"O(1) requests per participant (not leading): {'yes' if flat else 'NO'} (max per N: "
               + ", ".join(f"{o.n}: {o.requests_max:.0f}" for o in mine) + ")")  # fmt: skip
+
+
+def versus(outcomes: list[Outcome]) -> None:
+    """Each side's medians per N (``--versus``: rounds of two commits' participants, interleaved):
+    after the last join until all hold their assignment, and etcd's CPU per participant over the
+    round; each side against the first."""
+    sides = list(dict.fromkeys(o.side for o in outcomes if o.side.startswith("elasticd")))
+    if len(sides) < 2:
+        return
+    print(
+        f"\n{'N':>6}  {'side':<24} {'rounds':>6} {'all hold after last join (s)':>29}"
+        f" {'etcd CPU/participant (ms)':>26}"
+    )
+    for n in sorted({o.n for o in outcomes}):
+        base: tuple[float, float] | None = None
+        for side in sides:
+            done = [o for o in outcomes if o.side == side and o.n == n and o.after_last_join is not None]
+            if not done:
+                continue
+            wall = statistics.median(o.after_last_join or 0.0 for o in done)
+            cpu = statistics.median(1000 * o.etcd_round_cpu_s / n for o in done)
+            base = base or (wall, cpu)
+            ratio = f"  ({wall / base[0]:.2f}x, {cpu / base[1]:.2f}x)" if (wall, cpu) != base else ""
+            print(f"{n:>6}  {side:<24} {len(done):>6} {wall:>29.3f} {cpu:>26.2f}{ratio}")

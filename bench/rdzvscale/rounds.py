@@ -7,7 +7,11 @@ import os
 import resource
 import statistics
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from harness.paths import REPO
 
 from elasticd.etcd.client import EtcdClient
 from elasticd.etcd.keys import Keys
@@ -19,14 +23,29 @@ from rdzvscale.report import Outcome, median_max
 from rdzvscale.scan import ScanProbe, scan_meter
 
 
+@dataclass(frozen=True)
+class Side:
+    """Whose participants play a round: this checkout's (``elasticd``), or another commit's."""
+
+    name: str = "elasticd"
+    code: Path = REPO
+
+
 def measure_round(
-    endpoint: str, etcd_pid: int | None, n: int, procs: int, timeout_s: float, watch: str, publish: bool
+    endpoint: str,
+    etcd_pid: int | None,
+    n: int,
+    procs: int,
+    timeout_s: float,
+    watch: str,
+    publish: bool,
+    side: Side = Side(),
 ) -> Outcome:
     """``run_elasticd``, with the load before it and the CPU etcd and the participants' processes
-    spent over it."""
+    spent over it (etcd's: over the whole run, and over the round alone)."""
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     etcd_cpu, children = cpu_s(etcd_pid), resource.getrusage(resource.RUSAGE_CHILDREN)
-    outcome = run_elasticd(endpoint, n, procs, timeout_s, watch, publish)
+    outcome = run_elasticd(endpoint, etcd_pid, n, procs, timeout_s, watch, publish, side)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     outcome.etcd_cpu_s = cpu_s(etcd_pid) - etcd_cpu
     outcome.load = load
@@ -34,7 +53,16 @@ def measure_round(
     return outcome
 
 
-def run_elasticd(endpoint: str, n: int, procs: int, timeout_s: float, watch: str, publish: bool) -> Outcome:
+def run_elasticd(
+    endpoint: str,
+    etcd_pid: int | None,
+    n: int,
+    procs: int,
+    timeout_s: float,
+    watch: str,
+    publish: bool,
+    side: Side,
+) -> Outcome:
     prefix = f"/bench/{n}-{time.time_ns()}"
     job_id = f"scale-{n}"
     setup = EtcdClient([endpoint], timeout_s=30)
@@ -42,11 +70,12 @@ def run_elasticd(endpoint: str, n: int, procs: int, timeout_s: float, watch: str
     setup.close()
     scan = ScanProbe(endpoint, Keys(prefix), job_id, scan_meter())
     try:  # (an interrupted bench stops its probe before it stops etcd)
-        children = spawn(endpoint, prefix, job_id, n, procs, timeout_s, watch, publish)
+        children = spawn(endpoint, prefix, job_id, n, procs, timeout_s, watch, publish, side.code)
         scan.start(timeout_s)
-        t0 = time.time()
+        t0, round_cpu = time.time(), cpu_s(etcd_pid)  # (each node's lease and watches: before)
         start(children)
         reports, errors = collect(children, t0 + timeout_s + 90)
+        round_cpu = cpu_s(etcd_pid) - round_cpu
     finally:
         scan.stop()
     errors += [r["error"] for r in reports if r["error"]]
@@ -55,7 +84,8 @@ def run_elasticd(endpoint: str, n: int, procs: int, timeout_s: float, watch: str
     ]
     finished = [r for r in reports if r["done_at"] is not None and r["holds"]]
     requests = sorted(r["requests"] for r in reports if not r["leader"]) or [0]
-    outcome = Outcome("elasticd", n, len(finished), None, statistics.median(requests), procs=len(children))
+    outcome = Outcome(side.name, n, len(finished), None, statistics.median(requests), procs=len(children))
+    outcome.etcd_round_cpu_s = round_cpu
     outcome.requests_max = requests[-1]
     _count(outcome, reports)
     outcome.scan_read_bytes, outcome.scan_rounds_bytes = scan.read_bytes, scan.rounds_bytes
