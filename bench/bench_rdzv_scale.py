@@ -138,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="elasticd-bench-rdzv-") as tmp:
         etcd = EmbeddedEtcd(Path(tmp) / "etcd")
         etcd.start()
+        args.before_tree = None
         try:
             args.before_tree = worktree(args.versus, Path(tmp) / "versus") if args.versus else None
             run_sizes(etcd, args, rates, outcomes)
@@ -148,8 +149,9 @@ def main(argv: list[str] | None = None) -> int:
             for proc in list(live):
                 stop(proc, 5)
             etcd.stop()
-            if args.versus:
-                subprocess.run(["git", "-C", str(REPO), "worktree", "prune"], check=False)
+            if args.before_tree is not None:  # (the checkout goes with the temporary directory)
+                remove = ["git", "-C", str(REPO), "worktree", "remove", "--force", str(args.before_tree)]
+                subprocess.run(remove, check=False)
     report(outcomes)
     report_breakdowns(args.breakdowns)
     if args.json:

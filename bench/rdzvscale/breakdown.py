@@ -3,8 +3,9 @@ watch it holds) measured alone, many times, from several client threads, on each
 JSON gateway and grpc), with etcd's CPU per operation read off its process (psutil).
 
 A participant of a round of N makes, in order: a lease, its join (which answers with a glance
-read in the same transaction), its status, two watch streams (the manager's ranges), one watch event (the round's head), a
-glance once the round closed and its read of the job with its own assignment. Each is played here
+read in the same transaction), its status, two watch streams (the manager's ranges), one watch
+event (the round's head), a glance once the round closed and its read of the job with its own
+assignment. Each is played here
 ``OPS`` times against a job whose round holds N joins (as the round's last joiners see it), and
 the sum is set beside what a whole round cost etcd per participant (``Outcome.etcd_cpu_s / n``).
 The glance is measured twice: before the leader claimed the round (the oldest join: what every

@@ -3,6 +3,7 @@ running them, never asserted here: a loaded 2-core CI machine says nothing about
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -52,6 +53,16 @@ def test_bench_rdzv_scale_prints_its_table(tmp_path: Path) -> None:
     ]
     assert len(rows) == 2 and all("DNF" not in r for r in rows), out
     assert "bytes per participant read" in out, out
+
+
+def test_bench_rdzv_scale_sets_two_commits_side_by_side_and_breaks_etcds_cpu_down(tmp_path: Path) -> None:
+    out = _bench("bench_rdzv_scale.py", "--sizes", "4", "--procs", "1", "--timeout", "60", "--no-rates",
+                 "--versus", "HEAD", "--breakdown", "8", "--json", str(tmp_path / "rdzv.json"))  # fmt: skip
+    assert "elasticd@HEAD" in out and "etcd CPU/participant (ms)" in out, out
+    assert "etcd CPU per operation" in out and "glance_closed" in out, out
+    data = json.loads((tmp_path / "rdzv.json").read_text())
+    assert {b["client"] for b in data["breakdown"]} == {"gateway", "grpc"}
+    assert {o["side"] for o in data["outcomes"]} == {"elasticd", "elasticd@HEAD"}
 
 
 def test_bench_queue_load_prints_its_table(tmp_path: Path) -> None:
