@@ -88,9 +88,10 @@ def _listener(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _tcp_store(host: str, port: int) -> Any:
+def _tcp_store(host: str, port: int) -> tuple[Any, socket.socket]:
     """torch's ``TCPStore`` server on ``port`` at ``host`` only, from the torch the zygote imported
-    (a store host never imports it: that would cost what the zygote saves)."""
+    (a store host never imports it: that would cost what the zygote saves), and its listening
+    socket: the server serves on that fd, so the caller keeps it open as long as the store."""
     import importlib
 
     if "torch" not in sys.modules:
@@ -100,8 +101,7 @@ def _tcp_store(host: str, port: int) -> Any:
     store = dist.TCPStore(
         host, sock.getsockname()[1], is_master=True, wait_for_workers=False, master_listen_fd=sock.fileno()
     )
-    store._elasticd_listener = sock  # the store serves on its fd: keep it open as long as the store
-    return store
+    return store, sock
 
 
 def serve_store(req: dict[str, Any]) -> None:
@@ -111,7 +111,7 @@ def serve_store(req: dict[str, Any]) -> None:
         _die_with_zygote(req["zygote"])
         sock = _own_socket(req["fds"]["ctl"])
         try:
-            store = _tcp_store(req["host"], req["port"])
+            store, _listening = _tcp_store(req["host"], req["port"])
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"[:400]
             sock.send(json.dumps({"ev": "store_failed", "error": error}).encode())
