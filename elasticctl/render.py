@@ -336,9 +336,9 @@ def nodes_table(nodes: list[NodeView]) -> str:
             ]
         )
     offs = "".join(
-        f"\n{n.get('node', '?')}: port filter {n.get('port_filter')}"
+        f"\n{n.get('node', '?')}: port filter off: {n.get('port_filter_detail', '')}"
         for n in nodes
-        if (n.get("port_filter") or "").startswith("off")
+        if n.get("port_filter") == "off"
     )
     return table(rows) + offs
 
@@ -346,5 +346,5 @@ def nodes_table(nodes: list[NodeView]) -> str:
 def ports_cell(n: NodeView) -> str:
     """Whether a node keeps its jobs' ports to the jobs: ``on (uid)``, ``off`` (why, under the
     table), ``-`` from a daemon that does not say."""
-    status = n.get("port_filter") or ""
-    return "-" if not status else "off" if status.startswith("off") else status
+    mode = n.get("port_filter") or ""
+    return "-" if not mode else f"on ({n.get('port_filter_detail', '')})" if mode == "on" else "off"

@@ -207,7 +207,7 @@ async def build_jobs(
         record=lambda: (
             {"address": rt.address, "inventory": rt.inventory.to_json()}
             | {"snapshot_bytes": rt.snapshot_bytes, "snapshot_source": rt.snapshot_source.value}
-            | {"port_filter": rt.ports.status}
+            | {"port_filter": rt.ports.mode.value, "port_filter_detail": rt.ports.detail}
             | hooks.capacity()
         ),
         reaper=rt.reaper,

@@ -95,16 +95,19 @@ class NodeRecord:
     gpu_states: tuple[GpuState, ...] = ()
     snapshot_bytes: int = 0  # the bound on each job's memory snapshots here (0: off)
     snapshot_source: str = ""  # "derived" or "set" (node/snapshotbound.py); "": an older daemon
-    port_filter: str = ""  # "on (uid)" or "off: why" (portfilter/guard.py); "": an older daemon
+    port_filter: str = ""  # portfilter.rules.Mode's value, "on" or "off"; "": an older daemon
+    port_filter_detail: str = ""  # on: the identity it filters by ("uid"); off: why
 
     def __post_init__(self) -> None:
         if not valid_node_id(self.node):
             raise ValueError(f"node must be a node id, got {self.node[:80]!r}")
         if not 0 <= self.free_slots <= self.slots <= 1 << 20:
             raise ValueError("slots and free_slots must satisfy 0 <= free_slots <= slots")
-        short = len(self.snapshot_source) <= 16 and len(self.port_filter) <= 120
+        short = len(self.snapshot_source) <= 16 and len(self.port_filter_detail) <= 120
         if not 0 <= self.snapshot_bytes <= 1 << 62 or not short:
-            raise ValueError("snapshot_bytes must be >= 0, snapshot_source and port_filter short")
+            raise ValueError("snapshot_bytes must be >= 0, snapshot_source and port_filter_detail short")
+        if self.port_filter not in ("", "on", "off"):
+            raise ValueError("port_filter must be on, off or empty")
         if not all(valid_job_id(j) for j in self.jobs):
             raise ValueError("jobs must be job ids")
         if len(self.gpu_states) > MAX_GPU_STATES:

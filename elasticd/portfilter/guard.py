@@ -33,9 +33,14 @@ class PortFilter:
         return cls(None, Mode.OFF, why)
 
     @property
+    def detail(self) -> str:
+        """On: the identity it filters by; off: why (the node record's ``port_filter_detail``)."""
+        return "uid" if self.mode is Mode.ON else self.why[:120]
+
+    @property
     def status(self) -> str:
-        """What ``elasticctl nodes`` shows: ``on (uid)``, or ``off: <why>``."""
-        return "on (uid)" if self.mode is Mode.ON else f"off: {self.why}"[:120]
+        """As ``elasticctl nodes`` shows it: ``on (uid)``, or ``off: <why>``."""
+        return f"on ({self.detail})" if self.mode is Mode.ON else f"off: {self.detail}"
 
     @property
     def rules(self) -> int:

@@ -279,7 +279,8 @@ class NodeView(TypedDict):
     gpu_states: list[GpuStateView]
     snapshot_bytes: int  # the bound on each job's memory snapshots there (0: off)
     snapshot_source: str  # derived (from its RAM and /dev/shm), set (snapshot_bytes), "": older daemon
-    port_filter: NotRequired[str]  # "on (uid)", "off: why"; absent or "": an older daemon
+    port_filter: NotRequired[str]  # "on" or "off"; absent or "": an older daemon
+    port_filter_detail: NotRequired[str]  # on: the identity it filters by ("uid"); off: why
 
 
 class EtcdSpaceView(TypedDict):

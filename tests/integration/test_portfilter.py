@@ -79,9 +79,7 @@ def namespaces() -> Iterator[dict[str, tuple[str, str]]]:
             _sh("ip", "-n", ns, "addr", "add", f"{theirs}/30", "dev", "eth0")
             _sh("ip", "-n", ns, "link", "set", "eth0", "up")
             _sh("ip", "-n", ns, "link", "set", "lo", "up")
-        yield {role: (theirs, ours) for role, (theirs, ours) in nets.items()} | {
-            "_ns": (made[0], made[1])  # type: ignore[dict-item]
-        }
+        yield {role: (theirs, ours) for role, (theirs, ours) in nets.items()} | {"_ns": (made[0], made[1])}
     finally:
         for ns in made:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)

@@ -203,8 +203,9 @@ def test_nodes_shows_whether_each_node_filters_its_jobs_ports_and_why_not() -> N
     from elasticctl.render import nodes_table
     from elasticd.node.registry import NodeRecord
 
-    on = NodeRecord("n1", 2, port_filter="on (uid)").to_json()
-    off = NodeRecord("n2", 2, port_filter="off: no nft binary (install the nftables package)").to_json()
+    on = NodeRecord("n1", 2, port_filter="on", port_filter_detail="uid").to_json()
+    why = "no nft binary (install the nftables package)"
+    off = NodeRecord("n2", 2, port_filter="off", port_filter_detail=why).to_json()
     older = NodeRecord("n3", 2).to_json()
     lines = nodes_table([on, off, older]).splitlines()  # type: ignore[list-item]
     column = lines[0].index("PORTS")

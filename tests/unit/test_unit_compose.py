@@ -17,6 +17,7 @@ from elasticd.errors import ConfigError
 from elasticd.netaddr import NoFreePort
 from elasticd.node.hooks import LeaseHooks
 from elasticd.node.liveness import LivenessServer
+from elasticd.portfilter.guard import PortFilter
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -109,7 +110,7 @@ def test_a_failure_in_the_jobs_part_undoes_the_lease_client_and_the_liveness_por
 
     liveness.start, liveness.close = listen, close
     monkeypatch.setattr(compose, "LivenessServer", lambda _: liveness)
-    rt = SimpleNamespace(node_id="n1", address="127.0.0.1", reaper=None)
+    rt = SimpleNamespace(node_id="n1", address="127.0.0.1", reaper=None, ports=PortFilter.disabled("test"))
     monkeypatch.setattr(compose, "runtime", lambda *_: rt)
 
     class FullStore:

@@ -67,6 +67,7 @@ SAMPLES: dict[str, tuple[str, str, str | None]] = {
     "node_check": ("false", "true", None),  # the flag: --no-node-check
     "job_retention": ("0", "60", "86400"),
     "allow_root_jobs": ("false", "true", None),  # the flag: --no-allow-root-jobs
+    "port_filter": ("false", "true", None),  # the flag: --no-port-filter
     "warm_pool_size": ("0", "1", "8"),
     "warm_keep_s": ("0", "30", "600.5"),
     "snapshot_bytes": ("0", "1048576", "4294967296"),
