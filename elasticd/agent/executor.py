@@ -18,24 +18,32 @@ from typing import Any, assert_never
 
 from elasticd import log
 from elasticd.agent import actions as act
-from elasticd.agent import conduct, portrules
+from elasticd.agent import conduct, portrules, writes
 from elasticd.agent.joinwatch import JoinWatch
 from elasticd.agent.looks import Looks
 from elasticd.agent.record import AgentRecord, AgentState, Leave, Local, Observed, View, presence_asked
-from elasticd.agent.seams import Clock, Launcher, Lease, SystemClock, Workers
+from elasticd.agent.seams import (
+    Alarm,
+    Clock,
+    EventAlarm,
+    Joins,
+    Launcher,
+    Lease,
+    Peers,
+    Prober,
+    SystemClock,
+    Workers,
+)
 from elasticd.agent.step import step
 from elasticd.agent.stragglers import StragglerJudge
 from elasticd.decode import report_invalid
 from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keyref import Change
 from elasticd.happenings.bus import publish
-from elasticd.happenings.records import (
-    JobFailed,
-    JobSetupFailed,
-    WorkerFailed,
-)
+from elasticd.happenings.records import JobFailed, JobSetupFailed, WorkerFailed
 from elasticd.jobs.launch import NodeRuntime
 from elasticd.jobs.launcher import ProcessLauncher
+from elasticd.node import liveness
 from elasticd.node.peers import PeerWatch
 from elasticd.progress.goodput import Tally, published, seconds
 from elasticd.rendezvous.glance import Glance
@@ -56,7 +64,7 @@ POLL_S = 5.0
 LEADER_BATCH_S = 0.05
 
 
-class _Exited(Exception):
+class Exited(Exception):
     """The step said ``Exit``."""
 
 
@@ -73,6 +81,10 @@ class JobAgent:
         launcher: Launcher | None = None,
         clock: Clock | None = None,
         on_invalid: Callable[[], None] | None = None,
+        alarm: Alarm | None = None,
+        peers: Peers | None = None,
+        joins: Joins | None = None,
+        probe: Prober = liveness.probe,
     ) -> None:
         self.spec = spec
         self.slots = slots
@@ -86,12 +98,16 @@ class JobAgent:
         self._clock = clock or SystemClock()
         self.rec = AgentRecord(spec, rt.node_id, last_join_at=self._clock.time())
         self.workers: Workers | None = None
-        self._peers = PeerWatch(spec.id, store, self.wake)
-        self._joins = JoinWatch(store, self.wake)
-        self._wake = asyncio.Event()
+        self._peers = peers or PeerWatch(spec.id, store, self.wake)
+        self._joins = joins or JoinWatch(store, self.wake)
+        self._alarm = alarm or EventAlarm()
         self.task: asyncio.Task[None] | None = None
         self._progress = conduct.ProgressSent()  # when progress was last due, and what was sent
-        self._looks = Looks(spec.id, self._launcher, self._clock)  # what admission measured (``step``)
+        self._looks = Looks(spec.id, self._launcher, self._clock, probe)  # what admission measured
+        # What the last pass leaves the next step: its read, or the failure that ended it.
+        self._view: View | None = None
+        self._setup: SetupFailure | None = None
+        self.etcd_error: str | None = None
         self._stragglers: StragglerJudge | None = None  # while our workers run as group rank 0
 
     @property
@@ -110,7 +126,7 @@ class JobAgent:
     def wake(self, change: Change | None = None) -> None:
         """A key of the job changed (None: anything may have: look)."""
         if change is None or self.rec.woken_by(change):
-            self._wake.set()
+            self._alarm.ring()
 
     def fence(self) -> None:
         """Our lease is gone: stop multi-node workers before anything else, rejoin as a newcomer.
@@ -162,55 +178,60 @@ class JobAgent:
     # -- the loop ---------------------------------------------------------------------------------
     async def _main(self) -> None:
         try:
-            await self._run()
-        except _Exited:
+            while True:
+                await self.once()
+        except Exited:
             pass
         except Exception:
             _log.exception("agent.crashed", job=self.spec.id, node=self.node)
         finally:
-            self._peers.close()
-            self._joins.close()
-            if self._stragglers is not None:
-                self._stragglers.close()
-            if self.workers is not None:
-                workers, self.workers = self.workers, None
-                await workers.stop(0)
-            await self._launcher.close()
-            self._transition(self.rec, replace(self.rec, state=AgentState.LEFT))
-            with contextlib.suppress(EtcdUnavailable):
-                for action in conduct.farewell(self.rec):
-                    await self._execute(action)
-            self._on_change(self)
+            await self.finish()
 
-    async def _run(self) -> None:
-        view: View | None = None
-        setup: SetupFailure | None = None
-        etcd_error: str | None = None
-        while True:
-            workers = self.workers
-            group = workers.observe(describe=self.rec.failure is None) if workers is not None else None
-            local = Local(
-                self._lease.lease_id,
-                self._lease.lease_valid(),
-                group,
-                setup,
-                etcd_error,
-                self._joins.round,
-                self._looks.reach,
-                self._looks.checked,
-            )
-            rec, actions = step(self.rec, view, local, self._clock.time())
-            self._transition(self.rec, rec)
-            view, setup, etcd_error = None, None, None
-            try:
-                for action in actions:
-                    view = await self._execute(action) or view
-            except EtcdUnavailable as exc:
-                if self.rec.etcd_down_since is None:
-                    _log.warning("agent.etcd_unavailable", job=self.spec.id, error=str(exc))
-                view, etcd_error = None, str(exc)
-            except SetupFailure as exc:
-                view, setup = None, exc
+    async def finish(self) -> None:
+        """The agent has left: close what it opened, stop its workers, say goodbye in the store."""
+        self._peers.close()
+        self._joins.close()
+        if self._stragglers is not None:
+            self._stragglers.close()
+        if self.workers is not None:
+            workers, self.workers = self.workers, None
+            await workers.stop(0)
+        await self._launcher.close()
+        self._transition(self.rec, replace(self.rec, state=AgentState.LEFT))
+        with contextlib.suppress(EtcdUnavailable):
+            for action in conduct.farewell(self.rec):
+                await self._execute(action)
+        self._on_change(self)
+
+    async def once(self, told: Callable[[act.Action], None] = lambda _action: None) -> None:
+        """One pass of the loop: observe, ``step``, carry the actions out in order, each told to
+        ``told`` once carried out; ``Exited`` when the step said ``Exit``. A failure drops the rest
+        of the list and is the next pass's input."""
+        workers = self.workers
+        group = workers.observe(describe=self.rec.failure is None) if workers is not None else None
+        local = Local(
+            self._lease.lease_id,
+            self._lease.lease_valid(),
+            group,
+            self._setup,
+            self.etcd_error,
+            self._joins.round,
+            self._looks.reach,
+            self._looks.checked,
+        )
+        rec, actions = step(self.rec, self._view, local, self._clock.time())
+        self._transition(self.rec, rec)
+        self._view, self._setup, self.etcd_error = None, None, None
+        try:
+            for action in actions:
+                self._view = await self._execute(action) or self._view
+                told(action)
+        except EtcdUnavailable as exc:
+            if self.rec.etcd_down_since is None:
+                _log.warning("agent.etcd_unavailable", job=self.spec.id, error=str(exc))
+            self._view, self.etcd_error = None, str(exc)
+        except SetupFailure as exc:
+            self._view, self._setup = None, exc
 
     def _transition(self, old: AgentRecord, new: AgentRecord) -> None:
         """Adopt ``new`` and log what changed."""
@@ -242,7 +263,7 @@ class JobAgent:
                 await self._wait(until, on_exits, batch)
             case act.Exit(why, event):
                 _log.info(event, job=self.spec.id, node=self.node, round=self.rec.round, why=why)
-                raise _Exited
+                raise Exited
             case act.StopWorkers(grace_s):
                 await self._stop_workers(grace_s)
             case act.StartWorkers() as start:
@@ -254,9 +275,9 @@ class JobAgent:
             case (
                 act.Withdraw() | act.ClaimLead() | act.ClearWaiting() | act.MarkDone() | act.MarkLeft()
             ) as mark:
-                await self._mark(mark)
+                await writes.mark(self._store, self.node, mark)
             case act.CloseRound() | act.Bump() | act.Amend() | act.Finalize() as record:
-                await self._record(record)
+                await writes.swap(self._store, self.node, self.rec.round, record)
             case _:
                 assert_never(carried)
         return None
@@ -292,7 +313,7 @@ class JobAgent:
     async def _wait(self, until: float | None, on_exits: bool, batch: bool) -> None:
         await self._publish_progress()
         if batch:
-            await asyncio.sleep(LEADER_BATCH_S)  # joins arriving together are then read together
+            await self._alarm.pause(LEADER_BATCH_S)  # joins arriving together are then read together
         await self._sleep(until, on_exits)
 
     async def _leased(self, action: conduct.LeasedAction, lease: int) -> Glance | None:
@@ -324,52 +345,12 @@ class JobAgent:
                 await store.note_pending(node, note, lease)
         return None
 
-    async def _mark(self, action: act.Mark) -> None:
-        """Our marks in the job's records (not under our lease now: they outlive it, remove what
-        it held, or go with our join)."""
-        store, node = self._store, self.node
-        match action:
-            case act.Withdraw(round_no):
-                await store.withdraw(round_no, node)
-            case act.ClaimLead(round_no, epoch, lease):
-                await store.claim_lead(round_no, node, epoch, lease)
-            case act.ClearWaiting():
-                await store.clear_waiting(node)
-            case act.MarkDone(round_no):
-                await store.mark_done(round_no, node)
-            case act.MarkLeft(round_no):
-                await store.mark_left(round_no, node)
-
-    async def _record(self, action: act.CloseRound | act.Bump | act.Amend | act.Finalize) -> None:
-        """A compare-and-swap on the round's or the job's record; when it took, its event."""
-        store = self._store
-        match action:
-            case act.CloseRound(result):
-                took = await store.close(result, self.node)
-            case act.Bump(seen, info, spend):
-                took = await store.bump(seen, info, spend)
-            case act.Amend(seen_mod, record):
-                took = await store.amend(seen_mod, record)
-            case act.Finalize(state, code, reason, failure):
-                took = await store.finalize(state, code, reason, failure)
-        if took:
-            publish(conduct.took(action, self.spec.id, self.node, self.rec.round))
-            if isinstance(action, act.CloseRound):
-                await store.forget_rounds_before(action.result.round)
-
     async def _sleep(self, until: float | None, on_exits: bool) -> None:
         """Wait for a wake-up, a worker exit (``on_exits``), or ``until`` (wall clock), at most POLL_S,
         and while workers run, at most until their progress is next due to be published."""
         timeout = conduct.sleep_s(self._clock.time(), until, self._progress, self._running(), POLL_S)
-        waiter: asyncio.Future[Any] = asyncio.ensure_future(self._wake.wait())
-        futures: set[asyncio.Future[Any]] = {waiter}
-        if on_exits and self.workers is not None:
-            futures |= self.workers.exits()
-        try:
-            await asyncio.wait(futures, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-        self._wake.clear()
+        exits = self.workers.exits() if on_exits and self.workers is not None else set()
+        await self._alarm.sleep(timeout, set(exits))
 
     async def _start_workers(self, action: act.StartWorkers) -> None:
         result, member, restarts, silence = action.result, action.member, action.restarts, action.silence

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from elasticd import log
 from elasticd.agent import actions as act
-from elasticd.agent.seams import Clock, Launcher
+from elasticd.agent.seams import Clock, Launcher, Prober
 from elasticd.node import liveness
 from elasticd.rendezvous.fitness import Checked
 from elasticd.rendezvous.reach import PROBE_TIMEOUT_S, Reach, Target
@@ -17,10 +17,11 @@ _log = log.get("elasticd.agent")
 class Looks:
     """The last liveness probe of peers and the last node check of joiners' links, for one job."""
 
-    def __init__(self, job: str, launcher: Launcher, clock: Clock) -> None:
+    def __init__(self, job: str, launcher: Launcher, clock: Clock, probe: Prober = liveness.probe) -> None:
         self._job = job
         self._launcher = launcher
         self._clock = clock
+        self._probe_peers = probe
         self.reach: Reach | None = None
         self.checked: Checked | None = None
 
@@ -35,7 +36,7 @@ class Looks:
                 _log.info("check.links", job=self._job, round=round_no, measured=len(links), failed=bad)
 
     async def _probe(self, round_no: int, targets: tuple[Target, ...]) -> None:
-        reached, unreached = await liveness.probe(targets, PROBE_TIMEOUT_S)
+        reached, unreached = await self._probe_peers(targets, PROBE_TIMEOUT_S)
         before = self.reach.unreached if self.reach is not None else frozenset()
         self.reach = Reach(round_no, reached, unreached, self._clock.time())
         if unreached != before:  # once per change: a cut node probes every few seconds

@@ -1,14 +1,19 @@
-"""What the agent's executor needs of the node, as protocols: processes, the lease, time.
+"""What the agent's executor needs of the node, as protocols: processes, the lease, time, its
+sleep and wake-ups, the watches it opens and the probes it makes.
 
 Real implementations: ``elasticd.jobs.launcher.ProcessLauncher`` (worker process trees),
-``elasticd.node.registry.NodeRegistry`` (the lease), ``SystemClock``. Tests pass fakes.
+``elasticd.node.registry.NodeRegistry`` (the lease), ``SystemClock``, ``EventAlarm``,
+``elasticd.node.peers.PeerWatch``, ``elasticd.agent.joinwatch.JoinWatch``,
+``elasticd.node.liveness.probe``. Tests pass fakes (``tests.agent_sim_node`` every one of them:
+the simulation steps the shipped executor).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Protocol
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from elasticd.jobs.agentstore import Offer
 from elasticd.jobs.decider import Group
@@ -111,3 +116,77 @@ class Clock(Protocol):
 class SystemClock:
     def time(self) -> float:
         return time.time()
+
+
+class Alarm(Protocol):
+    """How the agent's loop sleeps: until something it acts on happens, a worker exits, or a
+    timeout."""
+
+    def ring(self) -> None:
+        """Something the agent acts on happened: the current sleep, or else the next, ends now."""
+        ...
+
+    async def pause(self, seconds: float) -> None:
+        """Sleep ``seconds``, rung or not (a ring is kept for the next ``sleep``)."""
+        ...
+
+    async def sleep(self, timeout_s: float, exits: set[asyncio.Future[Any]]) -> None:
+        """Until rung, one of ``exits`` completes, or ``timeout_s``; a ring is then spent."""
+        ...
+
+
+class EventAlarm:
+    """``Alarm`` on the agent's event loop."""
+
+    def __init__(self) -> None:
+        self._rung = asyncio.Event()
+
+    def ring(self) -> None:
+        self._rung.set()
+
+    async def pause(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    async def sleep(self, timeout_s: float, exits: set[asyncio.Future[Any]]) -> None:
+        waiter: asyncio.Future[Any] = asyncio.ensure_future(self._rung.wait())
+        try:
+            await asyncio.wait({waiter, *exits}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        self._rung.clear()
+
+
+class Peers(Protocol):
+    """The daemons of our round's peers, watched while our workers run: one proven dead has its
+    lease revoked, and the agent is woken."""
+
+    def follow(self, round_no: int, peers: tuple[Member, ...]) -> None:
+        """Watch exactly ``peers`` (empty: none), members of round ``round_no``."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Joins(Protocol):
+    """The joins of the round this node leads, as they arrive: each wakes the agent."""
+
+    @property
+    def round(self) -> int | None:
+        """The round whose joins are followed now (None: none)."""
+        ...
+
+    async def follow(self, round_no: int | None) -> None:
+        """Follow exactly round ``round_no``'s joins (None: none); EtcdUnavailable if the watch
+        cannot be opened."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Prober(Protocol):
+    async def __call__(
+        self, targets: Sequence[tuple[str, str, int]], timeout_s: float
+    ) -> tuple[frozenset[str], frozenset[str]]:
+        """Connect to each (node, host, liveness port), each for at most ``timeout_s``: (reached,
+        unreached)."""
+        ...
