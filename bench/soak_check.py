@@ -179,6 +179,10 @@ def check_etcd_client(c: Cluster) -> Check:
     return Check(f"every daemon on the {c.etcd_client} etcd client", not wrong, detail)
 
 
+# A round's records, kept for the last two rounds (the previous one's members give stable ranks).
+_ROUND_KINDS = (KeyKind.RESULT, KeyKind.ASSIGNMENT, KeyKind.DONE, KeyKind.LEFT, KeyKind.JOIN, KeyKind.LEAD)
+
+
 def allowed_key(keys: Keys, key: str, job_id: str, last_round: int, live_nodes: set[str]) -> bool:
     """Whether ``key`` may outlive the job: its history (head and spec, round, restarts, final, the last two
     rounds' records) and the live daemons' own records."""
@@ -194,7 +198,7 @@ def allowed_key(keys: Keys, key: str, job_id: str, last_round: int, live_nodes: 
         return False
     if ref.kind in (KeyKind.SPEC, KeyKind.BODY, KeyKind.ROUND, KeyKind.RESTARTS, KeyKind.FINAL):
         return True
-    if ref.kind in (KeyKind.RESULT, KeyKind.ASSIGNMENT, KeyKind.DONE, KeyKind.LEFT, KeyKind.JOIN):
+    if ref.kind in _ROUND_KINDS:
         return ref.round is not None and last_round - 1 <= ref.round <= last_round
     if ref.kind is KeyKind.NODE_STATUS:
         return ref.node in live_nodes

@@ -65,10 +65,12 @@ def test_crash_loss_bound_and_allowed_keys() -> None:
     assert not check_crash_loss(log(0, 1, 3), every=2).ok  # a step never run
     k, job, live = Keys("/p"), "job-1", {"n1"}
     ok = [k.job_spec(job), k.job_body(job), k.job_final(job), k.result(job, 7), k.done(job, 7, "n2"),
-          k.left(job, 6, "n2"), k.node("n1"), k.janitor(), k.node_status(job, "n1")]  # fmt: skip
+          k.left(job, 6, "n2"), k.lead(job, 7, "n2"), k.node("n1"), k.janitor(),
+          k.node_status(job, "n1")]  # fmt: skip
     leaked = [k.result(job, 5), k.waiting(job, "n1"), k.drain("n2"), k.node("n2"), k.job_drain(job, "n1"),
               k.pending_note(job, "n1"), k.job_spec("other"), k.job_body("other"), "/p/junk",
               k.node_status(job, "n2"), k.node_status("other", "n1"), k.join(job, 5, "n1"),
+              k.lead(job, 5, "n1"),
               f"/p/jobs/{job}/nodes/n1", f"/p/jobs/{job}/pending/n1"]  # fmt: skip
     assert all(allowed_key(k, key, job, 7, live) for key in ok)
     assert not any(allowed_key(k, key, job, 7, live) for key in leaked)
