@@ -83,9 +83,10 @@ def as_user(uid: int, gid: int, socket: Path, cmd: str, **args: Any) -> dict[str
     return dict(json.loads(data))
 
 
-def public_daemon(daemon_factory: DaemonFactory, root: Path) -> DaemonProc:
+def public_daemon(daemon_factory: DaemonFactory, root: Path, *extra: str) -> DaemonProc:
     """A daemon whose socket (0666), state and logs live under ``root``, reachable by anyone."""
-    d = daemon_factory(None, start=False, env=dict(os.environ, ELASTICD_SOCKET_MODE="666"), embedded=False)
+    env = dict(os.environ, ELASTICD_SOCKET_MODE="666")
+    d = daemon_factory(None, *extra, start=False, env=env, embedded=False)
     d.root = root / "daemon"
     d.stderr_path = root / "daemon" / "daemon.log"
     d.start()
