@@ -10,6 +10,7 @@ import asyncio
 from dataclasses import replace
 
 from elasticd import log
+from elasticd.portfilter.libnft import NftLib
 from elasticd.portfilter.nft import Nft, NftCli, NftError
 from elasticd.portfilter.rules import Guard, Mode, Ruleset, commands, desired, rule_count
 
@@ -105,11 +106,12 @@ class PortFilter:
 
 
 def detect(enabled: bool) -> PortFilter:
-    """The node's filter: off when the setting says so or no ``nft`` is installed; ``start``
-    then finds whether the kernel and our privileges allow it."""
+    """The node's filter: off when the setting says so or neither libnftables nor ``nft`` is
+    installed; ``start`` then finds whether the kernel and our privileges allow it. The library
+    first: in-process, a change costs no process start before a round's workers start."""
     if not enabled:
         return PortFilter.disabled("port_filter is off")
-    nft = NftCli.find()
+    nft: Nft | None = NftLib.find() or NftCli.find()
     if nft is None:
-        return PortFilter.disabled("no nft binary (install the nftables package)")
+        return PortFilter.disabled("no libnftables or nft binary (install the nftables package)")
     return PortFilter(nft, Mode.ON)

@@ -1,4 +1,5 @@
-"""One contract for the nft seam: ``NftCli`` (the real ``nft -j``, as root) and ``MemoryNft``."""
+"""One contract for the nft seam: ``NftCli`` (the real ``nft -j``, as root), ``NftLib`` (the real
+libnftables in-process, as root) and ``MemoryNft``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from elasticd.portfilter.libnft import NftLib
 from elasticd.portfilter.memory import MemoryNft
 from elasticd.portfilter.nft import Nft, NftCli, NftError
 from elasticd.portfilter.rules import Guard, Ruleset, commands, desired
@@ -15,18 +17,18 @@ from elasticd.portfilter.rules import Guard, Ruleset, commands, desired
 A = ipaddress.ip_address
 
 
-def _real() -> Nft:
-    nft = NftCli.find()
+def _real(kind: str) -> Nft:
+    nft: Nft | None = NftCli.find() if kind == "nft" else NftLib.find()
     if nft is None:
-        pytest.skip("no nft binary: apt-get install nftables (packaging/test.sh does where apt works)")
+        pytest.skip(f"no {kind}: apt-get install nftables (packaging/test.sh does where apt works)")
     if os.geteuid() != 0:
         pytest.skip("nft needs root (CAP_NET_ADMIN)")
     return nft
 
 
-@pytest.fixture(params=["memory", "nft"])
+@pytest.fixture(params=["memory", "nft", "libnftables"])
 def nft(request: pytest.FixtureRequest) -> Iterator[Nft]:
-    impl = MemoryNft() if request.param == "memory" else _real()
+    impl = MemoryNft() if request.param == "memory" else _real(request.param)
     impl.apply(commands(Ruleset(())))
     yield impl
     impl.apply(commands(Ruleset(())))
