@@ -1,11 +1,10 @@
 """A deterministic simulation of one job run by several nodes' agents.
 
-Each node (``tests.agent_sim_node``) runs its own ``AgentRecord`` through ``elasticd.agent.step``,
-with an executor that carries the actions out as ``elasticd.agent.executor`` does, against fake
-worker groups. A ``tick`` wakes every node and lets them step in turn, one step each, until all
-wait. Every node's store is an ``InlineJobStore`` over its own ``Link`` to one shared
-``MemoryKV``, whose clock is the ``now`` the steps get. Around the agents the sim plays the
-daemon as ``elasticd.manager`` and ``elasticd.node.registry`` do: admission, the lease's
+Each node (``tests.agent_sim_node``) runs the shipped agent (``elasticd.agent.executor.JobAgent``)
+over in-memory seams, against fake worker groups. A ``tick`` wakes every node and lets them step in
+turn, one step each, until all wait. Every node's store is an ``InlineJobStore`` over its own
+``Link`` to one shared ``MemoryKV``, whose clock is the ``now`` the steps get. Around the agents
+the sim plays the daemon as ``elasticd.manager`` and ``elasticd.node.registry`` do: admission, the lease's
 keep-alive and its loss (a fence), the reaper (it kills the workers of rounds with several
 members at the lease deadline), crash recovery, and the janitor (the real ``Janitor.sweep``, on
 the fake clock, with a grace for a round's only member longer than any partition).
@@ -25,9 +24,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable
-from dataclasses import replace
 
-from elasticd.agent.record import AgentRecord, Leave
+from elasticd.agent.record import Leave
 from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.kv import prefix_end
 from elasticd.etcd.memory import MemoryKV
@@ -41,7 +39,7 @@ from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.rendezvous.store import InlineJobStore, run_inline
 from elasticd.terms.spec import JobSpec
 from elasticd.terms.state import EndReason, JobState, RoundReason
-from tests.agent_sim_node import KEYS, Agent, Checker, Daemon, Link, Node
+from tests.agent_sim_node import KEYS, Checker, Daemon, Link, Node
 from tests.fakes import head_of
 
 __all__ = ["KEYS", "T0", "Checker", "Daemon", "Node", "Sim"]
@@ -78,7 +76,7 @@ class Sim:
         for i in range(pool):
             link = Link(self.kv, lambda: self.now)
             store = InlineJobStore(link, KEYS, spec.id)
-            node = Node(i, f"n{i}", link, store, note=self.note, reaches=self.reaches)
+            node = Node(i, f"n{i}", link, store, lambda: self.now, note=self.note, reaches=self.reaches)
             for start, end in KEYS.watched():  # the manager's watch (the daemon's, once it runs)
                 self.kv.watch_range(start, end, node.on_change, lambda: None)
             gone = KEYS.presences(spec.id)  # its ``PresenceWatches`` (it wakes the agent, if any)
@@ -130,7 +128,7 @@ class Sim:
         if revoke and node.lease is not None:
             self.kv.revoke_lease(node.lease)
         node.drop_join_watch()
-        node.daemon, node.agent, node.group, node.lease = Daemon.DOWN, None, None, None
+        node.daemon, node.agent, node.lease = Daemon.DOWN, None, None  # its workers go with its agent
 
     def restart(self, i: int) -> None:
         node = self.nodes[i]
@@ -268,9 +266,7 @@ class Sim:
         node.lease = None
         if node.agent is not None:
             self.spending += 1
-            if node.agent.rec.fenceable:  # JobAgent.fence
-                node.agent.rec = replace(node.agent.rec, part=node.agent.rec.part.fence())
-                node.wake()
+            node.agent.fence()
 
     def _register(self, node: Node) -> None:
         lease = node.link.stream().grant_lease(TTL_S)
@@ -312,13 +308,12 @@ class Sim:
             except EtcdUnavailable:
                 return
             node.presence_stale = False
-            node.agent = Agent(AgentRecord(self.spec, node.name, last_join_at=self.now))
+            node.admit(self.spec)
             node.ran_job, node.waiting = True, False
 
     def _leave(self, node: Node, leave: Leave) -> None:
-        if node.agent is not None and node.agent.rec.leave is None:  # JobAgent.leave
-            node.agent.rec = replace(node.agent.rec, leave=leave)
-            node.wake()
+        if node.agent is not None:
+            node.agent.leave(leave.reason, leave.detail, leave.grace_s, leave.stopping)
 
     def _shut_down(self, node: Node) -> None:
         """``NodeRegistry.stop``: revoke the lease if etcd can be told (else it runs out)."""

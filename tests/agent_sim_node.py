@@ -1,6 +1,8 @@
-"""One simulated node of ``tests.agent_sim``: its link to the shared store, its fake workers, and
-its agent, stepped by an executor that carries the actions out as ``elasticd.agent.executor``
-does: after a failure the rest of the list is dropped, and the next step gets it in ``Local``.
+"""One simulated node of ``tests.agent_sim``: its link to the shared store, and its agent, the
+shipped ``elasticd.agent.executor.JobAgent``, built over in-memory seams (``elasticd.agent.seams``):
+its workers are fake groups, its lease and probes the sim's, and its sleep is the sim's tick. The sim
+steps it one pass at a time (``JobAgent.once``): after a failure the rest of the list is dropped,
+and the next step gets it in ``Local``.
 
 Its wake-ups are the daemon's: the manager's watch (``Keys.watched``: every key but the joins,
 the nodes' records and presences, routed as ``JobManager.wake`` does, filtered by
@@ -12,27 +14,35 @@ executor's poll (``POLL_S``). The sim steps only the nodes these wake when it mo
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, assert_never
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 from elasticd.agent import actions as act
-from elasticd.agent.executor import POLL_S
-from elasticd.agent.record import AgentRecord, AgentState, Local, Observed, View, presence_asked
-from elasticd.agent.step import step
+from elasticd.agent.executor import POLL_S, Exited, JobAgent
 from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keyref import KeyKind
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.memory import MemoryKV
+from elasticd.jobs.agentstore import Offer
 from elasticd.jobs.decider import Group, GroupOutcome
+from elasticd.jobs.launch import NodeRuntime
 from elasticd.manager.wakes import QUIET_KINDS
+from elasticd.node.inventory import Inventory
 from elasticd.node.registry import parse_presences
-from elasticd.rendezvous.glance import Glance
-from elasticd.rendezvous.model import Join, Member
+from elasticd.progress.goodput import Ledger, Silence
+from elasticd.progress.tracker import RankProgress
+from elasticd.rendezvous.fitness import CheckTarget
+from elasticd.rendezvous.fitness import Link as CheckLink
+from elasticd.rendezvous.model import Member, RoundHead
 from elasticd.rendezvous.reach import Reach
 from elasticd.rendezvous.store import InlineJobStore, run_inline
+from elasticd.terms.spec import JobSpec
 from elasticd.terms.state import EndReason, SetupFailure, WorkerFailure
 
 KEYS = Keys("/sim")
@@ -79,9 +89,25 @@ class FakeGroup:
     outcome: GroupOutcome = GroupOutcome.RUNNING
     failure: WorkerFailure | None = None
     fenced: bool = True  # the reaper kills it at the lease deadline: its round has several members
+    pid: int = 100
 
     def observe(self, describe: bool) -> Group:
         return Group(self.outcome, self.failure if describe else None)
+
+    def pids(self) -> list[int]:
+        return [self.pid] if self.outcome is GroupOutcome.RUNNING else []
+
+    def pgids(self) -> list[int]:
+        return [self.pid]
+
+    def exits(self) -> set[asyncio.Future[int]]:
+        return set()  # (the sim wakes the node when its workers exit)
+
+    def progress(self) -> list[RankProgress]:
+        return []
+
+    async def stop(self, grace_s: float) -> list[int]:
+        return []
 
     def exit(self, returncode: int) -> bool:
         """Every worker exits with ``returncode``; False if they had already."""
@@ -103,16 +129,6 @@ class Daemon(Enum):
     DOWN = "down"  # crashed or stopped
 
 
-@dataclass
-class Agent:
-    """An agent: its record and the loop variables of ``JobAgent._run``."""
-
-    rec: AgentRecord
-    view: View | None = None
-    setup: SetupFailure | None = None
-    etcd_error: str | None = None
-
-
 class Checker:
     """Told of every action carried out, and asked after every step (the tests' invariants)."""
 
@@ -123,21 +139,17 @@ class Checker:
         pass
 
 
-class _Exited(Exception):
-    pass
-
-
 @dataclass(eq=False)
 class Node:
     index: int
     name: str
     link: Link
     store: InlineJobStore
+    now: Callable[[], float] = lambda: 0.0  # the sim's clock
     daemon: Daemon = Daemon.ABSENT
     lease: int | None = None
     deadline: float = 0.0  # the registry's (and the reaper's) lease deadline
-    agent: Agent | None = None
-    group: FakeGroup | None = None
+    agent: JobAgent | None = None
     drained: bool = False
     stopping: bool = False  # the daemon shuts down once its agent has left
     ran_job: bool = False  # the state dir records the job: a restart reports it (recovery)
@@ -145,7 +157,6 @@ class Node:
     unheard: bool = False  # its agent left while the store was unreachable
     note: Callable[[str], None] = lambda _text: None  # the sim's trace
     reaches: Callable[[str, str], bool] = lambda _a, _b: True  # the sim's reachability matrix
-    reach: Reach | None = None  # what its agent's last probe found (``JobAgent._reach``)
     notes: list[str | None] = field(default_factory=list)  # the pending notes it published
     # Wake-ups (see the module's docstring):
     woken: bool = False  # something ``JobAgent.wake`` lets through happened since the last step
@@ -156,6 +167,29 @@ class Node:
     join_events: list[str] = field(default_factory=list)  # joins its join watch told it of
     main_joins: list[str] = field(default_factory=list)  # joins the manager's watch told it of: none
     presence_stale: bool = False  # its agent left, and its presence is still to delete
+
+    @property
+    def group(self) -> FakeGroup | None:
+        """Its agent's workers."""
+        workers = self.agent.workers if self.agent is not None else None
+        assert workers is None or isinstance(workers, FakeGroup)
+        return workers
+
+    @property
+    def reach(self) -> Reach | None:
+        """What its agent's last probe found."""
+        return self.agent._looks.reach if self.agent is not None else None
+
+    def admit(self, spec: JobSpec) -> None:
+        """``JobManager``'s admission: the shipped agent, over this node's seams."""
+        i = self.index
+        rt = NodeRuntime(self.name, f"10.0.0.{i + 1}", Path("/nonexistent"), Inventory((), 8),
+                         SimpleNamespace(), liveness_port=4000 + i)  # type: ignore[arg-type]  # fmt: skip
+        self.agent = JobAgent(
+            spec, rt, self.store, SimLease(self), (), lambda _agent: None,
+            launcher=SimLauncher(self), clock=SimClock(self.now), alarm=SimAlarm(self),
+            peers=NoPeers(), joins=SimJoins(self), probe=self.probe,
+        )  # fmt: skip
 
     def wake(self) -> None:
         self.woken = True
@@ -174,21 +208,23 @@ class Node:
             return
         if change.kind is KeyKind.JOIN:
             self.main_joins.append(key)
-        if change.job is None or (self.agent is not None and self.agent.rec.woken_by(change)):
+        if change.job is None:
             self.woken = True
+        elif self.agent is not None:
+            self.agent.wake(change)
 
     def on_presence_gone(self, key: str, deleted: bool) -> None:
         """The job's presences, deletions only (``PresenceWatches``, then ``JobManager.wake``)."""
         change = KEYS.route(key, deleted)
-        if change is not None and self.agent is not None and self.agent.rec.woken_by(change):
-            self.woken = True
+        if change is not None and self.agent is not None:
+            self.agent.wake(change)
 
     def _on_join(self, key: str, deleted: bool) -> None:
         """The join watch (``JoinWatch``)."""
         self.join_events.append(key)
         change = KEYS.route(key, deleted)
-        if change is not None and self.agent is not None and self.agent.rec.woken_by(change):
-            self.woken = True
+        if change is not None and self.agent is not None:
+            self.agent.wake(change)
 
     def drop_join_watch(self) -> None:
         if self.joins is not None:
@@ -199,7 +235,7 @@ class Node:
         self.drop_join_watch()
         self.woken = True
 
-    def _follow_joins(self, round_no: int | None) -> None:
+    def follow_joins(self, round_no: int | None) -> None:
         """``JoinWatch.follow``."""
         if self.joins is not None and self.joins[0] == round_no:
             return
@@ -215,49 +251,48 @@ class Node:
         nodes = parse_presences(KEYS, job, self.link.get_prefix(KEYS.presences(job)))
         return nodes if among is None else nodes & among
 
+    async def probe(
+        self, targets: Sequence[tuple[str, str, int]], timeout_s: float
+    ) -> tuple[frozenset[str], frozenset[str]]:
+        """``liveness.probe``, through the sim's reachability matrix."""
+        reached = frozenset(t[0] for t in targets if self.reaches(self.name, t[0]))
+        return reached, frozenset(t[0] for t in targets) - reached
+
     def step(self, now: float, checker: Checker) -> bool:
-        """One pass of ``JobAgent._run``'s loop; True when the agent waits (or has left)."""
+        """One pass of ``JobAgent``'s loop (``once``); True when the agent waits (or has left)."""
         agent = self.agent
         assert agent is not None
-        group = self.group.observe(describe=agent.rec.failure is None) if self.group else None
-        valid = self.lease is not None and now < self.deadline
-        followed = self.joins[0] if self.joins is not None else None
-        local = Local(self.lease, valid, group, agent.setup, agent.etcd_error, followed, self.reach)
         if self.waiting:  # its Wait returned: the executor clears its wake-up then (a wake-up
             self.woken = False  # that comes while it steps makes its next Wait return at once)
         self.stepped_at = now
-        agent.rec, actions = step(agent.rec, agent.view, local, now)
-        agent.view, agent.setup, agent.etcd_error = None, None, None
+        failed = agent.etcd_error is not None  # the store failed the last pass
         waited = False
+
+        def told(action: act.Action) -> None:
+            nonlocal waited
+            waited = isinstance(action, act.Wait)
+            if isinstance(action, act.Wait):
+                self.until = action.until
+            if isinstance(action, act.NotePending) and self.lease is not None:
+                self.notes.append(action.note)
+            if isinstance(action, act.Bump):
+                self.note(f"{self.name} bumps to round {action.info.round} ({action.info.reason.value})")
+            checker.after(self, action)
+
         try:
-            for action in actions:
-                waited = isinstance(action, act.Wait)
-                if isinstance(action, act.Wait):
-                    self.until = action.until
-                agent.view = self._execute(agent, action, now) or agent.view
-                checker.after(self, action)
-        except EtcdUnavailable as exc:
-            agent.view, agent.etcd_error = None, str(exc)
-        except SetupFailure as exc:
-            agent.view, agent.setup = None, exc
-        except _Exited:
-            self._exit(agent, unheard=agent.rec.leave is not None and local.etcd_error is not None)
+            run_inline(agent.once(told))
+        except Exited:
+            self._exit(agent, unheard=agent.rec.leave is not None and failed)
             waited = True
         checker.check()
         self.waiting = waited
         return waited
 
-    def _exit(self, agent: Agent, unheard: bool) -> None:
-        """``JobAgent._main``'s clean-up; then the manager forgets the agent (and the state dir the job)."""
+    def _exit(self, agent: JobAgent, unheard: bool) -> None:
+        """``JobAgent.finish``; then the manager forgets the agent (and the state dir the job)."""
         self.note(f"{self.name} exits ({agent.rec.state.value} in round {agent.rec.round})")
         self.unheard = unheard
-        self.group = None
-        self.drop_join_watch()
-        agent.rec = replace(agent.rec, state=AgentState.LEFT)
-        with contextlib.suppress(EtcdUnavailable):
-            run_inline(self.store.clear_waiting(self.name))
-            if agent.rec.joined_round >= 0:
-                run_inline(self.store.withdraw(agent.rec.joined_round, self.name))
+        run_inline(agent.finish())
         self.agent, self.ran_job = None, False
         self.presence_stale = True  # ``NodeRegistry.leave``: deleted now, or at a keep-alive
         self.forget_presence()
@@ -269,146 +304,107 @@ class Node:
                 self.link.up().delete(KEYS.presence(self.store.job_id, self.name))
                 self.presence_stale = False
 
-    def _execute(self, agent: Agent, action: act.Action, now: float) -> View | None:
-        """``JobAgent._execute``, against fake workers."""
-        match action:
-            case act.ReadGlance(round_no):
-                return run_inline(self.store.glance(round_no, self.name))
-            case act.ReadSnapshot(counted, rosters):
-                snap = run_inline(
-                    self.store.snapshot(counted, statuses=False, node=self.name, rosters=rosters)
-                )
-                return Observed(snap, self.alive(presence_asked(snap)))
-            case act.Exit():
-                raise _Exited
-            case act.StopWorkers() | act.StartWorkers() | act.Publish() | act.Probe() | act.WatchJoins():
-                self._act_here(agent, action, now)
-            case act.Join() | act.Reassert() | act.SetWaiting() | act.NotePending():
-                return self._put_under_lease(agent, action)
-            case (
-                act.Withdraw()
-                | act.ClaimLead()
-                | act.ClearWaiting()
-                | act.CloseRound()
-                | act.Bump()
-                | act.Amend()
-                | act.Finalize()
-                | act.MarkDone()
-                | act.MarkLeft()
-            ):
-                self._write(action)
-            case act.Wait() | act.WatchPeers() | act.CheckNodes():
-                pass  # (peers are proven dead by Crash; the simulated jobs check no nodes)
-            case _:
-                assert_never(action)
+
+# -- the agent's seams, over the node ---------------------------------------------------------------
+class SimClock:
+    def __init__(self, now: Callable[[], float]) -> None:
+        self._now = now
+
+    def time(self) -> float:
+        return self._now()
+
+
+class SimLease:
+    """``NodeRegistry`` as the agent sees it: the node's lease, valid until its deadline."""
+
+    def __init__(self, node: Node) -> None:
+        self._node = node
+
+    @property
+    def lease_id(self) -> int | None:
+        return self._node.lease
+
+    def lease_valid(self) -> bool:
+        return self._node.lease is not None and self._node.now() < self._node.deadline
+
+    async def alive(self, among: frozenset[str] | None = None) -> frozenset[str]:
+        return self._node.alive(among)
+
+
+class SimAlarm:
+    """The agent's sleep: the sim's tick sleeps for it (``Node.runnable``); a ring wakes the node."""
+
+    def __init__(self, node: Node) -> None:
+        self._node = node
+
+    def ring(self) -> None:
+        self._node.woken = True
+
+    async def pause(self, seconds: float) -> None:
+        pass
+
+    async def sleep(self, timeout_s: float, exits: set[asyncio.Future[Any]]) -> None:
+        pass
+
+
+class NoPeers:
+    """Peers are proven dead by ``Sim.crash`` (a revoked lease), not by a watch."""
+
+    def follow(self, round_no: int, peers: tuple[Member, ...]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class SimJoins:
+    """``JoinWatch`` over the node's watch of the shared store (its callbacks come inline)."""
+
+    def __init__(self, node: Node) -> None:
+        self._node = node
+
+    @property
+    def round(self) -> int | None:
+        return self._node.joins[0] if self._node.joins is not None else None
+
+    async def follow(self, round_no: int | None) -> None:
+        self._node.follow_joins(round_no)
+
+    def close(self) -> None:
+        self._node.drop_join_watch()
+
+
+class SimLauncher:
+    """Fake worker groups; the node's join names its (fake) port."""
+
+    def __init__(self, node: Node) -> None:
+        self._node = node
+
+    def prepare(self, spec: JobSpec) -> None:
+        pass
+
+    async def offer(self, round_no: int) -> Offer:
+        return Offer(29500 + self._node.index, False)
+
+    async def check_links(self, targets: tuple[CheckTarget, ...]) -> dict[str, CheckLink]:
+        return {}  # (the simulated jobs check no nodes)
+
+    def goodput(self) -> Ledger | None:
         return None
 
-    def _act_here(
+    async def close(self) -> None:
+        pass
+
+    async def start(
         self,
-        agent: Agent,
-        action: act.StopWorkers | act.StartWorkers | act.Publish | act.Probe | act.WatchJoins,
-        now: float,
-    ) -> None:
-        """The actions on this node itself: its fake workers, its status, its probes, its watch."""
-        match action:
-            case act.StopWorkers():
-                if self.group is not None:
-                    self._publish(agent, now, quietly=True)
-                    self.group = None
-                    self._publish(agent, now, quietly=True)
-            case act.StartWorkers(result, member):
-                if self.broken_setup:
-                    raise SetupFailure(EndReason.SPAWN_FAILED, f"cannot start workers on {self.name}")
-                self.group = FakeGroup(result.round, member, fenced=result.size > 1)
-            case act.Publish():
-                self._publish(agent, now)
-            case act.Probe(round_no, targets):
-                reached = frozenset(t[0] for t in targets if self.reaches(self.name, t[0]))
-                self.reach = Reach(round_no, reached, frozenset(t[0] for t in targets) - reached, now)
-            case act.WatchJoins(round_no):
-                self._follow_joins(round_no)
-
-    def _put_under_lease(
-        self, agent: Agent, action: act.Join | act.Reassert | act.SetWaiting | act.NotePending
-    ) -> Glance | None:
-        """The keys put under this node's lease; without a lease, nothing. A join answers with
-        a glance."""
-        store, lease, name = self.store, self.lease, self.name
-        if lease is None:
-            return None
-        match action:
-            case act.Join(round_no):
-                i, nproc = self.index, agent.rec.spec.nproc_per_node
-                join = Join(name, f"10.0.0.{i + 1}", 29500 + i, nproc, liveness_port=4000 + i)
-                return run_inline(store.join(round_no, join, lease))
-            case act.Reassert(round_no, join):
-                run_inline(store.join(round_no, join, lease))
-            case act.SetWaiting():
-                run_inline(store.set_waiting(name, lease))
-            case act.NotePending(text):
-                run_inline(store.note_pending(name, text, lease))
-                self.notes.append(text)
-        return None
-
-    def _write(
-        self,
-        action: act.Withdraw
-        | act.ClaimLead
-        | act.ClearWaiting
-        | act.CloseRound
-        | act.Bump
-        | act.Amend
-        | act.Finalize
-        | act.MarkDone
-        | act.MarkLeft,
-    ) -> None:
-        """The job's records this node writes, lease or not."""
-        store, name = self.store, self.name
-        match action:
-            case act.Withdraw(round_no):
-                run_inline(store.withdraw(round_no, name))
-            case act.ClaimLead(round_no, epoch, lease):
-                run_inline(store.claim_lead(round_no, name, epoch, lease))
-            case act.ClearWaiting():
-                run_inline(store.clear_waiting(name))
-            case act.MarkDone(round_no):
-                run_inline(store.mark_done(round_no, name))
-            case act.MarkLeft(round_no):
-                run_inline(store.mark_left(round_no, name))
-            case act.CloseRound() | act.Bump() | act.Amend() | act.Finalize():
-                self._swap(action)
-
-    def _swap(self, action: act.CloseRound | act.Bump | act.Amend | act.Finalize) -> None:
-        """The compare-and-swap writes of the round's and the job's records."""
-        store, name = self.store, self.name
-        match action:
-            case act.CloseRound(result):
-                if run_inline(store.close(result, name)):
-                    run_inline(store.forget_rounds_before(result.round))
-            case act.Bump(seen, info, spend):
-                if run_inline(store.bump(seen, info, spend)):
-                    self.note(f"{name} opened round {info.round} ({info.reason.value}: {info.detail})")
-            case act.Amend(seen_mod, record):
-                if run_inline(store.amend(seen_mod, record)):
-                    self.note(f"{name} amended the record to name its own failure first")
-            case act.Finalize(state, code, reason, failure):
-                if run_inline(store.finalize(state, code, reason, failure)):
-                    self.note(f"{name} ended the job {state.value} ({code.value}: {reason})")
-
-    def _publish(self, agent: Agent, now: float, quietly: bool = False) -> None:
-        """``put_node_status`` of ``JobAgent.local_view``."""
-        if self.lease is None:
-            return
-        rec, group = agent.rec, self.group
-        running = group is not None and group.outcome is GroupOutcome.RUNNING
-        state = rec.state.value
-        if group is not None and rec.state is AgentState.RUNNING and not running:
-            state = "DONE" if group.outcome is GroupOutcome.SUCCEEDED else "FAILED"
-        failure = rec.failure.to_json() if rec.failure else None
-        status = {"state": state, "round": rec.round, "devices": "", "failure": failure}
-        status |= {"pids": [100 + self.index] if running else [], "updated_at": now}
-        try:
-            run_inline(self.store.put_node_status(self.name, status, self.lease))
-        except EtcdUnavailable:
-            if not quietly:
-                raise
+        spec: JobSpec,
+        result: RoundHead,
+        member: Member,
+        restarts: int,
+        slots: tuple[int, ...],
+        silence: Silence | None = None,
+    ) -> FakeGroup:
+        node = self._node
+        if node.broken_setup:
+            raise SetupFailure(EndReason.SPAWN_FAILED, f"cannot start workers on {node.name}")
+        return FakeGroup(result.round, member, fenced=result.size > 1, pid=100 + node.index)
