@@ -23,15 +23,14 @@ import pwd
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.harness.daemon import start_daemon
-from bench.harness.paths import default_bin
+from harness.daemon import start_daemon
+from harness.paths import default_bin
+
 from elasticctl.client import Client
 from elasticd.portfilter.guard import PortFilter
 from elasticd.portfilter.libnft import NftLib

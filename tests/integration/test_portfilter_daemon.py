@@ -73,7 +73,8 @@ def public() -> Iterator[Path]:
 def listening(pid: int) -> set[int]:
     """The TCP ports ``pid`` listens on, as the kernel says (what an attacker's ``ss -ltnp`` shows)."""
     conns = psutil.net_connections(kind="tcp")
-    return {c.laddr.port for c in conns if c.pid == pid and c.status == psutil.CONN_LISTEN}
+    mine = [c for c in conns if c.pid == pid and c.status == psutil.CONN_LISTEN]
+    return {int(getattr(c.laddr, "port", 0)) for c in mine}  # laddr is () for a socket unbound
 
 
 def rules_of(uid: int) -> bool:
