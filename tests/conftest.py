@@ -76,10 +76,6 @@ def daemon_factory(
     ) -> DaemonProc:
         node = node_id or unique("node")
         args = [*extra]
-        if not {"--port-filter", "--no-port-filter"} & set(args):
-            # The host has one table of elasticd's, and each daemon replaces it whole: daemons of
-            # tests running side by side would undo each other's. Only the filter's tests turn it on.
-            args.append("--no-port-filter")
         if not embedded:
             if "--etcd-endpoints" not in args:
                 args += ["--etcd-endpoints", etcd_server.endpoint]

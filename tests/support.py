@@ -236,6 +236,9 @@ class DaemonProc:
             "--node-id", self.node_id,
             "--log-format", "json",
             *(["--allow-root-jobs"] if self.allow_root_jobs else []),
+            # One nftables table per host, replaced whole by each daemon: daemons of tests side by
+            # side would undo each other's. Only the filter's own tests turn it on.
+            *([] if {"--port-filter", "--no-port-filter"} & set(self.args) else ["--no-port-filter"]),
             *self.args,
         ]  # fmt: skip
         err = open(self.stderr_path, "ab")  # noqa: SIM115

@@ -15,6 +15,9 @@ from elasticd.portfilter.nft import Nft, NftCli, NftError
 from elasticd.portfilter.rules import Guard, Ruleset, commands, desired
 
 A = ipaddress.ip_address
+# One table per host: the real implementations' tests and the filter's other tests must not
+# replace it under each other (packaging/test.sh runs --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("nft")
 
 
 def _real(kind: str) -> Nft:

@@ -23,6 +23,7 @@ pytestmark = [
     pytest.mark.root,
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root: users, namespaces and nft"),
     pytest.mark.skipif(NftCli.find() is None, reason="no nft binary: apt-get install nftables"),
+    pytest.mark.xdist_group("nft"),  # one table per host: its tests run one at a time
 ]
 A = ipaddress.ip_address
 PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
