@@ -219,18 +219,24 @@ def main() -> None:
     round_no = int(os.environ.get("ELASTICD_ROUND", "0"))
 
     stop = worker.GracefulStop()
+    marks = [time.monotonic()]  # where a restart's time goes in the worker: said on resuming
     dist.init_process_group("gloo", init_method="env://")
+    marks.append(time.monotonic())
     rank, world = dist.get_rank(), dist.get_world_size()
     hang = out / f"hang.{rank}"
     training, state = Training.restore(out / "ckpt.pt", args.snapshots)
+    marks.append(time.monotonic())
     if state is not None and state.get("finished"):
         print(f"rank {rank}: already finished at step {state['step']}", flush=True)
         dist.destroy_process_group()
         return
     step = worker.resume_step(state)
     ddp = DDP(training.model)
+    marks.append(time.monotonic())
     if rank == 0:
-        print(f"round {round_no} world {world}: resuming at step {step}", flush=True)
+        spans = zip(("group", "restore", "ddp"), marks, marks[1:], strict=False)
+        took = ", ".join(f"{what} {b - a:.3f} s" for what, a, b in spans)
+        print(f"round {round_no} world {world}: resuming at step {step} ({took})", flush=True)
 
     # Progress reports for `elasticctl status` and `submit --hang-timeout`, where this elasticd has
     # them (elasticd.worker.step); nothing otherwise.

@@ -123,3 +123,19 @@ def test_the_program_imports_the_standard_library_only() -> None:
             for name in names:
                 sibling = name.startswith(own + ".") and node.lineno in allowed
                 assert stdlib(name) or sibling, f"{path.name}:{node.lineno} imports {name}"
+
+
+def test_the_warm_parent_warms_what_an_optimizer_imports_and_forks_without_it_when_torch_lacks_it() -> None:
+    """An optimizer's constructor imports ``torch._dynamo`` (about 1 s): the warm parent imports
+    it with torch, so a restarted worker does not; a module that will not import is skipped."""
+    code = (
+        "import sys\n"
+        "from elasticd.workers.zygote_program import boot\n"
+        "assert boot._preload({'torch': True, 'preload': []}) is None\n"
+        "assert 'torch._dynamo' in sys.modules\n"
+        "boot.WARM_AFTER_TORCH = ('no_such_module_of_torch',)\n"
+        "assert boot._preload({'torch': True, 'preload': ['json']}) is None\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "ok", out.stderr

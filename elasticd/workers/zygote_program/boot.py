@@ -232,8 +232,17 @@ def _cuda_initialized() -> bool:
         return False
 
 
+# What torch imports on a training script's first steps rather than at ``import torch``, warmed
+# here when torch is there, best effort (a torch without it forks as well): an optimizer's
+# constructor imports ``torch._dynamo`` (about 1 s on this machine's CPU), which every restarted
+# worker would pay again. It starts no thread and touches no device (``gpu_check.sh`` checks that
+# the warm parent maps no CUDA library).
+WARM_AFTER_TORCH = ("torch._dynamo",)
+
+
 def _preload(cfg: dict[str, Any]) -> str | None:
-    """Import torch (when the interpreter has it) and the preload modules; a reason on failure."""
+    """Import torch (when the interpreter has it), what torch loads on first use and the preload
+    modules; a reason on failure."""
     import importlib
     import traceback
 
@@ -247,6 +256,12 @@ def _preload(cfg: dict[str, Any]) -> str | None:
             return f"import {mod}: {traceback.format_exception_only(type(exc), exc)[-1].strip()}"
         except BaseException as exc:
             return f"import {mod}: {traceback.format_exception_only(type(exc), exc)[-1].strip()}"
+        if mod == "torch":
+            for extra in WARM_AFTER_TORCH:
+                try:
+                    importlib.import_module(extra)
+                except Exception:  # best effort: the worker imports it itself
+                    continue
     return None
 
 
