@@ -72,6 +72,7 @@ def keeper_setup(rt: NodeRuntime, spec: JobSpec) -> KeeperSetup | str:
     )
 
 
+MAX_REPLACED = 3  # zygotes a job starts again on a node after losing one
 CHECK_PYTHON = "/usr/bin/python3"  # runs the node check of a job that has no interpreter (--no-python)
 
 
@@ -91,6 +92,7 @@ class ProcessLauncher:
         self._named: int | None = None  # the port the user named for MASTER_PORT (--master-port)
         self._accounts: Accounts | None = None  # the job's goodput here, across its rounds
         self._checks: NodeChecks | None = None  # with --node-check (``rendezvous.fitness``)
+        self._replaced = 0  # zygotes started again after one was lost (``_replace_zygote``)
 
     def prepare(self, spec: JobSpec) -> None:
         """The job was admitted here: get its zygote now, so its imports overlap the rendezvous."""
@@ -124,6 +126,20 @@ class ProcessLauncher:
             procs_fd = None
         self._keeper = SnapshotKeeper(setup, self._rt.reaper, procs_fd)
         self._keeper.spawn()
+
+    def _replace_zygote(self, spec: JobSpec) -> None:
+        """The job's zygote was lost (killed with the job's processes when the node was fenced, or
+        it misbehaved): start another for the next attempts, which would all start cold (no warm
+        fork, no store host) for the rest of the job. At most ``MAX_REPLACED`` times a job here: a
+        zygote that keeps dying is not started forever."""
+        if self._replaced >= MAX_REPLACED:
+            return
+        setup = zygote_setup(self._rt, spec)
+        if isinstance(setup, str):
+            return
+        self._replaced += 1
+        _log.info("zygote.replaced", job=spec.id, times=self._replaced, of=MAX_REPLACED)
+        self._zygote = asyncio.ensure_future(self._obtain(setup))
 
     async def _obtain(self, setup: ZygoteSetup) -> Zygote:
         """A parked zygote identical to the one ``setup`` starts, or a new one (spawned on the event
@@ -164,6 +180,8 @@ class ProcessLauncher:
             _log.info(
                 "zygote.cold", job=spec.id, round=result.round, state=zygote.state.value, why=zygote.reason
             )
+            if zygote.state is ZygoteState.LOST:
+                self._replace_zygote(spec)
             zygote = None
         agent_store = await self._agent_store(result, member, zygote)
         if self._accounts is not None:

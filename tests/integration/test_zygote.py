@@ -144,8 +144,10 @@ def test_a_crash_prints_the_scripts_traceback_as_python_does(daemon: DaemonProc,
     assert "ValueError: boom" in tail
 
 
-def test_a_lost_zygote_fails_its_attempt_and_the_next_runs_cold(daemon: DaemonProc, tmp_path: Path) -> None:
-    job = submit_job(daemon, tmp_path, "--nproc-per-node", "2", "--max-restarts", "1",
+def test_a_lost_zygote_fails_its_attempt_the_next_runs_cold_and_a_new_one_warms_the_rest(
+    daemon: DaemonProc, tmp_path: Path
+) -> None:
+    job = submit_job(daemon, tmp_path, "--nproc-per-node", "2", "--max-restarts", "2",
                      str(SCRIPTS / "member.py"))  # fmt: skip
     ready = wait_log(daemon, "zygote.ready", 120, job=job)
     wait_for(lambda: len(list(tmp_path.glob("w.0.*.json"))) == 2, 60, what="round 0's workers")
@@ -153,10 +155,17 @@ def test_a_lost_zygote_fails_its_attempt_and_the_next_runs_cold(daemon: DaemonPr
     lost = wait_log(daemon, "zygote.lost", 30, job=job)
     assert lost["pid"] == ready["pid"]
     wait_for(lambda: len(list(tmp_path.glob("w.1.*.json"))) == 2, 60, what="round 1's workers")
+    assert log_events(daemon, "zygote.cold", job=job, round=1), "no log line for the cold fallback"
+    assert wait_log(daemon, "zygote.replaced", 30, job=job)["times"] == 1
+    fresh = lambda: [e for e in log_events(daemon, "zygote.ready", job=job) if e["pid"] != ready["pid"]]  # noqa: E731
+    again = wait_for(fresh, 120, what="a new zygote ready")[0]
+    worker = json.loads((tmp_path / "w.1.0.json").read_text())["pid"]
+    os.kill(worker, signal.SIGKILL)  # round 2 forks from the new zygote
+    wait_for(lambda: len(list(tmp_path.glob("w.2.*.json"))) == 2, 60, what="round 2's workers")
     (tmp_path / "finish").touch()
     assert daemon.wait_state(job, ("SUCCEEDED", "FAILED"), 60)["state"] == "SUCCEEDED"
-    assert spawned_modes(daemon, job) == ["warm", "cold"]
-    assert log_events(daemon, "zygote.cold", job=job, round=1), "no log line for the cold fallback"
+    assert spawned_modes(daemon, job) == ["warm", "cold", "warm"]
+    assert again["pid"] != ready["pid"]
 
 
 def test_a_zygote_that_cannot_start_leaves_the_job_to_cold_workers(
