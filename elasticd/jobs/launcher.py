@@ -72,7 +72,7 @@ def keeper_setup(rt: NodeRuntime, spec: JobSpec) -> KeeperSetup | str:
     )
 
 
-MAX_REPLACED = 3  # zygotes a job starts again on a node after losing one
+MAX_REPLACED = 10  # zygotes a job starts again on a node after losing one
 CHECK_PYTHON = "/usr/bin/python3"  # runs the node check of a job that has no interpreter (--no-python)
 
 
