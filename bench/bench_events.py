@@ -28,8 +28,8 @@ sys.path.insert(0, str(REPO))
 from elasticd.etcd.client import EtcdClient  # noqa: E402
 from elasticd.etcd.embedded import EmbeddedEtcd  # noqa: E402
 from elasticd.etcd.keys import Keys  # noqa: E402
-from elasticd.events.model import ClusterEvent  # noqa: E402
-from elasticd.events.store import EventLog  # noqa: E402
+from elasticd.history.model import ClusterEvent  # noqa: E402
+from elasticd.history.store import EventLog  # noqa: E402
 
 
 def _ms(samples: list[float]) -> dict[str, float]:

@@ -44,7 +44,7 @@ sys.path.insert(0, str(REPO))
 
 
 def start_keeper(bound: int) -> tuple[subprocess.Popen[bytes], socket.socket, str]:
-    from elasticd.workers.warm.keeper import KEEPER
+    from elasticd.workers.warm.snapshotkeeper import KEEPER
 
     ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     src_r, src_w = os.pipe()

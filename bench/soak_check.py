@@ -193,7 +193,7 @@ def allowed_key(keys: Keys, key: str, job_id: str, last_round: int, live_nodes: 
     if ref.kind is KeyKind.NODE:
         return ref.node in live_nodes
     if ref.kind in (KeyKind.JANITOR, KeyKind.EVENT, KeyKind.EVENT_SEQ):
-        return True  # the cluster's event history is bounded by construction (elasticd.events)
+        return True  # the cluster's event history is bounded by construction (elasticd.history)
     if ref.job != job_id:
         return False
     if ref.kind in (KeyKind.SPEC, KeyKind.BODY, KeyKind.ROUND, KeyKind.RESTARTS, KeyKind.FINAL):

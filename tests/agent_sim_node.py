@@ -30,8 +30,8 @@ from elasticd.etcd.keyref import KeyKind
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.memory import MemoryKV
 from elasticd.jobs.agentstore import Offer
+from elasticd.jobs.attempt import NodeRuntime
 from elasticd.jobs.decider import Group, GroupOutcome
-from elasticd.jobs.launch import NodeRuntime
 from elasticd.manager.wakes import QUIET_KINDS
 from elasticd.node.inventory import Inventory
 from elasticd.node.registry import parse_presences

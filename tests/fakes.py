@@ -14,8 +14,8 @@ from typing import Any
 
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV
-from elasticd.jobs.launch import NodeRuntime
-from elasticd.manager.jobs import JobManager
+from elasticd.jobs.attempt import NodeRuntime
+from elasticd.manager.jobmanager import JobManager
 from elasticd.node.inventory import Inventory
 from elasticd.node.statedir import StateDir
 from elasticd.terms.head import JobHead, body_bytes

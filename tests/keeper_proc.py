@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 
-from elasticd.workers.warm.keeper import KEEPER
+from elasticd.workers.warm.snapshotkeeper import KEEPER
 
 
 class Keeper:

@@ -21,9 +21,9 @@ from churn.report import Phase, Rest
 from elasticd.etcd.client import EtcdClient
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.space import SpaceLimits
-from elasticd.jobs.launch import NodeRuntime
+from elasticd.jobs.attempt import NodeRuntime
 from elasticd.manager.etcdspace import READ_S, SpaceWatch
-from elasticd.manager.jobs import JobManager
+from elasticd.manager.jobmanager import JobManager
 from elasticd.node.inventory import Inventory
 from elasticd.node.registry import NodeRegistry
 from elasticd.node.statedir import StateDir

@@ -41,7 +41,7 @@ from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keyref import Change
 from elasticd.happenings.bus import publish
 from elasticd.happenings.records import JobFailed, JobSetupFailed, WorkerFailed
-from elasticd.jobs.launch import NodeRuntime
+from elasticd.jobs.attempt import NodeRuntime
 from elasticd.jobs.launcher import ProcessLauncher
 from elasticd.node import liveness
 from elasticd.node.peers import PeerWatch

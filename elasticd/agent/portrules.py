@@ -3,7 +3,7 @@ that round's members (a node that left is out of them from then on; one that joi
 
 from __future__ import annotations
 
-from elasticd.jobs.launch import NodeRuntime
+from elasticd.jobs.attempt import NodeRuntime
 from elasticd.jobs.portguard import guard_of
 from elasticd.portfilter.rules import Mode
 from elasticd.rendezvous.jobstore import JobStore

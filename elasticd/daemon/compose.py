@@ -37,13 +37,13 @@ from elasticd.gpu.health import Verdict
 from elasticd.gpu.nvml import Nvml
 from elasticd.happenings.bus import publish
 from elasticd.happenings.records import DaemonReady
-from elasticd.jobs.launch import NodeRuntime
+from elasticd.jobs.attempt import NodeRuntime
 from elasticd.jobs.logdir import log_group_gid
 from elasticd.jobs.quota import Quotas
 from elasticd.manager.access import Admins
 from elasticd.manager.etcdspace import SpaceWatch
 from elasticd.manager.facts import NodeFacts
-from elasticd.manager.jobs import JobManager
+from elasticd.manager.jobmanager import JobManager
 from elasticd.manager.service import CommandService
 from elasticd.netaddr import NoFreePort
 from elasticd.node import hostmemory

@@ -12,11 +12,11 @@ from prometheus_client import CollectorRegistry
 
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV
-from elasticd.events.recorder import EventRecorder
-from elasticd.events.store import EventLog
 from elasticd.happenings import bus
+from elasticd.history.recorder import EventRecorder
+from elasticd.history.store import EventLog
 from elasticd.manager.etcdspace import SpaceWatch
-from elasticd.manager.jobs import JobManager
+from elasticd.manager.jobmanager import JobManager
 from elasticd.metrics.address import HostPort
 from elasticd.metrics.counters import EventMetrics
 from elasticd.metrics.server import MetricsServer

@@ -1,6 +1,6 @@
 """The event history's part of the key layout (``elasticd.etcd.keys``): build its keys, parse them.
 
-Three rings under ``events/`` (``elasticd.events.rings``) and the ``event_seq`` counter beside
+Three rings under ``history/`` (``elasticd.history.rings``) and the ``event_seq`` counter beside
 them. An event's key carries its sequence number zero-padded to ``EVENT_SEQ_DIGITS``, so key order
 is sequence order and the first key of a ring is its oldest. Parsing is strict, as ``Keys.parse``
 is: a key that is not one of these raises ``DecodeError`` naming the part. Pure: no etcd client.
@@ -18,7 +18,7 @@ EVENT_SEQ_DIGITS = 16  # an event's <seq> zero-padded, so that key order is sequ
 
 
 class EventRing(StrEnum):
-    """The event history's rings (``elasticd.events.rings``): events of no job; each job's newest
+    """The event history's rings (``elasticd.history.rings``): events of no job; each job's newest
     events; every job's older events, the first to go when the history is full."""
 
     CLUSTER = "cluster"
@@ -36,7 +36,7 @@ class EventKey(NamedTuple):
 
 
 def events(prefix: str) -> str:
-    """The whole event history (``elasticd.events.store``): three rings, below."""
+    """The whole event history (``elasticd.history.store``): three rings, below."""
     return f"{prefix}/events/"
 
 

@@ -31,7 +31,7 @@ class KeyKind(StrEnum):
     NODE_STATUS = "node_status"  # reports/<job>/<node>: unwatched, and outside the scan's read
     PENDING = "pending"  # notes/<job>/<node>: unwatched, in the read of every job
     JOB_DRAIN = "job_drain"  # jobs/<job>/drain/<node>
-    EVENT = "event"  # events/...: the cluster's event history (elasticd.events.rings)
+    EVENT = "event"  # events/...: the cluster's event history (elasticd.history.rings)
     EVENT_SEQ = "event_seq"  # event_seq: the last event's sequence number
     CHECK_REQUEST = "check_request"  # checks/<node>: an operator's ``check`` asks the node to serve one
     CHECK_ANSWER = "check_answer"  # checked/<node>: the node's check server (port) and compute figure

@@ -5,7 +5,7 @@ parsed here into a ``KeyRef`` (see docs/architecture/etcd-keys.md). Parsing is s
 the prefix that has no meaning (an unknown kind, a bad job or node id, a round that is not a
 plain decimal) raises ``DecodeError`` naming the part. Pure: no etcd client.
 
-Every daemon watches what sorts before ``nodes/`` (``jobs/``, ``drain/``, ``gpus/``, ``events/``,
+Every daemon watches what sorts before ``nodes/`` (``jobs/``, ``drain/``, ``gpus/``, ``history/``,
 the janitor key: ``Keys.watched``) and reads ``jobs/`` and ``notes/`` whole (the read of every
 job: the scan, the table of ``status``). What grows with a job's nodes lives outside both, so a
 round of N nodes reaches each other daemon as O(1) bytes and events, and is read only by those

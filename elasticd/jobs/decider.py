@@ -1,6 +1,6 @@
 """Pure decisions about a local worker group: what its exits mean, when a failure is reported,
 whether a hang or an exit speaks, and when a full log disk ends the job. No I/O, no clock: the
-executor (``jobs.launch.ProcessWorkers``) gathers the facts, passes ``now``, and reads only what
+executor (``jobs.attempt.ProcessWorkers``) gathers the facts, passes ``now``, and reads only what
 the decision asks for.
 
 Whether a failure restarts the job or ends it is a job-wide question (the restart budget is

@@ -9,9 +9,9 @@ import asyncio
 from elasticd import log
 from elasticd.jobs import agentstore
 from elasticd.jobs.agentstore import Offer
+from elasticd.jobs.attempt import NodeRuntime, ProcessWorkers, layout_for, master_port, start_group
 from elasticd.jobs.env import zygote_env
 from elasticd.jobs.identity import switch_to
-from elasticd.jobs.launch import NodeRuntime, ProcessWorkers, layout_for, master_port, start_group
 from elasticd.jobs.nodecheck import NodeChecks, Runner
 from elasticd.jobs.pathcheck import check_paths
 from elasticd.jobs.portguard import guard_of
@@ -26,7 +26,7 @@ from elasticd.terms.state import EndReason, SetupFailure
 from elasticd.workers.cgroups.limits import ResourceLimits
 from elasticd.workers.group import wall_clock
 from elasticd.workers.warm import storehost
-from elasticd.workers.warm.keeper import KeeperSetup, SnapshotKeeper
+from elasticd.workers.warm.snapshotkeeper import KeeperSetup, SnapshotKeeper
 from elasticd.workers.warm.spawn import ZygoteSetup
 from elasticd.workers.warm.storehost import StoreError, StoreHost
 from elasticd.workers.warm.zygote import Zygote, ZygoteState

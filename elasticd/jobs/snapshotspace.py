@@ -1,6 +1,6 @@
 """Whether this node can hold a job's memory snapshots: refused at submit when it cannot.
 
-A job's snapshot keeper (``workers.warm.keeper``) keeps its segments in memfds, which no
+A job's snapshot keeper (``workers.warm.snapshotkeeper``) keeps its segments in memfds, which no
 ``/dev/shm`` size limits; where ``memfd_create`` is refused (an old kernel, a container's seccomp
 profile) it falls back to unlinked files in ``/dev/shm``, and a write past a tmpfs's size is a
 SIGBUS in the training loop (Docker's default ``/dev/shm`` is 64 MB). So the node refuses, at

@@ -10,7 +10,7 @@ import os
 
 from elasticd import log
 from elasticd.jobs.admission import admit, refuse
-from elasticd.jobs.launch import NodeRuntime
+from elasticd.jobs.attempt import NodeRuntime
 from elasticd.node.allocator import Allocator
 from elasticd.rendezvous.jobstore import JobStore
 from elasticd.rendezvous.model import DrainRecord

@@ -17,7 +17,7 @@ from elasticd.errors import EtcdUnavailable
 from elasticd.gpu.health import Verdict
 from elasticd.happenings.bus import publish
 from elasticd.happenings.records import GpuUnhealthy
-from elasticd.jobs.launch import NodeRuntime
+from elasticd.jobs.attempt import NodeRuntime
 from elasticd.manager.admitter import Admitter
 from elasticd.manager.gpus import GpuPool
 from elasticd.node.registry import NodeRegistry

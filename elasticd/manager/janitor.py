@@ -42,9 +42,9 @@ from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.space import Ended, Space, relief
 from elasticd.etcd.types import Compare, Put
-from elasticd.events.store import EventLog
 from elasticd.happenings.bus import publish
 from elasticd.happenings.records import JobExpired, JobFailed, JobOrphaned
+from elasticd.history.store import EventLog
 from elasticd.jobs.view import job_state
 from elasticd.manager import janitorrule as rule
 from elasticd.rendezvous.glance import Seen

@@ -16,9 +16,9 @@ from functools import cached_property
 from typing import Any
 
 from elasticd.errors import Conflict, EtcdUnavailable, InsufficientCapacity, JobNotFound
-from elasticd.events.store import EventLog
 from elasticd.happenings.bus import publish
 from elasticd.happenings.records import JobKilled, JobRemoved, JobSubmitted
+from elasticd.history.store import EventLog
 from elasticd.jobs import logdir, quota, snapshotspace
 from elasticd.jobs.logs import Read, attempt_starts, log_files, read_logs
 from elasticd.jobs.logscope import check_scope, round_view
@@ -27,7 +27,7 @@ from elasticd.jobs.quota import Limits
 from elasticd.jobs.view import job_state, job_view, last_head
 from elasticd.manager.etcdspace import SpaceWatch
 from elasticd.manager.facts import NodeFacts
-from elasticd.manager.jobs import JobManager
+from elasticd.manager.jobmanager import JobManager
 from elasticd.manager.jobwatch import JobWatch
 from elasticd.manager.statusviews import StatusViews
 from elasticd.node import hostmemory

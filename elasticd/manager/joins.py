@@ -20,7 +20,7 @@ from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keys import Keys
 from elasticd.happenings.bus import publish
 from elasticd.happenings.records import JobFailed, JobJoining, JobLeft
-from elasticd.jobs.launch import NodeRuntime
+from elasticd.jobs.attempt import NodeRuntime
 from elasticd.jobs.queue import Turns
 from elasticd.manager.admitter import Admitter
 from elasticd.manager.presence import PresenceWatches

@@ -21,7 +21,7 @@ from elasticd.happenings.records import GpuReturned, NodeDrained, NodeUndrained
 from elasticd.manager.checks import run_check
 from elasticd.manager.drainrule import Membership, judge_drain
 from elasticd.manager.etcdspace import SpaceWatch
-from elasticd.manager.jobs import JobManager
+from elasticd.manager.jobmanager import JobManager
 from elasticd.node.registry import NodeRecord, NodeRegistry
 from elasticd.rendezvous import rosterread
 from elasticd.rendezvous.snapshot import JobSnapshot

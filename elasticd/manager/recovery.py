@@ -18,7 +18,7 @@ import psutil
 from elasticd import log
 from elasticd.agent.seams import Lease
 from elasticd.errors import EtcdUnavailable
-from elasticd.jobs.launch import NodeRuntime
+from elasticd.jobs.attempt import NodeRuntime
 from elasticd.node.statedir import StateDir
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.glance import Seen

@@ -19,8 +19,8 @@ from elasticd.errors import InvalidSpec, JobNotFound
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.types import Query
-from elasticd.events.schema import EventsArgs
-from elasticd.events.store import EventLog, Page
+from elasticd.history.schema import EventsArgs
+from elasticd.history.store import EventLog, Page
 from elasticd.jobs import quota
 from elasticd.jobs.quota import Limits
 from elasticd.jobs.rate import SubmitWindow
@@ -28,7 +28,7 @@ from elasticd.manager.access import ROOT_UID, Access, Caller, authorize, may_rea
 from elasticd.manager.etcdspace import SpaceWatch
 from elasticd.manager.facts import NodeFacts
 from elasticd.manager.jobcommands import JobCommands
-from elasticd.manager.jobs import JobManager
+from elasticd.manager.jobmanager import JobManager
 from elasticd.manager.nodecommands import NodeCommands
 from elasticd.node.registry import NodeRegistry
 from elasticd.rendezvous import rosterread

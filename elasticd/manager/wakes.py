@@ -14,7 +14,7 @@ from elasticd.etcd.keyref import Change, KeyKind
 # Only these can change whether this node should join a job (or whether a job needs clean-up);
 # a job's presences wake its agents only.
 SCAN_KINDS = frozenset({KeyKind.SPEC, KeyKind.ROUND, KeyKind.FINAL, KeyKind.RESULT, KeyKind.JOB_DRAIN})
-# The event history (elasticd.events) changes nothing any job or scan acts on.
+# The event history (elasticd.history) changes nothing any job or scan acts on.
 QUIET_KINDS = frozenset({KeyKind.EVENT, KeyKind.EVENT_SEQ})
 
 

@@ -29,7 +29,7 @@ from elasticd.progress.slowness import Evidence
 from elasticd.terms.state import GpuStatus, JobState
 
 if TYPE_CHECKING:
-    from elasticd.manager.jobs import JobManager
+    from elasticd.manager.jobmanager import JobManager
     from elasticd.node.registry import NodeRegistry
 
 

@@ -3,7 +3,7 @@
 The job's launcher on this node holds it from the job's admission to the agent's leaving, across
 rounds (``jobs.launcher.ProcessLauncher``): it tells the launches, the attempt's watch tells the
 first local rank's reports and a hang (``progress.watch``), the attempt's workers their stop
-(``jobs.launch.ProcessWorkers``). The agent publishes ``tally`` with the node's report, and the
+(``jobs.attempt.ProcessWorkers``). The agent publishes ``tally`` with the node's report, and the
 ledger's ``Mark`` (``goodput.published``). ``Books`` keeps each job's past the agent's leaving, for the
 next agent of the job here, and past a restart of the daemon from that mark (``resume``).
 """

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from elasticd.errors import ErrorCode
-from elasticd.events.schema import EventsArgs, EventsReply, EventView, SkippedEventView
+from elasticd.history.schema import EventsArgs, EventsReply, EventView, SkippedEventView
 from elasticd.terms.options import EntryKind
 from elasticd.terms.state import EndReason, JobState
 from elasticd.wire.args import (
@@ -151,6 +151,6 @@ COMMANDS: dict[str, CommandSchema] = {
     "drain": CommandSchema(DrainArgs, DrainReply),
     "undrain": CommandSchema(UndrainArgs, UndrainReply),
     "rm": CommandSchema(RmArgs, RmReply),
-    "events": CommandSchema(EventsArgs, EventsReply),  # schema in elasticd.events.schema
+    "events": CommandSchema(EventsArgs, EventsReply),  # schema in elasticd.history.schema
     "check": CommandSchema(CheckArgs, CheckReply),
 }

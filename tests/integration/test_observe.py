@@ -17,9 +17,9 @@ import pytest
 from elasticd.etcd.client import EtcdClient
 from elasticd.etcd.eventkeys import EventRing
 from elasticd.etcd.keys import Keys
-from elasticd.events.model import ClusterEvent
-from elasticd.events.rings import Limits
-from elasticd.events.store import EventLog
+from elasticd.history.model import ClusterEvent
+from elasticd.history.rings import Limits
+from elasticd.history.store import EventLog
 from elasticd.netaddr import free_port
 from tests import monitoring as mon
 from tests.conftest import DaemonFactory

@@ -20,8 +20,8 @@ from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import prefix_end
 from elasticd.etcd.memory import MemoryKV
 from elasticd.jobs.agentstore import Offer
+from elasticd.jobs.attempt import NodeRuntime
 from elasticd.jobs.decider import Group, GroupOutcome, group_outcome
-from elasticd.jobs.launch import NodeRuntime
 from elasticd.node.inventory import Inventory
 from elasticd.node.liveness import LivenessServer
 from elasticd.progress.goodput import Ledger, Silence, opened

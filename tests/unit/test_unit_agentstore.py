@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from elasticd.jobs.agentstore import Choice, at_join, at_start, named_port_refusal, offered_again
 from elasticd.netaddr import free_port, listen_error
-from elasticd.workers.warm import spawn, storehost, wire
+from elasticd.workers.warm import messages as wire
+from elasticd.workers.warm import spawn, storehost
 from elasticd.workers.warm import zygote as zy
 from elasticd.workers.zygote_program import boot
 from elasticd.workers.zygote_program import storehost as storehost_program

@@ -15,8 +15,8 @@ from elasticd.etcd.keys import Keys
 from elasticd.etcd.memory import MemoryKV
 from elasticd.etcd.space import MIB, Ended, Space, SpaceLevel, SpaceLimits, decide, excess, relief
 from elasticd.etcd.types import EtcdStatus
-from elasticd.events.model import ClusterEvent
-from elasticd.events.store import EventLog
+from elasticd.history.model import ClusterEvent
+from elasticd.history.store import EventLog
 from elasticd.manager.etcdspace import SpaceWatch
 from elasticd.manager.facts import NodeFacts
 from elasticd.manager.janitor import RELIEF_S, Janitor

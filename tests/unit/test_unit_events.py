@@ -19,11 +19,6 @@ from elasticd.etcd.eventkeys import EventRing
 from elasticd.etcd.keyref import KeyKind
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.memory import MemoryKV
-from elasticd.events.model import MAX_FIELD_TEXT, ClusterEvent
-from elasticd.events.recorder import EventRecorder
-from elasticd.events.rings import Limits
-from elasticd.events.select import EventKind, select
-from elasticd.events.store import AppendConflict, EventLog
 from elasticd.happenings import bus
 from elasticd.happenings.records import (
     Happening,
@@ -37,6 +32,11 @@ from elasticd.happenings.records import (
     WorkerFailed,
     WorkerHung,
 )
+from elasticd.history.model import MAX_FIELD_TEXT, ClusterEvent
+from elasticd.history.recorder import EventRecorder
+from elasticd.history.rings import Limits
+from elasticd.history.select import EventKind, select
+from elasticd.history.store import AppendConflict, EventLog
 from elasticd.terms.state import EndReason, FailureKind, Fault, RoundReason
 
 KEYS = Keys("/e/v1")
@@ -293,7 +293,7 @@ class FlakyLog:
 
 
 def test_the_recorder_selects_queues_retries_and_flushes(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("elasticd.events.recorder.RETRY_S", 0.01)
+    monkeypatch.setattr("elasticd.history.recorder.RETRY_S", 0.01)
 
     async def run() -> FlakyLog:
         store = FlakyLog(down=2)

@@ -12,9 +12,9 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from elasticd import log
-from elasticd.events.select import select
 from elasticd.happenings import bus
 from elasticd.happenings import records as r
+from elasticd.history.select import select
 from elasticd.metrics.counters import EventMetrics
 from elasticd.terms.state import EndReason, FailureKind, Fault, RoundReason
 

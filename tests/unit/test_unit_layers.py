@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "progress",
         "portfilter",
     ),  # the store seam and key layout; GPUs through NVML; worker progress and hangs; the port filter
-    ("rendezvous", "events"),  # rounds and snapshots; the cluster event history
+    ("rendezvous", "history"),  # rounds and snapshots; the cluster event history
     ("node", "wire"),  # this node and its peers; the control protocol's messages
     ("jobs",),  # running one job's workers on this node, and the job rules above the store
     ("agent",),  # the per-job agent: record, step, executor

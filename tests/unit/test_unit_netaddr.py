@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from elasticd.jobs.launch import NodeRuntime, master_port
+from elasticd.jobs.attempt import NodeRuntime, master_port
 from elasticd.netaddr import NoFreePort, PortRange, free_port, is_loopback, pick_port, port_is_free
 from elasticd.node.inventory import Inventory
 from elasticd.terms.state import EndReason, SetupFailure

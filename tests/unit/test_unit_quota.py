@@ -20,7 +20,7 @@ from elasticd.etcd.types import KeyValue
 from elasticd.jobs import quota
 from elasticd.jobs.quota import Limit, Limits, Quotas, over_limits
 from elasticd.jobs.ticket import JobTicket, ticket_of, tickets_of
-from elasticd.manager import quotas
+from elasticd.manager import quotacheck as quotas
 from elasticd.manager.access import Admins
 from elasticd.rendezvous.decider import build_result
 from elasticd.rendezvous.model import FinalRecord, Join, RoundInfo

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.memory import MemoryKV
-from elasticd.manager.jobs import JobManager
+from elasticd.manager.jobmanager import JobManager
 from elasticd.manager.sharedread import RecentRead
 from elasticd.rendezvous.store import InlineJobStore
 from tests.fakes import bare_manager, make_spec

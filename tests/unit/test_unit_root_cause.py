@@ -14,11 +14,11 @@ import pytest
 
 from elasticctl import render
 from elasticd.decode import decode
-from elasticd.jobs import launch as launch_mod
+from elasticd.jobs import attempt as launch_mod
 from elasticd.jobs import logdir
+from elasticd.jobs.attempt import ProcessWorkers
 from elasticd.jobs.decider import SETTLE_S, Group, GroupOutcome
 from elasticd.jobs.failurereport import describe_failure
-from elasticd.jobs.launch import ProcessWorkers
 from elasticd.jobs.ranktext import rank_prefixed
 from elasticd.jobs.rootcause import Exit, by_first_failure, parse_error_file
 from elasticd.rendezvous.model import check_failure

@@ -21,7 +21,7 @@ from elasticd.etcd.memory import MemoryKV
 from elasticd.etcd.types import Compare, Found, KeyValue, Put, Query
 from elasticd.jobs.view import job_row
 from elasticd.manager.facts import NodeFacts
-from elasticd.manager.jobs import JobManager
+from elasticd.manager.jobmanager import JobManager
 from elasticd.manager.jobsread import JobsRead
 from elasticd.manager.service import CommandService
 from elasticd.manager.wakes import CREATED_KINDS

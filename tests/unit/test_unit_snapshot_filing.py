@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from elasticd.workers.snapshot_program import filing
 from elasticd.workers.snapshot_program import keeper as k
 from elasticd.workers.snapshot_program.protocol import Report, WriteReport
-from elasticd.workers.warm.keeper import parse_report
+from elasticd.workers.warm.snapshotkeeper import parse_report
 from tests.unit.test_unit_snapshots import frame_bytes
 
 

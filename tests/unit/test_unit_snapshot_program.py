@@ -10,7 +10,7 @@ from importlib import resources
 from pathlib import Path
 
 from elasticd.workers.snapshot_program import protocol
-from elasticd.workers.warm import keeper
+from elasticd.workers.warm import snapshotkeeper as keeper
 
 PROGRAM = Path(str(resources.files(keeper.PROGRAM)))
 
@@ -76,7 +76,7 @@ def test_the_keepers_parts_import_the_standard_library_only() -> None:
 
 def test_no_module_writes_a_protocol_name_again() -> None:
     """The protocol's constants are written once: the keeper's other parts, the workers' side and
-    the daemon's side (``warm.keeper``) take them from it."""
+    the daemon's side (``warm.snapshotkeeper``) take them from it."""
     source = ast.parse((PROGRAM / "protocol.py").read_text())
     defined = {
         t.id

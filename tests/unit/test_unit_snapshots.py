@@ -28,7 +28,7 @@ from elasticd.workers.snapshot_program.protocol import (
     parse_reply,
     parse_request,
 )
-from elasticd.workers.warm.keeper import parse_ready
+from elasticd.workers.warm.snapshotkeeper import parse_ready
 
 
 def req(**fields: object) -> bytes:

@@ -119,7 +119,7 @@ SNAPSHOTS = {
 
 # -- the registry and the schema -------------------------------------------------------------------
 # The wire schema: the elasticd.wire package, and the modules it takes a command's schema from.
-SCHEMA_MODULES = ("elasticd.wire.args", "elasticd.wire.replies", "elasticd.events.schema")
+SCHEMA_MODULES = ("elasticd.wire.args", "elasticd.wire.replies", "elasticd.history.schema")
 
 
 def test_every_command_takes_its_arguments_from_the_wire_schema() -> None:

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from elasticd.workers.group import Launch
+from elasticd.workers.warm import messages as wire
 from elasticd.workers.warm import spawn as zygote_spawn
-from elasticd.workers.warm import wire
 from elasticd.workers.warm import zygote as zy
 from elasticd.workers.zygote_program import boot, child, shared
 from tests.fakes import FAKE_ZYGOTE_HEAD, READY, NoReaper, until

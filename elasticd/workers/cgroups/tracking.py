@@ -40,7 +40,7 @@ from elasticd.workers.cgroups.limits import LimitError, check_name
 _log = log.get("elasticd.tracking")
 
 ZYGOTE_LEAF = "zygote"  # a job's zygote's leaf, beside its ranks' (never a rank_<k> name)
-SNAPSHOTS_LEAF = "snapshots"  # a job's snapshot keeper's leaf (workers.warm.keeper), beside the zygote's
+SNAPSHOTS_LEAF = "snapshots"  # a job's snapshot keeper's leaf (warm.snapshotkeeper), beside the zygote's
 POOL_LEAF = "_zygotes"  # parked zygotes (warm.pool), beside the jobs: "_" never starts a job id
 
 

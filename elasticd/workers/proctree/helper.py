@@ -1,7 +1,7 @@
 """The long-lived helper processes the daemon starts: one launch path and one stop policy.
 
 A helper lives beside a job's workers (the zygote, ``warm.zygote``; the snapshot keeper,
-``warm.keeper``) or beside the daemon (the reaper, ``proctree.reaper``). Every helper:
+``warm.snapshotkeeper``) or beside the daemon (the reaper, ``proctree.reaper``). Every helper:
 
 - **starts** as a session leader with a parent-death signal tied to the daemon's thread. A job's
   helper (``launch``) runs as the submitter, as a worker is spawned (``spawn.worker_preexec``: its

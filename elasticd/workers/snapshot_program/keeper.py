@@ -1,7 +1,7 @@
 """The snapshot keeper: holds a job's newest snapshots on this node, in memory, across its workers'
 deaths and restarts (standard library only; run in the job's interpreter, as the submitter).
 
-The daemon starts one per job and node when the job is admitted (``workers.warm.keeper``), beside
+The daemon starts one per job and node when the job is admitted (``workers.warm.snapshotkeeper``), beside
 the zygote and like it (the submitter's identity, cwd and environment, the job's tracking cgroup,
 a parent-death signal), hands it this program's source over a pipe (after ``protocol``'s, in one
 namespace), and stops it when the job ends here. It never reads a user's file and the daemon

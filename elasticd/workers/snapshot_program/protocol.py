@@ -1,6 +1,6 @@
 """The keeper's protocol and a snapshot's frame, written once (standard library only).
 
-The keeper runs this file first, in the namespace of its program (``workers.warm.keeper.PARTS``),
+The keeper runs this file first, in the namespace of its program (``workers.warm.snapshotkeeper.PARTS``),
 as the zygote runs ``zygote_program.shared``; the workers import it.
 
 Requests and replies are single JSON objects on a ``SOCK_SEQPACKET`` UNIX socket; a segment's fd

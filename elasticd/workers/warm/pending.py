@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 
+from elasticd.workers.warm.messages import Checked, Forked, ForkFailed
 from elasticd.workers.warm.spawn import ZygoteError
-from elasticd.workers.warm.wire import Checked, Forked, ForkFailed
 
 
 class Pending:

@@ -18,8 +18,8 @@ import signal
 import socket
 
 from elasticd import log
+from elasticd.workers.warm.messages import MAX_MESSAGE, Cleared, Listening, StoreFailed, parse_store_message
 from elasticd.workers.warm.spawn import ZygoteError
-from elasticd.workers.warm.wire import MAX_MESSAGE, Cleared, Listening, StoreFailed, parse_store_message
 from elasticd.workers.warm.zygote import Zygote
 
 _log = log.get("elasticd.store")

@@ -37,17 +37,7 @@ from elasticd.workers.group import Launch
 from elasticd.workers.proctree.helper import kill, launch
 from elasticd.workers.proctree.reaper import Reaper
 from elasticd.workers.warm.children import Bogus, Children
-from elasticd.workers.warm.pending import Pending
-from elasticd.workers.warm.spawn import (
-    SNDBUF,
-    ZYGOTE,
-    ZYGOTE_STOP,
-    ZygoteError,
-    ZygoteSetup,
-    ended,
-    new_marker,
-)
-from elasticd.workers.warm.wire import (
+from elasticd.workers.warm.messages import (
     MAX_MESSAGE,
     Checked,
     Exited,
@@ -57,6 +47,16 @@ from elasticd.workers.warm.wire import (
     Ready,
     Unavailable,
     parse_message,
+)
+from elasticd.workers.warm.pending import Pending
+from elasticd.workers.warm.spawn import (
+    SNDBUF,
+    ZYGOTE,
+    ZYGOTE_STOP,
+    ZygoteError,
+    ZygoteSetup,
+    ended,
+    new_marker,
 )
 
 __all__ = ["Zygote", "ZygoteState"]

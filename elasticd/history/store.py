@@ -1,4 +1,4 @@
-"""The event history in etcd: cluster-wide, bounded, and fair to each job (``events.rings``).
+"""The event history in etcd: cluster-wide, bounded, and fair to each job (``history.rings``).
 
 Appending is one read (the counter, and how many events each ring that matters holds, with its
 first: count-only and first-key ranges) and one transaction: it moves the ``event_seq`` counter
@@ -22,9 +22,9 @@ from elasticd.etcd.eventkeys import EventKey, EventRing, older_job, parse_event,
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.types import Compare, Found, KeyValue, Put, Query
-from elasticd.events.model import ClusterEvent
-from elasticd.events.rings import Limits, Ring, Seen, needs_oldest_recent, plan
-from elasticd.events.select import EventKind
+from elasticd.history.model import ClusterEvent
+from elasticd.history.rings import Limits, Ring, Seen, needs_oldest_recent, plan
+from elasticd.history.select import EventKind
 
 MAX_TRIES = 8  # appends racing other nodes' appends
 MAX_TXN_DELETES = 100  # etcd refuses a transaction of more than 128 operations (--max-txn-ops)

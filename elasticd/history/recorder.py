@@ -1,7 +1,7 @@
 """The events subscriber: turns the daemon's typed records into cluster events and appends them
 to the history in etcd, off the thread that published them.
 
-``offer`` is called by ``elasticd.happenings.bus`` on any thread; it selects (``elasticd.events.select``) and
+``offer`` is called by ``elasticd.happenings.bus`` on any thread; it selects (``elasticd.history.select``) and
 queues. One task on the daemon's loop appends, retrying while etcd is unreachable. The queue is
 bounded: when etcd stays away that long, newer events are dropped (and counted) rather than
 holding memory without limit. At shutdown, ``close`` gives what is queued a short time to reach
@@ -18,12 +18,12 @@ from collections.abc import Callable
 from elasticd import log
 from elasticd.decode import DecodeError
 from elasticd.errors import EtcdUnavailable
-from elasticd.events.model import ClusterEvent
-from elasticd.events.select import select
-from elasticd.events.store import AppendConflict, EventLog
 from elasticd.happenings.records import Happening
+from elasticd.history.model import ClusterEvent
+from elasticd.history.select import select
+from elasticd.history.store import AppendConflict, EventLog
 
-_log = log.get("elasticd.events")
+_log = log.get("elasticd.history")
 
 QUEUE_MAX = 1000
 RETRY_S = 1.0

@@ -23,12 +23,12 @@ from elasticd.etcd.keyref import Change
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.space import Space
+from elasticd.jobs.attempt import NodeRuntime
 from elasticd.jobs.board import Board
-from elasticd.jobs.launch import NodeRuntime
 from elasticd.jobs.queue import Turns, admission_order
 from elasticd.jobs.quota import NO_QUOTAS, Quotas
 from elasticd.manager import janitor as janitors
-from elasticd.manager import quotas as limits
+from elasticd.manager import quotacheck as limits
 from elasticd.manager.access import ROOT_ONLY, Admins
 from elasticd.manager.admitter import Admitter
 from elasticd.manager.checks import CHECK_KINDS, CheckResponder

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, assert_never
 
-from elasticd.events.model import MAX_FIELDS, ClusterEvent, clip, one_line
 from elasticd.happenings import records as r
+from elasticd.history.model import MAX_FIELDS, ClusterEvent, clip, one_line
 from elasticd.terms.ids import valid_job_id, valid_node_id
 
 

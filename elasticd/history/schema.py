@@ -23,7 +23,7 @@ class EventsArgs:
 
 
 class EventView(TypedDict):
-    """One event of the cluster's history (``elasticd.events.model.ClusterEvent``)."""
+    """One event of the cluster's history (``elasticd.history.model.ClusterEvent``)."""
 
     seq: int  # its place in the history: increases by one per event, cluster-wide
     happened_at: float

@@ -65,7 +65,7 @@ class NodeRuntime:
     tracking: Tracker = field(default_factory=NoTracker)  # a cgroup per job where allowed (tracking.detect)
     zygotes: ZygotePool = field(default_factory=ZygotePool.disabled)  # parked for the next identical job
     numa: Host | None = None  # the host's NUMA layout (node/numa.py), for --numa-binding
-    snapshot_bytes: int = 0  # a job's snapshot keeper's bound here (0: none; workers.warm.keeper)
+    snapshot_bytes: int = 0  # a job's snapshot keeper's bound here (0: none; workers.warm.snapshotkeeper)
     snapshot_source: BoundSource = BoundSource.SET  # the operator's, or derived (node/snapshotbound.py)
     straggler_grace_s: float = 60.0  # named this long, a straggler's node is drained (--stragglers drain)
     shrink_interval_s: float = 300.0  # an elastic job lends nodes at most this often (jobs.room)
