@@ -5,6 +5,7 @@ as a wait that ran out."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import os
 import pwd
@@ -102,19 +103,38 @@ def table_exists() -> bool:
     return subprocess.run(["nft", "list", "table", "inet", "elasticd"], capture_output=True).returncode == 0
 
 
+@contextlib.contextmanager
+def listening(port: int, user: int) -> Iterator[None]:
+    """A TCP listener on every address, as ``user``, until the block ends."""
+    listener = subprocess.Popen([PY, "-c", LISTEN, str(port)], user=user, stdout=subprocess.PIPE, text=True)
+    try:
+        assert listener.stdout is not None and listener.stdout.readline().strip() == "listening"
+        yield
+    finally:
+        listener.kill()
+        listener.wait(10)
+
+
+@contextlib.contextmanager
+def filtering() -> Iterator[PortFilter]:
+    """A started port filter through the real ``nft``, closed when the block ends."""
+    nft = NftCli.find()
+    assert nft is not None
+    pf = PortFilter(nft, Mode.ON)
+    run(pf.start())
+    try:
+        yield pf
+    finally:
+        run(pf.close())
+
+
 def test_only_the_jobs_user_and_its_members_reach_its_ports(
     users: tuple[int, int], namespaces: dict[str, tuple[str, str]]
 ) -> None:
     owner, other = users
     member_ns, stranger_ns = namespaces["_ns"]
     port = free_port("0.0.0.0")
-    listener = subprocess.Popen([PY, "-c", LISTEN, str(port)], user=owner, stdout=subprocess.PIPE, text=True)
-    nft = NftCli.find()
-    assert nft is not None
-    pf = PortFilter(nft, Mode.ON)
-    try:
-        assert listener.stdout is not None and listener.stdout.readline().strip() == "listening"
-        run(pf.start())
+    with listening(port, owner), filtering() as pf:
         member, host_m = namespaces["member"]
         _, host_s = namespaces["stranger"]
         known = frozenset({(A("127.0.0.1"), port), (A(host_m), port), (A(host_s), port)})
@@ -130,31 +150,17 @@ def test_only_the_jobs_user_and_its_members_reach_its_ports(
         run(pf.release("job1"))
         assert not table_exists()
         assert connect("127.0.0.1", port, other) == "connected"  # no rule outlives the job
-    finally:
-        listener.kill()
-        listener.wait(10)
-        run(pf.close())
     assert not table_exists()
 
 
 def test_a_listener_not_known_in_advance_is_learned_from_its_first_answer(users: tuple[int, int]) -> None:
     owner, other = users
     port = free_port("0.0.0.0")
-    listener = subprocess.Popen([PY, "-c", LISTEN, str(port)], user=owner, stdout=subprocess.PIPE, text=True)
-    nft = NftCli.find()
-    assert nft is not None
-    pf = PortFilter(nft, Mode.ON)
-    try:
-        assert listener.stdout is not None and listener.stdout.readline().strip() == "listening"
-        run(pf.start())
+    with listening(port, owner), filtering() as pf:
         run(pf.admit(Guard("job2", owner)))  # a gloo-like listener the daemon never heard of
         assert connect("127.0.0.1", port, other) == "refused"  # its answer dropped, the retry reset
         assert connect("127.0.0.1", port, owner) == "connected"
         assert connect("127.0.0.1", port, other) == "refused"
-    finally:
-        listener.kill()
-        listener.wait(10)
-        run(pf.close())
     assert not table_exists()
 
 
