@@ -138,7 +138,7 @@ class EtcdServer:
         log.close()
         client = EtcdClient([self.endpoint], self.client_auth(), timeout_s=1)
         try:
-            wait_for(lambda: _healthy(client), 20, 0.1, "etcd to be healthy")
+            wait_for(lambda: _healthy(client), 60, 0.1, "etcd to be healthy")  # (a loaded CI host is slow)
         except BaseException:
             self.stop()
             raise

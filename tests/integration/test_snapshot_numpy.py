@@ -56,7 +56,9 @@ def test_a_killed_worker_resumes_from_memory_without_numpy(daemon_factory, tmp_p
     assert res.returncode == 0, res.stdout + res.stderr
     job_id = res.stdout.splitlines()[0]
     assert daemon.job(job_id)["restarts"] == 1
-    assert len(list(out.glob("numpy_blocked.*"))) >= 4  # each worker of both attempts tried numpy
+    # torch's imports asked for numpy and were refused, in the warm parent (which imports what an
+    # optimizer would: each worker then asks no more) or in the workers: the job ran without it
+    assert list(out.glob("numpy_blocked.*"))
     for rank in (0, 1):
         text = (daemon.log_dir / job_id / "attempt_1" / f"rank_{rank}.log").read_text()
         assert "snapshot.restored source=memory" in text and "step=9" in text, text
