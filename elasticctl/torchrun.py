@@ -90,7 +90,12 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--duplicate-stdout-filters", Treat.NOTED, "there is no console file to duplicate into: use logs"),
     Flag("--duplicate-stderr-filters", Treat.NOTED, "there is no console file to duplicate into: use logs"),
     Flag("--node-rank", Treat.NOTED, "group ranks come from the rendezvous, and stay stable across restarts"),
-    Flag("--master-addr", Treat.NOTED, "MASTER_ADDR is group rank 0's node address, from the rendezvous"),
+    Flag(
+        "--master-addr",
+        Treat.NOTED,
+        "MASTER_ADDR is group rank 0's node address, from the rendezvous"
+        " (127.0.0.1 for a job of one node at most, whose store listens on loopback only)",
+    ),
     Flag(
         "--master-port",
         Treat.MAPPED,

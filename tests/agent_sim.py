@@ -34,8 +34,8 @@ from elasticd.jobs.admission import admit
 from elasticd.manager import janitor as janitors
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.glance import Seen
+from elasticd.rendezvous.jobread import RostersRead
 from elasticd.rendezvous.model import RoundInfo
-from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.rendezvous.store import InlineJobStore, run_inline
 from elasticd.terms.spec import JobSpec
 from elasticd.terms.state import EndReason, JobState, RoundReason
@@ -91,8 +91,8 @@ class Sim:
         puts = [Put(k.job_spec(j), head_of(self.spec).to_json()), Put(k.job_round(j), info.to_json())]
         assert self.kv.txn([Compare(k.job_spec(j), "create", 0)], [*puts, Put(k.job_restarts(j), 0)])
 
-    def snapshot(self) -> JobSnapshot:
-        return run_inline(self.store.snapshot())
+    def read_job(self) -> RostersRead:
+        return run_inline(self.store.read_rosters())
 
     def node(self, name: str) -> Node:
         return next(n for n in self.nodes if n.name == name)
@@ -279,30 +279,30 @@ class Sim:
 
     def _recover(self, node: Node) -> None:
         """``manager.recovery``: a restarted daemon reports the round its predecessor was in."""
-        snap = run_inline(node.store.snapshot())
-        if not node.ran_job or snap.ended or snap.me(node.name) is None:
+        read = run_inline(node.store.read_rosters())
+        if not node.ran_job or read.ended or read.me(node.name) is None:
             return
         node.ran_job, why = False, f"elasticd on {node.name} restarted while the job ran"
-        plan = rdzv.plan_bump(RoundReason.MEMBER_LOST, snap.restarts, self.spec.max_restarts, why)
+        plan = rdzv.plan_bump(RoundReason.MEMBER_LOST, read.restarts, self.spec.max_restarts, why)
         if plan.fail:
             run_inline(node.store.finalize(JobState.FAILED, EndReason.NODES_LOST, plan.why))
             return
-        info = RoundInfo(snap.current + 1, RoundReason.MEMBER_LOST, self.now, (), why, expect_members=True)
-        run_inline(node.store.bump(Seen.of(snap), info, plan.spend))
+        info = RoundInfo(read.current + 1, RoundReason.MEMBER_LOST, self.now, (), why, expect_members=True)
+        run_inline(node.store.bump(Seen.of(read), info, plan.spend))
 
     def _sweep(self) -> None:
         """The janitor's sweep (the real one, on the fake clock; its node is never cut off)."""
-        run_inline(self.janitor.sweep({self.spec.id: self.snapshot()}))
+        run_inline(self.janitor.sweep({self.spec.id: self.read_job()}))
 
     def _scan(self, node: Node) -> None:
         """``JobManager.scan``: take part in the job where ``admit`` says there is a seat."""
         if node.agent is not None or node.drained or node.lease is None:
             return
         try:
-            snap = run_inline(node.store.snapshot())
+            read = run_inline(node.store.read_rosters())
         except EtcdUnavailable:
             return
-        if snap.head is not None and not snap.ended and admit(snap, node.name, 8, 8, "CPU slots").join:
+        if read.head is not None and not read.ended and admit(read, node.name, 8, 8, "CPU slots").join:
             try:  # ``NodeRegistry.enter``, before the agent exists
                 node.link.up().put_json(KEYS.presence(self.spec.id, node.name), {}, node.lease)
             except EtcdUnavailable:

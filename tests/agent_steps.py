@@ -1,6 +1,6 @@
 """Builders for unit tests of the agent's step function (``elasticd.agent.step``).
 
-A test states a record, what this node knows (``Local``) and a snapshot of the job, and drives
+A test states a record, what this node knows (``Local``) and a read of the job, and drives
 ``step`` as the executor would: ``cycle`` is one pass (the step before a read, then the step on
 what was read), ``run`` a few passes in a row.
 """
@@ -20,7 +20,7 @@ from elasticd.agent.actions import (
     MarkDone,
     MarkLeft,
     Publish,
-    ReadSnapshot,
+    ReadJob,
     SetWaiting,
     StartWorkers,
     StopWorkers,
@@ -32,8 +32,8 @@ from elasticd.agent.step import step
 from elasticd.jobs.decider import Group, GroupOutcome
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous import model
+from elasticd.rendezvous.jobread import InvalidKey, RostersRead
 from elasticd.rendezvous.model import DrainRecord, FinalRecord, Member, RoundInfo, RoundResult
-from elasticd.rendezvous.snapshot import InvalidKey, JobSnapshot
 from elasticd.terms.spec import JobSpec, NodeRange
 from elasticd.terms.state import EndReason, JobState, RoundReason, WorkerFailure
 from tests import fakes
@@ -86,7 +86,7 @@ def result(round_no: int, nodes: Sequence[str], closed_at: float = NOW - 1.0) ->
     return rdzv.build_result(round_no, [join(n, 10 + i) for i, n in enumerate(nodes)], closed_at)
 
 
-def snapshot(
+def job_read(
     round_no: int = 1,
     *,
     job: JobSpec = SPEC,
@@ -106,41 +106,43 @@ def snapshot(
     final: JobState | None = None,
     invalid: bool = False,
     lead: str | None = None,
-) -> JobSnapshot:
+) -> RostersRead:
     """The job in round ``round_no``: ``joins`` in create-revision order, ``members`` its result,
     ``lead`` the node its lead key names (``JobStore.claim_lead``).
 
     With ``counted`` the round's joins are only counted, as a running member reads them. The
     round's and the restart counter's mod revisions follow from ``round_no`` and ``restarts``.
     """
-    snap = JobSnapshot(JOB, head=fakes.head_of(job), found=10, rosters=True)  # its rounds whole
-    snap.round = RoundInfo(round_no, reason, opened_at, tuple(expect), grace_s=grace_s)
-    snap.round_mod = 100 + round_no
-    snap.restarts, snap.restarts_mod = restarts, 50 + restarts
-    these = [join(n, 10 + i) for i, n in enumerate(joins)]
-    if counted:
-        snap.join_counts[round_no] = len(these)
-    else:
-        snap.joins[round_no] = these
-        snap.last_join_revision = max((j.create_revision for j in these), default=0)
+    these = tuple(join(n, 10 + i) for i, n in enumerate(joins))
+    results = {}
     if members is not None:
-        snap.results[round_no] = result(round_no, members)
+        results[round_no] = result(round_no, members)
     if previous is not None:
-        snap.results[round_no - 1] = result(round_no - 1, previous, OPENED_AT - 100.0)
-    if lead is not None:
-        snap.leads[round_no] = lead
-    if done:
-        snap.done[round_no] = set(done)
-    if left:
-        snap.left[round_no] = set(left)
-    snap.waiting = {n: model.WaitingRecord(NOW - 1.0) for n in waiting}
-    snap.drains = {n: DrainRecord(None, NOW - 1.0, "op") for n in drains}
+        results[round_no - 1] = result(round_no - 1, previous, OPENED_AT - 100.0)
+    ended = None
     if final is not None:
         code = {JobState.SUCCEEDED: EndReason.SUCCEEDED, JobState.KILLED: EndReason.KILLED}
-        snap.final = FinalRecord(final, "ended", code.get(final, EndReason.WORKER_FAILED), None, NOW - 1.0)
-    if invalid:
-        snap.invalid = [InvalidKey(f"jobs/{JOB}/rdzv/{round_no}/join/n9", "port: must be int", 77)]
-    return snap
+        ended = FinalRecord(final, "ended", code.get(final, EndReason.WORKER_FAILED), None, NOW - 1.0)
+    bad = InvalidKey(f"jobs/{JOB}/rdzv/{round_no}/join/n9", "port: must be int", 77)
+    return RostersRead(  # its rounds whole
+        JOB,
+        head=fakes.head_of(job),
+        found=10,
+        round=RoundInfo(round_no, reason, opened_at, tuple(expect), grace_s=grace_s),
+        round_mod=100 + round_no,
+        restarts=restarts,
+        restarts_mod=50 + restarts,
+        join_counts={round_no: len(these)} if counted else {},
+        joins={} if counted else {round_no: these},
+        results=results,
+        leads={round_no: lead} if lead is not None else {},
+        done={round_no: frozenset(done)} if done else {},
+        left={round_no: frozenset(left)} if left else {},
+        waiting={n: model.WaitingRecord(NOW - 1.0) for n in waiting},
+        drains={n: DrainRecord(None, NOW - 1.0, "op") for n in drains},
+        final=ended,
+        invalid=(bad,) if invalid else (),
+    )
 
 
 def record(
@@ -181,8 +183,8 @@ def following(round_no: int, group: Group | None = None) -> Local:
     return local(group, joins_followed=round_no)
 
 
-def member(snap: JobSnapshot, node: str = ME) -> Member:
-    res = snap.result
+def member(read: RostersRead, node: str = ME) -> Member:
+    res = read.result
     assert res is not None
     found = res.member(node)
     assert found is not None
@@ -191,13 +193,13 @@ def member(snap: JobSnapshot, node: str = ME) -> Member:
 
 def decide(
     rec: AgentRecord,
-    snap: JobSnapshot,
+    read: RostersRead,
     here: Local | None = None,
     alive: frozenset[str] = ALL,
     now: float = NOW,
 ) -> tuple[AgentRecord, list[Action]]:
     """The step on a full read."""
-    return step(rec, Observed(snap, alive), here or local(), now)
+    return step(rec, Observed(read, alive), here or local(), now)
 
 
 def acts(actions: list[Action]) -> list[Action]:
@@ -212,16 +214,16 @@ def writes(actions: list[Action]) -> list[Action]:
 
 def cycle(
     rec: AgentRecord,
-    snap: JobSnapshot,
+    read: RostersRead,
     here: Local | None = None,
     alive: frozenset[str] = ALL,
     now: float = NOW,
 ) -> tuple[AgentRecord, list[Action]]:
-    """One executor pass: the step before a read asks for a snapshot, then decides on ``snap``."""
+    """One executor pass: the step before a read asks for one, then decides on ``read``."""
     here = here or local()
     rec, asked = step(rec, None, here, now)
-    assert len(asked) == 1 and isinstance(asked[0], ReadSnapshot), asked
-    return step(rec, Observed(snap, alive), replace_local(here), now)
+    assert len(asked) == 1 and isinstance(asked[0], ReadJob), asked
+    return step(rec, Observed(read, alive), replace_local(here), now)
 
 
 def replace_local(here: Local) -> Local:
@@ -230,11 +232,11 @@ def replace_local(here: Local) -> Local:
 
 
 def run(
-    rec: AgentRecord, *snaps: JobSnapshot, here: Local | None = None, alive: frozenset[str] = ALL
+    rec: AgentRecord, *reads: RostersRead, here: Local | None = None, alive: frozenset[str] = ALL
 ) -> tuple[AgentRecord, list[list[Action]]]:
-    """A pass per snapshot, as if each pass's writes did not change what the next one reads."""
+    """A pass per read, as if each pass's writes did not change what the next one reads."""
     out = []
-    for snap in snaps:
-        rec, actions = cycle(rec, snap, here, alive)
+    for read in reads:
+        rec, actions = cycle(rec, read, here, alive)
         out.append(actions)
     return rec, out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -30,6 +30,20 @@ def pytest_report_header(config: pytest.Config) -> str:
     return policy().header()
 
 
+PHASES = pytest.StashKey[dict[str, pytest.TestReport]]()
+LOG_TAIL_LINES = 200  # of each daemon's log, printed when its test failed (its tasks' dump included)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Keep each phase's report on the item, so that a fixture's teardown knows the test failed."""
+    report = yield
+    item.stash.setdefault(PHASES, {})[report.when] = report
+    return report
+
+
 @pytest.fixture(scope="session")
 def etcd_clients() -> ClientPolicy:
     """Which ``--etcd-client`` the daemons of a test get (tests/etcd_clients.py)."""
@@ -49,7 +63,7 @@ DaemonFactory = Callable[..., DaemonProc]
 
 @pytest.fixture
 def daemon_factory(
-    etcd_server: EtcdServer, tmp_path: Path, etcd_clients: ClientPolicy
+    etcd_server: EtcdServer, tmp_path: Path, etcd_clients: ClientPolicy, request: pytest.FixtureRequest
 ) -> Iterator[DaemonFactory]:
     """Start daemons against the shared etcd, each under a key prefix of its own test.
 
@@ -60,7 +74,9 @@ def daemon_factory(
     the embedded etcd keeps the default, the gateway.
 
     Teardown stops every daemon, then fails the test if any process marked with one of its node
-    ids is still alive (and kills it, so one leak cannot spill into the next test).
+    ids is still alive (and kills it, so one leak cannot spill into the next test). When the test
+    failed, the end of each daemon's log is printed: a CI run's temp dirs are gone by the time
+    someone reads its output.
     """
     prefix = f"/t/{unique('p')}"
     started: list[DaemonProc] = []
@@ -93,6 +109,9 @@ def daemon_factory(
 
     yield make
 
+    call = request.node.stash.get(PHASES, {}).get("call")
+    if call is not None and call.failed:
+        print_logs(started)
     leaks = []
     for d in started:
         d.stop()
@@ -102,6 +121,15 @@ def daemon_factory(
     for d in started:  # a daemon killed with SIGKILL could not remove its (empty) cgroup level
         detect(instance=d.node_id, move_self=False).release()
     assert not leaks, f"processes outlived their daemon: {leaks}"
+
+
+def print_logs(daemons: list[DaemonProc]) -> None:
+    """The end of each daemon's log, on the test's output; a daemon still running first writes
+    what each of its tasks waits on (``SIGUSR1``: elasticd/daemon/taskdump.py)."""
+    for d in daemons:
+        d.dump_tasks()
+        tail = d.log_text().splitlines()[-LOG_TAIL_LINES:]
+        print(f"--- the last {len(tail)} lines of daemon {d.node_id}'s log ---", *tail, sep="\n")
 
 
 @pytest.fixture

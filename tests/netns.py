@@ -253,6 +253,10 @@ class NetnsDaemon(DaemonProc):
         # `ip netns exec` execs the command: the pid is the daemon's, and signals reach it.
         return ["ip", "netns", "exec", self.netns]
 
+    def port_filter(self) -> str:
+        # The namespace's nftables tables are its own: the filter is on, as in production.
+        return "--port-filter"
+
 
 def processes_mentioning(text: str) -> list[psutil.Process]:
     """Live processes whose command line mentions ``text`` (e.g. a test's tmp dir)."""

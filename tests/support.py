@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -225,6 +226,12 @@ class DaemonProc:
         """What runs the daemon's command (nothing here; ``ip netns exec NS`` in tests/netns.py)."""
         return []
 
+    def port_filter(self) -> str:
+        """The filter's setting unless the test gives one: off. One nftables table per network
+        namespace, replaced whole by each daemon: daemons of tests side by side in the host's
+        would undo each other's (a daemon in a namespace of its own has it on: tests/netns.py)."""
+        return "--no-port-filter"
+
     def start(self, wait: bool = True) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         argv = [
@@ -236,9 +243,7 @@ class DaemonProc:
             "--node-id", self.node_id,
             "--log-format", "json",
             *(["--allow-root-jobs"] if self.allow_root_jobs else []),
-            # One nftables table per host, replaced whole by each daemon: daemons of tests side by
-            # side would undo each other's. Only the filter's own tests turn it on.
-            *([] if {"--port-filter", "--no-port-filter"} & set(self.args) else ["--no-port-filter"]),
+            *([] if {"--port-filter", "--no-port-filter"} & set(self.args) else [self.port_filter()]),
             *self.args,
         ]  # fmt: skip
         err = open(self.stderr_path, "ab")  # noqa: SIM115
@@ -255,6 +260,15 @@ class DaemonProc:
             return True
         except Exception:
             return False
+
+    def dump_tasks(self, timeout_s: float = 5.0) -> None:
+        """Have a running daemon write each task's stack to its log (``SIGUSR1``), and wait for it."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        before = len(self.events("daemon.tasks"))
+        self.proc.send_signal(signal.SIGUSR1)
+        with contextlib.suppress(AssertionError):
+            wait_for(lambda: len(self.events("daemon.tasks")) > before, timeout_s, 0.1, "the tasks' dump")
 
     def log_text(self) -> str:
         return self.stderr_path.read_text(errors="replace") if self.stderr_path.exists() else ""

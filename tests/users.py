@@ -1,7 +1,9 @@
 """Helpers for tests that act as another user: uid nobody sending requests, and a daemon it can reach.
 
 The venv's python lives under /root, which other users cannot enter, so jobs of other users run
-Debian's /usr/bin/python3, and everything they touch lives in a 0755 directory under /tmp.
+Debian's /usr/bin/python3, and everything they touch lives in a 0755 directory under /tmp. A job
+of another user that needs torch gets the venv's packages as a tree of hard links in such a
+directory (``torch_for``): no copy of ~800 MB, and nothing of the venv's own permissions changed.
 """
 
 from __future__ import annotations
@@ -9,6 +11,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
+import sysconfig
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -91,3 +96,53 @@ def public_daemon(daemon_factory: DaemonFactory, root: Path, *extra: str) -> Dae
     d.stderr_path = root / "daemon" / "daemon.log"
     d.start()
     return d
+
+
+def torch_for(uid: int, public: Path) -> tuple[str, dict[str, str]]:
+    """A python that ``uid`` can run and import torch with, and the environment it needs: the
+    suite's own where ``uid`` can run it, else Debian's with the venv's packages hard-linked (or,
+    across filesystems, copied) under ``public`` when it is the venv's python version. Skips the
+    test, saying why, where neither works."""
+    why = _cannot_import_torch(uid, sys.executable, {})
+    if why is None:
+        return sys.executable, {}
+    tried = [why]
+    if _same_minor(SYSTEM_PYTHON):
+        packages = public / "site-packages"
+        venv = sysconfig.get_paths()["purelib"]
+        if subprocess.run(["cp", "-al", venv, str(packages)], capture_output=True).returncode != 0:
+            shutil.rmtree(packages, ignore_errors=True)
+            shutil.copytree(venv, packages, symlinks=True)
+        env = {"PYTHONPATH": str(packages)}
+        why = _cannot_import_torch(uid, SYSTEM_PYTHON, env)
+        if why is None:
+            return SYSTEM_PYTHON, env
+        tried.append(why)
+    else:
+        tried.append(f"{SYSTEM_PYTHON} is not python {sys.version_info.major}.{sys.version_info.minor}")
+    pytest.skip(f"no python that uid {uid} can import torch with: {'; '.join(tried)}")
+
+
+def _cannot_import_torch(uid: int, python: str, env: dict[str, str]) -> str | None:
+    """Why ``uid`` cannot import torch with ``python`` and ``env`` (None: it can)."""
+    try:
+        done = subprocess.run(
+            [python, "-c", "import torch.distributed"],
+            user=uid, capture_output=True, text=True, timeout=120, cwd="/",
+            env={"PATH": "/usr/bin:/bin", **env},
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"{python} cannot be run by uid {uid}: {exc}"
+    if done.returncode != 0:
+        return f"uid {uid} cannot import torch with {python}: {done.stderr.strip()[-200:]}"
+    return None
+
+
+def _same_minor(python: str) -> bool:
+    """Whether ``python`` is the suite's python's version (its packages' wheels are built for it)."""
+    if not os.path.exists(python):
+        return False
+    asked = subprocess.run(
+        [python, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True, timeout=60
+    )
+    return asked.stdout.strip() == str(tuple(sys.version_info[:2]))

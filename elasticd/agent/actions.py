@@ -1,6 +1,6 @@
 """The closed set of actions a step can return; ``elasticd.agent.executor`` carries them out.
 
-Reads are actions too: a step that needs to know more returns ``ReadGlance`` or ``ReadSnapshot``
+Reads are actions too: a step that needs to know more returns ``ReadGlance`` or ``ReadJob``
 and is called again with what was read. A list of actions ends with ``Wait`` (until woken),
 ``Exit`` (done with the job), a read, or nothing (step again at once).
 """
@@ -27,10 +27,11 @@ class ReadGlance:
 
 
 @dataclass(frozen=True)
-class ReadSnapshot:
-    """Read the job (round ``counted``'s joins only counted) and the live nodes. A member reads
-    its own assignment of the current round; ``rosters``: every round's, whole (a round's leader,
-    a node outside a running round, a member that lost a peer)."""
+class ReadJob:
+    """Read the job (round ``counted``'s joins only counted) and the live nodes: its own
+    assignment of the current round (``MemberRead``), or with ``rosters`` every round whole
+    (``RostersRead``: a round's leader, a node outside a running round, a member that lost a
+    peer)."""
 
     counted: int | None = None
     rosters: bool = False
@@ -201,7 +202,7 @@ class WatchJoins:
 
 Action = (
     ReadGlance
-    | ReadSnapshot
+    | ReadJob
     | Wait
     | Exit
     | StopWorkers

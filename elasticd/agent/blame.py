@@ -20,8 +20,8 @@ from elasticd.agent.actions import Amend
 from elasticd.decode import DecodeError, decode
 from elasticd.jobs.rootcause import earlier, from_outside, same_way, with_also_failed
 from elasticd.progress.goodput import Silence
+from elasticd.rendezvous.jobread import JobRead
 from elasticd.rendezvous.model import RoundInfo
-from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.state import FailureKind, RoundReason, WorkerFailure
 
 
@@ -34,19 +34,19 @@ def _failure(data: dict[str, object] | None) -> WorkerFailure | None:
         return None
 
 
-def amendment(snap: JobSnapshot, mine: WorkerFailure | None) -> Amend | None:
+def amendment(read: JobRead, mine: WorkerFailure | None) -> Amend | None:
     """The write that makes the job's record name ``mine`` (this node's root cause) if it failed
     before the failure the record names, in the same round; else None."""
     if mine is None:
         return None
-    final, info = snap.final, snap.round
+    final, info = read.final, read.round
     if final is not None:
         theirs = _failure(final.failure)
         if theirs is None or not earlier(mine, theirs):
             return None
         root = with_also_failed(mine, theirs)
         reason = final.reason.replace(theirs.summary(), root.summary())
-        return Amend(snap.final_mod, replace(final, failure=root.to_json(), reason=reason))
+        return Amend(read.final_mod, replace(final, failure=root.to_json(), reason=reason))
     if info is None or info.reason is not RoundReason.WORKER_FAILED:
         return None
     theirs = _failure(info.failure)
@@ -57,7 +57,7 @@ def amendment(snap: JobSnapshot, mine: WorkerFailure | None) -> Amend | None:
     # The count was made for the failure the record named; a root cause from outside the job
     # (another node's rank killed, say, and ``theirs`` only its echo) starts no chain.
     count = 1 if from_outside(root) else info.repeats
-    return Amend(snap.round_mod, replace(info, failure=root.to_json(), detail=detail, repeats=count))
+    return Amend(read.round_mod, replace(info, failure=root.to_json(), detail=detail, repeats=count))
 
 
 def repeats(previous: RoundInfo | None, failure: WorkerFailure) -> int:

@@ -27,7 +27,7 @@ from elasticd.agent.actions import (
     Probe,
     Publish,
     ReadGlance,
-    ReadSnapshot,
+    ReadJob,
     Reassert,
     SetWaiting,
     StartWorkers,
@@ -57,7 +57,7 @@ LeasedAction = Publish | Join | Reassert | SetWaiting | NotePending
 # Every other action: it needs no lease, and passes the gate as it is.
 Unleased = (
     ReadGlance
-    | ReadSnapshot
+    | ReadJob
     | Wait
     | Exit
     | StopWorkers

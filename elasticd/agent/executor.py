@@ -2,8 +2,9 @@
 
 One ``JobAgent`` per job this node takes part in, on the daemon's event loop. All decisions are
 in ``elasticd.agent.step`` and, for the executor's own rules (the lease gate, the state shown,
-progress pacing, the writes on leaving), ``elasticd.agent.conduct``; this module only reads,
-writes, starts and stops, logs, and sleeps.
+progress pacing, the writes on leaving), ``elasticd.agent.conduct``; this module only reads
+(``agent.reads``), writes (``agent.writes``, and its own under the lease), starts and stops, logs,
+and sleeps. What this node reports of itself is ``agent.report``'s.
 After an action fails (the store is unreachable, workers cannot be set up), the rest of the list
 is dropped and the failure is the next step's input.
 """
@@ -18,10 +19,11 @@ from typing import Any, assert_never
 
 from elasticd import log
 from elasticd.agent import actions as act
-from elasticd.agent import conduct, portrules, writes
+from elasticd.agent import conduct, portrules, reads, writes
 from elasticd.agent.joinwatch import JoinWatch
 from elasticd.agent.looks import Looks
-from elasticd.agent.record import AgentRecord, AgentState, Leave, Local, Observed, View, presence_asked
+from elasticd.agent.record import AgentRecord, AgentState, Leave, Local, View
+from elasticd.agent.report import Reporter
 from elasticd.agent.seams import (
     Alarm,
     Clock,
@@ -35,23 +37,20 @@ from elasticd.agent.seams import (
     Workers,
 )
 from elasticd.agent.step import step
-from elasticd.agent.stragglers import StragglerJudge
-from elasticd.decode import report_invalid
 from elasticd.errors import EtcdUnavailable
 from elasticd.etcd.keyref import Change
 from elasticd.happenings.bus import publish
-from elasticd.happenings.records import JobFailed, JobSetupFailed, WorkerFailed
+from elasticd.happenings.records import JobSetupFailed, WorkerFailed
 from elasticd.jobs.attempt import NodeRuntime
 from elasticd.jobs.launcher import ProcessLauncher
 from elasticd.node import liveness
 from elasticd.node.peers import PeerWatch
-from elasticd.progress.goodput import Tally, published, seconds
+from elasticd.progress.goodput import Tally
 from elasticd.rendezvous.glance import Glance
 from elasticd.rendezvous.jobstore import JobStore
 from elasticd.rendezvous.model import Join
-from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.spec import JobSpec
-from elasticd.terms.state import EndReason, RoundReason, SetupFailure
+from elasticd.terms.state import RoundReason, SetupFailure
 
 _log = log.get("elasticd.agent")
 
@@ -102,13 +101,12 @@ class JobAgent:
         self._joins = joins or JoinWatch(store, self.wake)
         self._alarm = alarm or EventAlarm()
         self.task: asyncio.Task[None] | None = None
-        self._progress = conduct.ProgressSent()  # when progress was last due, and what was sent
+        self._report = Reporter(spec, rt, store, slots, self._launcher, self._clock)
         self._looks = Looks(spec.id, self._launcher, self._clock, probe)  # what admission measured
         # What the last pass leaves the next step: its read, or the failure that ended it.
         self._view: View | None = None
         self._setup: SetupFailure | None = None
         self.etcd_error: str | None = None
-        self._stragglers: StragglerJudge | None = None  # while our workers run as group rank 0
 
     @property
     def node(self) -> str:
@@ -145,35 +143,19 @@ class JobAgent:
 
     def straggler_scores(self) -> dict[int, float]:
         """Every rank's slowness score in the round we judge (empty unless we are its group rank 0)."""
-        return dict(self._stragglers.scores) if self._stragglers is not None else {}
+        return self._report.straggler_scores()
 
     def goodput(self) -> tuple[Tally, Tally] | None:
         """Where the job's time went here: as of now, and the part no later event moves."""
-        ledger = self._launcher.goodput()
-        return None if ledger is None else (seconds(ledger, self._clock.time()), ledger.tally)
+        return self._report.goodput()
 
     async def wait(self) -> None:
         if self.task is not None:
             await asyncio.shield(self.task)
 
     def local_view(self) -> dict[str, Any]:
-        """This node's part as it knows it, even when the store cannot be asked."""
-        rec, workers = self.rec, self.workers
-        pids = workers.pids() if workers is not None else []
-        exited = None
-        if workers is not None and conduct.shows_exit(rec.state, True, len(pids)):
-            exited = workers.observe(describe=False).outcome
-        return {
-            "state": conduct.shown_state(rec.state, exited),
-            "round": rec.round,
-            "devices": self._rt.inventory.visible_devices(self.slots),
-            "pids": pids,
-            "failure": rec.failure.to_json() if rec.failure else None,
-            "updated_at": self._clock.time(),
-            "progress": [p.to_json() for p in workers.progress()] if workers is not None else [],
-            "stragglers": sorted(self._stragglers.flagged) if self._stragglers is not None else [],
-            **published(self._launcher.goodput(), self._clock.time()),
-        }
+        """This node's part as it knows it, even when the store cannot be asked (``report``)."""
+        return self._report.view(self.rec, self.workers)
 
     # -- the loop ---------------------------------------------------------------------------------
     async def _main(self) -> None:
@@ -191,8 +173,7 @@ class JobAgent:
         """The agent has left: close what it opened, stop its workers, say goodbye in the store."""
         self._peers.close()
         self._joins.close()
-        if self._stragglers is not None:
-            self._stragglers.close()
+        self._report.stop_judging()
         if self.workers is not None:
             workers, self.workers = self.workers, None
             await workers.stop(0)
@@ -257,8 +238,8 @@ class JobAgent:
                 _log.info("agent.dropped", job=self.spec.id, action=type(dropped).__name__, why=why)
             case conduct.Leased(leased, lease):
                 return await self._leased(leased, lease)
-            case act.ReadGlance() | act.ReadSnapshot() as read:
-                return await self._read(read)
+            case act.ReadGlance() | act.ReadJob() as asked:
+                return await reads.read(self._store, self._lease, self.node, asked, self._on_invalid)
             case act.Wait(until, on_exits, batch):
                 await self._wait(until, on_exits, batch)
             case act.Exit(why, event):
@@ -282,28 +263,6 @@ class JobAgent:
                 assert_never(carried)
         return None
 
-    async def _read(self, action: act.ReadGlance | act.ReadSnapshot) -> View:
-        if isinstance(action, act.ReadGlance):
-            return await self._store.glance(action.round, self.node)
-        snap = await self._store.snapshot(  # no decider reads the statuses
-            action.counted, statuses=False, node=self.node, rosters=action.rosters
-        )
-        if snap.invalid and snap.final is None:
-            await self._fail_unseen(snap)
-            if self._on_invalid is not None:
-                self._on_invalid()  # the janitor ends the job: now, not at its next poll
-        return Observed(snap, await self._lease.alive(presence_asked(snap)))
-
-    async def _fail_unseen(self, snap: JobSnapshot) -> None:
-        """End the job for a bad key that no janitor's read of every job shows (a join, an
-        assignment: only a read of this job covers them), as the janitor ends it for the others;
-        once (``fail_invalid`` writes the final record only if there is none)."""
-        unseen = [k for k in snap.invalid if not self._store.keys.read_with_every_job(k.key)]
-        for bad in unseen:  # (the janitor's scan reports the others)
-            report_invalid(bad.key, bad.revision, bad.why, job=snap.job_id)
-        if unseen and await self._store.fail_invalid(replace(snap, invalid=unseen)):
-            publish(JobFailed(snap.job_id, EndReason.INVALID_RECORD, key=unseen[0].key))
-
     async def _follow(self, action: act.WatchPeers | act.WatchJoins) -> None:
         if isinstance(action, act.WatchPeers):
             self._peers.follow(action.round, action.peers)
@@ -311,7 +270,7 @@ class JobAgent:
             await self._joins.follow(action.round)
 
     async def _wait(self, until: float | None, on_exits: bool, batch: bool) -> None:
-        await self._publish_progress()
+        await self._report.publish_progress(self.rec, self.workers, self._running(), self._lease.lease_id)
         if batch:
             await self._alarm.pause(LEADER_BATCH_S)  # joins arriving together are then read together
         await self._sleep(until, on_exits)
@@ -348,7 +307,7 @@ class JobAgent:
     async def _sleep(self, until: float | None, on_exits: bool) -> None:
         """Wait for a wake-up, a worker exit (``on_exits``), or ``until`` (wall clock), at most POLL_S,
         and while workers run, at most until their progress is next due to be published."""
-        timeout = conduct.sleep_s(self._clock.time(), until, self._progress, self._running(), POLL_S)
+        timeout = conduct.sleep_s(self._clock.time(), until, self._report.sent, self._running(), POLL_S)
         exits = self.workers.exits() if on_exits and self.workers is not None else set()
         await self._alarm.sleep(timeout, set(exits))
 
@@ -357,8 +316,7 @@ class JobAgent:
         self.first_rank = member.group_rank * self.spec.nproc_per_node
         await portrules.follow_round(self._rt, self._store, self.spec, result, member)
         self.workers = await self._launcher.start(self.spec, result, member, restarts, self.slots, silence)
-        if member.group_rank == 0:
-            self._stragglers = StragglerJudge(self.spec, result, self._rt.straggler_grace_s)
+        self._report.judge(result, member)
         self._on_change(self)
         _log.info(
             "attempt.started",
@@ -372,9 +330,7 @@ class JobAgent:
 
     async def _stop_workers(self, grace_s: float) -> None:
         workers, self.workers = self.workers, None
-        if self._stragglers is not None:
-            self._stragglers.close()
-            self._stragglers = None
+        self._report.stop_judging()
         if workers is None:
             return
         await self._publish_quietly()
@@ -386,20 +342,6 @@ class JobAgent:
 
     def _running(self) -> bool:
         return self.workers is not None and self.rec.state is AgentState.RUNNING
-
-    async def _publish_progress(self) -> None:
-        """While our workers run, publish their progress when due and changed (``conduct``)."""
-        lease, now = self._lease.lease_id, self._clock.time()
-        if lease is None or not conduct.progress_due(self._progress, self._running(), lease, now):
-            return
-        self._progress = replace(self._progress, at=now)  # the next check is due from now
-        view = self.local_view()
-        if conduct.progress_changed(self._progress, view["progress"]):
-            with contextlib.suppress(EtcdUnavailable):
-                await self._store.put_node_status(self.node, view, lease)
-                self._progress = replace(self._progress, progress=tuple(view["progress"]))
-        if self._stragglers is not None:
-            await self._stragglers.evaluate(self._store, now)
 
     async def _publish_quietly(self) -> None:
         """``Publish`` around stopping workers, whether or not the store can be reached."""

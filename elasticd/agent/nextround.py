@@ -10,15 +10,15 @@ from elasticd.agent import blame
 from elasticd.agent.actions import Bump, Finalize
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.glance import Seen
+from elasticd.rendezvous.jobread import JobRead
 from elasticd.rendezvous.model import RoundInfo
-from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.spec import JobSpec
 from elasticd.terms.state import EndReason, JobState, RoundReason, WorkerFailure
 
 
 def bump_or_end(
     spec: JobSpec,
-    snap: JobSnapshot,
+    read: JobRead,
     now: float,
     reason: RoundReason,
     detail: str,
@@ -28,21 +28,21 @@ def bump_or_end(
 ) -> Bump | Finalize:
     """Open the next round for ``reason`` (once, whoever sees it first) or end the job: when
     the budget is spent, or when a failure repeats itself ``max_same_failures`` times."""
-    plan = rdzv.plan_bump(reason, snap.restarts, spec.max_restarts, detail)
+    plan = rdzv.plan_bump(reason, read.restarts, spec.max_restarts, detail)
     stored = failure.to_json() if failure is not None else None
     if plan.fail:
         code = EndReason.NODES_LOST
         if reason is RoundReason.WORKER_FAILED:
             code = EndReason.OOM if failure and failure.oom else EndReason.WORKER_FAILED
         return Finalize(JobState.FAILED, code, plan.why, stored)
-    repeats = blame.repeats(snap.round, failure) if failure is not None else 0
+    repeats = blame.repeats(read.round, failure) if failure is not None else 0
     if spec.max_same_failures and repeats >= spec.max_same_failures:
-        left = spec.max_restarts - snap.restarts
+        left = spec.max_restarts - read.restarts
         why = (
             f"{detail}; failed the same way {repeats} times in a row with no progress,"
             f" so it stopped with {left} of {spec.max_restarts} restarts left"
         )
         return Finalize(JobState.FAILED, EndReason.REPEATED_FAILURE, why, stored)
     expect = rdzv.next_expect(extra)
-    info = RoundInfo(snap.current + 1, reason, now, expect, detail, stored, grace_s, repeats, True)
-    return Bump(Seen.of(snap), info, plan.spend)
+    info = RoundInfo(read.current + 1, reason, now, expect, detail, stored, grace_s, repeats, True)
+    return Bump(Seen.of(read), info, plan.spend)

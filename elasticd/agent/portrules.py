@@ -3,6 +3,7 @@ that round's members (a node that left is out of them from then on; one that joi
 
 from __future__ import annotations
 
+from elasticd.jobs.agentstore import store_address
 from elasticd.jobs.attempt import NodeRuntime
 from elasticd.jobs.portguard import guard_of
 from elasticd.portfilter.rules import Mode
@@ -21,4 +22,5 @@ async def follow_round(rt: NodeRuntime, store: JobStore, spec: JobSpec, head: Ro
     if head.size > 1:
         members = await store.members(head)
     ports = (head.master_port,) if me.group_rank == 0 else ()
-    await rt.ports.admit(guard_of(spec.id, spec.uid, members or (me,), rt.address, ports))
+    where = store_address(rt.address, spec.nnodes.max)
+    await rt.ports.admit(guard_of(spec.id, spec.uid, members or (me,), where, ports))

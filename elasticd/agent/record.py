@@ -14,8 +14,8 @@ from elasticd.etcd.keyref import Change, KeyKind
 from elasticd.jobs.decider import Group
 from elasticd.rendezvous.fitness import Checked
 from elasticd.rendezvous.glance import Glance
+from elasticd.rendezvous.jobread import AgentRead, JobRead, RostersRead
 from elasticd.rendezvous.reach import Reach
-from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.spec import JobSpec
 from elasticd.terms.state import RoundReason, SetupFailure, WorkerFailure
 
@@ -170,10 +170,10 @@ class AgentRecord:
         joining = self.state is AgentState.JOINING and not self.leading
         return not (change.kind is KeyKind.JOIN and not change.deleted and joining)
 
-    def grace(self, snap: JobSnapshot) -> float:
+    def grace(self, read: JobRead) -> float:
         """How long workers get between SIGTERM and SIGKILL when the round moves on."""
-        if snap.round is not None and snap.round.grace_s is not None:
-            return snap.round.grace_s
+        if read.round is not None and read.round.grace_s is not None:
+            return read.round.grace_s
         return self.spec.stop_grace_s
 
 
@@ -193,25 +193,25 @@ class Local:
 
 @dataclass(frozen=True)
 class Observed:
-    """A full read: the job's snapshot and, of the nodes ``presence_asked(snap)`` names, those
+    """A full read: the job as read and, of the nodes ``presence_asked(read)`` names, those
     whose presence in the job (under their lease) is there."""
 
-    snap: JobSnapshot
+    read: AgentRead
     alive: frozenset[str] = field(default_factory=frozenset)
 
 
-def presence_asked(snap: JobSnapshot) -> frozenset[str] | None:
-    """The nodes whose liveness ``step`` asks about after reading ``snap`` (None: every node of
+def presence_asked(read: AgentRead) -> frozenset[str] | None:
+    """The nodes whose liveness ``step`` asks about after reading ``read`` (None: every node of
     the job). It asks about the waiting nodes (a scale-up takes only live ones) and the newcomers
     a round names (its leader waits only for live ones); about the members of a round only from a
     read of the rosters (the next round's leader: whom to expect; a node outside the round: whom
     to probe), which is O(N) already. So a member's read in a running round asks about no one,
     usually, and costs O(1), not a read of every member's presence; a member's loss reaches it
     through the job's presence watch (``manager/presence.py``)."""
-    if snap.rosters:
+    if isinstance(read, RostersRead):
         return None
-    expect = snap.round.expect if snap.round is not None else ()
-    return frozenset(snap.waiting).union(expect)
+    expect = read.round.expect if read.round is not None else ()
+    return frozenset(read.waiting).union(expect)
 
 
 View = Observed | Glance

@@ -22,8 +22,8 @@ from elasticd.agent.actions import (
 from elasticd.agent.record import AgentRecord, Local
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous import fitness, reach
+from elasticd.rendezvous.jobread import JoinsRead
 from elasticd.rendezvous.model import RoundInfo, RoundResult
-from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.state import EndReason, JobState
 
 
@@ -48,13 +48,14 @@ class StepBase:
             self._set(note=note)
             self._do(NotePending(note))
 
-    def _close(self, snap: JobSnapshot, info: RoundInfo, why: str) -> None:
-        """Close the round with the joiners we can reach (``rendezvous.reach``), probing first."""
+    def _close(self, read: JoinsRead, info: RoundInfo, why: str, previous: RoundResult | None) -> None:
+        """Close the round with the joiners we can reach (``rendezvous.reach``), probing first;
+        ``previous``: the round before, whole (stable ranks)."""
         rec, spec = self.rec, self.rec.spec
         deadline = info.opened_at + spec.join_timeout_s
         got = reach.admit(
             info.round,
-            snap.current_joins,
+            read.current_joins,
             rec.node,
             self.local.reach,
             spec.nnodes.min,
@@ -96,21 +97,21 @@ class StepBase:
                 self._do(Finalize(JobState.FAILED, EndReason.JOIN_TIMEOUT, got.why))
             case reach.Admit.GO:
                 self._note(None)
-                ordered = rdzv.order_members(got.joins, snap.previous_result, spec.nnodes.max)
+                ordered = rdzv.order_members(got.joins, previous, spec.nnodes.max)
                 why = f"{why}; {got.why}" if got.why else why
                 # The epoch ties the round's head to the assignments we write (``roster``).
-                epoch = next((j.create_revision for j in snap.current_joins if j.node == rec.node), 0)
+                epoch = next((j.create_revision for j in read.current_joins if j.node == rec.node), 0)
                 self._do(CloseRound(rdzv.build_result(info.round, ordered, self.now, epoch), why, info))
 
-    def _ready(self, snap: JobSnapshot, result: RoundResult, alive: frozenset[str]) -> bool:
+    def _ready(self, read: JoinsRead, result: RoundResult, alive: frozenset[str]) -> bool:
         """Whether we reach every member of the running round, and so may ask to be taken in."""
         # Only the members still in it: one that is done, or whose lease is gone (its daemon
         # died: nothing listens), has no collective left to stall.
-        done = snap.done.get(snap.current, set())
+        done = read.done_in(read.current)
         members = [m for m in result.members if m.node in alive and m.node not in done]
-        got = reach.ready(snap.current, members, self.rec.node, self.local.reach, self.now)
+        got = reach.ready(read.current, members, self.rec.node, self.local.reach, self.now)
         if got.verdict is reach.Admit.PROBE:
-            self._do(Probe(snap.current, got.targets))
+            self._do(Probe(read.current, got.targets))
             return False
         if got.verdict is reach.Admit.WAIT:
             self._note(got.why)

@@ -2,9 +2,10 @@
 
 Every member publishes its ranks' evidence with their progress (``progress.threadstate``, in the
 node's report). The judging node reads the round's reports when its own progress is due, scores
-every rank against the fastest (``progress.slowness.scores``), and keeps the verdicts with
-hysteresis (``slowness.judge``); a change is a record on the bus (an event in the history, a
-metric). Under ``--stragglers drain``, a node that held a straggler for the daemon's
+every rank against the fastest (``progress.slowness.scores``) over windows that end at the same
+moment on every node (``slowness.aligned``: the last few of each rank are kept to find one), and
+keeps the verdicts with hysteresis (``slowness.judge``); a change is a record on the bus (an
+event in the history, a metric). Under ``--stragglers drain``, a node that held a straggler for the daemon's
 ``straggler_grace`` is drained out of this job (``slowness.drains``: never below the job's
 minimum) by the same record an operator's ``drain NODE --job JOB`` writes, so it leaves by the
 graceful drain that loses no step; ``undrain NODE --job JOB`` lets it take part again.
@@ -31,6 +32,7 @@ from elasticd.progress.slowness import (
     Evidence,
     Keep,
     Verdicts,
+    aligned,
     drains,
     ended,
     judge,
@@ -44,6 +46,7 @@ from elasticd.terms.spec import JobSpec
 DRAINED_BY = "elasticd (stragglers)"  # who a straggler's drain says asked for it
 EVALUATE_S = 5.0  # a round's reports are read this often at most ...
 READS_PER_S = 200.0  # ... and never more than this many reports a second, whatever the round's size
+KEEP_WINDOWS = 3  # each rank's windows kept to find one that every rank has (nodes publish out of phase)
 
 
 def evaluate_every(size: int) -> float:
@@ -56,15 +59,30 @@ def evaluate_every(size: int) -> float:
 _log = log.get("elasticd.agent")
 
 
-def round_evidence(statuses: Mapping[str, NodeStatus], round_no: int) -> dict[int, Evidence]:
-    """Each rank's evidence in ``round_no``, from the members' reports of that round."""
-    out: dict[int, Evidence] = {}
+def round_evidence(
+    statuses: Mapping[str, NodeStatus], round_no: int
+) -> dict[int, tuple[float | None, Evidence]]:
+    """Each rank's evidence in ``round_no`` and when its window ends, from the members' reports of
+    that round."""
+    out: dict[int, tuple[float | None, Evidence]] = {}
     for status in statuses.values():
         if status.round != round_no:
             continue
         for p in status.progress:
             if (seen := p.evidence) is not None:
-                out[p.rank] = seen
+                out[p.rank] = (p.evidence_at, seen)
+    return out
+
+
+def remember(
+    seen: Mapping[int, Mapping[float | None, Evidence]], now: Mapping[int, tuple[float | None, Evidence]]
+) -> dict[int, dict[float | None, Evidence]]:
+    """The windows to compare from: each rank's last ``KEEP_WINDOWS`` (by end) with the ones just
+    read; a rank no longer reported is forgotten."""
+    out: dict[int, dict[float | None, Evidence]] = {}
+    for rank, (until, e) in now.items():
+        mine = {**seen.get(rank, {}), until: e}
+        out[rank] = dict(sorted(mine.items(), key=lambda kv: kv[0] or 0.0)[-KEEP_WINDOWS:])
     return out
 
 
@@ -88,6 +106,7 @@ class StragglerJudge:
         self._size = head.size
         self._grace_s = grace_s
         self._verdicts = Verdicts()
+        self._seen: dict[int, dict[float | None, Evidence]] = {}
         self._acted: set[str] = set()  # nodes drained (or kept at the minimum) once this round
         self._next_at = 0.0
         self.scores: dict[int, float] = {}
@@ -100,7 +119,11 @@ class StragglerJudge:
         self._next_at = now + evaluate_every(self._size)
         with contextlib.suppress(EtcdUnavailable):
             statuses = await store.statuses()
-            self.scores = scores(round_evidence(statuses, self.round))
+            self._seen = remember(self._seen, round_evidence(statuses, self.round))
+            same = aligned(self._seen)
+            if same is None:
+                return  # the nodes' latest windows differ: judged once one window is everyone's
+            self.scores = scores(same)
             self._verdicts, changes = judge(self._verdicts, self.scores, now)
             self._tell(changes)
             if self._policy is StragglerPolicy.DRAIN:

@@ -22,7 +22,7 @@ from typing import Any
 from elasticd import log
 from elasticd.config import Settings
 from elasticd.control.server import ControlServer
-from elasticd.daemon import systemd
+from elasticd.daemon import systemd, taskdump
 from elasticd.daemon.observe import Observability
 from elasticd.daemon.testhooks import FAKE_NVML_ENV, FakeHardware, fake_hardware
 from elasticd.errors import ConfigError, EtcdUnavailable
@@ -333,6 +333,7 @@ async def start(
     stack.push_async_callback(leave, server, jobs.manager, jobs.registry, liveness, node_id)
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, request_stop, signal.Signals(sig).name)
+    taskdump.install(asyncio.get_running_loop())
     # What exists now (modules, settings, clients: ~34,000 objects) lives as long as the
     # daemon: out of the collector's sight, a full collection takes ~0.1 ms, not 5 ms of a
     # control reply's time.
@@ -349,7 +350,7 @@ async def serve(
     await jobs.registry.start()
     await jobs.manager.recover()
     background.start(jobs.registry.run(), "registry")
-    background.start(jobs.manager.jobwatch.watch(), "watch")
+    background.start(jobs.manager.cluster.run(), "watch")
     background.start(jobs.manager.run(), "jobs")
     background.start(jobs.space.run(), "etcd_space")
     facts = NodeFacts(

@@ -28,15 +28,17 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from elasticd import log
 from elasticd.errors import ConfigError, EtcdNoSpace, EtcdUnavailable
 from elasticd.etcd import gateway as gw
+from elasticd.etcd import versions
 from elasticd.etcd.gateway import Failure, GatewayError
 from elasticd.etcd.kv import prefix_end
 from elasticd.etcd.transport import ConnectionLost, Endpoint, Transport, parse_endpoint, tls_context, uses_tls
-from elasticd.etcd.types import Compare, EtcdAuth, EtcdStatus, Found, KeyValue, Put, Query
+from elasticd.etcd.types import Compare, EtcdAuth, EtcdStatus, Found, KeyValue, Put, Query, WatchEvent
 from elasticd.etcd.watch import OpenWatches, open_watch
 
 _log = log.get("elasticd.etcd")
@@ -96,6 +98,7 @@ class EtcdClient:
         self._token: str | None = None  # of the current endpoint (simple tokens are per member)
         self._watches = OpenWatches()
         self._warned_auth_off = False
+        self._splits_reads: dict[str, bool] = {}  # by endpoint: ``versions.splits_reads``
 
     # -- endpoints, login and errors: the one place ---------------------------------------------
     def _current(self) -> tuple[int, Transport, str | None]:
@@ -180,7 +183,7 @@ class EtcdClient:
 
     # -- key/value ---------------------------------------------------------------------------
     def _range(self, q: Query) -> Found:
-        return gw.parse_range(self._post("/v3/kv/range", gw.range_request(q)))
+        return gw.parse_range_answer(self._post("/v3/kv/range", gw.range_request(q)))
 
     def get(self, key: str) -> KeyValue | None:
         kvs = self._range(Query(key)).kvs
@@ -194,10 +197,42 @@ class EtcdClient:
         return self._range(Query(prefix, prefix=True)).kvs
 
     def read_many(self, queries: Sequence[Query]) -> list[Found]:
-        """Several ranges in one request, all at one revision (a transaction of ranges only)."""
-        if not queries:
-            return []
-        return gw.parse_read_many(self._post("/v3/kv/txn", gw.read_many_request(queries)), len(queries))
+        """Several ranges at one revision: a transaction of ranges, or pinned ranges where the
+        server's version cannot take one safely (``elasticd.etcd.versions``)."""
+        if len(queries) <= 1:
+            return [self._range(q) for q in queries]
+        return self.call(lambda t, token: self._read_many_on(t, token, queries))
+
+    def _read_many_on(self, t: Transport, token: str | None, queries: Sequence[Query]) -> list[Found]:
+        def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
+            return t.post(path, _encode(body), token)
+
+        if not self._splits(t, token):
+            return gw.parse_read_many(post("/v3/kv/txn", gw.read_many_request(queries)), len(queries))
+        for _ in range(versions.RESTARTS):
+            first = gw.parse_range_answer(post("/v3/kv/range", gw.range_request(queries[0])))
+            try:
+                rest = [post("/v3/kv/range", gw.range_request(q, first.revision)) for q in queries[1:]]
+            except GatewayError as exc:
+                if versions.pinned_compacted(exc.code, exc.message):
+                    continue
+                raise
+            return [first, *(replace(gw.parse_range(r), revision=first.revision) for r in rest)]
+        raise GatewayError(Failure.REFUSED, "a read's revision was compacted each time it was read")
+
+    def _splits(self, t: Transport, token: str | None) -> bool:
+        where = str(t.endpoint)
+        known = self._splits_reads.get(where)
+        if known is None:
+            try:
+                version = gw.parse_version(t.post("/v3/maintenance/status", b"{}", token))
+            except GatewayError as exc:
+                if exc.failure is not Failure.DENIED:
+                    raise
+                version = ""  # status is for etcd's admins: pinned ranges are right on every version
+            known = self._splits_reads[where] = versions.splits_reads(version)
+            _log.info("etcd.version", endpoint=where, version=version or "unknown", pinned_reads=known)
+        return known
 
     def put_json(self, key: str, value: Any, lease: int | None = None) -> None:
         self._post("/v3/kv/put", gw.put_request(key, _encode(value), lease))
@@ -250,6 +285,19 @@ class EtcdClient:
         self, prefix: str, on_change: Callable[[str, bool], None], on_broken: Callable[[], None]
     ) -> Callable[[], None]:
         return self.watch_range(prefix, prefix_end(prefix), on_change, on_broken)
+
+    def watch_from(
+        self,
+        start: str,
+        end: str,
+        revision: int,
+        on_events: Callable[[list[WatchEvent]], None],
+        on_broken: Callable[[], None],
+    ) -> Callable[[], None]:
+        """``watch_range`` from ``revision``, each change whole (``KV.watch_from``)."""
+        body = gw.watch_request(start, end, revision=revision)
+        cancel = self.call(lambda t, token: open_watch(t, body, token, on_events, on_broken, whole=True))
+        return self._watches.track(cancel)
 
     # -- leases ------------------------------------------------------------------------------
     def grant_lease(self, ttl_s: float) -> int:

@@ -20,13 +20,13 @@ import base64
 import binascii
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
 from elasticd import decode
 from elasticd.etcd.kv import prefix_end
-from elasticd.etcd.types import Compare, EtcdStatus, Found, KeyValue, Put, Query
+from elasticd.etcd.types import Compare, EtcdStatus, Found, KeyValue, Put, Query, WatchEvent
 
 # grpc status codes, as the gateway reports them in "code" / "grpc_code"
 PERMISSION_DENIED = 7
@@ -115,8 +115,10 @@ def key_range(key: str, *, prefix: bool = False, end: str | None = None) -> dict
     return body
 
 
-def range_request(q: Query) -> dict[str, Any]:
-    """A RangeRequest. Without a sort etcd returns keys in key order."""
+def range_request(q: Query, revision: int = 0) -> dict[str, Any]:
+    """A RangeRequest; ``revision``: as of that store revision (0: the newest), which a member
+    that has applied it serves without a consensus round. Without a sort etcd returns keys in key
+    order."""
     body: dict[str, Any] = key_range(q.key, prefix=q.prefix, end=q.end)
     if q.oldest_only:
         body |= {"sort_order": "ASCEND", "sort_target": "CREATE", "limit": "1"}
@@ -128,8 +130,10 @@ def range_request(q: Query) -> dict[str, Any]:
         body["count_only"] = True
     if q.min_mod_revision:
         body["min_mod_revision"] = str(q.min_mod_revision)
-    if q.serializable:
+    if q.serializable or revision:
         body["serializable"] = True
+    if revision:
+        body["revision"] = str(revision)
     return body
 
 
@@ -185,8 +189,10 @@ def read_many_request(queries: Sequence[Query]) -> dict[str, Any]:
     return {"success": [{"request_range": range_request(q)} for q in queries]}
 
 
-def watch_request(start: str, end: str, deletes_only: bool = False) -> dict[str, Any]:
+def watch_request(start: str, end: str, deletes_only: bool = False, revision: int = 0) -> dict[str, Any]:
     create: dict[str, Any] = dict(key_range(start, end=end))
+    if revision:
+        create["start_revision"] = str(revision)
     if deletes_only:
         create["filters"] = ["NOPUT"]  # etcd drops the puts before they are sent
     return {"create_request": create}
@@ -264,6 +270,12 @@ def parse_range(obj: dict[str, Any]) -> Found:
     return Found([parse_kv(kv) for kv in _list(obj, "kvs")], _int(obj, "count"))
 
 
+def parse_range_answer(obj: dict[str, Any]) -> Found:
+    """A RangeRequest's answer, with the store revision it was served at (0: not told)."""
+    revision = _int(_object(obj, "header"), "revision") if "header" in obj else 0
+    return replace(parse_range(obj), revision=revision)
+
+
 def parse_txn(obj: dict[str, Any]) -> bool:
     return obj.get("succeeded") is True
 
@@ -272,7 +284,8 @@ def parse_read_many(obj: dict[str, Any], n: int) -> list[Found]:
     responses = _list(obj, "responses")
     if len(responses) != n:
         raise _malformed(f"{len(responses)} responses to {n} ranges")
-    return [parse_range(_object(r, "response_range")) for r in responses]
+    revision = _int(_object(obj, "header"), "revision") if "header" in obj else 0
+    return [replace(parse_range(_object(r, "response_range")), revision=revision) for r in responses]
 
 
 def parse_deleted(obj: dict[str, Any]) -> int:
@@ -352,17 +365,20 @@ class WatchMessage:
     canceled: bool = False
     reason: str = ""
     events: list[tuple[str, bool]] = field(default_factory=list)  # (key, deleted), in order
+    changes: list[WatchEvent] = field(default_factory=list)  # the same, with values and revisions
 
 
 def parse_watch(line: bytes) -> WatchMessage:
     result = stream_result(parse_json(line))
-    events = []
+    events, changes = [], []
     for event in _list(result, "events"):
-        kv = _object(event, "kv")
-        events.append((_bytes(kv, "key").decode("utf-8", "replace"), event.get("type") == "DELETE"))
+        kv = parse_kv(_object(event, "kv"))
+        deleted = event.get("type") == "DELETE"
+        events.append((kv.key, deleted))
+        changes.append(WatchEvent(kv, deleted))
     reason = result.get("cancel_reason", "")
     if result.get("canceled") is True and result.get("compact_revision"):
         reason = reason or f"compacted at revision {result['compact_revision']}"
     return WatchMessage(
-        result.get("created") is True, result.get("canceled") is True, str(reason)[:500], events
+        result.get("created") is True, result.get("canceled") is True, str(reason)[:500], events, changes
     )

@@ -29,7 +29,7 @@ class KeyKind(StrEnum):
     LEFT = "left"
     WAITING = "waiting"  # jobs/<job>/waiting/<node>
     NODE_STATUS = "node_status"  # reports/<job>/<node>: unwatched, and outside the scan's read
-    PENDING = "pending"  # notes/<job>/<node>: unwatched, in the read of every job
+    PENDING = "pending"  # notes/<job>/<node>: in the copy of every job; its news wakes no one
     JOB_DRAIN = "job_drain"  # jobs/<job>/drain/<node>
     EVENT = "event"  # events/...: the cluster's event history (elasticd.history.rings)
     EVENT_SEQ = "event_seq"  # event_seq: the last event's sequence number

@@ -6,10 +6,10 @@ the prefix that has no meaning (an unknown kind, a bad job or node id, a round t
 plain decimal) raises ``DecodeError`` naming the part. Pure: no etcd client.
 
 Every daemon watches what sorts before ``nodes/`` (``jobs/``, ``drain/``, ``gpus/``, ``history/``,
-the janitor key: ``Keys.watched``) and reads ``jobs/`` and ``notes/`` whole (the read of every
-job: the scan, the table of ``status``). What grows with a job's nodes lives outside both, so a
-round of N nodes reaches each other daemon as O(1) bytes and events, and is read only by those
-who need it, for one job, in pages:
+the janitor key: ``Keys.watched``) and ``notes/``, and holds a copy of ``jobs/`` and ``notes/``
+(every job: the scan, the table of ``status``; ``manager/clustercopy.py``). What grows with a
+job's nodes lives outside both, so a round of N nodes reaches each other daemon as O(1) bytes and
+events, and is read only by those who need it, for one job, in pages:
 
 - ``parts/<job>/<r>/{join,done}/<node>``: a member's join (under its lease) and done marker; the
   round's leader watches its joins, the admitter and the janitor count or ask about one node;
@@ -23,8 +23,8 @@ who need it, for one job, in pages:
 - ``specs/<job>``: the full spec, read only by a node about to take part (``jobs/<job>/spec``
   holds its small head, ``elasticd.terms.head``).
 
-``notes/<job>/<node>`` (why an allowed node cannot take part) is unwatched but in the read of
-every job: ``status`` shows it, and it is written only when it changes.
+``notes/<job>/<node>`` (why an allowed node cannot take part) is in the copy of every job:
+``status`` shows it; it is written only when it changes, and its news wakes no one.
 """
 
 from __future__ import annotations
@@ -93,12 +93,12 @@ class Keys:
         return f"{self.prefix}/jobs/{job_id}/"
 
     def every_job(self) -> tuple[str, str]:
-        """The prefixes the read of every job covers (``JobsRead``: the scan, the table of
+        """The prefixes the copy of every job holds (``ClusterCopy``: the scan, the table of
         ``status``): the jobs' records and their pending notes, and no member's key."""
         return self.jobs(), self.all_notes()
 
     def read_with_every_job(self, relative: str) -> bool:
-        """Whether a key (relative to the prefix, as ``InvalidKey`` names it) is in the read of
+        """Whether a key (relative to the prefix, as ``InvalidKey`` names it) is in the copy of
         every job: a bad one elsewhere (a join, an assignment) is seen only by a read of its job."""
         return f"{self.prefix}/{relative}".startswith(self.every_job())
 
@@ -111,7 +111,7 @@ class Keys:
         return f"{self.prefix}/notes/{job_id}/"
 
     def all_notes(self) -> str:
-        """Every job's pending notes: unwatched, read with every job (``JobsRead``)."""
+        """Every job's pending notes: held with every job (``ClusterCopy``)."""
         return f"{self.prefix}/notes/"
 
     def job_prefixes(self, job_id: str) -> tuple[str, str, str]:

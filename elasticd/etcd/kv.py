@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from elasticd.etcd.types import Compare, EtcdStatus, Found, KeyValue, Put, Query
+from elasticd.etcd.types import Compare, EtcdStatus, Found, KeyValue, Put, Query, WatchEvent
 
 ALL_KEYS = "\0"
 CLIENTS = ("gateway", "grpc")  # the setting etcd_client: which Backend talks to a real etcd
@@ -95,6 +95,20 @@ class KV(Protocol):
         self, prefix: str, on_change: Callable[[str, bool], None], on_broken: Callable[[], None]
     ) -> Callable[[], None]:
         """``watch_range`` over every key under ``prefix``."""
+        ...
+
+    def watch_from(
+        self,
+        start: str,
+        end: str,
+        revision: int,
+        on_events: Callable[[list[WatchEvent]], None],
+        on_broken: Callable[[], None],
+    ) -> Callable[[], None]:
+        """``watch_range`` from ``revision`` on (the changes since, first), each change with its
+        value and revision; ``on_events`` gets them in revision order, a batch at a time. A
+        ``revision`` already compacted breaks the watch at once (``on_broken``): the caller reads
+        the range again, and watches from the revision after that read (``Found.revision``)."""
         ...
 
     def grant_lease(self, ttl_s: float) -> int: ...

@@ -24,13 +24,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from elasticd import log
 from elasticd.errors import EtcdNoSpace, EtcdUnavailable
 from elasticd.etcd.kv import ALL_KEYS, prefix_end
-from elasticd.etcd.types import Compare, EtcdStatus, Found, KeyValue, Put, Query
+from elasticd.etcd.types import Compare, EtcdStatus, Found, KeyValue, Put, Query, WatchEvent
 
 _log = log.get("elasticd.etcd.memory")
 
@@ -52,6 +52,7 @@ class _Watch:
     on_broken: Callable[[], None]
     deletes_only: bool = False
     active: bool = True
+    on_events: Callable[[list[WatchEvent]], None] | None = None  # (``watch_from``)
 
     def covers(self, key: str) -> bool:
         return in_range(key, self.start, self.end)
@@ -62,7 +63,8 @@ def in_range(key: str, start: str, end: str) -> bool:
     return start <= key and (end == ALL_KEYS or key < end)
 
 
-_Event = tuple[_Watch, str | None, bool]  # key None: the watch broke
+_Event = tuple[_Watch, WatchEvent | None]  # None: the watch broke
+HISTORY = 10_000  # changes kept for ``watch_from``; one older counts as compacted
 
 
 def _encode(value: Any) -> bytes:
@@ -90,6 +92,7 @@ class MemoryKV:
         self._next_lease = 0x5EED0001
         self._watches: list[_Watch] = []
         self._pending: deque[_Event] = deque()
+        self._history: deque[WatchEvent] = deque(maxlen=HISTORY)
         self._dispatching = False
         self._failures = 0
         self._compacted = 0
@@ -107,7 +110,7 @@ class MemoryKV:
     def break_watches(self) -> None:
         """Every watch is told ``on_broken`` once and gets nothing more (its stream ended)."""
         with self._lock:
-            self._pending.extend((w, None, False) for w in self._watches)
+            self._pending.extend((w, None) for w in self._watches)
             self._watches.clear()
         self._flush()
 
@@ -149,7 +152,7 @@ class MemoryKV:
 
     def read_many(self, queries: Sequence[Query]) -> list[Found]:
         with self._op():
-            return [self._read(q) for q in queries]
+            return [replace(self._read(q), revision=self._revision) for q in queries]
 
     def put_json(self, key: str, value: Any, lease: int | None = None) -> None:
         self.txn([], [Put(key, value, lease)])
@@ -225,6 +228,35 @@ class MemoryKV:
     ) -> Callable[[], None]:
         return self.watch_range(prefix, prefix_end(prefix), on_change, on_broken)
 
+    def watch_from(
+        self,
+        start: str,
+        end: str,
+        revision: int,
+        on_events: Callable[[list[WatchEvent]], None],
+        on_broken: Callable[[], None],
+    ) -> Callable[[], None]:
+        watch = _Watch(start, end, lambda _k, _d: None, on_broken, on_events=on_events)
+        with self._op():
+            oldest = self._history[0].kv.mod_revision if len(self._history) == HISTORY else 0
+            if revision < self._compacted or (oldest and revision < oldest):
+                self._pending.append((watch, None))  # as etcd cancels it: compacted
+            else:
+                self._pending.extend(
+                    (watch, e)
+                    for e in self._history
+                    if e.kv.mod_revision >= revision and watch.covers(e.kv.key)
+                )
+                self._watches.append(watch)
+
+        def cancel() -> None:
+            with self._lock:
+                watch.active = False
+                if watch in self._watches:
+                    self._watches.remove(watch)
+
+        return cancel
+
     # -- leases ------------------------------------------------------------------------------
     def grant_lease(self, ttl_s: float) -> int:
         with self._op():
@@ -298,11 +330,11 @@ class MemoryKV:
         if old is not None and old.lease in self._leases:
             self._leases[old.lease].keys.discard(key)
         created = revision if old is None else old.create_revision
-        self._kvs[key] = KeyValue(key, value, created, revision, lease)
+        self._kvs[key] = kv = KeyValue(key, value, created, revision, lease)
         self._versions[key] = self._versions.get(key, 0) + 1
         if lease:
             self._leases[lease].keys.add(key)
-        self._notify(key, deleted=False)
+        self._notify(WatchEvent(kv, deleted=False))
 
     def _remove(self, key: str) -> bool:
         old = self._kvs.pop(key, None)
@@ -311,7 +343,7 @@ class MemoryKV:
         del self._versions[key]
         if old.lease in self._leases:
             self._leases[old.lease].keys.discard(key)
-        self._notify(key, deleted=True)
+        self._notify(WatchEvent(KeyValue(key, b"", 0, self._revision + 1, 0), deleted=True))
         return True
 
     def _end_lease(self, lease_id: int) -> None:
@@ -323,9 +355,11 @@ class MemoryKV:
             self._remove(key)
         self._revision += 1
 
-    def _notify(self, key: str, deleted: bool) -> None:
+    def _notify(self, event: WatchEvent) -> None:
+        self._history.append(event)
+        key, deleted = event.kv.key, event.deleted
         self._pending.extend(
-            (w, key, deleted) for w in self._watches if w.covers(key) and (deleted or not w.deletes_only)
+            (w, event) for w in self._watches if w.covers(key) and (deleted or not w.deletes_only)
         )
 
     # -- watch delivery (without the lock) ---------------------------------------------------
@@ -337,14 +371,16 @@ class MemoryKV:
                 return
             self._dispatching = True
         while (event := self._next_event()) is not None:
-            watch, key, deleted = event
+            watch, change = event
             try:
-                if key is None:
+                if change is None:
                     watch.on_broken()
+                elif watch.on_events is not None:
+                    watch.on_events([change])
                 else:
-                    watch.on_change(key, deleted)
+                    watch.on_change(change.kv.key, change.deleted)
             except Exception:  # as EtcdClient does: logged, and the writer and later events carry on
-                _log.exception("watch.callback_failed", start=watch.start, key=key)
+                _log.exception("watch.callback_failed", start=watch.start, key=change and change.kv.key)
 
     def _next_event(self) -> _Event | None:
         with self._lock:

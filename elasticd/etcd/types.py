@@ -73,6 +73,19 @@ class Query:
 class Found:
     kvs: list[KeyValue]
     count: int
+    # The store's revision the read was served at (0: not told): a watch from the one after it
+    # sees every later change of the range, and nothing the read already showed. Not part of
+    # what the read found: two reads of the same keys are equal at any revision.
+    revision: int = field(default=0, compare=False)
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """One change a watch reports: the key as written (for a delete: its key, and the delete's
+    revision as ``mod_revision``; no value)."""
+
+    kv: KeyValue
+    deleted: bool
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,12 @@ import json
 import socket
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from elasticd import log
 from elasticd.etcd.gateway import GatewayError, error_of, parse_watch, watch_canceled
 from elasticd.etcd.transport import ConnectionLost, Transport, headers, keep_alive
+from elasticd.etcd.types import WatchEvent
 
 _log = log.get("elasticd.etcd")
 
@@ -61,10 +63,13 @@ def open_watch(
     transport: Transport,
     body: dict[str, object],
     token: str | None,
-    on_change: Callable[[str, bool], None],
+    on_change: Callable[[str, bool], None] | Callable[[list[WatchEvent]], None],
     on_broken: Callable[[], None],
+    whole: bool = False,
 ) -> Callable[[], None]:
-    """Create the watch (raising ConnectionLost or GatewayError if etcd does not); its cancel."""
+    """Create the watch (raising ConnectionLost or GatewayError if etcd does not); its cancel.
+    ``on_change`` takes each change's key and whether it was deleted; with ``whole``, each
+    message's changes (``WatchEvent``: values and revisions)."""
     conn = transport.connect()
     try:
         conn.request("POST", "/v3/watch", json.dumps(body).encode(), headers(token))
@@ -85,7 +90,7 @@ def open_watch(
     except BaseException:
         conn.close()
         raise
-    stream = _Stream(conn, sock, response, on_change, on_broken)
+    stream = _Stream(conn, sock, response, on_change, on_broken, whole)
     return stream.cancel
 
 
@@ -95,9 +100,11 @@ class _Stream:
         conn: http.client.HTTPConnection,
         sock: socket.socket,
         response: http.client.HTTPResponse,
-        on_change: Callable[[str, bool], None],
+        on_change: Callable[[str, bool], None] | Callable[[list[WatchEvent]], None],
         on_broken: Callable[[], None],
+        whole: bool = False,
     ) -> None:
+        self._whole = whole
         self._conn = conn
         self._sock = sock
         self._response = response
@@ -126,7 +133,9 @@ class _Stream:
                 if not line.strip():
                     continue
                 message = parse_watch(line)
-                for key, deleted in message.events:
+                if self._whole and message.changes:
+                    self._deliver(message.changes)
+                for key, deleted in message.events if not self._whole else ():
                     self._deliver(key, deleted)
                 if message.canceled:
                     why = f"etcd canceled the watch: {message.reason}"
@@ -137,14 +146,14 @@ class _Stream:
             self._conn.close()  # only here, by the reader: no fd is closed under its feet
         self._broken(why)
 
-    def _deliver(self, key: str, deleted: bool) -> None:
+    def _deliver(self, *args: Any) -> None:
         with self._lock:
             if self._over:
                 return
             try:
-                self._on_change(key, deleted)
+                self._on_change(*args)
             except Exception:  # a watcher's bug: logged; the stream and later events carry on
-                _log.exception("watch.callback_failed", key=key)
+                _log.exception("watch.callback_failed", key=args[0] if len(args) == 2 else None)
 
     def _broken(self, why: str) -> None:
         with self._lock:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from elasticd.rendezvous.snapshot import JobSnapshot
+from elasticd.rendezvous.jobread import JobRead, JoinsRead
 from elasticd.terms.head import JobHead
 from elasticd.terms.state import EndReason
 
@@ -18,7 +18,7 @@ class Admission:
 
 
 def admit(
-    snap: JobSnapshot,
+    read: JobRead,
     node: str,
     free_slots: int,
     total_slots: int,
@@ -29,15 +29,15 @@ def admit(
 ) -> Admission:
     """A drained node (node-wide, or for this job) joins nothing; others join where there is a seat.
     A node whose address other hosts cannot reach (``single_host_only``) joins no multi-node job.
-    ``joined``: the joins of the open round, as counted (None: those ``snap`` holds)."""
-    head = snap.head
-    if head is None or snap.ended or snap.round is None or not head.allows(node):
+    ``joined``: the joins of the open round, as counted (None: those ``read`` holds)."""
+    head = read.head
+    if head is None or read.ended or read.round is None or not head.allows(node):
         return Admission(False)
-    if draining or node in snap.drains:
+    if draining or node in read.drains:
         return Admission(False)
-    closed = snap.closed  # a running round: join at the next one
-    if joined is None:
-        joined = len(snap.current_joins)
+    closed = read.closed  # a running round: join at the next one
+    if joined is None:  # (a read of every job holds no join)
+        joined = len(read.current_joins) if isinstance(read, JoinsRead) else 0
     seats = head.nnodes.max - (closed.size if closed is not None else joined)
     if seats <= 0:
         return Admission(False)

@@ -19,7 +19,10 @@ decides at the start, when the zygote is ready (the start waits for it anyway).
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
+
+LOOPBACK = "127.0.0.1"  # where a job of one node for its whole life serves its store
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,21 @@ class Choice:
 
     agent_store: bool
     why: str
+
+
+def store_address(node_address: str, max_nodes: int) -> str:
+    """Where the job's store host listens on this node, and the ``MASTER_ADDR`` its ranks are
+    told: loopback for a job whose spec allows one node at most (``--nnodes 1``, ``--standalone``),
+    which no other host ever needs to reach, for its whole life, as torchrun's ``--standalone``
+    tells its ranks a loopback address; the node's workers' address (``address``) for a job that
+    may span nodes, whose store the other members reach there (it stays there while the job runs
+    on one node: the store would otherwise move when a second node joins)."""
+    if max_nodes > 1:
+        return node_address
+    try:
+        return node_address if ipaddress.ip_address(node_address).is_loopback else LOOPBACK
+    except ValueError:  # a name ("localhost" too): its loopback is this one
+        return LOOPBACK
 
 
 def at_join(no_warm_parent: str | None, host_failed: str | None) -> Choice:

@@ -86,7 +86,9 @@ def master_port(rt: NodeRuntime) -> int:
         ) from exc
 
 
-def layout_for(result: RoundHead, me: Member) -> WorldLayout:
+def layout_for(result: RoundHead, me: Member, master_addr: str | None = None) -> WorldLayout:
+    """This node's place in ``result``'s round; ``master_addr`` replaces the round's (group rank
+    0's address) where the store is served on loopback (``agentstore.store_address``)."""
     return WorldLayout(
         round=result.round,
         group_rank=me.group_rank,
@@ -94,7 +96,7 @@ def layout_for(result: RoundHead, me: Member) -> WorldLayout:
         rank_offset=me.rank_offset,
         world_size=result.world_size,
         local_world_size=me.local_world_size,
-        master_addr=result.master_addr,
+        master_addr=master_addr or result.master_addr,
         master_port=result.master_port,
     )
 

@@ -89,6 +89,7 @@ class ProcessLauncher:
         self._cold = ""  # why the job has no zygote here
         self._job = ""
         self._uid = 0  # the submitter's: whose sockets the port filter keeps to the job's members
+        self._bind = rt.address  # where the store host listens here (``agentstore.store_address``)
         self._named: int | None = None  # the port the user named for MASTER_PORT (--master-port)
         self._accounts: Accounts | None = None  # the job's goodput here, across its rounds
         self._checks: NodeChecks | None = None  # with --node-check (``rendezvous.fitness``)
@@ -101,6 +102,7 @@ class ProcessLauncher:
         self._job = spec.id
         self._named = spec.master_port
         self._uid = spec.uid
+        self._bind = agentstore.store_address(self._rt.address, spec.nnodes.max)
         self._accounts = self._rt.books.of(spec.id, spec.submitted_at, wall_clock)
         if spec.node_check:
             python = spec.python if spec.entry_kind is not EntryKind.EXEC and spec.python else CHECK_PYTHON
@@ -189,7 +191,7 @@ class ProcessLauncher:
         group, watch = await start_group(
             self._rt,
             spec,
-            layout_for(result, member),
+            layout_for(result, member, self._loopback()),
             attempt=result.round,
             restart_count=restarts,
             slots=slots,
@@ -220,7 +222,7 @@ class ProcessLauncher:
             host, failed = await self._fresh(zygote)
         choice = agentstore.at_join(cold if host is None else None, failed)
         if host is not None:  # its listener is known before any answer; the members, at the start
-            await self._rt.ports.listen(guard_of(self._job, self._uid, (), self._rt.address, (host.port,)))
+            await self._rt.ports.listen(guard_of(self._job, self._uid, (), self._bind, (host.port,)))
         _log.info("store.offer", job=self._job, agent_store=choice.agent_store, why=choice.why)
         check_port, compute = await self._checks.offer(self._job) if self._checks is not None else (0, None)
         if host is not None:
@@ -256,12 +258,17 @@ class ProcessLauncher:
         fresh, failed = None, None
         if zygote is not None:
             try:
-                fresh = await storehost.start(zygote, self._rt.address, self._port())
+                fresh = await storehost.start(zygote, self._bind, self._port())
             except StoreError as exc:
                 failed = str(exc)
         await self._stop_store()
         self._store = fresh
         return fresh, failed
+
+    def _loopback(self) -> str | None:
+        """``MASTER_ADDR`` for a job of one node for life, whose store is served on loopback (None:
+        the round's, group rank 0's address)."""
+        return self._bind if self._bind != self._rt.address else None
 
     def _zygote_now(self) -> tuple[Zygote | None, str]:
         """The job's zygote if it is ready now, or None and why not."""
@@ -313,7 +320,7 @@ class ProcessLauncher:
         if (host is None or not host.alive or host.port != result.master_port) and zygote is not None:
             await self._stop_store()
             try:
-                host = self._store = await storehost.start(zygote, self._rt.address, result.master_port)
+                host = self._store = await storehost.start(zygote, self._bind, result.master_port)
             except StoreError as exc:
                 return str(exc)
         if host is None or not host.alive:

@@ -1,6 +1,6 @@
 """What a ``logs`` request may ask for, and what it is told about the job besides its output.
 
-Pure: a job snapshot and the logs this node holds in, an answer or an error out.
+Pure: a read of a job and the logs this node holds in, an answer or an error out.
 """
 
 from __future__ import annotations
@@ -8,16 +8,16 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from elasticd.errors import AttemptNotFound, RankNotFound
-from elasticd.rendezvous.snapshot import JobSnapshot
+from elasticd.rendezvous.jobread import JobRead
 from elasticd.wire import RoundView
 
 
-def round_view(snap: JobSnapshot) -> RoundView | None:
+def round_view(read: JobRead) -> RoundView | None:
     """The current round, as a following client reports the job's life from it."""
-    info = snap.round
+    info = read.round
     if info is None:
         return None
-    result = snap.closed
+    result = read.closed
     return {
         "round": info.round,
         "reason": info.reason.value,
@@ -40,35 +40,35 @@ def spans(ranks: Collection[int]) -> str:
 
 
 def check_scope(
-    snap: JobSnapshot, rank: int | None, attempt: int | None, here: Collection[tuple[int, int]]
+    read: JobRead, rank: int | None, attempt: int | None, here: Collection[tuple[int, int]]
 ) -> None:
     """Refuse a rank the job does not have and never will, and an attempt it has not come to.
 
     ``here``: (attempt, rank) of the logs this node holds. A rank exists when it has logs here or
     is in one of the rounds etcd still holds (the current one and the one before); a rank the job
     could still get (an elastic job below its maximum) is not refused while the job runs."""
-    if attempt is not None and attempt > snap.current and all(a != attempt for a, _ in here):
-        so_far = spans(range(snap.current + 1))
+    if attempt is not None and attempt > read.current and all(a != attempt for a, _ in here):
+        so_far = spans(range(read.current + 1))
         raise AttemptNotFound(
-            f"job {snap.job_id} has no attempt {attempt} (its attempts so far: {so_far})",
+            f"job {read.job_id} has no attempt {attempt} (its attempts so far: {so_far})",
             attempt=attempt,
-            last=snap.current,
+            last=read.current,
         )
     if rank is None or any(r == rank for _, r in here):
         return
     ran = {r for _, r in here}
-    for round_no in {*snap.heads, *snap.results}:  # a round's ranks are 0..world_size-1: its head says
-        closed = snap.head_of(round_no)
+    for round_no in read.rounds():  # a round's ranks are 0..world_size-1: its head says
+        closed = read.head_of(round_no)
         ran.update(range(closed.world_size if closed is not None else 0))
     if rank in ran:
         return  # on another node: the client says where
-    head = snap.head
+    head = read.head
     if head is not None and rank >= head.nnodes.max * head.nproc_per_node:
         raise RankNotFound(
-            f"job {snap.job_id} has no rank {rank}: it has at most {head.nnodes.max * head.nproc_per_node} "
+            f"job {read.job_id} has no rank {rank}: it has at most {head.nnodes.max * head.nproc_per_node} "
             f"({head.nnodes.max} node(s) x {head.nproc_per_node} per node)",
             rank=rank,
         )
-    if snap.ended:
+    if read.ended:
         known = f"its ranks were {spans(ran)}" if ran else "no rank of it ever ran"
-        raise RankNotFound(f"job {snap.job_id} has no rank {rank}: {known}", rank=rank)
+        raise RankNotFound(f"job {read.job_id} has no rank {rank}: {known}", rank=rank)

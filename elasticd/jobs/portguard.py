@@ -1,6 +1,7 @@
 """What one job tells the node's port filter (``elasticd.portfilter``): its uid, the addresses of
 its current members (read from etcd: untrusted, validated by ``rules.parse_members``) and the
-listener known in advance, the store on ``MASTER_PORT`` at this node's address."""
+listener known in advance, the store on ``MASTER_PORT`` where it listens here
+(``agentstore.store_address``)."""
 
 from __future__ import annotations
 

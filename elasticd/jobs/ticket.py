@@ -3,7 +3,7 @@
 ``JobTicket`` is a small frozen record: who submitted the job, when, at which priority, how large
 its stored spec is, its state, the slots it wants and the slots it holds now. The pure rules
 (``jobs.quota``: which jobs to fail; ``jobs.queue``: the admission order) work on tickets only,
-never on snapshots or specs, so that where a job's records live in etcd matters to one function
+never on reads or specs, so that where a job's records live in etcd matters to one function
 here (``ticket_of``) and to nothing else. Pure: no I/O.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from elasticd.jobs.view import job_state
-from elasticd.rendezvous.snapshot import JobSnapshot
+from elasticd.rendezvous.jobread import JobRead
 from elasticd.terms.state import JobState
 
 
@@ -37,16 +37,16 @@ class JobTicket:
         return self.state is not JobState.PENDING
 
 
-def ticket_of(snap: JobSnapshot) -> JobTicket | None:
+def ticket_of(read: JobRead) -> JobTicket | None:
     """The job's ticket; None for a job that has ended (or has a record nothing can be built on),
     and for one whose head is unreadable (the janitor fails those)."""
-    head = snap.head
-    if head is None or snap.ended:
+    head = read.head
+    if head is None or read.ended:
         return None
-    state = job_state(snap)
-    closed = snap.closed
+    state = job_state(read)
+    closed = read.closed
     return JobTicket(
-        id=snap.job_id,
+        id=read.job_id,
         user=head.user,
         uid=head.uid,
         submitted_at=head.submitted_at,
@@ -58,6 +58,6 @@ def ticket_of(snap: JobSnapshot) -> JobTicket | None:
     )
 
 
-def tickets_of(snaps: Iterable[JobSnapshot]) -> list[JobTicket]:
+def tickets_of(reads: Iterable[JobRead]) -> list[JobTicket]:
     """The tickets of every job that has not ended."""
-    return [t for t in map(ticket_of, snaps) if t is not None]
+    return [t for t in map(ticket_of, reads) if t is not None]

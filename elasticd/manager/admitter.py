@@ -12,9 +12,9 @@ from elasticd import log
 from elasticd.jobs.admission import admit, refuse
 from elasticd.jobs.attempt import NodeRuntime
 from elasticd.node.allocator import Allocator
+from elasticd.rendezvous.jobread import JobRead, JoinsRead
 from elasticd.rendezvous.jobstore import JobStore
 from elasticd.rendezvous.model import DrainRecord
-from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.state import JobState
 
 _log = log.get("elasticd.jobs")
@@ -35,10 +35,10 @@ class Admitter:
     def unit(self) -> str:
         return "GPUs" if self._rt.inventory.gpus else "CPU slots"
 
-    async def consider(self, snap: JobSnapshot, store: JobStore, lease: int | None) -> tuple[int, ...] | None:
+    async def consider(self, read: JobRead, store: JobStore, lease: int | None) -> tuple[int, ...] | None:
         """The slots this node takes the job with, or None (and why, in the job's pending notes)."""
-        assert snap.head is not None
-        head, node = snap.head, self._rt.node_id
+        assert read.head is not None
+        head, node = read.head, self._rt.node_id
         refusal = refuse(head, node, self._uid, self._allow_root_jobs)
         if refusal is not None:
             if await store.finalize(JobState.FAILED, refusal.code, refusal.reason):
@@ -55,15 +55,15 @@ class Admitter:
         # open round (more joins only take seats away), and the joins counted (one small
         # request) only where that would join or write a note, so that a queue of waiting jobs
         # costs no request per job and scan.
-        counted = None if snap.joins_read else 0
-        decision = admit(snap, node, free, slots, unit, draining, alone, joined=counted)
-        acts = decision.join or decision.note != snap.pending.get(node)
-        if counted is not None and snap.closed is None and acts:
-            counted = await store.count_joins(snap.current)
-            decision = admit(snap, node, free, slots, unit, draining, alone, joined=counted)
+        counted = None if isinstance(read, JoinsRead) else 0
+        decision = admit(read, node, free, slots, unit, draining, alone, joined=counted)
+        acts = decision.join or decision.note != read.pending.get(node)
+        if counted is not None and read.closed is None and acts:
+            counted = await store.count_joins(read.current)
+            decision = admit(read, node, free, slots, unit, draining, alone, joined=counted)
         # Written only when it differs from what the job's read holds: with many pending jobs,
         # a scan must not rewrite every one's note (nor a restarted daemon, while they hold).
-        if decision.note != snap.pending.get(node) and lease is not None and snap.closed is None:
+        if decision.note != read.pending.get(node) and lease is not None and read.closed is None:
             await store.note_pending(node, decision.note, lease)
         if not decision.join:
             return None

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from elasticd import log
@@ -48,10 +48,10 @@ from elasticd.history.store import EventLog
 from elasticd.jobs.view import job_state
 from elasticd.manager import janitorrule as rule
 from elasticd.rendezvous.glance import Seen
+from elasticd.rendezvous.jobread import JobRead, Live
 from elasticd.rendezvous.jobstore import JobStore
 from elasticd.rendezvous.model import RoundHead
 from elasticd.rendezvous.rosterread import Members
-from elasticd.rendezvous.snapshot import JobSnapshot, Live
 from elasticd.terms.ids import valid_job_id
 from elasticd.terms.state import EndReason, IllegalTransition, check_transition
 
@@ -90,7 +90,7 @@ class Janitor:
         self._keys = keys
         self._node = node_id
         self._store_of = store_of
-        self._waits: dict[str, tuple[JobSnapshot, rule.Wait]] = {}  # by job, per snapshot (``_wait_of``)
+        self._waits: dict[str, tuple[JobRead, rule.Wait]] = {}  # by job, per read of it (``_wait_of``)
         self._members = Members(kv, keys)  # who is a member of a running round, as asked
         self.holding = False
 
@@ -111,86 +111,86 @@ class Janitor:
             self._missing.clear()  # counted afresh by whoever holds the role
         return holding
 
-    def next_due(self, snaps: dict[str, JobSnapshot]) -> float | None:
-        """The earliest time (this clock) at which a decision of ``sweep`` over ``snaps`` can change
+    def next_due(self, reads: Mapping[str, JobRead]) -> float | None:
+        """The earliest time (this clock) at which a decision of ``sweep`` over ``reads`` can change
         by time alone (``janitorrule.next_due``). Everything else it decides on changes a key, and
         the watch wakes the scan for that (a write that lost a race is retried at the next change
         or by the safety net, never in a tight loop)."""
         return rule.next_due(
-            self._missing.values(), snaps.values(), self._wait_of, self._clock(), self._policy
+            self._missing.values(), reads.values(), self._wait_of, self._clock(), self._policy
         )
 
-    async def sweep(self, snaps: dict[str, JobSnapshot]) -> None:
+    async def sweep(self, reads: Mapping[str, JobRead]) -> None:
         """Decide on every job (``janitorrule``) and carry the decision out."""
-        self._missing = rule.still_missing(self._missing, snaps)
-        self._members.retain(snaps)
-        await self._members.prefetch(snaps)  # each running round's member, all in a request or few
-        for snap in snaps.values():
-            decided = rule.triage(snap, self._wait_of(snap), self._clock(), self._policy)
+        self._missing = rule.still_missing(self._missing, reads)
+        self._members.retain(reads)
+        await self._members.prefetch(reads)  # each running round's member, all in a request or few
+        for read in reads.values():
+            decided = rule.triage(read, self._wait_of(read), self._clock(), self._policy)
             if decided is rule.NOTHING:
                 continue  # (most jobs: no coroutine for them)
             match decided:
                 case rule.Remove(ended_at):
-                    await self._remove(snap.job_id)
-                    publish(JobExpired(snap.job_id, ended_at=ended_at))
+                    await self._remove(read.job_id)
+                    publish(JobExpired(read.job_id, ended_at=ended_at))
                 case rule.AskMembers(closed):
-                    alive = await self._members.live(snap, closed)
-                    await self._judged(snap, closed, alive)
+                    alive = await self._members.live(read, closed)
+                    await self._judged(read, closed, alive)
                 case rule.AskJoins():
-                    count = await self._store_of(snap.job_id).count_joins(snap.current)
-                    await self._act(snap, rule.judge_joins(snap, count > 0))
+                    count = await self._store_of(read.job_id).count_joins(read.current)
+                    await self._act(read, rule.judge_joins(read, count > 0))
                 case rule.FailInvalid() | rule.Finalize() | rule.Nothing() as action:
-                    await self._act(snap, action)
-        if len(self._waits) > len(snaps):  # (jobs gone)
-            self._waits = {j: w for j, w in self._waits.items() if j in snaps}
+                    await self._act(read, action)
+        if len(self._waits) > len(reads):  # (jobs gone)
+            self._waits = {j: w for j, w in self._waits.items() if j in reads}
 
-    def _wait_of(self, snap: JobSnapshot) -> rule.Wait:
-        """``janitorrule.wait_of``, made once per snapshot (the read hands out the same one while
+    def _wait_of(self, read: JobRead) -> rule.Wait:
+        """``janitorrule.wait_of``, made once per read of the job (the read hands out the same one while
         the job's keys are unchanged): every change sweeps every job, and most wait."""
-        held = self._waits.get(snap.job_id)
-        if held is not None and held[0] is snap:
+        held = self._waits.get(read.job_id)
+        if held is not None and held[0] is read:
             return held[1]
-        wait = rule.wait_of(snap)
-        self._waits[snap.job_id] = (snap, wait)
+        wait = rule.wait_of(read)
+        self._waits[read.job_id] = (read, wait)
         return wait
 
-    async def _judged(self, snap: JobSnapshot, closed: RoundHead, alive: Live) -> None:
+    async def _judged(self, read: JobRead, closed: RoundHead, alive: Live) -> None:
         """Count a closed round's only member gone (or back), then act on the rule's judgement."""
-        key = (snap.job_id, snap.current)
-        judged = rule.judge_members(snap, closed, alive, self._missing.get(key), self._clock(), self._policy)
+        key = (read.job_id, read.current)
+        judged = rule.judge_members(read, closed, alive, self._missing.get(key), self._clock(), self._policy)
         if judged.noted:
             _log.warning("job.member_missing", job=key[0], round=key[1], grace_s=self._policy.solo_grace_s)
         if judged.missing_since is None:
             self._missing.pop(key, None)
         else:
             self._missing[key] = judged.missing_since
-        await self._act(snap, judged.action)
+        await self._act(read, judged.action)
 
-    async def _act(self, snap: JobSnapshot, action: rule.Action) -> None:
-        """Carry out one of the rule's actions on ``snap``'s job."""
+    async def _act(self, read: JobRead, action: rule.Action) -> None:
+        """Carry out one of the rule's actions on ``read``'s job."""
         match action:
             case rule.FailInvalid(None):
-                await self._fail_invalid(snap)
+                await self._fail_invalid(read)
             case rule.FailInvalid(bad) if bad is not None:  # read while asking: reported here
-                report_invalid(bad.key, bad.revision, bad.why, job=snap.job_id)
-                await self._fail_invalid(replace(snap, invalid=[bad]))
+                report_invalid(bad.key, bad.revision, bad.why, job=read.job_id)
+                await self._fail_invalid(replace(read, invalid=(bad,)))
             case rule.Finalize(state, reason, why):
                 try:
-                    check_transition(snap.job_id, job_state(snap), state)
+                    check_transition(read.job_id, job_state(read), state)
                 except IllegalTransition as exc:  # one bad decision must not stop the sweep of the rest
-                    _log.error("job.illegal_transition", job=snap.job_id, error=str(exc))
+                    _log.error("job.illegal_transition", job=read.job_id, error=str(exc))
                     return
-                await self._store_of(snap.job_id).finalize(state, reason, why)
+                await self._store_of(read.job_id).finalize(state, reason, why)
             case rule.Bump(info, spend):
-                if await self._store_of(snap.job_id).bump(Seen.of(snap), info, spend):
-                    publish(JobOrphaned(snap.job_id, snap.current))
+                if await self._store_of(read.job_id).bump(Seen.of(read), info, spend):
+                    publish(JobOrphaned(read.job_id, read.current))
             case rule.MemberBack(node):
-                _log.info("job.member_back", job=snap.job_id, round=snap.current, node=node)
+                _log.info("job.member_back", job=read.job_id, round=read.current, node=node)
             case rule.Nothing():
                 pass
 
     async def drop_strays(self, strays: dict[str, list[str]]) -> None:
-        """Delete parts of jobs that have no records (``snapshot.parse_jobs``), unless the job
+        """Delete parts of jobs that have no records (``jobparse.parse_jobs``), unless the job
         exists again by now (its head is created with its first records, in one transaction)."""
         for job_id, stray in strays.items():
             guard = [Compare(self._keys.job_spec(job_id), "create", 0)]
@@ -200,7 +200,7 @@ class Janitor:
                     break
                 _log.info("job.parts_dropped", job=job_id[:80], keys=len(chunk))
 
-    async def relieve(self, snaps: dict[str, JobSnapshot]) -> set[str]:
+    async def relieve(self, reads: Mapping[str, JobRead]) -> set[str]:
         """While etcd is above its mark: remove the oldest ended jobs (``space.relief``) and compact;
         the jobs removed. At most once every ``RELIEF_S``. The scan runs it before anything that
         writes (none of it is refused under NOSPACE), and leaves the jobs removed out after it."""
@@ -208,7 +208,7 @@ class Janitor:
         now = self._clock()
         if space is None or (self._relieved_at is not None and now < self._relieved_at + RELIEF_S):
             return set()
-        ended = [Ended(j, s.final.ended_at, _size(s)) for j, s in snaps.items() if s.final is not None]
+        ended = [Ended(j, s.final.ended_at, _size(s)) for j, s in reads.items() if s.final is not None]
         chosen = relief(space, ended)
         if not chosen:
             return set()
@@ -240,22 +240,22 @@ class Janitor:
     def now(self) -> float:
         return self._clock()
 
-    async def _fail_invalid(self, snap: JobSnapshot) -> None:
+    async def _fail_invalid(self, read: JobRead) -> None:
         """A job with a bad record ends FAILED, naming the key. A bad ``final`` is replaced by a
         readable one; nothing is written for a key that names no job."""
-        if valid_job_id(snap.job_id) and await self._store_of(snap.job_id).fail_invalid(snap):
-            publish(JobFailed(snap.job_id, EndReason.INVALID_RECORD, key=snap.invalid[0].key))
+        if valid_job_id(read.job_id) and await self._store_of(read.job_id).fail_invalid(read):
+            publish(JobFailed(read.job_id, EndReason.INVALID_RECORD, key=read.invalid[0].key))
 
 
-def _size(snap: JobSnapshot) -> int:
+def _size(read: JobRead) -> int:
     """About how many bytes a job's records take in etcd: its full spec, and the rest (its head
     among them) roughly."""
-    return (snap.head.spec_bytes if snap.head is not None else 0) + JOB_OVERHEAD
+    return (read.head.spec_bytes if read.head is not None else 0) + JOB_OVERHEAD
 
 
-def report(snaps: dict[str, JobSnapshot]) -> None:
+def report(reads: Mapping[str, JobRead]) -> None:
     """Log each bad key of a job not yet failed for it, once (every node does: it is what its
     operator reads)."""
-    for snap in snaps.values():
-        for bad in snap.invalid if snap.final is None else ():
-            report_invalid(bad.key, bad.revision, bad.why, job=snap.job_id)
+    for read in reads.values():
+        for bad in read.invalid if read.final is None else ():
+            report_invalid(bad.key, bad.revision, bad.why, job=read.job_id)

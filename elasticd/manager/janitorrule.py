@@ -1,7 +1,7 @@
 """What the janitor does about each job it sweeps (``elasticd.manager.janitor``). Pure.
 
 The janitor gathers the facts and carries out the action; the rule decides, in two stages so that
-the janitor reads only what a decision needs. ``triage`` decides from the job's snapshot alone:
+the janitor reads only what a decision needs. ``triage`` decides from the job's read alone:
 remove an expired job, fail one with a bad record, leave it be, or ask who looks after its round
 (``AskMembers``: ``Members.live``) or whether anyone joined its open round (``AskJoins``: counted).
 ``judge_members`` and ``judge_joins`` then decide from the answer. Precedence, first that holds:
@@ -20,11 +20,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from elasticd.rendezvous import decider as rdzv
+from elasticd.rendezvous.jobread import InvalidKey, JobRead, JoinsRead, Live
 from elasticd.rendezvous.model import RoundHead, RoundInfo
-from elasticd.rendezvous.snapshot import InvalidKey, JobSnapshot, Live
 from elasticd.terms.state import EndReason, JobState, RoundReason
 
-# Whether a job waits in an open round, as its snapshot says (``wait_of``): until its join
+# Whether a job waits in an open round, as its read says (``wait_of``): until its join
 # timeout (when the round opened, and the timeout) while no node joined; True once one did (the
 # janitor leaves it be); False for a job that does not wait (its round closed, or no round).
 Wait = tuple[float, float] | bool
@@ -46,7 +46,7 @@ class Remove:
 @dataclass(frozen=True)
 class FailInvalid:
     """End the job FAILED naming a bad key: ``bad``, read while asking about its members (it is
-    reported first), or None for the snapshot's own (reported by every node already)."""
+    reported first), or None for the read's own (reported by every node already)."""
 
     bad: InvalidKey | None = None
 
@@ -107,14 +107,14 @@ class Judged:
     noted: bool = False
 
 
-def wait_of(snap: JobSnapshot) -> Wait:
-    """``Wait`` of the job, from its snapshot (the read of every job carries no join: a job whose
+def wait_of(read: JobRead) -> Wait:
+    """``Wait`` of the job, from its read (the read of every job carries no join: a job whose
     joins were not read waits until its timeout, when they are counted)."""
-    if snap.closed is not None or snap.round is None or snap.head is None:
+    if read.closed is not None or read.round is None or read.head is None:
         return False
-    if snap.joins_read and snap.current_joins:
+    if isinstance(read, JoinsRead) and read.current_joins:
         return True
-    return (snap.round.opened_at, snap.head.join_timeout_s)
+    return (read.round.opened_at, read.head.join_timeout_s)
 
 
 def waits_in_time(wait: Wait, now: float) -> bool:
@@ -128,36 +128,36 @@ def expired(ended_at: float, now: float, policy: Policy) -> bool:
     return policy.retention_s is not None and ended_at < now - policy.retention_s
 
 
-def triage(snap: JobSnapshot, wait: Wait, now: float, policy: Policy) -> Triage:
-    """The decision on ``snap`` alone, or the question whose answer decides (module doc)."""
-    if snap.final is not None:
-        return Remove(snap.final.ended_at) if expired(snap.final.ended_at, now, policy) else NOTHING
-    if snap.invalid:
+def triage(read: JobRead, wait: Wait, now: float, policy: Policy) -> Triage:
+    """The decision on ``read`` alone, or the question whose answer decides (module doc)."""
+    if read.final is not None:
+        return Remove(read.final.ended_at) if expired(read.final.ended_at, now, policy) else NOTHING
+    if read.invalid:
         return FailInvalid()
-    if snap.head is None or snap.round is None or waits_in_time(wait, now):
+    if read.head is None or read.round is None or waits_in_time(wait, now):
         return NOTHING
-    closed = snap.closed
+    closed = read.closed
     if closed is not None:
         return AskMembers(closed)
-    if now - snap.round.opened_at <= snap.head.join_timeout_s:
+    if now - read.round.opened_at <= read.head.join_timeout_s:
         return NOTHING
-    if snap.joins_read:
-        return judge_joins(snap, bool(snap.current_joins))
+    if isinstance(read, JoinsRead):
+        return judge_joins(read, bool(read.current_joins))
     return AskJoins()
 
 
-def judge_joins(snap: JobSnapshot, joined: bool) -> Finalize | Nothing:
+def judge_joins(read: JobRead, joined: bool) -> Finalize | Nothing:
     """An open round past its join timeout: the job fails unless a node joined (then the round's
     leader closes or fails it)."""
-    if joined or snap.head is None:
+    if joined or read.head is None:
         return NOTHING
-    head = snap.head
+    head = read.head
     why = f"only 0 of the {head.nnodes.min} nodes needed joined within {head.join_timeout_s:g}s"
     return Finalize(JobState.FAILED, EndReason.JOIN_TIMEOUT, why)
 
 
 def judge_members(
-    snap: JobSnapshot, closed: RoundHead, alive: Live, missing_since: float | None, now: float, policy: Policy
+    read: JobRead, closed: RoundHead, alive: Live, missing_since: float | None, now: float, policy: Policy
 ) -> Judged:
     """The closed round ``closed`` (the job's current one), given who looks after it (``alive``)
     and since when its only member is gone, as counted so far."""
@@ -174,46 +174,46 @@ def judge_members(
         if now - since < policy.solo_grace_s:
             return Judged(NOTHING, since, noted)
         missing_since = None  # given up
-    return Judged(_give_up(snap, now), missing_since, noted)
+    return Judged(_give_up(read, now), missing_since, noted)
 
 
-def _give_up(snap: JobSnapshot, now: float) -> Finalize | Bump:
+def _give_up(read: JobRead, now: float) -> Finalize | Bump:
     """Every member of the current round is lost: restart it, spending a restart, or fail."""
-    assert snap.head is not None
-    why = f"every node of round {snap.current} was lost"
-    plan = rdzv.plan_bump(RoundReason.MEMBER_LOST, snap.restarts, snap.head.max_restarts, why)
+    assert read.head is not None
+    why = f"every node of round {read.current} was lost"
+    plan = rdzv.plan_bump(RoundReason.MEMBER_LOST, read.restarts, read.head.max_restarts, why)
     if plan.fail:
         return Finalize(JobState.FAILED, EndReason.NODES_LOST, plan.why)
-    return Bump(RoundInfo(snap.current + 1, RoundReason.MEMBER_LOST, now, (), plan.why), plan.spend)
+    return Bump(RoundInfo(read.current + 1, RoundReason.MEMBER_LOST, now, (), plan.why), plan.spend)
 
 
 def still_missing(
-    missing: Mapping[tuple[str, int], float], snaps: Mapping[str, JobSnapshot]
+    missing: Mapping[tuple[str, int], float], reads: Mapping[str, JobRead]
 ) -> dict[tuple[str, int], float]:
     """The gone members still counted: those of a job not ended, whose round is still the one."""
     return {
         (j, r): since
         for (j, r), since in missing.items()
-        if (snap := snaps.get(j)) is not None and snap.current == r and not snap.ended
+        if (read := reads.get(j)) is not None and read.current == r and not read.ended
     }
 
 
 def next_due(
     missing: Iterable[float],
-    snaps: Iterable[JobSnapshot],
-    wait_of: Callable[[JobSnapshot], Wait],
+    reads: Iterable[JobRead],
+    wait_of: Callable[[JobRead], Wait],
     now: float,
     policy: Policy,
 ) -> float | None:
-    """The earliest time after ``now`` at which a decision on ``snaps`` can change by time alone: a
+    """The earliest time after ``now`` at which a decision on ``reads`` can change by time alone: a
     solo member's grace ends (``missing``: since when each is gone), a round's join timeout (a job's
     ``Wait``, asked of ``wait_of``), a record's retention. Times already past are left out: the
     sweep acted on them."""
     due = [since + policy.solo_grace_s for since in missing]
-    for snap in snaps:
-        if snap.final is not None:
+    for read in reads:
+        if read.final is not None:
             if policy.retention_s is not None:
-                due.append(snap.final.ended_at + policy.retention_s)
-        elif isinstance(wait := wait_of(snap), tuple):
+                due.append(read.final.ended_at + policy.retention_s)
+        elif isinstance(wait := wait_of(read), tuple):
             due.append(wait[0] + wait[1])
     return min((t for t in due if t > now), default=None)

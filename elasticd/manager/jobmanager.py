@@ -2,17 +2,17 @@
 
 One ``JobManager`` per daemon, owned by the event loop. The cluster-wide truth is in the store;
 nothing here is authoritative but the local slot allocation (``Admitter``). Its parts, each in its
-own module: the watch of etcd and the read of every job it keeps current (``JobWatch``), joining
+own module: the copy of every job, kept current by one watch (``ClusterCopy``), joining
 a job and its agent's record (``Joins``), the GPU health verdicts (``GpuHealth``), the sweep of
 this node's logs (``sweep_logs``), and the cluster's clean-up (``Janitor``). The command service
-and the daemon are given the manager alone: it answers for its parts (``watch``, ``snapshots``, ...).
+and the daemon are given the manager alone: it answers for its parts (``watch``, ``jobs``, ...).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from elasticd import log
@@ -24,19 +24,18 @@ from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.space import Space
 from elasticd.jobs.attempt import NodeRuntime
-from elasticd.jobs.board import Board
 from elasticd.jobs.queue import Turns, admission_order
-from elasticd.jobs.quota import NO_QUOTAS, Quotas
+from elasticd.jobs.quota import NO_QUOTAS, Quotas, Verdict, over_limits
+from elasticd.jobs.ticket import JobTicket
 from elasticd.manager import janitor as janitors
 from elasticd.manager import quotacheck as limits
 from elasticd.manager.access import ROOT_ONLY, Admins
 from elasticd.manager.admitter import Admitter
 from elasticd.manager.checks import CHECK_KINDS, CheckResponder
+from elasticd.manager.clustercopy import ClusterCopy, Jobs
 from elasticd.manager.gpuhealth import GpuHealth
 from elasticd.manager.gpus import GpuPool
 from elasticd.manager.janitor import Janitor
-from elasticd.manager.jobsread import Jobs
-from elasticd.manager.jobwatch import JobWatch
 from elasticd.manager.joins import Joins
 from elasticd.manager.logsweep import sweep_logs
 from elasticd.manager.presence import PresenceWatches
@@ -47,8 +46,8 @@ from elasticd.node.gpuwatch import GpuWatch
 from elasticd.node.hooks import LeaseHooks
 from elasticd.node.registry import NodeRegistry, parse_node_drain
 from elasticd.node.statedir import StateDir
+from elasticd.rendezvous.jobread import JobRead
 from elasticd.rendezvous.jobstore import JobStore
-from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.rendezvous.store import EtcdJobStore
 from elasticd.terms.state import RoundReason
 
@@ -58,7 +57,7 @@ _log = log.get("elasticd.jobs")
 # the janitor's decisions that come due by time alone wake it when they do (``Janitor.next_due``),
 # so this only bounds how long a change could go unseen if the watch stream stalled silently.
 SCAN_S = 10.0
-# A safety-net wake that finds the jobs read unchanged (``JobsRead``) does nothing more, but no
+# A safety-net wake that finds the copy of every job unchanged (``ClusterCopy``) does nothing more, but no
 # longer than this after the last full scan: a full one then redoes whatever a failed write left.
 FULL_SCAN_S = 60.0
 DUE_SLACK_S = 0.05  # wake just after a janitor deadline, not just before it
@@ -83,15 +82,12 @@ class JobManager:
     ) -> None:
         self.rt = rt
         self.turns = Turns()  # whose jobs this node admitted lately: the fair queue's turns
-        # The tickets and the queue of the latest read of every job, shared by the scan and
-        # ``status`` and made once per read (per job, once per snapshot).
-        self.board = Board(self.turns)
         self._keys = keys
         self._state = state
         self._registry = registry
         self.store_of = store_of or (lambda job_id: EtcdJobStore(kv, keys, job_id))
         self.admitter = Admitter(rt, allow_root_jobs)
-        self._limits = limits.Enforcer(quotas, admins, self.store_of)
+        self._quotas, self._admins = quotas, admins
         self.gpus = GpuPool(
             kv, keys, rt.node_id, rt.inventory, self.admitter.allocator,
             accept=gpu_watch.accept if gpu_watch else None, usage=gpu_watch.usage if gpu_watch else None,
@@ -109,9 +105,8 @@ class JobManager:
             self.turns, wake=self.wake, wake_scan=self._wake.set,
         )  # fmt: skip
         self.gpu_health = GpuHealth(rt, self.gpus, self.admitter, registry, self.agents, self._wake.set)
-        self.jobwatch = JobWatch(kv, keys, rt.node_id, wake=self.wake, wake_scan=self._wake.set)
-        # The recent read of every job (``JobWatch``): what ``status`` shows, and the scan's read.
-        self.recent = self.jobwatch.recent
+        # Every job, kept current by one watch: what the scan, ``status`` and the commands read.
+        self.cluster = ClusterCopy(kv, keys, rt.node_id, wake=self.wake)
         self._settled: tuple[Jobs, int] | None = None  # the read and drain of the last full scan
         self._settled_at = 0.0
         if hooks is not None:  # the registry's lease news: fence on a loss, rescan on a grant
@@ -136,9 +131,6 @@ class JobManager:
         if change is not None and change.kind in CHECK_KINDS:
             self.checks.heard(change)  # an operator's check: nothing for the jobs
             return
-        if self.jobwatch.own(change):
-            return  # its submitter reads the job back, and wakes the scan (``advance``)
-        self.jobwatch.changed(change)  # the scan this wakes reads again, and ``status`` with it
         if change is None or change.job is None:
             for agent in self.agents.values():
                 agent.wake()
@@ -174,64 +166,78 @@ class JobManager:
         lease = self._registry.lease_id
         if self._stopping or lease is None:
             return
-        if quiet:  # the net under the watch: a read that trusts no news of it (``JobsRead``)
-            self.recent.invalidate()
-        jobs, drain = await asyncio.gather(self.jobwatch.read_jobs(), self.jobwatch.drain_record(quiet))
-        snaps, strays = jobs
+        if quiet:  # the net under the watch: what changed since the copy's revision, asked
+            await self.cluster.caught_up()
+        else:
+            await self.cluster.ready()
+        drain = await self.cluster.drain_record(quiet)
+        jobs = self.cluster.jobs()
+        reads, strays = jobs
         seen = (jobs, drain.mod_revision if drain is not None else 0)
-        if quiet and await self._still_settled(seen, snaps):
+        if quiet and await self._still_settled(seen, reads):
             return
         self._settled = None  # until this scan completes
         self.admitter.draining = parse_node_drain(self._keys, drain) if drain is not None else None
-        self._apply_drains(snaps)
+        self._apply_drains(reads)
         if self.rt.inventory.gpus:
             await self.gpus.sync()
             self.gpu_health.leave_bad_gpus()
-        janitors.report(snaps)
+        janitors.report(reads)
         if clean_up:
             self._due = None
         janitor = clean_up and await self.janitor.elected(lease)
         # First: etcd near its quota (or at it, refusing the writes below) needs room. The read is
-        # shared (``JobsRead``, ``Board``, ``status``): the jobs removed are left out of a copy.
-        if janitor and (removed := await self.janitor.relieve(snaps)):
-            snaps = {j: s for j, s in snaps.items() if j not in removed}
+        # shared (``ClusterCopy``, ``status``): the jobs removed are left out of a copy.
+        if janitor and (removed := await self.janitor.relieve(reads)):
+            reads = {j: s for j, s in reads.items() if j not in removed}
         node = self.rt.node_id
-        for job_id in await self._order(snaps, janitor):
-            head = snaps[job_id].head
+        for job_id in await self._order(reads, janitor):
+            head = reads[job_id].head
             if job_id not in self.agents and head is not None and head.allows(node):
-                await self.joins.consider(snaps[job_id], lease)
+                await self.joins.consider(reads[job_id], lease)
         if janitor:
-            await self.janitor.sweep(snaps)
+            await self.janitor.sweep(reads)
             await self.janitor.drop_strays(strays)
-            self._due = self.janitor.next_due(snaps)
+            self._due = self.janitor.next_due(reads)
         if clean_up:
-            await asyncio.to_thread(sweep_logs, self.rt.log_dir, set(snaps), self.agents)
+            await asyncio.to_thread(sweep_logs, self.rt.log_dir, set(reads), self.agents)
             self._settled, self._settled_at = seen, time.monotonic()
         self._registry.publish_soon()
 
-    async def _order(self, snaps: dict[str, JobSnapshot], janitor: bool) -> list[str]:
+    async def _order(self, reads: dict[str, JobRead], janitor: bool) -> Sequence[str]:
         """The jobs to consider, in admission order, once the limits failed whom they fail and,
         on the janitor, once nodes were lent to a waiting job of a higher priority (``jobs.room``)."""
-        tickets = self.board.tickets(snaps)  # the jobs that have not ended
-        failed = await self._limits.enforce(tickets)
+        copy = self.cluster
+        tickets = copy.tickets(reads)  # the jobs that have not ended
+        failed = await limits.enforce(tickets, self._quotas, self._admins, self.store_of,
+                                      self._over_limits(reads, tickets))  # fmt: skip
         if janitor:
-            await self.room.make(snaps, tickets, self.board.queue(snaps).order, failed)
+            await self.room.make(reads, tickets, copy.queue(reads, self.turns).order, failed)
         if failed:
             return admission_order((t for t in tickets if t.id not in failed), self.turns.last)
-        return self.board.queue(snaps).admission
+        return copy.queue(reads, self.turns).admission
 
-    async def _still_settled(self, seen: tuple[Jobs, int], snaps: dict[str, JobSnapshot]) -> bool:
+    def _over_limits(self, reads: dict[str, JobRead], tickets: Sequence[JobTicket]) -> list[Verdict]:
+        """The jobs of ``tickets`` over a limit (``jobs.quota.over_limits``): judged once per change
+        of the copy (a submit's scan and the one its watch's news wakes share it), and again when
+        who among their users is an admin changes (group membership moves: asked each scan)."""
+        admins = frozenset(uid for uid in {t.uid for t in tickets} if self._admins(uid))
+        return self.cluster.derive(
+            "over limits", reads, lambda: over_limits(tickets, self._quotas, admins), admins
+        )
+
+    async def _still_settled(self, seen: tuple[Jobs, int], reads: dict[str, JobRead]) -> bool:
         """Whether the read and drain are the last full scan's (``_unchanged``): then the quiet
         scan stops, but for the janitor's sweep, which asks what no read of every job shows:
         whether a running round's members are still there (their joins, ``Members.live``)."""
         if not self._unchanged(seen):
             return False
         if self.janitor.holding:
-            await self.janitor.sweep(snaps)
+            await self.janitor.sweep(reads)
         return True
 
     def _unchanged(self, seen: tuple[Jobs, int]) -> bool:
-        """The same read (the very objects: ``JobsRead``) and drain as the last full scan's, recently."""
+        """The same jobs (the very objects: ``ClusterCopy``) and drain as the last full scan's, recently."""
         settled = self._settled
         return (
             settled is not None
@@ -240,12 +246,12 @@ class JobManager:
             and time.monotonic() - self._settled_at < FULL_SCAN_S
         )
 
-    def _apply_drains(self, snaps: dict[str, JobSnapshot]) -> None:
+    def _apply_drains(self, reads: dict[str, JobRead]) -> None:
         """Leave, gracefully, every job this node is drained from."""
         node = self.rt.node_id
         for job_id, agent in self.agents.items():
-            snap = snaps.get(job_id)
-            record = (snap.drains.get(node) if snap is not None else None) or self.admitter.draining
+            read = reads.get(job_id)
+            record = (read.drains.get(node) if read is not None else None) or self.admitter.draining
             if record is not None:
                 agent.leave(RoundReason.MEMBER_LEFT, f"node {node} drained", record.grace_s)
 

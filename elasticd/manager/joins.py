@@ -26,8 +26,8 @@ from elasticd.manager.admitter import Admitter
 from elasticd.manager.presence import PresenceWatches
 from elasticd.node.registry import NodeRegistry
 from elasticd.node.statedir import StateDir
+from elasticd.rendezvous.jobread import JobRead
 from elasticd.rendezvous.jobstore import JobStore
-from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.head import JobHead
 from elasticd.terms.spec import JobSpec
 from elasticd.terms.state import EndReason, JobState
@@ -70,32 +70,32 @@ class Joins:
         # admission and the agent, and a submit's scan and the watch's may overlap.
         self._joining: dict[str, asyncio.Event] = {}  # set once that scan's consideration ended
 
-    async def consider(self, snap: JobSnapshot, lease: int) -> None:
-        assert snap.head is not None
-        if not snap.head.allows(self.rt.node_id):
+    async def consider(self, read: JobRead, lease: int) -> None:
+        assert read.head is not None
+        if not read.head.allows(self.rt.node_id):
             return  # a job for other nodes: nothing to decide or note here (``admit``, ``refuse``)
-        joining = self._joining.get(snap.job_id)
+        joining = self._joining.get(read.job_id)
         if joining is not None:
             # Another scan (a submit's, the watch's) is taking this node into the job: its outcome
             # (an agent started, or the note of why not) is this scan's too, so a submit's reply
             # waits for it.
             await joining.wait()
             return
-        done = self._joining[snap.job_id] = asyncio.Event()
+        done = self._joining[read.job_id] = asyncio.Event()
         try:
-            await self._join(snap, snap.head, lease)
+            await self._join(read, read.head, lease)
         finally:
-            del self._joining[snap.job_id]
+            del self._joining[read.job_id]
             done.set()
 
-    async def _join(self, snap: JobSnapshot, head: JobHead, lease: int) -> None:
-        store = self.store_of(snap.job_id)
-        slots = await self.admitter.consider(snap, store, lease)
+    async def _join(self, read: JobRead, head: JobHead, lease: int) -> None:
+        store = self.store_of(read.job_id)
+        slots = await self.admitter.consider(read, store, lease)
         if slots is None:
             return
         spec = await self._full_spec(head, store)
         if spec is None:
-            self.admitter.release(snap.job_id)
+            self.admitter.release(read.job_id)
             return
         try:  # present in the job, and hearing its losses, before any other key of ours in it
             await self._registry.enter(spec.id)

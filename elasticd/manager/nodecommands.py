@@ -24,7 +24,7 @@ from elasticd.manager.etcdspace import SpaceWatch
 from elasticd.manager.jobmanager import JobManager
 from elasticd.node.registry import NodeRecord, NodeRegistry
 from elasticd.rendezvous import rosterread
-from elasticd.rendezvous.snapshot import JobSnapshot
+from elasticd.rendezvous.jobread import JobRead
 from elasticd.terms.ids import valid_gpu_uuid
 
 
@@ -55,15 +55,15 @@ class NodeCommands:
         self, node: str, job_id: str | None, grace_s: float | None, force: bool, user: str
     ) -> dict[str, Any]:
         """Ask ``node`` to leave its jobs (or one job) gracefully; refuse to go below MIN unless forced."""
-        snaps = await self._manager.jobwatch.snapshots()
-        if job_id is not None and job_id not in snaps:
+        reads = await self._manager.cluster.current()
+        if job_id is not None and job_id not in reads:
             raise JobNotFound(f"no job {job_id!r}")
         if not await self._known_node(node):
             raise NodeNotFound(f"no live node {node!r}")
         members = [
-            Membership(jid, snap.closed.size, snap.head.nnodes.min)
-            for jid, snap in await self._member_of(snaps, node, job_id)
-            if snap.head is not None and snap.closed is not None
+            Membership(jid, read.closed.size, read.head.nnodes.min)
+            for jid, read in await self._member_of(reads, node, job_id)
+            if read.head is not None and read.closed is not None
         ]
         verdict = judge_drain(node, members, force)
         if verdict.refusal:
@@ -75,17 +75,17 @@ class NodeCommands:
         return {"node": node, "job": job_id, "jobs": list(verdict.affected), "forced": verdict.forced}
 
     async def _member_of(
-        self, snaps: dict[str, JobSnapshot], node: str, job_id: str | None
-    ) -> list[tuple[str, JobSnapshot]]:
+        self, reads: dict[str, JobRead], node: str, job_id: str | None
+    ) -> list[tuple[str, JobRead]]:
         """The running jobs (``job_id`` alone, if given) whose current round has ``node`` as a
         member: one key each (its assignment), in one request, not every member of every job."""
         asks = [
-            (jid, snap)
-            for jid, snap in snaps.items()
-            if snap.head is not None and snap.final is None and snap.closed is not None
-            and (job_id is None or jid == job_id) and snap.head.allows(node)
+            (jid, read)
+            for jid, read in reads.items()
+            if read.head is not None and read.final is None and read.closed is not None
+            and (job_id is None or jid == job_id) and read.head.allows(node)
         ]  # fmt: skip
-        heads = [(jid, snap.closed, node) for jid, snap in asks if snap.closed is not None]
+        heads = [(jid, read.closed, node) for jid, read in asks if read.closed is not None]
         found = await asyncio.to_thread(rosterread.membership, self._kv, self._keys, heads)
         return [ask for ask, member in zip(asks, found, strict=True) if member]
 
@@ -95,9 +95,9 @@ class NodeCommands:
         reply = await run_check(self._kv, self._keys, self._registry, nodes, user)
         passed = {r["node"] for r in reply["nodes"] if r["verdict"] == "ok"}
         returned = []
-        for job_id, snap in (await self._manager.jobwatch.snapshots()).items():
+        for job_id, read in (await self._manager.cluster.current()).items():
             for node in sorted(passed):
-                record = snap.drains.get(node)
+                record = read.drains.get(node)
                 if record is not None and record.by == DRAINED_BY:
                     await asyncio.to_thread(self._kv.delete, self._keys.job_drain(job_id, node))
                     publish(NodeUndrained(node, job_id))

@@ -34,25 +34,3 @@ async def enforce(
         if await store_of(v.job_id).finalize(JobState.FAILED, v.code, v.reason):
             publish(JobFailed(v.job_id, v.code, v.reason))
     return {v.job_id for v in verdicts}
-
-
-class Enforcer:
-    """``enforce`` on every scan, with the verdicts of the last tickets kept: the scans of one
-    read (a submit's own and the one its watch event wakes) are given the same tickets
-    (``jobs.board.Board``) and judge them once."""
-
-    def __init__(self, quotas: Quotas, admins: Admins, store_of: Callable[[str], JobStore]) -> None:
-        self._quotas, self._admins, self._store_of = quotas, admins, store_of
-        self._last: tuple[Sequence[JobTicket], frozenset[int], frozenset[int], list[Verdict]] | None = None
-
-    async def enforce(self, tickets: Sequence[JobTicket]) -> set[str]:
-        last = self._last
-        same = last is not None and last[0] is tickets
-        uids = last[1] if last is not None and same else frozenset(t.uid for t in tickets)
-        admin_uids = frozenset(uid for uid in uids if self._admins(uid))  # (group membership moves)
-        if last is not None and same and last[2] == admin_uids:
-            verdicts = last[3]
-        else:
-            verdicts = over_limits(tickets, self._quotas, admin_uids)
-            self._last = (tickets, uids, admin_uids, verdicts)
-        return await enforce(tickets, self._quotas, self._admins, self._store_of, verdicts)

@@ -54,17 +54,17 @@ async def recover(
 
 
 async def _recover_job(node: str, store: JobStore, lease: Lease) -> None:
-    snap = await store.snapshot(node=node, rosters=False)  # whether we are a member: O(1) bytes
-    if not snap.found or snap.ended or snap.me(node) is None:
+    read = await store.read_member(node)  # whether we are a member: O(1) bytes
+    if not read.found or read.ended or read.me(node) is None:
         return  # a job with a bad record is failed by the janitor
-    assert snap.head is not None
+    assert read.head is not None
     why = f"elasticd on {node} restarted while the job ran"
-    plan = rdzv.plan_bump(RoundReason.MEMBER_LOST, snap.restarts, snap.head.max_restarts, why)
+    plan = rdzv.plan_bump(RoundReason.MEMBER_LOST, read.restarts, read.head.max_restarts, why)
     if plan.fail:
         await store.finalize(JobState.FAILED, EndReason.NODES_LOST, plan.why)
     else:
-        info = RoundInfo(snap.current + 1, RoundReason.MEMBER_LOST, time.time(), (), why, expect_members=True)
-        await store.bump(Seen.of(snap), info, plan.spend)
+        info = RoundInfo(read.current + 1, RoundReason.MEMBER_LOST, time.time(), (), why, expect_members=True)
+        await store.bump(Seen.of(read), info, plan.spend)
     _log.warning(
         "recover.job", job=store.job_id, action="failed" if plan.fail else "restart", reason=plan.why
     )

@@ -28,28 +28,28 @@ from elasticd.happenings.records import NodeDrained, NodeUndrained
 from elasticd.jobs import room
 from elasticd.jobs.ticket import JobTicket
 from elasticd.node.registry import NodeRecord
+from elasticd.rendezvous.jobread import JobRead
 from elasticd.rendezvous.model import DrainRecord
-from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.state import JobState
 
 _log = log.get("elasticd.janitor")
 
 
-def lends(snaps: Mapping[str, JobSnapshot]) -> list[tuple[room.Lent, float]]:
+def lends(reads: Mapping[str, JobRead]) -> list[tuple[room.Lent, float]]:
     """Every node lent now, with when, from the jobs' drain records."""
     out = []
-    for job_id, snap in snaps.items():
-        for node, record in snap.drains.items():
+    for job_id, read in reads.items():
+        for node, record in read.drains.items():
             if (for_job := room.lent_for(record.by)) is not None:
                 out.append((room.Lent(job_id, node, for_job), record.at))
     return out
 
 
-def waiting_of(order: Sequence[JobTicket], snaps: Mapping[str, JobSnapshot]) -> list[room.Waiting]:
+def waiting_of(order: Sequence[JobTicket], reads: Mapping[str, JobRead]) -> list[room.Waiting]:
     """The jobs that never ran, in queue order, as ``room.decide`` sees them."""
     out = []
     for t in order:
-        head = snaps[t.id].head if t.id in snaps else None
+        head = reads[t.id].head if t.id in reads else None
         if head is not None and t.state is JobState.PENDING:
             out.append(room.Waiting(t.id, t.priority, head.nnodes.min, head.nproc_per_node, head.nodes))
     return out
@@ -57,7 +57,7 @@ def waiting_of(order: Sequence[JobTicket], snaps: Mapping[str, JobSnapshot]) -> 
 
 def running_of(
     tickets: Sequence[JobTicket],
-    snaps: Mapping[str, JobSnapshot],
+    reads: Mapping[str, JobRead],
     members: Mapping[str, list[str]],
     shrunk: Mapping[str, float],
     lent: Sequence[tuple[room.Lent, float]],
@@ -65,8 +65,8 @@ def running_of(
     """The running jobs, as ``room.decide`` sees them (``members``: the nodes running each)."""
     out = []
     for t in tickets:
-        snap = snaps.get(t.id)
-        head, closed = (snap.head, snap.closed) if snap is not None else (None, None)
+        read = reads.get(t.id)
+        head, closed = (read.head, read.closed) if read is not None else (None, None)
         if head is None or closed is None or t.state is not JobState.RUNNING:
             continue
         times = [at for x, at in lent if x.job == t.id] + ([shrunk[t.id]] if t.id in shrunk else [])
@@ -100,17 +100,17 @@ class RoomMaker:
 
     async def make(
         self,
-        snaps: Mapping[str, JobSnapshot],
+        reads: Mapping[str, JobRead],
         tickets: Sequence[JobTicket],
         order: Sequence[JobTicket],
         failed: Collection[str] = (),
     ) -> room.Room:
         """Decide over one read of every job (``order``: the queue's; ``failed``: the jobs the
         scan failed for the limits, left out), and carry the decision out."""
-        self._shrunk = {j: at for j, at in self._shrunk.items() if j in snaps}
-        lent = lends(snaps)
-        waiting = waiting_of([t for t in order if t.id not in failed], snaps)
-        optimistic = running_of(tickets, snaps, {}, self._shrunk, lent)
+        self._shrunk = {j: at for j, at in self._shrunk.items() if j in reads}
+        lent = lends(reads)
+        waiting = waiting_of([t for t in order if t.id not in failed], reads)
+        optimistic = running_of(tickets, reads, {}, self._shrunk, lent)
         records: list[NodeRecord] = []  # none: only the give-backs, which need no node
         if room.worth_asking(waiting, optimistic):
             records = await asyncio.to_thread(self._records)
@@ -120,7 +120,7 @@ class RoomMaker:
         for r in records:
             for job in r.jobs:
                 members.setdefault(job, []).append(r.node)
-        running = running_of(tickets, snaps, members, self._shrunk, lent)
+        running = running_of(tickets, reads, members, self._shrunk, lent)
         nodes = [room.NodeRoom(r.node, r.free_slots, r.draining) for r in records]
         alive = {t.id for t in tickets}
         now = self._clock()

@@ -9,30 +9,10 @@ rules, so what it proves holds for the daemon's wake-ups.
 
 from __future__ import annotations
 
-from elasticd.etcd.keyref import Change, KeyKind
+from elasticd.etcd.keyref import KeyKind
 
 # Only these can change whether this node should join a job (or whether a job needs clean-up);
 # a job's presences wake its agents only.
 SCAN_KINDS = frozenset({KeyKind.SPEC, KeyKind.ROUND, KeyKind.FINAL, KeyKind.RESULT, KeyKind.JOB_DRAIN})
 # The event history (elasticd.history) changes nothing any job or scan acts on.
 QUIET_KINDS = frozenset({KeyKind.EVENT, KeyKind.EVENT_SEQ})
-
-
-# The keys under ``jobs/`` that ``JobStore.create`` writes (the full spec, ``specs/``, is unwatched).
-CREATED_KINDS = frozenset({KeyKind.SPEC, KeyKind.ROUND, KeyKind.RESTARTS})
-
-
-class Created:
-    """A job this node's submit created, and the news of its keys the watch has not yet given:
-    that news is the submitter's own write, which it reads back itself (``JobWatch.advance``),
-    so it drops no recent read; a later change of the same keys does, as any other."""
-
-    def __init__(self) -> None:
-        self.unheard = set(CREATED_KINDS)
-
-    def own(self, change: Change) -> bool:
-        """Whether ``change`` is the first news of a key the submit wrote (not a later change)."""
-        if change.deleted or change.kind not in self.unheard:
-            return False
-        self.unheard.discard(change.kind)
-        return True

@@ -95,12 +95,10 @@ async def gather(manager: JobManager, registry: NodeRegistry, space: Space | Non
         gpus=tuple(manager.gpus.states({j: a.first_rank for j, a in manager.agents.items()}, coarse=False)),
     )
     try:
-        snaps, records = await asyncio.gather(
-            manager.jobwatch.snapshots(), asyncio.to_thread(registry.records)
-        )
+        reads, records = await asyncio.gather(manager.cluster.current(), asyncio.to_thread(registry.records))
     except EtcdUnavailable:
         return replace(local, etcd_up=False)
-    states = Counter(job_state(s).value for s in snaps.values())
+    states = Counter(job_state(s).value for s in reads.values())
     return replace(
         local,
         jobs={s.value: states.get(s.value, 0) for s in JobState},
@@ -237,9 +235,16 @@ def _slowness(
         "Seconds each of this node's ranks spent waiting in collectives over the last 20 s",
         labels=labels,
     )
+    queued = GaugeMetricFamily(
+        "elasticd_rank_cpu_queued_seconds",
+        "Of each of this node's ranks' computing seconds, those spent runnable but waiting for a CPU "
+        "(the mean of its node's ranks: a loaded host, not a slow rank)",
+        labels=labels,
+    )
     for (job, rank), e in sorted(evidence.items()):
         computing.add_metric([job, str(rank)], e.computing_s)
         waiting.add_metric([job, str(rank)], e.waiting_s)
+        queued.add_metric([job, str(rank)], e.queued_s)
     score = GaugeMetricFamily(
         "elasticd_rank_slowness_score",
         "Each rank's slowness score (1: as fast as the job's fastest rank; lower is slower)",
@@ -247,7 +252,7 @@ def _slowness(
     )
     for (job, rank), value in sorted(scores.items()):
         score.add_metric([job, str(rank)], value)
-    yield from (computing, waiting, score)
+    yield from (computing, waiting, queued, score)
 
 
 def _space(space: Space) -> Iterator[Metric]:

@@ -13,8 +13,18 @@ on uid 0 would filter the daemon, etcd and sshd too):
   of U's listeners is refused unless it comes from a member's address (an established connection
   of a node that left is reset, which fences it).
 
-The identity is the uid: every socket of U, in or out of a job, is U's (``socket cgroupv2`` would
-tell jobs apart, but needs the unified cgroup hierarchy, which a cgroup v1 host does not mount).
+The identity is the uid: every socket of U, in or out of a job, is U's. The job's cgroup would tell
+jobs apart, and the kernel can match it (tried on 6.18 with a hybrid host's unified hierarchy at
+/sys/fs/cgroup/unified: in the input hook, ``socket cgroupv2 level N "unified/<path>"`` finds a
+SYN's listener and matches its cgroup; in the output hook a SYN-ACK carries a request socket,
+which it never matches, so the rules would sit in the input hook). It is not used, because:
+nftables 1.0.6's JSON, which this table is written in (libnftables and ``nft -j`` alike), refuses
+the expression ("Invalid socket key value"; only nft's text syntax takes it, so the table would
+have to be rendered as text); nft resolves the path to the directory's inode when the rule is
+loaded, and the tracking cgroup of a job without a warm parent is removed at each group's stop
+and made again at the next, so its rules would match nothing from then on, silently, unless
+reloaded at every round with the inode compared; and a rule naming a directory that is gone
+fails the whole transaction, every job's rules with it.
 The member set of U is the union of the members of U's jobs here. The rules per user are a fixed
 number; members and listeners are set elements, bounded (``MAX_MEMBERS``, the sets' ``size``).
 

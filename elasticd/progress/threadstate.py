@@ -1,5 +1,7 @@
 """The I/O side of ``slowness``: a thread that looks at each local rank's main thread in ``/proc``
-every ``SAMPLE_S`` and keeps what it saw in one ``ActivityWindow`` per rank.
+every ``SAMPLE_S`` and keeps what it saw in one ``ActivityWindow`` per rank, with the time the
+thread waited for a CPU (its ``schedstat``, read once a second); the node's ranks of the job pool
+that wait (``slowness.pool``) before their evidence is published.
 
 Nothing runs in the workers and nothing in the script changes: the daemon reads the kernel's
 view of the thread (its state letter, and for a sleeping thread the kernel function it sleeps in).
@@ -15,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from elasticd import log
-from elasticd.progress.slowness import SAMPLE_S, ActivityWindow, Evidence, classify
+from elasticd.progress.slowness import SAMPLE_S, ActivityWindow, Evidence, aligned_end, classify, pool
 
 _log = log.get("elasticd.progress")
 
@@ -36,11 +38,22 @@ def look(pid: int) -> tuple[str, str] | None:
         return None
 
 
+def cpu_times(pid: int) -> tuple[float, float] | None:
+    """Seconds ``pid``'s main thread has run, and spent runnable but waiting for a CPU (including
+    a cgroup's throttling), since it started; None when it is gone or the kernel does not say."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/schedstat", "rb") as f:
+            run, delay = f.read(256).split()[:2]
+        return int(run) / 1e9, int(delay) / 1e9
+    except (OSError, ValueError):
+        return None
+
+
 class ActivitySampler:
     """Samples the main thread of each rank in ``ranks`` (``(rank, pid)``) until ``close``.
 
     ``clock`` is the daemon's wall clock, so evidence lines up with the progress it is published
-    beside; ``sleep`` and ``look_at`` are seams for tests."""
+    beside; ``look_at`` and ``cpu_of`` are seams for tests."""
 
     def __init__(
         self,
@@ -48,12 +61,15 @@ class ActivitySampler:
         clock: Callable[[], float] = time.time,
         look_at: Callable[[int], tuple[str, str] | None] = look,
         period_s: float = SAMPLE_S,
+        cpu_of: Callable[[int], tuple[float, float] | None] = cpu_times,
     ) -> None:
         self._ranks = list(ranks)
         self._clock = clock
         self._look = look_at
         self._period = period_s
         self._windows = {rank: ActivityWindow() for rank, _ in self._ranks}
+        self._cpu_of = cpu_of
+        self._cpu: dict[int, tuple[int, float, float]] = {}  # rank -> (second read, run, delay then)
         self._gone: set[int] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -75,6 +91,15 @@ class ActivitySampler:
         with self._lock:
             return window.evidence(self._clock())
 
+    def evidence_all(self) -> tuple[float, dict[int, Evidence]]:
+        """The end of the last whole window (``slowness.aligned_end``: the same on every node) and
+        every sampled rank's evidence over it, their waits for a CPU pooled (``slowness.pool``):
+        the ranks of this node share its CPUs."""
+        with self._lock:
+            until = aligned_end(self._clock())
+            seen = {rank: e for rank, w in self._windows.items() if (e := w.evidence(until)) is not None}
+        return until, pool(seen)
+
     def sample_once(self) -> None:
         """One look at every rank still running."""
         for rank, pid in self._ranks:
@@ -88,6 +113,21 @@ class ActivitySampler:
             if activity is not None:
                 with self._lock:
                     self._windows[rank].add(activity, self._clock())
+            self._queued(rank, pid)
+
+    def _queued(self, rank: int, pid: int) -> None:
+        """Once a second, the CPU time ``rank`` ran and waited for since the last read."""
+        now = self._clock()
+        last = self._cpu.get(rank)
+        if last is not None and last[0] == int(now):
+            return
+        seen = self._cpu_of(pid)
+        if seen is None:
+            return
+        self._cpu[rank] = (int(now), *seen)
+        if last is not None:
+            with self._lock:
+                self._windows[rank].cpu(seen[0] - last[1], seen[1] - last[2], now)
 
     def _run(self) -> None:
         try:

@@ -42,6 +42,9 @@ class RankProgress:
     # looks at the rank's main thread, ``threadstate``); None until enough was seen.
     computing_s: float | None = None
     waiting_s: float | None = None
+    # Of computing_s, runnable but waiting for a CPU: the node's ranks' mean (``slowness.pool``).
+    queued_s: float | None = None
+    evidence_at: float | None = None  # when the window ends (``slowness.aligned_end``)
 
     def __post_init__(self) -> None:
         """Read back from etcd, where anyone with access could have written it."""
@@ -51,18 +54,19 @@ class RankProgress:
             raise ValueError(f"step must be 0..{MAX_STEP} or null")
         if not 0 <= self.samples <= WINDOW:
             raise ValueError(f"samples must be 0..{WINDOW}")
-        for name in ("last_step_at", "steps_per_s", "step_time_s"):
+        for name in ("last_step_at", "steps_per_s", "step_time_s", "evidence_at"):
             _finite(getattr(self, name), name)
         if (self.computing_s is None) != (self.waiting_s is None):
             raise ValueError("computing_s and waiting_s are both given or both null")
-        if self.computing_s is not None and self.waiting_s is not None:
-            Evidence(self.computing_s, self.waiting_s)  # bounded by the window
+        if self.queued_s is not None and self.computing_s is None:
+            raise ValueError("queued_s is given only with computing_s")
+        _ = self.evidence  # bounded by the window
 
     @property
     def evidence(self) -> Evidence | None:
         if self.computing_s is None or self.waiting_s is None:
             return None
-        return Evidence(self.computing_s, self.waiting_s)
+        return Evidence(self.computing_s, self.waiting_s, self.queued_s or 0.0)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from elasticd import log
 from elasticd.happenings.bus import publish
 from elasticd.happenings.records import WorkerHung
-from elasticd.progress import stacks
+from elasticd.progress import slowness, stacks
 from elasticd.progress.accounts import Accounts
 from elasticd.progress.channel import ProgressChannel
 from elasticd.progress.decider import (
@@ -148,11 +148,8 @@ class HangWatch:
         rank.stacks.clear()  # it moves: older stacks say nothing about now
 
     def progress(self) -> list[RankProgress]:
-        return [self._with_evidence(r.tracker.snapshot()) for r in self._ranks]
-
-    def _with_evidence(self, p: RankProgress) -> RankProgress:
-        seen = self._activity.evidence(p.rank) if self._activity is not None else None
-        return p if seen is None else replace(p, computing_s=seen.computing_s, waiting_s=seen.waiting_s)
+        until, seen = self._activity.evidence_all() if self._activity is not None else (0.0, {})
+        return [_with_evidence(r.tracker.snapshot(), seen.get(r.spec.rank), until) for r in self._ranks]
 
     def junk(self) -> int:
         return sum(r.spec.channel.junk for r in self._ranks)
@@ -328,3 +325,15 @@ def _add(
     if len(samples) >= 2 and sample.at - samples[-2].at < span / MAX_SAMPLES:
         samples.pop()  # the newest is always kept; older ones stay spaced out
     samples.append(sample)  # type: ignore[arg-type]
+
+
+def _with_evidence(p: RankProgress, seen: slowness.Evidence | None, until: float) -> RankProgress:
+    if seen is None:
+        return p
+    return replace(
+        p,
+        computing_s=seen.computing_s,
+        waiting_s=seen.waiting_s,
+        queued_s=seen.queued_s,
+        evidence_at=until,
+    )

@@ -87,7 +87,7 @@ def decide_close(
     that is how a round waits for a drained node's workers to be gone before it starts new ones.
 
     No grace closes over an expected node in ``running`` (a member of the previous round that is
-    not done and whose lease lives, so its workers may still run: ``JobSnapshot.may_still_run``):
+    not done and whose lease lives, so its workers may still run: ``RostersRead.may_still_run``):
     until it rejoins (it stops them first), reports ``left`` or its lease ends, the round waits,
     and fails at ``join_timeout_s``. Time alone proves nothing: a member whose requests fail
     retries at its own pace while its lease lives.

@@ -1,8 +1,8 @@
-"""What an agent holds of a job besides its snapshot: a glance, and the revisions it saw.
+"""What an agent holds of a job besides its full read: a glance, and the revisions it saw.
 
-``Glance`` is the small read a node waiting in an open round makes instead of a full
-``JobSnapshot`` (O(1), not O(N)); ``Seen`` is the round and restart counter as a caller saw them,
-which guard its bump. Pure: no etcd client (``elasticd.rendezvous.store`` does the reading)."""
+``Glance`` is the small read a node waiting in an open round makes instead of a full read of
+the job (``jobread``: O(1), not O(N)); ``Seen`` is the round and restart counter as a caller saw them,
+which guard its bump. Pure: no etcd client (``elasticd.rendezvous.storeread`` does the reading)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from elasticd.decode import DecodeError, decode, parse_json
 from elasticd.etcd.keyref import KeyKind
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.types import KeyValue
+from elasticd.rendezvous.jobread import JobRead
 from elasticd.rendezvous.model import Join, LeadRecord, RoundInfo
-from elasticd.rendezvous.snapshot import JobSnapshot
 
 # A glance's leader when the reader's own join found others before it and no lead key named
 # the leader yet: someone older leads (not a node id: it never equals one).
@@ -85,5 +85,5 @@ class Seen:
     restarts: int
 
     @classmethod
-    def of(cls, snap: JobSnapshot) -> Seen:
-        return cls(snap.round_mod, snap.restarts_mod, snap.restarts)
+    def of(cls, read: JobRead) -> Seen:
+        return cls(read.round_mod, read.restarts_mod, read.restarts)

@@ -1,9 +1,9 @@
 """Rendezvous records as they are stored in etcd (JSON), one dataclass each.
 
 Each record is read with ``elasticd.decode`` (types from the hints, extra checks in
-``__post_init__``): etcd is shared, and a record that would make a member crash, or run workers
-with a nonsensical world, must be refused where it is read. The same checks run when the daemon
-builds a record itself, so it never writes what it would refuse to read.
+``__post_init__``, from ``fieldchecks``): etcd is shared, and a record that would make a member
+crash, or run workers with a nonsensical world, must be refused where it is read. The same checks
+run when the daemon builds a record itself, so it never writes what it would refuse to read.
 """
 
 from __future__ import annotations
@@ -16,58 +16,24 @@ from typing import Any
 from elasticd.decode import DecodeError, decode
 from elasticd.progress.goodput import Mark, Tally
 from elasticd.progress.slowness import MAX_TRACKED as MAX_STRAGGLERS
+from elasticd.progress.slowness import RankScore
 from elasticd.progress.tracker import MAX_RANK, RankProgress
-from elasticd.terms.ids import MAX_ROUND, valid_node_id
+from elasticd.rendezvous.fieldchecks import (
+    check_address,
+    check_failure,
+    check_grace,
+    check_node,
+    check_node_part,
+    check_port,
+    check_time,
+    need,
+)
+from elasticd.terms.ids import MAX_ROUND
 from elasticd.terms.spec import MAX_NODES, MAX_NPROC_PER_NODE
-from elasticd.terms.state import EndReason, JobState, RoundReason, WorkerFailure
+from elasticd.terms.state import EndReason, JobState, RoundReason
 
-MAX_GRACE_S = 3600.0
 MAX_MEMBERS = MAX_NODES
 MAX_EXPECT = 128  # newcomers a round names to wait for (``RoundInfo.expect``): the record stays small
-# Host names, IPv4 and IPv6 literals: what MASTER_ADDR and a liveness probe may be given.
-_ADDRESS = re.compile(r"^[A-Za-z0-9_.:%\[\]-]{1,255}$")
-
-
-def _need(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)
-
-
-def _check_node(name: str, node: str) -> None:
-    _need(valid_node_id(node), f"{name} must be a node id, got {node[:80]!r}")
-
-
-def _check_address(name: str, address: str) -> None:
-    _need(bool(_ADDRESS.match(address)), f"{name} must be a host name or IP address, got {address[:80]!r}")
-
-
-def _check_port(name: str, port: int, low: int = 1) -> None:
-    _need(low <= port <= 65535, f"{name} must be {low}..65535, got {port}")
-
-
-def _check_time(name: str, value: float) -> None:
-    _need(math.isfinite(value) and value >= 0, f"{name} must be a time (seconds since the epoch)")
-
-
-def _check_grace(grace_s: float | None) -> None:
-    _need(grace_s is None or 0 <= grace_s <= MAX_GRACE_S, f"grace_s must be 0..{MAX_GRACE_S:g} or null")
-
-
-def _check_node_part(node: str, address: str, liveness_port: int, local_world_size: int) -> None:
-    """What a join and a result's member both say about one node's part in a round."""
-    _check_node("node", node)
-    _check_address("address", address)
-    _check_port("liveness_port", liveness_port, 0)
-    _need(
-        1 <= local_world_size <= MAX_NPROC_PER_NODE,
-        f"local_world_size must be 1..{MAX_NPROC_PER_NODE}, got {local_world_size}",
-    )
-
-
-def check_failure(failure: dict[str, Any] | None) -> None:
-    """A stored failure must read as a ``WorkerFailure``: status and the CLI show it field by field."""
-    if failure is not None:
-        decode(WorkerFailure, failure, path="failure")
 
 
 @dataclass(frozen=True)
@@ -88,13 +54,13 @@ class RoundInfo:
     expect_members: bool = False
 
     def __post_init__(self) -> None:
-        _need(0 <= self.round <= MAX_ROUND, f"round must be 0..{MAX_ROUND}, got {self.round}")
-        _need(0 <= self.repeats <= MAX_ROUND, f"repeats must be 0..{MAX_ROUND}, got {self.repeats}")
-        _need(len(self.expect) <= MAX_EXPECT, f"expect names at most {MAX_EXPECT} nodes")
-        _check_time("opened_at", self.opened_at)
+        need(0 <= self.round <= MAX_ROUND, f"round must be 0..{MAX_ROUND}, got {self.round}")
+        need(0 <= self.repeats <= MAX_ROUND, f"repeats must be 0..{MAX_ROUND}, got {self.repeats}")
+        need(len(self.expect) <= MAX_EXPECT, f"expect names at most {MAX_EXPECT} nodes")
+        check_time("opened_at", self.opened_at)
         for node in self.expect:
-            _check_node("expect", node)
-        _check_grace(self.grace_s)
+            check_node("expect", node)
+        check_grace(self.grace_s)
         check_failure(self.failure)
 
     def to_json(self) -> dict[str, Any]:
@@ -126,11 +92,11 @@ class Join:
     compute: float | None = None
 
     def __post_init__(self) -> None:
-        _check_node_part(self.node, self.address, self.liveness_port, self.local_world_size)
-        _check_port("port", self.port)
-        _need(0 <= self.check_port <= 65535, "check_port must be 0..65535")
+        check_node_part(self.node, self.address, self.liveness_port, self.local_world_size)
+        check_port("port", self.port)
+        need(0 <= self.check_port <= 65535, "check_port must be 0..65535")
         if self.compute is not None:
-            _need(math.isfinite(self.compute) and 0 <= self.compute <= 1e15, "compute must be a figure")
+            need(math.isfinite(self.compute) and 0 <= self.compute <= 1e15, "compute must be a figure")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -159,7 +125,7 @@ class Member:
     liveness_port: int = 0
 
     def __post_init__(self) -> None:
-        _check_node_part(self.node, self.address, self.liveness_port, self.local_world_size)
+        check_node_part(self.node, self.address, self.liveness_port, self.local_world_size)
 
 
 @dataclass(frozen=True)
@@ -182,18 +148,18 @@ class RoundResult:
         """Every member computes its ranks from this record: it must describe one world exactly
         (group ranks 0..n-1 in order, rank offsets adding up, one entry per node)."""
         object.__setattr__(self, "nodes", tuple(m.node for m in self.members))
-        _need(0 <= self.round <= MAX_ROUND, f"round must be 0..{MAX_ROUND}, got {self.round}")
-        _need(bool(self.members), "a result has at least one member")
-        _need(len(set(self.nodes)) == len(self.nodes), "a node is listed twice among the members")
+        need(0 <= self.round <= MAX_ROUND, f"round must be 0..{MAX_ROUND}, got {self.round}")
+        need(bool(self.members), "a result has at least one member")
+        need(len(set(self.nodes)) == len(self.nodes), "a node is listed twice among the members")
         offset = 0
         for i, m in enumerate(self.members):
-            _need(m.group_rank == i, f"members[{i}] has group_rank {m.group_rank}, not {i}")
-            _need(m.rank_offset == offset, f"members[{i}] has rank_offset {m.rank_offset}, not {offset}")
+            need(m.group_rank == i, f"members[{i}] has group_rank {m.group_rank}, not {i}")
+            need(m.rank_offset == offset, f"members[{i}] has rank_offset {m.rank_offset}, not {offset}")
             offset += m.local_world_size
-        _need(self.world_size == offset, f"world_size is {self.world_size}, the members add up to {offset}")
-        _need(self.master_addr == self.members[0].address, "master_addr is not group rank 0's address")
-        _check_port("master_port", self.master_port)
-        _check_time("closed_at", self.closed_at)
+        need(self.world_size == offset, f"world_size is {self.world_size}, the members add up to {offset}")
+        need(self.master_addr == self.members[0].address, "master_addr is not group rank 0's address")
+        check_port("master_port", self.master_port)
+        check_time("closed_at", self.closed_at)
 
     @property
     def size(self) -> int:
@@ -232,14 +198,14 @@ class RoundHead:
     agent_store: bool = False  # every rank is a client of a store hosted on the master's node
 
     def __post_init__(self) -> None:
-        _need(0 <= self.round <= MAX_ROUND, f"round must be 0..{MAX_ROUND}, got {self.round}")
-        _need(self.epoch >= 0, "epoch must be a revision")
-        _need(1 <= self.size <= MAX_MEMBERS, f"size must be 1..{MAX_MEMBERS}, got {self.size}")
+        need(0 <= self.round <= MAX_ROUND, f"round must be 0..{MAX_ROUND}, got {self.round}")
+        need(self.epoch >= 0, "epoch must be a revision")
+        need(1 <= self.size <= MAX_MEMBERS, f"size must be 1..{MAX_MEMBERS}, got {self.size}")
         most = self.size * MAX_NPROC_PER_NODE
-        _need(self.size <= self.world_size <= most, f"world_size must be {self.size}..{most}")
-        _check_address("master_addr", self.master_addr)
-        _check_port("master_port", self.master_port)
-        _check_time("closed_at", self.closed_at)
+        need(self.size <= self.world_size <= most, f"world_size must be {self.size}..{most}")
+        check_address("master_addr", self.master_addr)
+        check_port("master_port", self.master_port)
+        check_time("closed_at", self.closed_at)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -261,10 +227,10 @@ class Assignment:
     peers: tuple[Member, ...] = ()  # its neighbours in rank order (``decider.ring_neighbours``)
 
     def __post_init__(self) -> None:
-        _need(0 <= self.round <= MAX_ROUND, f"round must be 0..{MAX_ROUND}, got {self.round}")
-        _need(self.epoch >= 0, "epoch must be a revision")
-        _need(len(self.peers) <= 2, "an assignment names at most 2 peers")
-        _need(all(p.node != self.member.node for p in self.peers), "a node is not its own peer")
+        need(0 <= self.round <= MAX_ROUND, f"round must be 0..{MAX_ROUND}, got {self.round}")
+        need(self.epoch >= 0, "epoch must be a revision")
+        need(len(self.peers) <= 2, "an assignment names at most 2 peers")
+        need(all(p.node != self.member.node for p in self.peers), "a node is not its own peer")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -291,8 +257,8 @@ class FinalRecord:
     ended_at: float = 0.0
 
     def __post_init__(self) -> None:
-        _need(self.state.terminal, f"state must be SUCCEEDED, FAILED or KILLED, got {self.state.value}")
-        _check_time("ended_at", self.ended_at)
+        need(self.state.terminal, f"state must be SUCCEEDED, FAILED or KILLED, got {self.state.value}")
+        check_time("ended_at", self.ended_at)
         check_failure(self.failure)
 
     def to_json(self) -> dict[str, Any]:
@@ -312,9 +278,9 @@ class DrainRecord:
     by: str = ""
 
     def __post_init__(self) -> None:
-        _check_grace(self.grace_s)
-        _check_time("at", self.at)
-        _need(len(self.by) <= 256, "by must be a user name")
+        check_grace(self.grace_s)
+        check_time("at", self.at)
+        need(len(self.by) <= 256, "by must be a user name")
 
     @classmethod
     def from_json(cls, data: Any) -> DrainRecord:
@@ -326,7 +292,7 @@ class _Stamp:
     at: float
 
     def __post_init__(self) -> None:
-        _check_time("at", self.at)
+        check_time("at", self.at)
 
 
 @dataclass(frozen=True)
@@ -373,18 +339,20 @@ class NodeStatus:
     failure: dict[str, Any] | None = None
     progress: tuple[RankProgress, ...] = ()  # each local rank's reports (elasticd.progress)
     stragglers: tuple[int, ...] = ()  # the round's ranks this node (group rank 0's) names stragglers
+    scores: tuple[RankScore, ...] = ()  # and every rank's score it judged by (aligned windows)
     goodput: Tally | None = None  # where the job's time went here since its submission (progress.goodput)
     ledger: Mark | None = None  # what the ledger picks up from after a daemon restart (progress.goodput)
 
     def __post_init__(self) -> None:
-        _need(bool(_STATE.match(self.state)), f"state must be an upper-case name, got {self.state[:40]!r}")
-        _need(len(self.progress) <= MAX_NPROC_PER_NODE, f"progress lists at most {MAX_NPROC_PER_NODE} ranks")
-        _need(len(self.stragglers) <= MAX_STRAGGLERS, f"stragglers lists at most {MAX_STRAGGLERS} ranks")
-        _need(all(0 <= r <= MAX_RANK for r in self.stragglers), "stragglers must be ranks")
-        _need(-1 <= self.round <= MAX_ROUND, f"round must be -1..{MAX_ROUND}, got {self.round}")
-        _need(bool(_DEVICES.match(self.devices)), "devices must be a list of device indices or MIG UUIDs")
-        _need(all(0 < p < 2**31 for p in self.pids), "pids must be process ids")
-        _check_time("updated_at", self.updated_at)
+        need(bool(_STATE.match(self.state)), f"state must be an upper-case name, got {self.state[:40]!r}")
+        need(len(self.progress) <= MAX_NPROC_PER_NODE, f"progress lists at most {MAX_NPROC_PER_NODE} ranks")
+        need(len(self.stragglers) <= MAX_STRAGGLERS, f"stragglers lists at most {MAX_STRAGGLERS} ranks")
+        need(all(0 <= r <= MAX_RANK for r in self.stragglers), "stragglers must be ranks")
+        need(len(self.scores) <= MAX_STRAGGLERS, f"scores lists at most {MAX_STRAGGLERS} ranks")
+        need(-1 <= self.round <= MAX_ROUND, f"round must be -1..{MAX_ROUND}, got {self.round}")
+        need(bool(_DEVICES.match(self.devices)), "devices must be a list of device indices or MIG UUIDs")
+        need(all(0 < p < 2**31 for p in self.pids), "pids must be process ids")
+        check_time("updated_at", self.updated_at)
         check_failure(self.failure)
 
     @classmethod

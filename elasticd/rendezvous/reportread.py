@@ -15,6 +15,7 @@ out and logged (``report_invalid``): it belongs to one node's display, and decid
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TypeVar
 
 from elasticd.decode import DecodeError, parse_json, report_invalid
 from elasticd.etcd.keyref import KeyKind
@@ -22,10 +23,11 @@ from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV
 from elasticd.etcd.pages import read_pages
 from elasticd.etcd.types import KeyValue
+from elasticd.rendezvous.jobread import Frozen, JobRead
 from elasticd.rendezvous.model import NodeStatus
-from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.spec import MAX_NODES
 
+R = TypeVar("R", bound=JobRead)
 PAGE = 500  # reports per request (a few hundred bytes each; progress makes them larger)
 MAX_REPORTS = MAX_NODES + 1024  # keys under one job's reports that a read takes (a bound)
 
@@ -50,7 +52,7 @@ def statuses(keys: Keys, job_id: str, kvs: list[KeyValue]) -> dict[str, NodeStat
     return out
 
 
-def with_reports(snap: JobSnapshot, found: dict[str, NodeStatus]) -> JobSnapshot:
-    """``snap`` with ``found`` as its nodes' statuses, as a copy: the snapshot may be the shared
-    read of every job, which is not changed."""
-    return replace(snap, node_status=found)
+def with_reports(read: R, found: dict[str, NodeStatus]) -> R:
+    """``read`` with ``found`` as its nodes' statuses, as a copy: it may be the shared read of
+    every job."""
+    return replace(read, node_status=Frozen(found))

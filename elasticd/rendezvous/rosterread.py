@@ -1,12 +1,14 @@
 """A closed round's members, read on demand and in pieces, for the few who need them.
 
 The scan and the table of ``status`` read every job's round heads (size, world, master) and no
-assignment (``manager/jobsread.py``): a round of N members would cost every daemon O(N) bytes.
+assignment (``manager/clustercopy.py``): a round of N members would cost every daemon O(N) bytes.
 What does need members reads them here, for one job:
 
 - ``read_round``: a round whole (``status <job>``, ``logs``, ``kill``), its assignments read in
   pages of ``PAGE`` keys (each request bounded, however large the round), then assembled against
   its head (``roster.assemble``); ``Rounds`` keeps the last few read (they never change);
+  ``read_rosters``: each round a job's read names, whole (``JobStore.read_rosters``: a round's
+  leader, a node outside a running round);
 - ``membership``: whether given nodes are members of a closed round, one key each (their own
   assignments) in one request (``drain``'s check; the janitor's, remembered: ``Members``);
 - ``Members.live``: a member of a running round that is still there (its join) and has work
@@ -25,15 +27,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 
 from elasticd.decode import DecodeError, parse_json
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.kv import KV, prefix_end
 from elasticd.etcd.types import KeyValue, Query
+from elasticd.rendezvous.jobparse import parse_assignments, parse_parts, with_rosters
+from elasticd.rendezvous.jobread import InvalidKey, JobRead, JoinsRead, Live, RostersRead
 from elasticd.rendezvous.model import RoundHead, RoundResult
 from elasticd.rendezvous.roster import assemble, bounded, own
-from elasticd.rendezvous.snapshot import InvalidKey, JobSnapshot, Live
 from elasticd.terms.spec import MAX_NODES
 
 PAGE = 500  # assignments per request: ~430 bytes each, ~215 KB a response
@@ -64,13 +66,27 @@ def read_round(kv: KV, keys: Keys, job_id: str, head: RoundHead, page: int = PAG
         start = found.kvs[-1].key + "\0"  # the next key after the last one read
     if not _same_head(still.kvs, head):
         return None
-    snap = JobSnapshot.parse(keys, job_id, read)  # each assignment checked against its key
-    if snap.invalid:
-        return snap.invalid[0]
+    assigned, invalid = parse_assignments(keys, job_id, read)  # each checked against its key
+    if invalid:
+        return invalid[0]
     try:
-        return assemble(head, snap.assigned.get(head.round, {}).values())
+        return assemble(head, assigned.get(head.round, {}).values())
     except DecodeError as exc:
         return InvalidKey(where, str(exc)[:300], 0)
+
+
+def read_rosters(kv: KV, keys: Keys, read: JoinsRead) -> RostersRead:
+    """``read`` with each closed round it names whole (``read_round``; blocking), and the bad
+    keys found reading them: what a round's leader and a node outside the round read."""
+    results: dict[int, RoundResult] = {}
+    bad: list[InvalidKey] = []
+    for head in read.heads.values():
+        roster = read_round(kv, keys, read.job_id, head)
+        if isinstance(roster, RoundResult):
+            results[head.round] = roster
+        elif isinstance(roster, InvalidKey):
+            bad.append(roster)
+    return with_rosters(read, results, bad)
 
 
 def _same_head(found: list[KeyValue], head: RoundHead) -> bool:
@@ -83,16 +99,6 @@ def _same_head(found: list[KeyValue], head: RoundHead) -> bool:
         return False
 
 
-def with_round(snap: JobSnapshot, head: RoundHead, roster: Roster) -> JobSnapshot:
-    """``snap`` with ``head``'s round whole in ``results`` (or its bad key in ``invalid``), as a
-    copy: the snapshot may be the shared read of every job, which is not changed."""
-    if isinstance(roster, RoundResult):
-        return replace(snap, results={**snap.results, head.round: roster})
-    if isinstance(roster, InvalidKey):
-        return replace(snap, invalid=sorted([*snap.invalid, roster], key=lambda k: k.key))
-    return snap
-
-
 def membership(kv: KV, keys: Keys, asks: Sequence[tuple[str, RoundHead, str]]) -> list[bool]:
     """For each (job, head of a closed round, node): whether the node is a member of that round,
     from its own assignment of the head's epoch; one key each, in one request (blocking). A bad
@@ -102,8 +108,8 @@ def membership(kv: KV, keys: Keys, asks: Sequence[tuple[str, RoundHead, str]]) -
     found = kv.read_many([Query(keys.assignment(job, head.round, node)) for job, head, node in asks])
     out = []
     for (job, head, node), got in zip(asks, found, strict=True):
-        snap = JobSnapshot.parse(keys, job, got.kvs)
-        out.append(own(head, snap.assigned.get(head.round, {}).get(node)) is not None)
+        assigned, _ = parse_assignments(keys, job, got.kvs)
+        out.append(own(head, assigned.get(head.round, {}).get(node)) is not None)
     return out
 
 
@@ -122,37 +128,37 @@ class Members:
         self._live: dict[tuple[str, int, int], str] = {}  # (job, round, epoch) -> the member found there
         self._fetched: dict[tuple[str, int, str], list[KeyValue]] = {}  # (job, round, node) -> its join read
 
-    async def first(self, snap: JobSnapshot, head: RoundHead, nodes: Sequence[str]) -> str | None:
+    async def first(self, read: JobRead, head: RoundHead, nodes: Sequence[str]) -> str | None:
         """The first of ``nodes`` that is a member of ``head``'s round (None: none is): from the
-        round whole when ``snap`` holds it, else from their assignments."""
-        if head.round in snap.results:
-            members = set(snap.results[head.round].nodes)
+        round whole when ``read`` holds it, else from their assignments."""
+        if isinstance(read, RostersRead) and head.round in read.results:
+            members = set(read.results[head.round].nodes)
             return next((n for n in nodes if n in members), None)
-        known = self._known.setdefault((snap.job_id, head.round, head.epoch), {})
+        known = self._known.setdefault((read.job_id, head.round, head.epoch), {})
         if hit := next((n for n in nodes if known.get(n)), None):
             return hit
         ask, batch = [n for n in nodes if n not in known], 1
         while ask:
             chunk, ask, batch = ask[:batch], ask[batch:], min(2 * batch, self.MAX_BATCH)
-            asks = [(snap.job_id, head, n) for n in chunk]
+            asks = [(read.job_id, head, n) for n in chunk]
             found = await asyncio.to_thread(membership, self._kv, self._keys, asks)
             known.update(zip(chunk, found, strict=True))
             if hit := next((n for n, member in zip(chunk, found, strict=True) if member), None):
                 return hit
         return None
 
-    async def prefetch(self, snaps: Mapping[str, JobSnapshot]) -> None:
+    async def prefetch(self, reads: Mapping[str, JobRead]) -> None:
         """Ask about the member ``live`` found last time in every running round at once (its join
         and its done marker; one request per ``ASKS`` keys, not one per round): what ``live``
         then answers from, once."""
         asks = []
-        for snap in snaps.values():
-            head = snap.closed
-            if head is None or snap.final is not None or snap.joins_read:
+        for read in reads.values():
+            head = read.closed
+            if head is None or read.final is not None or isinstance(read, JoinsRead):
                 continue
-            known = self._live.get((snap.job_id, head.round, head.epoch))
+            known = self._live.get((read.job_id, head.round, head.epoch))
             if known is not None:
-                asks.append((snap.job_id, head.round, known))
+                asks.append((read.job_id, head.round, known))
         self._fetched = {}
         for start in range(0, len(asks), ASKS // 2):
             chunk = asks[start : start + ASKS // 2]
@@ -163,49 +169,49 @@ class Members:
             for i, ask in enumerate(chunk):
                 self._fetched[ask] = found[2 * i].kvs + found[2 * i + 1].kvs
 
-    async def live(self, snap: JobSnapshot, head: RoundHead) -> Live:
+    async def live(self, read: JobRead, head: RoundHead) -> Live:
         """A member of ``head``'s round (the job's current one) that is there (its join, under its
         lease) and not done; a bad key read, as the key the job fails for; or, when no member is,
-        the round's done markers (only members write one). From ``snap``'s joins and done
-        markers when it holds them (a read of the job alone); else the member found last time,
+        the round's done markers (only members write one). From ``read``'s joins and done
+        markers when it holds them (``JoinsRead``: a read of the job alone); else the member found last time,
         asked about alone (``prefetch``), and only when it is gone or done, the round's keys
         (done markers, then joins) in growing pages (``LIVE_PAGES``) until one is: O(1) bytes a
         sweep while the round runs, whatever its size."""
-        if snap.joins_read:
-            done = snap.done.get(head.round, set())
-            nodes = [j.node for j in snap.joins.get(head.round, []) if j.node not in done]
-            return await self.first(snap, head, nodes) or frozenset(done)
-        key = (snap.job_id, head.round, head.epoch)
+        if isinstance(read, JoinsRead):
+            done = read.done_in(head.round)
+            nodes = [j.node for j in read.joins.get(head.round, ()) if j.node not in done]
+            return await self.first(read, head, nodes) or frozenset(done)
+        key = (read.job_id, head.round, head.epoch)
         known = self._live.get(key)
         if known is not None:
-            kvs = self._fetched.pop((snap.job_id, head.round, known), None)
+            kvs = self._fetched.pop((read.job_id, head.round, known), None)
             if kvs is None:
                 asks = [
-                    Query(self._keys.join(snap.job_id, head.round, known)),
-                    Query(self._keys.done(snap.job_id, head.round, known)),
+                    Query(self._keys.join(read.job_id, head.round, known)),
+                    Query(self._keys.done(read.job_id, head.round, known)),
                 ]
                 kvs = [kv for f in await asyncio.to_thread(self._kv.read_many, asks) for kv in f.kvs]
-            got = JobSnapshot.parse(self._keys, snap.job_id, kvs)
+            got = parse_parts(self._keys, read.job_id, kvs)
             if got.invalid:
                 return got.invalid[0]
             if got.joins and not got.done:
                 return known
-        return await self._search(snap, head, key)
+        return await self._search(read, head, key)
 
-    async def _search(self, snap: JobSnapshot, head: RoundHead, key: tuple[str, int, int]) -> Live:
+    async def _search(self, read: JobRead, head: RoundHead, key: tuple[str, int, int]) -> Live:
         """``live`` from the round's keys in pages (module doc)."""
-        prefix = self._keys.round_parts(snap.job_id, head.round)
+        prefix = self._keys.round_parts(read.job_id, head.round)
         start, end, pages, taken = prefix, prefix_end(prefix), list(LIVE_PAGES), 0
         done: set[str] = set()
         while taken < MAX_KEYS:
             query = Query(start, end=end, limit=pages.pop(0) if pages else PAGE)
             (found,) = await asyncio.to_thread(self._kv.read_many, [query])
-            got = JobSnapshot.parse(self._keys, snap.job_id, found.kvs)
+            got = parse_parts(self._keys, read.job_id, found.kvs)
             if got.invalid:
                 return got.invalid[0]
-            done |= got.done.get(head.round, set())  # (they sort before the joins)
-            nodes = [j.node for j in got.joins.get(head.round, []) if j.node not in done]
-            if hit := await self.first(snap, head, nodes):
+            done |= got.done.get(head.round, frozenset())  # (they sort before the joins)
+            nodes = [j.node for j in got.joins.get(head.round, ()) if j.node not in done]
+            if hit := await self.first(read, head, nodes):
                 self._live[key] = hit
                 return hit
             taken += len(found.kvs)
@@ -214,9 +220,9 @@ class Members:
             start = found.kvs[-1].key + "\0"  # the next key after the last one read
         return frozenset(done)
 
-    def retain(self, snaps: Mapping[str, JobSnapshot]) -> None:
-        """Forget every round that is not a current, closed one of ``snaps``."""
-        keep = {(j, s.closed.round, s.closed.epoch) for j, s in snaps.items() if s.closed is not None}
+    def retain(self, reads: Mapping[str, JobRead]) -> None:
+        """Forget every round that is not a current, closed one of ``reads``."""
+        keep = {(j, s.closed.round, s.closed.epoch) for j, s in reads.items() if s.closed is not None}
         self._known = {k: v for k, v in self._known.items() if k in keep}
         self._live = {k: v for k, v in self._live.items() if k in keep}
 

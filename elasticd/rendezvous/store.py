@@ -1,11 +1,6 @@
-"""A job's state in the key-value store: one consistent snapshot per read, and the writes that
-change it, behind the async ``JobStore`` protocol.
+"""A job's state in the key-value store: the writes that change it, behind the async
+``JobStore`` protocol, over its reads (``storeread``: one consistent read at a time).
 
-Reads are a single request over ``jobs/<job>/`` and the job's parts ``parts/<job>/`` (its joins
-and pending notes), at one revision, so a snapshot is never torn; with the rounds' assignments
-(``rounds/<job>/``: every one, or a member's own), in the same request. The nodes' statuses
-(``reports/<job>/``: what ``status`` shows, no decider reads them) follow in pages
-(``reportread``).
 Every write that must not race is a transaction guarded by revisions (the fencing tokens):
 - the job is created once (``create(head) == 0``), its head (``jobs/<job>/spec``) and its full
   spec (``specs/<job>``, read by a node about to take part: ``spec``) together, and removed
@@ -28,174 +23,31 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from typing import Any, TypeVar, cast
 
-from elasticd.decode import DecodeError, parse_json
-from elasticd.errors import EtcdUnavailable
-from elasticd.etcd.keys import Keys
-from elasticd.etcd.kv import KV, prefix_end
-from elasticd.etcd.pages import read_pages
 from elasticd.etcd.types import Compare, Put, Query
-from elasticd.rendezvous import leadership, reportread, roster, rosterread
+from elasticd.rendezvous import leadership, roster
 from elasticd.rendezvous.glance import Glance, Seen
-from elasticd.rendezvous.model import (
-    DrainRecord,
-    FinalRecord,
-    Join,
-    Member,
-    NodeStatus,
-    RoundHead,
-    RoundInfo,
-    RoundResult,
-)
-from elasticd.rendezvous.snapshot import InvalidKey, JobSnapshot
-from elasticd.terms.head import JobHead, body_bytes, check_body
-from elasticd.terms.spec import MAX_NODES, JobSpec
+from elasticd.rendezvous.jobread import InvalidKey, JobRead
+from elasticd.rendezvous.model import DrainRecord, FinalRecord, Join, RoundInfo, RoundResult
+from elasticd.rendezvous.storeread import KVJobReader
+from elasticd.terms.head import JobHead, body_bytes
+from elasticd.terms.spec import JobSpec
 from elasticd.terms.state import EndReason, JobState, RoundReason
 
 T = TypeVar("T")
-READ_TRIES = 3  # a member's read finds the round closed at another round than it asked for
-JOIN_PAGE = 500  # keys per request when a round's are read for one job (``round_parts``)
-MAX_JOINS = 2 * MAX_NODES + 1024  # joins and done markers of one round such a read takes (a bound)
 
 
-class KVJobStore:
-    """``JobStore`` over any ``KV``; subclasses say how a blocking call is run."""
-
-    def __init__(self, kv: KV, keys: Keys, job_id: str) -> None:
-        self._kv = kv
-        self._keys = keys
-        self.job_id = job_id
-        # The job's head's create revision as a read last found it (0: none found yet): a status
-        # is put only while that head is there (``put_node_status``).
-        self._head_revision = 0
-
-    @property
-    def keys(self) -> Keys:
-        return self._keys
-
-    async def _run(self, fn: Callable[[], T]) -> T:
-        raise NotImplementedError
-
-    # -- reads ---------------------------------------------------------------------------------
-    async def snapshot(
-        self,
-        joins_counted_of: int | None = None,
-        statuses: bool = True,
-        *,
-        node: str = "",
-        rosters: bool = True,
-    ) -> JobSnapshot:
-        """The whole job; with ``joins_counted_of=r``, round r's join keys are only counted
-        (a running member needs how many are left, not N records: O(1) instead of O(N)); with
-        ``statuses=False``, its nodes' statuses and pending notes are left out (what ``status``
-        shows, which no decider reads: an agent's read carries O(N) records fewer; with them, the
-        statuses are read after the rest, in pages: ``reportread``); with
-        ``rosters=False``, no round's assignments but ``node``'s own of the current round (a
-        member's read: O(1) bytes, whatever the job's size)."""
-        snap = await self._run(lambda: self._member_snapshot(joins_counted_of, statuses, node, rosters))
-        return reportread.with_reports(snap, await self.statuses()) if statuses else snap
-
-    async def statuses(self) -> dict[str, NodeStatus]:
-        """Each node's status in the job (``reports/<job>/``), read in pages (``reportread``)."""
-        reports = await self._run(lambda: reportread.read_reports(self._kv, self._keys, self.job_id))
-        return reportread.statuses(self._keys, self.job_id, reports)
-
-    async def node_status(self, node: str) -> NodeStatus | None:
-        """``node``'s report alone (one key), None when there is none or it does not decode."""
-        kv = await self._run(lambda: self._kv.get(self._keys.node_status(self.job_id, node)))
-        return reportread.statuses(self._keys, self.job_id, [kv] if kv is not None else []).get(node)
-
-    def _member_snapshot(
-        self, counted_of: int | None, statuses: bool, node: str, rosters: bool
-    ) -> JobSnapshot:
-        """One read; a member's read that finds another round closed than it asked for
-        (``counted_of``) reads again for that round's own assignment (the round moved meanwhile)."""
-        hint = counted_of
-        for _ in range(READ_TRIES):
-            snap = self._snapshot(counted_of, statuses, node, rosters, hint)
-            closed = snap.closed
-            if rosters or not node or closed is None or closed.round == hint:
-                return snap
-            hint = closed.round
-        raise EtcdUnavailable(f"job {self.job_id}'s round moved {READ_TRIES} times while it was read")
-
-    def _snapshot(
-        self, counted_of: int | None, statuses: bool, node: str, rosters: bool, hint: int | None
-    ) -> JobSnapshot:
-        k, j = self._keys, self.job_id
-        start, end = k.job_joins(j)
-        ranges = [(start, end)]
-        counted = k.joins(j, counted_of) if counted_of is not None else None
-        if counted is not None:  # all but round r's joins, which are counted
-            ranges = [(start, counted), (prefix_end(counted), end)]
-        # A member's read of its own assignment follows the round's head it was told of (a
-        # glance, a watch event) from the same etcd member: served from what that member
-        # applied (``Query.serializable``), it is no older than the head; etcd then skips the
-        # round trip to its leader for every member of a closing round at once.
-        member = not rosters and bool(node) and hint is not None
-        queries = [Query(k.job(j), prefix=True, serializable=member)]
-        queries += [Query(a, end=b, serializable=member) for a, b in ranges]
-        if statuses:
-            queries.append(Query(k.job_notes(j), prefix=True, serializable=member))
-        if member and hint is not None:
-            queries.append(Query(k.assignment(j, hint, node), serializable=True))
-        read = len(queries)
-        if counted is not None:
-            queries.append(Query(counted, prefix=True, count_only=True, serializable=member))
-        found = self._kv.read_many(queries)
-        kvs = [kv for f in found[:read] for kv in f.kvs]
-        head = next((kv.create_revision for kv in found[0].kvs if kv.key == k.job_spec(j)), 0)
-        self._head_revision = head or self._head_revision  # (gone: the guard fails on the old one)
-        mine = node if not rosters and hint is not None else ""
-        snap = JobSnapshot.parse(k, j, kvs, node=mine)
-        if counted_of is not None:
-            snap.join_counts[counted_of] = found[-1].count
-        return self._with_rosters(snap) if rosters else snap
-
-    def _with_rosters(self, snap: JobSnapshot) -> JobSnapshot:
-        """``snap`` with each closed round it names read whole, in pages (``rosterread``): what a
-        round's leader and a node outside the round need, with no response that grows with the
-        round. A round forgotten while it was read (a newer one closed) is left out."""
-        for head in list(snap.heads.values()):
-            roster = rosterread.read_round(self._kv, self._keys, self.job_id, head)
-            snap = rosterread.with_round(snap, head, roster)
-        return replace(snap, rosters=True)
-
-    async def glance(self, round_no: int, node: str) -> Glance:
-        """The small read of a node waiting in an open round (``leadership.glance``)."""
-        return await self._run(lambda: leadership.glance(self._kv, self._keys, self.job_id, round_no, node))
-
-    async def count_joins(self, round_no: int) -> int:
-        """How many joins round ``round_no`` has (O(1) bytes, whatever N)."""
-        query = Query(self._keys.joins(self.job_id, round_no), prefix=True, count_only=True)
-        return (await self._run(lambda: self._kv.read_many([query])))[0].count
-
-    async def round_parts(self, round_no: int) -> JobSnapshot:
-        """Round ``round_no``'s joins and done markers alone, read in pages, as a snapshot of them
-        (``joins``, ``done``, and each bad one in ``invalid``): for what shows them (``status
-        <job>``)."""
-        prefix = self._keys.round_parts(self.job_id, round_no)
-        kvs = await self._run(lambda: read_pages(self._kv, prefix, JOIN_PAGE, MAX_JOINS))
-        return JobSnapshot.parse(self._keys, self.job_id, kvs)
-
-    async def members(self, head: RoundHead) -> tuple[Member, ...] | None:
-        """``head``'s round's members, read in pages (``rosterread``); None when the round was
-        forgotten meanwhile or an assignment is bad (the job's next full read reports it)."""
-        found = await self._run(lambda: rosterread.read_round(self._kv, self._keys, self.job_id, head))
-        return found.members if isinstance(found, RoundResult) else None
-
-    async def join_of(self, round_no: int, node: str) -> Join | None:
-        kv = await self._run(lambda: self._kv.get(self._keys.join(self.job_id, round_no, node)))
-        try:
-            return Join.from_json(parse_json(kv.value), kv.create_revision, kv.lease) if kv else None
-        except DecodeError:  # the job's next full read reports it
-            return None
+class KVJobStore(KVJobReader):
+    """``JobStore`` over any ``KV``: its reads (``KVJobReader``) and its writes; subclasses say
+    how a blocking call is run."""
 
     # -- creation and the end ------------------------------------------------------------------
-    async def create(self, spec: JobSpec) -> bool:
-        """Create the job: its head, its full spec and its first records, in one transaction."""
+    async def create(self, spec: JobSpec) -> int:
+        """Create the job: its head, its full spec and its first records, in one transaction.
+        The revision it was written at (what a reader waits for to see it), or 0 if the job
+        exists already (nothing written)."""
         k, j = self._keys, spec.id
         info = RoundInfo(0, RoundReason.START, time.time())
         body = spec.to_json()
@@ -205,13 +57,10 @@ class KVJobStore:
             Put(k.job_round(j), info.to_json()),
             Put(k.job_restarts(j), 0),
         ]
-        return await self._run(lambda: self._kv.txn([Compare(k.job_spec(j), "create", 0)], puts))
-
-    async def spec(self, head: JobHead) -> JobSpec:
-        """The job's full spec (``specs/<job>``), for a node about to take part: DecodeError when
-        it is missing, not a spec, or disagrees with ``head`` (``check_body``)."""
-        kv = await self._run(lambda: self._kv.get(self._keys.job_body(self.job_id)))
-        return check_body(head, kv.value if kv is not None else None)
+        compare = [Compare(k.job_spec(j), "create", 0)]
+        read = [Query(k.job_spec(j))]
+        found = await self._run(lambda: self._kv.write_and_read(compare, puts, (), read))
+        return found[0].kvs[0].mod_revision if found is not None and found[0].kvs else 0
 
     async def finalize(
         self, state: JobState, code: EndReason, reason: str, failure: dict[str, Any] | None = None
@@ -221,13 +70,13 @@ class KVJobStore:
         key = self._keys.job_final(self.job_id)
         return await self._run(lambda: self._kv.txn([Compare(key, "create", 0)], [Put(key, final.to_json())]))
 
-    async def fail_invalid(self, snap: JobSnapshot) -> bool:
+    async def fail_invalid(self, read: JobRead) -> bool:
         """End a job that has an invalid record FAILED, naming the (first) bad key. A bad ``final``
         itself is replaced instead. True if this call wrote the final record."""
-        bad_final = snap.final_invalid
+        bad_final = read.final_invalid
         if bad_final is not None:
             return await self._replace_final(bad_final, bad_final.describe())
-        return await self.finalize(JobState.FAILED, EndReason.INVALID_RECORD, snap.invalid[0].describe())
+        return await self.finalize(JobState.FAILED, EndReason.INVALID_RECORD, read.invalid[0].describe())
 
     async def _replace_final(self, bad: InvalidKey, reason: str) -> bool:
         """Overwrite a ``final`` that is not a record (``bad``, read at its revision) with a FAILED
@@ -341,14 +190,6 @@ class KVJobStore:
             self._kv.txn([], [], [Query(records, prefix=True), rounds, reports, body])
 
         await self._run(remove)
-
-    async def watch_joins(
-        self, round_no: int, on_change: Callable[[str, bool], None], on_broken: Callable[[], None]
-    ) -> Callable[[], None]:
-        """Watch round ``round_no``'s joins (what its leader needs, and no other node watches):
-        ``KV.watch_prefix``'s callbacks, from another thread. Returns the cancel function."""
-        prefix = self._keys.joins(self.job_id, round_no)
-        return await self._run(lambda: self._kv.watch_prefix(prefix, on_change, on_broken))
 
     # -- per-node records ------------------------------------------------------------------------
     async def set_waiting(self, node: str, lease: int) -> None:

@@ -67,6 +67,8 @@ class RankProgressView(TypedDict):
     # main thread); None until enough was seen.
     computing_s: float | None
     waiting_s: float | None
+    queued_s: float | None  # of computing_s, waiting for a CPU: its node's ranks' mean (None: not said)
+    evidence_at: float | None  # when that window ends (the same 5 s boundary on every node)
     score: float | None  # slowness: 1.0 as fast as the job's fastest rank, lower is slower (None: unscored)
     straggler: bool  # the job's judge names it a straggler (elasticd.progress.slowness.judge)
 
@@ -110,7 +112,7 @@ class JobView(TypedDict):
     Once the job has ended, ``world_size``, ``size``, ``members`` and ``master`` are its last
     round's, and each member's ``state`` is a ``MemberEndState``. ``members`` and ``nodes`` are
     given by ``status`` of one job (and ``kill``, ``logs``): the view of every job has the round's
-    ``size`` alone (its members would cost every daemon O(N) bytes a round: ``manager/jobsread.py``).
+    ``size`` alone (its members would cost every daemon O(N) bytes a round: ``manager/clustercopy.py``).
 
     When etcd cannot be reached, ``status`` of a job this node takes part in answers with this
     node's own view instead: ``stale`` is true and only ``id``, ``state``, ``reason``, ``round``,

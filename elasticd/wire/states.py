@@ -49,6 +49,7 @@ TIME_FIELDS = frozenset(
         "closed_at",
         "attempt_started_at",
         "last_step_at",
+        "evidence_at",
         "happened_at",
         "read_at",
     }

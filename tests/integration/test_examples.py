@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.diagnose import stacks
 from tests.support import PYTHON, REPO, DaemonProc
 
 pytest.importorskip("torch")
@@ -29,7 +30,10 @@ def launch(
     else:
         cmd = [PYTHON, "-c", "import sys; from elasticctl.run import main; sys.exit(main())", *argv]
         full["ELASTICD_SOCKET"] = str(daemon.socket)
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=150, env=full, cwd=cwd)
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=150, env=full, cwd=cwd)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"{launcher} did not end in 150 s; its processes:\n{stacks(argv[-1])}") from exc
     assert res.returncode == 0, (launcher, res.stdout[-2000:], res.stderr[-3000:])
     return res.stdout
 

@@ -6,16 +6,19 @@ import importlib.util
 import json
 import os
 import signal
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from elasticd.netaddr import free_port
 from tests.etcd_clients import ClientPolicy
+from tests.integration.test_portfilter import connect
 from tests.netns import IFNAME, BridgeEtcd, NetnsDaemon, Topology, netns_inode, processes_mentioning
 from tests.netns import unavailable_reason as netns_unavailable
-from tests.support import PYTHON, REPO, etcd_available, wait_for
+from tests.support import PYTHON, REPO, etcd_available, wait_for, wait_log
 
 SCRIPTS = REPO / "tests" / "scripts"
 TTL = 4
@@ -94,7 +97,9 @@ def test_allreduce_across_network_namespaces(netns_cluster: NetnsCluster, tmp_pa
     assert len(inodes) == len(ds) and netns_inode(os.getpid()) not in inodes
     for d in ds:
         assert d.call("ping")["etcd"] == [etcd.endpoint]
-    listed = {n["node"]: n["address"] for n in ds[0].call("nodes")["nodes"]}
+    nodes = ds[0].call("nodes")["nodes"]
+    listed = {n["node"]: n["address"] for n in nodes}
+    assert {n["port_filter"] for n in nodes} == {"on"}  # each namespace's tables are its own
     assert listed == {d.node_id: h.address for d, h in zip(ds, topo.hosts, strict=True)}
 
     out = tmp_path / "out"
@@ -129,3 +134,63 @@ def test_allreduce_across_network_namespaces(netns_cluster: NetnsCluster, tmp_pa
     assert view["state"] == "SUCCEEDED"
     assert all(d.answers() for d in ds)
     wait_for(lambda: not any(d.workers_left() for d in ds), 10, 0.1, "workers to be gone")
+
+
+def _listeners(netns: str, port: int) -> set[str]:
+    """The local addresses listening on ``port`` in ``netns``, as ``ss`` shows them there."""
+    shown = subprocess.run(
+        ["ip", "netns", "exec", netns, "ss", "-Hltn", f"sport = :{port}"],
+        capture_output=True, text=True, timeout=15, check=True,
+    )  # fmt: skip
+    return {line.split()[3].rpartition(":")[0] for line in shown.stdout.splitlines() if line.strip()}
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
+@pytest.mark.timeout(120)
+def test_a_job_of_one_node_serves_its_store_on_loopback_only(
+    netns_cluster: NetnsCluster, tmp_path: Path
+) -> None:
+    """``--nnodes 1``: the store host listens on 127.0.0.1, not on the node's address, and the
+    ranks are told so; a connect to the node's address on the store's port finds nothing there.
+    A port named with ``--master-port`` is where the store listens."""
+    host, d = netns_cluster.topology.hosts[0], netns_cluster.daemons[0]
+    out = tmp_path / "out"
+    out.mkdir()
+    env = dict(
+        os.environ, OUT=str(out), HOLD="1", PATH=f"{Path(PYTHON).parent}{os.pathsep}{os.environ['PATH']}"
+    )
+    res = d.ctl(
+        "submit", "--nnodes", "1", "--nproc-per-node", "2", "--max-restarts", "0",
+        "--env", "GLOO_SOCKET_IFNAME=lo", str(SCRIPTS / "agent_store.py"), env=env, cwd=out,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    job = res.stdout.splitlines()[0]
+    try:
+        store = wait_log(d, "store.listening", 60, job=job)
+        wait_for(lambda: len(list(out.glob("s.0.*.json"))) == 2, 60, what="both ranks past their all_reduce")
+        ranks = [json.loads((out / f"s.0.{r}.json").read_text()) for r in (0, 1)]
+        assert {(r["master_addr"], r["master_port"], r["use_agent_store"]) for r in ranks} == {
+            ("127.0.0.1", store["port"], "True")
+        }, ranks
+        assert _listeners(host.netns, store["port"]) == {"127.0.0.1"}
+        assert connect(host.address, store["port"], netns=host.netns) == "refused"  # nothing there
+        assert connect("127.0.0.1", store["port"], netns=host.netns) == "connected"
+    finally:
+        (out / "finish").touch()
+    final = d.wait_state(job, ("SUCCEEDED", "FAILED"), 60)
+    assert final["state"] == "SUCCEEDED", (final, d.ctl("logs", job).stdout[-3000:])
+
+    # A script that dials the port it named itself (torchrun's --master-port, init_method on
+    # localhost) finds the store there.
+    port = free_port()
+    res = d.ctl(
+        "submit", "--nproc-per-node", "2", "--max-restarts", "0", "--master-port", str(port),
+        "--env", "GLOO_SOCKET_IFNAME=lo", str(SCRIPTS / "master_port.py"), str(port), env=env, cwd=out,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    named = res.stdout.splitlines()[0]
+    final = d.wait_state(named, ("SUCCEEDED", "FAILED"), 90)
+    logs = d.ctl("logs", named).stdout
+    assert final["state"] == "SUCCEEDED", (final, logs[-3000:])
+    assert all(f"rank {r} sum 3.0 agent_store=True" in logs for r in (0, 1)), logs[-3000:]

@@ -4,57 +4,19 @@ an elastic job's round, with the reason in the round's event; the job runs on wi
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from elasticctl.exits import EXIT_CHECK_FAILED
 from tests.conftest import DaemonFactory
-from tests.support import REPO, start_cluster, submit_job, unique, wait_round
+from tests.slowdowns import cpu_quota
+from tests.support import REPO, start_cluster, submit_job, wait_round
 
 pytestmark = pytest.mark.slow
 
 SCRIPTS = REPO / "tests" / "scripts"
-V1 = Path("/sys/fs/cgroup/cpu")
-V2 = Path("/sys/fs/cgroup/unified")
-
-
-def _writable(path: Path) -> bool:
-    return path.is_dir() and os.access(path, os.W_OK)
-
-
-@contextlib.contextmanager
-def cpu_quota(pid: int, share: float) -> Iterator[None]:
-    """Hold ``pid`` (and what it starts from now on) to ``share`` of one CPU, in 20 ms periods (the
-    kernel takes no quota under 1 ms)."""
-    if _writable(V1) and (V1 / "cpu.cfs_quota_us").exists():
-        group, files = V1 / unique("elasticd-test"), {"cpu.cfs_period_us": "20000"}
-        files["cpu.cfs_quota_us"] = str(max(1000, int(20000 * share)))
-        root = V1
-    elif _writable(V2) and "cpu" in (V2 / "cgroup.controllers").read_text().split():
-        group, files, root = (
-            V2 / unique("elasticd-test"),
-            {"cpu.max": f"{max(1000, int(20000 * share))} 20000"},
-            V2,
-        )
-    else:
-        pytest.skip("no cgroup CPU controller this test may write")
-    group.mkdir()
-    try:
-        for name, value in files.items():
-            (group / name).write_text(value)
-        (group / "cgroup.procs").write_text(str(pid))
-        yield
-    finally:
-        procs = (group / "cgroup.procs").read_text().split() if group.exists() else []
-        for p in procs:
-            with contextlib.suppress(OSError):
-                (root / "cgroup.procs").write_text(p)
-        with contextlib.suppress(OSError):
-            group.rmdir()
 
 
 @pytest.mark.timeout(240)
@@ -63,7 +25,7 @@ def test_a_node_far_below_its_peers_is_left_out_of_an_elastic_round(
 ) -> None:
     a, b = start_cluster(daemon_factory, 2)
     assert b.proc is not None
-    with cpu_quota(b.proc.pid, 0.15):
+    with cpu_quota([b.proc.pid], 0.15):
         job = submit_job(
             a, tmp_path, "--nnodes", "1:2", "--last-call", "5", "--node-check", str(SCRIPTS / "member.py")
         )
@@ -86,10 +48,16 @@ def test_a_healthy_round_passes_the_node_check(daemon_factory: DaemonFactory, tm
     assert a.wait_state(job, ("SUCCEEDED", "FAILED"))["state"] == "SUCCEEDED"
 
 
+CHECK_TRIES = 3
+
+
 @pytest.mark.timeout(120)
 def test_check_measures_every_node_against_the_cluster(daemon_factory: DaemonFactory) -> None:
     a, b = start_cluster(daemon_factory, 2)
-    res = a.ctl("check", "--json")
+    for _ in range(CHECK_TRIES):  # a check is a sample: beside the suite, a node can be caught mid-burst
+        res = a.ctl("check", "--json")
+        if res.returncode != EXIT_CHECK_FAILED:
+            break
     assert res.returncode == 0, res.stdout + res.stderr
     reply = json.loads(res.stdout)
     rows = {r["node"]: r for r in reply["nodes"]}

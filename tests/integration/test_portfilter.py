@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ipaddress
 import os
 import pwd
@@ -19,6 +20,7 @@ from elasticd.netaddr import free_port
 from elasticd.portfilter.guard import PortFilter
 from elasticd.portfilter.nft import NftCli
 from elasticd.portfilter.rules import Guard, Mode
+from tests.support import wait_for
 
 pytestmark = [
     pytest.mark.root,
@@ -59,8 +61,13 @@ def users() -> Iterator[tuple[int, int]]:
     try:
         yield pwd.getpwnam(names[0]).pw_uid, pwd.getpwnam(names[1]).pw_uid
     finally:
-        for n in names:
-            subprocess.run(["userdel", n], capture_output=True, timeout=20)
+        for n in names:  # a test elsewhere may hold /etc/passwd's lock a moment: try again
+            wait_for(functools.partial(_userdel, n), 30, 0.5, f"userdel {n}")
+
+
+def _userdel(name: str) -> bool:
+    done = subprocess.run(["userdel", name], capture_output=True, timeout=20)
+    return done.returncode in (0, 6)  # 6: no such user (gone already)
 
 
 @pytest.fixture

@@ -6,7 +6,8 @@ hosts the store on ``MASTER_PORT`` on every address, as torch's ``TCPStore`` doe
 host serves the job, and each rank opens a listener on a port the kernel picks, as gloo's pairs
 do; the ranks connect to each other's listeners and to the store before they say they are ready.
 The filter cannot tell them from torch's: it keys on the uid and learns listeners from their
-answers."""
+answers. One test runs real gloo ranks, with a python the job's user can import torch with
+(``tests.users.torch_for``)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,15 @@ from elasticd.portfilter.nft import NftCli
 from tests.conftest import DaemonFactory
 from tests.integration.test_portfilter import connect, table_exists, users  # noqa: F401
 from tests.support import wait_for
-from tests.users import OTHER_USERS, SYSTEM_PYTHON, as_user, public_daemon, public_dir, public_workdir
+from tests.users import (
+    OTHER_USERS,
+    SYSTEM_PYTHON,
+    as_user,
+    public_daemon,
+    public_dir,
+    public_workdir,
+    torch_for,
+)
 
 pytestmark = [
     *OTHER_USERS,
@@ -83,9 +92,9 @@ def rules_of(uid: int) -> bool:
 
 
 def test_a_real_jobs_ports_refuse_another_local_user_and_admit_its_own(
+    users: tuple[int, int],  # noqa: F811  (first: removed after the daemon)
     daemon_factory: DaemonFactory,
     public: Path,
-    users: tuple[int, int],  # noqa: F811
 ) -> None:
     owner, other = users
     d = public_daemon(daemon_factory, public, "--port-filter")
@@ -122,3 +131,68 @@ def test_a_real_jobs_ports_refuse_another_local_user_and_admit_its_own(
     wait_for(lambda: not rules_of(owner), 15, what="the job's rules to leave with it")
     d.stop()
     assert not table_exists()  # nothing of the daemon's outlives it
+
+
+GLOO = """
+import json, os, sys, time
+from datetime import timedelta
+import torch
+import torch.distributed as dist
+here = os.path.dirname(os.path.abspath(__file__))
+dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=60))
+rank = dist.get_rank()
+total = torch.tensor([rank + 1.0])
+dist.all_reduce(total)  # the pairs connected: each rank's gloo listener is up
+ready = {"pid": os.getpid(), "sum": total.item(), "master_port": int(os.environ["MASTER_PORT"])}
+with open(os.path.join(here, f"gloo.{rank}.tmp"), "w") as f:
+    json.dump(ready, f)
+os.rename(os.path.join(here, f"gloo.{rank}.tmp"), os.path.join(here, f"gloo.{rank}"))
+deadline = time.monotonic() + 90
+while not os.path.exists(os.path.join(here, "go")) and time.monotonic() < deadline:
+    time.sleep(0.05)
+dist.barrier()
+dist.destroy_process_group()
+sys.exit(0 if os.path.exists(os.path.join(here, "go")) else 5)
+"""
+
+
+@pytest.mark.torch
+def test_another_user_is_refused_at_a_real_gloo_ranks_listener(
+    users: tuple[int, int],  # noqa: F811  (first: removed after the daemon and its parked zygote)
+    daemon_factory: DaemonFactory,
+    public: Path,
+) -> None:
+    """A job of a non-root user doing real ``torch.distributed`` gloo with the suite's python:
+    another local user's connect to a rank's gloo listener (found as ``ss -ltnp`` shows it) and
+    to the store is refused, and the job, its all-reduce through the filter, succeeds."""
+    owner, other = users
+    python, env = torch_for(owner, public)
+    d = public_daemon(daemon_factory, public, "--port-filter")
+    work = public_workdir(public)
+    script = work / "gloo_rank.py"
+    script.write_text(GLOO)
+    script.chmod(0o644)
+    args: dict[str, Any] = {
+        "entry_kind": "script", "entry": str(script), "cwd": str(work), "python": python,
+        "env": {"PATH": "/usr/bin:/bin", "GLOO_SOCKET_IFNAME": "lo", **env},
+        "nproc_per_node": 2, "max_restarts": 0,
+    }  # fmt: skip
+    reply = as_user(owner, pwd.getpwuid(owner).pw_gid, d.socket, "submit", **args)
+    assert reply["ok"], reply
+    job = str(reply["result"]["id"])
+    try:
+        wait_for(
+            lambda: all((work / f"gloo.{r}").exists() for r in (0, 1)), 120, what="both ranks' all-reduce"
+        )
+        ranks = [json.loads((work / f"gloo.{r}").read_text()) for r in (0, 1)]
+        assert [r["sum"] for r in ranks] == [3.0, 3.0], ranks
+        store = ranks[0]["master_port"]
+        gloo = listening(ranks[1]["pid"]) - {store}  # rank 1's pair listener(s)
+        assert gloo, "rank 1 listens on no port"
+        for port in sorted(gloo):
+            assert connect("127.0.0.1", port, other) == "refused", port
+        assert connect("127.0.0.1", store, other) == "refused"
+    finally:
+        (work / "go").touch()
+    status = d.wait_state(job, ("SUCCEEDED", "FAILED", "KILLED"), 60)
+    assert status["state"] == "SUCCEEDED", d.log_text()[-3000:]

@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from tests.conftest import DaemonFactory
+from tests.diagnose import stacks
 from tests.support import PYTHON, REPO, unique, wait_for
 
 pytestmark = pytest.mark.slow
@@ -84,12 +85,14 @@ class Allocation:
         (root / "nodes" / "n0" / "tmp").mkdir(parents=True)
         self.output = root / "slurm.out"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.script = ""  # the job's script: what its workers' command lines name
 
     @property
     def log_dir(self) -> Path:
         return self.submit_dir / f"elastic-logs-{self.job}"
 
     def start(self, *argv: str) -> subprocess.Popen[bytes]:
+        self.script = argv[0]
         with self.output.open("wb") as out:
             self.proc = subprocess.Popen(
                 ["bash", str(RECIPE), *argv], stdout=out, stderr=subprocess.STDOUT, env=self.env,
@@ -105,7 +108,9 @@ class Allocation:
         try:
             return self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"the recipe did not end in {timeout_s}s:\n{self.text()[-4000:]}") from None
+            raise AssertionError(
+                f"the recipe did not end in {timeout_s}s:\n{self.text()[-4000:]}\n{stacks(self.script)}"
+            ) from None
 
     def assert_clean(self) -> None:
         """Nothing of the allocation runs any more, and its TLS material is gone."""

@@ -125,9 +125,9 @@ def _states(d: DaemonProc) -> dict[str, str]:
 
 
 def test_status_after_a_command_shows_its_write(daemon_factory: DaemonFactory, tmp_path: Path) -> None:
-    """``status`` answers from a recent read (``JobManager.recent``). A command's own write drops
-    it, so the status right after a submit, a kill or an rm shows that write; a job another
-    daemon submits shows here when the watch brings the change (no later than the read's max age)."""
+    """``status`` answers from the daemon's copy of every job (``manager.clustercopy``). A command
+    waits for the copy to hold its own write, so the status right after a submit, a kill or an rm
+    shows that write; a job another daemon submits shows here when the watch brings the change."""
     here, there = daemon_factory(), daemon_factory()
     sleeper: dict[str, Any] = {
         "entry_kind": "script", "entry": str(SCRIPTS / "sleeper.py"), "cwd": str(tmp_path),

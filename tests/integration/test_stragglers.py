@@ -1,5 +1,6 @@
 """The rank the others wait for is named with no change to the script: a real 2-rank DDP job on gloo
-under a real daemon, one rank slowed from outside (stopped half of every 200 ms)."""
+under real daemons, one rank slowed from outside (stopped half of every 200 ms; one node's workers
+held to a fifth of a core by a cgroup quota); and the drain policy acting on it."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 from elasticd.netaddr import free_port
 from tests.conftest import DaemonFactory
 from tests.integration.test_observe import scrape
+from tests.slowdowns import cpu_hogs, cpu_quota
 from tests.support import REPO, DaemonProc, start_cluster, submit_job, wait_for, wait_job
 
 pytestmark = pytest.mark.slow
@@ -27,9 +29,9 @@ def _ranks(job: dict[str, Any]) -> dict[int, dict[str, Any]]:
     return {p["rank"]: p for m in job.get("members", []) for p in m.get("progress", [])}
 
 
-def _scored(job: dict[str, Any]) -> bool:
+def _scored(job: dict[str, Any], world: int = 2) -> bool:
     ranks = _ranks(job)
-    return len(ranks) == 2 and all(r.get("score") is not None for r in ranks.values())
+    return len(ranks) == world and all(r.get("score") is not None for r in ranks.values())
 
 
 class DutyCycle:
@@ -111,6 +113,73 @@ def test_a_rank_stopped_half_the_time_is_named_alone_and_cleared(
 
     (tmp_path / "stop").touch()
     wait_job(daemon, job_id, lambda j: j["state"] == "SUCCEEDED", "the job to end", 60)
+
+
+@pytest.mark.timeout(300)
+def test_a_node_whose_workers_are_held_to_a_cpu_quota_holds_the_straggler(
+    daemon_factory: DaemonFactory, tmp_path: Path
+) -> None:
+    a, b = start_cluster(daemon_factory, 2)
+    job = submit_job(a, tmp_path, "--nnodes", "2", str(SCRIPTS / "ddp_steady.py"))
+    view = wait_job(a, job, _scored, "both ranks to be scored", 120)
+    assert not any(r["straggler"] for r in _ranks(view).values()), _ranks(view)
+    slow_node = next(m for m in view["members"] if m["node"] == b.node_id)
+    slow = set(slow_node["ranks"])
+    pids = [_pid(tmp_path, r) for r in sorted(slow)]
+
+    def named(j: dict[str, Any]) -> bool:
+        return {r for r, p in _ranks(j).items() if p["straggler"]} == slow
+
+    with cpu_quota(pids, 0.2) as group:
+        found = wait_job(a, job, named, f"{b.node_id}'s ranks {sorted(slow)} named, alone", 60)
+        ranks = _ranks(found)
+        fast = [p for r, p in ranks.items() if r not in slow]
+        assert all(p["score"] == 1.0 for p in fast) and all(ranks[r]["score"] < 0.8 for r in slow), ranks
+        said = wait_for(lambda: _straggler_events(a, job), 30, what="the straggler event")
+        assert {(e["fields"]["rank"], e["fields"]["straggler"]) for e in said} == {(r, True) for r in slow}
+    assert not group.exists()
+    (tmp_path / "stop").touch()
+    assert a.wait_state(job, ("SUCCEEDED", "FAILED"))["state"] == "SUCCEEDED"
+
+
+# The judge's evaluations waited for under load: a full window (4) and a verdict's sustain (3),
+# and one more. Minutes of it are bench/bench_stragglers.py's (--kinds loaded --healthy 240).
+REPORTS_UNDER_LOAD = 8
+
+
+@pytest.mark.timeout(300)
+def test_a_host_loaded_by_other_processes_names_no_rank_of_a_healthy_job(
+    daemon_factory: DaemonFactory, tmp_path: Path
+) -> None:
+    """Three CPU hogs on the host's cores (two here) while a healthy 2-rank job runs: both ranks
+    wait for a CPU, unequally over a window, and the one that waited more must not be named."""
+    daemon = daemon_factory(None, "--slots", "4")
+    job = submit_job(daemon, tmp_path, "--nproc-per-node", "2", str(SCRIPTS / "ddp_steady.py"))
+    wait_job(daemon, job, _scored, "both ranks to be scored", 120)
+    seen: list[dict[int, dict[str, Any]]] = []
+
+    def another_report(j: dict[str, Any]) -> bool:
+        ranks = _ranks(j)
+        assert not any(p["straggler"] for p in ranks.values()), ranks
+        if _scored(j) and (not seen or _evidence(seen[-1]) != _evidence(ranks)):
+            seen.append(ranks)  # the judge evaluates as each report is published
+        return len(seen) >= REPORTS_UNDER_LOAD
+
+    with cpu_hogs(3):
+        wait_job(daemon, job, another_report, f"{REPORTS_UNDER_LOAD} reports under load", 150)
+    last = seen[-1]
+    assert all(p["queued_s"] > 0.1 * (p["computing_s"] + p["waiting_s"]) for p in last.values()), last
+    assert _straggler_events(daemon, job) == []
+    (tmp_path / "stop").touch()
+    assert daemon.wait_state(job, ("SUCCEEDED", "FAILED"))["state"] == "SUCCEEDED"
+
+
+def _evidence(ranks: dict[int, dict[str, Any]]) -> list[tuple[Any, ...]]:
+    return [(r, p["computing_s"], p["waiting_s"]) for r, p in sorted(ranks.items())]
+
+
+def _pid(out: Path, rank: int) -> int:
+    return int(wait_for(lambda: _read(out / f"pid.{rank}"), 30, what=f"rank {rank}'s pid"))
 
 
 def _read(path: Path) -> str | None:

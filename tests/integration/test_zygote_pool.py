@@ -105,6 +105,7 @@ def test_an_edited_preload_module_makes_the_parked_zygote_stale(daemon: DaemonPr
     assert log_events(daemon, "zygote.ready", job=second), "no fresh zygote for the job"
     assert log_events(daemon, "zygote.dropped", pid=parked["pid"], why="stale")
     wait_for(lambda: not alive_pid(parked["pid"]), 15, what="the stale zygote to be stopped")
+    wait_log(daemon, "zygote.parked", job=second)  # (parked as the job leaves, just after it ends)
     third, version = run()  # nothing changed since: the fresh one is adopted
     assert version == "22" and wait_log(daemon, "zygote.adopted", job=third)["from_job"] == second
 

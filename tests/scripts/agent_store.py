@@ -20,6 +20,7 @@ record = {
     "sum": total.item(),
     "use_agent_store": env["TORCHELASTIC_USE_AGENT_STORE"],
     "master_port": int(env["MASTER_PORT"]),
+    "master_addr": env["MASTER_ADDR"],
     "restart_count": int(env["TORCHELASTIC_RESTART_COUNT"]),
 }
 path = os.path.join(env["OUT"], f"s.{env['ELASTICD_ROUND']}.{rank}.json")

@@ -61,4 +61,8 @@ if rank == 0:
             },
             f,
         )
+# Every rank is past its last collective before any tears the group down: gloo's teardown while
+# a peer still writes its result aborted a rank now and then ("terminate called without an
+# active exception"), under torchrun as under elasticrun.
+dist.barrier()
 dist.destroy_process_group()

@@ -30,7 +30,7 @@ LEASED = [
 ]
 UNLEASED = [
     act.ReadGlance(1),
-    act.ReadSnapshot(),
+    act.ReadJob(),
     act.Wait(),
     act.Exit(),
     act.StopWorkers(1.0),

@@ -27,8 +27,8 @@ from elasticd.node.liveness import LivenessServer
 from elasticd.progress.goodput import Ledger, Silence, opened
 from elasticd.progress.tracker import RankProgress
 from elasticd.rendezvous.fitness import CheckTarget, Link
+from elasticd.rendezvous.jobread import MemberRead, RostersRead
 from elasticd.rendezvous.model import Join, Member, RoundHead
-from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.rendezvous.store import InlineJobStore, run_inline
 from elasticd.terms.spec import JobSpec, NodeRange
 from elasticd.terms.state import EndReason, JobState, SetupFailure, WorkerFailure
@@ -181,8 +181,8 @@ def test_a_single_node_job_runs_to_success() -> None:
         await until(lambda: launcher.groups)
         assert agent.state is AgentState.RUNNING
         launcher.groups[0].finish(0, 0)
-        snap = await until(lambda: (s := run_inline(store.snapshot())).final and s)
-        assert snap.final.state is JobState.SUCCEEDED and snap.done == {0: {"n1"}}
+        read = await until(lambda: (s := run_inline(store.read_rosters())).final and s)
+        assert read.final.state is JobState.SUCCEEDED and read.done == {0: {"n1"}}
 
     scenario(body)
 
@@ -193,11 +193,11 @@ def test_a_failed_worker_restarts_the_job_once_then_it_succeeds() -> None:
         launcher.groups[0].finish(1)  # rank 0 fails: the group is stopped, the round bumped
         await until(lambda: len(launcher.groups) == 2)
         assert launcher.groups[0].stopped is not None  # stopped before the next round started
-        snap = run_inline(store.snapshot())
-        assert snap.restarts == 1 and snap.current == 1 and snap.round is not None
-        assert snap.round.failure is not None and snap.round.failure["rank"] == 0
+        read = run_inline(store.read_rosters())
+        assert read.restarts == 1 and read.current == 1 and read.round is not None
+        assert read.round.failure is not None and read.round.failure["rank"] == 0
         launcher.groups[1].finish(0, 0)
-        final = await until(lambda: run_inline(store.snapshot()).final)
+        final = await until(lambda: run_inline(store.read_rosters()).final)
         assert final.state is JobState.SUCCEEDED
 
     scenario(body)
@@ -207,7 +207,7 @@ def test_a_failure_with_no_restart_left_fails_the_job_with_its_summary() -> None
     async def body(agent: JobAgent, launcher: FakeLauncher, store: InlineJobStore, kv: MemoryKV) -> None:
         await until(lambda: launcher.groups)
         launcher.groups[0].finish(0, 3)
-        final = await until(lambda: run_inline(store.snapshot()).final)
+        final = await until(lambda: run_inline(store.read_rosters()).final)
         assert final.state is JobState.FAILED and final.code is EndReason.WORKER_FAILED
         assert "no restarts left" in final.reason and final.failure is not None
 
@@ -218,8 +218,8 @@ def test_a_setup_failure_ends_the_job_with_its_own_code_and_spends_nothing() -> 
     failure = SetupFailure(EndReason.ENTRY_UNAVAILABLE, "script missing or not accessible to u")
 
     async def body(agent: JobAgent, launcher: FakeLauncher, store: InlineJobStore, kv: MemoryKV) -> None:
-        snap = await until(lambda: (s := run_inline(store.snapshot())).final and s)
-        assert snap.final.code is EndReason.ENTRY_UNAVAILABLE and snap.restarts == 0
+        read = await until(lambda: (s := run_inline(store.read_rosters())).final and s)
+        assert read.final.code is EndReason.ENTRY_UNAVAILABLE and read.restarts == 0
 
     scenario(body, launcher_failure=failure)
 
@@ -234,7 +234,7 @@ def test_workers_keep_running_through_a_store_outage_and_report_when_it_is_back(
             launcher.groups[0].stopped is None and agent.state is AgentState.DONE
         ) or agent.workers is not None
         kv.available = True
-        final = await until(lambda: run_inline(store.snapshot()).final)
+        final = await until(lambda: run_inline(store.read_rosters()).final)
         assert final.state is JobState.SUCCEEDED and agent.rec.etcd_down_since is None
 
     scenario(body)
@@ -247,9 +247,9 @@ def test_a_leave_request_marks_left_and_spends_no_restart() -> None:
         await until(lambda: launcher.groups)
         agent.leave(RoundReason.MEMBER_LEFT, "node n1 drained", 0.5)
         await asyncio.wait_for(agent.wait(), 10)
-        snap = run_inline(store.snapshot())
-        assert launcher.groups[0].stopped == 0.5 and snap.restarts == 0
-        assert snap.current == 1 and snap.left == {1: {"n1"}} and snap.final is None
+        read = run_inline(store.read_rosters())
+        assert launcher.groups[0].stopped == 0.5 and read.restarts == 0
+        assert read.current == 1 and read.left == {1: {"n1"}} and read.final is None
 
     scenario(body)
 
@@ -263,9 +263,9 @@ def test_an_invalid_record_tells_the_manager_at_once_and_the_agent_acts_on_nothi
         await until(lambda: launcher.groups)
         kv.put_json(KEYS.job_restarts(JOB), "not a count")
         await until(lambda: told)
-        snap = run_inline(store.snapshot())
-        assert snap.final is None and snap.restarts == 0  # nothing acted on meanwhile
-        assert run_inline(store.fail_invalid(snap))  # what the janitor does
+        read = run_inline(store.read_rosters())
+        assert read.final is None and read.restarts == 0  # nothing acted on meanwhile
+        assert run_inline(store.fail_invalid(read))  # what the janitor does
 
     scenario(body, invalid=told)
 
@@ -287,20 +287,29 @@ class Reads:
         self.count = 0
         self.at_watch: list[int] = []
         self.statuses: list[bool] = []  # whether each read asked for the nodes' statuses
-        snapshot, watch_joins = InlineJobStore.snapshot, InlineJobStore.watch_joins
+        member, rosters = InlineJobStore.read_member, InlineJobStore.read_rosters
+        watch_joins = InlineJobStore.watch_joins
 
-        async def counted(
-            store: InlineJobStore, counted_of: int | None = None, statuses: bool = True, **kw: Any
-        ) -> JobSnapshot:
+        async def counted_member(
+            store: InlineJobStore, node: str, counted_of: int | None = None, statuses: bool = True
+        ) -> MemberRead:
             self.count += 1
             self.statuses.append(statuses)
-            return await snapshot(store, counted_of, statuses, **kw)
+            return await member(store, node, counted_of, statuses)
+
+        async def counted_rosters(
+            store: InlineJobStore, counted_of: int | None = None, statuses: bool = True
+        ) -> RostersRead:
+            self.count += 1
+            self.statuses.append(statuses)
+            return await rosters(store, counted_of, statuses)
 
         async def watched(store: InlineJobStore, round_no: int, *args: Any) -> Callable[[], None]:
             self.at_watch.append(self.count)
             return await watch_joins(store, round_no, *args)
 
-        monkeypatch.setattr(InlineJobStore, "snapshot", counted)
+        monkeypatch.setattr(InlineJobStore, "read_member", counted_member)
+        monkeypatch.setattr(InlineJobStore, "read_rosters", counted_rosters)
         monkeypatch.setattr(InlineJobStore, "watch_joins", watched)
 
     def after_watch(self) -> bool:
@@ -324,7 +333,7 @@ def test_the_leader_is_woken_by_each_join_through_its_own_watch(monkeypatch: pyt
         assert reads.statuses and not any(reads.statuses)  # an agent never reads them (no decider does)
         _other_node(kv, "n2", daemon=False)
         await until(lambda: launcher.groups)
-        assert run_inline(store.snapshot()).result.nodes == ("n1", "n2")  # type: ignore[union-attr]
+        assert run_inline(store.read_rosters()).result.nodes == ("n1", "n2")  # type: ignore[union-attr]
         await until(lambda: agent._joins.round is None)
         run_inline(store.finalize(JobState.KILLED, EndReason.KILLED, "killed"))
 
@@ -348,7 +357,7 @@ def test_the_next_oldest_join_takes_over_a_round_whose_leader_died(monkeypatch: 
         assert agent.rec.leading and agent._joins.round == 0 and not launcher.groups
         _other_node(kv, "n3", daemon=False)
         await until(lambda: launcher.groups)
-        assert run_inline(store.snapshot()).result.nodes == ("n1", "n3")
+        assert run_inline(store.read_rosters()).result.nodes == ("n1", "n3")
         run_inline(store.finalize(JobState.KILLED, EndReason.KILLED, "killed"))
 
     scenario(body, spec=TWO_NODES, before=lambda kv: leader.append(_other_node(kv, "n2")))
@@ -370,7 +379,7 @@ def test_the_leader_probes_a_joiners_liveness_port_before_it_closes(listening: b
             join = Join("n2", "127.0.0.1", 29500, 2, liveness_port=port)
             kv.put_json(KEYS.join(JOB, 0, "n2"), join.to_json(), kv.grant_lease(30))
             await until(lambda: launcher.groups)
-            result = run_inline(store.snapshot()).result
+            result = run_inline(store.read_rosters()).result
             assert result is not None and result.nodes == (("n1", "n2") if listening else ("n1",))
             reach = agent._looks.reach
             assert reach is not None and reach.unreached == (set() if listening else {"n2"})

@@ -165,10 +165,10 @@ class Invariants(Checker):
         if final.code.setup and not any(n.broken_setup for n in self.sim.nodes):
             self.bad(f"the job ended {final.code.value} with no setup failure")
         if final.state is JobState.SUCCEEDED:
-            snap = self.sim.snapshot()
-            done = snap.done.get(snap.current, set())
-            if snap.result is None or not set(snap.result.nodes) <= done:
-                self.bad(f"SUCCEEDED with round {snap.current}'s members not all done ({done})")
+            read = self.sim.read_job()
+            done = read.done_in(read.current)
+            if read.result is None or not set(read.result.nodes) <= done:
+                self.bad(f"SUCCEEDED with round {read.current}'s members not all done ({done})")
 
 
 def new_sim(spec: JobSpec, initial: int = 3, pool: int = 5, wakes: bool = False) -> tuple[Sim, Invariants]:
@@ -181,34 +181,34 @@ def new_sim(spec: JobSpec, initial: int = 3, pool: int = 5, wakes: bool = False)
 # -- invariant 6 ------------------------------------------------------------------------------------
 def unsettled(sim: Sim) -> str | None:
     """None if the job is at rest and every agent agrees with the store; else what is not."""
-    snap = sim.snapshot()
+    read = sim.read_job()
     if any(n.group is not None and n.agent is None for n in sim.nodes):
         return "workers run without an agent"
-    if snap.ended:
+    if read.ended:
         busy = [n.name for n in sim.nodes if n.agent is not None]
         return f"the job ended but {busy} still take part" if busy else None
-    result = snap.result
+    result = read.result
     if result is None:
-        return f"round {snap.current} is still open"
-    done = snap.done.get(snap.current, set())
+        return f"round {read.current} is still open"
+    done = read.done_in(read.current)
     for node in sim.nodes:
         agent, group, member = node.agent, node.group, node.name in result.nodes
         if member and (agent is None or node.daemon is not Daemon.UP) and node.name not in done:
-            return f"member {node.name} of round {snap.current} has no agent"
+            return f"member {node.name} of round {read.current} has no agent"
         if agent is None:
             continue
         rec = agent.rec
-        if not member and (rec.state is not AgentState.WAITING or node.name not in snap.waiting):
-            return f"{node.name} is {rec.state.value} outside round {snap.current}"
+        if not member and (rec.state is not AgentState.WAITING or node.name not in read.waiting):
+            return f"{node.name} is {rec.state.value} outside round {read.current}"
         if not member:
             continue
         want = GroupOutcome.SUCCEEDED if rec.state is AgentState.DONE else GroupOutcome.RUNNING
-        if rec.state not in (AgentState.RUNNING, AgentState.DONE) or rec.round != snap.current:
-            return f"member {node.name} is {rec.state.value} in round {rec.round}, not {snap.current}"
-        if group is None or group.round != snap.current or group.outcome is not want:
+        if rec.state not in (AgentState.RUNNING, AgentState.DONE) or rec.round != read.current:
+            return f"member {node.name} is {rec.state.value} in round {rec.round}, not {read.current}"
+        if group is None or group.round != read.current or group.outcome is not want:
             return f"member {node.name} ({rec.state.value}) has workers {group}"
-        if node.name not in done and node.name not in {j.node for j in snap.current_joins}:
-            return f"member {node.name} runs round {snap.current} without its join"
+        if node.name not in done and node.name not in {j.node for j in read.current_joins}:
+            return f"member {node.name} runs round {read.current} without its join"
     return None
 
 
@@ -313,7 +313,7 @@ def test_a_member_lost_while_the_round_closes_is_spent_once() -> None:
 
     def crash_n1(node: Node, action: act.Action) -> None:
         # (the read after its probe of the joiners: the last before it closes)
-        if node.name == "n0" and isinstance(action, act.ReadSnapshot) and node.reach is not None:
+        if node.name == "n0" and isinstance(action, act.ReadJob) and node.reach is not None:
             sim.crash(1)
 
     checks.hooks.append(crash_n1)

@@ -33,8 +33,8 @@ def test_a_node_cut_from_its_peers_is_left_out_then_taken_back() -> None:
     assert checks.restarts == 1 and len(checks.rounds) == 2
     n2 = sim.node("n2")
     assert n2.agent is not None and n2.agent.rec.state is AgentState.WAITING
-    assert "n2" not in sim.snapshot().waiting
-    note = sim.snapshot().pending.get("n2") or n2.notes[-1]
+    assert "n2" not in sim.read_job().waiting
+    note = sim.read_job().pending.get("n2") or n2.notes[-1]
     assert note is not None and "cannot reach" in note
     sim.heal_peers()
     settle(sim)
@@ -72,8 +72,8 @@ def test_a_round_short_of_min_waits_for_the_cut_node_then_closes_when_healed() -
     hang_timeout(sim)
     run(sim, 24)
     assert 1 not in checks.results  # it waits: only 2 of the 3 needed are reachable
-    snap = sim.snapshot()
-    assert any("waits" in (note or "") for n in sim.nodes for note in n.notes[-1:]), snap.pending
+    read = sim.read_job()
+    assert any("waits" in (note or "") for n in sim.nodes for note in n.notes[-1:]), read.pending
     sim.heal_peers()
     settle(sim)
     assert checks.results[1].nodes == ("n0", "n1", "n2") and checks.restarts == 1

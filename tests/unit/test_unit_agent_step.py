@@ -20,7 +20,7 @@ from elasticd.agent.actions import (
     MarkDone,
     Publish,
     ReadGlance,
-    ReadSnapshot,
+    ReadJob,
     SetWaiting,
     StartWorkers,
     StopWorkers,
@@ -33,7 +33,7 @@ from elasticd.agent.step import step
 from elasticd.jobs.decider import Group
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.glance import Glance
-from elasticd.rendezvous.snapshot import JobSnapshot
+from elasticd.rendezvous.jobread import RostersRead
 from elasticd.terms.state import EndReason, JobState, RoundReason, SetupFailure
 from tests.agent_steps import (
     ALL,
@@ -47,12 +47,12 @@ from tests.agent_steps import (
     failed,
     failure,
     following,
+    job_read,
     joining,
     local,
     member,
     record,
     run,
-    snapshot,
     spec,
     writes,
 )
@@ -63,7 +63,7 @@ DRAIN = Leave(RoundReason.MEMBER_LEFT, "drained", 5.0)
 # -- what is read --------------------------------------------------------------------------------
 
 
-LEAD = 10  # the leader's join's create revision (``agent_steps.snapshot``): the round's epoch
+LEAD = 10  # the leader's join's create revision (``agent_steps.job_read``): the round's epoch
 
 
 def test_joined_non_leader_reads_only_a_glance_of_its_round() -> None:
@@ -74,7 +74,7 @@ def test_joined_non_leader_reads_only_a_glance_of_its_round() -> None:
 @pytest.mark.parametrize("state", [AgentState.RUNNING, AgentState.DONE])
 def test_running_member_reads_the_job_with_its_rounds_joins_only_counted(state: AgentState) -> None:
     rec = record(state, 2)
-    assert step(rec, None, local(RUNNING), NOW) == (rec, [ReadSnapshot(2)])
+    assert step(rec, None, local(RUNNING), NOW) == (rec, [ReadJob(2)])
 
 
 @pytest.mark.parametrize(
@@ -90,7 +90,7 @@ def test_running_member_reads_the_job_with_its_rounds_joins_only_counted(state: 
 )
 def test_any_other_node_reads_the_whole_job(rec: AgentRecord) -> None:
     """... and a leader its rounds whole too (the previous round's members: whom to expect)."""
-    assert step(rec, None, local(), NOW) == (rec, [ReadSnapshot(None, rosters=rec.leading)])
+    assert step(rec, None, local(), NOW) == (rec, [ReadJob(None, rosters=rec.leading)])
 
 
 def test_quiet_glance_waits_without_reading_more() -> None:
@@ -100,7 +100,7 @@ def test_quiet_glance_waits_without_reading_more() -> None:
 
 def test_glance_of_our_round_closed_reads_the_job_with_that_rounds_joins_counted() -> None:
     rec = joining(2)
-    assert step(rec, Glance(2, False, True, "n2", True), local(), NOW) == (rec, [ReadSnapshot(2)])
+    assert step(rec, Glance(2, False, True, "n2", True), local(), NOW) == (rec, [ReadJob(2)])
 
 
 @pytest.mark.parametrize(
@@ -117,46 +117,46 @@ def test_glance_of_our_round_closed_reads_the_job_with_that_rounds_joins_counted
 )
 def test_glance_that_is_not_quiet_reads_the_whole_job(glance: Glance) -> None:
     rec = joining(2)
-    assert step(rec, glance, local(), NOW) == (rec, [ReadSnapshot(None)])
+    assert step(rec, glance, local(), NOW) == (rec, [ReadJob(None)])
 
 
 # -- joining and closing a round --------------------------------------------------------------------
 
 
 def test_open_round_not_joined_clears_waiting_joins_and_publishes() -> None:
-    rec, actions = decide(record(AgentState.WAITING, 1), snapshot(2, joins=("n2",)))
+    rec, actions = decide(record(AgentState.WAITING, 1), job_read(2, joins=("n2",)))
     assert actions == [WatchPeers(2, ()), ClearWaiting(), Join(2), Publish()]
     assert (rec.state, rec.joined_round, rec.round) == (AgentState.JOINING, 2, 1)
 
 
 def test_leader_closes_as_soon_as_max_nodes_joined() -> None:
-    snap = snapshot(1, joins=("n1", "n2", "n3"))
-    rec, actions = decide(joining(1), snap, following(1))
-    closed = rdzv.build_result(1, snap.current_joins, NOW, LEAD)
+    read = job_read(1, joins=("n1", "n2", "n3"))
+    rec, actions = decide(joining(1), read, following(1))
+    closed = rdzv.build_result(1, read.current_joins, NOW, LEAD)
     assert acts(actions) == [CloseRound(closed, "3 of at most 3 nodes joined")]
     assert (rec.leading, rec.seen_joins, rec.last_join_at) == (True, ("n1", "n2", "n3"), NOW)
 
 
 def test_leader_closes_after_last_call_without_a_new_join() -> None:
-    snap = snapshot(1, joins=("n1", "n2"))
+    read = job_read(1, joins=("n1", "n2"))
     rec = joining(1, seen_joins=("n1", "n2"), last_join_at=NOW - 2.5)
-    new, actions = decide(rec, snap, following(1))
-    closed = rdzv.build_result(1, snap.current_joins, NOW, LEAD)
+    new, actions = decide(rec, read, following(1))
+    closed = rdzv.build_result(1, read.current_joins, NOW, LEAD)
     assert acts(actions) == [CloseRound(closed, "last call: 2 nodes joined")]
     assert new.last_join_at == NOW - 2.5
 
 
 def test_leader_waits_out_last_call_after_a_new_join_batching_joins() -> None:
     rec = joining(1, seen_joins=("n1",), last_join_at=NOW - 30.0)
-    new, actions = decide(rec, snapshot(1, joins=("n1", "n2"), lead=ME), following(1))
+    new, actions = decide(rec, job_read(1, joins=("n1", "n2"), lead=ME), following(1))
     assert acts(actions) == [Wait(NOW + 2.0, batch=True)]
     assert (new.seen_joins, new.last_join_at) == (("n1", "n2"), NOW)
 
 
 def test_leader_closes_at_once_when_every_expected_node_rejoined_keeping_ranks() -> None:
-    snap = snapshot(2, joins=("n1", "n2"), expect=("n1", "n2"), previous=("n2", "n1"))
-    _, actions = decide(joining(2, ran=1), snap, following(2))
-    n1, n2 = snap.current_joins
+    read = job_read(2, joins=("n1", "n2"), expect=("n1", "n2"), previous=("n2", "n1"))
+    _, actions = decide(joining(2, ran=1), read, following(2))
+    n1, n2 = read.current_joins
     closed = rdzv.build_result(2, [n2, n1], NOW, LEAD)
     assert acts(actions) == [CloseRound(closed, "every expected node rejoined")]
     assert closed.nodes == ("n2", "n1")
@@ -174,36 +174,36 @@ def test_leader_closes_at_once_when_every_expected_node_rejoined_keeping_ranks()
 def test_leader_waits_for_a_live_expected_node_unless_it_left(
     left: tuple[str, ...], grace_s: float | None, expected: Wait | str
 ) -> None:
-    snap = snapshot(2, joins=("n1", "n2"), expect=("n1", "n2", "n3"), left=left, grace_s=grace_s, lead=ME)
-    _, actions = decide(joining(2, ran=1), snap, following(2))
+    read = job_read(2, joins=("n1", "n2"), expect=("n1", "n2", "n3"), left=left, grace_s=grace_s, lead=ME)
+    _, actions = decide(joining(2, ran=1), read, following(2))
     if expected == "close":
         assert acts(actions) == [
-            CloseRound(rdzv.build_result(2, snap.current_joins, NOW, LEAD), "every expected node rejoined")
+            CloseRound(rdzv.build_result(2, read.current_joins, NOW, LEAD), "every expected node rejoined")
         ]
     else:
         assert acts(actions) == [expected]
 
 
 def test_leader_fails_the_job_when_min_did_not_join_in_time() -> None:
-    _, actions = decide(joining(1), snapshot(1, joins=("n1",), opened_at=NOW - 60.0), following(1))
+    _, actions = decide(joining(1), job_read(1, joins=("n1",), opened_at=NOW - 60.0), following(1))
     why = "only 1 of the 2 nodes needed joined within 60s"
     assert acts(actions) == [Finalize(JobState.FAILED, EndReason.JOIN_TIMEOUT, why)]
 
 
 def test_leader_below_min_waits_until_the_join_timeout() -> None:
-    _, actions = decide(joining(1), snapshot(1, joins=("n1",), lead=ME), following(1))
+    _, actions = decide(joining(1), job_read(1, joins=("n1",), lead=ME), following(1))
     assert acts(actions) == [Wait(OPENED_AT + 60.0, batch=True)]
 
 
 def test_non_leader_in_the_round_waits_and_stops_leading() -> None:
-    rec, actions = decide(joining(1, leading=True), snapshot(1, joins=("n2", "n1")))
+    rec, actions = decide(joining(1, leading=True), job_read(1, joins=("n2", "n1")))
     assert acts(actions) == [Wait()]
     assert rec.leading is False
 
 
 def test_open_round_without_a_lease_waits_without_joining() -> None:
     rec = record(AgentState.WAITING, 1)
-    new, actions = decide(rec, snapshot(2, joins=("n2",)), local(lease=None))
+    new, actions = decide(rec, job_read(2, joins=("n2",)), local(lease=None))
     assert acts(actions) == [Wait()]
     assert new == rec
 
@@ -213,52 +213,52 @@ def test_open_round_without_a_lease_waits_without_joining() -> None:
 
 @pytest.mark.parametrize("counted", [False, True], ids=["full-read", "counted-read"])
 def test_selected_in_the_result_starts_workers_as_its_member(counted: bool) -> None:
-    snap = snapshot(2, joins=("n2", "n1"), members=("n2", "n1"), counted=counted, restarts=2)
-    rec, actions = decide(joining(2, ran=1, failure=failure()), snap)
-    assert snap.result is not None
+    read = job_read(2, joins=("n2", "n1"), members=("n2", "n1"), counted=counted, restarts=2)
+    rec, actions = decide(joining(2, ran=1, failure=failure()), read)
+    assert read.result is not None
     assert actions == [
         WatchPeers(2, ()),
-        StartWorkers(snap.result.head(), member(snap), 2),
+        StartWorkers(read.result.head(), member(read), 2),
         Publish(),
         Wait(on_exits=True),
     ]
-    assert member(snap).group_rank == 1
+    assert member(read).group_rank == 1
     assert (rec.state, rec.round, rec.failure) == (AgentState.RUNNING, 2, None)
 
 
 def test_running_member_with_nothing_new_watches_its_ring_neighbours_and_waits_on_exits() -> None:
-    snap = snapshot(2, joins=("n1", "n2", "n3"), members=("n1", "n2", "n3"), counted=True)
+    read = job_read(2, joins=("n1", "n2", "n3"), members=("n1", "n2", "n3"), counted=True)
     rec = record(AgentState.RUNNING, 2)
-    new, actions = decide(rec, snap, local(RUNNING))
-    assert actions == [WatchPeers(2, (member(snap, "n3"), member(snap, "n2"))), Wait(on_exits=True)]
+    new, actions = decide(rec, read, local(RUNNING))
+    assert actions == [WatchPeers(2, (member(read, "n3"), member(read, "n2"))), Wait(on_exits=True)]
     assert new == rec
 
 
 def test_not_selected_with_the_job_full_withdraws_and_exits_not_needed() -> None:
     job = spec("1:2")
-    snap = snapshot(2, job=job, joins=("n2", "n3", "n1"), members=("n2", "n3"))
-    _, actions = decide(joining(2, job=job), snap)
+    read = job_read(2, job=job, joins=("n2", "n3", "n1"), members=("n2", "n3"))
+    _, actions = decide(joining(2, job=job), read)
     assert acts(actions) == [Withdraw(2), Exit("the job runs with every node it can use", "agent.not_needed")]
 
 
 def test_not_selected_while_the_job_can_grow_waits_to_join_the_next_round() -> None:
-    snap = snapshot(2, joins=("n2", "n3", "n1"), members=("n2", "n3"))
-    rec, actions = decide(joining(2), snap)
+    read = job_read(2, joins=("n2", "n3", "n1"), members=("n2", "n3"))
+    rec, actions = decide(joining(2), read)
     assert acts(actions) == [Withdraw(2), SetWaiting(), Publish(), Wait()]
     assert rec.state is AgentState.WAITING
 
 
 def test_not_selected_after_a_counted_read_still_withdraws_its_join() -> None:
-    snap = snapshot(2, joins=("n2", "n3", "n1"), members=("n2", "n3"), counted=True)
+    read = job_read(2, joins=("n2", "n3", "n1"), members=("n2", "n3"), counted=True)
     rec = joining(2)
-    assert step(rec, Glance(2, False, True, "n2", True), local(), NOW)[1] == [ReadSnapshot(2)]
-    _, actions = decide(rec, snap)
+    assert step(rec, Glance(2, False, True, "n2", True), local(), NOW)[1] == [ReadJob(2)]
+    _, actions = decide(rec, read)
     assert acts(actions) == [Withdraw(2), SetWaiting(), Publish(), Wait()]
 
 
 def test_waiting_node_already_announced_only_waits() -> None:
     rec = record(AgentState.WAITING, -1)
-    new, actions = decide(rec, snapshot(2, joins=("n2", "n3"), members=("n2", "n3"), waiting=("n1",)))
+    new, actions = decide(rec, job_read(2, joins=("n2", "n3"), members=("n2", "n3"), waiting=("n1",)))
     assert acts(actions) == [Wait()]
     assert new == rec
 
@@ -267,22 +267,22 @@ def test_waiting_node_already_announced_only_waits() -> None:
 
 
 def test_group_succeeded_marks_done_and_publishes() -> None:
-    snap = snapshot(2, joins=("n1", "n2"), members=("n1", "n2"), counted=True)
-    rec, actions = decide(record(AgentState.RUNNING, 2), snap, local(SUCCEEDED))
+    read = job_read(2, joins=("n1", "n2"), members=("n1", "n2"), counted=True)
+    rec, actions = decide(record(AgentState.RUNNING, 2), read, local(SUCCEEDED))
     assert acts(actions) == [MarkDone(2), Publish()]
     assert rec.state is AgentState.DONE
 
 
 @pytest.mark.parametrize("group", [SUCCEEDED, None], ids=["group", "reaped"])
 def test_every_member_done_ends_the_job_succeeded(group: Group | None) -> None:
-    snap = snapshot(2, joins=("n1", "n2"), members=("n1", "n2"), counted=True, done=("n1", "n2"))
-    _, actions = decide(record(AgentState.DONE, 2), snap, local(group))
+    read = job_read(2, joins=("n1", "n2"), members=("n1", "n2"), counted=True, done=("n1", "n2"))
+    _, actions = decide(record(AgentState.DONE, 2), read, local(group))
     assert acts(actions) == [Finalize(JobState.SUCCEEDED, EndReason.SUCCEEDED, "")]
 
 
 def test_last_member_to_finish_marks_done_then_ends_the_job() -> None:
-    first = snapshot(2, joins=("n1", "n2"), members=("n1", "n2"), counted=True, done=("n2",))
-    then = snapshot(2, joins=("n1", "n2"), members=("n1", "n2"), counted=True, done=("n1", "n2"))
+    first = job_read(2, joins=("n1", "n2"), members=("n1", "n2"), counted=True, done=("n2",))
+    then = job_read(2, joins=("n1", "n2"), members=("n1", "n2"), counted=True, done=("n1", "n2"))
     rec, (one, two) = run(record(AgentState.RUNNING, 2), first, then, here=local(SUCCEEDED))
     assert acts(one) == [MarkDone(2), Publish()]
     assert acts(two) == [Finalize(JobState.SUCCEEDED, EndReason.SUCCEEDED, "")]
@@ -290,8 +290,8 @@ def test_last_member_to_finish_marks_done_then_ends_the_job() -> None:
 
 
 def test_done_member_waits_for_the_others_without_scaling_up() -> None:
-    snap = snapshot(2, joins=("n1", "n2"), members=("n1", "n2"), counted=True, done=("n1",), waiting=("n3",))
-    _, actions = decide(record(AgentState.DONE, 2), snap, local(SUCCEEDED))
+    read = job_read(2, joins=("n1", "n2"), members=("n1", "n2"), counted=True, done=("n1",), waiting=("n3",))
+    _, actions = decide(record(AgentState.DONE, 2), read, local(SUCCEEDED))
     assert acts(actions) == [Wait(on_exits=True)]
 
 
@@ -300,29 +300,29 @@ def test_done_member_waits_for_the_others_without_scaling_up() -> None:
 
 @pytest.mark.parametrize(("grace_s", "stop"), [(None, 10.0), (3.0, 3.0)], ids=["spec-grace", "round-grace"])
 def test_new_round_while_running_stops_workers_before_joining(grace_s: float | None, stop: float) -> None:
-    snap = snapshot(2, joins=("n2",), reason=RoundReason.SCALE_UP, grace_s=grace_s)
-    rec, actions = decide(record(AgentState.RUNNING, 1), snap, local(RUNNING))
+    read = job_read(2, joins=("n2",), reason=RoundReason.SCALE_UP, grace_s=grace_s)
+    rec, actions = decide(record(AgentState.RUNNING, 1), read, local(RUNNING))
     assert actions == [WatchPeers(2, ()), StopWorkers(stop), ClearWaiting(), Join(2), Publish()]
     assert (rec.state, rec.joined_round, rec.round) == (AgentState.JOINING, 2, 1)
 
 
 def test_done_node_is_stopping_when_the_round_moves_on() -> None:
-    snap = snapshot(2, joins=("n2",))
-    rec, actions = decide(record(AgentState.DONE, 1), snap, local(None, lease=None))
+    read = job_read(2, joins=("n2",))
+    rec, actions = decide(record(AgentState.DONE, 1), read, local(None, lease=None))
     assert acts(actions) == [Wait()]
     assert rec.state is AgentState.STOPPING
-    rec, actions = decide(record(AgentState.DONE, 1), snap, local(SUCCEEDED))
+    rec, actions = decide(record(AgentState.DONE, 1), read, local(SUCCEEDED))
     assert acts(actions) == [StopWorkers(10.0), ClearWaiting(), Join(2), Publish()]
 
 
 def test_round_that_closed_before_we_read_it_restarts_our_workers_in_it() -> None:
-    snap = snapshot(2, joins=("n1", "n2"), members=("n2", "n1"), grace_s=4.0, restarts=1)
-    assert snap.result is not None
-    rec, actions = decide(record(AgentState.RUNNING, 1), snap, local(RUNNING))
+    read = job_read(2, joins=("n1", "n2"), members=("n2", "n1"), grace_s=4.0, restarts=1)
+    assert read.result is not None
+    rec, actions = decide(record(AgentState.RUNNING, 1), read, local(RUNNING))
     assert actions == [
-        WatchPeers(2, (member(snap, "n2"),)),
+        WatchPeers(2, (member(read, "n2"),)),
         StopWorkers(4.0),
-        StartWorkers(snap.result.head(), member(snap), 1),
+        StartWorkers(read.result.head(), member(read), 1),
         Publish(),
         Wait(on_exits=True),
     ]
@@ -341,11 +341,11 @@ def test_round_that_closed_before_we_read_it_restarts_our_workers_in_it() -> Non
     ],
     ids=["running", "done", "done-reaped"],
 )
-def test_snapshot_of_the_round_we_ran_never_restarts_workers(
+def test_a_read_of_the_round_we_ran_never_restarts_workers(
     state: AgentState, group: Group | None, done: tuple[str, ...]
 ) -> None:
-    snap = snapshot(3, joins=("n1", "n2"), members=("n1", "n2"), done=done)
-    rec, actions = decide(record(state, 3), snap, local(group))
+    read = job_read(3, joins=("n1", "n2"), members=("n1", "n2"), done=done)
+    rec, actions = decide(record(state, 3), read, local(group))
     assert writes(actions) == []
     assert acts(actions) == [Wait(on_exits=True)]
     assert (rec.state, rec.round) == (state, 3)
@@ -353,15 +353,15 @@ def test_snapshot_of_the_round_we_ran_never_restarts_workers(
 
 @pytest.mark.parametrize("final", [JobState.SUCCEEDED, JobState.FAILED, JobState.KILLED])
 def test_final_record_stops_workers_with_the_stop_grace_and_exits(final: JobState) -> None:
-    snap = snapshot(2, joins=("n1", "n2"), members=("n1", "n2"), final=final, grace_s=1.0)
-    rec, actions = decide(record(AgentState.RUNNING, 2), snap, local(RUNNING))
+    read = job_read(2, joins=("n1", "n2"), members=("n1", "n2"), final=final, grace_s=1.0)
+    rec, actions = decide(record(AgentState.RUNNING, 2), read, local(RUNNING))
     assert actions == [WatchPeers(2, ()), StopWorkers(10.0), Exit("the job ended")]
     assert rec.state is AgentState.STOPPING
 
 
 def test_final_record_even_beside_an_invalid_key_exits_with_no_workers_to_stop() -> None:
-    snap = snapshot(2, members=("n2", "n3"), final=JobState.KILLED, invalid=True)
-    _, actions = decide(record(AgentState.WAITING, -1), snap)
+    read = job_read(2, members=("n2", "n3"), final=JobState.KILLED, invalid=True)
+    _, actions = decide(record(AgentState.WAITING, -1), read)
     assert actions == [WatchPeers(2, ()), Exit("the job ended")]
 
 
@@ -377,21 +377,21 @@ def test_final_record_even_beside_an_invalid_key_exits_with_no_workers_to_stop()
     ids=["failed", "ending", "leaving", "done", "leader"],
 )
 def test_invalid_record_without_final_waits_and_writes_nothing(rec: AgentRecord, group: Group | None) -> None:
-    snap = snapshot(1, joins=("n1", "n2", "n3"), members=("n1", "n2"), done=("n1", "n2"), invalid=True)
-    new, actions = decide(rec, snap, local(group))
+    read = job_read(1, joins=("n1", "n2", "n3"), members=("n1", "n2"), done=("n1", "n2"), invalid=True)
+    new, actions = decide(rec, read, local(group))
     assert actions == [WatchPeers(1, ()), Wait()]
     assert new == rec
 
 
 # -- determinism -------------------------------------------------------------------------------------
 
-_SNAPS: list[Callable[[], JobSnapshot]] = [
-    lambda: snapshot(1, joins=("n1", "n2")),
-    lambda: snapshot(1, joins=("n2", "n1"), members=("n1", "n2"), counted=True, waiting=("n3",)),
-    lambda: snapshot(1, joins=("n2",), members=("n1", "n2"), restarts=3, done=("n2",)),
-    lambda: snapshot(2, joins=("n2",), grace_s=2.0, left=("n3",)),
-    lambda: snapshot(1, members=("n1", "n2"), final=JobState.KILLED),
-    lambda: snapshot(1, members=("n1", "n2"), invalid=True),
+_SNAPS: list[Callable[[], RostersRead]] = [
+    lambda: job_read(1, joins=("n1", "n2")),
+    lambda: job_read(1, joins=("n2", "n1"), members=("n1", "n2"), counted=True, waiting=("n3",)),
+    lambda: job_read(1, joins=("n2",), members=("n1", "n2"), restarts=3, done=("n2",)),
+    lambda: job_read(2, joins=("n2",), grace_s=2.0, left=("n3",)),
+    lambda: job_read(1, members=("n1", "n2"), final=JobState.KILLED),
+    lambda: job_read(1, members=("n1", "n2"), invalid=True),
 ]
 _GROUPS = [None, RUNNING, SUCCEEDED, failed(failure()), failed(failure(oom=True))]
 
@@ -422,7 +422,7 @@ def test_stepping_twice_on_the_same_inputs_gives_the_same_step(
     joined=st.sampled_from([-1, 1, 2]),
     flags=st.tuples(st.booleans(), st.booleans(), st.booleans(), st.booleans()),
     group=st.sampled_from(_GROUPS),
-    snap=st.sampled_from(_SNAPS),
+    read=st.sampled_from(_SNAPS),
 )
 def test_step_is_a_pure_function_of_its_inputs(
     state: AgentState,
@@ -430,15 +430,15 @@ def test_step_is_a_pure_function_of_its_inputs(
     joined: int,
     flags: tuple[bool, bool, bool, bool],
     group: Group | None,
-    snap: Callable[[], JobSnapshot],
+    read: Callable[[], RostersRead],
 ) -> None:
     fenced, leaving, lease_valid, leading = flags
     rec = record(
         state, round_no, joined_round=joined, fenced=fenced, leading=leading, leave=DRAIN if leaving else None
     )
-    view: JobSnapshot = snap()
+    view: RostersRead = read()
     before = copy.deepcopy(view)
     here = local(group, lease_valid=lease_valid)
     first = step(rec, Observed(view, ALL), here, NOW)
     assert first == step(rec, Observed(view, ALL), here, NOW)
-    assert view == before  # the snapshot is not changed
+    assert view == before  # the read is not changed

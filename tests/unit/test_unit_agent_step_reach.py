@@ -22,25 +22,28 @@ from elasticd.agent.actions import (
 from elasticd.agent.record import AgentState
 from elasticd.jobs.view import job_view
 from elasticd.rendezvous import decider as rdzv
+from elasticd.rendezvous.jobread import RostersRead
 from elasticd.rendezvous.reach import PROBE_FRESH_S, REJOIN_BACKOFF_S, Reach
-from elasticd.rendezvous.snapshot import JobSnapshot
-from tests.agent_steps import ME, NOW, acts, decide, join, joining, local, snapshot
+from tests.agent_steps import ME, NOW, acts, decide, job_read, join, joining, local
 
 ALL3 = ("n1", "n2", "n3")
 
 
-def ported(snap: JobSnapshot) -> JobSnapshot:
+def ported(read: RostersRead) -> RostersRead:
     """Every join and member publishes a liveness port (as every daemon does)."""
-    for r, joins in snap.joins.items():
-        snap.joins[r] = [replace(j, liveness_port=4000 + j.create_revision) for j in joins]
-    for r, res in snap.results.items():
+    joins = {
+        r: tuple(replace(j, liveness_port=4000 + j.create_revision) for j in js)
+        for r, js in read.joins.items()
+    }
+    results = {}
+    for r, res in read.results.items():
         ordered = [replace(join(n, 10 + i), liveness_port=4010 + i) for i, n in enumerate(res.nodes)]
-        snap.results[r] = rdzv.build_result(r, ordered, res.closed_at)
-    return snap
+        results[r] = rdzv.build_result(r, ordered, res.closed_at)
+    return replace(read, joins=joins, results=results)
 
 
-def filling() -> JobSnapshot:
-    return ported(snapshot(1, joins=ALL3, expect=ALL3))
+def filling() -> RostersRead:
+    return ported(job_read(1, joins=ALL3, expect=ALL3))
 
 
 def reach(reached: tuple[str, ...], unreached: tuple[str, ...], round_no: int = 1, at: float = NOW) -> Reach:
@@ -48,15 +51,15 @@ def reach(reached: tuple[str, ...], unreached: tuple[str, ...], round_no: int = 
 
 
 def test_the_leader_probes_the_other_joiners_before_it_closes() -> None:
-    snap = filling()
-    _, actions = decide(joining(1, leading=True), snap)
-    targets = tuple((j.node, j.address, j.liveness_port) for j in snap.current_joins if j.node != ME)
+    read = filling()
+    _, actions = decide(joining(1, leading=True), read)
+    targets = tuple((j.node, j.address, j.liveness_port) for j in read.current_joins if j.node != ME)
     assert acts(actions)[-1] == Probe(1, targets)
 
 
 def test_the_leader_leaves_out_a_joiner_it_cannot_reach() -> None:
-    snap = filling()
-    _, actions = decide(joining(1, leading=True), snap, local(reach=reach(("n2",), ("n3",))))
+    read = filling()
+    _, actions = decide(joining(1, leading=True), read, local(reach=reach(("n2",), ("n3",))))
     close = acts(actions)[-1]
     assert isinstance(close, CloseRound) and close.result.nodes == ("n1", "n2")
     assert "left out n3" in close.why
@@ -69,7 +72,7 @@ def test_a_leader_that_reaches_no_other_joiner_hands_the_round_on() -> None:
     # ``left``: its workers are stopped, so the round it hands on need not wait for it
     assert [withdraw, left, wait] == [Withdraw(1), MarkLeft(1), Wait(NOW + REJOIN_BACKOFF_S)]
     assert (rec.leading, rec.joined_round, rec.rejoin_at) == (False, -1, NOW + REJOIN_BACKOFF_S)
-    gone = ported(snapshot(1, joins=("n2", "n3"), expect=ALL3))
+    gone = ported(job_read(1, joins=("n2", "n3"), expect=ALL3))
     _, early = decide(rec, gone)
     assert acts(early) == [Wait(NOW + REJOIN_BACKOFF_S)]
     _, later = decide(rec, gone, now=NOW + REJOIN_BACKOFF_S)
@@ -79,49 +82,49 @@ def test_a_leader_that_reaches_no_other_joiner_hands_the_round_on() -> None:
 def test_too_few_reachable_joiners_make_the_round_wait_and_say_why() -> None:
     spec3 = replace(joining(1).spec, nnodes=replace(joining(1).spec.nnodes, min=3))
     rec = replace(joining(1, leading=True), spec=spec3)
-    snap = ported(snapshot(1, job=spec3, joins=ALL3, expect=ALL3))  # filling(), of the spec that needs 3
-    new, actions = decide(rec, snap, local(reach=reach(("n2",), ("n3",))))
+    read = ported(job_read(1, job=spec3, joins=ALL3, expect=ALL3))  # filling(), of the spec that needs 3
+    new, actions = decide(rec, read, local(reach=reach(("n2",), ("n3",))))
     note, wait = acts(actions)[-2:]
     assert isinstance(note, NotePending) and note.note and "waits" in note.note
     assert wait == Wait(NOW + PROBE_FRESH_S) and new.note == note.note
 
 
 def test_a_node_outside_asks_back_only_once_it_reaches_every_member() -> None:
-    snap = ported(snapshot(2, joins=("n2", "n3"), members=("n2", "n3")))
+    read = ported(job_read(2, joins=("n2", "n3"), members=("n2", "n3")))
     rec = joining(1)
-    new, actions = decide(rec, snap)
+    new, actions = decide(rec, read)
     assert isinstance(acts(actions)[-1], Probe) and new.state is AgentState.WAITING
     cut = local(reach=reach(("n2",), ("n3",), round_no=2))
-    new, actions = decide(new, snap, cut)
+    new, actions = decide(new, read, cut)
     note, wait = acts(actions)[-2:]
     assert isinstance(note, NotePending) and note.note and "n3" in note.note
     assert wait == Wait(NOW + PROBE_FRESH_S) and SetWaiting() not in actions
     healed = local(reach=reach(("n2", "n3"), (), round_no=2))
-    new, actions = decide(new, snap, healed)
+    new, actions = decide(new, read, healed)
     assert acts(actions)[-4:] == [NotePending(None), SetWaiting(), Publish(), Wait()]
     assert new.note is None
 
 
 def test_a_node_that_starts_workers_clears_its_note() -> None:
-    snap = ported(snapshot(3, joins=ALL3, members=ALL3))
+    read = ported(job_read(3, joins=ALL3, members=ALL3))
     rec = replace(joining(3), note="cannot reach n3")
-    new, actions = decide(rec, snap)
+    new, actions = decide(rec, read)
     assert any(isinstance(a, StartWorkers) for a in actions) and NotePending(None) in actions
     assert new.note is None
 
 
 def test_status_shows_why_a_node_outside_a_running_round_waits() -> None:
-    snap = ported(snapshot(2, joins=("n2", "n3"), members=("n2", "n3")))
-    snap.pending = {"n1": "cannot reach n3 of round 2", "n2": "stale"}
-    view = job_view(snap, "n2")
+    read = ported(job_read(2, joins=("n2", "n3"), members=("n2", "n3")))
+    read = replace(read, pending={"n1": "cannot reach n3 of round 2", "n2": "stale"})
+    view = job_view(read, "n2")
     assert view["state"] == "RUNNING" and view["reason"] == "round 2; cannot reach n3 of round 2"
 
 
 def test_a_joined_leaders_note_is_no_shortage_of_capacity() -> None:
-    snap = ported(snapshot(1, joins=ALL3, expect=ALL3))
-    snap.pending = {"n1": "round 1 waits: n3 unreachable from n1, 2 of the 3 nodes needed"}
-    view = job_view(snap, "n1")
+    read = ported(job_read(1, joins=ALL3, expect=ALL3))
+    read = replace(read, pending={"n1": "round 1 waits: n3 unreachable from n1, 2 of the 3 nodes needed"})
+    view = job_view(read, "n1")
     assert view["waits_for"] is None and view["short_of_capacity"] == []  # 3 joined: about to close
     assert "round 1 waits" in view["reason"]
-    snap.pending["n4"] = "no free CPU slots"  # a node that lacks slots never joins
-    assert job_view(snap, "n1")["short_of_capacity"] == ["n4"]
+    read = replace(read, pending={**read.pending, "n4": "no free CPU slots"})  # lacking slots, never joins
+    assert job_view(read, "n1")["short_of_capacity"] == ["n4"]

@@ -15,7 +15,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from elasticd.jobs.agentstore import Choice, at_join, at_start, named_port_refusal, offered_again
+from elasticd.jobs.agentstore import (
+    LOOPBACK,
+    Choice,
+    at_join,
+    at_start,
+    named_port_refusal,
+    offered_again,
+    store_address,
+)
 from elasticd.netaddr import free_port, listen_error
 from elasticd.workers.warm import messages as wire
 from elasticd.workers.warm import spawn, storehost
@@ -107,6 +115,17 @@ def test_a_store_host_that_served_a_round_of_several_nodes_is_never_offered_agai
 
 
 # --- the store host's wire -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("node", ["10.0.0.5", "fd00::5", "node-a.example"])
+def test_a_job_of_one_node_for_life_serves_its_store_on_loopback_and_one_that_may_grow_on_the_node(
+    node: str,
+) -> None:
+    assert store_address(node, 1) == LOOPBACK
+    assert store_address(node, 2) == node  # the other members reach it there
+    assert store_address("127.0.0.1", 1) == "127.0.0.1"
+    assert store_address("::1", 1) == "::1"  # already loopback: as the node says
+    assert store_address("localhost", 1) == LOOPBACK
 
 
 def test_a_store_request_is_parsed_with_its_socket_alone() -> None:

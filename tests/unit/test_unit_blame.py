@@ -20,7 +20,7 @@ from elasticd.jobs.rootcause import (
 )
 from elasticd.rendezvous.model import FinalRecord, RoundInfo
 from elasticd.terms.state import EndReason, FailureKind, JobState, RoundReason, WorkerFailure
-from tests.agent_steps import NOW, acts, decide, failed, local, record, snapshot, spec
+from tests.agent_steps import NOW, acts, decide, failed, job_read, local, record, spec
 
 TRACEBACK = """\
 [rank1]: Traceback (most recent call last):
@@ -97,38 +97,41 @@ def test_the_displaced_failure_and_its_list_are_also_failed_with_their_node() ->
 
 def test_amendment_rewrites_the_round_naming_the_first_failure() -> None:
     theirs, mine = fail("n2", 100.5), fail("n1", 100.1, rank=1)
-    snap = snapshot(2, reason=RoundReason.WORKER_FAILED)
-    assert snap.round is not None
-    snap.round = replace(snap.round, failure=theirs.to_json(), detail=theirs.summary())
-    amend = blame.amendment(snap, mine)
+    read = job_read(2, reason=RoundReason.WORKER_FAILED)
+    assert read.round is not None
+    read = replace(read, round=replace(read.round, failure=theirs.to_json(), detail=theirs.summary()))
+    amend = blame.amendment(read, mine)
     assert isinstance(amend, Amend) and isinstance(amend.record, RoundInfo)
-    assert amend.seen_mod == snap.round_mod
+    assert amend.seen_mod == read.round_mod
     assert amend.record.failure is not None and amend.record.failure["node"] == "n1"
     assert amend.record.detail == with_also_failed(mine, theirs).summary()
-    assert blame.amendment(snap, fail("n1", 101.0)) is None  # ours came later
-    assert blame.amendment(snap, None) is None
+    assert blame.amendment(read, fail("n1", 101.0)) is None  # ours came later
+    assert blame.amendment(read, None) is None
 
 
 def test_amendment_rewrites_the_final_record_keeping_the_rest_of_its_reason() -> None:
     theirs, mine = fail("n2", 100.5), fail("n1", 100.1, rank=1)
-    snap = snapshot(1, final=JobState.FAILED)
-    snap.final_mod = 321
-    snap.final = FinalRecord(
-        JobState.FAILED,
-        f"{theirs.summary()}; no restarts left",
-        EndReason.WORKER_FAILED,
-        theirs.to_json(),
-        NOW,
+    read = job_read(1, final=JobState.FAILED)
+    read = replace(read, final_mod=321)
+    read = replace(
+        read,
+        final=FinalRecord(
+            JobState.FAILED,
+            f"{theirs.summary()}; no restarts left",
+            EndReason.WORKER_FAILED,
+            theirs.to_json(),
+            NOW,
+        ),
     )
-    amend = blame.amendment(snap, mine)
+    amend = blame.amendment(read, mine)
     assert amend is not None and isinstance(amend.record, FinalRecord)
     assert amend.seen_mod == 321
     assert amend.record.reason == f"{with_also_failed(mine, theirs).summary()}; no restarts left"
 
 
 def test_a_round_opened_by_something_else_is_not_amended() -> None:
-    snap = snapshot(2, reason=RoundReason.MEMBER_LOST)
-    assert blame.amendment(snap, fail("n1", 1.0)) is None
+    read = job_read(2, reason=RoundReason.MEMBER_LOST)
+    assert blame.amendment(read, fail("n1", 1.0)) is None
 
 
 def test_same_way_means_same_kind_exception_and_exit_without_progress() -> None:
@@ -149,9 +152,9 @@ def _round_opened_by(why: WorkerFailure, repeats: int) -> RoundInfo:
 def test_a_failure_repeating_max_same_failures_times_ends_the_job_with_restarts_left() -> None:
     why = fail("n1", NOW, exception="KeyError", ran_s=2.0)
     job = spec(max_same_failures=3, max_restarts=10)
-    snap = snapshot(2, job=job, joins=("n1", "n2"), members=("n1", "n2"), counted=True, restarts=2)
-    snap.round = _round_opened_by(why, 2)
-    _, actions = decide(record(AgentState.RUNNING, 2, job=job), snap, local(failed(why)))
+    read = job_read(2, job=job, joins=("n1", "n2"), members=("n1", "n2"), counted=True, restarts=2)
+    read = replace(read, round=_round_opened_by(why, 2))
+    _, actions = decide(record(AgentState.RUNNING, 2, job=job), read, local(failed(why)))
     end = acts(actions)[-1]
     assert isinstance(end, Finalize) and end.code is EndReason.REPEATED_FAILURE
     assert "failed the same way 3 times in a row with no progress" in end.reason
@@ -162,10 +165,10 @@ def test_a_different_failure_or_progress_starts_the_count_again() -> None:
     why = fail("n1", NOW, exception="KeyError", ran_s=2.0)
     job = spec(max_same_failures=3, max_restarts=10)
     for previous in (replace(why, exception="OSError"), replace(why, ran_s=None, step=1)):
-        snap = snapshot(2, job=job, joins=("n1", "n2"), members=("n1", "n2"), counted=True, restarts=2)
-        snap.round = _round_opened_by(previous, 2)
+        read = job_read(2, job=job, joins=("n1", "n2"), members=("n1", "n2"), counted=True, restarts=2)
+        read = replace(read, round=_round_opened_by(previous, 2))
         now = replace(why, step=5) if previous.step is not None else why
-        _, actions = decide(record(AgentState.RUNNING, 2, job=job), snap, local(failed(now)))
+        _, actions = decide(record(AgentState.RUNNING, 2, job=job), read, local(failed(now)))
         bump = acts(actions)[-1]
         assert isinstance(bump, Bump) and bump.info.repeats == 1
 
@@ -173,20 +176,20 @@ def test_a_different_failure_or_progress_starts_the_count_again() -> None:
 def test_max_same_failures_zero_never_stops_early() -> None:
     why = fail("n1", NOW, exception="KeyError", ran_s=2.0)
     job = spec(max_same_failures=0, max_restarts=10)
-    snap = snapshot(2, job=job, joins=("n1", "n2"), members=("n1", "n2"), counted=True, restarts=2)
-    snap.round = _round_opened_by(why, 7)
-    _, actions = decide(record(AgentState.RUNNING, 2, job=job), snap, local(failed(why)))
+    read = job_read(2, job=job, joins=("n1", "n2"), members=("n1", "n2"), counted=True, restarts=2)
+    read = replace(read, round=_round_opened_by(why, 7))
+    _, actions = decide(record(AgentState.RUNNING, 2, job=job), read, local(failed(why)))
     assert [type(a) for a in acts(actions)] == [Publish, Bump]
 
 
 def test_a_node_whose_failure_came_first_amends_the_moved_round_before_rejoining() -> None:
     """n2 bumped first with its rank's echo of our crash; our group is still settling."""
     mine, theirs = fail("n1", NOW - 2.0, rank=1), fail("n2", NOW - 1.5)
-    snap = snapshot(2, joins=("n2",), reason=RoundReason.WORKER_FAILED, restarts=1)
-    assert snap.round is not None
-    snap.round = replace(snap.round, failure=theirs.to_json(), detail=theirs.summary())
+    read = job_read(2, joins=("n2",), reason=RoundReason.WORKER_FAILED, restarts=1)
+    assert read.round is not None
+    read = replace(read, round=replace(read.round, failure=theirs.to_json(), detail=theirs.summary()))
     settling = Group(GroupOutcome.RUNNING, mine)
-    _, actions = decide(record(AgentState.RUNNING, 1), snap, local(settling))
+    _, actions = decide(record(AgentState.RUNNING, 1), read, local(settling))
     amend = acts(actions)[0]
     assert isinstance(amend, Amend) and isinstance(amend.record, RoundInfo)
     assert amend.record.failure is not None and amend.record.failure["node"] == "n1"

@@ -21,7 +21,8 @@ from elasticd.manager.etcdspace import SpaceWatch
 from elasticd.manager.facts import NodeFacts
 from elasticd.manager.janitor import RELIEF_S, Janitor
 from elasticd.manager.service import CommandService
-from elasticd.rendezvous.snapshot import JobSnapshot, parse_jobs
+from elasticd.rendezvous.jobparse import parse_jobs
+from elasticd.rendezvous.jobread import JobRead
 from elasticd.rendezvous.store import InlineJobStore, run_inline
 from elasticd.terms.state import EndReason, JobState
 from tests.fakes import make_spec
@@ -138,19 +139,19 @@ def test_under_pressure_the_janitor_removes_the_oldest_ended_jobs_and_compacts_e
     janitor = Janitor(kv, KEYS, "n1", lambda job: InlineJobStore(kv, KEYS, job), retention_s=None,
                       clock=lambda: now[0], space=lambda: space[0])  # fmt: skip
 
-    def snaps() -> dict[str, JobSnapshot]:
+    def reads() -> dict[str, JobRead]:
         return parse_jobs(KEYS, kv.get_prefix("/x/"))[0]
 
-    assert asyncio.run(janitor.relieve(snaps())) == set()  # OK: nothing before its retention
+    assert asyncio.run(janitor.relieve(reads())) == set()  # OK: nothing before its retention
     kv.alarms.add("NOSPACE")  # etcd refuses what grows it: deletes and compaction still go
     space[0] = Space(SpaceLevel.FULL, status(100, 75 + 6 / 1024), LIMITS)  # 6 KiB above the low mark
-    removed = asyncio.run(janitor.relieve(snaps()))
+    removed = asyncio.run(janitor.relieve(reads()))
     assert removed == {"old-0", "old-1"}  # the oldest ended first; a job weighs 4-5 KiB here
-    left = snaps()
+    left = reads()
     assert "old-0" not in left and "old-2" in left and "live-1" in left
     assert events.read(job="old-0").events == []  # its events went with it
     assert kv._compacted == kv.status().revision  # type: ignore[union-attr]  # compacted to the current
-    assert asyncio.run(janitor.relieve(snaps())) == set()  # not again before RELIEF_S
+    assert asyncio.run(janitor.relieve(reads())) == set()  # not again before RELIEF_S
     now[0] += RELIEF_S
-    assert asyncio.run(janitor.relieve(snaps())) == {"old-2", "old-3"}
-    assert "live-1" in snaps()  # a job that has not ended is never removed
+    assert asyncio.run(janitor.relieve(reads())) == {"old-2", "old-3"}
+    assert "live-1" in reads()  # a job that has not ended is never removed

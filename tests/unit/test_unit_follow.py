@@ -8,6 +8,7 @@ import argparse
 import datetime
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,8 @@ from elasticd.jobs.logscope import check_scope, round_view, spans
 from elasticd.jobs.ranktext import NO_TIME
 from elasticd.jobs.view import job_view
 from elasticd.rendezvous.decider import build_result
+from elasticd.rendezvous.jobread import RostersRead
 from elasticd.rendezvous.model import FinalRecord, Join, RoundInfo
-from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.spec import NodeRange
 from elasticd.terms.state import EndReason, JobState, RoundReason, WorkerFailure
 from elasticd.wire import LogsArgs, RoundView
@@ -38,34 +39,37 @@ FAILURE = WorkerFailure.from_exit(
 ).to_json()
 
 
-def snapshot(
+def job_read(
     round_no: int,
     reason: RoundReason = RoundReason.START,
     *,
     members: tuple[tuple[str, int], ...] = (),
     nnodes: NodeRange | None = None,
     **fields: Any,
-) -> JobSnapshot:
+) -> RostersRead:
     spec = fakes.make_spec(nnodes=nnodes or NodeRange(1, 2), max_restarts=3)
-    snap = JobSnapshot(JOB, head=fakes.head_of(spec), found=3, **fields)
+    read = RostersRead(JOB, head=fakes.head_of(spec), found=3, **fields)
     detail = WorkerFailure(**{**FAILURE, "also_failed": ()}).summary()
     failed = reason is RoundReason.WORKER_FAILED
-    snap.round = RoundInfo(round_no, reason, 100.0 + round_no, detail=detail if failed else "",
-                           failure=FAILURE if failed else None)  # fmt: skip
+    info = RoundInfo(round_no, reason, 100.0 + round_no, detail=detail if failed else "",
+                     failure=FAILURE if failed else None)  # fmt: skip
+    read = replace(read, round=info)
     if members:
         joins = [Join(n, f"10.0.0.{i + 1}", 29400 + i, size, 0) for i, (n, size) in enumerate(members)]
-        snap.results[round_no] = build_result(round_no, joins, 110.0 + round_no)
-    return snap
+        read = replace(
+            read, results={**read.results, round_no: build_result(round_no, joins, 110.0 + round_no)}
+        )
+    return read
 
 
-def reply(snap: JobSnapshot, chunks: list[tuple[int, int, str]] | None = None, more: bool = False) -> Any:
+def reply(read: RostersRead, chunks: list[tuple[int, int, str]] | None = None, more: bool = False) -> Any:
     """A logs reply as the daemon sends it, with the job as ``snap`` has it."""
     chunks = chunks or []
-    view = job_view(snap, "n1")
+    view = job_view(read, "n1")
     return json.loads(json.dumps({
         "chunks": [{"attempt": a, "rank": r, "text": t} for a, r, t in chunks],
         "cursor": {f"attempt_{a}/rank_{r}.log": len(t) for a, r, t in chunks},
-        "state": view["state"], "node": "n1", "more": more, "job": view, "round_info": round_view(snap),
+        "state": view["state"], "node": "n1", "more": more, "job": view, "round_info": round_view(read),
         "attempt_started_at": {"0": 100.0, "1": 150.0},
     }))  # fmt: skip
 
@@ -73,11 +77,11 @@ def reply(snap: JobSnapshot, chunks: list[tuple[int, int, str]] | None = None, m
 RESTARTED = (
     "restarting: round 1 (restart 1 of 3): a worker failed: rank 1 (local 1 on n1) failed with exit code 3"
 )
-PENDING = snapshot(0, pending={"n1": "n1 is waiting for 2 free slots (0 of 2 free now)"})
-RUNNING = snapshot(0, members=(("n1", 2),))
-RESTARTING = snapshot(1, RoundReason.WORKER_FAILED, restarts=1)
-RUNNING_AGAIN = snapshot(1, RoundReason.WORKER_FAILED, members=(("n1", 2),), restarts=1)
-SUCCEEDED = snapshot(
+PENDING = job_read(0, pending={"n1": "n1 is waiting for 2 free slots (0 of 2 free now)"})
+RUNNING = job_read(0, members=(("n1", 2),))
+RESTARTING = job_read(1, RoundReason.WORKER_FAILED, restarts=1)
+RUNNING_AGAIN = job_read(1, RoundReason.WORKER_FAILED, members=(("n1", 2),), restarts=1)
+SUCCEEDED = job_read(
     1,
     RoundReason.WORKER_FAILED,
     members=(("n1", 2),),
@@ -143,7 +147,7 @@ def test_submit_follow_tells_each_change_once(
 def test_a_failed_job_ends_following_with_the_failed_code(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], no_sleep: None
 ) -> None:
-    failed = snapshot(0, members=(("n1", 2),), final=FinalRecord(
+    failed = job_read(0, members=(("n1", 2),), final=FinalRecord(
         JobState.FAILED, "no restarts left", EndReason.WORKER_FAILED, FAILURE, 120.0))  # fmt: skip
     code, _ = run(monkeypatch, [reply(failed)], "logs", "-f", JOB)
     assert code == exits.EXIT_JOB_FAILED
@@ -157,7 +161,7 @@ def test_following_waits_while_this_node_winds_the_ended_job_up(
 ) -> None:
     """A failed job's keeper here writes its last snapshots after the job is FAILED: following
     returns once this node says it is done (so a job submitted next finds them), told once."""
-    failed = snapshot(0, members=(("n1", 2),), final=FinalRecord(
+    failed = job_read(0, members=(("n1", 2),), final=FinalRecord(
         JobState.FAILED, "no restarts left", EndReason.WORKER_FAILED, FAILURE, 120.0))  # fmt: skip
     winding = [reply(failed) | {"finishing_here": True}] * 3
     monkeypatch.setattr("elasticctl.follow.FINISH_NOTE_S", 0.0)
@@ -193,7 +197,7 @@ def test_logs_asks_for_its_options_and_the_tail_once(
 
 
 def test_elsewhere_notes_name_the_node_and_the_command() -> None:
-    view = job_view(snapshot(0, members=(("n1", 2), ("n2", 2), ("n3", 1))), "n1")
+    view = job_view(job_read(0, members=(("n1", 2), ("n2", 2), ("n3", 1))), "n1")
     run_there = f"run `elasticctl logs {JOB}` there"
     assert elsewhere_notes(JOB, view, "n1", None) == [
         f"the logs of ranks 2-3 of {JOB} are on node n2: {run_there}",
@@ -208,7 +212,7 @@ def test_elsewhere_notes_name_the_node_and_the_command() -> None:
 def test_logs_says_once_where_the_other_ranks_are(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], no_sleep: None
 ) -> None:
-    two = snapshot(0, members=(("n1", 1), ("n2", 1)))
+    two = job_read(0, members=(("n1", 1), ("n2", 1)))
     code, _ = run(monkeypatch, [reply(two, [(0, 0, "a\n")]), reply(two)], "logs", JOB)
     out, err = capsys.readouterr()
     assert (code, out) == (0, "[rank0]: a\n")
@@ -216,12 +220,12 @@ def test_logs_says_once_where_the_other_ranks_are(
 
 
 # -- the life, from views the daemon builds ---------------------------------------------------------------
-def said(*snaps: JobSnapshot) -> list[str]:
+def said(*reads: RostersRead) -> list[str]:
     story = Life()
     out = []
-    for snap in snaps:
-        view = json.loads(json.dumps(job_view(snap, "n1")))
-        out += [text for _, text in story.update(view, round_view(snap), 500.0)]
+    for read in reads:
+        view = json.loads(json.dumps(job_view(read, "n1")))
+        out += [text for _, text in story.update(view, round_view(read), 500.0)]
     return out
 
 
@@ -237,14 +241,14 @@ def said(*snaps: JobSnapshot) -> list[str]:
     ],
 )  # fmt: skip
 def test_why_a_round_opened(reason: RoundReason, detail: str, told: str) -> None:
-    snap = snapshot(2, reason, restarts=1 if reason.spends_budget else 0)
-    assert snap.round is not None
-    snap.round = RoundInfo(2, reason, 102.0, detail=detail)
-    assert said(snap) == [told]
+    read = job_read(2, reason, restarts=1 if reason.spends_budget else 0)
+    assert read.round is not None
+    read = replace(read, round=RoundInfo(2, reason, 102.0, detail=detail))
+    assert said(read) == [told]
 
 
 def test_a_wait_for_nodes_is_told_once_it_lasts() -> None:
-    waiting = snapshot(0, nnodes=NodeRange(2, 2))
+    waiting = job_read(0, nnodes=NodeRange(2, 2))
     view = job_view(waiting, "n1")
     story = Life()
     assert story.update(view, round_view(waiting), 10.0) == []
@@ -264,22 +268,22 @@ def test_a_round_that_opened_and_closed_between_two_polls_is_told_whole() -> Non
 
 def test_a_round_that_ran_and_ended_between_two_polls_is_told() -> None:
     assert said(RESTARTING, SUCCEEDED) == [RESTARTED, "running: round 1, world size 2 on n1"]
-    killed = snapshot(0, final=FinalRecord(JobState.KILLED, "killed", EndReason.KILLED))
+    killed = job_read(0, final=FinalRecord(JobState.KILLED, "killed", EndReason.KILLED))
     assert said(killed) == []
 
 
 def test_a_round_on_several_nodes_and_its_times() -> None:
-    snap = snapshot(0, members=(("a", 2), ("b", 1)))
+    read = job_read(0, members=(("a", 2), ("b", 1)))
     story = Life()
-    told = story.update(job_view(snap, "a"), round_view(snap), 500.0)
+    told = story.update(job_view(read, "a"), round_view(read), 500.0)
     assert told == [(110.0, "running: round 0, world size 3 on 2 nodes: a (ranks 0-1), b (rank 2)")]
     info: RoundView | None = round_view(RESTARTING)
     assert info is not None and (info["opened_at"], info["closed_at"]) == (101.0, None)
 
 
 def test_waiting_for_capacity_is_told_again_only_when_it_changes() -> None:
-    first = snapshot(1, RoundReason.SCALE_UP, pending={"n2": "no room"})
-    other = snapshot(1, RoundReason.SCALE_UP, pending={"n3": "no room"})
+    first = job_read(1, RoundReason.SCALE_UP, pending={"n2": "no room"})
+    other = job_read(1, RoundReason.SCALE_UP, pending={"n3": "no room"})
     assert said(first, first, other)[1:] == [
         "restarting: waits for free slots on n2",
         "restarting: waits for free slots on n3",
@@ -341,7 +345,7 @@ def test_a_rank_of_an_ended_job_exists_if_it_ran() -> None:
     check_scope(SUCCEEDED, 3, None, [(0, 3)])  # it has logs here
     with pytest.raises(RankNotFound, match="has no rank 2: its ranks were 0-1"):
         check_scope(SUCCEEDED, 2, None, [])
-    never = snapshot(0, final=FinalRecord(JobState.KILLED, "killed", EndReason.KILLED))
+    never = job_read(0, final=FinalRecord(JobState.KILLED, "killed", EndReason.KILLED))
     with pytest.raises(RankNotFound, match="no rank of it ever ran"):
         check_scope(never, 0, None, [])
 

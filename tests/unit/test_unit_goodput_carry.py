@@ -35,7 +35,7 @@ from elasticd.progress.goodput import (
 from elasticd.progress.protocol import Phase
 from elasticd.rendezvous.model import NodeStatus, RoundInfo
 from elasticd.terms.state import FailureKind, RoundReason, WorkerFailure
-from tests.agent_steps import decide, failure, joining, member, snapshot
+from tests.agent_steps import decide, failure, job_read, joining, member
 
 T0 = 1000.0
 
@@ -219,13 +219,13 @@ def test_the_silence_is_read_from_a_round_a_hang_opened() -> None:
 
 
 def test_every_member_launches_with_the_silence_of_the_hang_that_opened_its_round() -> None:
-    snap = snapshot(2, joins=("n2", "n1"), members=("n2", "n1"), restarts=1)
-    assert snap.round is not None and snap.result is not None
-    snap.round = replace(
-        snap.round, reason=RoundReason.WORKER_FAILED, failure=_hang(snap.round.opened_at - 30)
-    )
-    _, actions = decide(joining(2, ran=1, failure=failure()), snap)
+    read = job_read(2, joins=("n2", "n1"), members=("n2", "n1"), restarts=1)
+    assert read.round is not None and read.result is not None
+    hung = replace(read.round, reason=RoundReason.WORKER_FAILED, failure=_hang(read.round.opened_at - 30))
+    read = replace(read, round=hung)
+    assert read.round is not None and read.result is not None
+    _, actions = decide(joining(2, ran=1, failure=failure()), read)
     start = StartWorkers(
-        snap.result.head(), member(snap), 1, Silence(snap.round.opened_at - 30, snap.round.opened_at)
+        read.result.head(), member(read), 1, Silence(read.round.opened_at - 30, read.round.opened_at)
     )
     assert start in actions

@@ -6,8 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from elasticd.manager import janitorrule as rule
+from elasticd.rendezvous.jobread import InvalidKey, JobRead, JoinsRead, Live, fields_of
 from elasticd.rendezvous.model import FinalRecord, Join, RoundHead, RoundInfo
-from elasticd.rendezvous.snapshot import InvalidKey, JobSnapshot, Live
 from elasticd.terms.spec import NodeRange
 from elasticd.terms.state import EndReason, JobState, RoundReason
 from tests.fakes import JOB, make_head
@@ -22,46 +22,43 @@ def closed(size: int = 1, round_no: int = 0) -> RoundHead:
     return RoundHead(round_no, 1, size, size, "127.0.0.1", 29500)
 
 
-def snap(
-    *, heads: int | None = None, restarts: int = 0, joins: int | None = None, **kw: object
-) -> JobSnapshot:
+def read(*, heads: int | None = None, restarts: int = 0, joins: int | None = None, **kw: object) -> JobRead:
     """A running job, round 0 opened at ``OPENED``; closed with ``heads`` members; ``joins``: read
     with that many joins (None: the read of every job, which carries none)."""
-    read = [Join(f"n{i}", "127.0.0.1", 29500 + i, 1) for i in range(joins or 0)]
-    return JobSnapshot(
+    joined = tuple(Join(f"n{i}", "127.0.0.1", 29500 + i, 1) for i in range(joins or 0))
+    base = JobRead(
         JOB,
         head=HEAD,
         round=RoundInfo(0, RoundReason.START, OPENED),
         restarts=restarts,
         heads={0: closed(heads)} if heads else {},
-        joins={0: read} if read else {},
-        joins_read=joins is not None,
         **kw,  # type: ignore[arg-type]
     )
+    return base if joins is None else JoinsRead(**fields_of(base), joins={0: joined} if joined else {})
 
 
-def triage(s: JobSnapshot, now: float) -> rule.Triage:
+def triage(s: JobRead, now: float) -> rule.Triage:
     return rule.triage(s, rule.wait_of(s), now, POLICY)
 
 
 def test_an_ended_job_is_removed_after_its_retention_and_not_before() -> None:
-    s = snap(final=FinalRecord(JobState.SUCCEEDED, "", EndReason.SUCCEEDED, ended_at=OPENED))
+    s = read(final=FinalRecord(JobState.SUCCEEDED, "", EndReason.SUCCEEDED, ended_at=OPENED))
     assert triage(s, OPENED + 60) == rule.Nothing()
     assert triage(s, OPENED + 60.5) == rule.Remove(OPENED)
     assert rule.triage(s, False, 1e12, rule.Policy(None, 30.0)) == rule.Nothing()  # kept for ever
 
 
 def test_an_invalid_record_fails_the_job_before_anything_else_is_asked() -> None:
-    s = snap(heads=1, invalid=[InvalidKey("jobs/j/round", "bad")])
+    s = read(heads=1, invalid=[InvalidKey("jobs/j/round", "bad")])
     assert triage(s, OPENED) == rule.FailInvalid()
 
 
 def test_a_closed_round_asks_who_looks_after_it() -> None:
-    assert triage(snap(heads=2), OPENED) == rule.AskMembers(closed(2))
+    assert triage(read(heads=2), OPENED) == rule.AskMembers(closed(2))
 
 
 def test_an_open_round_is_left_be_until_its_join_timeout_then_its_joins_are_counted() -> None:
-    s = snap()
+    s = read()
     assert rule.wait_of(s) == (OPENED, TIMEOUT)
     assert triage(s, OPENED + TIMEOUT) == rule.Nothing()
     assert triage(s, OPENED + TIMEOUT + 1) == rule.AskJoins()
@@ -72,16 +69,16 @@ def test_an_open_round_is_left_be_until_its_join_timeout_then_its_joins_are_coun
 
 
 def test_joins_already_read_are_not_counted_again() -> None:
-    assert rule.wait_of(snap(joins=1)) is True
-    assert triage(snap(joins=1), OPENED + TIMEOUT + 1) == rule.Nothing()
-    ended = triage(snap(joins=0), OPENED + TIMEOUT + 1)
+    assert rule.wait_of(read(joins=1)) is True
+    assert triage(read(joins=1), OPENED + TIMEOUT + 1) == rule.Nothing()
+    ended = triage(read(joins=0), OPENED + TIMEOUT + 1)
     assert isinstance(ended, rule.Finalize) and ended.reason is EndReason.JOIN_TIMEOUT
 
 
 def judge(
     alive: Live, size: int = 1, since: float | None = None, now: float = OPENED, r: int = 0
 ) -> rule.Judged:
-    return rule.judge_members(snap(heads=size, restarts=r), closed(size), alive, since, now, POLICY)
+    return rule.judge_members(read(heads=size, restarts=r), closed(size), alive, since, now, POLICY)
 
 
 def test_a_member_there_looks_after_the_round_and_one_counted_gone_is_back() -> None:
@@ -119,18 +116,18 @@ def test_a_round_of_several_lost_is_restarted_at_once_then_the_job_fails_with_no
 
 
 def test_gone_members_are_forgotten_when_their_job_ends_or_moves_on() -> None:
-    snaps = {"a": snap(heads=1), "b": snap(heads=1, invalid=[InvalidKey("k", "x")])}
+    reads = {"a": read(heads=1), "b": read(heads=1, invalid=[InvalidKey("k", "x")])}
     missing = {("a", 0): 1.0, ("a", 1): 2.0, ("b", 0): 3.0, ("c", 0): 4.0}
-    assert rule.still_missing(missing, snaps) == {("a", 0): 1.0}
+    assert rule.still_missing(missing, reads) == {("a", 0): 1.0}
 
 
 def test_next_due_is_the_earliest_time_ahead() -> None:
-    ended = snap(final=FinalRecord(JobState.FAILED, "", EndReason.NODES_LOST, ended_at=OPENED))
-    jobs = [ended, snap()]
+    ended = read(final=FinalRecord(JobState.FAILED, "", EndReason.NODES_LOST, ended_at=OPENED))
+    jobs = [ended, read()]
     assert rule.next_due([OPENED + 5], jobs, rule.wait_of, OPENED, POLICY) == OPENED + 35
     assert rule.next_due([], jobs, rule.wait_of, OPENED, POLICY) == min(OPENED + 60, OPENED + TIMEOUT)
     assert rule.next_due([], jobs, rule.wait_of, OPENED + 1e9, POLICY) is None  # all past: acted on
-    assert rule.next_due([], [snap(joins=1)], rule.wait_of, OPENED, POLICY) is None  # joined: none due
+    assert rule.next_due([], [read(joins=1)], rule.wait_of, OPENED, POLICY) is None  # joined: none due
 
 
 LIVE = st.one_of(
@@ -149,7 +146,7 @@ def test_a_closed_round_judged(
     the first time it is seen gone and given up exactly when its grace is over; only a round with
     no member there ever restarts or fails, and never beyond the restart budget."""
     policy = rule.Policy(None, grace)
-    judged = rule.judge_members(snap(heads=size, restarts=used), closed(size), alive, since, now, policy)
+    judged = rule.judge_members(read(heads=size, restarts=used), closed(size), alive, since, now, policy)
     action = judged.action
     if isinstance(alive, str):
         assert action == (rule.Nothing() if since is None else rule.MemberBack(alive))
@@ -185,7 +182,7 @@ def test_triage_precedence(
     or one that ended, is never asked about (no read is made for it)."""
     final = FinalRecord(JobState.KILLED, "", EndReason.KILLED, ended_at=ended) if ended is not None else None
     invalid = [InvalidKey("jobs/j/round", "bad")] if bad else []
-    s = snap(heads=heads, joins=joins, final=final, invalid=invalid)
+    s = read(heads=heads, joins=joins, final=final, invalid=invalid)
     got = triage(s, now)
     if final is not None:
         assert got == (rule.Remove(final.ended_at) if final.ended_at < now - 60 else rule.Nothing())

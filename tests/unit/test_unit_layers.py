@@ -27,7 +27,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "progress",
         "portfilter",
     ),  # the store seam and key layout; GPUs through NVML; worker progress and hangs; the port filter
-    ("rendezvous", "history"),  # rounds and snapshots; the cluster event history
+    # rounds, records and the reads of a job; the cluster event history; one local copy of key ranges
+    ("rendezvous", "history", "informer"),
     ("node", "wire"),  # this node and its peers; the control protocol's messages
     ("jobs",),  # running one job's workers on this node, and the job rules above the store
     ("agent",),  # the per-job agent: record, step, executor

@@ -27,6 +27,7 @@ from elasticd.metrics.counters import EventMetrics
 from elasticd.metrics.server import MetricsServer
 from elasticd.metrics.state import NodeState, StateCollector
 from elasticd.netaddr import free_port
+from elasticd.progress.slowness import Evidence
 from elasticd.terms.state import EndReason, FailureKind, Fault, RoundReason
 
 
@@ -80,8 +81,13 @@ def test_gauges_render_the_last_look() -> None:
     collector.update(
         NodeState("n1", jobs={"RUNNING": 2, "FAILED": 1}, nodes=3, groups={"RUNNING": 2}, workers={"j": 4},
                   steps_per_s={"j": 12.5}, step_times={("j", 0): 0.08, ("j", 1): 0.3}, slots=8, free_slots=4,
-                  lease_renewals=7, lease_held=True)
+                  lease_renewals=7, lease_held=True, evidence={("j", 1): Evidence(2.0, 1.0, 0.5)},
+                  scores={("j", 1): 0.4})
     )  # fmt: skip
+    assert _value(registry, "elasticd_rank_computing_seconds", job="j", rank="1") == 2.0
+    assert _value(registry, "elasticd_rank_waiting_seconds", job="j", rank="1") == 1.0
+    assert _value(registry, "elasticd_rank_cpu_queued_seconds", job="j", rank="1") == 0.5
+    assert _value(registry, "elasticd_rank_slowness_score", job="j", rank="1") == 0.4
     assert _value(registry, "elasticd_jobs", state="RUNNING") == 2
     assert _value(registry, "elasticd_nodes") == 3
     assert _value(registry, "elasticd_worker_groups", state="RUNNING") == 2

@@ -19,8 +19,8 @@ from elasticd.etcd.keys import Keys
 from elasticd.etcd.memory import MemoryKV
 from elasticd.etcd.types import Found, Query
 from elasticd.node.registry import NodeRegistry, parse_presences
+from elasticd.rendezvous.jobread import MemberRead, RostersRead
 from elasticd.rendezvous.model import RoundInfo, WaitingRecord
-from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.state import RoundReason
 
 pytestmark = pytest.mark.timeout(30)
@@ -177,7 +177,7 @@ def test_liveness_asked_about_some_nodes_reads_their_presences_alone() -> None:
 
 def test_a_members_read_in_a_running_round_asks_about_the_waiting_nodes_and_newcomers_only() -> None:
     info = RoundInfo(3, RoundReason.SCALE_UP, 1.0, expect=("new1",))
-    snap = JobSnapshot("j", round=info, waiting={"w1": WaitingRecord(2.0)})
-    assert presence_asked(snap) == frozenset({"w1", "new1"})
-    assert presence_asked(JobSnapshot("j")) == frozenset()
-    assert presence_asked(JobSnapshot("j", rosters=True)) is None  # whom to expect or probe: all
+    read = MemberRead("j", round=info, waiting={"w1": WaitingRecord(2.0)})
+    assert presence_asked(read) == frozenset({"w1", "new1"})
+    assert presence_asked(MemberRead("j")) == frozenset()
+    assert presence_asked(RostersRead("j")) is None  # whom to expect or probe: all

@@ -1,24 +1,29 @@
 """What a submit, the scan its change wakes and the ``status`` calls after it cost with many jobs
 queued: the same work for 20 jobs as for 200 (counted, not timed). Each count here grew with the
 queue when ``status`` and the scan worked from the whole read at every call: a ticket and a view
-per job, a JSON encoding per job, the queue ordered per call, every key read again."""
+per job, a JSON encoding per job, the queue ordered per call, every key read again. The counts
+are of the pure functions that make each part, called through the copy (``ClusterCopy.derive``)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
+from typing import Any
 
 import pytest
 
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.memory import MemoryKV
 from elasticd.etcd.types import Found, KeyValue, Query
-from elasticd.manager import jobwatch
+from elasticd.informer.informer import Phase
+from elasticd.jobs import board
+from elasticd.manager import clustercopy, statusviews
 from elasticd.manager.facts import NodeFacts
 from elasticd.manager.service import CommandService
 from elasticd.rendezvous.store import InlineJobStore, run_inline
@@ -57,13 +62,25 @@ class Costs:
     assembled: int  # replies of ``status`` (every job) assembled
     requests: int  # etcd read requests
     keys_read: int  # keys those returned
-    reads: int  # reads of every job (``RecentRead``)
-    passes: int  # requests that cost etcd a pass over every job's keys (``JobsRead``)
+    reads: int  # lists of every job (``Informer``)
+    passes: int  # requests that cost etcd a pass over every job's keys (lists and probes)
 
 
-def one_change(n: int, tmp: Path) -> tuple[Costs, list[bytes]]:
+def counted(monkeypatch: pytest.MonkeyPatch, made: Counter[str], module: ModuleType, name: str) -> None:
+    """``module.name`` counting its calls into ``made[name]``."""
+    fn: Callable[..., Any] = getattr(module, name)
+
+    def counting(*args: Any) -> Any:
+        made[name] += 1
+        return fn(*args)
+
+    monkeypatch.setattr(module, name, counting)
+
+
+def one_change(n: int, tmp: Path, made: Counter[str]) -> tuple[Costs, list[bytes]]:
     """With ``n`` jobs queued (4 users, none for this node) and everything read once: the costs of
-    one submit, the scan its watch event wakes, and three ``status`` of every job."""
+    one submit, the scan its watch event wakes, and three ``status`` of every job (``made``: what
+    each counted function made so far)."""
     kv = CountingKV()
     for i in range(n):
         user = i % 4
@@ -74,26 +91,24 @@ def one_change(n: int, tmp: Path) -> tuple[Costs, list[bytes]]:
     registry = SimpleNamespace(records=lambda: [])
     facts = NodeFacts("n1", 0.0, (), True, True, 10.0, tmp)
     service = CommandService(facts, m, registry, kv, KEYS)  # type: ignore[arg-type]
-    views = service.jobs.status_views
 
     def counts() -> Costs:
-        passes = m.jobwatch._jobs.probes + m.jobwatch._jobs.full_reads
-        return Costs(m.board.tickets_made, m.board.queues_made, views.encoded, views.assembled,
-                     kv.requests, kv.keys_read, m.recent.reads, passes)  # fmt: skip
+        informer = m.cluster.informer
+        return Costs(made["ticket_of"], made["queue"], made["held"], made["reply"],
+                     kv.requests, kv.keys_read, informer.lists, informer.lists + informer.probes)  # fmt: skip
 
     async def run() -> tuple[Costs, Costs, list[bytes]]:
-        watch = asyncio.ensure_future(m.jobwatch.watch())  # it tells the submit of its new job's head
+        watch = asyncio.ensure_future(m.cluster.run())  # it tells the submit of its new job's head
         deadline = time.monotonic() + 10
-        while m.jobwatch._armed is None and time.monotonic() < deadline:  # (arming drops the held read)
+        while m.cluster.informer.phase is not Phase.WATCHING and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         await m.scan()
         await service.jobs.views_json()
         before = counts()
         new = make_spec(id="new", nodes=("elsewhere",), nnodes=NodeRange(1, 1), submitted_at=1.8e9)
-        await asyncio.wait_for(service.jobs.submit(new), 10)  # told by the watch, not after HEAR_S
+        await asyncio.wait_for(service.jobs.submit(new), 10)  # told by the watch, not after CATCH_UP_S
         await m.scan()  # the one the watch's news woke
         replies = [await service.jobs.views_json() for _ in range(3)]
-        await m.jobwatch._jobs.read()  # as the held read's refresh would: it asks about parts/ alone
         watch.cancel()
         return before, counts(), replies
 
@@ -104,15 +119,23 @@ def one_change(n: int, tmp: Path) -> tuple[Costs, list[bytes]]:
 def test_a_submit_and_the_status_after_it_cost_the_same_for_a_queue_ten_times_longer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(jobwatch, "HEAR_S", 60.0)  # the submit waits for the watch's news
-    small, small_replies = one_change(20, tmp_path / "small")
-    large, large_replies = one_change(200, tmp_path / "large")
+    monkeypatch.setattr(clustercopy, "CATCH_UP_S", 60.0)  # the submit waits for the watch's news
+    made: Counter[str] = Counter()
+    for module, name in (
+        (clustercopy, "ticket_of"),
+        (board, "queue"),
+        (statusviews, "held"),
+        (statusviews, "reply"),
+    ):
+        counted(monkeypatch, made, module, name)
+    small, small_replies = one_change(20, tmp_path / "small", made)
+    large, large_replies = one_change(200, tmp_path / "large", made)
     assert large == small
     # One new job: one ticket, one view encoded; one queue and one reply for the scan and every
     # status after it (the second and third status send the bytes of the first).
     assert (large.tickets, large.encoded, large.queues, large.assembled) == (1, 1, 1, 1)
     assert large.keys_read <= 8  # the new job's keys, never the queue's
-    assert large.reads == 0  # the held read, with the new job read back in
+    assert large.reads == 0  # the copy, with the new job the watch brought
     assert large.passes == 0  # no request that costs etcd a pass over the queue's keys
     assert large_replies[0] is large_replies[1] is large_replies[2]
     shown = json.loads(large_replies[0])

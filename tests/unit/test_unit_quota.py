@@ -23,8 +23,9 @@ from elasticd.jobs.ticket import JobTicket, ticket_of, tickets_of
 from elasticd.manager import quotacheck as quotas
 from elasticd.manager.access import Admins
 from elasticd.rendezvous.decider import build_result
+from elasticd.rendezvous.jobparse import parse_job
+from elasticd.rendezvous.jobread import InvalidKey, RostersRead
 from elasticd.rendezvous.model import FinalRecord, Join, RoundInfo
-from elasticd.rendezvous.snapshot import InvalidKey, JobSnapshot
 from elasticd.rendezvous.store import InlineJobStore, run_inline
 from elasticd.terms.head import body_bytes, check_body
 from elasticd.terms.spec import NodeRange
@@ -189,13 +190,13 @@ def test_the_rule_does_not_depend_on_the_order_it_is_given(tickets: list[JobTick
 
 
 # -- the adapter ------------------------------------------------------------------------------------
-def _snap(job: str, round_no: int = 0, members: int = 0, **spec: object) -> JobSnapshot:
-    snap = JobSnapshot(job, head=replace(fakes.make_head(id=job, **spec), spec_bytes=777))
-    snap.round = RoundInfo(round_no, RoundReason.START, 0.0)
+def _snap(job: str, round_no: int = 0, members: int = 0, **spec: object) -> RostersRead:
+    read = RostersRead(job, head=replace(fakes.make_head(id=job, **spec), spec_bytes=777))
+    read = replace(read, round=RoundInfo(round_no, RoundReason.START, 0.0))
     if members:
         joins = [Join(f"n{i}", "10.0.0.1", 29400 + i, 2, 0) for i in range(members)]
-        snap.results[round_no] = build_result(round_no, joins, 1.0)
-    return snap
+        read = replace(read, results={**read.results, round_no: build_result(round_no, joins, 1.0)})
+    return read
 
 
 def test_a_ticket_says_who_when_how_large_and_what_it_holds() -> None:
@@ -209,10 +210,10 @@ def test_a_ticket_says_who_when_how_large_and_what_it_holds() -> None:
 
 def test_ended_and_unreadable_jobs_have_no_ticket() -> None:
     ended = _snap("e")
-    ended.final = FinalRecord(JobState.KILLED, "", EndReason.KILLED, None, 1.0)
+    ended = replace(ended, final=FinalRecord(JobState.KILLED, "", EndReason.KILLED, None, 1.0))
     invalid = _snap("i")
-    invalid.invalid.append(InvalidKey("jobs/i/round", "bad"))
-    assert tickets_of([ended, invalid, JobSnapshot("x"), _snap("ok")]) == [ticket_of(_snap("ok"))]
+    invalid = replace(invalid, invalid=(InvalidKey("jobs/i/round", "bad"),))
+    assert tickets_of([ended, invalid, RostersRead("x"), _snap("ok")]) == [ticket_of(_snap("ok"))]
 
 
 def test_the_size_counted_is_the_one_the_head_states_and_its_body_must_have() -> None:
@@ -222,11 +223,11 @@ def test_the_size_counted_is_the_one_the_head_states_and_its_body_must_have() ->
     spec = fakes.make_spec()
     head = fakes.head_of(spec)
     kvs = [KeyValue(keys.job_spec(spec.id), json.dumps(head.to_json()).encode(), 1, 1, 0)]
-    parsed = JobSnapshot.parse(keys, spec.id, kvs).head
+    parsed = parse_job(keys, spec.id, kvs).head
     assert parsed == head
-    snap = JobSnapshot(spec.id, head=parsed)
-    snap.round = RoundInfo(0, RoundReason.START, 0.0)
-    ticket = ticket_of(snap)
+    read = RostersRead(spec.id, head=parsed)
+    read = replace(read, round=RoundInfo(0, RoundReason.START, 0.0))
+    ticket = ticket_of(read)
     assert ticket is not None and ticket.spec_bytes == len(body_bytes(spec))
     padded = json.dumps(spec.to_json(), indent=1).encode()  # the same spec, written around the daemon
     with pytest.raises(DecodeError, match="spec_bytes"):
@@ -251,12 +252,12 @@ def test_the_scan_fails_the_named_jobs_once_whoever_sees_them() -> None:
     specs.append(fakes.make_spec(id="admin", uid=0, submitted_at=9.0))
     for spec in specs:
         assert run_inline(store(spec.id).create(spec))
-    snaps = [run_inline(store(s.id).snapshot()) for s in specs]
+    reads = [run_inline(store(s.id).read_rosters()) for s in specs]
     admins = Admins(4242, groups_of=lambda uid: frozenset())
-    tickets = tickets_of(snaps)
+    tickets = tickets_of(reads)
     assert asyncio.run(quotas.enforce(tickets, QUOTAS, admins, store)) == {"j2", "j3"}
     assert asyncio.run(quotas.enforce(tickets, QUOTAS, admins, store)) == {"j2", "j3"}  # a no-op
-    ended = {s.id: run_inline(store(s.id).snapshot()).final for s in specs}
+    ended = {s.id: run_inline(store(s.id).read_rosters()).final for s in specs}
     assert {j for j, f in ended.items() if f is not None} == {"j2", "j3"}
     final = ended["j3"]
     assert final is not None and final.state is JobState.FAILED and final.code is EndReason.QUOTA_EXCEEDED

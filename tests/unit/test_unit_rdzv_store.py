@@ -1,5 +1,5 @@
-"""elasticd.rendezvous.store.JobSnapshot.parse: one read of ``jobs/<job>/`` and the job's parts
-(``parts/<job>/``: joins, statuses, pending notes) into a snapshot."""
+"""elasticd.rendezvous.jobparse: one read of ``jobs/<job>/``, the job's parts (``parts/<job>/``:
+joins, done markers, lead keys) and its rounds' assignments, parsed into a ``RostersRead``."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import pytest
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.types import KeyValue
 from elasticd.rendezvous import roster
+from elasticd.rendezvous.jobparse import parse_rosters
+from elasticd.rendezvous.jobread import InvalidKey, RostersRead
 from elasticd.rendezvous.model import (
     DrainRecord,
     FinalRecord,
@@ -21,7 +23,6 @@ from elasticd.rendezvous.model import (
     RoundResult,
     WaitingRecord,
 )
-from elasticd.rendezvous.snapshot import InvalidKey, JobSnapshot
 from elasticd.terms.spec import JobSpec, NodeRange
 from elasticd.terms.state import EndReason, JobState, RoundReason
 from tests import fakes
@@ -78,22 +79,22 @@ def join_json(node: str) -> dict[str, Any]:
     return Join(node, f"h-{node}", 29400, 2).to_json()
 
 
-def parse(kvs: list[KeyValue], keys: Keys = KEYS) -> JobSnapshot:
-    return JobSnapshot.parse(keys, JOB, kvs, rosters=True)
+def parse(kvs: list[KeyValue], keys: Keys = KEYS) -> RostersRead:
+    return parse_rosters(keys, JOB, kvs)
 
 
 def test_parse_nothing() -> None:
-    snap = parse([])
-    assert snap.job_id == JOB
-    assert snap.head is None and snap.round is None and snap.final is None
-    assert (snap.round_mod, snap.restarts, snap.restarts_mod) == (0, 0, 0)
-    assert snap.results == {} and snap.joins == {} and snap.done == {} and snap.left == {}
-    assert snap.waiting == {} and snap.node_status == {} and snap.pending == {} and snap.drains == {}
-    assert snap.current == 0
-    assert snap.result is None
-    assert snap.current_joins == []
-    assert snap.previous_result is None
-    assert snap.last_join_revision == 0
+    read = parse([])
+    assert read.job_id == JOB
+    assert read.head is None and read.round is None and read.final is None
+    assert (read.round_mod, read.restarts, read.restarts_mod) == (0, 0, 0)
+    assert read.results == {} and read.joins == {} and read.done == {} and read.left == {}
+    assert read.waiting == {} and read.node_status == {} and read.pending == {} and read.drains == {}
+    assert read.current == 0
+    assert read.result is None
+    assert read.current_joins == ()
+    assert read.previous_result is None
+    assert read.last_join_revision == 0
 
 
 FAILURE = {
@@ -117,28 +118,28 @@ def required() -> list[KeyValue]:
 def test_parse_spec_round_and_restarts() -> None:
     spec = make_spec()
     info = RoundInfo(2, RoundReason.WORKER_FAILED, 50.0, ("n1", "n2"), "rank 1 failed", FAILURE, 3.0)
-    snap = parse(
+    read = parse(
         [
             kv("spec", fakes.head_of(spec).to_json(), create=3),
             kv("round", info.to_json(), create=3, mod=17),
             kv("restarts", 1, create=3, mod=15),
         ]
     )
-    assert snap.head == fakes.head_of(spec)
-    assert snap.round == info
-    assert snap.round_mod == 17  # the round's mod revision is the fencing token for bumps
-    assert (snap.restarts, snap.restarts_mod) == (1, 15)
-    assert snap.current == 2
-    assert snap.invalid == [] and not snap.ended and snap.found == 3
+    assert read.head == fakes.head_of(spec)
+    assert read.round == info
+    assert read.round_mod == 17  # the round's mod revision is the fencing token for bumps
+    assert (read.restarts, read.restarts_mod) == (1, 15)
+    assert read.current == 2
+    assert read.invalid == () and not read.ended and read.found == 3
 
 
 def test_parse_final() -> None:
     final = FinalRecord(JobState.FAILED, "no restarts left", EndReason.NODES_LOST, None, 9.0)
-    snap = parse([*required(), kv("final", final.to_json())])
-    assert snap.final == final and snap.ended and snap.invalid == []
+    read = parse([*required(), kv("final", final.to_json())])
+    assert read.final == final and read.ended and read.invalid == ()
 
 
-def test_parse_full_snapshot() -> None:
+def test_parse_a_full_read() -> None:
     info = RoundInfo(2, RoundReason.SCALE_UP, 50.0, ("n1",))
     kvs = [
         kv("spec", fakes.head_of(make_spec()).to_json()),
@@ -162,24 +163,24 @@ def test_parse_full_snapshot() -> None:
         part_kv(KEYS.pending_note(JOB, "n5"), "n5 is waiting for 2 free GPUs (0 of 8 free now)"),
         kv("drain/n2", {"grace_s": 30, "at": 5.0, "by": "root"}),
     ]
-    snap = parse(kvs)
-    assert snap.current == 2
-    assert snap.results == {1: result_of(1, "n1", "n2")}
-    assert [x.node for x in snap.joins[1]] == ["n1", "n2"]
-    assert [(x.node, x.create_revision) for x in snap.joins[2]] == [("n3", 33), ("n9", 37), ("n1", 41)]
-    assert snap.joins[2][0] == Join("n3", "h-n3", 29400, 2, 33)
-    assert snap.done == {1: {"n1"}}
-    assert snap.left == {2: {"n2", "n4"}}
-    assert snap.waiting == {"n3": WaitingRecord(3.0)}
-    assert snap.node_status == {"n1": NodeStatus("RUNNING", 1, "0,1", (11, 12), 4.0)}
-    assert snap.pending == {"n5": "n5 is waiting for 2 free GPUs (0 of 8 free now)"}
-    assert snap.drains == {"n2": DrainRecord(30.0, 5.0, "root")}
-    assert snap.invalid == []
+    read = parse(kvs)
+    assert read.current == 2
+    assert read.results == {1: result_of(1, "n1", "n2")}
+    assert [x.node for x in read.joins[1]] == ["n1", "n2"]
+    assert [(x.node, x.create_revision) for x in read.joins[2]] == [("n3", 33), ("n9", 37), ("n1", 41)]
+    assert read.joins[2][0] == Join("n3", "h-n3", 29400, 2, 33)
+    assert read.done == {1: {"n1"}}
+    assert read.left == {2: {"n2", "n4"}}
+    assert read.waiting == {"n3": WaitingRecord(3.0)}
+    assert read.node_status == {"n1": NodeStatus("RUNNING", 1, "0,1", (11, 12), 4.0)}
+    assert read.pending == {"n5": "n5 is waiting for 2 free GPUs (0 of 8 free now)"}
+    assert read.drains == {"n2": DrainRecord(30.0, 5.0, "root")}
+    assert read.invalid == ()
     # derived
-    assert snap.result is None  # round 2 is open
-    assert snap.current_joins == snap.joins[2]
-    assert snap.previous_result == snap.results[1]
-    assert snap.last_join_revision == 41
+    assert read.result is None  # round 2 is open
+    assert read.current_joins == read.joins[2]
+    assert read.previous_result == read.results[1]
+    assert read.last_join_revision == 41
 
 
 def test_parse_running_round() -> None:
@@ -189,10 +190,10 @@ def test_parse_running_round() -> None:
         join_kv(1, "b", join_json("b"), create=20),
         *result_kvs(1, "b"),
     ]
-    snap = parse(kvs)
-    assert snap.result is not None and snap.result.nodes == ("b",)
-    assert snap.previous_result is not None and snap.previous_result.nodes == ("a", "b")
-    assert snap.last_join_revision == 20
+    read = parse(kvs)
+    assert read.result is not None and read.result.nodes == ("b",)
+    assert read.previous_result is not None and read.previous_result.nodes == ("a", "b")
+    assert read.last_join_revision == 20
 
 
 @pytest.mark.parametrize(
@@ -214,9 +215,9 @@ def test_result_and_previous_result(
 ) -> None:
     kvs = [kv("round", RoundInfo(current, RoundReason.MEMBER_LOST, 0.0).to_json())]
     kvs += [x for r in rounds_with_results for x in result_kvs(r, "a")]
-    snap = parse(kvs)
-    assert (snap.result.round if snap.result else None) == want_result
-    assert (snap.previous_result.round if snap.previous_result else None) == want_previous
+    read = parse(kvs)
+    assert (read.result.round if read.result else None) == want_result
+    assert (read.previous_result.round if read.previous_result else None) == want_previous
 
 
 def test_may_still_run_is_the_previous_members_with_a_live_join_and_not_done() -> None:
@@ -241,9 +242,9 @@ def test_last_join_revision_counts_only_the_current_round() -> None:
         join_kv(1, "c", join_json("c"), create=50),
         join_kv(1, "d", join_json("d"), create=60),
     ]
-    snap = parse(kvs)
-    assert snap.last_join_revision == 60
-    assert [x.node for x in snap.current_joins] == ["c", "d"]
+    read = parse(kvs)
+    assert read.last_join_revision == 60
+    assert [x.node for x in read.current_joins] == ["c", "d"]
 
 
 def test_last_join_revision_without_current_joins() -> None:
@@ -251,23 +252,23 @@ def test_last_join_revision_without_current_joins() -> None:
         kv("round", RoundInfo(3, RoundReason.SCALE_UP, 0.0).to_json()),
         join_kv(2, "a", join_json("a"), create=90),
     ]
-    snap = parse(kvs)
-    assert snap.current_joins == []
-    assert snap.last_join_revision == 0
+    read = parse(kvs)
+    assert read.current_joins == ()
+    assert read.last_join_revision == 0
 
 
 def test_current_joins_without_round_is_round_zero() -> None:
-    snap = parse([join_kv(0, "a", join_json("a"), create=4)])
-    assert snap.current == 0
-    assert [x.node for x in snap.current_joins] == ["a"]
-    assert snap.last_join_revision == 4
+    read = parse([join_kv(0, "a", join_json("a"), create=4)])
+    assert read.current == 0
+    assert [x.node for x in read.current_joins] == ["a"]
+    assert read.last_join_revision == 4
 
 
 def test_join_under_another_nodes_name_is_invalid() -> None:
-    snap = parse([*required(), join_kv(0, "key-name", join_json("value-name"), create=4, mod=6)])
-    assert snap.current_joins == []
-    assert [(k.key, k.revision) for k in snap.invalid] == [(f"parts/{JOB}/0/join/key-name", 6)]
-    assert "value-name" in snap.invalid[0].why and snap.ended
+    read = parse([*required(), join_kv(0, "key-name", join_json("value-name"), create=4, mod=6)])
+    assert read.current_joins == ()
+    assert [(k.key, k.revision) for k in read.invalid] == [(f"parts/{JOB}/0/join/key-name", 6)]
+    assert "value-name" in read.invalid[0].why and read.ended
 
 
 @pytest.mark.parametrize(
@@ -288,20 +289,20 @@ def test_join_under_another_nodes_name_is_invalid() -> None:
     ],
 )
 def test_unknown_keys_are_invalid(rest: str) -> None:
-    snap = parse([*required(), kv(rest, {"node": "n1"}, mod=9)])
-    assert snap.invalid == [InvalidKey(f"jobs/{JOB}/{rest}", snap.invalid[0].why, 9)]
-    assert snap.head == fakes.head_of(make_spec()) and snap.round is not None  # the rest is read as usual
+    read = parse([*required(), kv(rest, {"node": "n1"}, mod=9)])
+    assert read.invalid == (InvalidKey(f"jobs/{JOB}/{rest}", read.invalid[0].why, 9),)
+    assert read.head == fakes.head_of(make_spec()) and read.round is not None  # the rest is read as usual
 
 
 def test_parse_with_another_prefix() -> None:
     keys = Keys("/custom/p")
     info = RoundInfo(0, RoundReason.START, 0.0)
-    snap = parse(
+    read = parse(
         [kv("round", info.to_json(), mod=3, keys=keys), kv("waiting/n2", {"at": 1}, keys=keys)], keys=keys
     )
-    assert snap.round == info and snap.round_mod == 3
-    assert snap.waiting == {"n2": WaitingRecord(1.0)}
-    assert [k.key for k in snap.invalid] == [f"jobs/{JOB}/restarts", f"jobs/{JOB}/spec"]  # missing
+    assert read.round == info and read.round_mod == 3
+    assert read.waiting == {"n2": WaitingRecord(1.0)}
+    assert [k.key for k in read.invalid] == [f"jobs/{JOB}/restarts", f"jobs/{JOB}/spec"]  # missing
 
 
 def test_parse_is_order_independent() -> None:

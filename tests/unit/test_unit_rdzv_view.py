@@ -1,15 +1,16 @@
-"""elasticd.jobs.view: a job's state and status view, derived from its etcd snapshot."""
+"""elasticd.jobs.view: a job's state and status view, derived from a read of its keys."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from elasticd.jobs.view import job_state, job_view
 from elasticd.rendezvous.decider import build_result
+from elasticd.rendezvous.jobread import InvalidKey, RostersRead, bare
 from elasticd.rendezvous.model import FinalRecord, Join, NodeStatus, RoundInfo, WaitingRecord
-from elasticd.rendezvous.snapshot import InvalidKey, JobSnapshot
 from elasticd.terms.spec import JobSpec, NodeRange
 from elasticd.terms.state import EndReason, JobState, RoundReason, WorkerFailure
 from tests import fakes
@@ -31,7 +32,7 @@ FAILURE = WorkerFailure.from_exit(
 ).to_json()
 
 
-def snapshot(
+def job_read(
     round_no: int = 0,
     *,
     spec: JobSpec | None = None,
@@ -41,14 +42,20 @@ def snapshot(
     detail: str = "",
     failure: dict[str, Any] | None = None,
     **fields: Any,
-) -> JobSnapshot:
-    snap = JobSnapshot(JOB, head=fakes.head_of(spec or make_spec()), final=final, **fields)
-    snap.round = RoundInfo(round_no, RoundReason.START, 0.0, detail=detail, failure=failure)
-    snap.joins[round_no] = [Join(n, f"h-{n}", 29500, 2, i + 1) for i, n in enumerate(joins)]
+) -> RostersRead:
+    read = RostersRead(JOB, head=fakes.head_of(spec or make_spec()), final=final, **fields)
+    read = replace(read, round=RoundInfo(round_no, RoundReason.START, 0.0, detail=detail, failure=failure))
+    read = replace(
+        read,
+        joins={
+            **read.joins,
+            round_no: tuple(Join(n, f"h-{n}", 29500, 2, i + 1) for i, n in enumerate(joins)),
+        },
+    )
     if members is not None:
         ordered = [Join(n, f"10.0.0.{i + 1}", 29400 + i, lws, 0) for i, (n, lws) in enumerate(members)]
-        snap.results[round_no] = build_result(round_no, ordered, 1.0)
-    return snap
+        read = replace(read, results={**read.results, round_no: build_result(round_no, ordered, 1.0)})
+    return read
 
 
 _CODES = {"SUCCEEDED": EndReason.SUCCEEDED, "KILLED": EndReason.KILLED, "FAILED": EndReason.WORKER_FAILED}
@@ -66,28 +73,28 @@ def _status(state: str, devices: str, pids: list[int]) -> NodeStatus:
 
 
 @pytest.mark.parametrize(
-    ("snap", "state"),
+    ("read", "state"),
     [
-        (JobSnapshot(JOB), JobState.PENDING),
-        (snapshot(0), JobState.PENDING),
-        (snapshot(0, joins=("n1",)), JobState.PENDING),
-        (snapshot(1), JobState.RESTARTING),
-        (snapshot(7, joins=("n1", "n2")), JobState.RESTARTING),
-        (snapshot(0, members=(("n1", 2),)), JobState.RUNNING),
-        (snapshot(3, members=(("n1", 2),)), JobState.RUNNING),
-        (snapshot(0, final=_final("SUCCEEDED")), JobState.SUCCEEDED),
-        (snapshot(2, final=_final("FAILED"), members=(("n1", 2),)), JobState.FAILED),  # final wins
-        (snapshot(0, final=_final("KILLED")), JobState.KILLED),
+        (RostersRead(JOB), JobState.PENDING),
+        (job_read(0), JobState.PENDING),
+        (job_read(0, joins=("n1",)), JobState.PENDING),
+        (job_read(1), JobState.RESTARTING),
+        (job_read(7, joins=("n1", "n2")), JobState.RESTARTING),
+        (job_read(0, members=(("n1", 2),)), JobState.RUNNING),
+        (job_read(3, members=(("n1", 2),)), JobState.RUNNING),
+        (job_read(0, final=_final("SUCCEEDED")), JobState.SUCCEEDED),
+        (job_read(2, final=_final("FAILED"), members=(("n1", 2),)), JobState.FAILED),  # final wins
+        (job_read(0, final=_final("KILLED")), JobState.KILLED),
     ],
 )
-def test_job_state(snap: JobSnapshot, state: JobState) -> None:
-    assert job_state(snap) is state
+def test_job_state(read: RostersRead, state: JobState) -> None:
+    assert job_state(read) is state
 
 
 def test_job_state_restarting_when_only_an_earlier_round_has_a_result() -> None:
-    snap = snapshot(2, joins=("n1",))
-    snap.results[1] = build_result(1, [Join("n1", "h", 1, 2, 0)], 0.0)
-    assert job_state(snap) is JobState.RESTARTING
+    read = job_read(2, joins=("n1",))
+    read = replace(read, results={**read.results, 1: build_result(1, [Join("n1", "h", 1, 2, 0)], 0.0)})
+    assert job_state(read) is JobState.RESTARTING
 
 
 # -- job_view ----------------------------------------------------------------------------------------
@@ -127,7 +134,7 @@ _RUNNING_MEMBERS = [
 
 
 def test_view_running() -> None:
-    snap = snapshot(
+    read = job_read(
         2,
         joins=("n1", "n2", "n3"),
         members=(("n2", 2), ("n1", 1), ("n3", 4)),
@@ -138,7 +145,7 @@ def test_view_running() -> None:
             "n2": _status("RUNNING", "0,1", [5, 6]),
         },
     )
-    view = job_view(snap, "n2")
+    view = job_view(read, "n2")
     assert view["id"] == JOB
     assert view["state"] == "RUNNING"
     assert view["reason"] == "round 2"
@@ -166,20 +173,26 @@ def test_view_running() -> None:
     assert view["allowed_nodes"] == ["n1", "n2", "n3"]
 
 
+def test_a_job_of_one_node_at_most_shows_the_loopback_master_its_ranks_were_told() -> None:
+    spec = make_spec(nnodes=NodeRange(1, 1), nodes=("n1",))
+    view = job_read(0, spec=spec, members=(("n1", 2),))
+    assert job_view(view, "n1")["master"] == "127.0.0.1:29400"
+
+
 def test_view_member_ranks_cover_the_world() -> None:
-    view = job_view(snapshot(1, members=(("a", 3), ("b", 1), ("c", 2))), "a")
+    view = job_view(job_read(1, members=(("a", 3), ("b", 1), ("c", 2))), "a")
     ranks = [r for m in view["members"] for r in range(m["ranks"][0], m["ranks"][1] + 1)]
     assert ranks == list(range(view["world_size"]))
 
 
 def test_view_local_node_not_a_member() -> None:
-    view = job_view(snapshot(0, members=(("n1", 2),)), "elsewhere")
+    view = job_view(job_read(0, members=(("n1", 2),)), "elsewhere")
     assert (view["devices"], view["pids"]) == ("", [])
 
 
 def test_view_pending() -> None:
-    snap = snapshot(0, joins=("n1",), pending={"n2": "n2 is waiting for 2 free GPUs (0 of 8 free now)"})
-    view = job_view(snap, "n1")
+    read = job_read(0, joins=("n1",), pending={"n2": "n2 is waiting for 2 free GPUs (0 of 8 free now)"})
+    view = job_view(read, "n1")
     assert view["state"] == "PENDING"
     assert view["reason"] == "n2 is waiting for 2 free GPUs (0 of 8 free now); 1 of 2 node(s) joined round 0"
     assert view["world_size"] == 0
@@ -189,20 +202,19 @@ def test_view_pending() -> None:
 
 
 def test_view_pending_without_notes() -> None:
-    assert job_view(snapshot(0), "n1")["reason"] == "0 of 2 node(s) joined round 0"
+    assert job_view(job_read(0), "n1")["reason"] == "0 of 2 node(s) joined round 0"
 
 
 def test_a_view_from_the_read_of_every_job_counts_no_join() -> None:
-    """The read of every job carries no join (``joins_read``): its view says what the round
-    needs, not how many joined, and that it waits on its nodes; ``status <job>`` counts them."""
-    snap = snapshot(0)
-    snap.joins_read = False
-    view = job_view(snap, "n1")
+    """The read of every job carries no join (a ``JobRead``, not a ``JoinsRead``): its view says
+    what the round needs, not how many joined, and that it waits on its nodes; ``status <job>``
+    counts them."""
+    view = job_view(bare(job_read(0)), "n1")
     assert view["reason"] == "round 0 needs 2 node(s)" and view["waits_for"] == "nodes"
 
 
 def test_view_restarting() -> None:
-    snap = snapshot(
+    read = job_read(
         3,
         joins=("n1", "n3"),
         detail="rank 3 failed",
@@ -210,8 +222,14 @@ def test_view_restarting() -> None:
         pending={"n4": "note four", "n5": "note five"},
         restarts=2,
     )
-    snap.results[2] = build_result(2, [Join("n1", "h", 1, 2, 0), Join("n2", "h", 1, 2, 0)], 0.0)
-    view = job_view(snap, "n1")
+    read = replace(
+        read,
+        results={
+            **read.results,
+            2: build_result(2, [Join("n1", "h", 1, 2, 0), Join("n2", "h", 1, 2, 0)], 0.0),
+        },
+    )
+    view = job_view(read, "n1")
     assert view["state"] == "RESTARTING"
     assert view["reason"] == "rank 3 failed; note four; note five; 2 of 2 node(s) joined round 3"
     assert view["world_size"] == 0  # not running: the previous round's world is gone
@@ -222,9 +240,9 @@ def test_view_restarting() -> None:
 
 
 def test_view_without_spec() -> None:
-    snap = snapshot(0, joins=("n1",))
-    snap.head = None
-    view = job_view(snap, "n1")
+    read = job_read(0, joins=("n1",))
+    read = replace(read, head=None)
+    view = job_view(read, "n1")
     assert view["reason"] == "1 of 1 node(s) joined round 0"
     assert "name" not in view and "argv" not in view
 
@@ -238,10 +256,10 @@ def test_view_without_spec() -> None:
     ],
 )
 def test_view_failed(final: FinalRecord, error: str) -> None:
-    snap = snapshot(
+    read = job_read(
         2, members=(("n1", 2), ("n2", 2)), final=final, node_status={"n1": _status("STOPPING", "", [1, 2])}
     )
-    view = job_view(snap, "n1")
+    view = job_view(read, "n1")
     assert view["state"] == "FAILED"
     assert view["error"] == error
     assert view["reason"] == final.reason
@@ -253,21 +271,21 @@ def test_view_failed(final: FinalRecord, error: str) -> None:
 
 def test_view_failed_failure_from_final_wins_over_round() -> None:
     other = FAILURE | {"rank": 0, "message": "round's"}
-    snap = snapshot(1, final=_final("FAILED", "", FAILURE), failure=other)
-    view = job_view(snap, "n1")
+    read = job_read(1, final=_final("FAILED", "", FAILURE), failure=other)
+    view = job_view(read, "n1")
     assert view["failure"] == FAILURE
     assert view["error"] == WorkerFailure(**FAILURE).summary()
 
 
 def test_view_failed_falls_back_to_round_failure() -> None:
-    snap = snapshot(1, final=_final("FAILED", ""), failure=FAILURE)
-    assert job_view(snap, "n1")["error"] == WorkerFailure(**FAILURE).summary()
+    read = job_read(1, final=_final("FAILED", ""), failure=FAILURE)
+    assert job_view(read, "n1")["error"] == WorkerFailure(**FAILURE).summary()
 
 
 @pytest.mark.parametrize("state", ["SUCCEEDED", "KILLED"])
 def test_view_ended_without_error(state: str) -> None:
-    snap = snapshot(1, members=(("n1", 2),), final=_final(state, "killed by u" if state == "KILLED" else ""))
-    view = job_view(snap, "n1")
+    read = job_read(1, members=(("n1", 2),), final=_final(state, "killed by u" if state == "KILLED" else ""))
+    view = job_view(read, "n1")
     assert view["state"] == state
     assert "error" not in view
     assert view["world_size"] == 2  # the last round's
@@ -276,9 +294,9 @@ def test_view_ended_without_error(state: str) -> None:
 
 
 def test_view_of_a_job_with_an_invalid_record_is_failed_naming_the_key() -> None:
-    snap = snapshot(0, members=(("n1", 2),))
-    snap.invalid = [InvalidKey(f"jobs/{JOB}/rdzv/0/join/n1", "port: must be int, got str", 5)]
-    view = job_view(snap, "n1")
+    read = job_read(0, members=(("n1", 2),))
+    read = replace(read, invalid=(InvalidKey(f"jobs/{JOB}/rdzv/0/join/n1", "port: must be int, got str", 5),))
+    view = job_view(read, "n1")
     assert view["state"] == "FAILED" and view["code"] == "invalid_record"
     assert (
         view["reason"]
@@ -291,16 +309,16 @@ def test_view_of_a_job_with_an_invalid_record_is_failed_naming_the_key() -> None
 
 
 def test_view_of_a_job_whose_spec_is_unreadable() -> None:
-    snap = JobSnapshot(
-        JOB, invalid=[InvalidKey(f"jobs/{JOB}/spec", "malformed job spec: uid ...", 3)], found=3
+    read = RostersRead(
+        JOB, invalid=(InvalidKey(f"jobs/{JOB}/spec", "malformed job spec: uid ...", 3),), found=3
     )
-    view = job_view(snap, "n1")
+    view = job_view(read, "n1")
     assert (view["id"], view["state"]) == (JOB, "FAILED")
     assert f"jobs/{JOB}/spec" in view["reason"] and "argv" not in view
 
 
 def test_final_wins_over_invalid_records() -> None:
-    snap = snapshot(1, final=_final("KILLED", "killed by u"))
-    snap.invalid = [InvalidKey(f"jobs/{JOB}/pending/n1", "must be str, got int", 5)]
-    view = job_view(snap, "n1")
+    read = job_read(1, final=_final("KILLED", "killed by u"))
+    read = replace(read, invalid=(InvalidKey(f"jobs/{JOB}/pending/n1", "must be str, got int", 5),))
+    view = job_view(read, "n1")
     assert (view["state"], view["reason"], view["code"]) == ("KILLED", "killed by u", "killed")

@@ -41,18 +41,18 @@ def test_the_next_round_expects_the_present_members_and_this_node() -> None:
     lease = kv.grant_lease(60)
     for join in joins:
         run_inline(store.join(0, join, lease))
-    epoch = next(j.create_revision for j in run_inline(store.snapshot()).current_joins if j.node == "n1")
+    epoch = next(j.create_revision for j in run_inline(store.read_rosters()).current_joins if j.node == "n1")
     assert run_inline(store.close(rdzv.build_result(0, joins, 1.0, epoch), "n1"))
     lease_of = PresentLease(kv, spec.id)
     for node in ("n1", "n2"):  # n3's presence went with its lease; n1 restarted and re-entered
         kv.put_json(KEYS.presence(spec.id, node), {})
     run_inline(_recover_job("n1", store, lease_of))
-    snap = run_inline(store.snapshot())
-    assert snap.round is not None and snap.round.round == 1
-    assert snap.round.expect == () and snap.round.expect_members
-    expect = rdzv.expected(snap.round, snap.previous_result)
+    read = run_inline(store.read_rosters())
+    assert read.round is not None and read.round.round == 1
+    assert read.round.expect == () and read.round.expect_members
+    expect = rdzv.expected(read.round, read.previous_result)
     alive = run_inline(lease_of.alive())
-    info = snap.round
+    info = read.round
     late = info.opened_at + 1.0
 
     def decide(*joined: str) -> rdzv.CloseDecision:

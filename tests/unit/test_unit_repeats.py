@@ -16,7 +16,7 @@ from elasticd.agent.record import AgentState
 from elasticd.jobs.rootcause import OWN_SIGNALS, PROGRESS_WITHOUT_STEPS_S, from_outside, same_way
 from elasticd.rendezvous.model import RoundInfo
 from elasticd.terms.state import EndReason, FailureKind, RoundReason, WorkerFailure
-from tests.agent_steps import NOW, acts, decide, failed, local, record, snapshot, spec
+from tests.agent_steps import NOW, acts, decide, failed, job_read, local, record, spec
 
 OUTSIDE = sorted(s.name for s in signal.Signals if s.name not in OWN_SIGNALS)
 OWN = sorted(s.name for s in signal.Signals if s.name in OWN_SIGNALS)
@@ -40,9 +40,9 @@ def opened_by(why: WorkerFailure, repeats: int) -> RoundInfo:
 def next_round(previous: RoundInfo, now: WorkerFailure) -> Bump | Finalize:
     """What a 2-node job with restarts to spare does when ``now`` fails the round ``previous`` opened."""
     job = spec(max_same_failures=3, max_restarts=10)
-    snap = snapshot(2, job=job, joins=("n1", "n2"), members=("n1", "n2"), counted=True, restarts=2)
-    snap.round = previous
-    _, actions = decide(record(AgentState.RUNNING, 2, job=job), snap, local(failed(now)))
+    read = job_read(2, job=job, joins=("n1", "n2"), members=("n1", "n2"), counted=True, restarts=2)
+    read = replace(read, round=previous)
+    _, actions = decide(record(AgentState.RUNNING, 2, job=job), read, local(failed(now)))
     end = acts(actions)[-1]
     assert isinstance(end, Bump | Finalize), actions
     return end
@@ -114,12 +114,12 @@ def test_a_record_amended_to_name_a_kill_from_outside_starts_the_count_again() -
     repeated a's echo of the round before; b's SIGKILL came first, and amends the record."""
     echo = exited(1, node="a", ran_s=4.5, exception="torch.distributed.DistBackendError")
     kill = replace(killed_by("SIGKILL"), failed_at=NOW - 0.5, exited_at=NOW - 0.5)
-    snap = snapshot(3, reason=RoundReason.WORKER_FAILED)
-    assert snap.round is not None
-    snap.round = replace(snap.round, failure=echo.to_json(), detail=echo.summary(), repeats=2)
-    amend = blame.amendment(snap, kill)
+    read = job_read(3, reason=RoundReason.WORKER_FAILED)
+    assert read.round is not None
+    read = replace(read, round=replace(read.round, failure=echo.to_json(), detail=echo.summary(), repeats=2))
+    amend = blame.amendment(read, kill)
     assert isinstance(amend, Amend) and isinstance(amend.record, RoundInfo)
     assert amend.record.repeats == 1
     own = replace(killed_by("SIGSEGV"), failed_at=NOW - 0.5, exited_at=NOW - 0.5)
-    kept = blame.amendment(snap, own)
+    kept = blame.amendment(read, own)
     assert isinstance(kept, Amend) and isinstance(kept.record, RoundInfo) and kept.record.repeats == 2

@@ -7,12 +7,13 @@ import json
 from typing import cast
 
 from elasticctl.render import job_detail
-from elasticd.jobs.board import Board
-from elasticd.jobs.queue import Turns, why
+from elasticd.jobs import board
+from elasticd.jobs.queue import why
 from elasticd.jobs.room import Lent, making, room_by
-from elasticd.manager.statusviews import StatusViews
+from elasticd.jobs.ticket import tickets_of
+from elasticd.manager import statusviews
+from elasticd.rendezvous.jobread import RostersRead
 from elasticd.rendezvous.model import DrainRecord
-from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.spec import NodeRange
 from elasticd.wire import JobView
 from tests.fakes import head_of, make_spec
@@ -36,22 +37,25 @@ def test_the_reason_says_it_first_and_only_when_there_is_some() -> None:
     assert said.startswith("priority 5; making room: shrinking el (n3); u's waiting job 1")
 
 
-def _snap(job_id: str, at: float, priority: int, drains: dict[str, DrainRecord] | None = None) -> JobSnapshot:
+def _snap(job_id: str, at: float, priority: int, drains: dict[str, DrainRecord] | None = None) -> RostersRead:
     spec = make_spec(id=job_id, submitted_at=at, priority=priority, nnodes=NodeRange(1, 1))
-    return JobSnapshot(job_id, head=head_of(spec), found=1, drains=drains or {})
+    return RostersRead(job_id, head=head_of(spec), found=1, drains=drains or {})
 
 
 def test_status_of_the_waiting_job_says_which_job_shrinks_for_it_and_stops_once_given_back() -> None:
     lend = {"n3": DrainRecord(None, AT, room_by("hi")), "n9": DrainRecord(None, AT, "alice")}
-    snaps = {"el": _snap("el", AT, 0, lend), "hi": _snap("hi", AT + 1, 5)}
-    board = Board(Turns())
-    place = board.queue(snaps).place("hi")
+    reads = {"el": _snap("el", AT, 0, lend), "hi": _snap("hi", AT + 1, 5)}
+    queue = board.queue(reads, tickets_of(reads.values()), {})
+    place = queue.place("hi")
     assert place is not None and "making room: shrinking el (n3); " in place.why  # n9: an operator's
-    listed = {v["id"]: v for v in json.loads(StatusViews("n1", board).json(snaps, (), None))}
+    held = {job: statusviews.held(read, "n1", None) for job, read in reads.items()}
+    order = statusviews.oldest_first(held)
+    reply = statusviews.reply(reads, held, order, queue.ranked, statusviews.selection((), None, False))
+    listed = {v["id"]: v for v in json.loads(reply)}
     assert listed["hi"]["queue"]["why"] == place.why
     assert "making room" not in listed["el"]["queue"]["why"]
     shown = job_detail(cast(JobView, listed["hi"]), AT + 2)
     assert "waiting (priority 5; making room: shrinking el (n3);" in shown
-    given_back = {"el": _snap("el", AT, 0), "hi": snaps["hi"]}  # the record deleted: a new read
-    again = board.queue(given_back).place("hi")
+    given_back = {"el": _snap("el", AT, 0), "hi": reads["hi"]}  # the record deleted: a new read
+    again = board.queue(given_back, tickets_of(given_back.values()), {}).place("hi")
     assert again is not None and "making room" not in again.why

@@ -21,7 +21,7 @@ from elasticd.jobs.decider import SETTLE_S, Group, GroupOutcome
 from elasticd.jobs.failurereport import describe_failure
 from elasticd.jobs.ranktext import rank_prefixed
 from elasticd.jobs.rootcause import Exit, by_first_failure, parse_error_file
-from elasticd.rendezvous.model import check_failure
+from elasticd.rendezvous.fieldchecks import check_failure
 from elasticd.terms.state import MAX_ALSO_FAILED, FailedRank, WorkerFailure, exit_text
 from elasticd.wire import FailureView, JobView
 from elasticd.workers import group as group_mod

@@ -53,12 +53,12 @@ def service_on(kv: ReadsKV, tmp: Path) -> CommandService:
 def form(kv: ReadsKV, n: int, job: str = JOB) -> InlineJobStore:
     """``n`` members join round 0 of ``job`` and publish their statuses; the round closes."""
     store = InlineJobStore(kv, KEYS, job)
-    run_inline(store.snapshot(statuses=False))  # (the head its joins and statuses are put under)
+    run_inline(store.read_rosters(statuses=False))  # (the head its joins and statuses are put under)
     lease = kv.grant_lease(3600)
     for i in range(n):
         run_inline(store.join(0, Join(node(i), f"10.0.{i // 250}.{i % 250 + 1}", 29500, 8), lease))
         run_inline(store.put_node_status(node(i), status(i), lease))
-    joins = run_inline(store.snapshot(rosters=False, statuses=False)).current_joins
+    joins = run_inline(store.read(statuses=False)).current_joins
     first = min(joins, key=lambda j: j.create_revision)
     assert run_inline(store.close(rdzv.build_result(0, joins, 5.0, first.create_revision), first.node))
     return store
@@ -165,7 +165,7 @@ def test_the_admitter_counts_joins_only_where_it_would_act(tmp_path: Path) -> No
         return seen
 
     assert asyncio.run(scans()) == [1, 0, 0]
-    note = run_inline(InlineJobStore(kv, KEYS, wide.id).snapshot()).pending
+    note = run_inline(InlineJobStore(kv, KEYS, wide.id).read_rosters()).pending
     assert note == {"n1": "n1 is waiting for 4 free CPU slots (2 of 2 free now)"}
 
 
@@ -208,4 +208,4 @@ def test_the_janitor_asks_about_one_member_of_each_running_round_in_one_request(
     assert first[1] <= 8 * len(jobs)  # the first page of each round's joins
     assert again == net == (1, len(jobs))
     for job in jobs:
-        assert run_inline(InlineJobStore(kv, KEYS, job).snapshot(statuses=False)).final is None
+        assert run_inline(InlineJobStore(kv, KEYS, job).read_rosters(statuses=False)).final is None

@@ -1,6 +1,7 @@
 """What a daemon's scan and ``status`` read and write with many jobs queued: never a job's full
 spec (``specs/``), which only a node about to take part reads (and checks against the head);
-no record decoded again while it is unchanged; no pending note written again while it holds."""
+no job decoded again while its keys are unchanged; no pending note written again while it holds;
+the copy of every job (``ClusterCopy``), kept by its watch, is what a full read gives."""
 
 from __future__ import annotations
 
@@ -12,20 +13,22 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from elasticd.etcd.keys import Keys
-from elasticd.etcd.kv import prefix_end
 from elasticd.etcd.memory import MemoryKV
 from elasticd.etcd.types import Compare, Found, KeyValue, Put, Query
+from elasticd.informer.informer import Phase
 from elasticd.jobs.view import job_row
+from elasticd.manager import statusviews
+from elasticd.manager.clustercopy import ClusterCopy
 from elasticd.manager.facts import NodeFacts
 from elasticd.manager.jobmanager import JobManager
-from elasticd.manager.jobsread import JobsRead
 from elasticd.manager.service import CommandService
-from elasticd.manager.wakes import CREATED_KINDS
-from elasticd.rendezvous.snapshot import parse_jobs
+from elasticd.rendezvous.jobparse import parse_jobs
+from elasticd.rendezvous.jobread import JobRead
 from elasticd.rendezvous.store import InlineJobStore, run_inline
 from elasticd.terms.state import EndReason, JobState
 from tests.fakes import bare_manager, make_spec
@@ -82,27 +85,26 @@ def test_the_scan_and_status_never_read_a_full_spec(tmp_path: Path) -> None:
     m = manager(kv, tmp_path)
     kv.reset()
     asyncio.run(m.scan())
-    snaps = asyncio.run(m.jobwatch.snapshots())
-    assert sorted(snaps) == jobs and all(s.head is not None and s.head.user for s in snaps.values())
+    reads = asyncio.run(m.cluster.current())
+    assert sorted(reads) == jobs and all(s.head is not None and s.head.user for s in reads.values())
     assert kv.read and not [k for k in kv.read if k.startswith(KEYS.specs())]
 
 
-def test_unchanged_records_are_not_decoded_again(tmp_path: Path) -> None:
+def test_unchanged_jobs_are_not_decoded_again(tmp_path: Path) -> None:
     kv = CountingKV()
     queue(kv, 30, nodes=("elsewhere",))
     m = manager(kv, tmp_path)
     asyncio.run(m.scan())
-    first = m.jobwatch._jobs.records.decoded
-    assert first >= 60  # every head and round, once
+    store = m.cluster.informer.store
+    first = store.decoded
+    assert first == 30  # every job, once
     asyncio.run(m.scan())
-    asyncio.run(m.jobwatch.snapshots())
-    assert m.jobwatch._jobs.records.decoded == first
+    asyncio.run(m.cluster.current())
+    assert store.decoded == first
     run_inline(InlineJobStore(kv, KEYS, "q007").finalize(JobState.KILLED, EndReason.KILLED, "by u"))
     run_inline(InlineJobStore(kv, KEYS, "q007").remove())
     asyncio.run(m.scan())
-    assert (
-        m.jobwatch._jobs.records.decoded == first and len(m.jobwatch._jobs.records) == 2 * 29
-    )  # the removed job's are dropped
+    assert store.decoded == first and len(asyncio.run(m.cluster.current())) == 29  # the removed job's dropped
 
 
 def test_a_pending_note_is_written_once_while_it_holds(tmp_path: Path) -> None:
@@ -131,36 +133,58 @@ def test_a_full_spec_that_is_missing_or_disagrees_with_its_head_fails_only_its_j
         KEYS.job_body(j)
         for j in (good, missing, rogue)  # read by the node taking part, once each
     ]
-    snaps = asyncio.run(m.jobwatch.snapshots())
+    reads = asyncio.run(m.cluster.current())
     for job, why in (
         (missing, "missing: the job has a head but no spec"),
         (rogue, "disagrees with the job's head"),
     ):
-        final = snaps[job].final
+        final = reads[job].final
         assert final is not None and final.state is JobState.FAILED and final.code is EndReason.INVALID_RECORD
         assert final.reason.startswith(f"invalid record at specs/{job}: ") and why in final.reason
     assert not m.agents and not m.admitter.allocator.held
 
 
-def test_a_read_with_nothing_changed_is_one_small_request_and_the_same_objects(tmp_path: Path) -> None:
+async def watching(copy: ClusterCopy) -> asyncio.Future[None]:
+    """The copy's informer, run until its watch is open."""
+    task = asyncio.ensure_future(copy.run())
+    async with asyncio.timeout(10):
+        while copy.informer.phase is not Phase.WATCHING:
+            await asyncio.sleep(0.01)
+    return task
+
+
+def full_read(kv: MemoryKV) -> dict[str, Any]:
+    return parse_jobs(KEYS, kv.get_prefix(KEYS.jobs()) + kv.get_prefix(KEYS.all_notes()))[0]
+
+
+def test_a_copy_with_nothing_changed_asks_nothing_and_gives_the_same_objects(tmp_path: Path) -> None:
     kv = CountingKV()
     queue(kv, 30, nodes=("elsewhere",))
     m = manager(kv, tmp_path)
-    first = asyncio.run(m.jobwatch.snapshots())
-    assert m.jobwatch._jobs.full_reads == 1
-    assert asyncio.run(m.jobwatch.snapshots()) is first and m.jobwatch._jobs.full_reads == 1
-    run_inline(InlineJobStore(kv, KEYS, "q003").note_pending("n9", "n9 is busy", kv.grant_lease(30)))
-    run_inline(InlineJobStore(kv, KEYS, "q004").finalize(JobState.KILLED, EndReason.KILLED, "by u"))
-    again = asyncio.run(m.jobwatch.snapshots())  # keys created and changed: applied to the held read
-    assert m.jobwatch._jobs.full_reads == 1 and again["q003"].pending == {"n9": "n9 is busy"}
-    assert again["q004"].final is not None
-    assert all(again[j] is first[j] for j in first if j not in ("q003", "q004"))
-    kv.delete(KEYS.pending_note("q003", "n9"))  # a deletion: read again
-    last = asyncio.run(m.jobwatch.snapshots())
-    assert m.jobwatch._jobs.full_reads == 2 and not last["q003"].pending and last["q004"].final is not None
-    assert asyncio.run(m.jobwatch.snapshots()) == asyncio.run(
-        bare_manager(kv, KEYS, tmp_path).jobwatch.snapshots()
-    )
+    informer = m.cluster.informer
+
+    async def run() -> None:
+        task = await watching(m.cluster)
+        try:
+            first = await m.cluster.current()
+            kv.reset()
+            assert await m.cluster.current() is first and not kv.read and informer.lists == 1
+            lease = kv.grant_lease(30)
+            await InlineJobStore(kv, KEYS, "q003").note_pending("n9", "n9 is busy", lease)
+            await InlineJobStore(kv, KEYS, "q004").finalize(JobState.KILLED, EndReason.KILLED, "by u")
+            await m.cluster.caught_up()
+            again = await m.cluster.current()  # keys created and changed: the watch's news
+            assert again["q003"].pending == {"n9": "n9 is busy"} and again["q004"].final is not None
+            assert all(again[j] is first[j] for j in first if j not in ("q003", "q004"))
+            await asyncio.to_thread(kv.delete, KEYS.pending_note("q003", "n9"))  # a deletion: heard too
+            await m.cluster.caught_up()
+            last = await m.cluster.current()
+            assert not last["q003"].pending and last["q004"].final is not None
+            assert last == full_read(kv) and informer.lists == 1
+        finally:
+            task.cancel()
+
+    asyncio.run(run())
 
 
 def test_the_safety_nets_scan_stops_when_nothing_changed(tmp_path: Path) -> None:
@@ -210,46 +234,23 @@ async def _apply(kv: MemoryKV, lease: int, op: str, job: str) -> None:
 
 
 @given(ops=OPS)
-def test_a_held_read_brought_up_to_date_is_what_a_full_read_gives(ops: list[tuple[str, str]]) -> None:
+def test_a_copy_kept_by_its_watch_is_what_a_full_read_gives(ops: list[tuple[str, str]]) -> None:
     kv = MemoryKV()
     lease = kv.grant_lease(3600)
-    reader = JobsRead(kv, KEYS)
+    copy = ClusterCopy(kv, KEYS, "n1", wake=lambda change: None)
 
     async def check() -> None:
-        for op, job in ops:
-            await _apply(kv, lease, op, job)
-            got = await reader.read()
-            want = parse_jobs(KEYS, kv.get_prefix(KEYS.jobs()) + kv.get_prefix(KEYS.all_notes()))
-            assert got == want, op
+        task = await watching(copy)
+        try:
+            for op, job in ops:
+                await _apply(kv, lease, op, job)
+                await copy.caught_up()
+                assert await copy.current() == full_read(kv), op
+            assert copy.informer.lists == 1  # every change came as the watch's news
+        finally:
+            task.cancel()
 
     asyncio.run(check())
-
-
-@settings(max_examples=60, deadline=None)
-@given(ops=OPS)
-def test_a_read_that_trusts_the_watch_for_jobs_is_what_a_full_read_gives(ops: list[tuple[str, str]]) -> None:
-    """With the news of ``jobs/`` counted (as the watch brings it), a read asks about ``parts/``
-    alone while there is none, and is still what a full read gives."""
-    kv = MemoryKV()
-    lease = kv.grant_lease(3600)
-    news = [0]
-    seen = kv.watch_range(KEYS.jobs(), prefix_end(KEYS.jobs()), lambda k, d: news.__setitem__(0, news[0] + 1),
-                          lambda: None)  # fmt: skip
-    reader = JobsRead(kv, KEYS, changes=lambda: news[0])
-
-    async def check() -> None:
-        for op, job in ops:
-            await _apply(kv, lease, op, job)
-            got = await reader.read()  # (the memory KV tells its watches before a write returns)
-            want = parse_jobs(KEYS, kv.get_prefix(KEYS.jobs()) + kv.get_prefix(KEYS.all_notes()))
-            assert got == want, op
-        last, probes, full = await reader.read(), reader.parts_probes, reader.full_reads
-        assert await reader.read() is last and reader.parts_probes == probes + 1 and reader.full_reads == full
-
-    try:
-        asyncio.run(check())
-    finally:
-        seen()
 
 
 class SlowKV(MemoryKV):
@@ -268,25 +269,24 @@ class SlowKV(MemoryKV):
         return found
 
 
-def test_a_late_read_never_brings_back_an_older_value(tmp_path: Path) -> None:
+def test_a_late_list_never_brings_back_an_older_value(tmp_path: Path) -> None:
     kv = SlowKV()
     queue(kv, 3, nodes=("elsewhere",))
-    reader = JobsRead(kv, KEYS)
+    copy = ClusterCopy(kv, KEYS, "n1", wake=lambda change: None)
     lease = kv.grant_lease(30)
     store = InlineJobStore(kv, KEYS, "q001")
 
     async def race() -> None:
-        await reader.read()
         run_inline(store.note_pending("n1", "old", lease))
         kv.hold.set()
-        late = asyncio.ensure_future(reader.read())  # reads "old", returns later
+        late = asyncio.ensure_future(copy.caught_up())  # lists "old", returns later
         await asyncio.sleep(0.05)
         run_inline(store.note_pending("n1", "new", lease))
-        newer = asyncio.ensure_future(reader.read())
+        newer = asyncio.ensure_future(copy.caught_up())
         await asyncio.sleep(0.05)
         kv.release.set()
         await asyncio.gather(late, newer)
-        assert (await reader.read())[0]["q001"].pending == {"n1": "new"}
+        assert (await copy.current())["q001"].pending == {"n1": "new"}
 
     asyncio.run(race())
 
@@ -312,7 +312,9 @@ def test_two_scans_at_once_take_a_node_into_a_job_once(tmp_path: Path) -> None:
     assert [k for k in kv.read if k.startswith(KEYS.specs())] == [KEYS.job_body(job)]
 
 
-def test_status_json_is_the_views_with_their_queue_places_and_reuses_unchanged_views(tmp_path: Path) -> None:
+def test_status_json_is_the_views_with_their_queue_places_and_reuses_unchanged_views(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``status`` of every job sends each view as encoded when its job last changed, with its
     queue place spliced in: a submit moves places, never the views of jobs that did not change."""
     kv = CountingKV()
@@ -325,22 +327,18 @@ def test_status_json_is_the_views_with_their_queue_places_and_reuses_unchanged_v
     assert all("queue" in v for v in views) and {v["queue"]["of"] for v in views} == {12}
     rows = json.loads(asyncio.run(service.jobs.views_json(rows=True)))  # the table's: a row per job
     assert rows == [job_row(v) | {"queue": {"place": v["queue"]["place"], "of": 12}} for v in views]
-    held = {j: cached[2] for j, cached in service.jobs.status_views.held.items()}
+    encoded: list[str] = []
+    held = statusviews.held
+
+    def counted(read: JobRead, *args: Any) -> statusviews.Held:
+        encoded.append(read.job_id)
+        return held(read, *args)
+
+    monkeypatch.setattr(statusviews, "held", counted)
     assert run_inline(InlineJobStore(kv, KEYS, "q999").create(make_spec(id="q999", nodes=("elsewhere",))))
-    m.recent.invalidate()
     after = json.loads(asyncio.run(service.jobs.views_json()))
     assert {v["queue"]["of"] for v in after} == {13} and after == asyncio.run(service.jobs.views())
-    assert all(
-        service.jobs.status_views.held[j][2] is encoded for j, encoded in held.items()
-    )  # not encoded again
-
-
-def test_a_submit_waits_to_hear_of_every_key_create_writes_under_jobs_and_no_other() -> None:
-    """``Created``: the news a submitter waits for (at most ``HEAR_S``) and does not count as a change."""
-    kv = CountingKV()
-    assert run_inline(InlineJobStore(kv, KEYS, "j").create(make_spec(id="j")))
-    routed = [KEYS.route(k, False) for k in kv.written if k.startswith(KEYS.jobs())]
-    assert {c.kind for c in routed if c is not None} == CREATED_KINDS and len(routed) == len(CREATED_KINDS)
+    assert encoded == ["q999"]  # the others' views are not made nor encoded again
 
 
 def test_a_scan_reads_its_drain_record_again_only_after_news_of_a_drain(tmp_path: Path) -> None:
@@ -352,18 +350,16 @@ def test_a_scan_reads_its_drain_record_again_only_after_news_of_a_drain(tmp_path
     mine = KEYS.drain("n1")
 
     async def run() -> None:
-        watch = asyncio.ensure_future(m.jobwatch.watch())
+        watch = await watching(m.cluster)
         try:
             async with asyncio.timeout(10):
-                while m.jobwatch._armed is None:
-                    await asyncio.sleep(0.01)
                 await m.scan()
                 kv.reset()
                 await m.scan()
                 assert mine not in kv.read
-                news = m.jobwatch._drain_news
+                news = m.cluster._drain_news
                 await asyncio.to_thread(kv.put_json, KEYS.drain("n2"), {"any": "value"})
-                while m.jobwatch._drain_news == news:
+                while m.cluster._drain_news == news:
                     await asyncio.sleep(0.01)
                 await m.scan()
                 assert mine in kv.read

@@ -1,6 +1,6 @@
 """What every daemon reads of a closed round: its head, never its members' assignments.
 
-The scan and the table of ``status`` read every job (``manager/jobsread.py``); a round of N members
+The scan and the table of ``status`` read every job (``manager/clustercopy.py``); a round of N members
 has N assignments under ``rounds/``, and when that read covered them every daemon read O(N) bytes
 per round (O(N²) cluster-wide). Counted here on the in-memory KV, for 100 and 2,000 members: the
 read after a round closes brings its head alone, the same bytes for both; only ``status`` of the
@@ -24,8 +24,8 @@ from elasticd.manager.facts import NodeFacts
 from elasticd.manager.service import CommandService
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous import rosterread
+from elasticd.rendezvous.jobread import InvalidKey, RostersRead
 from elasticd.rendezvous.model import Join
-from elasticd.rendezvous.snapshot import InvalidKey
 from elasticd.rendezvous.store import InlineJobStore, run_inline
 from elasticd.terms.spec import NodeRange
 from tests.fakes import JOB, bare_manager, make_spec
@@ -81,7 +81,7 @@ def running_job(kv: MemoryKV, n: int) -> InlineJobStore:
 
 
 def close(store: InlineJobStore) -> None:
-    joins = run_inline(store.snapshot(rosters=False)).current_joins
+    joins = run_inline(store.read()).current_joins
     first = min(joins, key=lambda j: j.create_revision)
     assert run_inline(store.close(rdzv.build_result(0, joins, 5.0, first.create_revision), first.node))
 
@@ -143,12 +143,12 @@ def test_status_of_the_job_shows_every_member_read_in_pages(tmp_path: Path) -> N
         kv.forget()
         view = await service.jobs.view(JOB)
         (row,) = json.loads(await service.jobs.views_json(rows=True))
-        held = service.jobs._manager.jobwatch.held_snapshots() or {}
+        held = service.jobs._manager.cluster.jobs()[0]
         asked = list(zip(kv.asked, kv.answers, strict=True))
         kv.forget()
         again = await service.jobs.view(JOB)  # (``logs -f`` asks every 0.2 s): the round is kept
         assert again["nodes"] == view["nodes"] and not any(q.key.startswith(ROUNDS) for q in kv.asked)
-        return view, row, bool(held[JOB].results), asked
+        return view, row, isinstance(held[JOB], RostersRead), asked
 
     view, row, held_members, asked = asyncio.run(run())
     assert view["nodes"] == [node(i) for i in range(2000)] and view["size"] == 2000
@@ -189,8 +189,8 @@ def test_the_janitor_asks_whether_a_member_lives_once_per_round(tmp_path: Path) 
         return reads
 
     assert asyncio.run(run()) == [1, 0]
-    snap = run_inline(InlineJobStore(kv, KEYS, JOB).snapshot(rosters=False))
-    assert (snap.current, snap.final) == (0, None)  # a member lives: the job is left alone
+    read = run_inline(InlineJobStore(kv, KEYS, JOB).read())
+    assert (read.current, read.final) == (0, None)  # a member lives: the job is left alone
 
 
 class Forgetting(MemoryKV):
@@ -213,7 +213,7 @@ class Forgetting(MemoryKV):
 def test_a_round_forgotten_while_its_pages_are_read_is_none_not_invalid() -> None:
     kv = Forgetting()
     store = running_job(kv, 30)
-    head = run_inline(store.snapshot(rosters=False)).closed
+    head = run_inline(store.read()).closed
     assert head is not None
     whole = rosterread.read_round(kv, KEYS, JOB, head, page=7)
     assert whole is not None and not isinstance(whole, InvalidKey) and len(whole.members) == 30
@@ -224,7 +224,7 @@ def test_a_round_forgotten_while_its_pages_are_read_is_none_not_invalid() -> Non
 def test_a_missing_or_bad_assignment_is_named() -> None:
     kv = MemoryKV()
     store = running_job(kv, 12)
-    head = run_inline(store.snapshot(rosters=False)).closed
+    head = run_inline(store.read()).closed
     assert head is not None
     kv.delete(KEYS.assignment(JOB, 0, node(3)))
     missing = rosterread.read_round(kv, KEYS, JOB, head, page=5)
@@ -240,8 +240,8 @@ def test_a_leaders_read_of_the_rosters_comes_in_pages() -> None:
     kv = ReadsKV()
     store = running_job(kv, 2000)
     kv.forget()
-    snap = run_inline(store.snapshot(rosters=True))
-    assert snap.rosters and snap.result is not None and len(snap.result.members) == 2000
-    assert [m.node for m in snap.result.members] == sorted(node(i) for i in range(2000))
+    read = run_inline(store.read_rosters())
+    assert read.result is not None and len(read.result.members) == 2000
+    assert [m.node for m in read.result.members] == sorted(node(i) for i in range(2000))
     pages = [sum(kv.key.startswith(ROUNDS) for kv in f.kvs) for f in kv.answers]
     assert max(pages) <= rosterread.PAGE and sum(pages) == 2000, pages

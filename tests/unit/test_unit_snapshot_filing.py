@@ -15,19 +15,17 @@ from hypothesis import strategies as st
 from elasticd.workers.snapshot_program import filing
 from elasticd.workers.snapshot_program import keeper as k
 from elasticd.workers.snapshot_program.protocol import Report, WriteReport
+from elasticd.workers.snapshot_program.replies import SKIP, WAIT, WRITE, Claimed, Committed
+from elasticd.workers.snapshot_program.requests import Begin, Claim, Commit, Written
 from elasticd.workers.warm.snapshotkeeper import parse_report
-from tests.unit.test_unit_snapshots import frame_bytes
+from tests.unit.test_unit_snapshots import begun, frame_bytes
 
 
 def commit(keeper: k.Keeper, step: int, rank: int = 0, file: bool = True, name: str = "/c.pt") -> None:
-    reply, fd = keeper.handle(
-        {"op": "begin", "name": name, "rank": rank, "step": step, "size": 100, "file": file, "lib": "/lib"}
-    )
+    reply, fd = begun(keeper.handle(Begin(name, rank, step, 100, file, "/lib")))
     frame_bytes(keeper, reply, fd, step, b"x" * 50)
-    done, _ = keeper.handle(
-        {"op": "commit", "name": name, "rank": rank, "slot": reply["slot"], "gen": reply["gen"]}
-    )
-    assert done["ok"]
+    done, _ = keeper.handle(Commit(name, rank, reply.slot, reply.gen))
+    assert isinstance(done, Committed)
 
 
 def close_all(keeper: k.Keeper) -> None:
@@ -53,10 +51,10 @@ def test_the_keeper_writes_only_newer_fresh_steps_and_a_worker_never_writes_behi
     assert filing.due(filed, newest) == (dirty and newest is not None and newest > written)
     verdict = filing.claim(filed, step)
     if step <= written:
-        assert verdict == filing.SKIP  # the file has it, or the keeper's write of it (or newer) runs
+        assert verdict == SKIP  # the file has it, or the keeper's write of it (or newer) runs
     else:
-        assert verdict == (filing.WAIT if running >= 0 else filing.WRITE)  # lands after the keeper's
-    assert filing.claim(None, step) == filing.WRITE  # a file this keeper never wrote from
+        assert verdict == (WAIT if running >= 0 else WRITE)  # lands after the keeper's
+    assert filing.claim(None, step) == WRITE  # a file this keeper never wrote from
 
 
 def test_the_newest_snapshot_of_the_writing_rank_is_taken_once_and_pinned() -> None:
@@ -65,7 +63,7 @@ def test_the_newest_snapshot_of_the_writing_rank_is_taken_once_and_pinned() -> N
         commit(keeper, step)
     commit(keeper, 5, rank=1, file=False)  # another rank's snapshot of the same checkpoint
     commit(keeper, 9, name="/other.pt", file=False)  # a name no rank writes a file of
-    keeper.handle({"op": "written", "name": "/c.pt", "step": 2})  # the worker's every-N write
+    keeper.handle(Written("/c.pt", 2))  # the worker's every-N write
     [due] = keeper.take_due()
     assert (due.name, due.step, due.lib) == ("/c.pt", 3, "/lib") and due.length > 0
     with pytest.raises(OSError):
@@ -75,20 +73,20 @@ def test_the_newest_snapshot_of_the_writing_rank_is_taken_once_and_pinned() -> N
     assert pair[k.newest(pair)].pinned  # the next snapshots go elsewhere while the child reads it
     assert keeper.take_due() == []  # nothing committed since: a second stop writes nothing
     # a worker restored from step 3 skips it; one at step 4 waits for the keeper's write
-    skip, none = keeper.handle({"op": "claim", "name": "/c.pt", "step": 3})
-    assert skip["do"] == "skip" and none is None
+    skip, none = keeper.handle(Claim("/c.pt", 3))
+    assert skip == Claimed(SKIP) and none is None
     waiter_r, waiter_w = os.pipe()
     keeper.writing("/c.pt", waiter_r)
-    wait, end = keeper.handle({"op": "claim", "name": "/c.pt", "step": 4})
-    assert wait["do"] == "wait" and end is not None
+    wait, end = keeper.handle(Claim("/c.pt", 4))
+    assert wait == Claimed(WAIT) and end is not None
     os.close(waiter_w)  # the child ends
     assert select.select([end], [], [], 1)[0] == [end] and os.read(end, 1) == b""
     os.close(end)
     keeper.wrote("/c.pt", 3, ok=True)
     os.close(waiter_r)
-    assert keeper.handle({"op": "claim", "name": "/c.pt", "step": 4})[0]["do"] == "write"
+    assert keeper.handle(Claim("/c.pt", 4))[0] == Claimed(WRITE)
     commit(keeper, 4)
-    keeper.handle({"op": "written", "name": "/c.pt", "step": 4})
+    keeper.handle(Written("/c.pt", 4))
     assert keeper.take_due() == []  # the worker wrote its newest itself (a planned stop)
     close_all(keeper)
 
@@ -102,7 +100,7 @@ def test_a_checkpoint_directorys_shards_are_filed_per_rank_and_both_held_steps_a
         for step in (3, 4):
             commit(keeper, step, rank=rank, name=shards)
     commit(keeper, 3, name=meta)
-    keeper.handle({"op": "written", "name": f"{shards}@1", "step": 3})  # rank 1's thread wrote step 3
+    keeper.handle(Written(f"{shards}@1", 3))  # rank 1's thread wrote step 3
     due = keeper.take_due()
     assert sorted((d.name, d.step) for d in due) == [
         ("/d#dcp-meta", 3), ("/d#dcp@0", 3), ("/d#dcp@0", 4), ("/d#dcp@1", 4)

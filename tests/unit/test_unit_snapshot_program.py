@@ -5,9 +5,12 @@ first so the later parts take its names, and nothing the protocol defines is wri
 from __future__ import annotations
 
 import ast
+import os
 import sys
 from importlib import resources
 from pathlib import Path
+
+import pytest
 
 from elasticd.workers.snapshot_program import protocol
 from elasticd.workers.warm import snapshotkeeper as keeper
@@ -110,3 +113,48 @@ def test_the_daemon_knows_every_report_the_keeper_sends_and_waits_long_enough() 
         back = protocol.decode_control(protocol.encode_control(sent))
         assert isinstance(back, protocol.WriteReport) and back.report is report
     assert keeper.PERSIST_TIMEOUT_S > filing.WRITE_TIMEOUT_S
+
+
+def _defined(part: str) -> set[str]:
+    names = set()
+    for node in ast.parse((PROGRAM / part).read_text()).body:
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return names
+
+
+def test_no_two_parts_define_one_name() -> None:
+    """The parts share one namespace: a name defined twice would silently be the later one's."""
+    seen: dict[str, str] = {}
+    for part in keeper.PARTS:
+        for name in _defined(part):
+            assert name not in seen, f"{part} defines {name} again ({seen[name]} did)"
+            seen[name] = part
+
+
+def test_the_typed_messages_work_in_the_keepers_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run as the loader runs them (one module, registered under the keeper's name, the guarded
+    imports skipped), the dataclasses, the parser and the keeper's ``match`` work alike."""
+    import types
+
+    program = types.ModuleType(protocol.KEEPER_NAME)
+    monkeypatch.setitem(sys.modules, protocol.KEEPER_NAME, program)
+    for part in keeper.PARTS[:-1]:  # not ``main``: it would start serving
+        exec(compile((PROGRAM / part).read_text(), part, "exec"), program.__dict__)
+    g = program.__dict__
+    sent = g["Begin"]("/c.pt", 0, 1, 100)
+    request = g["parse_request"](g["encode_message"](sent))
+    assert request == sent and type(request).OP is g["Op"].BEGIN
+    reply, fd = g["Keeper"](64 << 20).handle(request)
+    os.close(fd)
+    assert type(reply) is g["Begun"] and reply.capacity >= 100
+    assert g["parse_transfer"](g["encode_message"](g["Get"]("c", 0, 1, "0" * 32))).nonce == "0" * 32
+
+
+def test_the_keepers_program_fits_the_pipe_it_is_sent_over() -> None:
+    from elasticd.workers.proctree import helper
+
+    assert len(keeper.KEEPER.source()) < helper.PIPE_BYTES

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
-import json
 import mmap
 import os
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from elasticd.errors import ErrorCode
 from elasticd.jobs import snapshotspace
@@ -25,63 +21,27 @@ from elasticd.workers.snapshot_program.protocol import (
     data_offset,
     header,
     parse_header,
-    parse_reply,
-    parse_request,
 )
+from elasticd.workers.snapshot_program.replies import (
+    Begun,
+    Committed,
+    Held,
+    KeyKnown,
+    Listed,
+    Opened,
+    Refused,
+    Reply,
+)
+from elasticd.workers.snapshot_program.requests import Begin, Commit, Key, ListHeld, Open, Peer, Put
 from elasticd.workers.warm.snapshotkeeper import parse_ready
 
 
-def req(**fields: object) -> bytes:
-    return json.dumps(fields).encode()
-
-
-def test_requests_are_parsed_and_bounded() -> None:
-    assert parse_request(req(op="list", name="/c.pt")) == {"op": "list", "name": "/c.pt"}
-    begin = parse_request(req(op="begin", name="/c.pt", rank=3, step=7, size=100, file=True))
-    assert begin == {
-        "op": "begin",
-        "name": "/c.pt",
-        "rank": 3,
-        "step": 7,
-        "size": 100,
-        "file": True,
-        "lib": "",
-    }
-    assert parse_request(req(op="open", name="n", rank=0, slot=1, gen=4))["slot"] == 1
-    for bad in (
-        b"{",
-        b"[]",
-        req(op="fork", name="n"),
-        req(op="list", name=""),
-        req(op="list", name="x" * 2000),
-        req(op="begin", name="n", rank=-1, step=0, size=1),
-        req(op="begin", name="n", rank=0, step=0, size=True),
-        req(op="begin", name="n", rank=0, step=0, size=1, lib=3),
-        req(op="commit", name="n", rank=0, slot=3, gen=1),
-        b" " * (70 * 1024),
-    ):
-        with pytest.raises(BadMessage):
-            parse_request(bad)
-
-
-@given(st.binary(max_size=300))
-def test_any_bytes_are_a_request_or_a_refusal(data: bytes) -> None:
-    with contextlib.suppress(BadMessage):
-        parse_request(data)
-
-
-def test_deep_nesting_is_a_refusal_not_a_crash() -> None:
-    with pytest.raises(BadMessage):
-        parse_request(b"[" * 60000)
+def test_a_ready_message_nested_deep_is_a_refusal_not_a_crash() -> None:
     with pytest.raises(ValueError):
         parse_ready(b"[" * 4000, 7)
 
 
-def test_replies_and_headers() -> None:
-    assert parse_reply(b'{"ok": true, "slot": 0}')["slot"] == 0
-    for bad in (b"x", b'{"ok": 1}', b'{"ok": false}'):
-        with pytest.raises(BadMessage):
-            parse_reply(bad)
+def test_headers() -> None:
     meta = b"meta"
     assert parse_header(header(5, meta, 4096))[:3] == (5, 4, 4096)
     with pytest.raises(BadMessage):
@@ -115,9 +75,9 @@ def test_the_bound_counts_both_slots_of_every_rank() -> None:
     assert k.over_bound(8 << 20, slot, 3 << 20, 8 << 20) is None  # fits the segment it has
 
 
-def frame_bytes(keeper: k.Keeper, reply: dict[str, object], fd: int | None, step: int, body: bytes) -> None:
-    assert fd is not None and reply["ok"]
-    buf = mmap.mmap(fd, int(reply["capacity"]))  # type: ignore[call-overload]
+def frame_bytes(keeper: k.Keeper, reply: Reply, fd: int | None, step: int, body: bytes) -> None:
+    assert fd is not None and isinstance(reply, Begun)
+    buf = mmap.mmap(fd, reply.capacity)
     os.close(fd)
     meta = b"m" * 10
     start = align(HEADER.size)
@@ -127,32 +87,37 @@ def frame_bytes(keeper: k.Keeper, reply: dict[str, object], fd: int | None, step
     buf.close()
 
 
+def begun(got: tuple[Reply, int | None]) -> tuple[Begun, int]:
+    reply, fd = got
+    assert isinstance(reply, Begun) and fd is not None, reply
+    return reply, fd
+
+
+def listed(keeper: k.Keeper, name: str = "c") -> tuple[Held, ...]:
+    reply, _ = keeper.handle(ListHeld(name))
+    assert isinstance(reply, Listed)
+    return reply.held
+
+
 def test_double_buffer_keeps_the_previous_snapshot_whole_through_a_torn_write() -> None:
     keeper = k.Keeper(64 << 20)
     for step in (1, 2):
-        reply, fd = keeper.handle(parse_request(req(op="begin", name="c", rank=0, step=step, size=100)))
+        reply, fd = begun(keeper.handle(Begin("c", 0, step, 100)))
         frame_bytes(keeper, reply, fd, step, b"x" * 50)
-        done, _ = keeper.handle(
-            {"op": "commit", "name": "c", "rank": 0, "slot": reply["slot"], "gen": reply["gen"]}
-        )
-        assert done["ok"] and done["step"] == step
+        done, _ = keeper.handle(Commit("c", 0, reply.slot, reply.gen))
+        assert isinstance(done, Committed) and done.step == step
     # step 3 begins in step 1's slot and dies before its commit: steps 2 stays, 3 never shows
-    reply, fd = keeper.handle({"op": "begin", "name": "c", "rank": 0, "step": 3, "size": 100})
-    assert fd is not None
+    reply, fd = begun(keeper.handle(Begin("c", 0, 3, 100)))
     os.close(fd)
-    held, _ = keeper.handle({"op": "list", "name": "c"})
-    assert [h["step"] for h in held["held"]] == [2]
+    assert [h.step for h in listed(keeper)] == [2]
     # a commit of a frame whose meta does not match is refused, and the slot is not complete
-    reply, fd = keeper.handle({"op": "begin", "name": "c", "rank": 0, "step": 3, "size": 100})
-    assert fd is not None
+    reply, fd = begun(keeper.handle(Begin("c", 0, 3, 100)))
     os.pwrite(fd, header(3, b"other", 200), 0)
     os.close(fd)
-    bad, _ = keeper.handle(
-        {"op": "commit", "name": "c", "rank": 0, "slot": reply["slot"], "gen": reply["gen"]}
-    )
-    assert not bad["ok"] and "checksum" in bad["error"]
-    opened, ro = keeper.handle({"op": "open", "name": "c", "rank": 0, "slot": 1 - reply["slot"], "gen": 2})
-    assert opened["ok"] and opened["step"] == 2 and ro is not None
+    bad, _ = keeper.handle(Commit("c", 0, reply.slot, reply.gen))
+    assert isinstance(bad, Refused) and "checksum" in bad.error
+    opened, ro = keeper.handle(Open("c", 0, 1 - reply.slot, 2))
+    assert isinstance(opened, Opened) and opened.step == 2 and ro is not None
     with pytest.raises(OSError):
         os.pwrite(ro, b"x", 0)  # read-only: a restoring worker cannot spoil it
     os.close(ro)
@@ -163,11 +128,10 @@ def test_double_buffer_keeps_the_previous_snapshot_whole_through_a_torn_write() 
 
 def test_a_snapshot_over_the_bound_is_refused_with_the_setting() -> None:
     keeper = k.Keeper(4 << 20)
-    reply, fd = keeper.handle({"op": "begin", "name": "c", "rank": 0, "step": 1, "size": 3 << 20})
-    assert reply["ok"] and fd is not None
+    _, fd = begun(keeper.handle(Begin("c", 0, 1, 3 << 20)))
     os.close(fd)
-    refused, none = keeper.handle({"op": "begin", "name": "c", "rank": 1, "step": 1, "size": 3 << 20})
-    assert not refused["ok"] and "snapshot_bytes" in refused["error"] and none is None
+    refused, none = keeper.handle(Begin("c", 1, 1, 3 << 20))
+    assert isinstance(refused, Refused) and "snapshot_bytes" in refused.error and none is None
     os.close(keeper.slots[("c", 0)][0].fd)
 
 
@@ -214,8 +178,6 @@ def test_every_rank_picks_the_same_key_ring_and_step() -> None:
 
 
 def test_a_rank_loads_the_newest_step_from_the_nearest_copy() -> None:
-    from elasticd.workers.snapshot_program.client import Held
-
     mine = [Held(0, 0, 1, 12, 100), Held(1, 1, 2, 12, 100, replica=True), Held(0, 1, 3, 11, 100)]
     reports = [report(0, [[0, 12], [1, 12], [0, 11]], port=1), report(1, [[1, 11]], port=2)]
     # rank 1's node lost its newest: it loads step 12 from node 1's keeper, its own rank's replica first
@@ -269,17 +231,15 @@ def test_keepers_replicate_to_their_peer_and_refuse_other_keys() -> None:
     a, b = keepers
     key = "ab" * 32
     for keeper in keepers:
-        assert keeper.handle({"op": "key", "key": key})[0]["key"] == key
-    a.handle({"op": "peer", "address": "127.0.0.1", "port": b.port})
-    reply, fd = a.handle({"op": "begin", "name": "c", "rank": 0, "step": 4, "size": 100})
+        assert keeper.handle(Key(key))[0] == KeyKnown(key, "127.0.0.1", keeper.port)
+    a.handle(Peer("127.0.0.1", b.port))
+    reply, fd = begun(a.handle(Begin("c", 0, 4, 100)))
     frame_bytes(a, reply, fd, 4, b"y" * 60)
-    assert a.handle({"op": "commit", "name": "c", "rank": 0, "slot": reply["slot"], "gen": reply["gen"]})[0][
-        "ok"
-    ]
+    assert isinstance(a.handle(Commit("c", 0, reply.slot, reply.gen))[0], Committed)
     deadline = time.monotonic() + 10
-    while not (held := b.handle({"op": "list", "name": "c"})[0]["held"]) and time.monotonic() < deadline:
+    while not (held := listed(b)) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert held == [{"rank": 0, "slot": 0, "gen": 1, "step": 4, "length": held[0]["length"], "replica": True}]
+    assert held == (Held(0, 0, 1, 4, held[0].length, replica=True),)
     got = replica.fetch(("127.0.0.1", b.port), bytes.fromhex(key), "c", 0, 4)
     assert parse_header(bytes(got[: HEADER.size]))[0] == 4 and b"y" * 60 in got
     with pytest.raises(ConnectionError):  # another job's key: the link closes before anything is sent
@@ -288,26 +248,23 @@ def test_keepers_replicate_to_their_peer_and_refuse_other_keys() -> None:
         replica.fetch(("127.0.0.1", b.port), bytes.fromhex(key), "c", 0, 5)  # not held
     # a put signed with another key never becomes a replica
     with replica.connect(("127.0.0.1", b.port)) as sock:
-        head = {"op": "put", "name": "c", "rank": 1, "step": 9, "length": 10, "nonce": replica.nonce()}
-        replica.send_head(sock, bytes.fromhex("cd" * 32), head)
+        replica.send_head(sock, bytes.fromhex("cd" * 32), Put("c", 1, 9, 10, replica.nonce()))
         assert sock.recv(1) == b""  # closed on the head
-    assert [h["rank"] for h in b.handle({"op": "list", "name": "c"})[0]["held"]] == [0]
+    assert [h.rank for h in listed(b)] == [0]
 
 
 def test_a_pinned_slot_is_never_written_again_and_let_go_once_replaced_twice() -> None:
     keeper = k.Keeper(64 << 20)
 
     def snap(step: int) -> int:
-        reply, fd = keeper.handle({"op": "begin", "name": "c", "rank": 0, "step": step, "size": 100})
+        reply, fd = begun(keeper.handle(Begin("c", 0, step, 100)))
         frame_bytes(keeper, reply, fd, step, b"z")
-        assert keeper.handle(
-            {"op": "commit", "name": "c", "rank": 0, "slot": reply["slot"], "gen": reply["gen"]}
-        )[0]["ok"]
-        return int(reply["slot"])
+        assert isinstance(keeper.handle(Commit("c", 0, reply.slot, reply.gen))[0], Committed)
+        return reply.slot
 
     first = snap(1)
     second = snap(2)
-    _, ro = keeper.handle({"op": "open", "name": "c", "rank": 0, "slot": second, "gen": 2, "pin": True})
+    _, ro = keeper.handle(Open("c", 0, second, 2, pin=True))
     assert ro is not None
     os.close(ro)
     pinned_fd = keeper.slots[("c", 0)][second].fd
@@ -318,7 +275,7 @@ def test_a_pinned_slot_is_never_written_again_and_let_go_once_replaced_twice() -
     assert keeper.slots[("c", 0)][second].state == k.EMPTY and keeper.slots[("c", 0)][second].fd == -1
     with pytest.raises(OSError):
         os.fstat(pinned_fd)
-    assert [h["step"] for h in keeper.handle({"op": "list", "name": "c"})[0]["held"]] == [3, 4]
+    assert [h.step for h in listed(keeper)] == [3, 4]
     for slot in keeper.slots[("c", 0)]:
         if slot.fd >= 0:
             os.close(slot.fd)
@@ -332,7 +289,7 @@ def test_a_peer_that_trickles_its_head_loses_the_link(monkeypatch: pytest.Monkey
     monkeypatch.setattr(replica, "IO_TIMEOUT_S", 0.3)
     tcp = socket.create_server(("127.0.0.1", 0))
     keeper = k.Keeper(64 << 20, "127.0.0.1", tcp.getsockname()[1])
-    keeper.handle({"op": "key", "key": "ab" * 32})
+    keeper.handle(Key("ab" * 32))
     peers.start(keeper, tcp)
     with socket.create_connection(("127.0.0.1", keeper.port), timeout=5) as slow:
         slow.sendall(b"\x00\x00")  # half a length, then nothing

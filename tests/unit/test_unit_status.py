@@ -8,6 +8,7 @@ import argparse
 import json
 import time
 import typing
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, cast
 
@@ -23,8 +24,8 @@ from elasticd.control.params import parse_args
 from elasticd.decode import Unknown, decode
 from elasticd.jobs.view import job_row, job_view, selected, started_at
 from elasticd.rendezvous.decider import build_result
+from elasticd.rendezvous.jobread import InvalidKey, RostersRead
 from elasticd.rendezvous.model import FinalRecord, Join, NodeStatus, RoundInfo
-from elasticd.rendezvous.snapshot import InvalidKey, JobSnapshot
 from elasticd.terms.spec import NodeRange
 from elasticd.terms.state import EndReason, JobState, RoundReason, WorkerFailure
 from elasticd.wire import JobRow, JobView, MemberEndState, StatusArgs, request
@@ -35,7 +36,7 @@ SUBMITTED = 1700000000.5  # fakes.make_spec's
 CLOSED = SUBMITTED + 4.0
 
 
-def snapshot(
+def job_read(
     round_no: int,
     members: tuple[str, ...] = (),
     *,
@@ -43,16 +44,16 @@ def snapshot(
     final: FinalRecord | None = None,
     failure: dict[str, Any] | None = None,
     **fields: Any,
-) -> JobSnapshot:
+) -> RostersRead:
     """A job in round ``round_no`` whose round ``result_round`` (default: that one) closed with
     ``members`` (2 workers each)."""
-    snap = JobSnapshot(JOB, head=fakes.make_head(nnodes=NodeRange(1, 4)), final=final, **fields)
-    snap.round = RoundInfo(round_no, RoundReason.START, 0.0, failure=failure)
+    read = RostersRead(JOB, head=fakes.make_head(nnodes=NodeRange(1, 4)), final=final, **fields)
+    read = replace(read, round=RoundInfo(round_no, RoundReason.START, 0.0, failure=failure))
     if members:
         r = round_no if result_round is None else result_round
         joins = [Join(n, f"10.0.0.{i + 1}", 29400 + i, 2, 0) for i, n in enumerate(members)]
-        snap.results[r] = build_result(r, joins, CLOSED + r)
-    return snap
+        read = replace(read, results={**read.results, r: build_result(r, joins, CLOSED + r)})
+    return read
 
 
 def failure(node: str, attempt: int) -> dict[str, Any]:
@@ -75,14 +76,14 @@ def members(view: dict[str, Any]) -> dict[str, str]:
 
 # -- the end of a job, from what its records hold after it -------------------------------------------
 def test_a_succeeded_job_keeps_its_world_and_says_each_member_succeeded() -> None:
-    snap = snapshot(
+    read = job_read(
         0,
         ("n1", "n2"),
         final=final(JobState.SUCCEEDED, EndReason.SUCCEEDED),
         done={0: {"n1", "n2"}},
         node_status={"n1": status("STOPPING", 0), "n2": status("LEFT", 0)},  # what agents left behind
     )
-    view = job_view(snap, "n1")
+    view = job_view(read, "n1")
     assert (view["state"], view["world_size"], view["nodes"]) == ("SUCCEEDED", 4, ["n1", "n2"])
     assert members(view) == {"n1": "SUCCEEDED", "n2": "SUCCEEDED"}
     assert view["master"] == "10.0.0.1:29400"
@@ -90,7 +91,7 @@ def test_a_succeeded_job_keeps_its_world_and_says_each_member_succeeded() -> Non
 
 
 def test_a_failed_job_names_the_failed_stopped_and_lost_members() -> None:
-    snap = snapshot(
+    read = job_read(
         2,
         ("n1", "n2", "n3", "n4"),
         final=final(JobState.FAILED, EndReason.WORKER_FAILED, failure("n2", 2)),
@@ -100,35 +101,35 @@ def test_a_failed_job_names_the_failed_stopped_and_lost_members() -> None:
             "n4": status("FAILED", 2, failure("n4", 2)),  # crashed with it, reported its own
         },  # n3: no status (its daemon is gone)
     )
-    view = job_view(snap, "n1")
+    view = job_view(read, "n1")
     assert view["world_size"] == 8
     assert members(view) == {"n1": "STOPPED", "n2": "FAILED", "n3": "LOST", "n4": "FAILED"}
 
 
 def test_a_failure_of_an_earlier_round_fails_no_member_of_the_last() -> None:
-    snap = snapshot(
+    read = job_read(
         3,
         ("n1", "n2"),
         final=final(JobState.FAILED, EndReason.WORKER_FAILED, failure("n2", 1)),
         node_status={"n1": status("STOPPING", 3), "n2": status("STOPPING", 3, failure("n2", 1))},
     )
-    assert members(job_view(snap, "n1")) == {"n1": "STOPPED", "n2": "STOPPED"}
+    assert members(job_view(read, "n1")) == {"n1": "STOPPED", "n2": "STOPPED"}
 
 
 def test_a_killed_job_says_killed_except_for_members_done_or_lost() -> None:
-    snap = snapshot(
+    read = job_read(
         1,
         ("n1", "n2", "n3"),
         final=final(JobState.KILLED, EndReason.KILLED),
         done={1: {"n3"}},
         node_status={"n1": status("STOPPING", 1)},
     )
-    assert members(job_view(snap, "n1")) == {"n1": "KILLED", "n2": "LOST", "n3": "SUCCEEDED"}
+    assert members(job_view(read, "n1")) == {"n1": "KILLED", "n2": "LOST", "n3": "SUCCEEDED"}
 
 
 def test_a_job_that_ended_between_rounds_shows_the_last_round_that_ran() -> None:
     """Round 2 failed on n2, round 3 never closed (join timeout): round 2's result is kept."""
-    snap = snapshot(
+    read = job_read(
         3,
         ("n1", "n2"),
         result_round=2,
@@ -136,65 +137,65 @@ def test_a_job_that_ended_between_rounds_shows_the_last_round_that_ran() -> None
         failure=failure("n2", 2),  # what opened round 3
         node_status={"n1": status("JOINING", 3)},
     )
-    view = job_view(snap, "n1")
+    view = job_view(read, "n1")
     assert (view["round"], view["world_size"], view["master"]) == (3, 4, "10.0.0.1:29400")
     assert members(view) == {"n1": "STOPPED", "n2": "FAILED"}
 
 
 def test_a_job_ended_by_an_invalid_record_has_end_states_too() -> None:
-    snap = snapshot(0, ("n1",), node_status={"n1": status("RUNNING", 0)})
-    snap.invalid = [InvalidKey(f"jobs/{JOB}/rdzv/0/join/n1", "port: must be int", 5)]
-    assert members(job_view(snap, "n1")) == {"n1": "STOPPED"}
+    read = job_read(0, ("n1",), node_status={"n1": status("RUNNING", 0)})
+    read = replace(read, invalid=(InvalidKey(f"jobs/{JOB}/rdzv/0/join/n1", "port: must be int", 5),))
+    assert members(job_view(read, "n1")) == {"n1": "STOPPED"}
 
 
 def test_a_job_that_never_ran_has_no_world() -> None:
-    view = job_view(snapshot(0, final=final(JobState.KILLED, EndReason.KILLED)), "n1")
+    view = job_view(job_read(0, final=final(JobState.KILLED, EndReason.KILLED)), "n1")
     assert (view["world_size"], view["members"], view["master"]) == (0, [], "")
     assert (view["started_at"], view["ended_at"]) == (None, CLOSED + 60.0)
 
 
 def test_a_running_job_shows_its_members_agent_states() -> None:
-    snap = snapshot(1, ("n1", "n2"), node_status={"n1": status("RUNNING", 1)})
-    assert members(job_view(snap, "n1")) == {"n1": "RUNNING", "n2": "GONE"}
+    read = job_read(1, ("n1", "n2"), node_status={"n1": status("RUNNING", 1)})
+    assert members(job_view(read, "n1")) == {"n1": "RUNNING", "n2": "GONE"}
 
 
 def test_end_states_are_the_wire_states() -> None:
     assert {s.value for s in MemberEndState} == {"SUCCEEDED", "FAILED", "KILLED", "STOPPED", "LOST"}
-    view = job_view(snapshot(0, ("n1",), final=final(JobState.KILLED, EndReason.KILLED)), "n1")
+    view = job_view(job_read(0, ("n1",), final=final(JobState.KILLED, EndReason.KILLED)), "n1")
     decode(JobView, json.loads(json.dumps(view)), unknown=Unknown.REJECT)
 
 
 # -- start and end ---------------------------------------------------------------------------------
 @pytest.mark.parametrize(
-    ("snap", "expected"),
+    ("read", "expected"),
     [
-        (snapshot(0), None),  # pending: never ran
-        (snapshot(0, ("n1",)), CLOSED),  # round 0's close
-        (snapshot(1, ("n1",), result_round=0), CLOSED),
-        (snapshot(5, ("n1",)), SUBMITTED),  # round 0's result is deleted: the submission stands in
-        (snapshot(0, final=final(JobState.FAILED, EndReason.JOIN_TIMEOUT)), None),
+        (job_read(0), None),  # pending: never ran
+        (job_read(0, ("n1",)), CLOSED),  # round 0's close
+        (job_read(1, ("n1",), result_round=0), CLOSED),
+        (job_read(5, ("n1",)), SUBMITTED),  # round 0's result is deleted: the submission stands in
+        (job_read(0, final=final(JobState.FAILED, EndReason.JOIN_TIMEOUT)), None),
     ],
 )
-def test_started_at(snap: JobSnapshot, expected: float | None) -> None:
-    assert started_at(snap) == expected
-    assert job_view(snap, "n1")["started_at"] == expected
+def test_started_at(read: RostersRead, expected: float | None) -> None:
+    assert started_at(read) == expected
+    assert job_view(read, "n1")["started_at"] == expected
 
 
 def test_started_at_of_an_old_result_without_its_close() -> None:
-    snap = snapshot(0, ("n1",))
-    snap.results[0] = build_result(0, [Join("n1", "10.0.0.1", 1, 2, 0)], 0.0)
-    assert started_at(snap) == SUBMITTED
+    read = job_read(0, ("n1",))
+    read = replace(read, results={**read.results, 0: build_result(0, [Join("n1", "10.0.0.1", 1, 2, 0)], 0.0)})
+    assert started_at(read) == SUBMITTED
 
 
 # -- filters ---------------------------------------------------------------------------------------
 def test_selected_by_state_and_user() -> None:
-    running = snapshot(0, ("n1",))
-    killed = snapshot(0, final=final(JobState.KILLED, EndReason.KILLED))
+    running = job_read(0, ("n1",))
+    killed = job_read(0, final=final(JobState.KILLED, EndReason.KILLED))
     assert selected(running, (), None) and selected(running, [JobState.RUNNING], "u")
     assert not selected(running, [JobState.KILLED, JobState.FAILED], None)
     assert selected(killed, [JobState.KILLED, JobState.FAILED], None)
     assert not selected(running, (), "someone-else")
-    unreadable = JobSnapshot(JOB, invalid=[InvalidKey(f"jobs/{JOB}/spec", "bad", 3)], found=3)
+    unreadable = RostersRead(JOB, invalid=(InvalidKey(f"jobs/{JOB}/spec", "bad", 3),), found=3)
     assert selected(unreadable, [JobState.FAILED], None) and not selected(unreadable, (), "u")
 
 
@@ -267,13 +268,13 @@ def test_duration(seconds: float | None, text: str) -> None:
     assert render.duration(seconds) == text
 
 
-def _view(snap: JobSnapshot) -> JobView:
-    return typing.cast(JobView, json.loads(json.dumps(job_view(snap, "n1"))))
+def _view(read: RostersRead) -> JobView:
+    return typing.cast(JobView, json.loads(json.dumps(job_view(read, "n1"))))
 
 
 def test_jobs_table_has_started_ended_and_duration() -> None:
-    ended = snapshot(0, ("n1",), final=final(JobState.SUCCEEDED, EndReason.SUCCEEDED), done={0: {"n1"}})
-    running, pending = snapshot(0, ("n1",)), snapshot(0)
+    ended = job_read(0, ("n1",), final=final(JobState.SUCCEEDED, EndReason.SUCCEEDED), done={0: {"n1"}})
+    running, pending = job_read(0, ("n1",)), job_read(0)
     now = CLOSED + 3725
     lines = render.jobs_table([_view(ended), _view(running), _view(pending)], now).splitlines()
     header = lines[0].split()
@@ -285,9 +286,9 @@ def test_jobs_table_has_started_ended_and_duration() -> None:
 
 
 def test_job_detail_has_local_times_and_the_duration() -> None:
-    snap = snapshot(0, ("n1",), final=final(JobState.KILLED, EndReason.KILLED))
-    snap.node_status["n1"] = status("STOPPING", 0)
-    text = render.job_detail(_view(snap), CLOSED + 1000)
+    read = job_read(0, ("n1",), final=final(JobState.KILLED, EndReason.KILLED))
+    read = replace(read, node_status={**read.node_status, "n1": status("STOPPING", 0)})
+    text = render.job_detail(_view(read), CLOSED + 1000)
     assert f"started:        {render.long_time(CLOSED)}" in text
     assert f"ended:          {render.long_time(CLOSED + 60)}" in text
     assert "duration:       1m00s" in text
@@ -298,8 +299,8 @@ def test_job_detail_has_local_times_and_the_duration() -> None:
 class Canned:
     """Answers ``status`` from canned views, as the daemon would (filters applied), and records requests."""
 
-    def __init__(self, *snaps: JobSnapshot) -> None:
-        self.snaps = snaps
+    def __init__(self, *reads: RostersRead) -> None:
+        self.snaps = reads
         self.sent: list[StatusArgs] = []
 
     def request(self, cmd: str, args: object, timeout_s: float | None = None) -> Any:
@@ -317,15 +318,15 @@ def parse(*argv: str) -> argparse.Namespace:
     return build_parser().parse_args(["status", *argv])
 
 
-def ended(job_id: str, state: JobState = JobState.SUCCEEDED) -> JobSnapshot:
+def ended(job_id: str, state: JobState = JobState.SUCCEEDED) -> RostersRead:
     code = EndReason.SUCCEEDED if state is JobState.SUCCEEDED else EndReason.KILLED
-    snap = snapshot(0, ("n1",), final=final(state, code), done={0: {"n1"}})
-    snap.job_id = job_id
-    return snap
+    read = job_read(0, ("n1",), final=final(state, code), done={0: {"n1"}})
+    read = replace(read, job_id=job_id)
+    return read
 
 
 def test_refresh_sends_the_filters_and_prints_ids() -> None:
-    client = Canned(ended("a"), snapshot(0, ("n1",)), ended("b", JobState.KILLED))
+    client = Canned(ended("a"), job_read(0, ("n1",)), ended("b", JobState.KILLED))
     assert status_view.refresh(client, parse("--state", "succeeded,Killed", "--user", "u", "-q")) == "a\nb"
     assert client.sent == [StatusArgs(None, [JobState.SUCCEEDED, JobState.KILLED], "u", rows=True)]
     assert status_view.refresh(client, parse("-q", "--user", "nobody")) == ""
@@ -351,9 +352,9 @@ def test_refresh_renders_the_table_or_the_detail() -> None:
 
 def test_the_table_of_rows_is_the_table_of_views() -> None:
     """A ``JobRow`` carries every field the table shows: the table drawn from rows is the same."""
-    failed = snapshot(0, ("n1", "n2"), final=final(JobState.FAILED, EndReason.WORKER_FAILED))
-    snaps = [ended("a"), snapshot(0, ("n1",)), failed, snapshot(0)]
-    views = [job_view(s, "n1") for s in snaps]
+    failed = job_read(0, ("n1", "n2"), final=final(JobState.FAILED, EndReason.WORKER_FAILED))
+    reads = [ended("a"), job_read(0, ("n1",)), failed, job_read(0)]
+    views = [job_view(s, "n1") for s in reads]
     views[-1]["queue"] = {"place": 2, "of": 7, "why": "its turn"}
     rows: list[JobRow] = [json.loads(json.dumps(job_row(v))) for v in views]
     rows[-1]["queue"] = {"place": 2, "of": 7}
@@ -415,18 +416,18 @@ def test_status_classifies_what_ended_the_job(code: EndReason, fail: str | None,
     state = {EndReason.SUCCEEDED: JobState.SUCCEEDED, EndReason.KILLED: JobState.KILLED}.get(
         code, JobState.FAILED
     )
-    view = job_view(snapshot(0, ("a",), final=final(state, code, stored)), "a")
+    view = job_view(job_read(0, ("a",), final=final(state, code, stored)), "a")
     assert view["cause"] == cause
 
 
 def test_status_of_a_running_job_names_the_cause_of_its_last_restart() -> None:
-    snap = snapshot(1, ("a",), failure=failure("a", 0) | {"kind": "signal"})
-    assert job_view(snap, "a")["cause"] == "signal"
-    lost = snapshot(1, ("a",))
+    read = job_read(1, ("a",), failure=failure("a", 0) | {"kind": "signal"})
+    assert job_view(read, "a")["cause"] == "signal"
+    lost = job_read(1, ("a",))
     assert lost.round is not None
-    lost.round = RoundInfo(1, RoundReason.MEMBER_LOST, 0.0)
+    lost = replace(lost, round=RoundInfo(1, RoundReason.MEMBER_LOST, 0.0))
     assert job_view(lost, "a")["cause"] == "node_lost"
-    assert job_view(snapshot(0, ("a",)), "a")["cause"] is None
+    assert job_view(job_read(0, ("a",)), "a")["cause"] is None
 
 
 def test_the_failure_text_names_the_exception_the_hang_frame_and_other_nodes_ranks() -> None:
@@ -452,9 +453,9 @@ def test_the_failure_text_names_the_exception_the_hang_frame_and_other_nodes_ran
 
 
 def test_a_waiting_jobs_place_in_the_queue_is_shown() -> None:
-    pending = _view(snapshot(0))
+    pending = _view(job_read(0))
     pending["queue"] = {"place": 3, "of": 12, "why": "priority 0; u's waiting job 2, in turn 2"}
-    running = _view(snapshot(0, ("n1",)))
+    running = _view(job_read(0, ("n1",)))
     lines = render.jobs_table([pending, running], CLOSED).splitlines()
     assert lines[0].split()[9] == "QUEUE"
     assert lines[1].split()[9] == "3/12" and lines[2].split()[9] == "-"

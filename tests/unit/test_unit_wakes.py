@@ -14,7 +14,6 @@ from elasticd.etcd.keyref import Change, KeyKind
 from elasticd.etcd.keys import Keys
 from elasticd.etcd.memory import MemoryKV
 from elasticd.manager.presence import PresenceWatches
-from elasticd.manager.wakes import Created
 from tests.fakes import bare_manager
 
 KEYS = Keys("/t")
@@ -29,7 +28,7 @@ class CountingAgent:
 
 
 def test_no_node_record_wakes_any_agent_of_the_managers_watch(tmp_path: Path) -> None:
-    """The wiring in ``JobManager.watch``. MemoryKV runs watch callbacks in the writer's thread, in
+    """The wiring in ``ClusterCopy``. MemoryKV runs watch callbacks in the writer's thread, in
     revision order: once job k's agent has been woken by a later write, the node records' writes
     before it were delivered (or not) already."""
 
@@ -38,7 +37,7 @@ def test_no_node_record_wakes_any_agent_of_the_managers_watch(tmp_path: Path) ->
         manager = bare_manager(kv, KEYS, tmp_path)
         j, k = CountingAgent(), CountingAgent()
         manager.agents.update({"j": j, "k": k})  # type: ignore[dict-item]
-        watch = asyncio.ensure_future(manager.jobwatch.watch())
+        watch = asyncio.ensure_future(manager.cluster.run())
         try:
             async with asyncio.timeout(10):
                 while k.wakes == 0:  # until the watch is armed
@@ -123,13 +122,3 @@ def test_a_lease_end_wakes_the_job_and_a_broken_watch_is_rearmed_with_a_wake(tmp
         assert watches.followed() == frozenset()
 
     asyncio.run(main())
-
-
-def test_a_submitters_own_news_is_the_first_of_each_key_it_created_and_no_other() -> None:
-    created = Created()
-    spec, final = KEYS.route(KEYS.job_spec("j"), False), KEYS.route(KEYS.job_final("j"), False)
-    round_, gone = KEYS.route(KEYS.job_round("j"), False), KEYS.route(KEYS.job_round("j"), True)
-    assert spec is not None and final is not None and round_ is not None and gone is not None
-    assert created.own(spec) and not created.own(spec)  # a second change of the head is news
-    assert not created.own(final) and not created.own(gone)  # not written by create; a deletion
-    assert created.own(round_) and created.unheard == {KeyKind.RESTARTS}

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, NotRequired, TypedDict
@@ -33,8 +34,8 @@ from elasticd.manager.facts import NodeFacts
 from elasticd.manager.jobcommands import LogsRead
 from elasticd.node.registry import InventoryRecord, NodeRecord
 from elasticd.rendezvous.decider import build_result
+from elasticd.rendezvous.jobread import InvalidKey, RostersRead
 from elasticd.rendezvous.model import FinalRecord, Join, NodeStatus, RoundInfo
-from elasticd.rendezvous.snapshot import InvalidKey, JobSnapshot
 from elasticd.terms.spec import NodeRange
 from elasticd.terms.state import EndReason, JobState, RoundReason, WorkerFailure
 from elasticd.wire import (
@@ -60,22 +61,28 @@ def as_json(value: Any) -> Any:
     return json.loads(json.dumps(value))
 
 
-# -- snapshots ----------------------------------------------------------------------------------------
-def snapshot(
+# -- reads of a job --------------------------------------------------------------------------------------
+def job_read(
     round_no: int = 0,
     *,
     nnodes: NodeRange | None = None,
     joins: tuple[str, ...] = (),
     members: tuple[str, ...] = (),
     **fields: Any,
-) -> JobSnapshot:
-    snap = JobSnapshot(JOB, head=fakes.make_head(nnodes=nnodes or NodeRange(2, 3)), **fields)
-    snap.round = RoundInfo(round_no, RoundReason.START, 0.0)
-    snap.joins[round_no] = [Join(n, f"h-{n}", 29500, 2, i + 1) for i, n in enumerate(joins)]
+) -> RostersRead:
+    read = RostersRead(JOB, head=fakes.make_head(nnodes=nnodes or NodeRange(2, 3)), **fields)
+    read = replace(read, round=RoundInfo(round_no, RoundReason.START, 0.0))
+    read = replace(
+        read,
+        joins={
+            **read.joins,
+            round_no: tuple(Join(n, f"h-{n}", 29500, 2, i + 1) for i, n in enumerate(joins)),
+        },
+    )
     if members:
         ordered = [Join(n, f"10.0.0.{i + 1}", 29400 + i, 2, 0) for i, n in enumerate(members)]
-        snap.results[round_no] = build_result(round_no, ordered, 1.0)
-    return snap
+        read = replace(read, results={**read.results, round_no: build_result(round_no, ordered, 1.0)})
+    return read
 
 
 FAILURE = WorkerFailure.from_exit(
@@ -84,32 +91,32 @@ FAILURE = WorkerFailure.from_exit(
 NOTE = "n2 is waiting for 2 free GPUs (0 of 8 free now)"
 
 
-def _invalid() -> JobSnapshot:
-    snap = snapshot(0, members=("n1",))
-    snap.invalid = [InvalidKey(f"jobs/{JOB}/rdzv/0/join/n1", "port: must be int", 5)]
-    return snap
+def _invalid() -> RostersRead:
+    read = job_read(0, members=("n1",))
+    read = replace(read, invalid=(InvalidKey(f"jobs/{JOB}/rdzv/0/join/n1", "port: must be int", 5),))
+    return read
 
 
-def _no_spec() -> JobSnapshot:
-    snap = snapshot(0, joins=("n1",))
-    snap.head = None
-    return snap
+def _no_spec() -> RostersRead:
+    read = job_read(0, joins=("n1",))
+    read = replace(read, head=None)
+    return read
 
 
-SNAPSHOTS = {
-    "pending for capacity": lambda: snapshot(0, joins=("n1",), pending={"n2": NOTE}),
-    "pending for nodes": lambda: snapshot(0, joins=("n1",)),
-    "round about to close": lambda: snapshot(0, joins=("n1", "n2")),
-    "running": lambda: snapshot(
+READS = {
+    "pending for capacity": lambda: job_read(0, joins=("n1",), pending={"n2": NOTE}),
+    "pending for nodes": lambda: job_read(0, joins=("n1",)),
+    "round about to close": lambda: job_read(0, joins=("n1", "n2")),
+    "running": lambda: job_read(
         1, members=("n1", "n2"), node_status={"n1": NodeStatus("RUNNING", 1, "0,1", (5, 6), 1.0)}
     ),
-    "restarting for capacity": lambda: snapshot(2, joins=("n1",), pending={"n3": NOTE}, restarts=1),
-    "failed": lambda: snapshot(
+    "restarting for capacity": lambda: job_read(2, joins=("n1",), pending={"n3": NOTE}, restarts=1),
+    "failed": lambda: job_read(
         1,
         members=("n1",),
         final=FinalRecord(JobState.FAILED, "no restarts left", EndReason.WORKER_FAILED, FAILURE, 9.0),
     ),
-    "killed while pending": lambda: snapshot(
+    "killed while pending": lambda: job_read(
         0, pending={"n2": NOTE}, final=FinalRecord(JobState.KILLED, "killed by u", EndReason.KILLED)
     ),
     "invalid record": _invalid,
@@ -266,8 +273,8 @@ def test_client_refuses_arguments_of_another_command() -> None:
 
 # -- the CLI against canned replies ----------------------------------------------------------------
 def _replies() -> dict[str, Any]:
-    pending = job_view(SNAPSHOTS["pending for capacity"](), "n1")
-    ended = job_view(SNAPSHOTS["failed"](), "n1")
+    pending = job_view(READS["pending for capacity"](), "n1")
+    ended = job_view(READS["failed"](), "n1")
     record = NodeRecord("n1", 2, "h", "0.1.0", "10.0.0.1", InventoryRecord("gpu", 2, (Gpu(0, "u", "A", 1),)))
     replies: dict[str, Any] = as_json(
         {
@@ -366,7 +373,7 @@ def test_submit_warns_on_the_waits_for_field_not_on_the_reason(
     assert cli.main(["--socket", "/s", "submit", "train.py"]) == 0
     assert f"is PENDING: {NOTE}" in capsys.readouterr().err
 
-    replies["submit"] = as_json(job_view(SNAPSHOTS["pending for nodes"](), "n1"))
+    replies["submit"] = as_json(job_view(READS["pending for nodes"](), "n1"))
     replies["submit"]["reason"] = "waiting for nodes, waiting for Godot"
     assert cli.main(["--socket", "/s", "submit", "train.py"]) == 0
     assert "PENDING" not in capsys.readouterr().err
@@ -382,14 +389,14 @@ def test_follow_stops_at_a_terminal_state(
 
 def test_render_reads_only_declared_keys() -> None:
     assert set(render.DETAIL_KEYS) <= JobView.__required_keys__ | JobView.__optional_keys__
-    view: JobView = as_json(job_view(SNAPSHOTS["failed"](), "n1"))
+    view: JobView = as_json(job_view(READS["failed"](), "n1"))
     assert "first failure: rank 3" in render.job_detail(view) and view["id"] in render.jobs_table([view])
 
 
 # -- replies: what the daemon builds is what the schema declares --------------------------------------
-@pytest.mark.parametrize("name", list(SNAPSHOTS))
+@pytest.mark.parametrize("name", list(READS))
 def test_job_view_is_a_wire_job_view(name: str) -> None:
-    view = as_json(job_view(SNAPSHOTS[name](), "n1"))
+    view = as_json(job_view(READS[name](), "n1"))
     assert JobView.__required_keys__ <= set(view) <= JobView.__required_keys__ | JobView.__optional_keys__
     decode(JobView, view, unknown=Unknown.REJECT)  # and every value has its declared type
 
@@ -407,15 +414,15 @@ def test_job_view_is_a_wire_job_view(name: str) -> None:
         ("invalid record", None, []),
     ],
 )
-def test_waits_for_comes_from_the_snapshot(name: str, waits_for: WaitsFor | None, short: list[str]) -> None:
-    view = job_view(SNAPSHOTS[name](), "n1")
+def test_waits_for_comes_from_the_read(name: str, waits_for: WaitsFor | None, short: list[str]) -> None:
+    view = job_view(READS[name](), "n1")
     assert (view["waits_for"], view["short_of_capacity"]) == (waits_for, short)
 
 
 def test_waits_for_ignores_the_text_of_notes() -> None:
-    view = job_view(snapshot(0, joins=("n1",), pending={"n2": "no free slots, nothing like that"}), "n1")
+    view = job_view(job_read(0, joins=("n1",), pending={"n2": "no free slots, nothing like that"}), "n1")
     assert view["waits_for"] is WaitsFor.CAPACITY
-    single = job_view(snapshot(0, nnodes=NodeRange(1, 1)), "n1")
+    single = job_view(job_read(0, nnodes=NodeRange(1, 1)), "n1")
     assert single["waits_for"] is WaitsFor.NODES and "waiting for" not in single["reason"]
 
 
@@ -423,9 +430,9 @@ def _service(tmp_path: Path) -> Any:
     """A stand-in for ``CommandService`` with what these handlers use."""
 
     async def logs(args: LogsArgs) -> LogsRead:
-        snap = SNAPSHOTS["running"]()
-        read = Read([Chunk(1, 0, "x\n")], args.cursor | {"attempt_1/rank_0.log": 2}, False)
-        return LogsRead(job_view(snap, "n1"), round_view(snap), read, {1: 5.0})
+        read = READS["running"]()
+        got = Read([Chunk(1, 0, "x\n")], args.cursor | {"attempt_1/rank_0.log": 2}, False)
+        return LogsRead(job_view(read, "n1"), round_view(read), got, {1: 5.0})
 
     async def records() -> list[NodeRecord]:
         return [record]

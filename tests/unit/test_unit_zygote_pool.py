@@ -19,7 +19,7 @@ from elasticd.workers.warm import zygote as zy
 from elasticd.workers.warm.pool import ZygotePool
 from elasticd.workers.warm.pool_decider import Limits
 from elasticd.workers.warm.spawn import ZygoteSetup
-from elasticd.workers.zygote_program import boot
+from elasticd.workers.zygote_program import boot, stamps
 from tests.fakes import FAKE_ZYGOTE_HEAD, READY, NoReaper, until
 
 pytestmark = pytest.mark.timeout(60)
@@ -227,28 +227,28 @@ def test_stamps_see_an_edit_a_replacement_and_a_removal(tmp_path: Path) -> None:
     for f in files:
         f.write_text("x = 1\n")
     since = time.time_ns() + 10**9  # the imports began after the files were written
-    recorded = boot.stamps([str(f) for f in files] + [str(tmp_path / "missing.py")], since)
-    assert sorted(recorded) == sorted(str(f) for f in files) and boot.changed(recorded) is None
+    recorded = stamps.stamps([str(f) for f in files] + [str(tmp_path / "missing.py")], since)
+    assert sorted(recorded) == sorted(str(f) for f in files) and stamps.changed(recorded) is None
     os.utime(files[1], ns=(time.time_ns(), time.time_ns() + 10**9))  # edited (same size)
-    assert boot.changed(recorded) == str(files[1])
-    recorded = boot.stamps([str(f) for f in files], time.time_ns() + 10**10)
+    assert stamps.changed(recorded) == str(files[1])
+    recorded = stamps.stamps([str(f) for f in files], time.time_ns() + 10**10)
     (tmp_path / "new").write_text("x = 1\n")
     (tmp_path / "new").replace(files[0])  # replaced (an upgrade's rename)
-    assert boot.changed(recorded) == str(files[0])
-    recorded = boot.stamps([str(files[2])], time.time_ns() + 10**10)
+    assert stamps.changed(recorded) == str(files[0])
+    recorded = stamps.stamps([str(files[2])], time.time_ns() + 10**10)
     files[2].unlink()
-    assert boot.changed(recorded) == str(files[2])
+    assert stamps.changed(recorded) == str(files[2])
 
 
 def test_a_file_written_after_the_imports_began_is_never_fresh(tmp_path: Path) -> None:
     f = tmp_path / "model.py"
     since = time.time_ns() - 10**9
     f.write_text("x = 1\n")  # could have changed after it was imported
-    assert boot.changed(boot.stamps([str(f)], since)) == str(f)
+    assert stamps.changed(stamps.stamps([str(f)], since)) == str(f)
 
 
 def test_module_files_name_the_interpreter_and_loaded_modules() -> None:
-    files = boot.module_files()
+    files = stamps.module_files()
     assert sys.executable in files and os.path.abspath(boot.__file__) in files
     assert all(os.path.isabs(f) for f in files)
 

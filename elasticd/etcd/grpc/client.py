@@ -11,13 +11,14 @@ from typing import Any, TypeVar
 from elasticd import log
 from elasticd.errors import ConfigError, EtcdUnavailable
 from elasticd.etcd import gateway as gw
+from elasticd.etcd import versions
 from elasticd.etcd.client import NO_AUTH, refused
 from elasticd.etcd.gateway import Failure, GatewayError
-from elasticd.etcd.grpc.proto import Channel, found, in_use, load, status_of
+from elasticd.etcd.grpc.proto import Channel, found, in_use, load, range_request, status_of
 from elasticd.etcd.grpc.watch import Watch
 from elasticd.etcd.kv import prefix_end
 from elasticd.etcd.transport import Endpoint, parse_endpoint, uses_tls
-from elasticd.etcd.types import Compare, EtcdAuth, EtcdStatus, Found, KeyValue, Put, Query
+from elasticd.etcd.types import Compare, EtcdAuth, EtcdStatus, Found, KeyValue, Put, Query, WatchEvent
 from elasticd.etcd.watch import OpenWatches
 
 _log = log.get("elasticd.etcd")
@@ -48,6 +49,7 @@ class GrpcEtcdClient:
         self._index = 0
         self._token: str | None = None
         self._watches = OpenWatches()
+        self._splits_reads: dict[str, bool] = {}  # by endpoint: ``versions.splits_reads``
 
     def _credentials(self) -> Any:
         def read(path: Any) -> bytes | None:
@@ -138,24 +140,7 @@ class GrpcEtcdClient:
 
     # -- requests -----------------------------------------------------------------------------
     def _range(self, q: Query) -> Any:
-        rpc = self._rpc
-        request = rpc.RangeRequest(key=_b(q.key))
-        if q.prefix:
-            request.range_end = _b(prefix_end(q.key))
-        elif q.end is not None:
-            request.range_end = _b(q.end)
-        if q.oldest_only:
-            request.sort_order, request.sort_target, request.limit = (
-                rpc.RangeRequest.ASCEND, rpc.RangeRequest.CREATE, 1
-            )  # fmt: skip
-        elif q.first_only:
-            request.limit = 1
-        elif q.limit:
-            request.limit = q.limit
-        request.count_only = q.count_only
-        request.min_mod_revision = q.min_mod_revision
-        request.serializable = q.serializable
-        return request
+        return range_request(self._rpc, q)
 
     def _unary(self, stub: str, method: str, request: Any) -> Any:
         return self.call(
@@ -170,11 +155,51 @@ class GrpcEtcdClient:
         return self.read_many([Query(prefix, prefix=True)])[0].kvs
 
     def read_many(self, queries: Sequence[Query]) -> list[Found]:
+        """Several ranges at one revision: a transaction of ranges, or pinned ranges where the
+        server's version cannot take one safely (``elasticd.etcd.versions``)."""
         if not queries:
             return []
-        ops = [self._rpc.RequestOp(request_range=self._range(q)) for q in queries]
-        answer = self._unary("kv", "Txn", self._rpc.TxnRequest(success=ops))
-        return [found(r.response_range) for r in answer.responses]
+        return self.call(lambda ch, md: self._read_many_on(ch, md, queries))
+
+    def _read_many_on(self, ch: Channel, md: Any, queries: Sequence[Query]) -> list[Found]:
+        def get(q: Query, revision: int = 0) -> Any:
+            request = range_request(self._rpc, q, revision)
+            return ch.kv.Range(request, timeout=self._timeout_s, metadata=md)
+
+        if len(queries) > 1 and not self._splits(ch, md):
+            ops = [self._rpc.RequestOp(request_range=self._range(q)) for q in queries]
+            answer = ch.kv.Txn(self._rpc.TxnRequest(success=ops), timeout=self._timeout_s, metadata=md)
+            return [found(r.response_range, int(answer.header.revision)) for r in answer.responses]
+        for _ in range(versions.RESTARTS):
+            first = get(queries[0])
+            revision = int(first.header.revision)
+            try:
+                rest = [get(q, revision) for q in queries[1:]]
+            except self._grpc.RpcError as exc:
+                error = status_of(exc)
+                if versions.pinned_compacted(error.code, error.message):
+                    continue
+                raise
+            return [found(r, revision) for r in (first, *rest)]
+        raise GatewayError(Failure.REFUSED, "a read's revision was compacted each time it was read")
+
+    def _splits(self, ch: Channel, md: Any) -> bool:
+        where = str(ch.endpoint)
+        known = self._splits_reads.get(where)
+        if known is None:
+            version = self._version(ch, md)  # None: status is for etcd's admins
+            known = self._splits_reads[where] = version is None or versions.splits_reads(version)
+            _log.info("etcd.version", endpoint=where, version=version or "unknown", pinned_reads=known)
+        return known
+
+    def _version(self, ch: Channel, md: Any) -> str | None:
+        try:
+            status = ch.maintenance.Status(self._rpc.StatusRequest(), timeout=self._timeout_s, metadata=md)
+        except self._grpc.RpcError as exc:
+            if status_of(exc).failure is Failure.DENIED:
+                return None
+            raise
+        return str(status.version)[:64]
 
     def put_json(self, key: str, value: Any, lease: int | None = None) -> None:
         self._unary("kv", "Put", self._put(Put(key, value, lease)))
@@ -252,9 +277,33 @@ class GrpcEtcdClient:
         create = self._rpc.WatchRequest(
             create_request=self._rpc.WatchCreateRequest(key=_b(start), range_end=_b(end), filters=filters)
         )
+        return self._open_watch(create, on_change, on_broken, whole=False)
 
+    def watch_from(
+        self,
+        start: str,
+        end: str,
+        revision: int,
+        on_events: Callable[[list[WatchEvent]], None],
+        on_broken: Callable[[], None],
+    ) -> Callable[[], None]:
+        """``watch_range`` from ``revision``, each change whole (``KV.watch_from``)."""
+        create = self._rpc.WatchRequest(
+            create_request=self._rpc.WatchCreateRequest(
+                key=_b(start), range_end=_b(end), start_revision=revision
+            )
+        )
+        return self._open_watch(create, on_events, on_broken, whole=True)
+
+    def _open_watch(
+        self,
+        create: Any,
+        on_change: Callable[[str, bool], None] | Callable[[list[WatchEvent]], None],
+        on_broken: Callable[[], None],
+        whole: bool,
+    ) -> Callable[[], None]:
         def op(ch: Channel, md: Any) -> Callable[[], None]:
-            stream = Watch(self._grpc, ch, create, md, on_change, on_broken)
+            stream = Watch(self._grpc, ch, create, md, on_change, on_broken, whole)
             stream.wait_created(self._timeout_s)
             return stream.cancel
 
@@ -333,15 +382,6 @@ class GrpcEtcdClient:
 
     def health(self) -> str:
         def op(ch: Channel, md: Any) -> str:
-            try:
-                return str(
-                    ch.maintenance.Status(
-                        self._rpc.StatusRequest(), timeout=self._timeout_s, metadata=md
-                    ).version
-                )[:64]
-            except self._grpc.RpcError as exc:
-                if status_of(exc).failure is Failure.DENIED:
-                    return "unknown (status is reserved to etcd admins)"
-                raise
+            return self._version(ch, md) or "unknown (status is reserved to etcd admins)"
 
         return self.call(op)

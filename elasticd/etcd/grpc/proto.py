@@ -11,8 +11,9 @@ from typing import Any
 from elasticd.errors import ConfigError
 from elasticd.etcd import gateway as gw
 from elasticd.etcd.gateway import Failure, GatewayError
+from elasticd.etcd.kv import prefix_end
 from elasticd.etcd.transport import Endpoint
-from elasticd.etcd.types import Found, KeyValue
+from elasticd.etcd.types import Found, KeyValue, Query
 
 PB_ENV = "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"
 # grpc's fork support runs handlers around every fork; while another thread is inside grpc (a
@@ -74,10 +75,13 @@ class Channel:
     auth: Any
 
 
-def found(r: Any) -> Found:
-    kvs = [KeyValue(kv.key.decode("utf-8", "replace"), bytes(kv.value), int(kv.create_revision),
-                    int(kv.mod_revision), int(kv.lease)) for kv in r.kvs]  # fmt: skip
-    return Found(kvs, int(r.count))
+def key_value(kv: Any) -> KeyValue:
+    return KeyValue(kv.key.decode("utf-8", "replace"), bytes(kv.value), int(kv.create_revision),
+                    int(kv.mod_revision), int(kv.lease))  # fmt: skip
+
+
+def found(r: Any, revision: int = 0) -> Found:
+    return Found([key_value(kv) for kv in r.kvs], int(r.count), revision)
 
 
 def in_use(status: Any) -> int:
@@ -91,3 +95,30 @@ def in_use(status: Any) -> int:
     except Exception:  # an older protobuf without the module: the member's size in use is not said
         pass
     return 0
+
+
+def range_request(rpc: Any, q: Query, revision: int = 0) -> Any:
+    """A RangeRequest; ``revision``: as of that store revision (0: the newest), which a member
+    that has applied it serves without a consensus round."""
+    request = rpc.RangeRequest(key=_b(q.key))
+    if q.prefix:
+        request.range_end = _b(prefix_end(q.key))
+    elif q.end is not None:
+        request.range_end = _b(q.end)
+    if q.oldest_only:
+        request.sort_order, request.sort_target, request.limit = (
+            rpc.RangeRequest.ASCEND, rpc.RangeRequest.CREATE, 1
+        )  # fmt: skip
+    elif q.first_only:
+        request.limit = 1
+    elif q.limit:
+        request.limit = q.limit
+    request.count_only = q.count_only
+    request.min_mod_revision = q.min_mod_revision
+    request.serializable = q.serializable or bool(revision)
+    request.revision = revision
+    return request
+
+
+def _b(s: str) -> bytes:
+    return s.encode()

@@ -9,7 +9,8 @@ from typing import Any
 from elasticd import log
 from elasticd.etcd import gateway as gw
 from elasticd.etcd.gateway import Failure, GatewayError
-from elasticd.etcd.grpc.proto import Channel, status_of
+from elasticd.etcd.grpc.proto import Channel, key_value, status_of
+from elasticd.etcd.types import WatchEvent
 
 _log = log.get("elasticd.etcd")
 JOIN_S = 5.0
@@ -25,10 +26,12 @@ class Watch:
         ch: Channel,
         create: Any,
         metadata: Any,
-        on_change: Callable[[str, bool], None],
+        on_change: Callable[[str, bool], None] | Callable[[list[WatchEvent]], None],
         on_broken: Callable[[], None],
+        whole: bool = False,
     ) -> None:
         self._grpc = grpc
+        self._whole = whole  # ``on_change`` takes each answer's events whole
         self._on_change = on_change
         self._on_broken = on_broken
         self._lock = threading.RLock()
@@ -70,8 +73,10 @@ class Watch:
                     self._error = gw.watch_canceled(answer.cancel_reason or "the watch was not created")
                     return
                 self._created.set()
-                for event in answer.events:
-                    self._deliver(event.kv.key.decode("utf-8", "replace"), event.type == 1)  # 1: DELETE
+                if self._whole and answer.events:  # 1: DELETE
+                    self._deliver([WatchEvent(key_value(e.kv), e.type == 1) for e in answer.events])
+                for event in answer.events if not self._whole else ():
+                    self._deliver(event.kv.key.decode("utf-8", "replace"), event.type == 1)
                 if answer.canceled:
                     why = f"etcd canceled the watch: {answer.cancel_reason or answer.compact_revision}"
                     break
@@ -86,14 +91,14 @@ class Watch:
                 return  # noqa: B012  (the opener reports it; no on_broken for a watch never made)
         self._broken(why)
 
-    def _deliver(self, key: str, deleted: bool) -> None:
+    def _deliver(self, *args: Any) -> None:
         with self._lock:
             if self._over:
                 return
             try:
-                self._on_change(key, deleted)
+                self._on_change(*args)
             except Exception:  # a watcher's bug: logged; the stream and later events carry on
-                _log.exception("watch.callback_failed", key=key)
+                _log.exception("watch.callback_failed", key=args[0] if len(args) == 2 else None)
 
     def _broken(self, why: str) -> None:
         with self._lock:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import signal
 import socket
@@ -35,7 +36,9 @@ from importlib import resources
 from elasticd.workers.proctree.markers import JOB_ENV
 from elasticd.workers.proctree.spawn import Identity, worker_preexec
 
-PIPE_BYTES = 65536  # the program is written whole before the child reads: it must fit the pipe
+# The program is written whole before the child reads: it must fit the pipe, grown to this from
+# the kernel's default of 64 KiB (within the default fs.pipe-max-size of 1 MiB).
+PIPE_BYTES = 256 * 1024
 
 
 class HelperError(OSError):
@@ -111,7 +114,9 @@ def launch(
     src_r, src_w = os.pipe2(os.O_CLOEXEC)
     try:
         code = source if source is not None else program.source()
-        if len(code) >= PIPE_BYTES:
+        with contextlib.suppress(OSError):  # a lower fs.pipe-max-size: the length check below says so
+            fcntl.fcntl(src_w, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+        if len(code) >= fcntl.fcntl(src_w, fcntl.F_GETPIPE_SZ):
             raise HelperError(f"{program.title}'s program is larger than a pipe's buffer")
         os.write(src_w, code)
         os.close(src_w)

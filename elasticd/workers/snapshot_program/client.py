@@ -15,29 +15,41 @@ import os
 import socket
 import struct
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 from elasticd.workers.snapshot_program import frame
-from elasticd.workers.snapshot_program.protocol import MAX_MESSAGE, BadMessage, encode, parse_reply
+from elasticd.workers.snapshot_program.protocol import MAX_MESSAGE, BadMessage
+from elasticd.workers.snapshot_program.replies import (
+    Answer,
+    Begun,
+    Claimed,
+    Committed,
+    Done,
+    Held,
+    KeyKnown,
+    Listed,
+    Opened,
+    Refused,
+    parse_reply,
+)
+from elasticd.workers.snapshot_program.requests import (
+    Begin,
+    Claim,
+    Commit,
+    Key,
+    ListHeld,
+    Local,
+    Open,
+    Peer,
+    Written,
+    encode_message,
+)
 
 TIMEOUT_S = 30.0
 
 
 class SnapshotError(Exception):
     """The keeper could not take or give a snapshot (the reason is the message)."""
-
-
-@dataclass(frozen=True)
-class Held:
-    """A complete snapshot the keeper holds."""
-
-    rank: int
-    slot: int
-    gen: int
-    step: int
-    length: int
-    replica: bool = False  # sent by another node's keeper
 
 
 class KeeperClient:
@@ -60,12 +72,12 @@ class KeeperClient:
             self._sock = sock
         return self._sock
 
-    def call(self, **req: Any) -> tuple[dict[str, Any], int | None]:
-        """One request and its reply, with the fd it carried (the caller owns it)."""
+    def call(self, req: Local, expect: type[Answer]) -> tuple[Answer, int | None]:
+        """One request and its reply, an ``expect``, with the fd it carried (the caller owns it)."""
         with self._lock:
             sock = self._connect()
             try:
-                sock.send(encode(**req))
+                sock.send(encode_message(req))
                 data, anc, _, _ = sock.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(4))
             except OSError as exc:
                 self.close()
@@ -75,15 +87,15 @@ class KeeperClient:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS and len(payload) >= 4:
                 fd = struct.unpack("i", payload[:4])[0]
         try:
-            reply = parse_reply(data)
+            reply = parse_reply(data, expect)
         except BadMessage as exc:
             if fd is not None:
                 os.close(fd)
             raise SnapshotError(f"snapshot keeper: {exc}") from exc
-        if not reply["ok"]:
+        if isinstance(reply, Refused):
             if fd is not None:
                 os.close(fd)
-            raise SnapshotError(reply["error"])
+            raise SnapshotError(reply.error)
         return reply, fd
 
     def save(self, state: Any, name: str, rank: int, step: int, file: bool = False) -> int:
@@ -94,16 +106,16 @@ class KeeperClient:
         lib = (
             os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(frame.__file__)))) if file else ""
         )
-        reply, fd = self.call(op="begin", name=name, rank=rank, step=step, size=p.total, file=file, lib=lib)
-        slot, gen = int(reply["slot"]), int(reply["gen"])
-        buf = self._mapping(name, rank, slot, gen, int(reply["capacity"]), fd)
+        begun, fd = self.call(Begin(name, rank, step, p.total, file, lib), Begun)
+        slot, gen = begun.slot, begun.gen
+        buf = self._mapping(name, rank, slot, gen, begun.capacity, fd)
         if id(buf) not in self._pinned and frame.on_device(p):
             from elasticd.workers.snapshot_program import device
 
             if device.register(buf):
                 self._pinned.add(id(buf))
         frame.write(p, step, buf)
-        self.call(op="commit", name=name, rank=rank, slot=slot, gen=gen)
+        self.call(Commit(name, rank, slot, gen), Committed)
         return slot
 
     def mapped(self, name: str, rank: int, slot: int) -> mmap.mmap | None:
@@ -137,27 +149,17 @@ class KeeperClient:
             buf.close()
 
     def held(self, name: str) -> list[Held]:
-        reply, _ = self.call(op="list", name=name)
-        out = []
-        for item in reply.get("held", []):
-            try:
-                rank, slot, gen, step, length = (
-                    int(item[k]) for k in ("rank", "slot", "gen", "step", "length")
-                )
-                out.append(Held(rank, slot, gen, step, length, replica=item.get("replica") is True))
-            except (KeyError, TypeError, ValueError):
-                raise SnapshotError("snapshot keeper: a bad list") from None
-        return out
+        listed, _ = self.call(ListHeld(name), Listed)
+        return list(listed.held)
 
     def load(self, name: str, held: Held) -> tuple[int, Any]:
         """``(step, state)`` of a held snapshot. Its tensors are views of a private (copy-on-write)
         mapping of the keeper's segment, which the keeper pins: it never writes that segment again,
         so the pages stay shared until the training loop writes them, and a restore copies nothing
         (``load_state_dict``'s copy reads them once)."""
-        reply, fd = self.open(name, held, pin=True)
+        opened, fd = self.open(name, held, pin=True)
         try:
-            length = int(reply["length"])
-            buf = mmap.mmap(fd, length, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            buf = mmap.mmap(fd, opened.length, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
         try:
@@ -166,47 +168,33 @@ class KeeperClient:
             self._unmap(buf)
             raise SnapshotError(f"snapshot of step {held.step}: {exc}") from exc
 
-    def open(self, name: str, held: Held, pin: bool = False) -> tuple[dict[str, Any], int]:
+    def open(self, name: str, held: Held, pin: bool = False) -> tuple[Opened, int]:
         """The keeper's reply and a read-only fd of the segment of ``held`` (``pin``: the keeper
         never writes that segment again)."""
-        reply, fd = self.call(
-            op="open", name=name, rank=held.rank, slot=held.slot, gen=held.gen, replica=held.replica, pin=pin
-        )
+        opened, fd = self.call(Open(name, held.rank, held.slot, held.gen, held.replica, pin), Opened)
         if fd is None:
             raise SnapshotError("snapshot keeper: no segment came with its reply")
-        return reply, fd
+        return opened, fd
 
     def key(self, key: str | None = None) -> tuple[str | None, str, int]:
         """Set the job's key (given) and read it back: ``(key, address, port)`` of the keeper's
         replication link (port 0: it has none)."""
-        reply, _ = self.call(op="key", key=key)
-        known, address, port = reply.get("key"), reply.get("address"), reply.get("port")
-        if (
-            not (known is None or isinstance(known, str))
-            or not isinstance(address, str)
-            or type(port) is not int
-        ):
-            raise SnapshotError("snapshot keeper: a bad key reply")
-        return known, address, port
+        known, _ = self.call(Key(key), KeyKnown)
+        return known.key, known.address, known.port
 
     def peer(self, address: str | None, port: int) -> None:
         """Replicate this node's snapshots to the keeper at ``address:port`` (None: to none)."""
-        self.call(op="peer", address=address, port=port)
+        self.call(Peer(address, port), Done)
 
     def claim(self, name: str, step: int) -> tuple[str, int | None]:
         """Whether to write ``step`` to the file ``name`` now (``filing.claim``): ``write``,
         ``skip``, or ``wait`` with an fd that reaches EOF when the keeper's own write ends."""
-        reply, fd = self.call(op="claim", name=name, step=step)
-        verdict = reply.get("do")
-        if verdict not in ("write", "skip", "wait"):
-            if fd is not None:
-                os.close(fd)
-            raise SnapshotError("snapshot keeper: a bad claim reply")
-        return verdict, fd
+        claimed, fd = self.call(Claim(name, step), Claimed)
+        return claimed.do, fd
 
     def written(self, name: str, step: int) -> None:
         """``step`` is in the file ``name`` now."""
-        self.call(op="written", name=name, step=step)
+        self.call(Written(name, step), Done)
 
     def close(self) -> None:
         sock, self._sock = self._sock, None

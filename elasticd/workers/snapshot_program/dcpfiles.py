@@ -164,6 +164,10 @@ def from_keeper(target: str, step: int, state: Any) -> None:
     if committed(path) >= step or _record(path, int(rank), step) is not None:
         return
     write_items(path, state["items"], state["plan"], int(rank), step, KEEPER)
+    with _locked(path):  # a newer step's commit may have swept while this shard was written
+        newest = committed(path)
+        if newest > step:
+            _sweep(path, newest)
 
 
 def _sweep(path: Path, step: int) -> None:

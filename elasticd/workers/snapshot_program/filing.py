@@ -1,6 +1,6 @@
 """The keeper's writes behind: the newest complete snapshot of a checkpoint file, written to the
 user's path when the daemon says the job's workers here have stopped (standard library only; part
-of the keeper's program, after ``protocol`` and ``replica``; see ``keeper``).
+of the keeper's program, after ``protocol``, ``replies``, ``requests`` and ``replica``; see ``keeper``).
 
 A worker writes its file itself every N snapshots, on a stop and at its exit (``memory``); a
 worker that fails cannot, so without this a job that ends FAILED keeps only the last every-N
@@ -33,6 +33,7 @@ from typing import Protocol
 
 if __name__ != "__elasticd_keeper__":  # the daemon's tests and mypy; in the keeper, globals already
     from elasticd.workers.snapshot_program.protocol import Report, WriteReport
+    from elasticd.workers.snapshot_program.replies import SKIP, WAIT, WRITE
 
 WRITE_TIMEOUT_S = 120.0  # a child's import of torch and a write of the bound's bytes, with fsync
 MAX_TAIL = 300  # of a failed child's stderr, in its report
@@ -40,7 +41,6 @@ CHILD = (  # the writing rank's elasticd first: the frame's pickles name its cla
     "import sys;sys.argv[1] and sys.path.insert(0,sys.argv[1]);"
     "from elasticd.workers.snapshot_program.persister import main;main(sys.argv[2:])"
 )
-WRITE, SKIP, WAIT = "write", "skip", "wait"
 DCP_SHARDS, DCP_META = "#dcp", "#dcp-meta"  # the names ``dcp``'s writer snapshots a checkpoint under
 
 

@@ -3,9 +3,9 @@ deaths and restarts (standard library only; run in the job's interpreter, as the
 
 The daemon starts one per job and node when the job is admitted (``workers.warm.snapshotkeeper``), beside
 the zygote and like it (the submitter's identity, cwd and environment, the job's tracking cgroup,
-a parent-death signal), hands it this program's source over a pipe (after ``protocol``'s, in one
-namespace), and stops it when the job ends here. It never reads a user's file and the daemon
-never reads its segments.
+a parent-death signal), hands it this program's source over a pipe (after ``protocol``,
+``replies`` and ``requests``, in one namespace), and stops it when the job ends here. It never reads a user's
+file and the daemon never reads its segments.
 
 What it does:
 1. make a 0700 directory of its own (``tempfile.mkdtemp``, as the submitter) and listen there on
@@ -34,11 +34,9 @@ from __future__ import annotations
 import os
 import threading
 import zlib
-from typing import Any
 
 if __name__ != "__elasticd_keeper__":  # the daemon's tests and mypy; in the keeper, globals already
     from elasticd.workers.snapshot_program.filing import (
-        WAIT,
         Due,
         Filed,
         claim,
@@ -48,7 +46,30 @@ if __name__ != "__elasticd_keeper__":  # the daemon's tests and mypy; in the kee
         slot_name,
     )
     from elasticd.workers.snapshot_program.protocol import HEADER, BadMessage, align, parse_header
-    from elasticd.workers.snapshot_program.replica import parse_key, parse_peer
+    from elasticd.workers.snapshot_program.replies import (
+        WAIT,
+        Begun,
+        Claimed,
+        Committed,
+        Done,
+        Held,
+        KeyKnown,
+        Listed,
+        Opened,
+        Refused,
+        Reply,
+    )
+    from elasticd.workers.snapshot_program.requests import (
+        Begin,
+        Claim,
+        Commit,
+        Key,
+        ListHeld,
+        Local,
+        Open,
+        Peer,
+        Written,
+    )
 
 MAX_KEYS = 4096  # (name, rank) pairs held
 MAX_SLOTS = 3  # two, and one more while a restored worker still shares a pinned one
@@ -178,57 +199,66 @@ class Keeper:
         pairs = [*self.slots.values(), *self.replicas.values()]
         return sum(s.capacity for pair in pairs for s in pair)
 
-    def handle(self, req: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
+    def handle(self, req: Local) -> tuple[Reply, int | None]:
         """A reply and the fd to send with it (the caller closes it after sending)."""
         with self.lock:
             return self._handle(req)
 
-    def _handle(self, req: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
-        if req["op"] == "key":
-            given = parse_key(req["key"])
-            if given is not None:
-                self.key = given
-            known = self.key.hex() if self.key is not None else None
-            return {"ok": True, "key": known, "address": self.address, "port": self.port}, None
-        if req["op"] == "peer":
-            self.peer = parse_peer(req["address"], req["port"])
-            self.pushes = {k: self.newest(pair) for k, pair in self.slots.items() if self.newest(pair) >= 0}
-            self.wake.notify_all()
-            return {"ok": True}, None
-        key = (req["name"], req.get("rank", -1))
-        if req["op"] == "list":
-            return {"ok": True, "held": self.listing(req["name"])}, None
-        if req["op"] in ("claim", "written"):
-            return self._file_op(req["op"], req["name"], req["step"])
-        if req["op"] == "begin":
-            fkey = file_key(*key)
-            if req.get("file") and (fkey in self.filed or len(self.filed) < MAX_KEYS):
-                filed = self.filed.setdefault(fkey, Filed(key[1]))
-                filed.rank, filed.lib = key[1], req.get("lib", "")
-            return self._begin(self.slots, key, req["step"], req["size"])
-        pair = (self.replicas if req.get("replica") else self.slots).get(key)
-        slot = pair[req["slot"]] if pair is not None and req["slot"] < len(pair) else None
-        if slot is None or slot.gen != req["gen"]:
-            return {"ok": False, "error": "no such segment (replaced since)"}, None
-        if req["op"] == "commit":
-            return self._commit(key, req["slot"], slot), None
-        if slot.state != COMPLETE:
-            return {"ok": False, "error": f"segment is {slot.state}"}, None
-        slot.pinned = slot.pinned or bool(req.get("pin"))
-        ro = os.open(f"/proc/self/fd/{slot.fd}", os.O_RDONLY | os.O_CLOEXEC)
-        return {"ok": True, "length": slot.length, "step": slot.step}, ro
+    def _handle(self, req: Local) -> tuple[Reply, int | None]:
+        match req:
+            case Key(key=given):
+                if given is not None:
+                    self.key = bytes.fromhex(given)
+                known = self.key.hex() if self.key is not None else None
+                return KeyKnown(known, self.address, self.port), None
+            case Peer(address=address, port=port):
+                self.peer = (address, port) if address is not None else None
+                self.pushes = {
+                    k: self.newest(pair) for k, pair in self.slots.items() if self.newest(pair) >= 0
+                }
+                self.wake.notify_all()
+                return Done(), None
+            case ListHeld(name=name):
+                return Listed(self.listing(name)), None
+            case Claim(name=name, step=step):
+                return self._claim(name, step)
+            case Written(name=name, step=step):
+                filed = self.filed.get(name)
+                if filed is not None:
+                    filed.on_disk = max(filed.on_disk, step)
+                return Done(), None
+            case Begin():
+                fkey = file_key(req.name, req.rank)
+                if req.file and (fkey in self.filed or len(self.filed) < MAX_KEYS):
+                    filed = self.filed.setdefault(fkey, Filed(req.rank))
+                    filed.rank, filed.lib = req.rank, req.lib
+                got = self._begin(self.slots, (req.name, req.rank), req.step, req.size)
+                return (got, None) if isinstance(got, Refused) else got
+            case Commit() | Open():
+                return self._segment(req)
 
-    def _file_op(self, op: str, name: str, step: int) -> tuple[dict[str, Any], int | None]:
-        """``claim``: whether a worker writes ``step`` to the file now (``filing.claim``), with an fd
-        to wait on while the keeper writes an older one; ``written``: it did."""
+    def _segment(self, req: Commit | Open) -> tuple[Reply, int | None]:
+        """A commit of the segment ``begin`` gave, or a read-only fd of a complete one (an open)."""
+        key = (req.name, req.rank)
+        pair = (self.replicas if isinstance(req, Open) and req.replica else self.slots).get(key)
+        slot = pair[req.slot] if pair is not None and req.slot < len(pair) else None
+        if slot is None or slot.gen != req.gen:
+            return Refused("no such segment (replaced since)"), None
+        if isinstance(req, Commit):
+            return self._commit(key, req.slot, slot), None
+        if slot.state != COMPLETE:
+            return Refused(f"segment is {slot.state}"), None
+        slot.pinned = slot.pinned or req.pin
+        ro = os.open(f"/proc/self/fd/{slot.fd}", os.O_RDONLY | os.O_CLOEXEC)
+        return Opened(slot.length, slot.step), ro
+
+    def _claim(self, name: str, step: int) -> tuple[Claimed, int | None]:
+        """Whether a worker writes ``step`` to the file now (``filing.claim``), with an fd to wait
+        on while the keeper writes an older one."""
         filed = self.filed.get(name)
-        if op == "written":
-            if filed is not None:
-                filed.on_disk = max(filed.on_disk, step)
-            return {"ok": True}, None
         verdict = claim(filed, step)
         waiter = os.dup(filed.waiter) if verdict == WAIT and filed is not None and filed.waiter >= 0 else None
-        return {"ok": True, "do": verdict}, waiter
+        return Claimed(verdict), waiter
 
     def take_due(self) -> list[Due]:
         """The files to write now (``filing.due``); every file is clean after."""
@@ -262,15 +292,15 @@ class Keeper:
             if ok:
                 filed.on_disk = max(filed.on_disk, step)
 
-    def listing(self, name: str) -> list[dict[str, Any]]:
-        return [
-            {"rank": rank, "slot": i, "gen": s.gen, "step": s.step, "length": s.length, "replica": replica}
+    def listing(self, name: str) -> tuple[Held, ...]:
+        return tuple(
+            Held(rank, i, s.gen, s.step, s.length, replica)
             for replica, table in ((False, self.slots), (True, self.replicas))
             for (held, rank), pair in sorted(table.items())
             if held == name
             for i, s in enumerate(pair)
             if s.state == COMPLETE
-        ]
+        )
 
     @staticmethod
     def newest(pair: list[Slot]) -> int:
@@ -304,10 +334,10 @@ class Keeper:
         slot.state, slot.seq = COMPLETE, self._seq
         return None
 
-    def _commit(self, key: tuple[str, int], index: int, slot: Slot) -> dict[str, Any]:
+    def _commit(self, key: tuple[str, int], index: int, slot: Slot) -> Committed | Refused:
         why = self._complete(slot)
         if why is not None:
-            return {"ok": False, "error": why}
+            return Refused(why)
         self._retire(self.slots[key])
         filed = self.filed.get(file_key(*key))
         if filed is not None and filed.rank == key[1]:
@@ -315,25 +345,26 @@ class Keeper:
         if self.peer is not None and key in self.slots:
             self.pushes[key] = index
             self.wake.notify_all()
-        return {"ok": True, "step": slot.step, "held": self.held()}
+        return Committed(slot.step, self.held())
 
     def _begin(
         self, table: dict[tuple[str, int], list[Slot]], key: tuple[str, int], step: int, size: int
-    ) -> tuple[dict[str, Any], int | None]:
+    ) -> tuple[Begun, int] | Refused:
+        """A segment to write a snapshot of ``key`` into, and an fd of it; or why not."""
         pair = table.get(key)
         if pair is None:
             if len(self.slots) + len(self.replicas) >= MAX_KEYS:
-                return {"ok": False, "error": f"more than {MAX_KEYS} snapshot names and ranks"}, None
+                return Refused(f"more than {MAX_KEYS} snapshot names and ranks")
             pair = table[key] = [Slot(), Slot()]
         index = pick(pair)
         if index == len(pair):
             if index >= MAX_SLOTS:
-                return {"ok": False, "error": "every segment is pinned by a restored worker"}, None
+                return Refused("every segment is pinned by a restored worker")
             pair.append(Slot())
         slot = pair[index]
         why = over_bound(self.held(), slot, size, self.bound)
         if why is not None:
-            return {"ok": False, "error": why}, None
+            return Refused(why)
         if size > slot.capacity:
             fd = segment(grown(size))
             if slot.fd >= 0:
@@ -342,8 +373,7 @@ class Keeper:
             slot.fd, slot.capacity, slot.gen = fd, grown(size), self._gen
         slot.state, slot.step, slot.length = WRITING, step, 0
         slot.begun += 1
-        reply = {"ok": True, "slot": index, "gen": slot.gen, "capacity": slot.capacity}
-        return reply, os.dup(slot.fd)
+        return Begun(index, slot.gen, slot.capacity), os.dup(slot.fd)
 
     def begin_replica(self, name: str, rank: int, step: int, size: int) -> tuple[Slot, int, int] | str:
         """A replica's segment to receive into: ``(slot, gen, fd)``, or why not. Never an older
@@ -352,10 +382,11 @@ class Keeper:
             pair = self.replicas.get((name, rank))
             if pair is not None and (newest := self.newest(pair)) >= 0 and pair[newest].step > step:
                 return f"holds step {pair[newest].step} already"
-            reply, fd = self._begin(self.replicas, (name, rank), step, size)
-            if not reply["ok"] or fd is None:
-                return str(reply.get("error"))
-            return self.replicas[(name, rank)][reply["slot"]], reply["gen"], fd
+            got = self._begin(self.replicas, (name, rank), step, size)
+            if isinstance(got, Refused):
+                return got.error
+            begun, fd = got
+            return self.replicas[(name, rank)][begun.slot], begun.gen, fd
 
     def commit_replica(self, slot: Slot, gen: int) -> str | None:
         with self.lock:

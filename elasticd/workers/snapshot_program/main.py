@@ -1,6 +1,6 @@
 """The keeper's process: its sockets and its loop (standard library only; the last part of the
-keeper's program, after ``protocol``, ``replica``, ``filing``, ``keeper`` and ``peers``; see
-``keeper``)."""
+keeper's program, after ``protocol``, ``replies``, ``requests``, ``replica``, ``filing``, ``keeper`` and
+``peers``; see ``keeper``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import struct
 import sys
 import tempfile
 import time
-from typing import Any
 
 if __name__ != "__elasticd_keeper__":
     from elasticd.workers.snapshot_program import peers
@@ -30,10 +29,10 @@ if __name__ != "__elasticd_keeper__":
         Order,
         decode_config,
         decode_order,
-        encode,
         encode_control,
-        parse_request,
     )
+    from elasticd.workers.snapshot_program.replies import Refused, Reply
+    from elasticd.workers.snapshot_program.requests import encode_message, parse_request
 
     start_peers = peers.start
 else:
@@ -42,10 +41,10 @@ else:
 MAX_CLIENTS = 512  # a node's ranks, and a few more
 
 
-def _send(conn: socket.socket, reply: dict[str, Any], fd: int | None) -> None:
+def _send(conn: socket.socket, reply: Reply, fd: int | None) -> None:
     anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", fd))] if fd is not None else []
     try:
-        conn.sendmsg([encode(**reply)], anc)
+        conn.sendmsg([encode_message(reply)], anc)
     finally:
         if fd is not None:
             os.close(fd)
@@ -66,11 +65,11 @@ def _serve_one(keeper: Keeper, conn: socket.socket) -> bool:
             raise BadMessage("message too long")
         reply, fd = keeper.handle(parse_request(data))
     except BadMessage as exc:
-        reply, fd = {"ok": False, "error": str(exc)}, None
+        reply, fd = Refused(str(exc)), None
     except OSError as exc:  # a segment the kernel would not give (memory): this snapshot fails
-        reply, fd = {"ok": False, "error": f"cannot make a segment: {exc.strerror or exc}"}, None
+        reply, fd = Refused(f"cannot make a segment: {exc.strerror or exc}"), None
     except Exception as exc:  # a bug here must cost one request, never the snapshots held
-        reply, fd = {"ok": False, "error": f"keeper: {type(exc).__name__}: {exc}"[:300]}, None
+        reply, fd = Refused(f"keeper: {type(exc).__name__}: {exc}"[:300]), None
     try:
         _send(conn, reply, fd)
     except OSError:

@@ -24,9 +24,10 @@ from typing import Any, BinaryIO
 
 from elasticd.workers.snapshot_program import collective, frame
 from elasticd.workers.snapshot_program import restore as nearest
-from elasticd.workers.snapshot_program.client import Held, KeeperClient, SnapshotError
-from elasticd.workers.snapshot_program.filing import SKIP, WRITE_TIMEOUT_S
+from elasticd.workers.snapshot_program.client import KeeperClient, SnapshotError
+from elasticd.workers.snapshot_program.filing import WRITE_TIMEOUT_S
 from elasticd.workers.snapshot_program.protocol import SOCKET_ENV
+from elasticd.workers.snapshot_program.replies import SKIP, Held
 
 PERSIST_EVERY_ENV = "ELASTICD_SNAPSHOT_PERSIST_EVERY"
 DEFAULT_PERSIST_EVERY = 10
@@ -290,11 +291,11 @@ class Snapshots:
                 say("snapshot.persist_skipped", step=held.step, reason="the keeper wrote it")
                 return
         try:
-            reply, fd = client.open(name, held)
+            opened, fd = client.open(name, held)
         except SnapshotError:
             return
         try:
-            buf = mmap.mmap(fd, int(reply["length"]), prot=mmap.PROT_READ)
+            buf = mmap.mmap(fd, opened.length, prot=mmap.PROT_READ)
         finally:
             os.close(fd)
         self._persist(name).start(buf, path, -1, release=lambda: _close(buf))

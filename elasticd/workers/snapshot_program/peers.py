@@ -1,6 +1,6 @@
 """The keeper's replication: a server for other keepers' puts and workers' gets, and a pusher
 that sends each new complete snapshot to the peer (standard library only; part of the keeper's
-program, after ``replica`` and ``keeper``).
+program, after ``requests``, ``replica`` and ``keeper``).
 
 Both are threads of the keeper; they take ``Keeper.lock`` to look slots up and never while they
 copy. A frame is read from a segment the worker may write again (two snapshots later): the
@@ -27,12 +27,13 @@ if __name__ != "__elasticd_keeper__":
         TAG,
         connect,
         nonce,
-        parse_transfer,
         recv_exact,
         recv_head,
         recv_into,
         send_head,
     )
+    from elasticd.workers.snapshot_program.replies import Refused, Sending
+    from elasticd.workers.snapshot_program.requests import Get, Put, parse_transfer
 
 
 def _stream(sock: socket.socket, fd: int, length: int, mac: Any) -> None:
@@ -76,29 +77,29 @@ class Server:
     def serve(self, conn: socket.socket) -> None:
         with self.keeper.lock:
             key = self.keeper.key
-        head, raw = recv_head(conn, key)
-        req = parse_transfer(head)
+        raw = recv_head(conn, key)
         assert key is not None  # recv_head refuses every head without one
-        if req["op"] == "put":
-            self._put(conn, key, req, raw)
-        else:
-            self._get(conn, key, req)
+        match parse_transfer(raw):
+            case Put() as put:
+                self._put(conn, key, put, raw)
+            case Get() as get:
+                self._get(conn, key, get)
 
-    def _put(self, conn: socket.socket, key: bytes, req: dict[str, Any], raw: bytes) -> None:
-        got = self.keeper.begin_replica(req["name"], req["rank"], req["step"], req["length"])
+    def _put(self, conn: socket.socket, key: bytes, req: Put, raw: bytes) -> None:
+        got = self.keeper.begin_replica(req.name, req.rank, req.step, req.length)
         if isinstance(got, str):
             conn.sendall(b"\x01")
             return
         slot, gen, fd = got
         try:
-            buf = mmap.mmap(fd, slot.capacity) if req["length"] else None
+            buf = mmap.mmap(fd, slot.capacity) if req.length else None
         finally:
             os.close(fd)
         try:
             mac = hmac.new(key, digestmod="sha256")
             mac.update(raw)
             if buf is not None:
-                with memoryview(buf) as view, view[: req["length"]] as part:
+                with memoryview(buf) as view, view[: req.length] as part:
                     recv_into(conn, part, mac)
             if not hmac.compare_digest(recv_exact(conn, TAG), mac.digest()):
                 with self.keeper.lock:
@@ -110,18 +111,18 @@ class Server:
                 buf.close()
         conn.sendall(b"\x00" if self.keeper.commit_replica(slot, gen) is None else b"\x01")
 
-    def _get(self, conn: socket.socket, key: bytes, req: dict[str, Any]) -> None:
+    def _get(self, conn: socket.socket, key: bytes, req: Get) -> None:
         with self.keeper.lock:
-            slot = self.keeper.find(req["name"], req["rank"], req["step"])
+            slot = self.keeper.find(req.name, req.rank, req.step)
             pinned = _pin(self.keeper, slot) if slot is not None else None
         if slot is None or pinned is None:
-            send_head(conn, key, {"ok": False, "error": "not held"})
+            send_head(conn, key, Refused("not held"))
             return
         fd, length, gen, begun = pinned
         try:
-            head = send_head(conn, key, {"ok": True, "length": length})
+            head = send_head(conn, key, Sending(length))
             mac = hmac.new(key, digestmod="sha256")
-            mac.update(req["nonce"].encode())
+            mac.update(req.nonce.encode())
             mac.update(head)
             _stream(conn, fd, length, mac)
         finally:
@@ -159,11 +160,7 @@ class Pusher:
         pinned: tuple[Slot, int, int],
     ) -> None:  # fmt: skip
         with connect(peer) as sock:
-            head = send_head(
-                sock,
-                key,
-                {"op": "put", "name": name, "rank": rank, "step": step, "length": length, "nonce": nonce()},
-            )
+            head = send_head(sock, key, Put(name, rank, step, length, nonce()))
             mac = hmac.new(key, digestmod="sha256")
             mac.update(head)
             _stream(sock, fd, length, mac)

@@ -3,8 +3,10 @@
 The keeper runs this file first, in the namespace of its program (``workers.warm.snapshotkeeper.PARTS``),
 as the zygote runs ``zygote_program.shared``; the workers import it.
 
-Requests and replies are single JSON objects on a ``SOCK_SEQPACKET`` UNIX socket; a segment's fd
-rides along with ``SCM_RIGHTS``. Every request is parsed here, bounded, and refused with a reason.
+A worker's requests and the keeper's replies are single JSON objects on a ``SOCK_SEQPACKET`` UNIX
+socket; a segment's fd rides along with ``SCM_RIGHTS``. Their types and parsers are the next
+parts, ``replies`` and ``requests``, on the checks below (``json_object``, ``field_int``,
+``field_text``).
 
 The keeper's control socket (a ``SOCK_SEQPACKET`` pair with the daemon) carries the typed messages
 below, one JSON object each: the daemon's ``KeeperConfig`` first, then its ``Order``s (its end
@@ -30,10 +32,14 @@ MAX_MESSAGE = 64 * 1024
 MAX_NAME = 1024  # a snapshot's name: the checkpoint path the script gives
 MAX_RANK = 1 << 20
 MAX_STEP = (1 << 63) - 1
+MAX_SIZE = 1 << 48  # a snapshot's bytes, and so a segment's
+MAX_SLOT = 2  # a pair's two segments, and a third while one is pinned
+MAX_GEN = 1 << 62
+MAX_HELD = 1 << 62  # bytes a keeper holds, over every segment
+MAX_LENGTH = 1 << 44  # a replica's bytes on the replication link
 MAGIC = b"ELSNAP01"
 HEADER = struct.Struct("<8sQQQI")  # magic, step, meta_len, total, meta_crc
 ALIGN = 64
-OPS = ("begin", "commit", "list", "open", "key", "peer", "claim", "written")
 KEEPER_NAME = "__elasticd_keeper__"  # the program's __name__: its parts' guards compare with it
 MAX_CONTROL = 4096  # a message on the control socket, either way
 MAX_SOCKET_PATH = 107  # sun_path, less its NUL
@@ -73,70 +79,31 @@ def encode(**msg: Any) -> bytes:
     return json.dumps(msg, separators=(",", ":")).encode()
 
 
-def _int(req: dict[str, Any], key: str, top: int) -> int:
-    value = req.get(key)
+def json_object(data: bytes, limit: int) -> dict[str, Any]:
+    """A message: one JSON object of at most ``limit`` bytes; raises ``BadMessage``."""
+    if len(data) > limit:
+        raise BadMessage(f"message over {limit} bytes")
+    try:
+        msg = json.loads(data)
+    except (ValueError, RecursionError):
+        raise BadMessage("not JSON") from None
+    if not isinstance(msg, dict):
+        raise BadMessage("not an object")
+    return msg
+
+
+def field_int(msg: dict[str, Any], key: str, top: int) -> int:
+    value = msg.get(key)
     if type(value) is not int or not 0 <= value <= top:
         raise BadMessage(f"{key} must be an integer in 0..{top}")
     return value
 
 
-def parse_request(data: bytes) -> dict[str, Any]:
-    """One request: ``begin`` (name, rank, step, size, file: this rank writes the file ``name``,
-    lib: where its ``elasticd`` was imported from),
-    ``commit`` (name, rank, slot, gen), ``list`` (name), ``open`` (name, rank, slot, gen, replica,
-    pin: never write it again), ``key`` (the job's key to set, or null: read it), ``peer`` (address
-    and port of the keeper to replicate to, or null), ``claim`` (name, step: a worker is about to
-    write the file) or ``written`` (name, step: it did). ``key``'s and ``peer``'s values are checked
-    by ``replica``. Raises ``BadMessage``."""
-    if len(data) > MAX_MESSAGE:
-        raise BadMessage("message too long")
-    try:
-        req = json.loads(data)
-    except (ValueError, RecursionError):
-        raise BadMessage("not JSON") from None
-    if not isinstance(req, dict) or req.get("op") not in OPS:
-        raise BadMessage(f"op must be one of {OPS}")
-    if req["op"] == "key":
-        return {"op": "key", "key": req.get("key")}
-    if req["op"] == "peer":
-        return {"op": "peer", "address": req.get("address"), "port": req.get("port")}
-    name = req.get("name")
-    if not isinstance(name, str) or not name or len(name) > MAX_NAME or "\0" in name:
-        raise BadMessage(f"name must be a string of 1..{MAX_NAME} characters")
-    out: dict[str, Any] = {"op": req["op"], "name": name}
-    if req["op"] == "list":
-        return out
-    if req["op"] in ("claim", "written"):
-        out["step"] = _int(req, "step", MAX_STEP)
-        return out
-    out["rank"] = _int(req, "rank", MAX_RANK)
-    if req["op"] == "begin":
-        out["step"] = _int(req, "step", MAX_STEP)
-        out["size"] = _int(req, "size", 1 << 48)
-        out["file"] = req.get("file") is True
-        lib = req.get("lib", "")
-        if not isinstance(lib, str) or len(lib) > MAX_NAME or "\0" in lib:
-            raise BadMessage(f"lib must be a string of at most {MAX_NAME} characters")
-        out["lib"] = lib
-    else:
-        out["slot"] = _int(req, "slot", 2)
-        out["gen"] = _int(req, "gen", 1 << 62)
-        out["replica"] = req.get("replica") is True
-        out["pin"] = req.get("pin") is True
-    return out
-
-
-def parse_reply(data: bytes) -> dict[str, Any]:
-    """A keeper's reply: an object with ``ok``; an ``error`` text when not ok."""
-    try:
-        reply = json.loads(data)
-    except (ValueError, RecursionError):
-        raise BadMessage("reply is not JSON") from None
-    if not isinstance(reply, dict) or not isinstance(reply.get("ok"), bool):
-        raise BadMessage("reply has no ok")
-    if not reply["ok"] and not isinstance(reply.get("error"), str):
-        raise BadMessage("refusal without a reason")
-    return reply
+def field_text(msg: dict[str, Any], key: str, low: int = 0) -> str:
+    value = msg.get(key)
+    if not isinstance(value, str) or not low <= len(value) <= MAX_NAME or "\0" in value:
+        raise BadMessage(f"{key} must be a string of {low}..{MAX_NAME} characters")
+    return value
 
 
 # --- the control socket, between the daemon and the job's keeper ----------------------------------
@@ -219,21 +186,9 @@ def encode_control(msg: Control) -> bytes:
     return encode(**fields)
 
 
-def _control_object(data: bytes) -> dict[str, Any]:
-    if len(data) > MAX_CONTROL:
-        raise BadMessage(f"message over {MAX_CONTROL} bytes")
-    try:
-        msg = json.loads(data)
-    except (ValueError, RecursionError):
-        raise BadMessage("not JSON") from None
-    if not isinstance(msg, dict):
-        raise BadMessage("not an object")
-    return msg
-
-
 def decode_config(data: bytes) -> KeeperConfig:
     """The daemon's configuration (in the keeper); raises ``BadMessage``."""
-    msg = _control_object(data)
+    msg = json_object(data, MAX_CONTROL)
     bound, address = msg.get("bound"), msg.get("address")
     if type(bound) is not int or bound < 0 or not isinstance(address, str):
         raise BadMessage("bad configuration")
@@ -243,14 +198,14 @@ def decode_config(data: bytes) -> KeeperConfig:
 def decode_order(data: bytes) -> Order | None:
     """The daemon's word (in the keeper); None for one it does not know."""
     try:
-        return Order(_control_object(data).get("op"))
+        return Order(json_object(data, MAX_CONTROL).get("op"))
     except (BadMessage, ValueError):
         return None
 
 
 def decode_control(data: bytes) -> KeeperReady | KeeperUnavailable | WriteReport:
     """What the keeper says (in the daemon: untrusted, every field bounded); raises ``BadMessage``."""
-    msg = _control_object(data)
+    msg = json_object(data, MAX_CONTROL)
     event = msg.get("ev")
     if event == "unavailable":
         return KeeperUnavailable(str(msg.get("reason"))[:200])

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from elasticd.workers.snapshot_program import collective, frame, replica
-from elasticd.workers.snapshot_program.client import Held, KeeperClient, SnapshotError
+from elasticd.workers.snapshot_program.client import KeeperClient, SnapshotError
 from elasticd.workers.snapshot_program.protocol import BadMessage
+from elasticd.workers.snapshot_program.replies import Held
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,8 @@ class Children:
         self._job = job
         self._reporting = reporting
         self._children: dict[int, _Child] = {}
+        # Pids a fork answer named, not adopted yet, and the exit status reported for each meanwhile.
+        self._named: dict[int, int | None] = {}
 
     def __len__(self) -> int:
         return len(self._children)
@@ -57,9 +59,20 @@ class Children:
     def pids(self) -> list[int]:
         return sorted(self._children)
 
-    def adopt(self, pid: int, zygote: int | None) -> asyncio.Future[int]:
-        """Pin the reported pid with a pidfd and check it is ``zygote``'s child: its exit future.
-        Raises ``Bogus`` (the caller gives the zygote up)."""
+    def named(self, pid: int) -> None:
+        """A fork answer named ``pid``: an exit reported before its adoption (a store host's end
+        can beat it) is kept for it (``adopt``)."""
+        self._named[pid] = None
+
+    def awaits(self, pid: int) -> bool:
+        """Whether the zygote may report ``pid``'s exit: a worker kept here, or a named one."""
+        return pid in self._children or pid in self._named
+
+    def adopt(self, pid: int, zygote: int | None) -> tuple[asyncio.Future[int], str | None]:
+        """Pin the reported pid with a pidfd and check it is ``zygote``'s child: its exit future,
+        and what is wrong with an exit reported before (``reported``), if anything. Raises
+        ``Bogus`` (the caller gives the zygote up)."""
+        early = self._named.pop(pid, None)
         if pid in self._children:
             raise Bogus(f"reported pid {pid} twice")
         try:
@@ -78,7 +91,7 @@ class Children:
             self._loop.add_reader(pidfd, self._ended, child)
         else:
             self._ended(child)
-        return exited
+        return exited, self.reported(pid, early) if early is not None else None
 
     def place(self, pid: int, procs_fd: int | None, cpus: frozenset[int] | None = None) -> None:
         """Move the new worker into its rank's tracking cgroup, and bind it to ``cpus``, while it
@@ -106,7 +119,11 @@ class Children:
             _log.error("zygote.placement_raced", job=self._job(), pid=child.pid)
 
     def reported(self, pid: int, status: int) -> str | None:
-        """The zygote reports ``pid``'s wait status; what is wrong with the report, if anything."""
+        """The zygote reports ``pid``'s wait status (``awaits``); what is wrong with the report, if
+        anything. A named pid's is kept for its adoption, and believed then."""
+        if pid not in self._children and pid in self._named:
+            self._named[pid] = status
+            return None
         child = self._children[pid]
         if child.pidfd >= 0 and not ended(child.pidfd):
             return f"reported pid {child.pid} exited while it runs"

@@ -45,6 +45,8 @@ _log = log.get("elasticd.snapshots")
 
 PARTS = (
     "protocol.py",
+    "replies.py",
+    "requests.py",
     "replica.py",
     "filing.py",
     "keeper.py",

@@ -1,14 +1,14 @@
 """The daemon's side of a zygote: a warm parent that forks a job's workers, supervised.
 
 A worker's start is mostly its interpreter's start and ``import torch``. The zygote does that once
-per job and node (``spawn`` starts it; ``zygote_program.boot`` is its program); each attempt's
+per job and node (``process`` starts it; ``zygote_program.boot`` is its program); each attempt's
 workers are forked from it, so a restart costs a fork instead of an import. When the job ends here
 a healthy zygote may be parked for the next identical job (``warm.pool``).
 
 Everything the zygote says is untrusted: it runs the user's interpreter and imports the user's
 modules. So the daemon accepts a pid only for a fork it asked for and only while it is the
 zygote's child, believes an exit only once the kernel agrees (``children``), bounds every
-message (``wire``), and gives up on a zygote that says too much nonsense (``zygote.lost``).
+message (``messages``), and gives up on a zygote that says too much nonsense (``zygote.lost``).
 
 States (``ZygoteState``): STARTING → READY when its ``ready`` message came, → UNAVAILABLE when it
 could not start (import error, threads, CUDA, timeout: workers are spawned cold, with a
@@ -22,23 +22,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
-import socket
 import subprocess
 import time
 from collections.abc import Callable
 from enum import Enum
 
-import psutil
-
 from elasticd import log
 from elasticd.workers.group import Launch
-from elasticd.workers.proctree.helper import kill, launch
 from elasticd.workers.proctree.reaper import Reaper
 from elasticd.workers.warm.children import Bogus, Children
 from elasticd.workers.warm.messages import (
-    MAX_MESSAGE,
     Checked,
     Exited,
     Forked,
@@ -49,15 +43,8 @@ from elasticd.workers.warm.messages import (
     parse_message,
 )
 from elasticd.workers.warm.pending import Pending
-from elasticd.workers.warm.spawn import (
-    SNDBUF,
-    ZYGOTE,
-    ZYGOTE_STOP,
-    ZygoteError,
-    ZygoteSetup,
-    ended,
-    new_marker,
-)
+from elasticd.workers.warm.process import ZygoteProcess
+from elasticd.workers.warm.spawn import ZygoteError, ZygoteSetup, new_marker
 
 __all__ = ["Zygote", "ZygoteState"]
 
@@ -95,20 +82,15 @@ class Zygote:
         self.files = 0
         self._reaper = reaper
         self._procs_fd = procs_fd
-        self._popen: subprocess.Popen[bytes] | None = None
-        self._sock: socket.socket | None = None
-        self._pidfd: int | None = None
+        self._proc: ZygoteProcess | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready: asyncio.Future[bool] | None = None
         self._pending = Pending()
         self._children: Children | None = None
         self._bogus = 0
         self._started = 0.0
-        self._reaping: asyncio.Future[int] | None = None
         self._source = source
         self._on_lost: Callable[[Zygote], None] | None = None
-        self._unadopted: set[int] = set()  # pids its fork answers named, not adopted yet
-        self._early_exits: dict[int, int] = {}  # their exits, reported before the adoption
         self.helpers: set[int] = set()  # its children that are not workers (the store host)
 
     # -- start -----------------------------------------------------------------------------------
@@ -120,16 +102,13 @@ class Zygote:
         self._started = time.monotonic()
         procs_fd, self._procs_fd = self._procs_fd, None
         try:
-            seat, config = self.setup.seat(self.marker), self.setup.config()
-            started = launch(seat, ZYGOTE, config, procs_fd, source=self._source, sndbuf=SNDBUF)
+            self._proc = ZygoteProcess.start(
+                self.setup, self.marker, procs_fd, self._source, self._reaper, self._readable, self._died
+            )
         except (OSError, subprocess.SubprocessError) as exc:
             self._unavailable(f"cannot start: {exc}")
             return
-        self._popen = started.proc
-        self.pid, self._sock, self._pidfd = started.proc.pid, started.sock, started.pidfd
-        self._reaper.track(self.pid)
-        self._loop.add_reader(started.sock.fileno(), self._readable)
-        self._loop.add_reader(started.pidfd, self._died)
+        self.pid = self._proc.pid
         self._loop.call_later(READY_TIMEOUT_S, self._ready_timeout)
         _log.info("zygote.spawned", job=self.job, pid=self.pid, python=self.setup.python)
 
@@ -165,20 +144,19 @@ class Zygote:
     # -- messages ---------------------------------------------------------------------------------
     def _readable(self) -> None:
         for _ in range(64):  # a bounded share of the loop per wake-up
-            if self._sock is None:
-                return
             try:
-                data, _, flags, _ = self._sock.recvmsg(MAX_MESSAGE + 1)
-            except (BlockingIOError, InterruptedError):
-                return
+                got = self._proc.receive() if self._proc is not None else None
             except OSError as exc:
                 self._gone(f"control socket: {exc}")
                 return
+            if got is None:
+                return
+            data, cut = got
             if not data:
                 self._gone("closed its control socket")
                 return
             try:
-                if flags & socket.MSG_TRUNC:
+                if cut:
                     raise ValueError("message too long")
                 msg = parse_message(data)
             except ValueError as exc:
@@ -213,24 +191,20 @@ class Zygote:
             case Unavailable() if self.state is ZygoteState.STARTING:
                 self._unavailable(msg.reason)
             case Forked() | ForkFailed() | Checked() if self._pending.awaits(msg):
-                if isinstance(msg, Forked):
-                    self._unadopted.add(msg.pid)
+                if isinstance(msg, Forked) and self._children is not None:
+                    self._children.named(msg.pid)
                 self._pending.answer(msg)
-            case Exited() if self._children is not None and msg.pid in self._children:
+            case Exited() if self._children is not None and self._children.awaits(msg.pid):
                 wrong = self._children.reported(msg.pid, msg.status)
                 if wrong is not None:
                     self._nonsense(wrong)
-            case Exited() if msg.pid in self._unadopted:  # a store host's end can beat its adoption
-                self._early_exits[msg.pid] = msg.status
             case _:
                 self._nonsense(f"unexpected {msg}")
 
     def _send(self, request: dict[str, object], fds: list[int]) -> None:
-        assert self._sock is not None
-        try:
-            socket.send_fds(self._sock, [json.dumps(request).encode()], fds)
-        except OSError as exc:  # EMSGSIZE: an environment too large for one message; EAGAIN: stuck
-            raise ZygoteError(f"cannot send the {request['op']} request: {exc}") from exc
+        if self._proc is None:
+            raise ZygoteError(f"zygote {self.state.value}")
+        self._proc.send(request, fds)
 
     # -- a parked zygote: is it still what a fresh process would be? ------------------------------
     async def check(self) -> Checked:
@@ -254,23 +228,15 @@ class Zygote:
         """Move the zygote itself into the cgroup whose ``cgroup.procs`` is ``procs_fd`` (the
         caller's to close): a pool's, or the adopting job's. It is our child, pinned by a pidfd;
         alive after the write, the write moved it. False when it did not move."""
-        if self._pidfd is None or self.pid is None or ended(self._pidfd):
-            return False
         try:
-            os.write(procs_fd, str(self.pid).encode())
+            return self._proc is not None and self._proc.move_to(procs_fd)
         except OSError as exc:
             _log.error("tracking.join_failed", job=self.job, pid=self.pid, rank="zygote", error=str(exc))
             return False
-        return not ended(self._pidfd)
 
     def rss(self) -> int | None:
         """Its resident memory (bytes); our unreaped child, so the pid is its own."""
-        if self.pid is None or not self.usable:
-            return None
-        try:
-            return int(psutil.Process(self.pid).memory_info().rss)
-        except psutil.Error:
-            return None
+        return self._proc.rss() if self._proc is not None and self.usable else None
 
     def adopt(self, job_id: str) -> None:
         """Serve ``job_id`` from now on: a parked zygote taken by another job of the same setup."""
@@ -283,7 +249,7 @@ class Zygote:
     # -- forks ------------------------------------------------------------------------------------
     async def fork(self, launch: Launch, procs_fd: int | None) -> tuple[int, asyncio.Future[int]]:
         """Fork one worker; its pid and exit future. Raises ``ZygoteError`` when it was not forked."""
-        if not self.usable or self._sock is None or self._children is None:
+        if not self.usable or self._proc is None or self._children is None:
             raise ZygoteError(f"zygote {self.state.value}")
         rid = self._pending.rid()
         go_r, go_w = os.pipe2(os.O_CLOEXEC)
@@ -347,21 +313,18 @@ class Zygote:
 
     def _adopt(self, pid: int) -> asyncio.Future[int]:
         assert self._children is not None
-        self._unadopted.discard(pid)
         try:
-            exited = self._children.adopt(pid, self.pid)
+            exited, wrong = self._children.adopt(pid, self.pid)
         except Bogus as exc:
             self._gone(str(exc))
             raise
-        if (status := self._early_exits.pop(pid, None)) is not None:
-            wrong = self._children.reported(pid, status)  # believed only of a pid already reaped
-            if wrong is not None:
-                self._nonsense(wrong)
+        if wrong is not None:  # of an exit reported before the adoption
+            self._nonsense(wrong)
         return exited
 
     # -- the end ----------------------------------------------------------------------------------
     def _died(self) -> None:
-        status = self._popen.wait() if self._popen is not None else None
+        status = self._proc.status() if self._proc is not None else None
         self._gone(f"exited with status {status}")
 
     def _gone(self, reason: str) -> None:
@@ -383,25 +346,11 @@ class Zygote:
             callback(self)
 
     def _shut(self) -> None:
-        """Stop listening and kill the process. It is our child, so its pid cannot be reused
-        before it is reaped, which a thread does (Popen.wait), off the event loop."""
-        if self._loop is not None:
-            if self._sock is not None:
-                self._loop.remove_reader(self._sock.fileno())
-            if self._pidfd is not None:
-                self._loop.remove_reader(self._pidfd)
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
-        if self._pidfd is not None:
-            os.close(self._pidfd)
-            self._pidfd = None
+        """Stop listening and kill the process, reaped off the event loop (``ZygoteProcess.shut``);
+        every request still waiting fails."""
+        if self._proc is not None:
+            self._proc.shut()
         self._pending.fail_all()
-        proc, self._popen = self._popen, None
-        if proc is not None:
-            kill(proc, ZYGOTE_STOP)
-            self._reaper.untrack(proc.pid)
-            self._reaping = asyncio.ensure_future(asyncio.to_thread(proc.wait))
 
     async def close(self) -> None:
         """Stop the zygote (its workers were stopped before)."""
@@ -414,6 +363,5 @@ class Zygote:
             _log.info("zygote.closed", job=self.job, pid=self.pid)
         if self._ready is not None and not self._ready.done():
             self._ready.set_result(False)
-        if self._reaping is not None:
-            with contextlib.suppress(Exception):
-                await self._reaping
+        if self._proc is not None:
+            await self._proc.reaped()

@@ -1,19 +1,20 @@
 """The zygote's own program: it runs in the *job's* interpreter, as the submitter, never in the daemon.
 
-Stdlib only, and never imported there by elasticd: the daemon reads this file's source (after
-``shared``'s and ``child``'s, the part a forked child runs) from its own package and hands them over
-a pipe (``proctree.helper.Program.loader``), because the job's python (Debian's
-``/usr/bin/python3``, say) need not be able to import elasticd, nor enter the daemon's venv. The
-loader runs the parts in one namespace, so ``shared``'s and ``child``'s names are globals here.
+Stdlib only, and never imported there by elasticd: the daemon reads this file's source, after
+the program's other parts (``warm.spawn.BOOT_PARTS``: ``shared``, ``child``, the part a forked
+child runs, ``stamps``, ...), from its own package and hands them over a pipe
+(``proctree.helper.Program.loader``), because the job's python (Debian's ``/usr/bin/python3``,
+say) need not be able to import elasticd, nor enter the daemon's venv. The loader runs the parts
+in one namespace, so the earlier parts' names are globals here.
 
 What it does, once per zygote (a job's on a node, and the next identical job's when the daemon
 parked it between the two: ``warm.pool``):
 1. read its configuration (the entry point, ``--preload`` modules) from the control socket;
 2. set ``sys.path[0]`` as the worker's interpreter will, import torch (if there is one) and the
    preload modules, and check it is fit to fork: exactly one OS thread, CUDA not initialised;
-3. record what each file behind ``sys.modules`` (and the interpreter) looked like
-   (``stamps``): a worker forked later runs that code, so a job may adopt this zygote only while
-   none of them changed;
+3. record what each file behind ``sys.modules`` (and the interpreter) looked like (the
+   ``stamps`` part): a worker forked later runs that code, so a job may adopt this zygote only
+   while none of them changed;
 4. serve requests (one ``SOCK_SEQPACKET`` message each): ``fork`` (the rank's fds attached with
    ``SCM_RIGHTS``) reports the child's pid, ``store`` forks the job's store host the same way
    (``storehost``), ``check`` re-reads the recorded files' stamps (as the
@@ -38,12 +39,14 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # (annotations only: the job's python may be older than the daemon's)
-    Stamp = tuple[int, int, int, int]  # st_dev, st_ino, st_mtime_ns, st_size of one file
 if __name__ != "__elasticd_zygote__":  # the daemon's tests and mypy; in the zygote, a global already
     from elasticd.workers.zygote_program.child import become_worker, path0, run_entry
     from elasticd.workers.zygote_program.mempolicy import MAX_NODE
+    from elasticd.workers.zygote_program.stamps import changed, module_files, stamps
     from elasticd.workers.zygote_program.storehost import BadStoreRequest, parse_store_op, serve_store
+
+    if TYPE_CHECKING:
+        from elasticd.workers.zygote_program.stamps import Stamp
 
 MAX_REQUEST = 4 << 20  # a fork request: argv and env of one rank
 MAX_FDS = 8
@@ -152,49 +155,6 @@ def parse_op(data: bytes, nfds: int) -> dict[str, Any]:
         except BadStoreRequest as exc:
             raise BadRequest(str(exc)) from None
     return parse_request(data, nfds)
-
-
-# --- what the zygote's workers would run: the files behind its modules --------------------------------
-
-
-def module_files() -> list[str]:
-    """The interpreter and the file of every loaded module (absolute paths, sorted)."""
-    files = {sys.executable} if sys.executable else set()
-    for mod in list(sys.modules.values()):
-        try:
-            path = getattr(mod, "__file__", None)
-        except Exception:  # a lazy module's __getattr__
-            continue
-        if isinstance(path, str) and path:
-            files.add(os.path.abspath(path))
-    return sorted(files)
-
-
-def stamps(paths: list[str], since_ns: int) -> dict[str, Stamp]:
-    """Each path's ``(st_dev, st_ino, st_mtime_ns, st_size)``; paths that are not files are left
-    out (a zip import's member). A file modified at or after ``since_ns`` (when the imports began)
-    may have changed after it was imported: its stamp never matches (``st_mtime_ns`` -1)."""
-    found: dict[str, Stamp] = {}
-    for path in paths:
-        try:
-            st = os.stat(path)
-        except OSError:
-            continue
-        mtime = st.st_mtime_ns if st.st_mtime_ns < since_ns else -1
-        found[path] = (st.st_dev, st.st_ino, mtime, st.st_size)
-    return found
-
-
-def changed(recorded: dict[str, Stamp]) -> str | None:
-    """The first recorded file that is gone, replaced or edited since (None: all as they were)."""
-    for path, stamp in recorded.items():
-        try:
-            st = os.stat(path)
-        except OSError:
-            return path
-        if (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size) != stamp:
-            return path
-    return None
 
 
 # --- the zygote ----------------------------------------------------------------------------------

@@ -78,8 +78,8 @@ def _own_socket(fd: int) -> socket.socket:
 
 
 def _listener(host: str, port: int) -> socket.socket:
-    """A socket bound to ``host`` alone (the node's workers' address: loopback on a one-host
-    node), listening: torch's own server would bind every address, so it is handed this one."""
+    """A socket bound to ``host`` alone (loopback for a job of one node, else the node's workers'
+    address), listening: torch's own server would bind every address, so it is handed this one."""
     family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's server does

@@ -1,7 +1,9 @@
-"""JobSnapshot.parse on untrusted etcd contents: it never raises, and it names every bad key."""
+"""``jobparse`` on untrusted etcd contents: it never raises, and it names every bad key."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 from typing import Any
 
@@ -15,8 +17,9 @@ from elasticd.jobs.admission import Admission, admit, refuse
 from elasticd.jobs.view import job_view
 from elasticd.rendezvous import roster
 from elasticd.rendezvous.decider import build_result
+from elasticd.rendezvous.jobparse import parse_job, parse_member, parse_rosters
+from elasticd.rendezvous.jobread import JobRead, RostersRead
 from elasticd.rendezvous.model import Join, NodeStatus, RoundInfo
-from elasticd.rendezvous.snapshot import JobSnapshot
 from elasticd.terms.spec import NodeRange
 from elasticd.terms.state import EndReason, RoundReason
 from tests import fakes
@@ -99,14 +102,36 @@ def kvs_of(values: dict[str, Any]) -> list[KeyValue]:
     return [kv(rest, value, create=10 + i) for i, (rest, value) in enumerate(values.items())]
 
 
-def parse(kvs: list[KeyValue]) -> JobSnapshot:
-    return JobSnapshot.parse(KEYS, JOB, kvs, rosters=True)
+def parse(kvs: list[KeyValue]) -> RostersRead:
+    return parse_rosters(KEYS, JOB, kvs)
 
 
-def test_the_base_snapshot_and_every_extra_kind_are_valid() -> None:
-    snap = parse(kvs_of(running() | EXTRA))
-    assert snap.invalid == []
-    assert snap.head is not None and snap.result is not None and snap.final is not None
+def test_the_base_read_and_every_extra_kind_are_valid() -> None:
+    read = parse(kvs_of(running() | EXTRA))
+    assert read.invalid == ()
+    assert read.head is not None and read.result is not None and read.final is not None
+
+
+def test_a_read_is_frozen_once_parsed() -> None:
+    """Every reader of a read shares it (the scan's read of every job, ``status``), so nothing
+    changes it once the parser built it: neither its fields nor what they hold."""
+    read = parse(kvs_of(running() | EXTRA))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        read.round = None  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        read.heads[1] = read.heads[0]  # type: ignore[index]
+    assert isinstance(read.current_joins, tuple) and read.done_in(0) == frozenset({NODE})
+    assert copy.deepcopy(read) == read and read.results[0] == read.result
+
+
+def test_each_shape_holds_only_what_its_read_covered() -> None:
+    """The read of every job holds no join; a member's read its own assignment alone."""
+    kvs = kvs_of(running())
+    every = parse_job(KEYS, JOB, kvs)
+    assert type(every) is JobRead and every.heads.keys() == {0}
+    member = parse_member(KEYS, JOB, kvs, NODE)
+    assert member.me(NODE) is not None and member.me("n2") is None and member.current_joins
+    assert parse_member(KEYS, JOB, kvs, "").me(NODE) is None  # its assignment was not asked for
 
 
 # -- property: never raises, reports the key ---------------------------------------------------------
@@ -115,8 +140,8 @@ VALUES = stored_values()
 
 def _valid_alone(rest: str, value: bytes) -> bool:
     """Whether ``value`` parses as key ``rest`` of the otherwise valid job (by the parser itself)."""
-    snap = parse([*kvs_of({k: v for k, v in running().items() if k != rest}), raw(rest, value, 99)])
-    return not snap.invalid
+    read = parse([*kvs_of({k: v for k, v in running().items() if k != rest}), raw(rest, value, 99)])
+    return not read.invalid
 
 
 @settings(max_examples=400, deadline=None)
@@ -124,12 +149,12 @@ def _valid_alone(rest: str, value: bytes) -> bool:
 def test_garbage_under_any_key_never_raises_and_is_named(rest: str, value: bytes) -> None:
     values = running()
     values.pop(rest, None)
-    snap = parse([*kvs_of(values), raw(rest, value, 99, 123)])
-    bad = [k for k in snap.invalid if k.key == shown(rest)]
-    assert [k.key for k in snap.invalid] == [k.key for k in bad]  # nothing else is blamed
+    read = parse([*kvs_of(values), raw(rest, value, 99, 123)])
+    bad = [k for k in read.invalid if k.key == shown(rest)]
+    assert [k.key for k in read.invalid] == [k.key for k in bad]  # nothing else is blamed
     if bad:
-        assert bad[0].revision == 123 and snap.ended
-        view = job_view(snap, NODE)
+        assert bad[0].revision == 123 and read.ended
+        view = job_view(read, NODE)
         assert view["state"] == "FAILED" and shown(rest) in view["reason"]
     else:
         assert _valid_alone(rest, value)
@@ -138,14 +163,14 @@ def test_garbage_under_any_key_never_raises_and_is_named(rest: str, value: bytes
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.text(max_size=30), VALUES), max_size=6))
 def test_random_keys_and_values_never_raise(items: list[tuple[str, bytes]]) -> None:
-    snap = parse([raw(rest, value, i + 1) for i, (rest, value) in enumerate(items)])
-    job_view(snap, NODE)
-    assert snap.found == len(items)
-    assert bool(items) == bool(snap.invalid) or all(rest in KINDS for rest, _ in items)
+    read = parse([raw(rest, value, i + 1) for i, (rest, value) in enumerate(items)])
+    job_view(read, NODE)
+    assert read.found == len(items)
+    assert bool(items) == bool(read.invalid) or all(rest in KINDS for rest, _ in items)
 
 
 # -- regressions: each bad record fails the job, naming the key, never as an orphan ---------------------
-def _with(rest: str, value: Any) -> JobSnapshot:
+def _with(rest: str, value: Any) -> RostersRead:
     values = running() | {rest: value}
     return parse(kvs_of(values))
 
@@ -207,36 +232,36 @@ CASES = [
 @pytest.mark.parametrize(("rest", "value"), CASES, ids=[f"{r}={str(v)[:30]}" for r, v in CASES])
 def test_bad_record_fails_the_job_naming_the_key(rest: str, value: Any) -> None:
     others = kvs_of({k: v for k, v in running().items() if k != rest})
-    snap = parse([*others, raw(rest, value if isinstance(value, bytes) else json.dumps(value).encode())])
-    assert [k.key for k in snap.invalid] == [shown(rest)]
-    view = job_view(snap, NODE)
+    read = parse([*others, raw(rest, value if isinstance(value, bytes) else json.dumps(value).encode())])
+    assert [k.key for k in read.invalid] == [shown(rest)]
+    view = job_view(read, NODE)
     assert view["state"] == "FAILED" and view["code"] == EndReason.INVALID_RECORD.value
     assert view["reason"].startswith(f"invalid record at {shown(rest)}: ")
     assert ORPHAN_REASON not in view["reason"]
-    assert admit(snap, "n9", 8, 8, "slots") == Admission(False)  # nobody joins it
+    assert admit(read, "n9", 8, 8, "slots") == Admission(False)  # nobody joins it
 
 
 def test_missing_round_or_restarts_is_invalid() -> None:
     values = running()
     del values["round"], values["restarts"]
-    snap = parse(kvs_of(values))
-    assert [k.key for k in snap.invalid] == [f"jobs/{JOB}/restarts", f"jobs/{JOB}/round"]
-    assert all(k.why == "missing" and k.revision == 0 for k in snap.invalid)
+    read = parse(kvs_of(values))
+    assert [k.key for k in read.invalid] == [f"jobs/{JOB}/restarts", f"jobs/{JOB}/round"]
+    assert all(k.why == "missing" and k.revision == 0 for k in read.invalid)
 
 
 def test_a_bad_job_id_makes_every_key_invalid() -> None:
     kvs = [KeyValue(key_of(rest, "bad id"), json.dumps(v).encode(), 1, 1, 0) for rest, v in running().items()]
-    snap = JobSnapshot.parse(KEYS, "bad id", kvs)
-    assert len(snap.invalid) == len(kvs) and snap.head is None
+    read = parse_job(KEYS, "bad id", kvs)
+    assert len(read.invalid) == len(kvs) and read.head is None
 
 
-def test_one_bad_key_in_a_valid_snapshot_is_named_and_the_rest_is_read() -> None:
-    snap = _with(
+def test_one_bad_key_in_a_valid_read_is_named_and_the_rest_is_read() -> None:
+    read = _with(
         "reports:n1", {"state": "RUNNING", "round": 0, "devices": "", "pids": [-1], "updated_at": 1.0}
     )
-    assert [k.key for k in snap.invalid] == [f"reports/{JOB}/n1"]
-    assert "pids" in snap.invalid[0].why
-    assert snap.head is not None and snap.result is not None and snap.node_status == {}
+    assert [k.key for k in read.invalid] == [f"reports/{JOB}/n1"]
+    assert "pids" in read.invalid[0].why
+    assert read.head is not None and read.result is not None and read.node_status == {}
 
 
 # -- who a job may run as --------------------------------------------------------------------------------
