@@ -22,8 +22,8 @@ per participant (median and max); whether that stays O(1) (the max does not grow
 watch events the participants received (all of them, and joins among them); the bytes each
 participant read (``read_bytes_per_participant``: every unary response body and every watch
 line, counted in its client; median and max, the leader apart) and wrote; the bytes one more
-daemon's scan of every job (``JobsRead``, ``ScanProbe``) reads once the round closed, and what a
-read of ``rounds/`` (every member's assignment, which that read leaves out) would add; etcd's CPU over the
+daemon's copy of every job (``ClusterCopy``, ``ScanProbe``) reads and hears for the round, and what a
+read of ``rounds/`` (every member's assignment, which that copy leaves out) would add; etcd's CPU over the
 run (psutil on its process); and etcd's own rates on this machine (``etcd_rates``: small reads,
 transactions of assignments, bytes per second), which ``bench/rdzv_model.py`` takes to predict
 rounds beyond what one machine can play.

@@ -25,6 +25,7 @@ which make the keeper's two segments) of the slower rank's time per round.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import mmap
 import os
@@ -44,10 +45,12 @@ sys.path.insert(0, str(REPO))
 
 
 def start_keeper(bound: int) -> tuple[subprocess.Popen[bytes], socket.socket, str]:
+    from elasticd.workers.proctree.helper import PIPE_BYTES
     from elasticd.workers.warm.snapshotkeeper import KEEPER
 
     ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     src_r, src_w = os.pipe()
+    fcntl.fcntl(src_w, fcntl.F_SETPIPE_SZ, PIPE_BYTES)  # as ``helper.launch``: the program fits whole
     os.write(src_w, KEEPER.source())
     os.close(src_w)
     proc = subprocess.Popen(

@@ -63,12 +63,12 @@ class _Round:
         self.owner = connect(kind, [endpoint], timeout_s=60)
         self.store = InlineJobStore(self.owner, self.keys, self.job)
         run_inline(self.store.create(spec_for(n + OPS, self.job)))
-        run_inline(self.store.snapshot(statuses=False, rosters=False))  # the head the guards name
+        run_inline(self.store.read(statuses=False))  # the head the guards name
         self.lease = self.owner.grant_lease(600)
         self.clients = [connect(kind, [endpoint], timeout_s=60) for _ in range(THREADS)]
         self.stores = [InlineJobStore(c, self.keys, self.job) for c in self.clients]
         for s in self.stores:
-            run_inline(s.snapshot(statuses=False, rosters=False))
+            run_inline(s.read(statuses=False))
         for i in range(n):
             run_inline(self.store.join(0, Join(_node(i), "127.0.0.1", 29500, 8), self.lease))
 
@@ -81,7 +81,7 @@ class _Round:
         return 0.0, 0.0
 
     def close_round(self) -> None:
-        joins = run_inline(self.store.snapshot(statuses=False, rosters=True)).current_joins
+        joins = run_inline(self.store.read_rosters(statuses=False)).current_joins
         result = rdzv.build_result(0, joins, time.time(), joins[0].create_revision)
         assert run_inline(self.store.close(result, joins[0].node))
 
@@ -168,8 +168,8 @@ def breakdown(endpoint: str, pid: int | None, kind: str, n: int) -> Breakdown:
         run_inline(r.stores[k].glance(0, _node(i % n)))
 
     def member_read(k: int, i: int) -> None:
-        snap = run_inline(r.stores[k].snapshot(0, statuses=False, node=_node(i % n), rosters=False))
-        assert snap.me(_node(i % n)) is not None
+        read = run_inline(r.stores[k].read_member(_node(i % n), 0, statuses=False))
+        assert read.me(_node(i % n)) is not None
 
     try:
         steps: list[tuple[str, Callable[[], tuple[float, float]]]] = [

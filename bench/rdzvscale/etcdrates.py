@@ -39,7 +39,7 @@ def etcd_rates(endpoint: str, pid: int | None) -> dict[str, float]:
     for i in range(RATE_MEMBERS):  # the joins, which the leader then reads and closes over
         run_inline(store.join(0, Join(f"node-{i:05d}", "127.0.0.1", 29500, 8), lease))
     cpu0, t0 = cpu_s(pid), time.perf_counter()
-    joins = run_inline(store.snapshot(statuses=False, rosters=True)).current_joins
+    joins = run_inline(store.read_rosters(statuses=False)).current_joins
     joins_read_s = time.perf_counter() - t0
     # the leader's claim, which the members' glances read (as in a round that waits for joins)
     assert run_inline(store.claim_lead(0, joins[0].node, joins[0].create_revision, lease))
@@ -82,9 +82,9 @@ def _member_reads(endpoint: str, keys: Keys, job_id: str, pid: int | None) -> di
         for i in range(k, RATE_READS // 2, RATE_READERS):
             node = f"node-{i:05d}"
             run_inline(store.glance(0, node))
-            snap = run_inline(store.snapshot(0, statuses=False, node=node, rosters=False))
+            read = run_inline(store.read_member(node, 0, statuses=False))
             with lock:
-                sizes.append(len(json.dumps(snap.assigned.get(0, {}).get(node).to_json())))  # type: ignore[union-attr]
+                sizes.append(len(json.dumps(read.assignment.to_json())))  # type: ignore[union-attr]
 
     cpu, t = cpu_s(pid), time.perf_counter()
     threads = [threading.Thread(target=reader, args=(k,)) for k in range(RATE_READERS)]

@@ -98,7 +98,7 @@ class CountingClient(EtcdClient):
 
 class MeteredClient(EtcdClient):
     """Counts the response bytes of its reads to ``tally`` (on whichever thread they run: the
-    ``JobsRead`` hands them to a worker thread)."""
+    ``ClusterCopy`` hands them to a worker thread)."""
 
     meter: Meter | None = None
     tally: Tally | None = None

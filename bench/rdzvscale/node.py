@@ -17,6 +17,7 @@ from elasticd.etcd.keys import Keys
 from elasticd.manager.wakes import QUIET_KINDS
 from elasticd.rendezvous import decider as rdzv
 from elasticd.rendezvous.glance import Glance
+from elasticd.rendezvous.jobread import MemberRead, RostersRead
 from elasticd.rendezvous.model import Join, RoundInfo
 from elasticd.rendezvous.store import InlineJobStore, run_inline
 from elasticd.terms.options import EntryKind
@@ -154,30 +155,34 @@ class Node:
         if not self.leading:  # the agent's glance: one small read while someone else leads
             glance = joined or run_inline(store.glance(0, self.me))
             if glance.closed:  # the member reads the job: the round's head and its own assignment
-                snap = run_inline(store.snapshot(0, statuses=False, node=self.me, rosters=False))
-                self.holds = snap.me(self.me) is not None
+                member = run_inline(store.read_member(self.me, 0, statuses=False))
+                self.holds = member.me(self.me) is not None
                 self.done_at = time.time()
                 return True
             if glance.quiet(0, self.me):
                 self.wake.wait(POLL_S)
                 return False
-        # As the agent's ReadSnapshot: a leader reads the rounds whole, a member its own assignment.
-        snap = run_inline(store.snapshot(statuses=False, node=self.me, rosters=self.leading))
-        if snap.closed is not None:
-            self.holds = snap.me(self.me) is not None
+        # As the agent's ReadJob: a leader reads the rounds whole, a member its own assignment.
+        read: MemberRead | RostersRead
+        if self.leading:
+            read = run_inline(store.read_rosters(statuses=False))
+        else:
+            read = run_inline(store.read_member(self.me, statuses=False))
+        if read.closed is not None:
+            self.holds = read.me(self.me) is not None
             self.done_at = time.time()
             return True
-        joins = snap.current_joins
+        joins = read.current_joins
         names = tuple(j.node for j in joins)
         if names != state["seen"]:
             state["seen"], state["last_join_at"] = names, time.time()
         self.rec = replace(self.rec, part=self.rec.part.lead(rdzv.leader(joins) == self.me))
         self.follow_joins(self.leading)
-        if self.leading and snap.leads.get(0) != self.me:  # as the agent's ClaimLead
+        if self.leading and read.leads.get(0) != self.me:  # as the agent's ClaimLead
             mine = next(j for j in joins if j.node == self.me)
             run_inline(self.store.claim_lead(0, self.me, mine.create_revision, mine.lease))
-        if self.leading and snap.round is not None:
-            if self._close_if_due(snap.round, joins, state["last_join_at"]):
+        if self.leading and read.round is not None:
+            if self._close_if_due(read.round, joins, state["last_join_at"]):
                 return False
             time.sleep(LEADER_BATCH_S)
         self.wake.wait(POLL_S)

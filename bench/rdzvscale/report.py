@@ -40,10 +40,12 @@ class Outcome:
     leader_read_bytes: int = 0
     leader_written_bytes: int = 0
     watch_bytes_per_participant: tuple[float, float] = (0.0, 0.0)  # of the bytes read, from watches
-    # A daemon's scan (``JobsRead``) that held the job before the round: its read once the round's
-    # head exists, and what ``rounds/`` (every member's assignment, which the scan leaves to
-    # the few that need it) would add to it (``ScanProbe``).
+    # A daemon's copy of every job (``ClusterCopy``) that held the job before the round: what
+    # it read and what its watch brought until it held the round's head, and what ``rounds/``
+    # (every member's assignment, which the copy leaves to the few that need it) would add to it
+    # (``ScanProbe``).
     scan_read_bytes: int = 0
+    scan_watch_bytes: int = 0
     scan_rounds_bytes: int = 0
     load: str = ""  # ``uptime``'s load averages before the run: the machine is shared
 
@@ -84,8 +86,9 @@ def report(outcomes: list[Outcome]) -> None:
                 f" and wrote {o.leader_written_bytes}; load before: {o.load}"
             )
             print(
-                f"{o.n:>6}  a daemon's scan read {o.scan_read_bytes} bytes once the round closed"
-                f" (jobs/ and notes/ since its last read); rounds/ would add {o.scan_rounds_bytes}"
+                f"{o.n:>6}  a daemon's copy of every job read {o.scan_read_bytes} bytes for the round"
+                f" and its watch brought {o.scan_watch_bytes} (every change it watches, the round's"
+                f" head among them); rounds/ would add {o.scan_rounds_bytes}"
             )
     for o in outcomes:
         if o.result_event is not None and o.result_read is not None and o.result_read_cpu is not None:
@@ -125,5 +128,11 @@ def versus(outcomes: list[Outcome]) -> None:
             wall = statistics.median(o.after_last_join or 0.0 for o in done)
             cpu = statistics.median(1000 * o.etcd_round_cpu_s / n for o in done)
             base = base or (wall, cpu)
-            ratio = f"  ({wall / base[0]:.2f}x, {cpu / base[1]:.2f}x)" if (wall, cpu) != base else ""
+            ratio = f"  ({_ratio(wall, base[0])}, {_ratio(cpu, base[1])})" if (wall, cpu) != base else ""
             print(f"{n:>6}  {side:<24} {len(done):>6} {wall:>29.3f} {cpu:>26.2f}{ratio}")
+
+
+def _ratio(figure: float, base: float) -> str:
+    """``figure`` against ``base``; a base too small to measure (etcd's CPU over a tiny round reads
+    0.0 at the clock's resolution) gives no ratio."""
+    return f"{figure / base:.2f}x" if base > 0 else "-"

@@ -89,6 +89,7 @@ def run_elasticd(
     outcome.requests_max = requests[-1]
     _count(outcome, reports)
     outcome.scan_read_bytes, outcome.scan_rounds_bytes = scan.read_bytes, scan.rounds_bytes
+    outcome.scan_watch_bytes = scan.watch_bytes
     if len(finished) == n:
         _time_the_round(outcome, reports, t0)
     outcome.note = f"{len(errors)} errors, first: {errors[0]}" if errors else f"+1 watch stream per {watch}"
