@@ -310,6 +310,7 @@ class ProcessWorkers:
         self._stopped = stopped  # told once every worker is gone (the snapshot keeper writes behind)
         self._started_at = wall_clock()
         self._settled: asyncio.Future[int] | None = None
+        self._told = False  # the job's ledger here was told the stop
 
     def pids(self) -> list[int]:
         return [w.pid for w in self._group.running if w.pid]
@@ -339,6 +340,8 @@ class ProcessWorkers:
 
     def observe(self, describe: bool) -> Group:
         """The group as the decider judges it (``jobs.decider.judge``), with what it asked read."""
+        if not self._group.running:
+            self._tell_stop()
         hang = self._watch.failure if self._watch is not None else None
         got = judge(*self._facts(), hang is not None, wall_clock(), describe)
         return report(got.verdict, self._failure(got, hang), self._disk_full(got))
@@ -368,12 +371,26 @@ class ProcessWorkers:
         """Each local rank's progress, as its reports say."""
         return self._watch.progress() if self._watch is not None else []
 
+    def _tell_stop(self) -> None:
+        """Tell the job's ledger here that the workers stopped, and whether ours failed, once: as of
+        the last exit when every worker has exited (what is reported from then on, the outcome
+        included, books the time after the last step as a stop's, not as a step in flight), now
+        when they are being stopped."""
+        if self._accounts is None or self._told:
+            return
+        self._told = True
+        gone = not self._group.running
+        if gone and self._watch is not None:
+            self._watch.drain()  # their last reports first
+        hung = self._watch is not None and self._watch.failure is not None
+        failed = hung or any(w.exited.result() != 0 for w in self._exited())
+        exits = [at for w in self._exited() if (at := w.exited_at) is not None]
+        self._accounts.stopped(failed, max(exits) if gone and exits else None)
+
     async def stop(self, grace_s: float) -> list[int]:
+        self._tell_stop()
         if self._watch is not None:
             self._watch.close()
-        if self._accounts is not None:
-            hung = self._watch is not None and self._watch.failure is not None
-            self._accounts.stopped(hung or any(w.exited.result() != 0 for w in self._exited()))
         stuck = await self._group.stop(grace_s)
         if self._stopped is not None:
             self._stopped()

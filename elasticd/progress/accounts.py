@@ -54,8 +54,11 @@ class Accounts:
     def hung(self) -> None:
         self._apply(Hung(self._clock()))
 
-    def stopped(self, failed: bool) -> None:
-        self._apply(Stopped(self._clock(), failed))
+    def stopped(self, failed: bool, at: float | None = None) -> None:
+        """The workers stopped (``at``: when the last exited; now if not given). A report read
+        after the exit is stamped later than it: the stop is never booked before what was seen."""
+        when = self._clock() if at is None else at
+        self._apply(Stopped(max(when, self.ledger.since), failed))
 
     def tally(self) -> Tally:
         """Where the time since submission went, as of now."""

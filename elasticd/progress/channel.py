@@ -100,6 +100,17 @@ class ProgressChannel:
             self._window_start, self._window_bytes = now + PAUSE_S, 0
             self._resume = self._loop.call_later(PAUSE_S, self._watch)
 
+    def drain(self, most: int = 16) -> None:
+        """Read the reports already written, now (at most ``most`` reads): a worker that exited
+        wrote its last ones before, and whatever the exit decides must see them first."""
+        for _ in range(most):
+            before = self.bytes_read
+            if self.read_fd < 0 or self._loop is None:
+                return
+            self._readable()
+            if self.bytes_read == before:
+                return
+
     def _close_read(self) -> None:
         self._unwatch()
         if self._resume is not None:

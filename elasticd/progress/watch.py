@@ -154,6 +154,11 @@ class HangWatch:
     def junk(self) -> int:
         return sum(r.spec.channel.junk for r in self._ranks)
 
+    def drain(self) -> None:
+        """Take every report already written, now (the workers exited: nothing more comes)."""
+        for spec in self._specs:
+            spec.channel.drain()
+
     def close(self) -> None:
         if self._task is not None:
             self._task.cancel()

@@ -21,6 +21,9 @@ from elasticd.jobs.decider import SETTLE_S, Group, GroupOutcome
 from elasticd.jobs.failurereport import describe_failure
 from elasticd.jobs.ranktext import rank_prefixed
 from elasticd.jobs.rootcause import Exit, by_first_failure, parse_error_file
+from elasticd.progress.accounts import Accounts
+from elasticd.progress.goodput import Mode, Tally
+from elasticd.progress.protocol import StepReport
 from elasticd.rendezvous.fieldchecks import check_failure
 from elasticd.terms.state import MAX_ALSO_FAILED, FailedRank, WorkerFailure, exit_text
 from elasticd.wire import FailureView, JobView
@@ -123,6 +126,9 @@ class FakeGroup:
     @property
     def running(self) -> list[Worker]:
         return [w for w in self.workers if w.running]
+
+    async def stop(self, grace_s: float) -> list[int]:
+        return []
 
 
 @pytest.fixture
@@ -259,6 +265,37 @@ def test_a_failure_with_no_sibling_running_is_reported_at_once(
         group: Any = FakeGroup([_worker(files[0], 0, 3, loop)])
         seen = ProcessWorkers(group, rt, 0).observe(describe=True)
         assert seen.failure is not None and seen.failure.rank == 4 and seen.failure.also_failed == ()
+
+    asyncio.run(run())
+
+
+def test_workers_that_all_exited_stop_the_ledger_as_of_the_last_exit(
+    tree: tuple[Path, list[logdir.RankFiles]],
+) -> None:
+    """The outcome is reported (and the job may end) before the workers are stopped: the time from
+    the last step to a clean exit is a stop's (waiting), not a step in flight's (productive)."""
+    logs, files = tree
+    rt: Any = type("Rt", (), {"node_id": "n1", "log_dir": logs})()
+    now = [T0]
+    accounts = Accounts(T0, lambda: now[0])
+    accounts.launched(0)
+    accounts.reported(StepReport(None), 0, T0 + 5)
+    accounts.reported(StepReport(None), 1, T0 + 10)
+    now[0] = T0 + 20
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        worker = _worker(files[0], 0, None, loop)
+        group: Any = FakeGroup([worker])
+        workers = ProcessWorkers(group, rt, 0, accounts=accounts)
+        workers.observe(describe=False)
+        assert accounts.ledger.mode is Mode.STEPPING  # still running: nothing told
+        worker._exited_at = T0 + 12
+        worker.exited.set_result(0)
+        assert workers.observe(describe=False) == Group(GroupOutcome.SUCCEEDED)
+        assert accounts.tally() == Tally(startup_s=5, productive_s=5, waiting_s=10)  # 2 s to exit, 8 since
+        await workers.stop(1.0)  # told once: the stop does not move it
+        assert accounts.tally() == Tally(startup_s=5, productive_s=5, waiting_s=10)
 
     asyncio.run(run())
 
