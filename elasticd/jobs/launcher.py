@@ -292,7 +292,8 @@ class ProcessLauncher:
         if one_node or (leads and result.agent_store):
             serving = await self._serving(result, zygote)
         choice = agentstore.at_start(result.agent_store, leads, one_node, serving)
-        expected = serving is None or self._zygote is None  # a cold job: rank 0 hosts, as planned
+        # A cold job, or a script that cannot use torch's store: rank 0 hosts, as planned.
+        expected = serving is None or self._zygote is None or serving == storehost.NO_TORCH
         say = _log.info if expected else _log.error if choice.agent_store else _log.warning
         say("store.chosen", job=self._job, round=result.round, agent_store=choice.agent_store, why=choice.why)
         if serving is not None:

@@ -1,8 +1,8 @@
 """Parked zygotes, with real daemons and real workers: the next identical job adopts the previous
 one's zygote (same pid, ``zygote.adopted``) and its workers are still indistinguishable from cold
 ones; a job that differs in anything, or is another user's, starts its own; an edited preload
-module makes a parked zygote stale; a parked zygote expires, stops with its daemon, and dies with
-a killed one, leaving nothing behind."""
+module makes a parked zygote stale, as does an edit that lets a script reach torch; a parked
+zygote expires, stops with its daemon, and dies with a killed one, leaving nothing behind."""
 
 from __future__ import annotations
 
@@ -108,6 +108,35 @@ def test_an_edited_preload_module_makes_the_parked_zygote_stale(daemon: DaemonPr
     wait_log(daemon, "zygote.parked", job=second)  # (parked as the job leaves, just after it ends)
     third, version = run()  # nothing changed since: the fresh one is adopted
     assert version == "22" and wait_log(daemon, "zygote.adopted", job=third)["from_job"] == second
+
+
+def test_a_script_that_cannot_import_torch_gets_a_warm_parent_without_it(
+    daemon: DaemonProc, tmp_path: Path
+) -> None:
+    """Its imports are the standard library's and a local module's: no torch in its parent. Once
+    the local module imports torch, the parked parent is stale (the module was read to decide) and
+    the next job's parent imports torch."""
+    (tmp_path / "model.py").write_text("VERSION = 1\n")
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os, model\n"
+        "open(os.path.join(os.environ['OUT'], 'v.' + os.environ['RANK']), 'w').write(str(model.VERSION))\n"
+    )
+
+    def run() -> tuple[str, str]:
+        job = submit_job(daemon, tmp_path, str(script))
+        assert daemon.wait_state(job, ("SUCCEEDED", "FAILED"), 120)["state"] == "SUCCEEDED"
+        return job, (tmp_path / "v.0").read_text()
+
+    first, version = run()
+    assert version == "1" and wait_log(daemon, "zygote.ready", job=first)["torch"] is False
+    parked = wait_log(daemon, "zygote.parked", job=first)
+    (tmp_path / "model.py").write_text("import torch\nVERSION = 2\n")
+    second, version = run()
+    assert version == "2"
+    stale = wait_log(daemon, "zygote.stale", job=second)
+    assert stale["pid"] == parked["pid"] and stale["changed"] == str(tmp_path / "model.py")
+    assert wait_log(daemon, "zygote.ready", job=second)["torch"] is True
 
 
 def test_a_parked_zygote_expires(daemon_factory: DaemonFactory, tmp_path: Path) -> None:

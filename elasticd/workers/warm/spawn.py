@@ -23,7 +23,9 @@ from elasticd.workers.zygote_program.shared import BOOT_FILE, PROGRAM_NAME
 SNDBUF = 4 << 20  # a fork request carries one rank's argv and env
 PROGRAM = "elasticd.workers.zygote_program"
 # Run in this order, in one namespace.
-BOOT_PARTS = ("shared.py", "mempolicy.py", "title.py", "child.py", "storehost.py", "stamps.py", "boot.py")
+BOOT_PARTS = (
+    "shared.py", "mempolicy.py", "title.py", "child.py", "storehost.py", "stamps.py", "reach.py", "boot.py",
+)  # fmt: skip
 ZYGOTE = Program(PROGRAM, BOOT_PARTS, PROGRAM_NAME, BOOT_FILE, "elasticd-zygote")
 ZYGOTE_STOP = StopPolicy(grace_s=0.0, group=False)
 

@@ -25,6 +25,7 @@ from elasticd.workers.warm.zygote import Zygote
 _log = log.get("elasticd.store")
 
 READY_TIMEOUT_S = 10.0  # a fork and a bind; longer means none
+NO_TORCH = "the warm parent has no torch (the script cannot import it): no store to serve"
 CLEAR_TIMEOUT_S = 5.0  # deleting an idle store's keys
 STOP_TIMEOUT_S = 2.0  # for its exit once its socket closed, before a SIGKILL
 
@@ -90,6 +91,8 @@ async def _receive(sock: socket.socket) -> object:
 async def start(zygote: Zygote, host: str, port: int) -> StoreHost:
     """Fork the store host from ``zygote`` and wait until it listens on ``port``. Raises
     ``StoreError`` (it is stopped then)."""
+    if not zygote.torch:
+        raise StoreError(NO_TORCH)
     try:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     except OSError as exc:  # out of fds: no store host, the round goes on without one

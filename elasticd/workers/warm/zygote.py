@@ -80,6 +80,7 @@ class Zygote:
         self.reason = ""
         self.pid: int | None = None
         self.files = 0
+        self.torch = False  # it imported torch (a script that cannot reach it gets one without)
         self._reaper = reaper
         self._procs_fd = procs_fd
         self._proc: ZygoteProcess | None = None
@@ -176,7 +177,7 @@ class Zygote:
                 if msg.pid != self.pid:
                     self._unavailable(f"said its pid is {msg.pid}")
                     return
-                self.state, self.files = ZygoteState.READY, msg.files
+                self.state, self.files, self.torch = ZygoteState.READY, msg.files, msg.torch
                 _log.info(
                     "zygote.ready",
                     job=self.job,

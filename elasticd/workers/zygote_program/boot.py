@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 if __name__ != "__elasticd_zygote__":  # the daemon's tests and mypy; in the zygote, a global already
     from elasticd.workers.zygote_program.child import become_worker, path0, run_entry
     from elasticd.workers.zygote_program.mempolicy import MAX_NODE
+    from elasticd.workers.zygote_program.reach import cannot_reach_torch
     from elasticd.workers.zygote_program.stamps import changed, module_files, stamps
     from elasticd.workers.zygote_program.storehost import BadStoreRequest, parse_store_op, serve_store
 
@@ -266,6 +267,8 @@ def main(ctl_fd: int) -> None:
     signals = _saved_signals()
     if sys.path and sys.path[0] == "" and not getattr(sys.flags, "safe_path", False):
         sys.path[0] = path0(cfg["kind"], cfg["entry"], os.getcwd())
+    local = cannot_reach_torch(cfg["kind"], cfg["entry"], path0(cfg["kind"], cfg["entry"], os.getcwd()))
+    cfg["torch"] = cfg["torch"] and local is None  # (``reach``: its files are stamped)
     reason = _imported(cfg)
     if reason is None and _threads() != 1:
         reason = f"{_threads()} threads after the imports (fork needs 1; OMP_NUM_THREADS>1 starts OpenBLAS's)"
@@ -274,7 +277,7 @@ def main(ctl_fd: int) -> None:
     if reason is not None:
         _send(ctl, ev="unavailable", reason=reason)
         return
-    files = stamps(module_files(), since_ns)
+    files = stamps(module_files() + (local or []), since_ns)
     _send(
         ctl,
         ev="ready",
