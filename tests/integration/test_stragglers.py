@@ -1,5 +1,5 @@
 """The rank the others wait for is named with no change to the script: a real 2-rank DDP job on gloo
-under real daemons, one rank slowed from outside (stopped half of every 200 ms; one node's workers
+under real daemons (its steps paced as by a data loader), one rank slowed from outside (stopped half of every 200 ms; one node's workers
 held to a fifth of a core by a cgroup quota); and the drain policy acting on it."""
 
 from __future__ import annotations
@@ -23,6 +23,10 @@ from tests.support import REPO, DaemonProc, start_cluster, submit_job, wait_for,
 pytestmark = pytest.mark.slow
 
 SCRIPTS = REPO / "tests" / "scripts"
+# Each step of a job slowed from outside also waits this long, as for a data loader: a slow rank is
+# named the same way (a sleep is time outside the collectives), with a third of the CPU a
+# flat-out job would take from the tests beside it.
+PACED = {"STEP_SLEEP_S": "0.02"}
 
 
 def _ranks(job: dict[str, Any]) -> dict[int, dict[str, Any]]:
@@ -79,7 +83,7 @@ def test_a_rank_stopped_half_the_time_is_named_alone_and_cleared(
 ) -> None:
     port = free_port()
     daemon = daemon_factory(None, "--slots", "4", "--metrics-address", str(port))
-    env = dict(os.environ, OUT=str(tmp_path))
+    env = dict(os.environ, OUT=str(tmp_path), **PACED)
     res = daemon.ctl("submit", "--nproc-per-node", "2", str(SCRIPTS / "ddp_steady.py"), env=env, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     job_id = res.stdout.splitlines()[0]
@@ -120,7 +124,7 @@ def test_a_node_whose_workers_are_held_to_a_cpu_quota_holds_the_straggler(
     daemon_factory: DaemonFactory, tmp_path: Path
 ) -> None:
     a, b = start_cluster(daemon_factory, 2)
-    job = submit_job(a, tmp_path, "--nnodes", "2", str(SCRIPTS / "ddp_steady.py"))
+    job = submit_job(a, tmp_path, "--nnodes", "2", str(SCRIPTS / "ddp_steady.py"), env=PACED)
     view = wait_job(a, job, _scored, "both ranks to be scored", 120)
     assert not any(r["straggler"] for r in _ranks(view).values()), _ranks(view)
     slow_node = next(m for m in view["members"] if m["node"] == b.node_id)
@@ -204,6 +208,7 @@ def test_the_drain_policy_moves_a_straggler_s_node_out_of_an_elastic_job(
         "--stragglers",
         "drain",
         str(SCRIPTS / "ddp_steady.py"),
+        env=PACED,
     )
     view = wait_job(a, job, _scored, "both ranks to be scored", 120)
     holder = next(m["node"] for m in view["members"] if m["ranks"][0] <= 1 <= m["ranks"][-1])
