@@ -1,6 +1,7 @@
 """The rank the others wait for is named with no change to the script: a real 2-rank DDP job on gloo
-under real daemons (its steps paced as by a data loader), one rank slowed from outside (stopped half of every 200 ms; one node's workers
-held to a fifth of a core by a cgroup quota); and the drain policy acting on it."""
+under real daemons (its steps paced as by a data loader), one rank slowed from outside (stopped
+half of every 200 ms; one node's workers held to a fifth of a core by a cgroup quota); and the
+drain policy acting on it."""
 
 from __future__ import annotations
 
