@@ -154,8 +154,9 @@ def test_recovery_takes_what_a_crashed_daemon_and_its_reaper_left(
 def test_recovery_takes_a_parked_zygote_that_outlived_its_daemon_and_reaper(
     daemon_factory: DaemonFactory, tmp_path: Path
 ) -> None:
-    """A parked zygote whose preload cleared its parent-death signal, its daemon and reaper killed:
-    it lives on in the pool's cgroup until the next daemon's recovery, which leaves nothing."""
+    """A parked zygote whose preload cleared its parent-death signal, stuck (stopped: it would
+    otherwise leave at its control socket's end), its daemon and reaper killed: it lives on in the
+    pool's cgroup until the next daemon's recovery, which leaves nothing."""
     (tmp_path / "keepalive.py").write_text(
         "import ctypes\nctypes.CDLL(None).prctl(1, 0, 0, 0, 0)  # PR_SET_PDEATHSIG 0\n"
     )
@@ -174,6 +175,7 @@ def test_recovery_takes_a_parked_zygote_that_outlived_its_daemon_and_reaper(
     ]
     reapers[0].kill()
     wait_for(lambda: not alive_pid(reapers[0].pid), 15, what="the reaper to die")
+    os.kill(pid, signal.SIGSTOP)
     d.kill9()
     assert alive_pid(pid)  # no death signal, no reaper: only the next daemon can take it
     d.start()

@@ -180,7 +180,7 @@ def test_garbage_from_a_store_host_is_refused(data: bytes) -> None:
 # --- the daemon's side, against a fake zygote whose store host lies --------------------------------
 
 LYING_HOST = (
-    READY
+    READY.replace("import_s=0.1", "import_s=0.1, torch=True")  # a zygote that imported torch
     + """
 data, fds, _, _ = socket.recv_fds(ctl, 1 << 22, 8)
 r = json.loads(data)
@@ -223,6 +223,30 @@ def test_a_store_host_that_does_not_listen_where_asked_is_stopped(
                     await storehost.start(z, "127.0.0.1", 29999)
                 await until(lambda: not z.helpers)  # ended, or stopped (a liar ignores its socket's end)
                 assert z.usable  # the store host's lie is no reason to give up the zygote
+        finally:
+            await z.close()
+
+    asyncio.run(run())
+
+
+def test_a_zygote_without_torch_is_asked_for_no_store_host(tmp_path: Path) -> None:
+    setup = spawn.ZygoteSetup(
+        "job-1", sys.executable, "script", "/s.py", str(tmp_path), dict(os.environ), None
+    )
+    asked = (
+        "data, fds, _, _ = socket.recv_fds(ctl, 1 << 22, 8)\nsend(ev='fork_failed', id=0, error='asked')\n"
+    )
+    source = FAKE_ZYGOTE_HEAD + READY + asked + "time.sleep(60)\n"
+
+    async def run() -> None:
+        z = zy.Zygote(setup, NoReaper(), source=source.encode())  # type: ignore[arg-type]
+        z.spawn()
+        try:
+            async with asyncio.timeout(30):
+                assert await z.ready() and not z.torch
+                with pytest.raises(storehost.StoreError, match="no torch"):
+                    await storehost.start(z, "127.0.0.1", 29999)
+                assert z.usable and not z.helpers
         finally:
             await z.close()
 
