@@ -268,7 +268,15 @@ class DaemonProc:
         before = len(self.events("daemon.tasks"))
         self.proc.send_signal(signal.SIGUSR1)
         with contextlib.suppress(AssertionError):
-            wait_for(lambda: len(self.events("daemon.tasks")) > before, timeout_s, 0.1, "the tasks' dump")
+            wait_for(lambda: self._dumped(before), timeout_s, 0.1, "the tasks' dump")
+
+    def _dumped(self, before: int) -> bool:
+        """Whether a dump after the first ``before`` is in the log whole: its count of tasks, each."""
+        dumps = self.events("daemon.tasks")
+        if len(dumps) <= before:
+            return False
+        stamp, count = str(dumps[-1]["timestamp"]), int(dumps[-1]["count"])
+        return sum(1 for e in self.events("daemon.task") if str(e["timestamp"]) >= stamp) >= count
 
     def log_text(self) -> str:
         return self.stderr_path.read_text(errors="replace") if self.stderr_path.exists() else ""
