@@ -61,8 +61,12 @@ if rank == 0:
             },
             f,
         )
-# Every rank is past its last collective before any tears the group down: gloo's teardown while
-# a peer still writes its result aborted a rank now and then ("terminate called without an
-# active exception"), under torchrun as under elasticrun.
+# Every rank is past its last collective before any tears the group down, and none runs the
+# interpreter's finalisation after: gloo's threads met at process exit aborted a rank now and then
+# on a loaded host ("terminate called without an active exception", SIGABRT), under plain
+# torchrun as under elasticrun. Everything is written and the group destroyed by then.
 dist.barrier()
 dist.destroy_process_group()
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
