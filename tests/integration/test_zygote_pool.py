@@ -81,18 +81,25 @@ def test_a_job_that_differs_in_env_or_cwd_starts_its_own(daemon: DaemonProc, tmp
     assert (dropped["pid"], dropped["why"]) == (parked["pid"], "evicted")
 
 
-def test_an_edited_preload_module_makes_the_parked_zygote_stale(daemon: DaemonProc, tmp_path: Path) -> None:
-    (tmp_path / "model.py").write_text("VERSION = 1\n")
+def _run_versioned(daemon: DaemonProc, tmp_path: Path, *flags: str) -> tuple[str, str]:
+    """Run ``train.py``, which writes the VERSION of its local ``model.py`` (both written the first
+    time, ``model.py`` at 1; after that as the test left them); the job and the version rank 0 saw."""
     script = tmp_path / "train.py"
-    script.write_text(
-        "import os, model\n"
-        "open(os.path.join(os.environ['OUT'], 'v.' + os.environ['RANK']), 'w').write(str(model.VERSION))\n"
-    )
+    if not script.exists():
+        (tmp_path / "model.py").write_text("VERSION = 1\n")
+        script.write_text(
+            "import os, model\n"
+            "seen = os.path.join(os.environ['OUT'], 'v.' + os.environ['RANK'])\n"
+            "open(seen, 'w').write(str(model.VERSION))\n"
+        )
+    job = submit_job(daemon, tmp_path, *flags, str(script))
+    assert daemon.wait_state(job, ("SUCCEEDED", "FAILED"), 120)["state"] == "SUCCEEDED"
+    return job, (tmp_path / "v.0").read_text()
 
+
+def test_an_edited_preload_module_makes_the_parked_zygote_stale(daemon: DaemonProc, tmp_path: Path) -> None:
     def run() -> tuple[str, str]:
-        job = submit_job(daemon, tmp_path, "--preload", "model", str(script))
-        assert daemon.wait_state(job, ("SUCCEEDED", "FAILED"), 120)["state"] == "SUCCEEDED"
-        return job, (tmp_path / "v.0").read_text()
+        return _run_versioned(daemon, tmp_path, "--preload", "model")
 
     first, version = run()
     assert version == "1"
@@ -116,23 +123,11 @@ def test_a_script_that_cannot_import_torch_gets_a_warm_parent_without_it(
     """Its imports are the standard library's and a local module's: no torch in its parent. Once
     the local module imports torch, the parked parent is stale (the module was read to decide) and
     the next job's parent imports torch."""
-    (tmp_path / "model.py").write_text("VERSION = 1\n")
-    script = tmp_path / "train.py"
-    script.write_text(
-        "import os, model\n"
-        "open(os.path.join(os.environ['OUT'], 'v.' + os.environ['RANK']), 'w').write(str(model.VERSION))\n"
-    )
-
-    def run() -> tuple[str, str]:
-        job = submit_job(daemon, tmp_path, str(script))
-        assert daemon.wait_state(job, ("SUCCEEDED", "FAILED"), 120)["state"] == "SUCCEEDED"
-        return job, (tmp_path / "v.0").read_text()
-
-    first, version = run()
+    first, version = _run_versioned(daemon, tmp_path)
     assert version == "1" and wait_log(daemon, "zygote.ready", job=first)["torch"] is False
     parked = wait_log(daemon, "zygote.parked", job=first)
     (tmp_path / "model.py").write_text("import torch\nVERSION = 2\n")
-    second, version = run()
+    second, version = _run_versioned(daemon, tmp_path)
     assert version == "2"
     stale = wait_log(daemon, "zygote.stale", job=second)
     assert stale["pid"] == parked["pid"] and stale["changed"] == str(tmp_path / "model.py")
