@@ -81,7 +81,7 @@ class Verdict(StrEnum):
 
     RUNNING    nothing decided: workers run (or some exited 0 and others run)
     SUCCEEDED  every worker exited 0
-    HUNG       the hang watch named a hang, and no worker has failed by exiting
+    HUNG       the hang watch named a hang, no worker has failed by exiting and one still runs
     SETTLING   a worker failed and siblings still run, within ``SETTLE_S`` of the first failure:
                reported as running, its failure known should the round move
     FAILED     a worker failed, and the settle window is over (or no sibling runs)
@@ -122,10 +122,14 @@ def judge(exited: Sequence[Exited], still_running: int, hung: bool, now: float, 
     """The group's verdict from its exits so far, whether a hang was named, and the time.
 
     A failed exit takes precedence over a hang seen in the same observation: the exits say more
-    (a rank that died is the cause; its siblings stall on it). ``describe``: the step wants the
-    failure described (it has not recorded one yet); only then is anything read.
+    (a rank that died is the cause; its siblings stall on it). So does a success: a hang named
+    once every worker has exited 0 (its stacks were looked at while the last one finished a
+    slow teardown) names nothing that still runs. ``describe``: the step wants the failure
+    described (it has not recorded one yet); only then is anything read.
     """
     outcome = group_outcome([e.returncode for e in exited], still_running)
+    if outcome is GroupOutcome.SUCCEEDED:
+        return Judgement(Verdict.SUCCEEDED)
     if outcome is not GroupOutcome.FAILED:
         if hung:
             return Judgement(Verdict.HUNG, describe_hang=describe)

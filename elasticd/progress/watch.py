@@ -234,6 +234,10 @@ class HangWatch:
         back a little for the other nodes: ``decider.held_for_peers``)."""
         running = [r for r in self._ranks if r.running and r.pid is not None]
         by_rank, waiting, frames = await self._look(running, hung)
+        alive = {r.spec.rank for r in running if r.running}  # the look takes a while: some may be gone
+        hung = [h for h in hung if h.rank in alive]
+        if not hung:
+            return  # they exited meanwhile: their exits speak
         if held_for_peers(hung, waiting, self._elsewhere, self._held_since, now):
             if self._held_since is None:
                 self._held_since = now

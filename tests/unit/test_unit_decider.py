@@ -82,7 +82,8 @@ def test_judge_an_exit_speaks_over_a_hang_seen_in_the_same_observation() -> None
     assert judge([Exited(1, T)], 2, True, T, True).verdict is Verdict.SETTLING
     assert judge([Exited(0, T)], 2, True, T, True) == Judgement(Verdict.HUNG, describe_hang=True)
     assert judge([], 2, True, T, False) == Judgement(Verdict.HUNG)
-    assert judge([Exited(0, T)], 0, True, T, True).verdict is Verdict.HUNG  # a hang named is a hang
+    # ... and so does a success: every worker exited 0, so nothing named hung still runs
+    assert judge([Exited(0, T)], 0, True, T, True) == Judgement(Verdict.SUCCEEDED)
 
 
 FAILURE = WorkerFailure.from_exit(
@@ -111,10 +112,10 @@ exits = st.lists(
 def test_judge_properties(exited: list[Exited], running: int, hung: bool, now: float, describe: bool) -> None:
     got = judge(exited, running, hung, now, describe)
     failed = any(e.returncode != 0 for e in exited)
-    # a failed exit always wins over a hang; a hang always fails the group otherwise
+    # a failed exit always wins over a hang, as does a success; a hang fails the group otherwise
     assert (got.verdict in (Verdict.SETTLING, Verdict.FAILED)) == failed
     if hung and not failed:
-        assert got.verdict is Verdict.HUNG
+        assert got.verdict is (Verdict.SUCCEEDED if running == 0 and exited else Verdict.HUNG)
     # settling exactly while siblings run inside the window
     assert (got.verdict is Verdict.SETTLING) == (failed and settle_left(exited, running, now) > 0)
     if got.verdict is Verdict.SETTLING:
