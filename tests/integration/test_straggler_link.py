@@ -92,9 +92,12 @@ def test_a_node_behind_a_slow_link_is_named_by_the_check(etcd_clients: ClientPol
         slow, host = ds[2].node_id, topo.hosts[2]
         ends = [(host.netns, IFNAME), (None, host.veth)]
         with link_rate(ends, RATE_MBIT):
-            checked = ds[0].ctl("check", "--json")
-            assert checked.returncode == 5, checked.stdout + checked.stderr  # a node is not ok
-            rows = {r["node"]: r for r in json.loads(checked.stdout)["nodes"]}
+            for _ in range(3):  # the nodes share two cores with the suite: one may sample slow compute
+                checked = ds[0].ctl("check", "--json")
+                assert checked.returncode == 5, checked.stdout + checked.stderr  # a node is not ok
+                rows = {r["node"]: r for r in json.loads(checked.stdout)["nodes"]}
+                if not rows[ds[1].node_id]["verdict"].startswith("compute"):
+                    break
             assert rows[slow]["verdict"].startswith("bandwidth"), rows
             assert rows[ds[1].node_id]["verdict"] == "ok", rows
             assert rows[slow]["bytes_per_s"] < 0.1 * rows[ds[1].node_id]["bytes_per_s"], rows
