@@ -115,7 +115,7 @@ def test_judge_properties(exited: list[Exited], running: int, hung: bool, now: f
     # a failed exit always wins over a hang, as does a success; a hang fails the group otherwise
     assert (got.verdict in (Verdict.SETTLING, Verdict.FAILED)) == failed
     if hung and not failed:
-        assert got.verdict is (Verdict.SUCCEEDED if running == 0 and exited else Verdict.HUNG)
+        assert got.verdict is (Verdict.SUCCEEDED if running == 0 else Verdict.HUNG)
     # settling exactly while siblings run inside the window
     assert (got.verdict is Verdict.SETTLING) == (failed and settle_left(exited, running, now) > 0)
     if got.verdict is Verdict.SETTLING:
