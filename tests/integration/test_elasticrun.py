@@ -54,52 +54,56 @@ def contracts(out: Path) -> list[dict[str, Any]]:
         ["--nproc-per-node", "2", "--max-restarts", "2", "--log-dir", "/tmp/not-used", "-r", "3"],
     ],
 )  # fmt: skip
-@pytest.mark.parametrize("mode", ["warm", "cold"])
 def test_a_torchrun_line_gives_the_same_contract_under_elasticrun(
-    daemon: DaemonProc, tmp_path: Path, line: list[str], mode: str
+    daemon: DaemonProc, tmp_path: Path, line: list[str]
 ) -> None:
-    for launcher in ("torchrun", "elasticrun"):
-        out = tmp_path / launcher
+    """The line under torchrun once (the anchor), then under elasticrun warm and cold."""
+    argv = [*line, str(SCRIPTS / "launcher_contract.py"), "--lr", "0.1"]
+    (tmp_path / "torchrun").mkdir()
+    res = torchrun(tmp_path, *argv, env={"OUT": str(tmp_path / "torchrun")})
+    assert res.returncode == 0, ("torchrun", res.stderr[-3000:])
+    under_torchrun = contracts(tmp_path / "torchrun")
+    assert len(under_torchrun) == 2 and {c["use_agent_store"] for c in under_torchrun} == {"True"}
+    for mode in ("warm", "cold"):
+        out = tmp_path / mode
         out.mkdir()
-        argv = [*line, str(SCRIPTS / "launcher_contract.py"), "--lr", "0.1"]
-        if launcher == "torchrun":
-            res = torchrun(tmp_path, *argv, env={"OUT": str(out)})
-        else:
-            flags = ["--no-warm"] if mode == "cold" else []
-            res = elasticrun(daemon, tmp_path, *flags, *argv, env={"OUT": str(out)})
-        assert res.returncode == 0, (launcher, res.stderr[-3000:])
-    under_torchrun, under_elasticrun = contracts(tmp_path / "torchrun"), contracts(tmp_path / "elasticrun")
-    assert {c["use_agent_store"] for c in under_torchrun} == {"True"}  # its agent hosts the store
-    if mode == "cold":  # no warm parent to fork a store host from: rank 0 hosts it (jobs.agentstore)
-        assert {c.pop("use_agent_store") for c in under_elasticrun} == {"False"}
-        for c in under_torchrun:
-            c.pop("use_agent_store")
-    assert len(under_torchrun) == 2 and under_elasticrun == under_torchrun
-    assert all(c["is_torchelastic_launched"] and c["sum_of_ranks"] == 1 for c in under_elasticrun)
-    assert [e["mode"] for e in log_events(daemon, "group.spawned")] == [mode], "not spawned " + mode
+        flags = ["--no-warm"] if mode == "cold" else []
+        res = elasticrun(daemon, tmp_path, *flags, *argv, env={"OUT": str(out)})
+        assert res.returncode == 0, (mode, res.stderr[-3000:])
+        under_elasticrun, anchor = contracts(out), [dict(c) for c in under_torchrun]
+        if mode == "cold":  # no warm parent to fork a store host from: rank 0 hosts it (jobs.agentstore)
+            assert {c.pop("use_agent_store") for c in under_elasticrun} == {"False"}
+            for c in anchor:
+                c.pop("use_agent_store")
+        assert under_elasticrun == anchor, mode
+        assert all(c["is_torchelastic_launched"] and c["sum_of_ranks"] == 1 for c in under_elasticrun)
+    assert [e["mode"] for e in log_events(daemon, "group.spawned")] == ["warm", "cold"]
 
 
-@pytest.mark.parametrize("mode", ["warm", "cold"])
 def test_a_snapshotting_ddp_trainer_recovers_to_the_weights_of_a_clean_torchrun(
-    daemon: DaemonProc, tmp_path: Path, mode: str
+    daemon: DaemonProc, tmp_path: Path
 ) -> None:
-    clean, crashed = tmp_path / "torchrun", tmp_path / "elasticrun"
-    clean.mkdir()
-    crashed.mkdir()
+    """A clean run under torchrun once (the anchor); under elasticrun, warm and cold, rank 1
+    crashes once and the job resumes from its snapshot (one restart) to the same weights."""
     script = str(SCRIPTS / "ddp_checkpoint.py")
+    (tmp_path / "torchrun").mkdir()
     res = torchrun(
-        tmp_path, "--standalone", "--nproc_per_node=2", script, env={"OUT": str(clean), "CRASH_STEP": "-1"}
-    )
+        tmp_path, "--standalone", "--nproc_per_node=2", script,
+        env={"OUT": str(tmp_path / "torchrun"), "CRASH_STEP": "-1"},
+    )  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
-    # Under elasticrun, rank 1 crashes once; the job resumes from its snapshot (one restart).
-    flags = ["--no-warm"] if mode == "cold" else []
-    res = elasticrun(daemon, tmp_path, *flags, "--standalone", "--nproc_per_node=2", "--max_restarts=1",
-                     script, env={"OUT": str(crashed), "CRASH_STEP": "12"})  # fmt: skip
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert [e["mode"] for e in log_events(daemon, "group.spawned")] == [mode, mode]
-    a, b = (json.loads((d / "result.json").read_text()) for d in (clean, crashed))
-    flat = [[w for layer in r["weights"] for w in layer] for r in (a, b)]
-    assert b["attempt"] == 1 and flat[0] == pytest.approx(flat[1], abs=1e-6)
+    clean = json.loads((tmp_path / "torchrun" / "result.json").read_text())
+    for mode in ("warm", "cold"):
+        crashed = tmp_path / mode
+        crashed.mkdir()
+        flags = ["--no-warm"] if mode == "cold" else []
+        res = elasticrun(daemon, tmp_path, *flags, "--standalone", "--nproc_per_node=2", "--max_restarts=1",
+                         script, env={"OUT": str(crashed), "CRASH_STEP": "12"})  # fmt: skip
+        assert res.returncode == 0, (mode, res.stderr[-3000:])
+        b = json.loads((crashed / "result.json").read_text())
+        flat = [[w for layer in r["weights"] for w in layer] for r in (clean, b)]
+        assert b["attempt"] == 1 and flat[0] == pytest.approx(flat[1], abs=1e-6), mode
+    assert [e["mode"] for e in log_events(daemon, "group.spawned")] == ["warm", "warm", "cold", "cold"]
 
 
 def test_a_failed_job_exits_1_and_a_refused_flag_2_with_its_reason(
