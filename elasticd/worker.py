@@ -135,10 +135,14 @@ class GracefulStop:
         )
         flag = torch.tensor([1 if self.requested else 0], dtype=torch.int32, device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        self.requested = bool(flag.item())
-        if self.requested and self not in _STOPS:  # another rank was asked: a snapshot persists now
+        agreed = bool(flag.item())
+        # A signal that lands while this rank waits in the collective (where the ranks spend
+        # most of a call) came after its vote: it stays requested, and this rank's vote at the
+        # next call stops every rank. The answer is the vote's, the same on every rank.
+        self.requested = self.requested or agreed
+        if agreed and self not in _STOPS:  # another rank was asked: a snapshot persists now
             _STOPS.append(self)
-        return self.requested
+        return agreed
 
     def restore(self) -> None:
         """Put the previous signal handlers back."""
